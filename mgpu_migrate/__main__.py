@@ -1,0 +1,4 @@
+from mgpu_migrate.cli import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""Resolve names through imports and aliases, without executing anything.
+
+A name is torch's ``DataParallel`` only when every binding of that name in the file is an import of it:
+a user's own ``class DataParallel`` or a parameter called ``nn`` makes the name local, and a name bound
+both ways is ambiguous. Bindings are collected over the whole file rather than per scope, which can
+only make the tool more cautious (a local binding anywhere blocks a rewrite everywhere), never less.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+# Canonical qualified names of what the tool migrates.
+DATA_PARALLEL = "torch.nn.DataParallel"
+DATA_PARALLEL_FUNCTION = "torch.nn.parallel.data_parallel"
+TORCH_DDP = "torch.nn.parallel.DistributedDataParallel"
+APEX_DDP = "apex.parallel.DistributedDataParallel"
+ENCODING_MODEL = "encoding.parallel.DataParallelModel"
+ENCODING_CRITERION = "encoding.parallel.DataParallelCriterion"
+
+_ALIASES = {
+    "torch.nn.parallel.DataParallel": DATA_PARALLEL,
+    "torch.nn.parallel.data_parallel.DataParallel": DATA_PARALLEL,
+    "torch.nn.parallel.data_parallel.data_parallel": DATA_PARALLEL_FUNCTION,
+    "torch.nn.parallel.distributed.DistributedDataParallel": TORCH_DDP,
+    "apex.parallel.distributed.DistributedDataParallel": APEX_DDP,
+}
+
+_ENCODING_NAMES = {"DataParallelModel": ENCODING_MODEL, "DataParallelCriterion": ENCODING_CRITERION}
+
+
+def canonical(qualified: str) -> str:
+    """The canonical spelling of a qualified name (every import path of one object maps to one name)."""
+    if qualified in _ALIASES:
+        return _ALIASES[qualified]
+    module, _, name = qualified.rpartition(".")
+    # PyTorch-Encoding's pair, from `encoding.parallel` or from a vendored copy of its `parallel.py`
+    # (`from .parallel import DataParallelModel`, `from utils.parallel import ...`).
+    if name in _ENCODING_NAMES and module.split(".")[-1] == "parallel" and not module.startswith("mgpu_runtime"):
+        return _ENCODING_NAMES[name]
+    return qualified
+
+
+@dataclass
+class Bindings:
+    """Every binding of every name in a file: imports by qualified name, anything else as local."""
+
+    imported: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    local: set[str] = field(default_factory=set)
+    # The import statements and aliases that bind each name, for removing the ones a rewrite leaves unused.
+    import_aliases: dict[str, list[tuple[cst.CSTNode, cst.ImportAlias]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+
+    def qualified_name(self, name: str) -> str | None:
+        """The one qualified name ``name`` is imported as, or None when it is local or ambiguous."""
+        origins = self.imported.get(name)
+        if not origins or name in self.local or len(origins) != 1:
+            return None
+        return next(iter(origins))
+
+    def is_ambiguous(self, name: str) -> bool:
+        origins = self.imported.get(name, ())
+        return bool(origins) and (name in self.local or len(origins) > 1)
+
+
+def _dotted(node: cst.BaseExpression) -> str | None:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = _dotted(node.value)
+        return f"{base}.{node.attr.value}" if base else None
+    return None
+
+
+def _relative_prefix(node: cst.ImportFrom) -> str:
+    return "." * len(node.relative)
+
+
+class BindingCollector(cst.CSTVisitor):
+    """Collects bindings in one pass over the tree."""
+
+    def __init__(self) -> None:
+        self.bindings = Bindings()
+
+    # -- imports -------------------------------------------------------------------------------
+    def visit_Import(self, node: cst.Import) -> None:
+        for alias in node.names:
+            dotted = _dotted(alias.name)
+            if dotted is None:
+                continue
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                bound, qualified = alias.asname.name.value, dotted
+            else:
+                bound = qualified = dotted.split(".")[0]
+            self._import(bound, qualified, node, alias)
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        if isinstance(node.names, cst.ImportStar):
+            return
+        module = _dotted(node.module) if node.module is not None else ""
+        prefix = _relative_prefix(node) + (module or "")
+        for alias in node.names:
+            if not isinstance(alias.name, cst.Name):
+                continue
+            name = alias.name.value
+            bound = alias.asname.name.value if alias.asname and isinstance(alias.asname.name, cst.Name) else name
+            self._import(bound, canonical(f"{prefix}.{name}") if prefix else name, node, alias)
+
+    def _import(self, bound: str, qualified: str, statement: cst.CSTNode, alias: cst.ImportAlias) -> None:
+        self.bindings.imported[bound].add(qualified)
+        self.bindings.import_aliases[bound].append((statement, alias))
+
+    # -- local bindings ------------------------------------------------------------------------
+    def _bind_target(self, target: cst.BaseExpression) -> None:
+        if isinstance(target, cst.Name):
+            self.bindings.local.add(target.value)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._bind_target(element.value)
+        elif isinstance(target, cst.StarredElement):
+            self._bind_target(target.value)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.bindings.local.add(node.name.value)
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.bindings.local.add(node.name.value)
+
+    def visit_Param(self, node: cst.Param) -> None:
+        self.bindings.local.add(node.name.value)
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self._bind_target(node.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._bind_target(node.target)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._bind_target(node.target)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self._bind_target(node.target)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._bind_target(node.target)
+
+    def visit_CompFor(self, node: cst.CompFor) -> None:
+        self._bind_target(node.target)
+
+    def visit_WithItem(self, node: cst.WithItem) -> None:
+        if node.asname is not None:
+            self._bind_target(node.asname.name)
+
+    def visit_ExceptHandler(self, node: cst.ExceptHandler) -> None:
+        if node.name is not None:
+            self._bind_target(node.name.name)
+
+
+def resolve(bindings: Bindings, node: cst.BaseExpression) -> str | None:
+    """The canonical qualified name an expression such as ``nn.parallel.DataParallel`` refers to."""
+    dotted = _dotted(node)
+    if dotted is None:
+        return None
+    head, _, rest = dotted.partition(".")
+    base = bindings.qualified_name(head)
+    if base is None:
+        return None
+    return canonical(f"{base}.{rest}" if rest else base)
+
+
+def head_name(node: cst.BaseExpression) -> str | None:
+    """The leftmost name of a dotted expression (``nn`` for ``nn.parallel.DataParallel``)."""
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return node.value if isinstance(node, cst.Name) else None

@@ -1,0 +1,117 @@
+"""The ``mgpu-migrate`` command line (design §1). Importing it never imports torch."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from mgpu_migrate import __version__
+from mgpu_migrate.config import ConfigError, load_settings
+from mgpu_migrate.engine import TARGETS, migrate_source
+from mgpu_migrate.report import CHANGED, FAILED, FileOutcome, process_file, summary, unified_diff
+
+EXIT_OK, EXIT_WOULD_CHANGE, EXIT_ERROR = 0, 1, 2
+
+
+def _explain(code: str) -> None:
+    import inspect
+
+    from mgpu_migrate.rules import rule_for_code
+
+    rule = rule_for_code(code)
+    if rule is None:
+        raise click.UsageError(f"unknown code {code!r}")
+    click.echo(f"{rule.CODE}: {rule.DESCRIPTION}")
+    click.echo(inspect.cleandoc(rule.__doc__ or ""))
+    if rule.REVIEW_CODES:
+        click.echo("\n## Codes for sites left for review")
+        for review_code, meaning in rule.REVIEW_CODES.items():
+            click.echo(f"- {review_code}: {meaning}")
+
+
+def _process_stdin(target: str, check: bool, diff: bool, filename: str) -> FileOutcome:
+    import io
+    import tokenize
+
+    data = sys.stdin.buffer.read()
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        source = data.decode(encoding)
+    except (SyntaxError, UnicodeDecodeError, LookupError) as error:
+        from mgpu_migrate.diagnostics import READ_ERROR, Diagnostic
+
+        sys.stdout.buffer.write(data)
+        return FileOutcome(filename, FAILED, [Diagnostic(filename, 1, 1, READ_ERROR, f"cannot read: {error}")])
+    result = migrate_source(source, target, filename)
+    diagnostics = [result.error, *result.diagnostics] if result.error else result.diagnostics
+    status = FAILED if result.error else CHANGED if result.changed else "unchanged"
+    if diff:
+        sys.stdout.write(unified_diff(result.source, result.output, filename))
+    elif not check:
+        sys.stdout.buffer.write(result.output.encode(encoding))
+    return FileOutcome(filename, status, diagnostics)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("paths", nargs=-1, metavar="PATH...")
+@click.option("--to", "target", type=click.Choice(TARGETS), help="Migration target (or [tool.mgpu-migrate] to = ...).")
+@click.option("--diff", is_flag=True, help="Print a unified diff; write nothing.")
+@click.option("--check", is_flag=True, help="Write nothing; exit 1 if any file would change.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only sites left for review, errors and nothing else.")
+@click.option("--stdin-filename", default="<stdin>", show_default=True, help="Name used for '-' in diagnostics.")
+@click.option("--explain", metavar="CODE", help="Explain a diagnostic code and exit.")
+@click.version_option(__version__, prog_name="mgpu-migrate")
+def main(paths, target, diff, check, quiet, stdin_filename, explain):
+    """Rewrite PyTorch scripts that use nn.DataParallel.
+
+    PATH is a file or a directory (walked for *.py); '-' reads stdin and writes stdout.
+
+    Exit codes: 0 done or nothing to do; 1 --check/--diff found files that would change;
+    2 a usage error, or a file that could not be processed.
+    """
+    if explain:
+        _explain(explain)
+        return
+    if not paths:
+        raise click.UsageError("give at least one PATH (a file, a directory, or '-' for stdin)")
+    if "-" in paths and len(paths) > 1:
+        raise click.UsageError("'-' (stdin) cannot be combined with other paths")
+    if target is None:
+        try:
+            target = load_settings(list(paths)).get("to")
+        except ConfigError as error:
+            raise click.UsageError(str(error)) from error
+        if target not in TARGETS:
+            raise click.UsageError(
+                "choose a target with --to [balanced|ddp] (or set to = \"ddp\" under [tool.mgpu-migrate] in pyproject.toml)"
+            )
+
+    if paths == ("-",):
+        outcomes = [_process_stdin(target, check, diff, stdin_filename)]
+        missing: list[str] = []
+    else:
+        from mgpu_migrate.files import discover
+
+        found, missing = discover(list(paths))
+        write = not (check or diff)
+        outcomes = [process_file(path, target, write, diff) for path in found]
+        for outcome in outcomes:
+            if outcome.diff:
+                click.echo(outcome.diff, nl=False)
+
+    diagnostics = sorted(d for outcome in outcomes for d in outcome.diagnostics)
+    for path in missing:
+        click.echo(f"{path}:1:1: MGP001 cannot read: no such file or directory", err=True)
+    for diagnostic in diagnostics:
+        if quiet and diagnostic.is_rewrite:
+            continue
+        click.echo(diagnostic.format(), err=True)
+    if not quiet:
+        click.echo(summary(outcomes, target, dry_run=check or diff), err=True)
+
+    if missing or any(outcome.status == FAILED for outcome in outcomes):
+        sys.exit(EXIT_ERROR)
+    if (check or diff) and any(outcome.status == CHANGED for outcome in outcomes):
+        sys.exit(EXIT_WOULD_CHANGE)
+    sys.exit(EXIT_OK)

@@ -1,0 +1,50 @@
+"""Diagnostics: what the tool says about a site, printed as ``path:line:col: CODE message``."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# Codes are stable: users silence them with ``# noqa: CODE`` and scripts grep for them.
+#   MGP0xx  the file itself (cannot be read or parsed)
+#   MGP1xx  a rewrite the tool made
+#   MGP2xx  a site left as it was, for a person to look at
+READ_ERROR = "MGP001"
+PARSE_ERROR = "MGP002"
+INTERNAL_ERROR = "MGP003"
+
+
+@dataclass(frozen=True, order=True)
+class Diagnostic:
+    path: str
+    line: int
+    col: int
+    code: str
+    message: str
+
+    @property
+    def is_rewrite(self) -> bool:
+        return self.code.startswith("MGP1")
+
+    @property
+    def needs_review(self) -> bool:
+        return self.code.startswith("MGP2")
+
+    def format(self) -> str:
+        return f"{self.path}:{self.line}:{self.col}: {self.code} {self.message}"
+
+
+_NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*))?", re.IGNORECASE)
+
+
+def noqa_codes(source: str) -> dict[int, frozenset[str] | None]:
+    """Map 1-based line numbers to the codes a ``# noqa`` comment there silences (None: all)."""
+    found: dict[int, frozenset[str] | None] = {}
+    if "noqa" not in source.lower():
+        return found
+    for number, line in enumerate(source.splitlines(), start=1):
+        match = _NOQA.search(line)
+        if match:
+            codes = match.group("codes")
+            found[number] = frozenset(re.split(r"[\s,]+", codes.upper())) if codes else None
+    return found

@@ -1,0 +1,82 @@
+"""Edits: what rules ask for, applied to the tree in one pass.
+
+Rules never transform the tree themselves. They look at the original tree (and the shared analysis)
+and record edits keyed by original nodes; the applier then rebuilds the tree once. A replacement is
+a function of the *updated* node, so edits on a node and on its children compose.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Callable, Union
+
+import libcst as cst
+
+from mgpu_migrate.diagnostics import Diagnostic
+
+Replacement = Callable[[cst.CSTNode], Union[cst.CSTNode, cst.RemovalSentinel, cst.FlattenSentinel]]
+
+
+@dataclass
+class Edits:
+    path: str
+    replacements: dict[cst.CSTNode, list[Replacement]] = field(default_factory=lambda: defaultdict(list))
+    before: dict[cst.CSTNode, list[cst.BaseStatement]] = field(default_factory=lambda: defaultdict(list))
+    after: dict[cst.CSTNode, list[cst.BaseStatement]] = field(default_factory=lambda: defaultdict(list))
+    imports: list[str] = field(default_factory=list)
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+
+    def replace(self, node: cst.CSTNode, replacement: Replacement) -> None:
+        self.replacements[node].append(replacement)
+
+    def insert_before(self, statement: cst.CSTNode, new: cst.BaseStatement) -> None:
+        self.before[statement].append(new)
+
+    def insert_after(self, statement: cst.CSTNode, new: cst.BaseStatement) -> None:
+        self.after[statement].append(new)
+
+    def need_import(self, module: str) -> None:
+        """Ask for ``import <module>`` at the top of the file (added once, if not there)."""
+        if module not in self.imports:
+            self.imports.append(module)
+
+    def report(self, line: int, col: int, code: str, message: str) -> None:
+        self.diagnostics.append(Diagnostic(self.path, line, col, code, message))
+
+    @property
+    def empty(self) -> bool:
+        return not (self.replacements or self.before or self.after)
+
+
+class _Applier(cst.CSTTransformer):
+    def __init__(self, edits: Edits) -> None:
+        super().__init__()
+        self.edits = edits
+
+    def on_leave(self, original_node, updated_node):
+        result = updated_node
+        for replacement in self.edits.replacements.get(original_node, ()):
+            if not isinstance(result, cst.CSTNode):
+                break
+            result = replacement(result)
+        before = self.edits.before.get(original_node)
+        after = self.edits.after.get(original_node)
+        if before or after:
+            kept = [result] if isinstance(result, cst.CSTNode) else list(getattr(result, "nodes", ()))
+            result = cst.FlattenSentinel([*(before or ()), *kept, *(after or ())])
+        return _keep_valid(result)
+
+
+def _keep_valid(node):
+    """Repair what removing statements can leave behind, so the output always parses."""
+    if isinstance(node, cst.SimpleStatementLine) and not node.body:
+        return cst.RemovalSentinel.REMOVE
+    if isinstance(node, cst.IndentedBlock) and not node.body:
+        # A block whose only statement was removed (an import inside `try:`, say) keeps a `pass`.
+        return node.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
+    return node
+
+
+def apply(module: cst.Module, edits: Edits) -> cst.Module:
+    return module.visit(_Applier(edits))

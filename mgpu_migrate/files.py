@@ -1,0 +1,89 @@
+"""Files around the engine: discovery, reading in the file's own encoding, atomic write-back."""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import tempfile
+import tokenize
+from dataclasses import dataclass
+from pathlib import Path
+
+# Directories never walked into (they are someone else's code or generated); a path named explicitly
+# on the command line is always processed.
+_SKIPPED_DIRECTORIES = {"__pycache__", "node_modules", "site-packages", "build", "dist"}
+
+
+def _skip_directory(directory: Path) -> bool:
+    return directory.name.startswith(".") or directory.name in _SKIPPED_DIRECTORIES or (directory / "pyvenv.cfg").exists()
+
+
+def discover(paths: list[str]) -> tuple[list[str], list[str]]:
+    """Expand files and directories into Python files, each real file once, in a stable order.
+
+    Returns the files and the paths that do not exist.
+    """
+    found: list[str] = []
+    missing: list[str] = []
+    seen: set[str] = set()
+
+    def add(path: str) -> None:
+        real = os.path.realpath(path)
+        if real not in seen:
+            seen.add(real)
+            found.append(path)
+
+    for path in paths:
+        if os.path.isdir(path):
+            for root, directories, files in os.walk(path):
+                directories[:] = sorted(d for d in directories if not _skip_directory(Path(root, d)))
+                for name in sorted(files):
+                    candidate = os.path.join(root, name)
+                    if name.endswith(".py") and not os.path.isdir(candidate):
+                        add(candidate)
+        elif os.path.lexists(path):
+            add(path)
+        else:
+            missing.append(path)
+    return found, missing
+
+
+@dataclass
+class SourceFile:
+    path: str
+    data: bytes
+    encoding: str
+
+    @property
+    def text(self) -> str:
+        # Newlines are kept as they are (no universal-newline translation), so CRLF files round-trip.
+        return self.data.decode(self.encoding)
+
+
+def read(path: str) -> SourceFile:
+    """Read a file in the encoding its BOM or coding cookie declares (UTF-8 otherwise)."""
+    with open(path, "rb") as handle:
+        data = handle.read()
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    return SourceFile(path, data, encoding)
+
+
+def write_atomically(path: str, text: str, encoding: str) -> None:
+    """Replace a file's content in one rename, keeping its mode; a symlink keeps pointing at it."""
+    target = os.path.realpath(path)
+    data = text.encode(encoding)
+    mode = stat.S_IMODE(os.stat(target).st_mode)
+    directory = os.path.dirname(target) or "."
+    descriptor, temporary = tempfile.mkstemp(prefix=".mgpu-migrate-", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, mode)
+        os.replace(temporary, target)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise

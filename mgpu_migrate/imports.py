@@ -1,0 +1,143 @@
+"""Import bookkeeping after a rewrite: add the runtime import once, drop the imports the rewrite orphaned.
+
+Only imports whose every use was removed by the rewrite are dropped; an import that was already unused
+(or is only mentioned in a comment) stays as the author left it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import libcst as cst
+
+from mgpu_migrate.analysis.names import Bindings
+
+
+class _NameUses(cst.CSTVisitor):
+    """Counts the uses of each name outside import statements (strings count too: ``__all__``)."""
+
+    def __init__(self) -> None:
+        self.uses: Counter[str] = Counter()
+
+    def visit_Import(self, node: cst.Import) -> bool:
+        return False
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        return False
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        node.value.visit(self)
+        return False
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        node.value.visit(self)
+        return False
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.uses[node.value] += 1
+
+    def visit_SimpleString(self, node: cst.SimpleString) -> None:
+        self.uses[node.raw_value] += 1
+
+
+def name_uses(module: cst.Module) -> Counter[str]:
+    visitor = _NameUses()
+    module.visit(visitor)
+    return visitor.uses
+
+
+def _is_import_line(statement: cst.CSTNode) -> bool:
+    return isinstance(statement, cst.SimpleStatementLine) and all(
+        isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body
+    )
+
+
+def _is_docstring_or_future(statement: cst.CSTNode) -> bool:
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return False
+    small = statement.body[0]
+    if isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString)):
+        return True
+    return isinstance(small, cst.ImportFrom) and isinstance(small.module, cst.Name) and small.module.value == "__future__"
+
+
+def has_import(module: cst.Module, name: str) -> bool:
+    for statement in module.body:
+        if _is_import_line(statement):
+            for small in statement.body:
+                if isinstance(small, cst.Import) and any(
+                    alias.asname is None and cst.helpers.get_full_name_for_node(alias.name) == name
+                    for alias in small.names
+                ):
+                    return True
+    return False
+
+
+def add_import(module: cst.Module, name: str) -> cst.Module:
+    """Insert ``import name`` after the file's first run of top-level imports (or at the top)."""
+    if has_import(module, name):
+        return module
+    body = list(module.body)
+    index = 0
+    while index < len(body) and _is_docstring_or_future(body[index]):
+        index += 1
+    while index < len(body) and _is_import_line(body[index]):
+        index += 1
+    body.insert(index, cst.parse_statement(f"import {name}", config=module.config_for_parsing))
+    return module.with_changes(body=body)
+
+
+def remove_orphaned(module: cst.Module, bindings: Bindings, uses_before: Counter[str]) -> cst.Module:
+    """Drop import aliases whose names were used before the rewrite and are not used after it."""
+    uses_after = name_uses(module)
+    orphaned = {
+        name
+        for name in bindings.import_aliases
+        if uses_before[name] > 0 and uses_after[name] == 0 and name not in bindings.local
+    }
+    if not orphaned:
+        return module
+    return module.visit(_DropAliases(orphaned))
+
+
+def _bound_name(alias: cst.ImportAlias) -> str | None:
+    if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+        return alias.asname.name.value
+    full = cst.helpers.get_full_name_for_node(alias.name)
+    return full.split(".")[0] if full else None
+
+
+class _DropAliases(cst.CSTTransformer):
+    def __init__(self, names: set[str]) -> None:
+        super().__init__()
+        self.names = names
+
+    def _filter(self, updated):
+        kept = [alias for alias in updated.names if _bound_name(alias) not in self.names]
+        if len(kept) == len(updated.names):
+            return updated
+        if not kept:
+            return cst.RemovalSentinel.REMOVE
+        # The last alias never carries a trailing comma unless the import is parenthesized.
+        last = kept[-1]
+        if not (isinstance(updated, cst.ImportFrom) and updated.lpar is not None):
+            kept[-1] = last.with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return updated.with_changes(names=kept)
+
+    def leave_Import(self, original_node, updated_node):
+        return self._filter(updated_node)
+
+    def leave_ImportFrom(self, original_node, updated_node):
+        if isinstance(updated_node.names, cst.ImportStar):
+            return updated_node
+        return self._filter(updated_node)
+
+    def leave_SimpleStatementLine(self, original_node, updated_node):
+        if not updated_node.body:
+            return cst.RemovalSentinel.REMOVE
+        return updated_node
+
+    def leave_IndentedBlock(self, original_node, updated_node):
+        if not updated_node.body:
+            return updated_node.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
+        return updated_node

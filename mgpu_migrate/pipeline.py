@@ -1,0 +1,66 @@
+"""The rewrite pipeline: parse, analyse once, collect every rule's edits, apply, tidy imports, verify."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from mgpu_migrate.analysis import FileAnalysis
+from mgpu_migrate.diagnostics import INTERNAL_ERROR, PARSE_ERROR, Diagnostic
+from mgpu_migrate.edits import Edits, apply
+from mgpu_migrate.engine import MigrationResult
+from mgpu_migrate.imports import add_import, name_uses, remove_orphaned
+from mgpu_migrate.rules import rules_for
+
+
+def _parse_error(path: str, source: str, error: Exception) -> Diagnostic:
+    if isinstance(error, cst.ParserSyntaxError):
+        line, col = error.raw_line, error.raw_column + 1
+        message = str(error).splitlines()[0]
+    elif isinstance(error, SyntaxError):
+        line, col = error.lineno or 1, error.offset or 1
+        message = error.msg
+    else:
+        line, col, message = 1, 1, str(error)
+    return Diagnostic(path, line, col, PARSE_ERROR, f"cannot parse: {message}; file left unchanged")
+
+
+def _parse(source: str) -> cst.Module:
+    # libcst accepts some code CPython rejects (and the reverse on new syntax): require both to agree.
+    compile(source, "<source>", "exec", dont_inherit=True)
+    return cst.parse_module(source)
+
+
+def run_pipeline(source: str, target: str, path: str) -> MigrationResult:
+    try:
+        module = _parse(source)
+    except (cst.ParserSyntaxError, SyntaxError, ValueError) as error:
+        return MigrationResult(path, source, source, error=_parse_error(path, source, error))
+    try:
+        return _migrate(module, source, target, path)
+    except RecursionError:
+        message = "file too deeply nested to analyse; file left unchanged"
+    except Exception as error:  # noqa: BLE001 -- one odd file must never stop the run or lose data
+        message = f"internal error ({type(error).__name__}: {error}); file left unchanged, please report"
+    return MigrationResult(path, source, source, error=Diagnostic(path, 1, 1, INTERNAL_ERROR, message))
+
+
+def _migrate(module: cst.Module, source: str, target: str, path: str) -> MigrationResult:
+    analysis = FileAnalysis(path, source, module)
+    edits = Edits(path)
+    for rule in rules_for(target):
+        rule(target, analysis, edits).apply()
+    diagnostics = sorted(edits.diagnostics)
+    if edits.empty:
+        return MigrationResult(path, source, source, diagnostics)
+    uses_before = name_uses(module)
+    new_module = apply(module, edits)
+    for name in edits.imports:
+        new_module = add_import(new_module, name)
+    new_module = remove_orphaned(new_module, analysis.bindings, uses_before)
+    output = new_module.code
+    try:
+        compile(output, path, "exec", dont_inherit=True)
+    except SyntaxError as error:
+        message = f"internal error: the rewrite did not parse ({error.msg}); file left unchanged, please report"
+        return MigrationResult(path, source, source, diagnostics, Diagnostic(path, 1, 1, INTERNAL_ERROR, message))
+    return MigrationResult(path, source, output, diagnostics)

@@ -1,0 +1,139 @@
+"""MGP101: replace the ``DataParallel`` wrapper with the runtime's wrapper for the target."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from mgpu_migrate.analysis import names
+from mgpu_migrate.rules.base import BALANCED, DDP, Example, Rule
+
+RUNTIME = "mgpu_runtime"
+# nn.DataParallel(module, device_ids=None, output_device=None, dim=0): positions of each parameter.
+_PARAMETERS = ("module", "device_ids", "output_device", "dim")
+# Arguments with no meaning under DistributedDataParallel: each process owns exactly one device.
+_DROPPED_UNDER_DDP = {"device_ids", "output_device"}
+
+
+def runtime_attr(name: str) -> cst.Attribute:
+    return cst.Attribute(value=cst.Name(RUNTIME), attr=cst.Name(name))
+
+
+def _parameter_name(args: list[cst.Arg], index: int) -> str | None:
+    arg = args[index]
+    if arg.keyword is not None:
+        return arg.keyword.value
+    if arg.star:
+        return None
+    return _PARAMETERS[index] if index < len(_PARAMETERS) else None
+
+
+def _is_zero(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Integer) and node.evaluated_value == 0
+
+
+class WrapperSwap(Rule):
+    """
+    ## What it does
+    Replaces ``nn.DataParallel(model, ...)`` (every import spelling and alias: ``torch.nn.DataParallel``,
+    ``torch.nn.parallel.DataParallel``, ``from torch.nn import DataParallel as DP`` ...) with the runtime's
+    wrapper: ``mgpu_runtime.DataParallelModel`` for ``--to balanced``, ``mgpu_runtime.DistributedDataParallel``
+    for ``--to ddp``.
+
+    ## Why is this bad?
+    ``nn.DataParallel`` gathers every output on the first device, which runs out of memory first, and
+    replays the whole module to every device on every step.
+
+    ## Example
+    ```python
+    model = nn.DataParallel(model, device_ids=[0, 1])
+    ```
+
+    ## Use instead
+    ```python
+    model = mgpu_runtime.DataParallelModel(model, device_ids=[0, 1])   # --to balanced
+    model = mgpu_runtime.DistributedDataParallel(model)                # --to ddp
+    ```
+
+    ## Fix safety
+    Balanced: always safe; the wrapper takes the same arguments and its outputs behave like the gathered
+    output. DDP: ``device_ids`` and ``output_device`` are dropped (each process owns one device); a
+    ``dim`` other than 0 has no DDP equivalent, so such a site is left with MGP201.
+    """
+
+    CODE = "MGP101"
+    REVIEW_CODES = {
+        "MGP201": "DataParallel with dim != 0 has no DistributedDataParallel equivalent",
+        "MGP202": "the name is bound both to torch's DataParallel and to something else in this file",
+    }
+    DESCRIPTION = "DataParallel wrapper replaced with the runtime's wrapper"
+    EXAMPLES = (
+        Example(
+            "import torch.nn as nn\nmodel = nn.DataParallel(model, device_ids=[0, 1])\n",
+            "import mgpu_runtime\nmodel = mgpu_runtime.DataParallelModel(model, device_ids=[0, 1])\n",
+            BALANCED,
+            ("MGP101",),
+        ),
+        Example(
+            "from torch.nn import DataParallel as DP\nnet = DP(net, [0, 1], 0)\n",
+            "import mgpu_runtime\nnet = mgpu_runtime.DistributedDataParallel(net)\n",
+            DDP,
+            ("MGP101",),
+        ),
+        Example(
+            "import torch\nmodel = torch.nn.DataParallel(model, dim=1)\n",
+            None,
+            DDP,
+            ("MGP201",),
+        ),
+        Example(
+            "class DataParallel:\n    pass\nmodel = DataParallel(model)\n",
+            None,
+            BALANCED,
+        ),
+        Example(
+            "import torch.nn as nn\nmodel = nn.DataParallel(model)  # noqa: MGP101\n",
+            None,
+            DDP,
+        ),
+    )
+
+    def apply(self) -> None:
+        for call in self.analysis.calls_to(names.DATA_PARALLEL):
+            if not self.rewrite_allowed(call):
+                continue
+            if self.target == BALANCED:
+                self.edits.replace(call.func, lambda _: runtime_attr("DataParallelModel"))
+            elif not self._swap_for_ddp(call):
+                continue
+            self.edits.need_import(RUNTIME)
+            self.rewrote(call, f"DataParallel replaced with {RUNTIME}.{self._wrapper_name()}")
+        for call in self.analysis.ambiguous_calls(names.DATA_PARALLEL):
+            self.left(call, "MGP202", "this name is bound to torch's DataParallel and to something else; not rewritten")
+
+    def _wrapper_name(self) -> str:
+        return "DataParallelModel" if self.target == BALANCED else "DistributedDataParallel"
+
+    def _swap_for_ddp(self, call: cst.Call) -> bool:
+        args = list(call.args)
+        kept = []
+        for index, arg in enumerate(args):
+            parameter = _parameter_name(args, index)
+            if parameter in _DROPPED_UNDER_DDP:
+                continue
+            if parameter == "dim":
+                if not _is_zero(arg.value):
+                    self.left(call, "MGP201", "DataParallel with dim != 0 has no DistributedDataParallel equivalent; not rewritten")
+                    return False
+                continue
+            kept.append(index)
+        last_comma = args[-1].comma if args else cst.MaybeSentinel.DEFAULT
+
+        def swap(updated: cst.Call) -> cst.Call:
+            new_args = [updated.args[index] for index in kept]
+            if new_args and len(new_args) < len(args):
+                # The new last argument takes the old last one's comma, so no stray `, ` is left behind.
+                new_args[-1] = new_args[-1].with_changes(comma=last_comma)
+            return updated.with_changes(func=runtime_attr("DistributedDataParallel"), args=new_args)
+
+        self.edits.replace(call, swap)
+        return True

@@ -1,0 +1,61 @@
+"""mgpu_runtime: the parallel implementations that migrated scripts call.
+
+Code rewritten by ``mgpu-migrate`` does ``import mgpu_runtime`` and uses the names below.
+Two families, each in its own sub-package:
+
+* ``balanced``: one process, several devices; the loss is computed beside each piece of the output
+  so nothing large is gathered on the output device.
+* ``distributed``: one process per device under torchrun / SLURM / plain python, with data, loss
+  and side effects arranged so the run computes what the DataParallel original computed.
+
+This package depends on torch only; it never imports the ``mgpu_migrate`` tool.
+"""
+
+from mgpu_runtime.balanced import (
+    DataParallelCriterion,
+    DataParallelModel,
+    data_parallel,
+    gather,
+)
+from mgpu_runtime.distributed import (
+    DistributedCriterion,
+    DistributedDataParallel,
+    barrier,
+    device,
+    distribute_loader,
+    is_main_process,
+    load,
+    local_rank,
+    node_rank,
+    rank,
+    reduce_mean,
+    reduce_sum,
+    save,
+    setup,
+    world_size,
+)
+from mgpu_runtime.wrappers import PARALLEL_WRAPPERS, unwrap
+
+__all__ = [
+    "PARALLEL_WRAPPERS",
+    "DataParallelCriterion",
+    "DataParallelModel",
+    "DistributedCriterion",
+    "DistributedDataParallel",
+    "barrier",
+    "data_parallel",
+    "device",
+    "distribute_loader",
+    "gather",
+    "is_main_process",
+    "load",
+    "local_rank",
+    "node_rank",
+    "rank",
+    "reduce_mean",
+    "reduce_sum",
+    "save",
+    "setup",
+    "unwrap",
+    "world_size",
+]

@@ -1,0 +1,74 @@
+"""The hook from .pre-commit-hooks.yaml, run by the real pre-commit tool the way users configure it."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from tests.cli_helpers import DP_SCRIPT
+from tests.fixture_cases import ROOT
+
+pytestmark = pytest.mark.slow
+
+ENV = {
+    "GIT_AUTHOR_NAME": "test",
+    "GIT_AUTHOR_EMAIL": "test@example.invalid",
+    "GIT_COMMITTER_NAME": "test",
+    "GIT_COMMITTER_EMAIL": "test@example.invalid",
+}
+
+
+def git(*args, cwd):
+    result = subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True, timeout=60)
+    return result.stdout.strip()
+
+
+def snapshot_of_this_repository(destination):
+    """A committed copy of the working tree (tracked and untracked, not ignored), so the hook under test
+    is the code as it is now, not as last committed."""
+    listed = git("ls-files", "--cached", "--others", "--exclude-standard", "-z", cwd=ROOT)
+    for name in filter(None, listed.split("\0")):
+        source = ROOT / name
+        if source.is_file():
+            target = destination / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    git("init", "-q", cwd=destination)
+    git("add", "-A", cwd=destination)
+    git("commit", "-q", "-m", "snapshot", cwd=destination)
+    return git("rev-parse", "HEAD", cwd=destination)
+
+
+@pytest.mark.skipif(shutil.which("pre-commit") is None, reason="pre-commit is not installed")
+def test_hook_rewrites_then_passes(tmp_path, monkeypatch):
+    for key, value in ENV.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("PRE_COMMIT_HOME", str(tmp_path / "cache"))
+    hook_repo = tmp_path / "hook"
+    hook_repo.mkdir()
+    revision = snapshot_of_this_repository(hook_repo)
+
+    user = tmp_path / "user"
+    user.mkdir()
+    git("init", "-q", cwd=user)
+    (user / ".pre-commit-config.yaml").write_text(
+        f"repos:\n- repo: {hook_repo}\n  rev: {revision}\n  hooks:\n  - id: mgpu-migrate\n    args: [--to, ddp]\n"
+    )
+    (user / "train.py").write_text(DP_SCRIPT)
+    (user / "README.txt").write_text("nn.DataParallel is mentioned here but this is not Python\n")
+    git("add", "-A", cwd=user)
+
+    def run_hooks():
+        return subprocess.run(
+            ["pre-commit", "run", "--all-files"], cwd=user, capture_output=True, text=True, timeout=900,
+            env={**os.environ},
+        )
+
+    first = run_hooks()
+    assert first.returncode == 1, first.stdout + first.stderr
+    assert "files were modified by this hook" in first.stdout
+    assert "mgpu_runtime.DistributedDataParallel(model)" in (user / "train.py").read_text()
+    assert (user / "README.txt").read_text().startswith("nn.DataParallel")
+    second = run_hooks()
+    assert second.returncode == 0, second.stdout + second.stderr
