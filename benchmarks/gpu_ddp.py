@@ -1,0 +1,210 @@
+"""The distributed runtime on a real GPU: exactness with two processes on one device, and wrapper overhead.
+
+    python benchmarks/gpu_ddp.py        # prints JSON; skips (exit 0) without CUDA
+
+Two measurements, written into ``results`` (each in fresh processes, so this process joins no job):
+
+* ``exactness``: the same training (shuffled loader with an uneven last batch, class-weighted
+  cross-entropy with ignored targets, 3 epochs) as the original single process with plain torch, and as
+  its migration under ``torchrun --nproc_per_node=2`` with both ranks on GPU 0 over gloo
+  (``MGPU_BACKEND=gloo``, ``MGPU_SHARE_DEVICE=1``: NCCL refuses two ranks on one device). The final
+  weights must agree within 1e-5 and be identical on both ranks.
+* ``overhead``: median step time (forward, loss, backward, SGD step) of an 8-layer 4096-wide MLP in a
+  world of one, ``mgpu_runtime.DistributedDataParallel`` against bare ``torch DistributedDataParallel`` on
+  an NCCL group (what ``torchrun --nproc_per_node=1`` gives); target <= 1.02x.
+
+The workers are this file run with ``--worker``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+from torch import nn
+
+OVERHEAD_TARGET = 1.02
+TOLERANCE = 1e-5
+WORKER_TIMEOUT = 150
+_LAUNCHER_PREFIXES = ("SLURM_", "MGPU_", "TORCHELASTIC_")
+_LAUNCHER_VARIABLES = {
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+}
+
+
+def run(results: dict) -> None:
+    if not torch.cuda.is_available():
+        results["skipped"] = "no CUDA device: the distributed GPU check needs one"
+        return
+    results["device"] = torch.cuda.get_device_name(0)
+    with tempfile.TemporaryDirectory() as scratch:
+        for name, measure in (("exactness", _exactness), ("overhead", _overhead)):
+            try:
+                results[name] = measure(pathlib.Path(scratch))
+            except Exception as failure:  # noqa: BLE001 - one failing half must not hide the other's numbers
+                results[name] = {"error": f"{type(failure).__name__}: {failure}"}
+    failed = [name for name in ("exactness", "overhead") if "error" in results[name]]
+    if "error" not in results["exactness"] and not results["exactness"]["ok"]:
+        failed.append("exactness: weights differ")
+    if failed:
+        results["error"] = "failed: " + ", ".join(failed)
+
+
+def _exactness(scratch: pathlib.Path) -> dict:
+    original, migrated = scratch / "original", scratch / "migrated"
+    _worker(["train", str(original), "--original"])
+    shared_gpu = {"CUDA_VISIBLE_DEVICES": _first_visible_device(), "MGPU_BACKEND": "gloo", "MGPU_SHARE_DEVICE": "1"}
+    _worker(
+        ["train", str(migrated)],
+        launcher=["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"],
+        env=shared_gpu,
+    )
+    expected = torch.load(original / "rank0.pt")
+    ranks = [torch.load(migrated / f"rank{rank}.pt") for rank in range(2)]
+    difference = max((ranks[0][name] - value).abs().max().item() for name, value in expected.items())
+    identical = all(torch.equal(ranks[1][name], value) for name, value in ranks[0].items())
+    return {
+        "max_weight_difference": difference,
+        "ranks_identical": identical,
+        "ok": difference <= TOLERANCE and identical,
+    }
+
+
+def _overhead(scratch: pathlib.Path) -> dict:
+    out = scratch / "overhead.json"
+    _worker(["overhead", str(out)])
+    timing = json.loads(out.read_text())
+    ratio = timing["mgpu_runtime_ms"] / timing["bare_ddp_ms"]
+    return {**timing, "ratio": round(ratio, 4), "target": OVERHEAD_TARGET, "ok": ratio <= OVERHEAD_TARGET}
+
+
+def _worker(arguments: list[str], launcher: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+    clean = {
+        k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARIABLES and not k.startswith(_LAUNCHER_PREFIXES)
+    }
+    command = [sys.executable, *(launcher or []), __file__, "--worker", *arguments]
+    finished = subprocess.run(
+        command, env={**clean, **(env or {})}, capture_output=True, text=True, timeout=WORKER_TIMEOUT, check=False
+    )
+    if finished.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(arguments)} exited {finished.returncode}:\n{finished.stdout[-2000:]}{finished.stderr[-3000:]}"
+        )
+
+
+def _first_visible_device() -> str:
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+
+
+# Workers ---------------------------------------------------------------------------------------------
+
+
+def _train_worker(out: pathlib.Path, original: bool) -> None:
+    """The exactness training; the original is plain single-process torch on cuda:0 (the CPU without CUDA)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    generator = torch.Generator().manual_seed(0)
+    samples, classes = 203, 7
+    x = torch.randn(samples, 32, generator=generator)
+    y = torch.randint(classes, (samples,), generator=generator)
+    y[::5] = -100
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, classes))
+    criterion = nn.CrossEntropyLoss(weight=torch.linspace(0.5, 2.0, classes), ignore_index=-100)
+    loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
+    if original:
+        device, rank, bare = torch.device("cuda" if torch.cuda.is_available() else "cpu", 0), 0, model
+        model, criterion = model.to(device), criterion.to(device)
+    else:
+        import mgpu_runtime
+
+        mgpu_runtime.setup()
+        device, rank, bare = mgpu_runtime.device(), mgpu_runtime.rank(), model
+        model = mgpu_runtime.DistributedDataParallel(model)
+        criterion = mgpu_runtime.DistributedCriterion(criterion.to(device))
+        loader = mgpu_runtime.distribute_loader(loader)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for _ in range(3):
+        for inputs, targets in loader:
+            optimizer.zero_grad()
+            criterion(model(inputs.to(device)), targets.to(device)).backward()
+            optimizer.step()
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save({name: value.detach().cpu() for name, value in bare.state_dict().items()}, out / f"rank{rank}.pt")
+
+
+def _overhead_worker(out: pathlib.Path) -> None:
+    """Median step times of the runtime's wrapper and bare DDP, measured in alternating rounds."""
+    import mgpu_runtime
+    import torch.distributed as dist
+
+    mgpu_runtime.setup()
+    device = mgpu_runtime.device()
+
+    def mlp() -> nn.Module:
+        torch.manual_seed(0)
+        layers = [layer for _ in range(8) for layer in (nn.Linear(4096, 4096), nn.ReLU())]
+        return nn.Sequential(*layers).to(device)
+
+    wrapped = mgpu_runtime.DistributedDataParallel(mlp())
+    bare = nn.parallel.DistributedDataParallel(
+        mlp(), device_ids=[device.index], process_group=dist.new_group(backend="nccl")
+    )
+    batch = torch.randn(512, 4096, device=device)
+    steppers = {}
+    for name, model in (("mgpu_runtime_ms", wrapped), ("bare_ddp_ms", bare)):
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
+
+        def step(model: nn.Module = model, optimizer: torch.optim.Optimizer = optimizer) -> None:
+            optimizer.zero_grad()
+            model(batch).square().mean().backward()
+            optimizer.step()
+
+        steppers[name] = step
+    rounds: dict[str, list[float]] = {name: [] for name in steppers}
+    for round_index in range(12):
+        for name, step in steppers.items():
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            for _ in range(10):
+                step()
+            torch.cuda.synchronize()
+            if round_index >= 2:  # the first rounds warm up allocator, kernels and buckets
+                rounds[name].append((time.perf_counter() - started) * 100)
+    out.write_text(json.dumps({name: round(statistics.median(times), 3) for name, times in rounds.items()}))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", nargs="+", metavar="ARGUMENT", help=argparse.SUPPRESS)
+    parser.add_argument("--original", action="store_true", help=argparse.SUPPRESS)
+    arguments = parser.parse_args()
+    if arguments.worker:
+        kind, out = arguments.worker[0], pathlib.Path(arguments.worker[1])
+        if kind == "train":
+            _train_worker(out, arguments.original)
+        else:
+            _overhead_worker(out)
+        return 0
+    results: dict = {}
+    run(results)
+    print(json.dumps(results, indent=2, default=str))
+    return 1 if "error" in results else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""``DataParallelModel``: ``nn.DataParallel`` whose outputs stay on the replicas that computed them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch import nn
+
+from mgpu_runtime.balanced.devices import DeviceId, Devices, resolve_devices
+from mgpu_runtime.balanced.functional import parallel_forward
+
+
+class DataParallelModel(nn.DataParallel):
+    """A drop-in for ``nn.DataParallel(module, device_ids, output_device, dim)``.
+
+    Everything but the gather is ``nn.DataParallel``'s: the batch is split along ``dim`` over
+    ``device_ids`` (default: every GPU), the module is replicated for each forward, gradients flow back to
+    ``module``'s parameters. The output is a ``ParallelOutput`` whose pieces stay on their devices, yet
+    behave like the gathered output wherever it is used as one; ``DataParallelCriterion`` computes the
+    loss beside each piece. Being a ``nn.DataParallel`` keeps ``.module``, ``isinstance`` checks and the
+    ``module.``-prefixed ``state_dict`` keys of the original script.
+
+    Without a GPU the module runs as is, unless ``MGPU_CPU_REPLICAS=N`` asks for N CPU replicas.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        device_ids: Sequence[DeviceId] | None = None,
+        output_device: DeviceId | None = None,
+        dim: int = 0,
+    ) -> None:
+        # nn.DataParallel.__init__ is skipped on purpose: it resolves devices its own way, which knows
+        # nothing of CPU replicas and would reject their ids.
+        nn.Module.__init__(self)
+        self.module = module
+        self.dim = dim
+        self._devices = resolve_devices(device_ids, output_device)
+        self.device_ids = _device_ids(self._devices)
+        self.output_device = _output_device_id(self._devices)
+        if len(self._devices.replicas) == 1:
+            module.to(self._devices.replicas[0])  # as nn.DataParallel does for a single device
+
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        return parallel_forward(self.module, inputs, kwargs, self._devices, self.dim)
+
+
+def _device_ids(devices: Devices) -> list[int]:
+    # CPU replicas are numbered by position, the way MGPU_CPU_REPLICAS device ids address them.
+    return [device.index if device.type == "cuda" else position for position, device in enumerate(devices.replicas)]
+
+
+def _output_device_id(devices: Devices) -> int | None:
+    # nn.DataParallel's spelling: a CUDA index, or -1 for the CPU.
+    if devices.output is None:
+        return None
+    return -1 if devices.output.type == "cpu" else devices.output.index

@@ -1,0 +1,107 @@
+"""Running one callable per replica in threads, with the caller's torch modes and errors that name the replica.
+
+Grad mode, inference mode and autocast are thread-local in torch: a fresh thread starts with grad on and
+autocast off, so they are captured in the caller and re-entered in each worker (PyTorch-Encoding's copy
+forgot autocast, which silently ran its replicas in fp32).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from mgpu_runtime.balanced.devices import Devices
+
+_AUTOCAST_DEVICE_TYPES = ("cuda", "cpu")
+
+
+def parallel_apply(
+    functions: Sequence[Callable[..., Any]],
+    args: Sequence[Sequence[Any]],
+    kwargs: Sequence[dict[str, Any]],
+    devices: Devices,
+) -> list[Any]:
+    """``functions[i](*args[i], **kwargs[i])`` on replica ``i`` of ``devices``, all at once; results in order.
+
+    A single call runs in the caller's thread. A failure is re-raised here, naming the replica, with the
+    worker's exception (and its traceback) chained as the cause.
+    """
+    enter_caller_modes = _caller_modes()
+    streams = [_current_stream(device) for device in devices.replicas[: len(functions)]]
+    results: list[Any] = [None] * len(functions)
+    failures: list[Exception | None] = [None] * len(functions)
+
+    def work(replica: int) -> None:
+        try:
+            with enter_caller_modes(), _on_device(devices.replicas[replica], streams[replica]):
+                results[replica] = functions[replica](*args[replica], **kwargs[replica])
+        except Exception as failure:  # noqa: BLE001 - every failure is re-raised in the caller below
+            failures[replica] = failure
+
+    if len(functions) == 1:
+        work(0)
+    else:
+        threads = [threading.Thread(target=work, args=(replica,)) for replica in range(len(functions))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    for replica, failure in enumerate(failures):
+        if failure is not None:
+            _reraise(failure, devices.label(replica))
+    return results
+
+
+def _caller_modes() -> Callable[[], contextlib.AbstractContextManager]:
+    """A context-manager factory that re-enters, in a worker thread, the torch modes active here."""
+    grad_enabled = torch.is_grad_enabled()
+    inference = torch.is_inference_mode_enabled()
+    autocasts = [
+        (device_type, torch.get_autocast_dtype(device_type))
+        for device_type in _AUTOCAST_DEVICE_TYPES
+        if torch.is_autocast_enabled(device_type)
+    ]
+
+    @contextlib.contextmanager
+    def enter():
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.inference_mode(inference))
+            stack.enter_context(torch.set_grad_enabled(grad_enabled))
+            for device_type, dtype in autocasts:
+                stack.enter_context(torch.autocast(device_type, dtype=dtype))
+            yield
+
+    return enter
+
+
+def _current_stream(device: torch.device) -> torch.cuda.Stream | None:
+    # Read in the caller: the current stream is thread-local, and the work must queue behind the caller's.
+    return torch.cuda.current_stream(device) if device.type == "cuda" else None
+
+
+@contextlib.contextmanager
+def _on_device(device: torch.device, stream: torch.cuda.Stream | None):
+    if stream is None:
+        yield
+        return
+    with torch.cuda.device(device), torch.cuda.stream(stream):
+        yield
+
+
+def _reraise(failure: Exception, where: str) -> None:
+    """Raise ``failure`` again from the caller's thread, saying which replica it came from.
+
+    The same exception type is kept when it can be built from a message, so ``except`` clauses written for
+    the unwrapped model (``torch.cuda.OutOfMemoryError``, ``ValueError`` ...) still catch it.
+    """
+    message = f"in {where}: {type(failure).__name__}: {failure}"
+    try:
+        located = type(failure)(message)
+    except Exception:  # noqa: BLE001 - a type whose constructor wants more than a message
+        located = RuntimeError(message)
+    raise located from failure

@@ -1,0 +1,43 @@
+"""The distributed runtime: one process per device, computing what the DataParallel original computed.
+
+Modules, one idea each: ``environment`` (where this process sits, read from torchrun / SLURM / nothing),
+``launch`` (relaunching a plain ``python train.py`` under torchrun), ``process_group`` (setup, device,
+backend, teardown), ``ddp`` (the DDP wrapper and its exact gradient reduction), ``share`` (this rank's share
+of the current global batch), ``data`` and ``slicing`` (the distributed twin of a DataLoader), ``losses``
+(``DistributedCriterion``), ``io`` (``save``/``load``), ``metrics`` (reductions across ranks) and
+``safety`` (failing loudly on an unwrapped model). See ``runtime/README_distributed.md``.
+"""
+
+from mgpu_runtime.distributed.data import distribute_loader
+from mgpu_runtime.distributed.ddp import DistributedDataParallel
+from mgpu_runtime.distributed.io import load, save
+from mgpu_runtime.distributed.losses import DistributedCriterion
+from mgpu_runtime.distributed.metrics import reduce_mean, reduce_sum
+from mgpu_runtime.distributed.process_group import (
+    barrier,
+    device,
+    is_main_process,
+    local_rank,
+    node_rank,
+    rank,
+    setup,
+    world_size,
+)
+
+__all__ = [
+    "DistributedCriterion",
+    "DistributedDataParallel",
+    "barrier",
+    "device",
+    "distribute_loader",
+    "is_main_process",
+    "load",
+    "local_rank",
+    "node_rank",
+    "rank",
+    "reduce_mean",
+    "reduce_sum",
+    "save",
+    "setup",
+    "world_size",
+]

@@ -1,0 +1,173 @@
+"""``distribute_loader``: each rank's slice of exactly the global batches the original loader produces.
+
+The original loader, run in one process, produced global batches; the DataParallel original split each
+over its GPUs. Here rank ``r`` yields the ``r``-th contiguous span of every global batch, in the original
+order, with spans cut as ``tensor_split`` cuts them (``share.py``). Nothing is padded or repeated, so
+counting what each rank saw and summing (``reduce_sum``) counts every sample once. ``len()`` is the
+original's: the number of global batches.
+
+Randomness is drawn once, on rank 0, as the original process would have drawn it, and shared: a sampler
+that shuffles from the global generator draws on rank 0 at the same moment and from the same state as in
+the original run, whether or not the script seeds, and however far the other ranks' generators have drifted
+(dropout on smaller slices, other randomness). Each new epoch (``iter()``) draws anew, as the original did.
+
+Two ways to get there, by what the loader is:
+
+* A plain ``DataLoader`` over a map-style dataset (the common case): rank 0 runs the original batch
+  sampler and broadcasts its index batches (a few dozen at a time); every rank loads only its span of each,
+  with the original dataset, ``collate_fn``, workers, pinning and worker seeding, so data loading is
+  divided among the ranks rather than repeated. ``collate_fn`` sees the rank's span of samples. A rank
+  whose span is empty loads the batch's first sample and cuts it to zero rows, so it still has a batch of
+  the right structure to run forward and backward on. Batches are kept in order (``in_order=True``), which
+  keeping ranks aligned requires.
+* Anything else (an ``IterableDataset``, ``batch_size=None``, a ``DataLoader`` subclass, any iterable of
+  batches): rank 0 iterates the original and sends each rank its span of every collated batch
+  (``slicing.py``), like DataParallel's scatter. Rank 0 then does all the loading, as the original did.
+
+With each batch the twin publishes the rank's share, which makes gradients exact (``ddp.py``). In a
+world of one ``distribute_loader`` returns the loader itself.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import deque
+from collections.abc import Iterable, Iterator
+from itertools import islice
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+from torch.utils.data import DataLoader, IterableDataset, Sampler
+
+from mgpu_runtime.distributed.process_group import rank, setup, world_size
+from mgpu_runtime.distributed.share import Share, publish, share_spans
+from mgpu_runtime.distributed.slicing import batch_rows, take_rows
+
+# Index batches per broadcast: bounded memory for huge datasets, few collectives per epoch.
+_INDEX_BATCHES_PER_BROADCAST = 64
+# How a DataLoader is rebuilt around the sharded batch sampler: every setting but the sampling ones.
+_KEPT_LOADER_SETTINGS = (
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "generator",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory_device",
+)
+_LOADER_PARAMETERS = inspect.signature(DataLoader.__init__).parameters
+
+T = TypeVar("T")
+
+
+def distribute_loader(loader: Iterable[Any]) -> Iterable[Any]:
+    """The distributed twin of ``loader`` (see the module doc); ``loader`` itself in a world of one."""
+    setup()
+    if world_size() == 1:
+        return loader
+    if (
+        type(loader) is DataLoader
+        and not isinstance(loader.dataset, IterableDataset)
+        and loader.batch_sampler is not None
+    ):
+        return _IndexShardedLoader(loader)
+    return _ScatteredLoader(loader)
+
+
+class _LoaderTwin:
+    """What both twins share: the original's length and attributes, and publishing each batch's share."""
+
+    def __init__(self, loader: Iterable[Any]) -> None:
+        self._loader = loader
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __getattr__(self, name: str) -> Any:
+        # dataset, batch_size, sampler ...: the original's, so code that reads them keeps working.
+        if name == "_loader":
+            raise AttributeError(name)
+        return getattr(self._loader, name)
+
+    def __iter__(self) -> Iterator[Any]:
+        try:
+            for batch, share in self._batches_and_shares():
+                publish(share)
+                yield batch
+        finally:
+            publish(None)
+
+    def _batches_and_shares(self) -> Iterator[tuple[Any, Share]]:
+        raise NotImplementedError
+
+
+class _IndexShardedLoader(_LoaderTwin):
+    def __init__(self, loader: DataLoader) -> None:
+        super().__init__(loader)
+        self._shards = _ShardedBatchSampler(loader.batch_sampler)
+        settings = {name: getattr(loader, name) for name in _KEPT_LOADER_SETTINGS if name in _LOADER_PARAMETERS}
+        if "in_order" in _LOADER_PARAMETERS:
+            settings["in_order"] = True
+        self._local = DataLoader(loader.dataset, batch_sampler=self._shards, **settings)
+
+    def _batches_and_shares(self) -> Iterator[tuple[Any, Share]]:
+        for batch in self._local:
+            share = self._shards.handed_out.popleft()
+            yield (batch if share.rows else take_rows(batch, 0, 0, batch_rows(batch))), share
+
+
+class _ShardedBatchSampler(Sampler[list[Any]]):
+    """The original batch sampler's batches, drawn on rank 0, cut down to this rank's span of indices."""
+
+    def __init__(self, batch_sampler: Iterable[list[Any]]) -> None:
+        self._batch_sampler = batch_sampler
+        self.handed_out: deque[Share] = deque()
+        """The share of each index batch handed to the DataLoader and not yet yielded (it prefetches)."""
+
+    def __len__(self) -> int:
+        return len(self._batch_sampler)
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        self.handed_out.clear()
+        for indices in _shared_from_rank_zero(self._batch_sampler):
+            start, stop = share_spans(len(indices), world_size())[rank()]
+            self.handed_out.append(Share(stop - start, len(indices)))
+            # An empty span still loads one sample, cut to zero rows later, for a batch of the right structure.
+            yield indices[start:stop] if stop > start else indices[:1]
+
+
+class _ScatteredLoader(_LoaderTwin):
+    def _batches_and_shares(self) -> Iterator[tuple[Any, Share]]:
+        batches = iter(self._loader) if rank() == 0 else None
+        while True:
+            pieces = _pieces(next(batches, None)) if batches is not None else None
+            received: list[Any] = [None]
+            dist.scatter_object_list(received, pieces, src=0)
+            if received[0] is None:
+                return
+            yield received[0]
+
+
+def _pieces(batch: Any) -> list[tuple[Any, Share] | None]:
+    """Every rank's span of ``batch`` with its share; after the last batch (None), None for every rank."""
+    if batch is None:
+        return [None] * world_size()
+    rows = batch_rows(batch)
+    return [
+        (take_rows(batch, start, stop, rows), Share(stop - start, rows))
+        for start, stop in share_spans(rows, world_size())
+    ]
+
+
+def _shared_from_rank_zero(items: Iterable[T]) -> Iterator[T]:
+    """The items of ``items``, iterated on rank 0 only and broadcast to every rank in chunks."""
+    iterator = iter(items) if rank() == 0 else None
+    while True:
+        chunk = [list(islice(iterator, _INDEX_BATCHES_PER_BROADCAST)) if iterator is not None else None]
+        dist.broadcast_object_list(chunk, src=0)
+        yield from chunk[0]
+        if len(chunk[0]) < _INDEX_BATCHES_PER_BROADCAST:
+            return

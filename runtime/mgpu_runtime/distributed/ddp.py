@@ -1,0 +1,84 @@
+"""``DistributedDataParallel``: torch's DDP, placed on this process's device, reducing gradients exactly.
+
+A subclass of ``torch.nn.parallel.DistributedDataParallel``, so ``isinstance`` checks, ``.module``,
+``no_sync()`` and the ``module.``-prefixed ``state_dict`` keys (the same as the DataParallel original's)
+all behave as torch's. What differs is how gradients are combined (a DDP communication hook):
+
+* More than one process: each rank's gradient is weighted by its share of the global batch (``share.py``)
+  and the weighted gradients are summed, instead of averaged with equal weights. A loss that is a mean over
+  the rank's own rows (an HF-style ``outputs.loss``, ``F.mse_loss`` ...) then gives exactly the gradient of
+  the mean over the global batch, uneven last batch included; a rank with no rows adds nothing (its
+  gradient is zeroed, which also discards the NaN of a mean over no rows). ``DistributedCriterion`` scales
+  its loss to fit this rule, so sums and weighted cross-entropy come out exact too (``losses.py``).
+* One process: no communication at all. The gradient is already the whole batch's.
+
+``device_ids`` and ``output_device`` (DataParallel's arguments, naming all the GPUs of one process) are
+accepted and ignored: here each process has exactly one device, ``device()``. Other keyword arguments go to
+torch's DDP unchanged (``find_unused_parameters=True`` for a model that skips parameters in some steps).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from mgpu_runtime.distributed.process_group import device, setup, world_size
+from mgpu_runtime.distributed.share import gradient_weight
+
+_TorchDDP = nn.parallel.DistributedDataParallel
+# Renamed in recent torch (broadcast_buffers is deprecated there); the spelling this torch understands.
+_BUFFER_SYNC_ARGUMENT = (
+    "forward_sync_buffers"
+    if "forward_sync_buffers" in inspect.signature(_TorchDDP.__init__).parameters
+    else "broadcast_buffers"
+)
+
+
+class DistributedDataParallel(_TorchDDP):
+    """Drop-in for ``nn.DataParallel(module, ...)`` in a migrated script: one process, one device, one wrapper."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        device_ids: Sequence[Any] | None = None,
+        output_device: Any = None,
+        dim: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        setup()
+        local = device()
+        processes = world_size()
+        if processes == 1 and not {"broadcast_buffers", "forward_sync_buffers"} & kwargs.keys():
+            # Nobody to copy buffers to; on a GPU each forward would otherwise round-trip them through gloo.
+            kwargs[_BUFFER_SYNC_ARGUMENT] = False
+        super().__init__(
+            module.to(local),
+            device_ids=[local.index] if local.type == "cuda" else None,
+            dim=dim,
+            **kwargs,
+        )
+        self.register_comm_hook(None, _share_weighted_sum if processes > 1 else _keep_local)
+
+
+# The hooks are unannotated: DDP rejects annotations that are not the real types, and here they are strings.
+def _share_weighted_sum(state, bucket):
+    """Sum over ranks of each rank's gradient (a ``dist.GradBucket``) times its share of the global batch."""
+    weight = gradient_weight(dist.get_world_size())
+    buffer = bucket.buffer()
+    if weight == 0.0:
+        buffer.zero_()  # multiplying would keep the NaN of an empty mean
+    else:
+        buffer.mul_(weight)
+    return dist.all_reduce(buffer, async_op=True).get_future().then(lambda future: future.value()[0])
+
+
+def _keep_local(state, bucket):
+    """A world of one: the local gradient is the result."""
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future

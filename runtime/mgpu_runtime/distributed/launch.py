@@ -1,0 +1,84 @@
+"""Relaunching a plainly started script under torchrun, so ``python train.py`` uses every GPU as before.
+
+The DataParallel original used all visible GPUs from one process. Its migration needs one process per GPU,
+so when a script is started without a launcher and more than one process is wanted, ``setup()`` replaces
+the process (``exec``) with ``torchrun --standalone --nproc_per_node=N`` running the same command line.
+Exec rather than a child process: the exit status, signals (Ctrl-C, SLURM's SIGTERM) and the process id
+are torchrun's own, with nothing in between to forward them or to outlive them.
+
+How many processes: ``MGPU_NPROC=N`` if set (also on CPU; 1 keeps one process), else the number of visible
+CUDA devices. The relaunched command carries ``MGPU_RELAUNCHED=1``, and a process that carries it yet finds
+no launcher variables stops with an error instead of relaunching again.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from mgpu_runtime.distributed.environment import LaunchEnvironmentError
+
+NPROC_VARIABLE = "MGPU_NPROC"
+RELAUNCHED_VARIABLE = "MGPU_RELAUNCHED"
+
+
+def requested_process_count(environ: Mapping[str, str]) -> int:
+    """Processes wanted for a plainly started script: ``MGPU_NPROC``, else one per visible CUDA device."""
+    text = environ.get(NPROC_VARIABLE, "").strip()
+    if not text:
+        # device_count() asks the driver without creating a context, so the device is still unchosen.
+        return max(1, torch.cuda.device_count())
+    if not text.isdigit() or int(text) < 1:
+        raise LaunchEnvironmentError(f"{NPROC_VARIABLE}={text!r} must be a whole number of processes, 1 or more")
+    return int(text)
+
+
+def torchrun_command(process_count: int, interpreter: str, original_argv: Sequence[str]) -> list[str]:
+    """The command that reruns ``original_argv`` (``sys.orig_argv``) as ``process_count`` torchrun workers.
+
+    ``--no-python`` with the interpreter's own flags kept (``-m module``, ``-c code``, ``-X``, ``-W`` ...) runs
+    exactly the original command line in each worker; ``-u`` is what torchrun adds for Python scripts.
+    """
+    return [
+        interpreter,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={process_count}",
+        "--no-python",
+        interpreter,
+        "-u",
+        *original_argv[1:],
+    ]
+
+
+def relaunch_if_requested() -> None:
+    """Exec torchrun when a plainly started script wants more than one process; return when it wants one."""
+    process_count = requested_process_count(os.environ)
+    if process_count == 1:
+        return
+    if os.environ.get(RELAUNCHED_VARIABLE):
+        raise LaunchEnvironmentError(
+            f"this process was relaunched under torchrun ({RELAUNCHED_VARIABLE} is set) but finds no RANK or "
+            "WORLD_SIZE; something between torchrun and the script dropped them. Not relaunching again."
+        )
+    if not _can_rerun_command_line():
+        warnings.warn(
+            f"mgpu_runtime: {process_count} processes wanted, but an interactive session cannot be relaunched "
+            "under torchrun; running as a single process",
+            stacklevel=3,
+        )
+        return
+    command = torchrun_command(process_count, sys.executable, getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, command, {**os.environ, RELAUNCHED_VARIABLE: "1"})
+
+
+def _can_rerun_command_line() -> bool:
+    # A REPL, stdin, `python -i` or a notebook kernel has no command line that would redo the same work.
+    return sys.argv[0] not in ("", "-") and not sys.flags.interactive and "ipykernel" not in sys.modules

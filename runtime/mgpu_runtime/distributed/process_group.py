@@ -1,0 +1,177 @@
+"""Joining the job: device, backend, process group, and leaving it cleanly at exit.
+
+``setup()`` is idempotent and is where everything starts: it reads the launch environment, relaunches a
+script started without a launcher (or as a single SLURM task) under torchrun when more processes are wanted
+(``launch.py``), binds the CUDA device to the local rank before anything else touches CUDA, and
+initialises the default process group.
+
+* Backend: nccl on CUDA, gloo on CPU. ``MGPU_BACKEND`` overrides the choice. Ranks that share a GPU
+  (``MGPU_SHARE_DEVICE=1``, or torchrun starting more processes on the node than there are visible GPUs)
+  get gloo, as NCCL refuses two ranks on one device; their device is ``cuda:(local_rank % device_count)``.
+  Under SLURM fewer visible GPUs than tasks usually means each task was given its own
+  (``--gpus-per-task``), so only ``MGPU_SHARE_DEVICE=1`` declares sharing there.
+* A world of one joins no network: a gloo group over an in-process ``HashStore`` (no address, no port), which
+  exists only so ``DistributedDataParallel`` can be built; the wrappers send nothing through it.
+* Teardown, registered with ``atexit`` when this module created the group, also when the script never
+  calls anything: a barrier, so no rank tears the group down while a peer still needs it, then destroy.
+  After an uncaught exception the barrier is skipped (the peers are not coming; torchrun stops them).
+
+The other functions are the process's coordinates. ``rank()`` & co. read the launch environment without
+joining anything (they also work in a DataLoader worker); ``device()`` and ``barrier()`` set up first.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.utils.hooks import RemovableHandle
+
+from mgpu_runtime.distributed import safety
+from mgpu_runtime.distributed.environment import (
+    SLURM,
+    TORCHRUN,
+    LaunchEnvironment,
+    LaunchEnvironmentError,
+    detect_environment,
+)
+from mgpu_runtime.distributed.launch import relaunch_if_requested
+
+BACKEND_VARIABLE = "MGPU_BACKEND"
+SHARE_DEVICE_VARIABLE = "MGPU_SHARE_DEVICE"
+
+
+@dataclass(frozen=True)
+class _Membership:
+    environment: LaunchEnvironment
+    device: torch.device
+    owns_process_group: bool
+    safety_net: RemovableHandle | None
+
+
+_membership: _Membership | None = None
+
+
+def setup() -> None:
+    """Join the job this process was launched into (see the module doc); a no-op after the first call."""
+    global _membership
+    if _membership is not None:
+        return
+    environment = detect_environment(os.environ)
+    # torchrun --nproc_per_node=1 is a deliberate choice; one SLURM task is just SLURM's default.
+    if environment.world_size == 1 and environment.launcher != TORCHRUN:
+        relaunch_if_requested()
+    device, shares_device = _bind_device(environment)
+    owns_process_group = not dist.is_initialized()
+    if owns_process_group:
+        _init_process_group(environment, _backend(device, shares_device))
+        atexit.register(teardown)
+    elif dist.get_world_size() != environment.world_size:
+        raise LaunchEnvironmentError(
+            f"a process group of {dist.get_world_size()} processes already exists, but the launch environment "
+            f"says {environment.world_size}"
+        )
+    safety_net = safety.install() if environment.world_size > 1 else None
+    _membership = _Membership(environment, device, owns_process_group, safety_net)
+
+
+def teardown() -> None:
+    """Leave the job: barrier, then destroy the process group this module created. Runs at exit."""
+    global _membership
+    membership, _membership = _membership, None
+    atexit.unregister(teardown)
+    if membership is None:
+        return
+    if membership.safety_net is not None:
+        membership.safety_net.remove()
+    if membership.owns_process_group and dist.is_initialized():
+        # Python sets sys.last_value when an uncaught exception ended the script.
+        if not hasattr(sys, "last_value"):
+            _barrier(membership.device)
+        dist.destroy_process_group()
+
+
+def rank() -> int:
+    """This process's rank among all processes of the job (0 on the main process)."""
+    return _environment().rank
+
+
+def local_rank() -> int:
+    """This process's rank among the processes of its node: the index of its GPU."""
+    return _environment().local_rank
+
+
+def world_size() -> int:
+    """How many processes the job has (1 for a plain single process)."""
+    return _environment().world_size
+
+
+def node_rank() -> int:
+    """The index of this process's node."""
+    return _environment().node_rank
+
+
+def is_main_process() -> bool:
+    """Whether this is rank 0, the process that logs, saves and evaluates once for the job."""
+    return rank() == 0
+
+
+def device() -> torch.device:
+    """This process's device: ``cuda:<local rank>`` (modulo visible GPUs), or the CPU without CUDA."""
+    setup()
+    return _membership.device
+
+
+def barrier() -> None:
+    """Wait until every process gets here."""
+    setup()
+    if _membership.environment.world_size > 1:
+        _barrier(_membership.device)
+
+
+def _environment() -> LaunchEnvironment:
+    if _membership is not None:
+        return _membership.environment
+    return detect_environment(os.environ)
+
+
+def _bind_device(environment: LaunchEnvironment) -> tuple[torch.device, bool]:
+    """This process's device, made current before any CUDA work; and whether it is shared with other ranks."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu"), False
+    visible = torch.cuda.device_count()
+    shares_device = os.environ.get(SHARE_DEVICE_VARIABLE, "") not in ("", "0") or (
+        environment.launcher != SLURM and environment.local_world_size > visible
+    )
+    index = environment.local_rank % visible
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index), shares_device
+
+
+def _backend(device: torch.device, shares_device: bool) -> str:
+    chosen = os.environ.get(BACKEND_VARIABLE, "").strip()
+    if chosen:
+        return chosen
+    return "nccl" if device.type == "cuda" and not shares_device else "gloo"
+
+
+def _init_process_group(environment: LaunchEnvironment, backend: str) -> None:
+    if environment.world_size == 1:
+        # No peers: an in-process store, so a single process needs no address, port or rendezvous.
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        return
+    dist.init_process_group(
+        backend, init_method=environment.init_method, rank=environment.rank, world_size=environment.world_size
+    )
+
+
+def _barrier(device: torch.device) -> None:
+    if dist.get_backend() == "nccl":
+        # Tells NCCL which device this rank uses, instead of letting it guess.
+        dist.barrier(device_ids=[device.index])
+    else:
+        dist.barrier()

@@ -1,0 +1,270 @@
+"""The balanced pair computes exactly the unsplit loss and gradients (float64, <= 1e-6), on 2 and 3 CPU replicas."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mgpu_runtime.balanced import DataParallelCriterion, DataParallelModel, data_parallel, gather
+from tests.runtime.conftest_balanced import (
+    CLASSES,
+    VOCABULARY,
+    Classifier,
+    StructuredClassifier,
+    TokenModel,
+    assert_matches_unsplit,
+    features,
+    labels,
+    logits_of,
+    max_abs_diff,
+    seeded,
+    token_ids,
+    use_cpu_replicas,
+)
+
+# 6 splits evenly over 2 and 3; 7 does not; 1 and 2 are smaller than 3 replicas.
+BATCHES = [6, 7, 1, 2]
+
+
+@pytest.fixture(params=[2, 3], ids=["2-replicas", "3-replicas"], autouse=True)
+def replicas(request, monkeypatch) -> int:
+    use_cpu_replicas(monkeypatch, request.param)
+    return request.param
+
+
+def class_weights() -> torch.Tensor:
+    return torch.tensor([0.5, 2.0, 1.0, 3.0], dtype=torch.float64)
+
+
+CRITERIA = {
+    "cross-entropy": lambda: nn.CrossEntropyLoss(),
+    "cross-entropy-weights": lambda: nn.CrossEntropyLoss(weight=class_weights()),
+    "cross-entropy-smoothing-weights-ignore": lambda: nn.CrossEntropyLoss(
+        weight=class_weights(), ignore_index=2, label_smoothing=0.1
+    ),
+    "cross-entropy-sum": lambda: nn.CrossEntropyLoss(reduction="sum"),
+    "mse-as-plain-function": lambda: lambda output, target: F.mse_loss(output, F.one_hot(target, CLASSES).double()),
+    "mse-sum": lambda: nn.MSELoss(reduction="sum"),
+}
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("name", CRITERIA)
+def test_loss_and_gradients_match_unsplit(name, batch):
+    make_criterion = CRITERIA[name]
+    x, y = features(batch), labels(batch)
+    if name == "mse-sum":
+        y = torch.randn(batch, CLASSES, dtype=torch.float64)
+    assert_matches_unsplit(
+        Classifier,
+        lambda model: DataParallelCriterion(make_criterion())(model(x), y),
+        lambda module: make_criterion()(module(x), y),
+    )
+
+
+def test_nll_loss_takes_the_exact_rule():
+    x, y = features(7), labels(7)
+    criterion = nn.NLLLoss(weight=class_weights(), ignore_index=0)
+    assert_matches_unsplit(
+        Classifier,
+        lambda model: DataParallelCriterion(criterion)(torch.log_softmax(model(x), 1), y),
+        lambda module: criterion(torch.log_softmax(module(x), 1), y),
+    )
+
+
+def test_a_piece_with_only_ignored_targets_adds_nothing_and_no_nan(replicas):
+    batch = 7
+    x = features(batch)
+    y = labels(batch)
+    y[-3:] = -100  # the last piece holds only ignored targets: sizes 4, 3 on 2 replicas and 3, 2, 2 on 3
+    criterion = nn.CrossEntropyLoss(weight=class_weights())
+    model = DataParallelModel(Classifier())
+    loss = DataParallelCriterion(criterion)(model(x), y)
+    assert torch.isfinite(loss)
+    assert_matches_unsplit(
+        Classifier,
+        lambda model: DataParallelCriterion(criterion)(model(x), y),
+        lambda module: criterion(module(x), y),
+    )
+
+
+def test_uneven_split_is_weighted_by_piece_size_not_averaged(replicas):
+    # The defect of PyTorch-Encoding's DataParallelCriterion: per-device means averaged with equal weight.
+    x, y = features(5), labels(5)
+    module = Classifier()
+    splits = zip(torch.tensor_split(x, replicas), torch.tensor_split(y, replicas))
+    pieces = [F.cross_entropy(module(xs), ys) for xs, ys in splits]
+    equal_weight_mean = torch.stack(pieces).mean()
+    exact = F.cross_entropy(module(x), y)
+    balanced = DataParallelCriterion(nn.CrossEntropyLoss())(DataParallelModel(module)(x), y)
+    assert max_abs_diff(equal_weight_mean, exact) > 1e-3
+    assert max_abs_diff(balanced, exact) <= 1e-12
+
+
+def test_plain_tensors_get_the_plain_criterion():
+    logits, y = Classifier()(features(7)), labels(7)
+    criterion = nn.CrossEntropyLoss(weight=class_weights())
+    assert torch.equal(DataParallelCriterion(criterion)(logits, y), criterion(logits, y))
+
+
+def test_reduction_none_concatenates_in_batch_order():
+    x, y = features(7), labels(7)
+    module = Classifier()
+    balanced = DataParallelCriterion(nn.CrossEntropyLoss(reduction="none"))(DataParallelModel(module)(x), y)
+    assert max_abs_diff(balanced, F.cross_entropy(module(x), y, reduction="none")) <= 1e-12
+
+
+@pytest.mark.parametrize(
+    "make_criterion, target",
+    [
+        (lambda: nn.CrossEntropyLoss(weight=class_weights()), lambda scores: torch.softmax(scores, 1)),
+        (lambda: nn.BCEWithLogitsLoss(pos_weight=torch.full((CLASSES,), 2.0, dtype=torch.float64)), torch.sigmoid),
+        (lambda: nn.SmoothL1Loss(), lambda scores: scores),
+        (lambda: nn.KLDivLoss(reduction="batchmean"), lambda scores: torch.softmax(scores, 1)),
+    ],
+    ids=["soft-target-cross-entropy", "bce-pos-weight", "smooth-l1", "kl-batchmean"],
+)
+def test_per_sample_mean_losses_are_weighted_by_piece_size(make_criterion, target):
+    x = features(7)
+    y = target(torch.randn(7, CLASSES, dtype=torch.float64, generator=seeded(3)))
+    assert_matches_unsplit(
+        Classifier,
+        lambda model: DataParallelCriterion(make_criterion())(model(x), y),
+        lambda module: make_criterion()(module(x), y),
+    )
+
+
+@pytest.mark.parametrize("kind", ["tuple", "list", "dict", "namedtuple", "dataclass"])
+@pytest.mark.parametrize("batch", [7, 2])
+def test_structured_outputs(kind, batch):
+    x, y = features(batch), labels(batch)
+    criterion = nn.CrossEntropyLoss(weight=class_weights())
+
+    def parallel(model):
+        output = model(x)
+        # Code that did more with the output than the loss keeps working: the features gather on use.
+        return DataParallelCriterion(criterion)(logits_of(output, kind), y) + _features_of(output, kind).pow(2).mean()
+
+    def bare(module):
+        output = module(x)
+        return criterion(logits_of(output, kind), y) + _features_of(output, kind).pow(2).mean()
+
+    assert_matches_unsplit(lambda: StructuredClassifier(kind), parallel, bare)
+
+
+def _features_of(output, kind):
+    return output[1] if kind in ("tuple", "list") else output["features"] if kind == "dict" else output.features
+
+
+def test_criterion_over_the_whole_tuple_output():
+    # A loss function that takes the model's whole output (main and auxiliary heads), as segmentation code does.
+    x, y = features(7), labels(7)
+
+    def loss_with_auxiliary(output, target):
+        logits, hidden = output
+        return F.cross_entropy(logits, target) + 0.1 * hidden.pow(2).mean()
+
+    assert_matches_unsplit(
+        lambda: StructuredClassifier("tuple"),
+        lambda model: DataParallelCriterion(loss_with_auxiliary)(model(x), y),
+        lambda module: loss_with_auxiliary(module(x), y),
+    )
+
+
+@pytest.mark.parametrize("batch", [6, 7, 1])
+def test_loss_computed_inside_forward_through_loss_attribute(batch):
+    ids, targets = token_ids(batch), token_ids(batch, seed=5)
+    assert_matches_unsplit(
+        TokenModel,
+        lambda model: model(ids, labels=targets).loss,
+        lambda module: module(ids, labels=targets).loss,
+    )
+
+
+@pytest.mark.parametrize("batch", [6, 7, 1])
+def test_loss_computed_inside_forward_with_the_n_gpu_mean_pattern(batch):
+    ids, targets = token_ids(batch), token_ids(batch, seed=5)
+
+    def original_script(model):
+        outputs = model(ids, labels=targets)
+        loss = outputs[0]
+        loss = loss.mean()  # the script's `if n_gpu > 1: loss = loss.mean()`
+        return loss
+
+    assert_matches_unsplit(TokenModel, original_script, lambda module: module(ids, labels=targets)[0])
+
+
+def test_flattened_token_logits_split_targets_by_output_rows():
+    # The model returns one row per token, so pieces have 3x the input rows; padding is ignored.
+    ids, targets = token_ids(7), token_ids(7, seed=5)
+    targets[-1] = -100
+    targets[0, :2] = -100
+    assert_matches_unsplit(
+        lambda: TokenModel(flatten=True),
+        lambda model: DataParallelCriterion(nn.CrossEntropyLoss())(model(ids), targets.reshape(-1)),
+        lambda module: F.cross_entropy(module(ids), targets.reshape(-1)),
+    )
+
+
+def test_split_along_dim_one():
+    # Sequence-first data: (tokens, batch, features), split over the batch dimension.
+    x = torch.randn(3, 7, 5, dtype=torch.float64)
+    target = torch.randn(3, 7, CLASSES, dtype=torch.float64)
+    bare = Classifier()
+    model = DataParallelModel(Classifier(), dim=1)
+    loss = DataParallelCriterion(nn.MSELoss())(model(x), target)
+    expected = F.mse_loss(bare(x), target)
+    assert max_abs_diff(loss, expected) <= 1e-12
+
+
+def test_keyword_inputs_are_scattered_and_plain_values_shared():
+    class Scaled(Classifier):
+        def forward(self, x, *, scale, offset):
+            return super().forward(x) * scale + offset
+
+    x, y = features(7), labels(7)
+    scale = torch.linspace(0.5, 2.0, 7, dtype=torch.float64)[:, None]
+    assert_matches_unsplit(
+        Scaled,
+        lambda model: DataParallelCriterion(nn.CrossEntropyLoss())(model(x, scale=scale, offset=0.25), y),
+        lambda module: F.cross_entropy(module(x, scale=scale, offset=0.25), y),
+    )
+
+
+def test_targets_that_cannot_be_split_fall_back_to_the_gathered_output():
+    x = features(6)
+    global_target = torch.randn(CLASSES, dtype=torch.float64)  # no batch dimension to split: broadcast
+
+    def loss(output, target):
+        return (output - target).pow(2).mean()
+
+    assert_matches_unsplit(
+        Classifier,
+        lambda model: DataParallelCriterion(loss)(model(x), global_target),
+        lambda module: loss(module(x), global_target),
+    )
+
+
+def test_functional_data_parallel_matches_module_form():
+    x, y = features(7), labels(7)
+    assert_matches_unsplit(
+        Classifier,
+        lambda model: DataParallelCriterion(nn.CrossEntropyLoss())(data_parallel(model.module, x), y),
+        lambda module: F.cross_entropy(module(x), y),
+    )
+
+
+def test_gather_is_differentiable_and_exact():
+    x = features(7)
+    assert_matches_unsplit(
+        Classifier,
+        lambda model: gather(model(x)).pow(2).mean(),
+        lambda module: module(x).pow(2).mean(),
+    )
+
+
+def test_token_logits_vocabulary_size_is_kept():
+    model = DataParallelModel(TokenModel())
+    assert model(token_ids(5)).logits.shape == (5, 3, VOCABULARY)

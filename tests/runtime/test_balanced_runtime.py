@@ -1,0 +1,248 @@
+"""Devices, replication, worker threads and errors of the balanced runtime, and a short training run."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import traceback
+
+import pytest
+import torch
+from torch import nn
+
+from mgpu_runtime.balanced import DataParallelCriterion, DataParallelModel
+from mgpu_runtime.balanced.devices import resolve_devices
+from tests.runtime.conftest_balanced import Classifier, features, labels, max_abs_diff, use_cpu_replicas
+
+
+@pytest.fixture
+def three_replicas(monkeypatch):
+    use_cpu_replicas(monkeypatch, 3)
+
+
+class Recorder(Classifier):
+    """Notes, per call, the thread, the input rows, grad mode and the autocast dtype seen inside forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[dict] = []
+        self.lock = threading.Lock()
+
+    def forward(self, x):
+        output = super().forward(x)
+        with self.lock:
+            self.calls.append(
+                {
+                    "thread": threading.current_thread().name,
+                    "rows": len(x),
+                    "grad": torch.is_grad_enabled(),
+                    "dtype": output.dtype,
+                }
+            )
+        return output
+
+
+# --- devices -------------------------------------------------------------------------------------------
+
+
+def test_replica_count_is_read_when_the_model_is_built(monkeypatch):
+    use_cpu_replicas(monkeypatch, None)
+    assert DataParallelModel(Classifier()).device_ids == []
+    use_cpu_replicas(monkeypatch, 3)
+    assert DataParallelModel(Classifier()).device_ids == [0, 1, 2]
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two"])
+def test_invalid_replica_count_is_a_clear_error(monkeypatch, value):
+    use_cpu_replicas(monkeypatch, None)
+    monkeypatch.setenv("MGPU_CPU_REPLICAS", value)
+    with pytest.raises(ValueError, match="MGPU_CPU_REPLICAS must be a positive integer"):
+        DataParallelModel(Classifier())
+
+
+def test_device_ids_select_cpu_replicas(three_replicas):
+    model = DataParallelModel(Recorder(), device_ids=[0, 1])
+    model(features(7))
+    assert sorted(call["rows"] for call in model.module.calls) == [3, 4]
+    with pytest.raises(ValueError, match="device id 3 is out of range"):
+        DataParallelModel(Classifier(), device_ids=[0, 3])
+
+
+def test_device_ids_are_ignored_without_gpu_or_replicas(monkeypatch):
+    # As nn.DataParallel does on a CPU-only machine: the module simply runs.
+    use_cpu_replicas(monkeypatch, None)
+    model = DataParallelModel(Classifier(), device_ids=[0, 1, 7])
+    assert model.device_ids == [] and model(features(3)).shape == (3, 4)
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    """Device resolution as on a machine with two GPUs (no tensor ever goes to them)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
+
+def test_cuda_device_resolution(two_gpus):
+    devices = resolve_devices()
+    assert devices.replicas == (torch.device("cuda", 0), torch.device("cuda", 1))
+    assert devices.output == torch.device("cuda", 0)
+    assert devices.label(1) == "replica 1 on cuda:1"
+    repeated = resolve_devices([0, 0], output_device=-1)
+    assert repeated.replicas == (torch.device("cuda", 0),) * 2 and repeated.output == torch.device("cpu")
+    assert resolve_devices(["cuda:1", torch.device("cuda", 0)], output_device=1).output == torch.device("cuda", 1)
+
+
+@pytest.mark.parametrize(
+    "device_ids, message",
+    [
+        ([0, 2], "device id 2 is out of range: this machine has 2 CUDA device"),
+        ([-1], "device id -1 is out of range"),
+        (["cpu"], "device_ids must name CUDA devices"),
+        ([torch.device("cpu")], "device_ids must name CUDA devices"),
+        ([], "device_ids is empty"),
+    ],
+)
+def test_invalid_cuda_device_ids_are_clear_errors(two_gpus, device_ids, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_devices(device_ids)
+
+
+def test_cpu_replicas_are_ignored_when_cuda_is_present(two_gpus, monkeypatch):
+    use_cpu_replicas(monkeypatch, 3)
+    assert len(resolve_devices().replicas) == 2
+
+
+# --- splitting and threads -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rows, pieces", [(7, [3, 2, 2]), (6, [2, 2, 2]), (2, [1, 1]), (1, [1])])
+def test_each_replica_runs_in_its_own_thread_on_its_piece(three_replicas, rows, pieces):
+    model = DataParallelModel(Recorder())
+    model(features(rows))
+    calls = model.module.calls
+    assert sorted(call["rows"] for call in calls) == sorted(pieces)
+    assert len({call["thread"] for call in calls}) == len(pieces)  # a batch smaller than 3 runs no empty replica
+
+
+def test_grad_mode_and_autocast_reach_the_workers(three_replicas):
+    model = DataParallelModel(Recorder().float())  # CPU autocast only lowers float32
+    with torch.no_grad():
+        output = model(features(6).float())
+    assert not output.requires_grad
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        output = model(features(6).float())
+    assert output.dtype == torch.bfloat16
+    grad_flags = [call["grad"] for call in model.module.calls]
+    dtypes = [call["dtype"] for call in model.module.calls]
+    assert grad_flags == [False] * 3 + [True] * 3
+    assert dtypes[3:] == [torch.bfloat16] * 3
+    with torch.inference_mode():
+        assert model(features(6).float()).is_inference()
+
+
+class FailsOnNegativeFirstFeature(Classifier):
+    def forward(self, x):
+        if (x[:, 0] < 0).all():
+            raise ValueError("negative batch")
+        return super().forward(x)
+
+
+def test_worker_errors_name_the_replica_and_keep_the_traceback(three_replicas):
+    x = features(6).abs()
+    x[4:, 0] = -1.0  # only the third piece fails
+    with pytest.raises(ValueError, match="in cpu replica 2: ValueError: negative batch") as caught:
+        DataParallelModel(FailsOnNegativeFirstFeature())(x)
+    original = caught.value.__cause__
+    assert isinstance(original, ValueError) and str(original) == "negative batch"
+    frames = traceback.extract_tb(original.__traceback__)
+    assert frames[-1].name == "forward" and "raise ValueError" in frames[-1].line
+
+
+def test_errors_whose_type_needs_more_than_a_message_become_runtime_errors(three_replicas):
+    class NeedsTwoArguments(Exception):
+        def __init__(self, code, detail):
+            super().__init__(f"{code}: {detail}")
+
+    class Fails(Classifier):
+        def forward(self, x):
+            raise NeedsTwoArguments(7, "broken")
+
+    with pytest.raises(RuntimeError, match="in cpu replica 0: NeedsTwoArguments: 7: broken"):
+        DataParallelModel(Fails())(features(6))
+
+
+def test_criterion_errors_name_the_replica(three_replicas):
+    def picky(output, target):
+        if len(target) == 1:
+            raise KeyError("short piece")
+        return output.sum()
+
+    with pytest.raises(KeyError, match="in cpu replica 2"):  # pieces of 2, 2 and 1
+        DataParallelCriterion(picky)(DataParallelModel(Classifier())(features(5)), labels(5))
+
+
+# --- replicas ------------------------------------------------------------------------------------------
+
+
+def test_wrapper_keeps_the_data_parallel_surface(three_replicas):
+    module = Classifier()
+    model = DataParallelModel(module)
+    assert isinstance(model, nn.DataParallel) and model.module is module
+    assert list(model.state_dict()) == [f"module.{key}" for key in module.state_dict()]
+    assert [p is q for p, q in zip(model.parameters(), module.parameters())] == [True] * 4
+
+
+def test_batch_norm_keeps_the_first_replicas_statistics_like_data_parallel(three_replicas):
+    norm = nn.BatchNorm1d(5).double()
+    reference = copy.deepcopy(norm)
+    x = features(7)
+    DataParallelModel(norm)(x)
+    reference(x[:3])  # replica 0's piece
+    assert max_abs_diff(norm.running_mean, reference.running_mean) <= 1e-12
+    assert norm.num_batches_tracked.item() == 1
+
+
+def test_tied_weights_get_the_unsplit_gradient(three_replicas):
+    class Tied(nn.Module):
+        """Input embedding and output head share one weight, as in language models."""
+
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.embedding = nn.Embedding(11, 4).double()
+            self.head = nn.Linear(4, 11, bias=False).double()
+            self.head.weight = self.embedding.weight
+
+        def forward(self, ids):
+            return self.head(torch.tanh(self.embedding(ids)))
+
+    bare = Tied()
+    twin = copy.deepcopy(bare)
+    ids = torch.randint(0, 11, (7, 3), generator=torch.Generator().manual_seed(0))
+    bare(ids).pow(2).mean().backward()
+    DataParallelModel(twin)(ids).pow(2).mean().backward()
+    assert twin.head.weight is twin.embedding.weight
+    assert max_abs_diff(twin.embedding.weight.grad, bare.embedding.weight.grad) <= 1e-12
+
+
+# --- training ------------------------------------------------------------------------------------------
+
+
+def test_training_on_three_replicas_ends_with_the_bare_models_weights(three_replicas):
+    bare = Classifier()
+    twin = copy.deepcopy(bare)
+    model = DataParallelModel(twin)
+    criterion = DataParallelCriterion(nn.CrossEntropyLoss(ignore_index=3))
+    bare_optimizer = torch.optim.SGD(bare.parameters(), lr=0.5, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    for step, rows in enumerate([8, 7, 5, 2, 7, 8]):
+        x, y = features(rows, seed=step), labels(rows, seed=100 + step)
+        bare_optimizer.zero_grad()
+        nn.functional.cross_entropy(bare(x), y, ignore_index=3).backward()
+        bare_optimizer.step()
+        optimizer.zero_grad()
+        criterion(model(x), y).backward()
+        optimizer.step()
+    for name, parameter in twin.named_parameters():
+        assert max_abs_diff(parameter, dict(bare.named_parameters())[name]) <= 1e-6, name
+    assert max_abs_diff(twin.head.weight, Classifier().head.weight) > 1e-2  # it did train

@@ -1,0 +1,198 @@
+"""Real multi-process jobs train exactly like the single-process original.
+
+One script (distributed_scripts/train_scenarios.py) trains every scenario; it runs once as the original
+(in this process: nn.DataParallel, plain loader and criterion) and once per launch as its migration:
+plain python (a world of one), torchrun with 2 and 3 processes, two torchrun "nodes" on loopback,
+MGPU_NPROC=2 (relaunched under torchrun), and SLURM-style variables. Every launch must reproduce the
+original's final weights and logged losses within 1e-5, see each sample once, keep every rank's weights
+identical, and (with more than one process) refuse to step a model nobody wrapped.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+SCRIPT = pathlib.Path(__file__).parent / "distributed_scripts" / "train_scenarios.py"
+TOLERANCE = 1e-5
+LAUNCH_TIMEOUT = 240
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("train_scenarios", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The original's results: single process, DataParallel (which runs the module as is without GPUs)."""
+    scenarios = _load_script()
+    return scenarios.run(tmp_path_factory.mktemp("original"), scenarios.Original, {"rank": 0, "world_size": 1})
+
+
+def _clean_environment(**extra: str) -> dict[str, str]:
+    """This environment without launcher or runtime variables (the tests may themselves run under one)."""
+    launcher = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}
+    environment = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in launcher and not name.startswith(("SLURM_", "MGPU_", "TORCHELASTIC_"))
+    }
+    return {**environment, "OMP_NUM_THREADS": "1", **extra}
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _run_together(commands: list[tuple[list[str], dict[str, str]]]) -> None:
+    """Start every command at once (they form one job) and require each to succeed."""
+    processes = [
+        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for command, env in commands
+    ]
+    failures = []
+    for process in processes:
+        try:
+            output, _ = process.communicate(timeout=LAUNCH_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            for other in processes:
+                other.kill()
+            output, _ = process.communicate()
+            failures.append(f"timed out after {LAUNCH_TIMEOUT}s:\n{output[-4000:]}")
+            continue
+        if process.returncode != 0:
+            failures.append(f"exit {process.returncode}: {' '.join(process.args)}\n{output[-4000:]}")
+    assert not failures, "\n\n".join(failures)
+
+
+def _torchrun(*options: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *options]
+
+
+def plain(out: pathlib.Path) -> int:
+    _run_together([([sys.executable, str(SCRIPT), str(out)], _clean_environment())])
+    return 1
+
+
+def torchrun_2(out: pathlib.Path) -> int:
+    _run_together([(_torchrun("--standalone", "--nproc_per_node=2", str(SCRIPT), str(out)), _clean_environment())])
+    return 2
+
+
+def torchrun_3(out: pathlib.Path) -> int:
+    _run_together([(_torchrun("--standalone", "--nproc_per_node=3", str(SCRIPT), str(out)), _clean_environment())])
+    return 3
+
+
+def two_nodes(out: pathlib.Path) -> int:
+    """Two torchrun agents, each a "node" of 2 processes, meeting through c10d rendezvous on loopback."""
+    endpoint = f"127.0.0.1:{_free_port()}"
+    nodes = [
+        _torchrun(
+            "--nnodes=2",
+            "--nproc_per_node=2",
+            f"--node_rank={node}",
+            "--rdzv_backend=c10d",
+            f"--rdzv_endpoint={endpoint}",
+            "--rdzv_id=two-nodes",
+            str(SCRIPT),
+            str(out),
+        )
+        for node in (0, 1)
+    ]
+    _run_together([(command, _clean_environment()) for command in nodes])
+    return 4
+
+
+def mgpu_nproc_2(out: pathlib.Path) -> int:
+    """Started plainly with MGPU_NPROC=2: setup() relaunches the script under torchrun."""
+    _run_together([([sys.executable, str(SCRIPT), str(out)], _clean_environment(MGPU_NPROC="2"))])
+    return 2
+
+
+def slurm_2(out: pathlib.Path) -> int:
+    """Two tasks as srun would start them: only SLURM's variables say who is who."""
+    job = {
+        "SLURM_NTASKS": "2",
+        "SLURM_NODEID": "0",
+        "SLURM_TASKS_PER_NODE": "2",
+        "SLURM_JOB_NODELIST": "localhost",
+        "SLURM_JOB_ID": "4242",
+        "MASTER_PORT": str(_free_port()),
+    }
+    tasks = [
+        (
+            [sys.executable, str(SCRIPT), str(out)],
+            _clean_environment(**job, SLURM_PROCID=str(task), SLURM_LOCALID=str(task)),
+        )
+        for task in (0, 1)
+    ]
+    _run_together(tasks)
+    return 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "launch", [plain, torchrun_2, torchrun_3, two_nodes, mgpu_nproc_2, slurm_2], ids=lambda f: f.__name__
+)
+def test_trains_exactly_like_the_original(launch, reference, tmp_path):
+    world = launch(tmp_path)
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(world)]
+    _check_coordinates(
+        [result["coordinates"] for result in ranks], world, processes_per_node=2 if launch is two_nodes else world
+    )
+    problems = []
+    for name, expected in reference["scenarios"].items():
+        main = ranks[0]["scenarios"][name]
+        for parameter, value in expected["weights"].items():
+            difference = (main["weights"][parameter] - value).abs().max().item()
+            if difference > TOLERANCE:
+                problems.append(f"{name}: {parameter} differs from the original's by {difference:.2e}")
+        if not torch.allclose(
+            torch.tensor(main["losses"]), torch.tensor(expected["losses"]), rtol=TOLERANCE, atol=TOLERANCE
+        ):
+            problems.append(f"{name}: logged losses {main['losses']} != the original's {expected['losses']}")
+        if main["seen"] != expected["seen"]:
+            problems.append(f"{name}: {main['seen']} samples seen in all, the original saw {expected['seen']}")
+        for attribute in ("length", "batch_size"):
+            if main[attribute] != expected[attribute]:
+                problems.append(f"{name}: the loader's {attribute} is {main[attribute]}, not {expected[attribute]}")
+        for rank, other in enumerate(ranks[1:], start=1):
+            scenario = other["scenarios"][name]
+            if any(not torch.equal(scenario["weights"][k], v) for k, v in main["weights"].items()):
+                problems.append(f"{name}: rank {rank}'s weights differ from rank 0's")
+            if scenario["losses"] != main["losses"]:
+                problems.append(f"{name}: rank {rank} logged other losses than rank 0")
+    for result in ranks:
+        checkpoint = result["scenarios"]["uneven_last_batch"]
+        assert checkpoint["checkpoint_matches"]
+        assert checkpoint["checkpoint_keys"] == reference["scenarios"]["uneven_last_batch"]["checkpoint_keys"]
+        refusal = result["unwrapped_model_refusal"]
+        if world == 1:
+            assert refusal is None
+        else:
+            assert refusal is not None and "never wrapped in DistributedDataParallel" in refusal
+    assert not problems, "\n".join(problems)
+
+
+def _check_coordinates(coordinates: list[dict], world: int, processes_per_node: int) -> None:
+    assert [c["rank"] for c in coordinates] == list(range(world))
+    assert all(c["world_size"] == world for c in coordinates)
+    assert [c["is_main_process"] for c in coordinates] == [rank == 0 for rank in range(world)]
+    for c in coordinates:
+        assert c["local_rank"] == c["rank"] % processes_per_node
+        assert c["node_rank"] == c["rank"] // processes_per_node
+        assert c["device"] == "cpu"

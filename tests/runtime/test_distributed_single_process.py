@@ -1,0 +1,174 @@
+"""The distributed runtime in a world of one, in this process: what a plain ``python train.py`` gets.
+
+Also the pieces that need no peers: splitting a collated batch, the cross-entropy numerator/denominator,
+atomic saving, and the relaunch guard. The multi-process behaviour is in test_distributed_launches.py.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import pickle
+
+import mgpu_runtime
+import pytest
+import torch
+import torch.distributed as dist
+from mgpu_runtime.distributed import process_group
+from mgpu_runtime.distributed.environment import LaunchEnvironmentError
+from mgpu_runtime.losses import class_index_sum_and_weight
+from mgpu_runtime.distributed.slicing import batch_rows, take_rows
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+_LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture
+def single_process(monkeypatch):
+    """A plain process: no launcher variables, no MGPU_* settings; left as found afterwards."""
+    for name in list(os.environ):
+        if name in _LAUNCH_VARIABLES or name.startswith(("SLURM_", "MGPU_")):
+            monkeypatch.delenv(name)
+    was_initialized = dist.is_initialized()
+    yield
+    process_group.teardown()
+    assert dist.is_initialized() == was_initialized
+
+
+class TestSetup:
+    def test_a_world_of_one_without_network(self, single_process):
+        mgpu_runtime.setup()
+        mgpu_runtime.setup()
+        assert (mgpu_runtime.rank(), mgpu_runtime.local_rank(), mgpu_runtime.node_rank()) == (0, 0, 0)
+        assert mgpu_runtime.world_size() == 1 and mgpu_runtime.is_main_process()
+        expected_device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        assert mgpu_runtime.device() == expected_device
+        assert dist.is_initialized() and dist.get_world_size() == 1
+        assert "MASTER_PORT" not in os.environ
+        mgpu_runtime.barrier()
+
+    def test_teardown_leaves_and_setup_joins_again(self, single_process):
+        mgpu_runtime.setup()
+        process_group.teardown()
+        assert not dist.is_initialized()
+        mgpu_runtime.setup()
+        assert dist.is_initialized()
+
+    def test_half_set_environment_stops_setup(self, single_process, monkeypatch):
+        monkeypatch.setenv("RANK", "0")
+        with pytest.raises(LaunchEnvironmentError, match="WORLD_SIZE"):
+            mgpu_runtime.setup()
+        assert not dist.is_initialized()
+
+    def test_mgpu_nproc_1_keeps_one_process(self, single_process, monkeypatch):
+        monkeypatch.setenv("MGPU_NPROC", "1")
+        mgpu_runtime.setup()
+        assert mgpu_runtime.world_size() == 1
+
+    def test_a_relaunched_process_never_relaunches_again(self, single_process, monkeypatch):
+        monkeypatch.setenv("MGPU_NPROC", "2")
+        monkeypatch.setenv("MGPU_RELAUNCHED", "1")
+        # Were the guard broken, this process (pytest) must not be replaced by torchrun.
+        monkeypatch.setattr(os, "execve", lambda *args: pytest.fail(f"relaunched: {args}"))
+        with pytest.raises(LaunchEnvironmentError, match="Not relaunching again"):
+            mgpu_runtime.setup()
+
+
+class TestWrappersInAWorldOfOne:
+    def test_ddp_is_torchs_with_dataparallels_keys(self, single_process):
+        bare = nn.Linear(3, 2)
+        model = mgpu_runtime.DistributedDataParallel(bare, device_ids=[0, 1], output_device=0)
+        assert isinstance(model, nn.parallel.DistributedDataParallel) and model.module is bare
+        assert list(model.state_dict()) == list(nn.DataParallel(nn.Linear(3, 2)).state_dict())
+        assert isinstance(model, mgpu_runtime.PARALLEL_WRAPPERS) and mgpu_runtime.unwrap(model) is bare
+
+    def test_ddp_trains_as_the_bare_module(self, single_process):
+        torch.manual_seed(0)
+        bare, twin = nn.Linear(3, 2), nn.Linear(3, 2)
+        twin.load_state_dict(bare.state_dict())
+        model = mgpu_runtime.DistributedDataParallel(twin)
+        x, y = torch.randn(5, 3), torch.randn(5, 2)
+        nn.functional.mse_loss(bare(x), y).backward()
+        nn.functional.mse_loss(model(x), y).backward()
+        for expected, actual in zip(bare.parameters(), twin.parameters()):
+            torch.testing.assert_close(actual.grad, expected.grad, rtol=0, atol=0)
+
+    def test_loader_and_criterion_are_the_originals(self, single_process):
+        loader = DataLoader(TensorDataset(torch.arange(10.0)), batch_size=4)
+        assert mgpu_runtime.distribute_loader(loader) is loader
+        criterion = nn.CrossEntropyLoss(ignore_index=0)
+        logits, target = torch.randn(6, 3, requires_grad=True), torch.tensor([0, 1, 2, 1, 0, 2])
+        assert torch.equal(mgpu_runtime.DistributedCriterion(criterion)(logits, target), criterion(logits, target))
+
+    def test_reductions_return_their_input(self, single_process):
+        assert mgpu_runtime.reduce_sum(3) == 3 and mgpu_runtime.reduce_sum(2.5) == 2.5
+        values = torch.tensor([1.0, 2.0])
+        assert torch.equal(mgpu_runtime.reduce_sum(values), values)
+        assert mgpu_runtime.reduce_mean(4.0) == 4.0 and mgpu_runtime.reduce_mean(4.0, count=3) == 4.0
+
+
+class TestSaveAndLoad:
+    def test_writes_atomically_and_loads_onto_the_device(self, single_process, tmp_path):
+        target = tmp_path / "model.pt"
+        mgpu_runtime.save({"weight": torch.ones(2)}, target)
+        assert os.listdir(tmp_path) == ["model.pt"]
+        loaded = mgpu_runtime.load(target)
+        assert loaded["weight"].device == mgpu_runtime.device() and torch.equal(loaded["weight"].cpu(), torch.ones(2))
+        assert mgpu_runtime.load(target, map_location="cpu")["weight"].device == torch.device("cpu")
+
+    def test_a_failed_save_leaves_the_old_file_and_no_debris(self, single_process, tmp_path):
+        target = tmp_path / "model.pt"
+        mgpu_runtime.save({"version": 1}, target)
+        with pytest.raises((AttributeError, pickle.PicklingError)):
+            mgpu_runtime.save({"unpicklable": lambda: None}, str(target))
+        assert os.listdir(tmp_path) == ["model.pt"]
+        assert mgpu_runtime.load(target)["version"] == 1
+
+
+class TestTakingRows:
+    Pair = collections.namedtuple("Pair", "image label")
+
+    def test_cuts_every_batched_tensor_and_per_row_list(self):
+        batch = {
+            "pair": self.Pair(torch.arange(10).view(5, 2), torch.arange(5)),
+            "names": ["a", "b", "c", "d", "e"],
+            "scale": torch.tensor(2.0),
+            "vocabulary": torch.arange(3),
+            "tag": "train",
+        }
+        piece = take_rows(batch, 1, 3, batch_rows(batch))
+        assert piece["pair"].image.tolist() == [[2, 3], [4, 5]] and piece["pair"].label.tolist() == [1, 2]
+        assert piece["names"] == ["b", "c"] and piece["tag"] == "train"
+        assert piece["scale"] is batch["scale"] and piece["vocabulary"] is batch["vocabulary"]
+
+    def test_an_empty_span_keeps_the_structure(self):
+        batch = (torch.ones(1, 4), torch.zeros(1, dtype=torch.long))
+        inputs, targets = take_rows(batch, 0, 0, 1)
+        assert inputs.shape == (0, 4) and targets.shape == (0,)
+
+    def test_a_batch_without_tensors_cannot_be_split(self):
+        with pytest.raises(TypeError, match="without tensors"):
+            batch_rows(["a", "b"])
+
+
+@pytest.mark.parametrize(
+    "criterion",
+    [
+        nn.CrossEntropyLoss(),
+        nn.CrossEntropyLoss(weight=torch.tensor([0.5, 1.0, 2.0, 3.0]), ignore_index=1, label_smoothing=0.2),
+        nn.NLLLoss(weight=torch.tensor([0.5, 1.0, 2.0, 3.0]), ignore_index=-100),
+    ],
+)
+def test_cross_entropy_splits_into_its_mean_numerator_and_denominator(criterion):
+    """Summed over the pieces of a batch, numerator / denominator is the unsplit mean loss.
+
+    The middle piece holds only an ignored target (for CrossEntropyLoss() index -100 is ignored too).
+    """
+    torch.manual_seed(0)
+    logits = torch.randn(9, 4).log_softmax(1)
+    target = torch.tensor([0, 1, 2, 3, criterion.ignore_index, 1, 2, 1, 0])
+    parts = [class_index_sum_and_weight(criterion, logits[a:b], target[a:b]) for a, b in ((0, 4), (4, 5), (5, 9))]
+    numerator = sum(part[0] for part in parts)
+    denominator = sum(part[1] for part in parts)
+    torch.testing.assert_close(numerator / denominator, criterion(logits, target))
