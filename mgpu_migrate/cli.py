@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -9,9 +10,17 @@ import click
 from mgpu_migrate import __version__
 from mgpu_migrate.config import ConfigError, load_settings
 from mgpu_migrate.engine import TARGETS, migrate_source
-from mgpu_migrate.report import CHANGED, FAILED, FileOutcome, process_file, summary, unified_diff
+from mgpu_migrate.options import Options
+from mgpu_migrate.report import CHANGED, FAILED, FileOutcome, process_files, summary, unified_diff
 
 EXIT_OK, EXIT_WOULD_CHANGE, EXIT_ERROR = 0, 1, 2
+
+
+def _cores() -> int:
+    """The cores this process may run on (a container's CPU set, not the whole machine's)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _explain(code: str) -> None:
@@ -30,7 +39,7 @@ def _explain(code: str) -> None:
             click.echo(f"- {review_code}: {meaning}")
 
 
-def _process_stdin(target: str, check: bool, diff: bool, filename: str) -> FileOutcome:
+def _process_stdin(target: str, check: bool, diff: bool, filename: str, options: Options) -> FileOutcome:
     import io
     import tokenize
 
@@ -43,7 +52,7 @@ def _process_stdin(target: str, check: bool, diff: bool, filename: str) -> FileO
 
         sys.stdout.buffer.write(data)
         return FileOutcome(filename, FAILED, [Diagnostic(filename, 1, 1, READ_ERROR, f"cannot read: {error}")])
-    result = migrate_source(source, target, filename)
+    result = migrate_source(source, target, filename, options)
     diagnostics = [result.error, *result.diagnostics] if result.error else result.diagnostics
     status = FAILED if result.error else CHANGED if result.changed else "unchanged"
     if diff:
@@ -59,10 +68,23 @@ def _process_stdin(target: str, check: bool, diff: bool, filename: str) -> FileO
 @click.option("--diff", is_flag=True, help="Print a unified diff; write nothing.")
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 if any file would change.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only sites left for review, errors and nothing else.")
+@click.option(
+    "-j",
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=_cores,
+    show_default="the number of cores",
+    help="Processes to migrate files on (started only when enough files need migrating).",
+)
+@click.option(
+    "--sync-bn",
+    is_flag=True,
+    help="With --to ddp: convert BatchNorm layers to SyncBatchNorm (statistics over the whole global batch).",
+)
 @click.option("--stdin-filename", default="<stdin>", show_default=True, help="Name used for '-' in diagnostics.")
 @click.option("--explain", metavar="CODE", help="Explain a diagnostic code and exit.")
 @click.version_option(__version__, prog_name="mgpu-migrate")
-def main(paths, target, diff, check, quiet, stdin_filename, explain):
+def main(paths, target, diff, check, quiet, jobs, sync_bn, stdin_filename, explain):
     """Rewrite PyTorch scripts that use nn.DataParallel.
 
     PATH is a file or a directory (walked for *.py); '-' reads stdin and writes stdout.
@@ -87,15 +109,16 @@ def main(paths, target, diff, check, quiet, stdin_filename, explain):
                 "choose a target with --to [balanced|ddp] (or set to = \"ddp\" under [tool.mgpu-migrate] in pyproject.toml)"
             )
 
+    options = Options(sync_bn=sync_bn)
     if paths == ("-",):
-        outcomes = [_process_stdin(target, check, diff, stdin_filename)]
+        outcomes = [_process_stdin(target, check, diff, stdin_filename, options)]
         missing: list[str] = []
     else:
         from mgpu_migrate.files import discover
 
         found, missing = discover(list(paths))
         write = not (check or diff)
-        outcomes = [process_file(path, target, write, diff) for path in found]
+        outcomes = process_files(found, target, write, diff, jobs, options)
         for outcome in outcomes:
             if outcome.diff:
                 click.echo(outcome.diff, nl=False)

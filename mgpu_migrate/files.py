@@ -61,10 +61,22 @@ class SourceFile:
         return self.data.decode(self.encoding)
 
 
-def read(path: str) -> SourceFile:
-    """Read a file in the encoding its BOM or coding cookie declares (UTF-8 otherwise)."""
-    with open(path, "rb") as handle:
-        data = handle.read()
+class NotARegularFile(OSError):
+    pass
+
+
+def read_bytes(path: str) -> bytes:
+    """A regular file's content. A FIFO, socket or device is refused rather than read (it could block forever)."""
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise NotARegularFile("not a regular file")
+    with open(descriptor, "rb") as handle:
+        return handle.read()
+
+
+def source_file(path: str, data: bytes) -> SourceFile:
+    """Bytes read from ``path`` with the encoding their BOM or coding cookie declares (UTF-8 otherwise)."""
     encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
     return SourceFile(path, data, encoding)
 

@@ -9,6 +9,7 @@ from mgpu_migrate.diagnostics import INTERNAL_ERROR, PARSE_ERROR, Diagnostic
 from mgpu_migrate.edits import Edits, apply
 from mgpu_migrate.engine import MigrationResult
 from mgpu_migrate.imports import add_import, name_uses, remove_orphaned
+from mgpu_migrate.options import DEFAULT_OPTIONS, Options
 from mgpu_migrate.rules import rules_for
 
 
@@ -30,13 +31,13 @@ def _parse(source: str) -> cst.Module:
     return cst.parse_module(source)
 
 
-def run_pipeline(source: str, target: str, path: str) -> MigrationResult:
+def run_pipeline(source: str, target: str, path: str, options: Options = DEFAULT_OPTIONS) -> MigrationResult:
     try:
         module = _parse(source)
     except (cst.ParserSyntaxError, SyntaxError, ValueError) as error:
         return MigrationResult(path, source, source, error=_parse_error(path, source, error))
     try:
-        return _migrate(module, source, target, path)
+        return _migrate(module, source, target, path, options)
     except RecursionError:
         message = "file too deeply nested to analyse; file left unchanged"
     except Exception as error:  # noqa: BLE001 -- one odd file must never stop the run or lose data
@@ -44,14 +45,22 @@ def run_pipeline(source: str, target: str, path: str) -> MigrationResult:
     return MigrationResult(path, source, source, error=Diagnostic(path, 1, 1, INTERNAL_ERROR, message))
 
 
-def _migrate(module: cst.Module, source: str, target: str, path: str) -> MigrationResult:
+def _migrate(module: cst.Module, source: str, target: str, path: str, options: Options) -> MigrationResult:
     analysis = FileAnalysis(path, source, module)
     edits = Edits(path)
     for rule in rules_for(target):
-        rule(target, analysis, edits).apply()
+        rule(target, analysis, edits, options).apply()
     diagnostics = sorted(edits.diagnostics)
     if edits.empty:
         return MigrationResult(path, source, source, diagnostics)
+    if module.code != source:
+        # LibCST drops some blank lines and comments after the last statement when whitespace-only lines
+        # are among them; writing its output would lose them. Checked only for files about to change.
+        message = (
+            "cannot rewrite without losing the comments or blank lines at the end of the file (the parser drops "
+            "them after a whitespace-only line); file left unchanged"
+        )
+        return MigrationResult(path, source, source, error=Diagnostic(path, 1, 1, PARSE_ERROR, message))
     uses_before = name_uses(module)
     new_module = apply(module, edits)
     for name in edits.imports:

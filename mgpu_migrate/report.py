@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import difflib
+import functools
 from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 from mgpu_migrate import files
-from mgpu_migrate.diagnostics import READ_ERROR, Diagnostic
-from mgpu_migrate.engine import migrate_source, might_need_migration
+from mgpu_migrate.diagnostics import INTERNAL_ERROR, READ_ERROR, Diagnostic
+from mgpu_migrate.engine import might_need_migration, migrate_source
+from mgpu_migrate.options import DEFAULT_OPTIONS, Options
 
 UNCHANGED, CHANGED, FAILED = "unchanged", "changed", "failed"
 
@@ -30,17 +33,35 @@ def unified_diff(before: str, after: str, path: str) -> str:
     return "".join(lines)
 
 
-def process_file(path: str, target: str, write: bool, want_diff: bool) -> FileOutcome:
-    """Migrate one file on disk. Never raises for a bad file: it comes back as FAILED, untouched."""
+def _failed(path: str, code: str, message: str) -> FileOutcome:
+    return FileOutcome(path, FAILED, [Diagnostic(path, 1, 1, code, message)])
+
+
+def screen(path: str) -> FileOutcome | files.SourceFile:
+    """Read a file; what the engine needs to see, or the outcome when it need not (or cannot) see it.
+
+    Only the bytes pre-filter runs here, so screening a tree of files with nothing to migrate costs
+    a read per file, and never loads the parser.
+    """
     try:
-        source_file = files.read(path)
-        if not might_need_migration(source_file.data):
+        data = files.read_bytes(path)
+        if not might_need_migration(data):
             return FileOutcome(path, UNCHANGED)
+        return files.source_file(path, data)
+    except (OSError, SyntaxError) as error:
+        return _failed(path, READ_ERROR, f"cannot read: {getattr(error, 'strerror', None) or error}")
+
+
+def migrate_file(
+    source_file: files.SourceFile, target: str, write: bool, want_diff: bool, options: Options = DEFAULT_OPTIONS
+) -> FileOutcome:
+    """Migrate one screened file. Never raises for a bad file: it comes back as FAILED, untouched."""
+    path = source_file.path
+    try:
         text = source_file.text
-    except (OSError, SyntaxError, UnicodeDecodeError, LookupError) as error:
-        reason = getattr(error, "strerror", None) or str(error)
-        return FileOutcome(path, FAILED, [Diagnostic(path, 1, 1, READ_ERROR, f"cannot read: {reason}")])
-    result = migrate_source(text, target, path)
+    except (UnicodeDecodeError, LookupError) as error:
+        return _failed(path, READ_ERROR, f"cannot read: {error}")
+    result = migrate_source(text, target, path, options)
     if result.error is not None:
         return FileOutcome(path, FAILED, [result.error, *result.diagnostics])
     if not result.changed:
@@ -49,10 +70,53 @@ def process_file(path: str, target: str, write: bool, want_diff: bool) -> FileOu
         try:
             files.write_atomically(path, result.output, source_file.encoding)
         except (OSError, UnicodeEncodeError) as error:
-            reason = getattr(error, "strerror", None) or str(error)
-            return FileOutcome(path, FAILED, [Diagnostic(path, 1, 1, READ_ERROR, f"cannot write: {reason}")])
+            return _failed(path, READ_ERROR, f"cannot write: {getattr(error, 'strerror', None) or error}")
     diff = unified_diff(result.source, result.output, path) if want_diff else ""
     return FileOutcome(path, CHANGED, result.diagnostics, diff)
+
+
+# A worker process pays for its start and for importing the parser (~0.3 s) before its first file; below
+# this many files per worker, one process is as fast.
+MIN_FILES_PER_WORKER = 2
+
+
+def process_files(
+    paths: Sequence[str], target: str, write: bool, want_diff: bool, jobs: int, options: Options = DEFAULT_OPTIONS
+) -> list[FileOutcome]:
+    """Migrate many files, on up to ``jobs`` processes; the outcomes come back in the order of ``paths``.
+
+    Files are screened here first, so worker processes start only when enough files need the parser.
+    """
+    outcomes = [screen(path) for path in paths]
+    todo = [index for index, outcome in enumerate(outcomes) if isinstance(outcome, files.SourceFile)]
+    migrate = functools.partial(migrate_file, target=target, write=write, want_diff=want_diff, options=options)
+    workers = min(jobs, len(todo) // MIN_FILES_PER_WORKER)
+    run = _map_in_processes if workers > 1 else _map_here
+    for index, outcome in zip(todo, run(migrate, [outcomes[index] for index in todo], workers)):
+        outcomes[index] = outcome
+    return outcomes
+
+
+def _map_here(migrate: Callable, source_files: list, workers: int) -> list[FileOutcome]:
+    return [migrate(source_file) for source_file in source_files]
+
+
+def _map_in_processes(migrate: Callable, source_files: list, workers: int) -> list[FileOutcome]:
+    # Imported here: multiprocessing is a start-up cost a run over a few files never needs.
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(migrate, source_file) for source_file in source_files]
+        outcomes = []
+        for source_file, future in zip(source_files, futures):
+            try:
+                outcomes.append(future.result())
+            except BrokenProcessPool:
+                # A worker died (killed for memory, say). Its files were never written: say so, go on.
+                message = "internal error: the process migrating this file stopped; file left unchanged, please report"
+                outcomes.append(_failed(source_file.path, INTERNAL_ERROR, message))
+        return outcomes
 
 
 def summary(outcomes: list[FileOutcome], target: str, dry_run: bool) -> str:

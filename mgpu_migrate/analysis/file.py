@@ -5,9 +5,16 @@ from __future__ import annotations
 from functools import cached_property
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
 
 from mgpu_migrate.analysis import names
+from mgpu_migrate.analysis.entrypoint import EntryPoint, find_entry_point
+from mgpu_migrate.analysis.loaders import LoaderFlow
+from mgpu_migrate.analysis.losses import LossFlow
+from mgpu_migrate.analysis.models import ModelFlow
+from mgpu_migrate.analysis.positions import Positions
+from mgpu_migrate.analysis.scopes import FlowIndex
+from mgpu_migrate.analysis.tree import Tree
+from mgpu_migrate.analysis.values import Values
 from mgpu_migrate.diagnostics import noqa_codes
 
 
@@ -38,6 +45,41 @@ class FileAnalysis:
         return names.resolve(self.bindings, node)
 
     @cached_property
+    def flow(self) -> FlowIndex:
+        """Scopes, places and the slots of every reference (one more pass; only rules that follow values ask)."""
+        return FlowIndex(self.module)
+
+    @cached_property
+    def models(self) -> ModelFlow:
+        """Wrapped models: where they are made, held and called, and where their outputs go."""
+        return ModelFlow(self)
+
+    @cached_property
+    def losses(self) -> LossFlow:
+        """The losses computed on wrapped models' outputs, and where their criteria are built."""
+        return LossFlow(self, self.models)
+
+    @cached_property
+    def tree(self) -> Tree:
+        """The parent of every node: what statement, block, ``if`` or function holds a node."""
+        return Tree(self.module)
+
+    @cached_property
+    def entry_point(self) -> EntryPoint | None:
+        """Where ``mgpu_runtime.setup()`` goes (None: the file has no place that runs first)."""
+        return find_entry_point(self)
+
+    @cached_property
+    def values(self) -> Values:
+        """What names and attributes may hold: the values stored in them, followed back."""
+        return Values(self.flow)
+
+    @cached_property
+    def loaders(self) -> LoaderFlow:
+        """Training and evaluation loops, and the loaders that feed them."""
+        return LoaderFlow(self, self.flow)
+
+    @cached_property
     def calls(self) -> list[cst.Call]:
         """Every call in the file, in source order."""
         collector = _CallCollector()
@@ -66,22 +108,20 @@ class FileAnalysis:
         return noqa_codes(self.source)
 
     @cached_property
-    def _positions(self):
-        # Positions are only needed for the few nodes that get a diagnostic, but the provider computes them
-        # for the whole tree; the wrapper shares our nodes (no copy) so lookups by node identity work.
-        return MetadataWrapper(self.module, unsafe_skip_copy=True).resolve(PositionProvider)
+    def _positions(self) -> Positions:
+        # Only a file with a diagnostic or a `# noqa` asks, and only as far as the node asked about.
+        return Positions(self.module, self.source)
 
     def position(self, node: cst.CSTNode) -> tuple[int, int]:
         """1-based line and column of a node's start."""
-        start = self._positions[node].start
-        return start.line, start.column + 1
+        line, column = self._positions.start(node)
+        return line, column + 1
 
     def silenced(self, node: cst.CSTNode, code: str) -> bool:
         """True when a ``# noqa`` comment on the node's first or last line covers ``code``."""
         if not self.noqa:
             return False
-        span = self._positions[node]
-        for line in {span.start.line, span.end.line}:
+        for line in {self._positions.start(node)[0], self._positions.end(node)[0]}:
             codes = self.noqa.get(line, frozenset())
             if codes is None or code in codes:
                 return True

@@ -20,6 +20,14 @@ TORCH_DDP = "torch.nn.parallel.DistributedDataParallel"
 APEX_DDP = "apex.parallel.DistributedDataParallel"
 ENCODING_MODEL = "encoding.parallel.DataParallelModel"
 ENCODING_CRITERION = "encoding.parallel.DataParallelCriterion"
+TORCH_MODULE = "torch.nn.Module"
+TORCH_FUNCTIONAL = "torch.nn.functional"
+# The runtime's names, recognized so that a second run (or a file already half migrated) is understood.
+RUNTIME_MODEL = "mgpu_runtime.DataParallelModel"
+RUNTIME_CRITERION = "mgpu_runtime.DataParallelCriterion"
+RUNTIME_DATA_PARALLEL_FUNCTION = "mgpu_runtime.data_parallel"
+RUNTIME_DDP = "mgpu_runtime.DistributedDataParallel"
+RUNTIME_DISTRIBUTED_CRITERION = "mgpu_runtime.DistributedCriterion"
 
 _ALIASES = {
     "torch.nn.parallel.DataParallel": DATA_PARALLEL,
@@ -37,9 +45,12 @@ def canonical(qualified: str) -> str:
     if qualified in _ALIASES:
         return _ALIASES[qualified]
     module, _, name = qualified.rpartition(".")
+    # torch.nn re-exports every class of its submodules: `torch.nn.modules.loss.MSELoss` is `torch.nn.MSELoss`.
+    if module.startswith("torch.nn.modules") and name[:1].isupper():
+        return f"torch.nn.{name}"
     # PyTorch-Encoding's pair, from `encoding.parallel` or from a vendored copy of its `parallel.py`
     # (`from .parallel import DataParallelModel`, `from utils.parallel import ...`).
-    if name in _ENCODING_NAMES and module.split(".")[-1] == "parallel" and not module.startswith("mgpu_runtime"):
+    if name in _ENCODING_NAMES and module.split(".")[-1] == "parallel" and not module.startswith(("mgpu_runtime", "torch.")):
         return _ENCODING_NAMES[name]
     return qualified
 

@@ -2,10 +2,50 @@
 
 from __future__ import annotations
 
+from mgpu_migrate.rules.apex_ddp import ApexDDP
 from mgpu_migrate.rules.base import TARGETS, Rule
+from mgpu_migrate.rules.checkpoint_load import CheckpointLoad
+from mgpu_migrate.rules.checkpoint_save import CheckpointSave
+from mgpu_migrate.rules.criterion_wrap import CriterionWrap
+from mgpu_migrate.rules.data_parallel_subclass import DataParallelSubclass
+from mgpu_migrate.rules.encoding_pair import EncodingPair
+from mgpu_migrate.rules.entry_point import EntryPointSetup
+from mgpu_migrate.rules.explicit_device import ExplicitDevice
+from mgpu_migrate.rules.functional_data_parallel import FunctionalDataParallel
+from mgpu_migrate.rules.functional_loss import FunctionalLoss
+from mgpu_migrate.rules.local_rank_argument import LocalRankArgument
+from mgpu_migrate.rules.main_process_collective import MainProcessCollective
+from mgpu_migrate.rules.progress_bar import ProgressBar
+from mgpu_migrate.rules.sync_batchnorm import SyncBatchNorm
+from mgpu_migrate.rules.training_data import TrainingData
+from mgpu_migrate.rules.unused_parameters import UnusedParameters
+from mgpu_migrate.rules.wrap_guard import WrapGuard
+from mgpu_migrate.rules.wrapper_check import WrapperCheck
 from mgpu_migrate.rules.wrapper_swap import WrapperSwap
 
-RULES: tuple[type[Rule], ...] = (WrapperSwap,)
+RULES: tuple[type[Rule], ...] = (
+    WrapperSwap,
+    DataParallelSubclass,
+    EncodingPair,
+    FunctionalDataParallel,
+    CriterionWrap,
+    FunctionalLoss,
+    # --to ddp: the rest of a distributed program.
+    ApexDDP,
+    EntryPointSetup,
+    LocalRankArgument,
+    WrapGuard,
+    TrainingData,
+    CheckpointSave,
+    CheckpointLoad,
+    ProgressBar,
+    ExplicitDevice,
+    SyncBatchNorm,
+    UnusedParameters,
+    MainProcessCollective,
+    # Both targets: checks for a wrapper recognize the new ones.
+    WrapperCheck,
+)
 
 
 def rules_for(target: str) -> list[type[Rule]]:

@@ -9,6 +9,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis import FileAnalysis
 from mgpu_migrate.edits import Edits
+from mgpu_migrate.options import DEFAULT_OPTIONS, Options
 
 BALANCED = "balanced"
 DDP = "ddp"
@@ -19,13 +20,15 @@ TARGETS = (BALANCED, DDP)
 class Example:
     """A before/after pair for one target; ``after=None`` means the rule leaves the code as it is.
 
-    ``codes`` lists the diagnostic codes the example must produce (rewrite and review codes alike).
+    ``codes`` lists the diagnostic codes the example must produce (rewrite and review codes alike);
+    ``options`` are the user's choices the example runs with (``--sync-bn`` ...).
     """
 
     before: str
     after: str | None
     target: str
     codes: tuple[str, ...] = ()
+    options: Options = DEFAULT_OPTIONS
 
 
 class Rule:
@@ -39,10 +42,11 @@ class Rule:
     TARGETS: ClassVar[tuple[str, ...]] = TARGETS
     EXAMPLES: ClassVar[tuple[Example, ...]] = ()
 
-    def __init__(self, target: str, analysis: FileAnalysis, edits: Edits) -> None:
+    def __init__(self, target: str, analysis: FileAnalysis, edits: Edits, options: Options = DEFAULT_OPTIONS) -> None:
         self.target = target
         self.analysis = analysis
         self.edits = edits
+        self.options = options
 
     def apply(self) -> None:
         raise NotImplementedError

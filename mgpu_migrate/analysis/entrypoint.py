@@ -1,0 +1,308 @@
+"""Where a program starts, and what kind of distributed program a file becomes under ``--to ddp``.
+
+``mgpu_runtime.setup()`` must run once, before any model or tensor touches CUDA (it binds the process to its
+GPU) and after the script has chosen its GPUs with ``CUDA_VISIBLE_DEVICES``. The places, in order:
+
+* a flat script (a training loop at module level, or CUDA touched at module level): right after its
+  imports, or after its last module-level ``CUDA_VISIBLE_DEVICES`` assignment;
+* the function the ``if __name__ == "__main__":`` block calls first, when that function sets
+  ``CUDA_VISIBLE_DEVICES`` itself (right after it does);
+* the top of the ``if __name__ == "__main__":`` block;
+* a module without a main block: the top of its ``def main()``.
+
+Statements that only parse the command line stay before it, so ``--help`` or a bad argument stops the
+script before any other process starts.
+
+A module with none of these (a library of helpers, a snippet that only wraps) gets no call; the runtime's
+wrapper calls ``setup()`` itself when it is first built, so such a file still works, only later.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+import libcst as cst
+
+from mgpu_migrate.analysis import names
+from mgpu_migrate.analysis.models import RUNTIME
+from mgpu_migrate.analysis.tree import contains
+
+if TYPE_CHECKING:
+    from mgpu_migrate.analysis.file import FileAnalysis
+
+RUNTIME_SETUP = "mgpu_runtime.setup"
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+
+# A file that calls one of these already runs as a distributed program of its own making.
+_EXISTING_DISTRIBUTED = {
+    names.TORCH_DDP,
+    names.APEX_DDP,
+    "torch.distributed.init_process_group",
+    "torch.distributed.distributed_c10d.init_process_group",
+    "torch.utils.data.DistributedSampler",
+    "torch.utils.data.distributed.DistributedSampler",
+    "torch.multiprocessing.spawn",
+}
+_CUDA_WORDS = re.compile(r"cuda|device|gpu", re.IGNORECASE)
+# torch.cuda functions that ask about devices without binding the process to one.
+_HARMLESS_CUDA = {"is_available", "device_count", "manual_seed", "manual_seed_all", "get_device_name"}
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """``mgpu_runtime.setup()`` goes right before ``anchor`` (or right after it when ``after``)."""
+
+    anchor: cst.BaseStatement
+    after: bool
+    place: str
+
+
+@dataclass(frozen=True)
+class DistributedProgram:
+    """What ``--to ddp`` makes of a file, once the wrapper rules have run.
+
+    ``wraps``: the wrap sites rewritten to the runtime's ``DistributedDataParallel``.
+    ``kept``: DataParallel sites left as they are (``dim != 0``, a subclass, the functional form, ``# noqa``):
+    then the file is not made a distributed program.
+    ``partial``: rewritten sites that wrap only part of a model (``model.features``, ``self.encoder`` in an
+    ``nn.Module``): DDP then averages the gradients of that part only, so the data must stay whole.
+    ``existing``: the file's own distributed set-up (``init_process_group``, torch's or apex's DDP,
+    ``DistributedSampler``, ``mp.spawn``): then only its DataParallel fallback is migrated.
+    """
+
+    wraps: tuple[cst.Call, ...]
+    kept: tuple[cst.Call, ...]
+    partial: tuple[cst.Call, ...]
+    existing: tuple[cst.Call, ...]
+    already_set_up: bool
+
+    @property
+    def migrates(self) -> bool:
+        """True when the rules that make a file a distributed program (set-up, data, side effects) apply."""
+        return bool(self.wraps) and not self.kept and not self.partial and not self.existing
+
+
+def distributed_program(analysis: FileAnalysis, rewritten: Collection[cst.CSTNode]) -> DistributedProgram:
+    """The program the file becomes, given the nodes the wrapper rules rewrote (the keys of their edits)."""
+    models = analysis.models
+    wraps, kept, partial = [], [], []
+    for site in models.sites:
+        if site.kind == RUNTIME:
+            continue
+        if site.call not in rewritten:
+            kept.append(site.call)
+            continue
+        wraps.append(site.call)
+        if models.is_submodule(site) is not None:
+            partial.append(site.call)
+    existing = tuple(call for call in analysis.calls if analysis.resolve(call.func) in _EXISTING_DISTRIBUTED)
+    already = any(analysis.resolve(call.func) == RUNTIME_SETUP for call in analysis.calls)
+    return DistributedProgram(tuple(wraps), tuple(kept), tuple(partial), existing, already)
+
+
+# -- statements ------------------------------------------------------------------------------------
+def is_main_guard(statement: cst.CSTNode) -> bool:
+    """``if __name__ == "__main__":`` (either way round)."""
+    if not isinstance(statement, cst.If) or not isinstance(statement.test, cst.Comparison):
+        return False
+    test = statement.test
+    if len(test.comparisons) != 1 or not isinstance(test.comparisons[0].operator, cst.Equal):
+        return False
+    sides = {_literal_or_name(test.left), _literal_or_name(test.comparisons[0].comparator)}
+    return sides == {"__name__", "'__main__'"}
+
+
+def _literal_or_name(node: cst.BaseExpression) -> Optional[str]:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.SimpleString):
+        return repr(node.evaluated_value)
+    return None
+
+
+def main_block(module: cst.Module) -> Optional[cst.If]:
+    return next((statement for statement in module.body if is_main_guard(statement)), None)
+
+
+def _is_string(node: cst.BaseExpression, value: str) -> bool:
+    return isinstance(node, cst.SimpleString) and node.evaluated_value == value
+
+
+def sets_cuda_visible_devices(statement: cst.CSTNode) -> bool:
+    """``os.environ["CUDA_VISIBLE_DEVICES"] = ...`` or ``os.environ.setdefault("CUDA_VISIBLE_DEVICES", ...)``."""
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return False
+    for small in statement.body:
+        if isinstance(small, cst.Assign) and any(_names_cuda_visible_devices(t.target) for t in small.targets):
+            return True
+        if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+            call = small.value
+            if (
+                isinstance(call.func, cst.Attribute)
+                and call.func.attr.value in ("setdefault", "putenv", "__setitem__")
+                and call.args
+                and _is_string(call.args[0].value, CUDA_VISIBLE_DEVICES)
+            ):
+                return True
+    return False
+
+
+def _names_cuda_visible_devices(target: cst.BaseExpression) -> bool:
+    return (
+        isinstance(target, cst.Subscript)
+        and len(target.slice) == 1
+        and isinstance(target.slice[0].slice, cst.Index)
+        and _is_string(target.slice[0].slice.value, CUDA_VISIBLE_DEVICES)
+    )
+
+
+def touches_cuda(analysis: FileAnalysis, statement: cst.CSTNode) -> bool:
+    """Whether a statement may bind the process to a GPU: ``.cuda()``, ``.to(...)``, ``torch.cuda.*``."""
+
+    def binds(node: cst.CSTNode) -> bool:
+        if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute):
+            return False
+        if node.func.attr.value == "cuda":
+            return True
+        if node.func.attr.value == "to":
+            return any(_CUDA_WORDS.search(analysis.module.code_for_node(arg.value)) for arg in node.args)
+        qualified = analysis.resolve(node.func) or ""
+        return qualified.startswith("torch.cuda.") and qualified.rsplit(".", 1)[1] not in _HARMLESS_CUDA
+
+    return bool(contains(statement, binds))
+
+
+def _is_docstring(statement: cst.CSTNode) -> bool:
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
+
+
+def _is_import(statement: cst.CSTNode) -> bool:
+    return isinstance(statement, cst.SimpleStatementLine) and all(
+        isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body
+    )
+
+
+_PARSER_METHODS = {
+    "add_argument",
+    "add_argument_group",
+    "add_mutually_exclusive_group",
+    "set_defaults",
+    "parse_args",
+    "parse_known_args",
+}
+_PARSER_FUNCTIONS = {"parse_args", "get_args", "parse_arguments", "get_arguments", "get_parser", "build_parser"}
+
+
+# -- the entry point -------------------------------------------------------------------------------
+def _at_top(
+    analysis: FileAnalysis, body: list[cst.BaseStatement], place: str, skip_docstring: bool
+) -> Optional[EntryPoint]:
+    """Setup right after the block's last top-level ``CUDA_VISIBLE_DEVICES`` assignment, else at its top,
+    after the command line is parsed (so ``--help`` or a bad argument stops before any process starts)."""
+    chosen = [statement for statement in body if sets_cuda_visible_devices(statement)]
+    if chosen:
+        return EntryPoint(chosen[-1], True, place)
+    start = 1 if skip_docstring and body and _is_docstring(body[0]) else 0
+    while start < len(body) and parses_arguments(analysis, body[start]):
+        start += 1
+    if start < len(body):
+        return EntryPoint(body[start], False, place)
+    return EntryPoint(body[-1], True, place) if body else None
+
+
+def parses_arguments(analysis: FileAnalysis, statement: cst.CSTNode) -> bool:
+    """A statement that only builds or runs the command-line parser (``args = parser.parse_args()``)."""
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return False
+    for small in statement.body:
+        value = small.value if isinstance(small, (cst.Assign, cst.Expr)) else None
+        if not isinstance(value, cst.Call):
+            return False
+        func = value.func
+        if isinstance(func, cst.Attribute) and func.attr.value in _PARSER_METHODS:
+            continue
+        if isinstance(func, cst.Name) and func.value in _PARSER_FUNCTIONS:
+            continue
+        if analysis.resolve(func) != "argparse.ArgumentParser":
+            return False
+    return True
+
+
+def _after_imports(analysis: FileAnalysis) -> Optional[EntryPoint]:
+    body = list(analysis.module.body)
+    index = 0
+    while index < len(body) and (
+        _is_docstring(body[index]) or _is_import(body[index]) or parses_arguments(analysis, body[index])
+    ):
+        index += 1
+    chosen = [i for i, statement in enumerate(body) if sets_cuda_visible_devices(statement)]
+    place = "after the imports"
+    if chosen and chosen[-1] >= index - 1:
+        return EntryPoint(body[chosen[-1]], True, "after the script sets CUDA_VISIBLE_DEVICES")
+    if index < len(body):
+        return EntryPoint(body[index], False, place)
+    return EntryPoint(body[-1], True, place) if body else None
+
+
+def _first_called_function(analysis: FileAnalysis, block: cst.If) -> Optional[cst.FunctionDef]:
+    """The function of this file that the main block calls first, after parsing the command line: ``main()``,
+    ``sys.exit(main(args))``."""
+    body = (
+        [s for s in block.body.body if not parses_arguments(analysis, s)]
+        if isinstance(block.body, cst.IndentedBlock)
+        else []
+    )
+    if not body or not isinstance(body[0], cst.SimpleStatementLine):
+        return None
+    small = body[0].body[0]
+    value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
+    while isinstance(value, cst.Call):
+        if isinstance(value.func, cst.Name):
+            function = _top_level_function(analysis.module, value.func.value)
+            if function is not None:
+                return function
+        value = value.args[0].value if value.args else None
+    return None
+
+
+def _top_level_function(module: cst.Module, name: str) -> Optional[cst.FunctionDef]:
+    for statement in module.body:
+        if isinstance(statement, cst.FunctionDef) and statement.name.value == name:
+            return statement
+    return None
+
+
+def find_entry_point(analysis: FileAnalysis) -> Optional[EntryPoint]:
+    module = analysis.module
+    main = main_block(module)
+    tree = analysis.tree
+    module_code = [
+        statement
+        for statement in module.body
+        if statement is not main and not isinstance(statement, (cst.FunctionDef, cst.ClassDef))
+    ]
+    trains_at_module_level = any(
+        tree.function(loop) is None and main not in tree.ancestors(loop) for loop in analysis.loaders.training_loops
+    )
+    if trains_at_module_level or any(touches_cuda(analysis, statement) for statement in module_code):
+        return _after_imports(analysis)
+    if main is not None:
+        if not isinstance(main.body, cst.IndentedBlock):
+            return None
+        function = _first_called_function(analysis, main)
+        if function is not None and isinstance(function.body, cst.IndentedBlock):
+            if any(sets_cuda_visible_devices(statement) for statement in function.body.body):
+                return _at_top(analysis, list(function.body.body), f"in {function.name.value}()", skip_docstring=True)
+        return _at_top(analysis, list(main.body.body), 'at the top of the `if __name__ == "__main__":` block', False)
+    function = _top_level_function(module, "main")
+    if function is not None and isinstance(function.body, cst.IndentedBlock):
+        return _at_top(analysis, list(function.body.body), "at the top of main()", skip_docstring=True)
+    return None

@@ -1,0 +1,501 @@
+"""Wrapped models: where a file wraps a model, which places hold it, where it runs, where its outputs go.
+
+A *wrap site* is a call that makes a data-parallel model (``nn.DataParallel(...)`` in every spelling,
+PyTorch-Encoding's ``DataParallelModel``, a subclass of ``DataParallel`` defined in the file, the runtime's
+own wrappers) or directly computes parallel outputs (the functional ``data_parallel``). From the sites,
+facts are propagated to a fixpoint over the file's assignments, loops, calls into functions of this file
+and returns:
+
+* which places hold a wrapped model (``model``, ``self.net``, ``model.features``, the items of
+  ``self.models``), including the result of builder helpers (``def init_net(net): ...; return net``);
+* which places hold (a part of) its outputs, untransformed: ``out = model(x)``, ``main, aux = model(x)``,
+  ``logits = out[0]``, ``out.logits``;
+* which places hold values *derived* from the outputs by tensor operations (``loss = out[0].mean()``);
+* where outputs go to code this file does not show (``metric.update(out)``, ``loss_fn(out, y)``), and
+  where the wrapped model itself leaves (passed to, or returned to, code outside the file).
+
+Each fact carries the wrap sites it comes from, so a rule can say what happened to each site.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Optional
+
+import libcst as cst
+
+from mgpu_migrate.analysis import names
+from mgpu_migrate.analysis.scopes import FlowIndex, Function, Place, Scope, item_place
+
+# Methods of nn.Module that return the module itself: ``nn.DataParallel(model).cuda()`` is the wrapper.
+MODULE_METHODS_RETURNING_SELF = frozenset(
+    {"to", "cuda", "cpu", "float", "double", "half", "bfloat16", "train", "eval", "type", "requires_grad_", "share_memory"}
+)
+# Tensor attributes that describe a value: nothing computed from the outputs flows through them.
+TENSOR_DESCRIPTION = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad"})
+# Tensor attributes that are values computed from the whole (gathered) tensor, not a part of a structure.
+TENSOR_METADATA = TENSOR_DESCRIPTION | {"data", "grad", "T", "mT", "H", "mH"}
+_BUILTINS = frozenset(dir(builtins))
+
+# What each kind of wrap site makes.
+TORCH, ENCODING, SUBCLASS, RUNTIME, FUNCTIONAL = "torch", "encoding", "subclass", "runtime", "functional"
+_SITE_KINDS = {
+    names.DATA_PARALLEL: TORCH,
+    names.ENCODING_MODEL: ENCODING,
+    names.RUNTIME_MODEL: RUNTIME,
+    names.RUNTIME_DDP: RUNTIME,
+    names.DATA_PARALLEL_FUNCTION: FUNCTIONAL,
+    names.RUNTIME_DATA_PARALLEL_FUNCTION: FUNCTIONAL,
+}
+
+Sites = frozenset
+
+
+@dataclass(frozen=True, eq=False)
+class WrapSite:
+    call: cst.Call
+    scope: Scope
+    kind: str
+
+    @property
+    def module(self) -> Optional[cst.BaseExpression]:
+        """The wrapped module argument."""
+        for arg in self.call.args:
+            if (arg.keyword is None and not arg.star) or (arg.keyword is not None and arg.keyword.value == "module"):
+                return arg.value
+        return None
+
+
+@dataclass(frozen=True)
+class Escape:
+    """A node where a site's model or outputs go to code this file does not show, described for a person."""
+
+    node: cst.CSTNode
+    what: str
+
+
+class ModelFlow:
+    """Where each wrapped model of a file lives, runs, and sends its outputs (see the module doc)."""
+
+    def __init__(self, analysis) -> None:
+        self.analysis = analysis
+        self.subclasses = self._data_parallel_subclasses()
+        self.sites: list[WrapSite] = []
+        self._site_by_call: dict[cst.Call, WrapSite] = {}
+        self.wrapped: dict[Place, Sites] = defaultdict(frozenset)
+        self.outputs: dict[Place, Sites] = defaultdict(frozenset)
+        self.derived: dict[Place, Sites] = defaultdict(frozenset)
+        self._returns_model: dict[Function, Sites] = defaultdict(frozenset)
+        self._returns_outputs: dict[Function, Sites] = defaultdict(frozenset)
+        self._returns_derived: dict[Function, Sites] = defaultdict(frozenset)
+        # The scope pass costs about half a parse: a file without a wrap site never pays for it.
+        if not self.subclasses and not any(analysis.resolve(call.func) in _SITE_KINDS for call in analysis.calls):
+            return
+        self.index: FlowIndex = analysis.flow
+        for call, scope in self.index.calls:
+            kind = self._site_kind(call, scope)
+            if kind is not None:
+                site = WrapSite(call, scope, kind)
+                self.sites.append(site)
+                self._site_by_call[call] = site
+        if self.sites:
+            self._propagate()
+
+    # -- sites -----------------------------------------------------------------------------------
+    def _site_kind(self, call: cst.Call, scope: Scope) -> Optional[str]:
+        kind = _SITE_KINDS.get(self.analysis.resolve(call.func) or "")
+        if kind is None and isinstance(call.func, cst.Name) and self.subclasses:
+            owner = scope.lookup(call.func.value)
+            if owner.classes.get(call.func.value) in self.subclasses:
+                kind = SUBCLASS
+        return kind
+
+    def _data_parallel_subclasses(self) -> set[cst.ClassDef]:
+        """Classes of this file (outside functions) deriving, directly or through each other, from torch's
+        ``DataParallel``."""
+        classes = _classes_outside_functions(self.analysis.module)
+        by_name = {cls.name.value: cls for cls in classes}
+        found: set[cst.ClassDef] = set()
+        changed = True
+        while changed:
+            changed = False
+            for cls in classes:
+                if cls in found:
+                    continue
+                for base in cls.bases:
+                    local = by_name.get(base.value.value) if isinstance(base.value, cst.Name) else None
+                    if local in found or self.analysis.resolve(base.value) in (names.DATA_PARALLEL, names.RUNTIME_MODEL):
+                        found.add(cls)
+                        changed = True
+                        break
+        return found
+
+    def site_of(self, call: cst.Call) -> Optional[WrapSite]:
+        return self._site_by_call.get(call)
+
+    # -- what an expression holds -----------------------------------------------------------------
+    def model_sites(self, expr: cst.BaseExpression, scope: Scope) -> Sites:
+        """The wrap sites whose model ``expr`` evaluates to."""
+        if isinstance(expr, cst.Call):
+            site = self._site_by_call.get(expr)
+            if site is not None:
+                return frozenset() if site.kind == FUNCTIONAL else frozenset({site})
+            func = expr.func
+            if isinstance(func, cst.Attribute) and func.attr.value in MODULE_METHODS_RETURNING_SELF:
+                return self.model_sites(func.value, scope)
+            callee = self.index.callee(expr, scope)
+            return self._returns_model[callee[0]] if callee else frozenset()
+        if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)):
+            place = self.index.place_of(expr, scope)
+            return self.wrapped.get(place, frozenset()) if place else frozenset()
+        if isinstance(expr, cst.IfExp):
+            return self.model_sites(expr.body, scope) | self.model_sites(expr.orelse, scope)
+        if isinstance(expr, cst.BooleanOperation):
+            return self.model_sites(expr.left, scope) | self.model_sites(expr.right, scope)
+        return frozenset()
+
+    def container_sites(self, expr: cst.BaseExpression, scope: Scope) -> Sites:
+        """The wrap sites whose models are items of the container ``expr`` evaluates to."""
+        if isinstance(expr, (cst.List, cst.Tuple, cst.Set)):
+            found: Sites = frozenset()
+            for element in expr.elements:
+                if isinstance(element, cst.StarredElement):
+                    found |= self.container_sites(element.value, scope)
+                else:
+                    found |= self.model_sites(element.value, scope)
+            return found
+        if isinstance(expr, (cst.ListComp, cst.GeneratorExp, cst.SetComp)):
+            return self.model_sites(expr.elt, scope)
+        if isinstance(expr, cst.DictComp):
+            return self.model_sites(expr.value, scope)
+        if isinstance(expr, cst.Dict):
+            return frozenset().union(
+                *(self.model_sites(e.value, scope) for e in expr.elements if isinstance(e, cst.DictElement))
+            )
+        if isinstance(expr, cst.Call) and expr.args and not expr.args[0].keyword:
+            # nn.ModuleList([...]), nn.ModuleDict({...}), list(...), tuple(...)
+            return self.container_sites(expr.args[0].value, scope)
+        if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)):
+            place = self.index.place_of(expr, scope)
+            return self.wrapped.get(item_place(place), frozenset()) if place else frozenset()
+        return frozenset()
+
+    def output_sites(self, expr: cst.BaseExpression, scope: Scope) -> Sites:
+        """The wrap sites of which ``expr`` is the output, or a part of it, as the model returned it."""
+        if isinstance(expr, cst.Call):
+            site = self._site_by_call.get(expr)
+            if site is not None:
+                return frozenset({site}) if site.kind == FUNCTIONAL else frozenset()
+            func = expr.func
+            if isinstance(func, cst.Attribute) and func.attr.value == "forward":
+                func = func.value
+            found = self.model_sites(func, scope)
+            callee = self.index.callee(expr, scope)
+            return found | self._returns_outputs[callee[0]] if callee else found
+        if isinstance(expr, cst.Subscript):
+            return self.output_sites(expr.value, scope) | self._place_fact(self.outputs, expr, scope)
+        if isinstance(expr, cst.Attribute):
+            if expr.attr.value in TENSOR_METADATA:
+                return frozenset()
+            return self.output_sites(expr.value, scope) | self._place_fact(self.outputs, expr, scope)
+        if isinstance(expr, cst.Name):
+            return self._place_fact(self.outputs, expr, scope)
+        return frozenset()
+
+    def derived_sites(self, expr: cst.CSTNode, scope: Scope) -> Sites:
+        """The wrap sites whose outputs ``expr`` is computed from, through operators, subscripts, methods of
+        those values, and torch or builtin functions. A value that goes through any other call (a loss
+        function, a metric) is not counted: what that call returns is not known here."""
+        if isinstance(expr, cst.Attribute) and expr.attr.value in TENSOR_DESCRIPTION:
+            return frozenset()
+        if isinstance(expr, cst.BaseExpression):
+            found = self.output_sites(expr, scope)
+        else:
+            found = frozenset()
+        if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)):
+            found |= self._place_fact(self.derived, expr, scope)
+        if isinstance(expr, cst.Call):
+            callee = self.index.callee(expr, scope)
+            if callee is not None:
+                return found | self._returns_derived[callee[0]]
+            func = expr.func
+            if isinstance(func, cst.Attribute) and not self._is_torch(func):
+                receiver = self.derived_sites(func.value, scope)
+                if not receiver:
+                    return found
+                return found | receiver | self._derived_in_args(expr, scope)
+            if self._is_torch(func) or self._is_builtin(func, scope):
+                return found | self._derived_in_args(expr, scope)
+            return found
+        for part in _operands(expr):
+            found |= self.derived_sites(part, scope)
+        return found
+
+    def _derived_in_args(self, call: cst.Call, scope: Scope) -> Sites:
+        return frozenset().union(*(self.derived_sites(arg.value, scope) for arg in call.args))
+
+    def _place_fact(self, facts: dict[Place, Sites], expr: cst.BaseExpression, scope: Scope) -> Sites:
+        place = self.index.place_of(expr, scope)
+        return facts.get(place, frozenset()) if place else frozenset()
+
+    def _is_torch(self, func: cst.BaseExpression) -> bool:
+        qualified = self.analysis.resolve(func)
+        return qualified is not None and (qualified == "torch" or qualified.startswith("torch."))
+
+    def _is_builtin(self, func: cst.BaseExpression, scope: Scope) -> bool:
+        return isinstance(func, cst.Name) and func.value in _BUILTINS and func.value not in scope.lookup(func.value).bound
+
+    # -- propagation -------------------------------------------------------------------------------
+    def _propagate(self) -> None:
+        index = self.index
+        for _ in range(50):  # a fixpoint; the bound only guards against a bug, real files need a handful
+            changed = False
+            for assignment in index.assignments:
+                changed |= self._assign(assignment.target, assignment.value, assignment.scope)
+            for loop in index.loops:
+                changed |= self._loop(loop.target, loop.iterable, loop.scope)
+            for call, scope in index.calls:
+                changed |= self._bind_arguments(call, scope)
+            for function, value, scope in index.returns:
+                changed |= _add(self._returns_model, function, self.model_sites(value, scope))
+                changed |= _add(self._returns_outputs, function, self.output_sites(value, scope))
+                changed |= _add(self._returns_derived, function, self.derived_sites(value, scope))
+            if not changed:
+                return
+
+    def _assign(self, target: cst.BaseExpression, value: cst.BaseExpression, scope: Scope) -> bool:
+        if isinstance(target, (cst.Tuple, cst.List)):
+            if isinstance(value, (cst.Tuple, cst.List)) and len(value.elements) == len(target.elements):
+                return any(
+                    [self._assign(t.value, v.value, scope) for t, v in zip(target.elements, value.elements)]
+                )
+            # Unpacking: each name gets a part of the outputs, or an item of a container of models.
+            parts = self.output_sites(value, scope)
+            derived = self.derived_sites(value, scope)
+            items = self.container_sites(value, scope)
+            changed = False
+            for place in self.index.assigned_places(target, scope):
+                changed |= _add(self.outputs, place, parts)
+                changed |= _add(self.derived, place, derived)
+                changed |= _add(self.wrapped, place, items)
+            return changed
+        place = self.index.place_of(target, scope)
+        if place is None:
+            return False
+        changed = _add(self.wrapped, place, self.model_sites(value, scope))
+        changed |= _add(self.wrapped, item_place(place), self.container_sites(value, scope))
+        changed |= _add(self.outputs, place, self.output_sites(value, scope))
+        changed |= _add(self.derived, place, self.derived_sites(value, scope))
+        return changed
+
+    def _loop(self, target: cst.BaseExpression, iterable: cst.BaseExpression, scope: Scope) -> bool:
+        items = self.container_sites(iterable, scope)
+        if (
+            isinstance(iterable, cst.Call)
+            and isinstance(iterable.func, cst.Name)
+            and iterable.func.value == "enumerate"
+            and isinstance(target, cst.Tuple)
+            and len(target.elements) == 2
+        ):
+            target = target.elements[1].value
+        place = self.index.place_of(target, scope)
+        return _add(self.wrapped, place, items) if place else False
+
+    def _bind_arguments(self, call: cst.Call, scope: Scope) -> bool:
+        callee = self.index.callee(call, scope)
+        if callee is None:
+            return False
+        function, implicit = callee
+        changed = False
+        for position, arg in enumerate(call.args):
+            place = self.index.parameter_place(function, call, position, implicit)
+            if place is None:
+                continue
+            changed |= _add(self.wrapped, place, self.model_sites(arg.value, scope))
+            changed |= _add(self.wrapped, item_place(place), self.container_sites(arg.value, scope))
+            changed |= _add(self.outputs, place, self.output_sites(arg.value, scope))
+            changed |= _add(self.derived, place, self.derived_sites(arg.value, scope))
+        return changed
+
+    # -- results for rules ------------------------------------------------------------------------
+    def model_calls(self) -> list[tuple[cst.Call, Scope, Sites]]:
+        """Every forward call of a wrapped model (and every functional ``data_parallel`` call)."""
+        found: list[tuple[cst.Call, Scope, Sites]] = []
+        if not self.sites:
+            return found
+        for call, scope in self.index.calls:
+            sites = self.output_sites(call, scope) if self.index.callee(call, scope) is None else frozenset()
+            if sites:
+                found.append((call, scope, sites))
+        return found
+
+    def backward_sites(self) -> Sites:
+        """Sites whose outputs reach ``.backward()`` through tensor operations only: the loss was computed
+        inside the model (HF style), or by torch functions on the outputs."""
+        found: Sites = frozenset()
+        for call, scope in self.index.calls:
+            func = call.func
+            if isinstance(func, cst.Attribute) and func.attr.value == "backward":
+                found |= self._mentioned_sites(func.value, scope)
+            elif self.analysis.resolve(func) == "torch.autograd.backward" and call.args:
+                found |= self._mentioned_sites(call.args[0].value, scope)
+        return found
+
+    def _mentioned_sites(self, expr: cst.CSTNode, scope: Scope) -> Sites:
+        """Sites derived anywhere inside ``expr``, through any call: ``scaler.scale(loss)`` mentions ``loss``."""
+        found = self.derived_sites(expr, scope) if isinstance(expr, cst.BaseExpression) else frozenset()
+        for child in expr.children:
+            found |= self._mentioned_sites(child, scope)
+        return found
+
+    def output_escapes(self) -> dict[WrapSite, list[Escape]]:
+        """Calls to code outside this file (neither torch nor a builtin) that receive a site's outputs."""
+        escapes: dict[WrapSite, list[Escape]] = defaultdict(list)
+        for call, scope in self.index.calls:
+            if self._is_followed_or_known(call, scope):
+                continue
+            for arg in call.args:
+                for site in self.derived_sites(arg.value, scope):
+                    escapes[site].append(Escape(call, f"`{self._callee_text(call)}(...)`"))
+        return escapes
+
+    def model_escapes(self) -> dict[WrapSite, list[Escape]]:
+        """Where a wrapped model goes to code outside this file: an argument of such a call, or the return
+        value of a function nothing in this file calls."""
+        escapes: dict[WrapSite, list[Escape]] = defaultdict(list)
+        for call, scope in self.index.calls:
+            if self._is_followed_or_known(call, scope):
+                continue
+            for arg in call.args:
+                for site in self.model_sites(arg.value, scope) | self.container_sites(arg.value, scope):
+                    escapes[site].append(Escape(call, f"`{self._callee_text(call)}(...)`"))
+        for function, value, scope in self.index.returns:
+            if self.index.call_sites(function):
+                continue
+            for site in self.model_sites(value, scope) | self.container_sites(value, scope):
+                escapes[site].append(Escape(value, f"the caller of `{function.name.value}()`"))
+        return escapes
+
+    def _is_followed_or_known(self, call: cst.Call, scope: Scope) -> bool:
+        if call in self._site_by_call or self.index.callee(call, scope) is not None:
+            return True
+        if self._is_torch(call.func) or self._is_builtin(call.func, scope):
+            return True
+        func = call.func
+        # A method of a model or of its outputs (``model.load_state_dict``, ``out.view``) is torch's own.
+        return isinstance(func, cst.Attribute) and bool(
+            self.model_sites(func.value, scope) or self.derived_sites(func.value, scope)
+        )
+
+    def _callee_text(self, call: cst.Call) -> str:
+        return self.analysis.module.code_for_node(call.func)
+
+    def assigned_to(self, site: WrapSite) -> list[tuple[cst.BaseExpression, Scope]]:
+        """The targets the site's model is first stored in (``model`` in ``model = nn.DataParallel(m).cuda()``)."""
+        found = []
+        for assignment in self.index.assignments:
+            value = assignment.value
+            while (
+                isinstance(value, cst.Call)
+                and isinstance(value.func, cst.Attribute)
+                and value.func.attr.value in MODULE_METHODS_RETURNING_SELF
+            ):
+                value = value.func.value
+            if value is site.call:
+                found.append((assignment.target, assignment.scope))
+        return found
+
+    def is_submodule(self, site: WrapSite) -> Optional[str]:
+        """The code of the attribute a site wraps when it wraps part of a model, not a whole one:
+        ``model.features = DataParallel(model.features)``, or ``self.encoder = DataParallel(...)`` in an
+        ``nn.Module``'s own methods."""
+        code = self.analysis.module.code_for_node
+        for target, scope in self.assigned_to(site):
+            if not isinstance(target, cst.Attribute):
+                continue
+            place = self.index.place_of(target, scope)
+            if place is None:
+                continue
+            owner, path = place
+            if path.startswith("self.") and owner.is_class and self._is_nn_module(owner.node):
+                return code(target)
+            module = site.module
+            if not path.startswith("self.") and module is not None and code(module) == code(target):
+                return code(target)
+        return None
+
+    def _is_nn_module(self, cls: cst.ClassDef, seen: frozenset = frozenset()) -> bool:
+        for base in cls.bases:
+            qualified = self.analysis.resolve(base.value)
+            if qualified == names.TORCH_MODULE or (qualified or "").startswith("torch.nn."):
+                return True
+            if isinstance(base.value, cst.Name) and cls not in seen:
+                owner = self.index.scopes[cls].parent.lookup(base.value.value)
+                parent = owner.classes.get(base.value.value)
+                if parent is not None and self._is_nn_module(parent, seen | {cls}):
+                    return True
+        return False
+
+
+_LEAVES = (cst.Name, cst.BaseNumber, cst.BaseString, cst.Ellipsis, cst.Lambda)
+
+
+def _operands(expr: cst.CSTNode) -> list[cst.CSTNode]:
+    """The sub-expressions a value is computed from, spelled out for the common expressions (libcst's
+    generic ``children`` walks the whole node, whitespace included, and dominates the analysis otherwise)."""
+    if isinstance(expr, _LEAVES):
+        return []
+    if isinstance(expr, cst.Attribute):
+        return [expr.value]
+    if isinstance(expr, cst.Subscript):
+        parts: list[cst.CSTNode] = [expr.value]
+        for element in expr.slice:
+            index = element.slice
+            if isinstance(index, cst.Index):
+                parts.append(index.value)
+            else:
+                parts.extend(bound for bound in (index.lower, index.upper, index.step) if bound is not None)
+        return parts
+    if isinstance(expr, (cst.BinaryOperation, cst.BooleanOperation)):
+        return [expr.left, expr.right]
+    if isinstance(expr, cst.UnaryOperation):
+        return [expr.expression]
+    if isinstance(expr, cst.Comparison):
+        return [expr.left, *(target.comparator for target in expr.comparisons)]
+    if isinstance(expr, cst.IfExp):
+        return [expr.test, expr.body, expr.orelse]
+    if isinstance(expr, (cst.Tuple, cst.List, cst.Set)):
+        return [element.value for element in expr.elements]
+    if isinstance(expr, (cst.Await, cst.NamedExpr)):
+        return [expr.expression if isinstance(expr, cst.Await) else expr.value]
+    return [
+        child
+        for child in expr.children
+        if isinstance(child, (cst.BaseExpression, cst.Arg, cst.BaseElement, cst.BaseSlice, cst.SubscriptElement,
+                              cst.ComparisonTarget, cst.DictElement, cst.StarredDictElement, cst.CompFor,
+                              cst.CompIf, cst.FormattedStringExpression))
+    ]
+
+
+def _classes_outside_functions(node: cst.CSTNode) -> list[cst.ClassDef]:
+    found = []
+    for child in node.children:
+        if isinstance(child, (cst.FunctionDef, cst.Lambda, cst.BaseExpression, cst.SimpleStatementLine)):
+            continue
+        if isinstance(child, cst.ClassDef):
+            found.append(child)
+        found.extend(_classes_outside_functions(child))
+    return found
+
+
+def _add(facts: dict, key, sites: Sites) -> bool:
+    if not sites:
+        return False
+    before = facts.get(key, frozenset())
+    after = before | sites
+    if after == before:
+        return False
+    facts[key] = after
+    return True

@@ -1,0 +1,120 @@
+"""Where a node sits in the source, computed only as far into the file as someone asks.
+
+LibCST's ``PositionProvider`` regenerates the whole module while splitting every token into lines and
+building two position objects per node: about 2.5x the parse, on every file that gets a diagnostic.
+Here the same regeneration only counts characters, one top-level statement at a time, and stops at the
+statement that holds the node asked about; an offset becomes a line and column through a table of line
+starts. The ranges are PositionProvider's own (syntactic: a statement's leading comments and blank
+lines are not part of it); tests/robustness compares the two over real files.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from typing import Iterator
+
+import libcst as cst
+
+# The codegen state is not public API, but it is the one hook PositionProvider itself is built on.
+from libcst._nodes.internal import CodegenState
+
+# LibCST's notion of a line break (a form feed or a vertical tab is not one).
+LINE_BREAK = re.compile(r"\r\n?|\n")
+
+
+class _SyntacticSpan:
+    """``with state.record_syntactic_position(node): ...`` as LibCST's nodes call it, recording offsets."""
+
+    __slots__ = ("state", "node", "start_node", "end_node", "start")
+
+    def __init__(self, state: _OffsetState, node: cst.CSTNode, start_node, end_node) -> None:
+        self.state, self.node, self.start_node, self.end_node = state, node, start_node, end_node
+
+    def __enter__(self) -> None:
+        self.start = self.state.offset
+
+    def __exit__(self, *exc_info) -> bool:
+        spans = self.state.spans
+        start = spans[self.start_node][0] if self.start_node is not None else self.start
+        end = spans[self.end_node][1] if self.end_node is not None else self.state.offset
+        spans[self.node] = (start, end)
+        return False
+
+
+class _OffsetState(CodegenState):
+    """A codegen state that keeps a character count instead of the generated text."""
+
+    __slots__ = ("offset", "spans", "starts")
+
+    def __init__(self, module: cst.Module) -> None:
+        super().__init__(default_indent=module.default_indent, default_newline=module.default_newline)
+        self.offset = 0
+        self.spans: dict[cst.CSTNode, tuple[int, int]] = {}
+        self.starts: list[int] = []
+
+    def add_indent_tokens(self) -> None:
+        for token in self.indent_tokens:
+            self.add_token(token)
+
+    def add_token(self, value: str) -> None:
+        self.offset += len(value)
+
+    def before_codegen(self, node: cst.CSTNode) -> None:
+        self.starts.append(self.offset)
+
+    def after_codegen(self, node: cst.CSTNode) -> None:
+        start = self.starts.pop()
+        # A syntactic range, recorded inside the node's own codegen, wins over the whitespace-inclusive one.
+        if node not in self.spans:
+            self.spans[node] = (start, self.offset)
+
+    def record_syntactic_position(self, node, *, start_node=None, end_node=None) -> _SyntacticSpan:
+        return _SyntacticSpan(self, node, start_node, end_node)
+
+
+class Positions:
+    """Start and end (line, 0-based column) of the nodes of one parsed module, as PositionProvider gives them."""
+
+    def __init__(self, module: cst.Module, source: str) -> None:
+        self._module = module
+        self._source = source
+        self._state = _OffsetState(module)
+        self._pending = self._generate()
+        self._line_starts: list[int] | None = None
+
+    def _generate(self) -> Iterator[bool]:
+        # Module._codegen, cut at each top-level statement so the caller can stop early.
+        module, state = self._module, self._state
+        state.before_codegen(module)
+        for statement in (*module.header, *module.body, *module.footer):
+            statement._codegen(state)
+            yield True
+        if module.has_trailing_newline and state.offset == 0:
+            state.add_token(state.default_newline)
+        # Without a trailing newline, LibCST drops the last newline token but not the position it reached.
+        state.after_codegen(module)
+
+    def _offsets(self, node: cst.CSTNode) -> tuple[int, int]:
+        spans = self._state.spans
+        while node not in spans and next(self._pending, False):
+            pass
+        if node not in spans:
+            raise KeyError(f"{type(node).__name__} node is not part of this module")
+        return spans[node]
+
+    def _line_column(self, offset: int) -> tuple[int, int]:
+        if self._line_starts is None:
+            text = self._source
+            if not self._module.has_trailing_newline:
+                # The last newline is generated, then dropped from the text: nodes may end on the line after it.
+                text += self._module.default_newline
+            self._line_starts = [0, *(match.end() for match in LINE_BREAK.finditer(text))]
+        line = bisect.bisect_right(self._line_starts, offset)
+        return line, offset - self._line_starts[line - 1]
+
+    def start(self, node: cst.CSTNode) -> tuple[int, int]:
+        return self._line_column(self._offsets(node)[0])
+
+    def end(self, node: cst.CSTNode) -> tuple[int, int]:
+        return self._line_column(self._offsets(node)[1])

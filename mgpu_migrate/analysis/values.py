@@ -1,0 +1,79 @@
+"""What an expression may hold: the values this file stores in a name or an attribute, followed back.
+
+Built on the flow index (``scopes.py``): every assignment recorded by the place it writes, unpacking
+included (``train, val = make_loaders()`` stores the first element of what ``make_loaders`` returns), so
+``of(expr)`` answers "what may this be?" with the expressions that were stored, through chains of
+assignments and both branches of a ternary. Flow-insensitive, like the index.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Optional
+
+import libcst as cst
+
+from mgpu_migrate.analysis.scopes import FlowIndex, Function, Place, Scope
+
+
+class Values:
+    def __init__(self, index: FlowIndex) -> None:
+        self.index = index
+        self.stored: dict[Place, list[tuple[cst.BaseExpression, Scope, Optional[int]]]] = defaultdict(list)
+        for assignment in index.assignments:
+            target, scope = assignment.target, assignment.scope
+            if isinstance(target, (cst.Tuple, cst.List)):
+                for position, element in enumerate(target.elements):
+                    place = index.place_of(element.value, scope)
+                    if place is not None:
+                        self.stored[place].append((assignment.value, scope, position))
+            else:
+                place = index.place_of(target, scope)
+                if place is not None:
+                    self.stored[place].append((assignment.value, scope, None))
+        self.returns: dict[Function, list[tuple[cst.BaseExpression, Scope]]] = defaultdict(list)
+        for function, value, scope in index.returns:
+            self.returns[function].append((value, scope))
+        self._call_scopes = dict(index.calls)
+
+    def scope_of(self, call: cst.Call) -> Scope:
+        """The scope a call is made in."""
+        return self._call_scopes.get(call, self.index.module_scope)
+
+    def element(
+        self, value: cst.BaseExpression, scope: Scope, position: Optional[int]
+    ) -> list[tuple[cst.BaseExpression, Scope]]:
+        """The part of ``value`` an unpacking assignment stores at ``position`` (all of it when None)."""
+        if position is None:
+            return [(value, scope)]
+        if isinstance(value, (cst.Tuple, cst.List)):
+            elements = value.elements
+            if position < len(elements) and not any(isinstance(e, cst.StarredElement) for e in elements):
+                return [(elements[position].value, scope)]
+            return []
+        if isinstance(value, cst.Call):
+            callee = self.index.callee(value, scope)
+            if callee is not None:
+                return [
+                    part
+                    for returned, returned_scope in self.returns.get(callee[0], [])
+                    if isinstance(returned, (cst.Tuple, cst.List))
+                    for part in self.element(returned, returned_scope, position)
+                ]
+        return []
+
+    def of(self, expr: cst.BaseExpression, scope: Scope, depth: int = 4) -> list[cst.BaseExpression]:
+        """What ``expr`` may evaluate to: the expressions stored in it, followed ``depth`` assignments back,
+        and both branches of a ternary; ``expr`` itself when nothing is known."""
+        if isinstance(expr, cst.IfExp):
+            return self.of(expr.body, scope, depth) + self.of(expr.orelse, scope, depth)
+        place = self.index.place_of(expr, scope) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+        stored = self.stored.get(place, []) if place is not None and depth > 0 else []
+        if not stored:
+            return [expr]
+        return [
+            found
+            for value, value_scope, position in stored
+            for part, part_scope in self.element(value, value_scope, position)
+            for found in self.of(part, part_scope, depth - 1)
+        ]

@@ -1,0 +1,100 @@
+"""MGP124: checkpoints are loaded onto each process's own device with ``mgpu_runtime.load`` (``--to ddp``)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from mgpu_migrate.analysis.entrypoint import distributed_program
+from mgpu_migrate.analysis.tree import contains
+from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.syntax import argument, has_star_args, mentions, runtime_attr
+from mgpu_migrate.rules.wrapper_swap import RUNTIME
+
+TORCH_LOAD = "torch.load"
+
+
+class CheckpointLoad(Rule):
+    """
+    ## What it does
+    Replaces ``torch.load(path)`` of a checkpoint (what the file then gives to ``load_state_dict``) with
+    ``mgpu_runtime.load(path)``, which maps the tensors to this process's device.
+
+    ## Why is this bad?
+    Without ``map_location``, ``torch.load`` puts each tensor back on the device it was saved from, usually
+    ``cuda:0``: under DDP every process would fill the first GPU with its own copy of the checkpoint.
+
+    ## Example
+    ```python
+    model.load_state_dict(torch.load("model.pt"))
+    ```
+
+    ## Use instead
+    ```python
+    model.load_state_dict(mgpu_runtime.load("model.pt"))
+    ```
+
+    ## Fix safety
+    Safe: ``load_state_dict`` copies into the model's own tensors wherever they live, and in a single
+    process the device is the first GPU (or the CPU), where the original loaded to. A ``torch.load`` with
+    its own ``map_location`` is left as it is, and so is a load that is not given to ``load_state_dict``
+    (data, say), whose tensors the script may expect on the CPU.
+    """
+
+    CODE = "MGP124"
+    DESCRIPTION = "torch.load of a checkpoint mapped to the process's device with mgpu_runtime.load"
+    TARGETS = (DDP,)
+    EXAMPLES = (
+        Example(
+            "import torch\n\nmodel = torch.nn.DataParallel(model)\nmodel.load_state_dict(torch.load('model.pt'))\n",
+            "import mgpu_runtime\n\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
+            "model.load_state_dict(mgpu_runtime.load('model.pt'))\n",
+            DDP,
+            ("MGP101", "MGP124"),
+        ),
+        Example(
+            "import torch\n\nmodel = torch.nn.DataParallel(model)\nstate = torch.load('model.pt', map_location='cpu')\n"
+            "model.load_state_dict(state)\n",
+            "import torch\nimport mgpu_runtime\n\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
+            "state = torch.load('model.pt', map_location='cpu')\nmodel.load_state_dict(state)\n",
+            DDP,
+            ("MGP101",),
+        ),
+    )
+
+    def apply(self) -> None:
+        if not distributed_program(self.analysis, self.edits.replacements).migrates:
+            return
+        for call in self.analysis.calls_to(TORCH_LOAD):
+            if argument(call, "map_location", 1) is not None or has_star_args(call) or not self._is_checkpoint(call):
+                continue
+            if not self.rewrite_allowed(call):
+                continue
+            self.edits.replace(call.func, lambda _: runtime_attr("load"))
+            self.edits.need_import(RUNTIME)
+            self.rewrote(call, f"{RUNTIME}.load: the checkpoint is mapped to this process's device")
+
+    def _is_checkpoint(self, call: cst.Call) -> bool:
+        """Whether what ``call`` loads reaches ``load_state_dict``, directly or through the name it is stored in."""
+        tree = self.analysis.tree
+        for ancestor in tree.ancestors(call):
+            if isinstance(ancestor, cst.Call) and _is_load_state_dict(ancestor):
+                return True
+            if isinstance(ancestor, cst.BaseStatement):
+                break
+        statement = tree.statement(call)
+        stored = [
+            target.target.value
+            for small in getattr(statement, "body", ())
+            if isinstance(small, cst.Assign)
+            for target in small.targets
+            if isinstance(target.target, cst.Name)
+        ]
+        if not stored:
+            return False
+        scope = tree.function(call) or self.analysis.module
+        uses = contains(scope, lambda node: isinstance(node, cst.Call) and _is_load_state_dict(node))
+        return any(mentions(arg.value, name) for use in uses for arg in use.args for name in stored)
+
+
+def _is_load_state_dict(call: cst.Call) -> bool:
+    return isinstance(call.func, cst.Attribute) and call.func.attr.value == "load_state_dict"

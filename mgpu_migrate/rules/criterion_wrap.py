@@ -1,0 +1,337 @@
+"""MGP102: wrap the criterion that consumes a wrapped model's outputs, where the criterion is built."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from mgpu_migrate.analysis.losses import (
+    CUSTOM,
+    PARALLEL,
+    SPLITTABLE,
+    UNSPLITTABLE,
+    Criterion,
+    LossCall,
+    class_parameters,
+    exact_under_ddp_without_wrapper,
+    reduction_of,
+)
+from mgpu_migrate.analysis.models import RUNTIME as RUNTIME_SITE
+from mgpu_migrate.analysis.models import TORCH, Sites
+from mgpu_migrate.rules.base import BALANCED, DDP, Example, Rule
+from mgpu_migrate.rules.wrapper_swap import RUNTIME, runtime_attr
+
+
+def becomes_ddp(sites: Sites) -> bool:
+    """Whether some of these wrap sites are DistributedDataParallel models under ``--to ddp``."""
+    return any(site.kind in (TORCH, RUNTIME_SITE) for site in sites)
+
+
+def wrap_in_runtime(name: str):
+    """A replacement that wraps an expression in ``mgpu_runtime.<name>(...)``, keeping its parentheses outside."""
+
+    def wrap(updated: cst.CSTNode) -> cst.CSTNode:
+        inner = updated.with_changes(lpar=[], rpar=[])
+        return cst.Call(func=runtime_attr(name), args=[cst.Arg(inner)], lpar=updated.lpar, rpar=updated.rpar)
+
+    return wrap
+
+
+class CriterionWrap(Rule):
+    """
+    ## What it does
+    Wraps a criterion that computes a loss on a wrapped model's outputs where the criterion is built
+    (``nn.CrossEntropyLoss(...)``, also stored on ``self``, chained with ``.cuda()``/``.to(device)``, passed
+    to a function of the same file or given as a parameter's default): in ``mgpu_runtime.DataParallelCriterion``
+    for ``--to balanced``; in ``mgpu_runtime.DistributedCriterion`` for ``--to ddp`` where the DDP runtime
+    needs it for an exact gradient. The criterion is found by following the model's outputs to the calls
+    that take them (``criterion(out, y)``, ``criterion(main, y) + criterion(aux, y)`` after
+    ``main, aux = model(x)``, ``self.criterion(out, y)`` in another method).
+
+    ## Why is this bad?
+    Balanced: called on the gathered output, the loss (and the output's gradient) is computed on the first
+    device, which holds the whole batch's output on top of its own share. The runtime's criterion computes
+    the loss beside each piece of the output and combines the pieces into exactly the unsplit batch's loss.
+    DDP: the runtime weighs each process's gradient by its share of the global batch, which is exact for a
+    mean over rows; a sum (``reduction='sum'``), a reduction the code does not show, or a cross-entropy/NLL
+    mean (over the weight of the targets: class weights, ``ignore_index``) needs the criterion's numerator
+    and denominator summed over processes, which ``DistributedCriterion`` does.
+
+    ## Example
+    ```python
+    model = nn.DataParallel(model)
+    criterion = nn.CrossEntropyLoss(ignore_index=-100)
+    loss = criterion(model(inputs), targets)
+    ```
+
+    ## Use instead
+    ```python
+    model = mgpu_runtime.DataParallelModel(model)
+    criterion = mgpu_runtime.DataParallelCriterion(nn.CrossEntropyLoss(ignore_index=-100))
+    loss = criterion(model(inputs), targets)
+    ```
+
+    ```python
+    criterion = mgpu_runtime.DistributedCriterion(nn.CrossEntropyLoss(ignore_index=-100))   # --to ddp
+    ```
+
+    ## Fix safety
+    Safe: given anything but the model's per-device outputs (another model's outputs, a tensor) the
+    balanced criterion is the plain one, the distributed one is the plain one in a single process, and both
+    combine torch's losses exactly (class weights, ``ignore_index``, ``reduction='sum'``, uneven splits).
+    Under DDP, losses that are means over rows or elements (``MSELoss()``, ``L1Loss()`` ...) are left as
+    they are: already exact. It is not applied when the criterion is used
+    other than by calling it (its ``.weight`` is read, it is passed to code outside the file: MGP203),
+    when it is not one of torch's losses that split along the batch (a custom loss, ``CTCLoss``,
+    ``BCELoss(weight=...)``: MGP204), or when the loss only ever sees a transformed output
+    (``logits.view(-1, v)``, gathered first: MGP207). Where no loss on a model's outputs is in the file at
+    all, MGP205 says where the outputs go; a wrapped sub-module gets MGP206; a criterion that can also come
+    from code out of sight (``build_loss(cfg)`` in another branch) gets MGP213 there.
+    """
+
+    CODE = "MGP102"
+    REVIEW_CODES = {
+        "MGP203": "the criterion is used other than by calling it (attribute read, passed to code outside the "
+        "file); not wrapped, its loss is computed on the gathered output",
+        "MGP204": "the loss is not one the runtime can split exactly (a custom loss, CTCLoss, a per-sample "
+        "weight); not wrapped, its loss is computed on the gathered output",
+        "MGP205": "no loss on this model's outputs is computed in this file: the outputs (or the model) go to "
+        "code the tool cannot see, where a loss runs on the gathered output",
+        "MGP206": "only a sub-module is wrapped: its output is gathered where the rest of the model uses it, "
+        "so the loss is computed on the output device, as before",
+        "MGP207": "the loss gets a value computed from the outputs (`out.view(...)`), so the outputs are "
+        "gathered first; compute it in the model's forward to keep the loss per device",
+        "MGP213": "a wrapped criterion can also come from code the tool cannot follow (a factory of another module, "
+        "a parameter passed from outside the file); that criterion is not wrapped",
+    }
+    DESCRIPTION = "criterion on a wrapped model's outputs wrapped in the runtime's criterion for the target"
+    EXAMPLES = (
+        Example(
+            "import torch.nn as nn\nmodel = nn.DataParallel(model)\ncriterion = nn.CrossEntropyLoss()\n"
+            "loss = criterion(model(x), y)\n",
+            "import torch.nn as nn\nimport mgpu_runtime\nmodel = mgpu_runtime.DataParallelModel(model)\n"
+            "criterion = mgpu_runtime.DataParallelCriterion(nn.CrossEntropyLoss())\nloss = criterion(model(x), y)\n",
+            BALANCED,
+            ("MGP101", "MGP102"),
+        ),
+        Example(
+            "import torch\nclass Trainer:\n    def __init__(self, net):\n        self.net = torch.nn.DataParallel(net)\n"
+            "        self.loss = torch.nn.MSELoss(reduction='sum').cuda()\n    def step(self, x, y):\n"
+            "        pred, aux = self.net(x)\n        return self.loss(pred, y)\n",
+            "import torch\nimport mgpu_runtime\nclass Trainer:\n    def __init__(self, net):\n"
+            "        self.net = mgpu_runtime.DataParallelModel(net)\n"
+            "        self.loss = mgpu_runtime.DataParallelCriterion(torch.nn.MSELoss(reduction='sum').cuda())\n"
+            "    def step(self, x, y):\n        pred, aux = self.net(x)\n        return self.loss(pred, y)\n",
+            BALANCED,
+            ("MGP101", "MGP102"),
+        ),
+        Example(
+            "import torch.nn as nn\nmodel = nn.DataParallel(model)\ncriterion = nn.NLLLoss(weight=w)\n"
+            "print(criterion.weight)\nloss = criterion(model(x), y)\n",
+            "import torch.nn as nn\nimport mgpu_runtime\nmodel = mgpu_runtime.DataParallelModel(model)\n"
+            "criterion = nn.NLLLoss(weight=w)\nprint(criterion.weight)\nloss = criterion(model(x), y)\n",
+            BALANCED,
+            ("MGP101", "MGP203"),
+        ),
+        Example(
+            "import torch.nn as nn\nmodel = nn.DataParallel(model)\ncriterion = FocalLoss(gamma=2)\n"
+            "loss = criterion(model(x), y)\n",
+            "import mgpu_runtime\nmodel = mgpu_runtime.DataParallelModel(model)\n"
+            "criterion = FocalLoss(gamma=2)\nloss = criterion(model(x), y)\n",
+            BALANCED,
+            ("MGP101", "MGP204"),
+        ),
+        Example(
+            "import torch.nn as nn\nmodel = nn.DataParallel(model)\nloss = compute_loss(model(x), y)\n",
+            "import mgpu_runtime\nmodel = mgpu_runtime.DataParallelModel(model)\nloss = compute_loss(model(x), y)\n",
+            BALANCED,
+            ("MGP101", "MGP205"),
+        ),
+        Example(
+            "import torch.nn as nn\nmodel.features = nn.DataParallel(model.features)\n",
+            "import mgpu_runtime\nmodel.features = mgpu_runtime.DataParallelModel(model.features)\n",
+            BALANCED,
+            ("MGP101", "MGP206"),
+        ),
+        Example(
+            "import torch.nn as nn\nmodel = nn.DataParallel(model)\ncriterion = nn.CrossEntropyLoss()\n"
+            "logits = model(x)\nloss = criterion(logits.view(-1, logits.size(-1)), y.view(-1))\n",
+            "import torch.nn as nn\nimport mgpu_runtime\nmodel = mgpu_runtime.DataParallelModel(model)\n"
+            "criterion = nn.CrossEntropyLoss()\nlogits = model(x)\n"
+            "loss = criterion(logits.view(-1, logits.size(-1)), y.view(-1))\n",
+            BALANCED,
+            ("MGP101", "MGP207"),
+        ),
+        Example(
+            "import torch.nn as nn\nfrom losses import build_loss\nmodel = nn.DataParallel(model)\n"
+            "criterion = nn.CrossEntropyLoss() if cfg.ce else build_loss(cfg)\nloss = criterion(model(x), y)\n",
+            "import torch.nn as nn\nfrom losses import build_loss\nimport mgpu_runtime\n"
+            "model = mgpu_runtime.DataParallelModel(model)\n"
+            "criterion = mgpu_runtime.DataParallelCriterion(nn.CrossEntropyLoss()) if cfg.ce else build_loss(cfg)\n"
+            "loss = criterion(model(x), y)\n",
+            BALANCED,
+            ("MGP101", "MGP102", "MGP213"),
+        ),
+        Example(
+            "import torch.nn as nn\nmodel = nn.DataParallel(model)\ncriterion = nn.CrossEntropyLoss()  # noqa: MGP102\n"
+            "loss = criterion(model(x), y)\n",
+            "import torch.nn as nn\nimport mgpu_runtime\nmodel = mgpu_runtime.DataParallelModel(model)\n"
+            "criterion = nn.CrossEntropyLoss()  # noqa: MGP102\nloss = criterion(model(x), y)\n",
+            BALANCED,
+            ("MGP101",),
+        ),
+        Example(
+            "import torch.nn as nn\nmodel = nn.DataParallel(model)\ncriterion = nn.CrossEntropyLoss(ignore_index=0)\n"
+            "mse = nn.MSELoss()\nloss = criterion(model(x), y) + mse(model(x), z)\n",
+            "import torch.nn as nn\nimport mgpu_runtime\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
+            "criterion = mgpu_runtime.DistributedCriterion(nn.CrossEntropyLoss(ignore_index=0))\n"
+            "mse = nn.MSELoss()\nloss = criterion(model(x), y) + mse(model(x), z)\n",
+            DDP,
+            ("MGP101", "MGP102"),
+        ),
+        Example(
+            "import torch\nclass Trainer:\n    def __init__(self, net):\n        self.net = torch.nn.DataParallel(net)\n"
+            "        self.loss = torch.nn.L1Loss(reduction='sum')\n    def step(self, x, y):\n"
+            "        return self.loss(self.net(x).flatten(1), y)\n",
+            "import torch\nimport mgpu_runtime\nclass Trainer:\n    def __init__(self, net):\n"
+            "        self.net = mgpu_runtime.DistributedDataParallel(net)\n"
+            "        self.loss = mgpu_runtime.DistributedCriterion(torch.nn.L1Loss(reduction='sum'))\n"
+            "    def step(self, x, y):\n        return self.loss(self.net(x).flatten(1), y)\n",
+            DDP,
+            ("MGP101", "MGP102"),
+        ),
+    )
+
+    def apply(self) -> None:
+        models = self.analysis.models
+        if not models.sites:
+            return
+        losses = self.analysis.losses
+        wrapped: set[cst.CSTNode] = set()
+        for criterion in losses.criteria:
+            if any(construction.kind == PARALLEL for construction in criterion.constructions):
+                continue  # already takes per-device outputs (the runtime's, or PyTorch-Encoding's: MGP104)
+            if self.target == BALANCED:
+                self._wrap_balanced(criterion, wrapped)
+            else:
+                self._wrap_ddp(criterion, wrapped)
+        if self.target == BALANCED:
+            for call in losses.calls:
+                if call.transformed and not call.direct:
+                    self._transformed(call)
+            self._report_unparallelized_sites()
+
+    def _wrap_balanced(self, criterion: Criterion, wrapped: set[cst.CSTNode]) -> None:
+        if not any(call.direct for call in criterion.calls):
+            return  # every loss call gets a transformed output: reported per call (MGP207)
+        for construction in criterion.constructions:
+            if construction.kind in (UNSPLITTABLE, CUSTOM):
+                self.left(
+                    construction.core,
+                    "MGP204",
+                    f"{construction.reason}: not wrapped in {RUNTIME}.DataParallelCriterion; its loss is computed "
+                    "on the gathered output, as before",
+                )
+        splittable = [c for c in criterion.constructions if c.kind == SPLITTABLE and c.value not in wrapped]
+        self._wrap(criterion, splittable, wrapped, "DataParallelCriterion", "the loss is computed beside each piece of the output")
+        if splittable and not criterion.misuses:
+            for source in criterion.unfollowed:
+                self.left(
+                    source.node,
+                    "MGP213",
+                    f"the criterion wrapped at line {self.analysis.position(splittable[0].core)[0]} can also come from "
+                    f"{source.what}, out of the tool's sight: wrap that one in {RUNTIME}.DataParallelCriterion too",
+                )
+
+    def _wrap_ddp(self, criterion: Criterion, wrapped: set[cst.CSTNode]) -> None:
+        if not any(becomes_ddp(call.direct | call.transformed) for call in criterion.calls):
+            return
+        needed = [
+            construction
+            for construction in criterion.constructions
+            if construction.loss_class is not None
+            and construction.value not in wrapped
+            and not exact_under_ddp_without_wrapper(
+                construction.loss_class,
+                reduction_of(construction.core.args, class_parameters(construction.loss_class)),
+            )
+        ]
+        self._wrap(criterion, needed, wrapped, "DistributedCriterion", "exact loss and gradient over the global batch")
+
+    def _wrap(self, criterion: Criterion, constructions: list, wrapped: set[cst.CSTNode], wrapper: str, how: str) -> None:
+        if not constructions:
+            return
+        if criterion.misuses:
+            use = criterion.misuses[0]
+            line = self.analysis.position(use.node)[0]
+            consequence = (
+                "its loss is computed on the gathered output"
+                if wrapper == "DataParallelCriterion"
+                else "its gradient over uneven shares of the batch is not exact"
+            )
+            for construction in constructions:
+                self.left(
+                    construction.core,
+                    "MGP203",
+                    f"criterion not wrapped in {RUNTIME}.{wrapper}: {use.what} (line {line}), which the wrapper does "
+                    f"not support; {consequence}",
+                )
+            return
+        for construction in constructions:
+            wrapped.add(construction.value)
+            if not self.rewrite_allowed(construction.core):
+                continue
+            self.edits.replace(construction.value, wrap_in_runtime(wrapper))
+            self.edits.need_import(RUNTIME)
+            self.rewrote(construction.core, f"criterion wrapped in {RUNTIME}.{wrapper}: {how}")
+
+    def _transformed(self, call: LossCall) -> None:
+        if call.functional is not None:
+            return  # the functional-loss rule reports its own calls
+        code = self.analysis.module.code_for_node(call.prediction)
+        self.left(
+            call.call,
+            "MGP207",
+            f"the loss gets `{shorten(code)}`, computed from the model's outputs, so they are gathered first; "
+            "compute it in the model's forward to keep the loss per device",
+        )
+
+    def _report_unparallelized_sites(self) -> None:
+        models = self.analysis.models
+        losses = self.analysis.losses
+        covered = models.backward_sites()
+        loss_nodes = set()
+        for call in losses.calls:
+            covered |= call.direct | call.transformed
+            loss_nodes.add(call.call)
+        output_escapes = models.output_escapes()
+        model_escapes = models.model_escapes()
+        for site in models.sites:
+            submodule = models.is_submodule(site)
+            if submodule is not None:
+                self.left(
+                    site.call,
+                    "MGP206",
+                    f"only the sub-module `{submodule}` is wrapped: its output is gathered where the rest of the "
+                    "model uses it, so the loss is computed on the output device, as before",
+                )
+                continue
+            if site in covered:
+                continue
+            escapes = [e for e in output_escapes.get(site, ()) if e.node not in loss_nodes]
+            escapes += model_escapes.get(site, [])
+            if not escapes:
+                continue
+            first = min(escapes, key=lambda e: self.analysis.position(e.node))
+            subject = "its outputs go" if first in output_escapes.get(site, ()) else "the model goes"
+            self.left(
+                site.call,
+                "MGP205",
+                f"no loss on this model's outputs in this file: {subject} to {first.what} "
+                f"(line {self.analysis.position(first.node)[0]}), out of the tool's sight; a loss there runs on the "
+                f"gathered output, as before (wrap its criterion in {RUNTIME}.DataParallelCriterion)",
+            )
+
+
+def shorten(code: str, limit: int = 40) -> str:
+    code = " ".join(code.split())
+    return code if len(code) <= limit else code[: limit - 3] + "..."

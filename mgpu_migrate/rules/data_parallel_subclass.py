@@ -1,0 +1,129 @@
+"""MGP106: a subclass of ``DataParallel`` that only adds conveniences is rebased on the runtime's wrapper."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from mgpu_migrate.analysis import names
+from mgpu_migrate.rules.base import BALANCED, DDP, Example, Rule
+from mgpu_migrate.rules.wrapper_swap import RUNTIME, runtime_attr
+
+# nn.DataParallel's machinery, which the runtime's wrapper does not call: overriding it changes behaviour.
+_MACHINERY = frozenset({"forward", "scatter", "gather", "replicate", "parallel_apply"})
+# nn.DataParallel's own attributes that the runtime's wrapper does not set.
+_PRIVATE_STATE = frozenset({"src_device_obj", "device_type"})
+
+
+class _SelfAttributes(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self.names.add(node.attr.value)
+
+
+class DataParallelSubclass(Rule):
+    """
+    ## What it does
+    Rebases a class deriving from ``nn.DataParallel`` on ``mgpu_runtime.DataParallelModel`` for
+    ``--to balanced``, when the class only adds conveniences: an ``__init__`` that calls ``super()``,
+    attribute forwarding (``__getattr__`` to ``self.module``), extra methods. Its instances then
+    behave like the runtime's wrapper, and the losses on their outputs are wrapped by MGP102/MGP103.
+
+    ## Why is this bad?
+    The subclass inherits ``nn.DataParallel``'s gather of every output on the first device.
+
+    ## Example
+    ```python
+    class MyDataParallel(nn.DataParallel):
+        def __getattr__(self, name):
+            try:
+                return super().__getattr__(name)
+            except AttributeError:
+                return getattr(self.module, name)
+    ```
+
+    ## Use instead
+    ```python
+    class MyDataParallel(mgpu_runtime.DataParallelModel):
+        ...
+    ```
+
+    ## Fix safety
+    Safe for the classes it rewrites: ``DataParallelModel`` is an ``nn.DataParallel`` with the same
+    constructor, so ``super().__init__``, ``.module`` and ``isinstance`` checks hold. A class that overrides
+    ``forward``, ``scatter``, ``gather``, ``replicate`` or ``parallel_apply`` (the runtime's wrapper does not
+    call them), or reads ``nn.DataParallel``'s private state (``src_device_obj``, ``device_type``), is left
+    with MGP210. For ``--to ddp`` every subclass is left with MGP210: DDP has no such extension points.
+    """
+
+    CODE = "MGP106"
+    REVIEW_CODES = {
+        "MGP210": "a subclass of DataParallel that overrides its machinery (or any subclass, for --to ddp); "
+        "left as it is",
+    }
+    DESCRIPTION = "DataParallel subclass rebased on the runtime's wrapper"
+    EXAMPLES = (
+        Example(
+            "import torch.nn as nn\nclass MyDP(nn.DataParallel):\n    def __getattr__(self, name):\n"
+            "        try:\n            return super().__getattr__(name)\n        except AttributeError:\n"
+            "            return getattr(self.module, name)\nnet = MyDP(net, device_ids=[0, 1])\n",
+            "import mgpu_runtime\nclass MyDP(mgpu_runtime.DataParallelModel):\n    def __getattr__(self, name):\n"
+            "        try:\n            return super().__getattr__(name)\n        except AttributeError:\n"
+            "            return getattr(self.module, name)\nnet = MyDP(net, device_ids=[0, 1])\n",
+            BALANCED,
+            ("MGP106",),
+        ),
+        Example(
+            "from torch.nn.parallel import DataParallel\nclass CallbackDP(DataParallel):\n"
+            "    def replicate(self, module, device_ids):\n        return super().replicate(module, device_ids)\n",
+            None,
+            BALANCED,
+            ("MGP210",),
+        ),
+        Example(
+            "import torch.nn as nn\nclass MyDP(nn.DataParallel):\n    pass\n",
+            None,
+            DDP,
+            ("MGP210",),
+        ),
+    )
+
+    def apply(self) -> None:
+        subclasses = self.analysis.models.subclasses
+        for cls in sorted(subclasses, key=lambda node: self.analysis.position(node)):
+            for base in cls.bases:
+                if self.analysis.resolve(base.value) == names.DATA_PARALLEL:
+                    self._rebase(cls, base)
+
+    def _rebase(self, cls: cst.ClassDef, base: cst.Arg) -> None:
+        if self.target == DDP:
+            self.left(
+                cls,
+                "MGP210",
+                f"`{cls.name.value}` subclasses DataParallel, which has no DistributedDataParallel counterpart: "
+                "not rewritten",
+            )
+            return
+        overridden = sorted(
+            statement.name.value
+            for statement in cls.body.body
+            if isinstance(statement, cst.FunctionDef) and statement.name.value in _MACHINERY
+        )
+        attributes = _SelfAttributes()
+        cls.body.visit(attributes)
+        private = sorted(attributes.names & _PRIVATE_STATE)
+        if overridden or private:
+            what = f"overrides `{overridden[0]}`" if overridden else f"reads `{private[0]}`"
+            self.left(
+                cls,
+                "MGP210",
+                f"`{cls.name.value}` {what}, part of DataParallel's machinery that {RUNTIME}.DataParallelModel does "
+                "not use: not rebased; it still gathers every output on the first device",
+            )
+            return
+        if not self.rewrite_allowed(cls):
+            return
+        self.edits.replace(base.value, lambda _: runtime_attr("DataParallelModel"))
+        self.edits.need_import(RUNTIME)
+        self.rewrote(cls, f"`{cls.name.value}` rebased on {RUNTIME}.DataParallelModel")

@@ -1,0 +1,301 @@
+"""MGP104: PyTorch-Encoding's ``DataParallelModel``/``DataParallelCriterion`` pair becomes the runtime's."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from mgpu_migrate.analysis import names
+from mgpu_migrate.analysis.models import ENCODING, WrapSite
+from mgpu_migrate.analysis.scopes import Place, Scope
+from mgpu_migrate.rules.base import BALANCED, DDP, Example, Rule
+from mgpu_migrate.rules.wrapper_swap import RUNTIME, runtime_attr
+
+# Arguments of Encoding's wrappers with no meaning for DDP (one device per process) or for the runtime's
+# criterion (it takes the devices from the outputs).
+_DEVICE_ARGUMENTS = ("device_ids", "output_device", "dim")
+
+
+class EncodingPair(Rule):
+    """
+    ## What it does
+    Replaces PyTorch-Encoding's pair (``from encoding.parallel import DataParallelModel,
+    DataParallelCriterion``, or a vendored copy of its ``parallel.py``) with the runtime's:
+    ``mgpu_runtime.DataParallelModel`` and ``mgpu_runtime.DataParallelCriterion(criterion)`` for
+    ``--to balanced``; ``mgpu_runtime.DistributedDataParallel(module)`` and
+    ``mgpu_runtime.DistributedCriterion(criterion)`` for ``--to ddp``. The imports the rewrite leaves unused
+    are removed. torch's ``gather(outputs, 0, dim=0)`` of the per-device outputs (how Encoding's scripts
+    evaluate) becomes ``mgpu_runtime.gather(outputs)``.
+
+    ## Why is this bad?
+    Encoding's criterion averages the per-device losses with equal weights, which is wrong when the batch
+    does not split evenly (batch 5 on 2 devices gives 1.6302 where the cross-entropy is 1.5898), gives NaN
+    when a device's targets are all ``ignore_index``, and fails on a batch that yields a single piece.
+
+    ## Example
+    ```python
+    from encoding.parallel import DataParallelModel, DataParallelCriterion
+    model = DataParallelModel(model, device_ids=[0, 1])
+    criterion = DataParallelCriterion(criterion, device_ids=[0, 1])
+    ```
+
+    ## Use instead
+    ```python
+    model = mgpu_runtime.DataParallelModel(model, device_ids=[0, 1])
+    criterion = mgpu_runtime.DataParallelCriterion(criterion)
+    ```
+
+    ## Fix safety
+    The loss becomes the exact loss of the unsplit batch instead of Encoding's average of per-device
+    averages: equal for even splits, corrected otherwise. Encoding's model returns a *list* of per-device
+    outputs; when code in this file uses that list as one (indexes it, iterates over it, unpacks it, passes
+    it anywhere but to a criterion or to torch's gather onto the first device, or reads it after such a gather
+    without reassigning it), the pair is left as it is, with MGP208. The criterion's
+    ``device_ids``/``output_device``/``dim`` are dropped: the runtime takes them from the outputs.
+    """
+
+    CODE = "MGP104"
+    REVIEW_CODES = {
+        "MGP208": "PyTorch-Encoding's model outputs are used as a per-device list (or the wrap has dim != 0 "
+        "under --to ddp); the pair is left as it is",
+    }
+    DESCRIPTION = "PyTorch-Encoding's DataParallelModel/DataParallelCriterion replaced with the runtime's"
+    EXAMPLES = (
+        Example(
+            "from encoding.parallel import DataParallelModel, DataParallelCriterion\n"
+            "model = DataParallelModel(model, device_ids=[0, 1])\n"
+            "criterion = DataParallelCriterion(criterion, device_ids=[0, 1])\n"
+            "loss = criterion(model(image), target)\n",
+            "import mgpu_runtime\nmodel = mgpu_runtime.DataParallelModel(model, device_ids=[0, 1])\n"
+            "criterion = mgpu_runtime.DataParallelCriterion(criterion)\nloss = criterion(model(image), target)\n",
+            BALANCED,
+            ("MGP104",),
+        ),
+        Example(
+            "from .utils.parallel import DataParallelModel, DataParallelCriterion\n"
+            "model = DataParallelModel(model, device_ids=[0, 1])\ncriterion = DataParallelCriterion(criterion)\n"
+            "outputs = model(image)\nloss = criterion(outputs, target)\n",
+            "import mgpu_runtime\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
+            "criterion = mgpu_runtime.DistributedCriterion(criterion)\noutputs = model(image)\n"
+            "loss = criterion(outputs, target)\n",
+            DDP,
+            ("MGP104",),
+        ),
+        Example(
+            "from torch.nn.parallel.scatter_gather import gather\nfrom encoding.parallel import DataParallelModel\n"
+            "model = DataParallelModel(model)\ndef evaluate(image):\n    outputs = model(image)\n"
+            "    outputs = gather(outputs, 0, dim=0)\n    return outputs[0].argmax(1)\n",
+            "import mgpu_runtime\nmodel = mgpu_runtime.DataParallelModel(model)\ndef evaluate(image):\n"
+            "    outputs = model(image)\n    outputs = mgpu_runtime.gather(outputs)\n    return outputs[0].argmax(1)\n",
+            BALANCED,
+            ("MGP104",),
+        ),
+        Example(
+            "import encoding\nmodel = encoding.parallel.DataParallelModel(model)\n"
+            "criterion = encoding.parallel.DataParallelCriterion(criterion)\n"
+            "outputs = model(image)\nloss = criterion(outputs, target)\npred = outputs[0][0]\n",
+            None,
+            BALANCED,
+            ("MGP208",),
+        ),
+    )
+
+    def apply(self) -> None:
+        models = self.analysis.models
+        sites = [site for site in models.sites if site.kind == ENCODING]
+        criteria = self.analysis.calls_to(names.ENCODING_CRITERION)
+        if not sites and not criteria:
+            return
+        self._gathers: list[cst.Call] = []
+        reason = self._blocker(sites)
+        if reason is not None:
+            node, why = reason
+            line = self.analysis.position(node)[0]
+            for call in [site.call for site in sites] + criteria:
+                self.left(
+                    call,
+                    "MGP208",
+                    f"PyTorch-Encoding's parallel pair left as it is: {why} (line {line}), where the runtime's "
+                    "model gives one output that behaves like the gathered one",
+                )
+            return
+        for site in sites:
+            self._swap_model(site.call)
+        for call in criteria:
+            self._swap_criterion(call)
+        for call in self._gathers:
+            self._swap_gather(call)
+
+    def _swap_model(self, call: cst.Call) -> None:
+        if not self.rewrite_allowed(call):
+            return
+        if self.target == BALANCED:
+            self.edits.replace(call.func, lambda _: runtime_attr("DataParallelModel"))
+            name = "DataParallelModel"
+        else:
+            kept = _without_device_arguments(call)
+            self.edits.replace(call, lambda updated: _keep_args(updated, kept, "DistributedDataParallel"))
+            name = "DistributedDataParallel"
+        self.edits.need_import(RUNTIME)
+        self.rewrote(call, f"PyTorch-Encoding's DataParallelModel replaced with {RUNTIME}.{name}")
+
+    def _swap_criterion(self, call: cst.Call) -> None:
+        if not self.rewrite_allowed(call):
+            return
+        name = "DataParallelCriterion" if self.target == BALANCED else "DistributedCriterion"
+        kept = _without_device_arguments(call)
+        self.edits.replace(call, lambda updated: _keep_args(updated, kept, name))
+        self.edits.need_import(RUNTIME)
+        self.rewrote(call, f"PyTorch-Encoding's DataParallelCriterion replaced with {RUNTIME}.{name}")
+
+    def _swap_gather(self, call: cst.Call) -> None:
+        if not self.rewrite_allowed(call):
+            return
+        self.edits.replace(call, _runtime_gather)
+        self.edits.need_import(RUNTIME)
+        self.rewrote(call, f"torch's gather of PyTorch-Encoding's per-device outputs replaced with {RUNTIME}.gather")
+
+    def _is_default_gather(self, call: cst.Call, outputs: cst.CSTNode) -> bool:
+        """``gather(outputs, 0, dim=0)`` of torch's scatter_gather: onto the first device, along the batch, which is
+        what ``mgpu_runtime.gather`` gives for a model with the default devices."""
+        if self.analysis.resolve(call.func) not in _TORCH_GATHER or not call.args or call.args[0].value is not outputs:
+            return False
+        known = {"outputs", "target_device", "dim"}
+        if any(arg.star or (arg.keyword is not None and arg.keyword.value not in known) for arg in call.args):
+            return False
+        return _is_zero(_argument(call, "target_device", 1)) and _is_zero(_argument(call, "dim", 2))
+
+    # -- precondition: Encoding's list of outputs only reaches its criterion or torch's gather ----------
+    def _blocker(self, sites: list[WrapSite]) -> Optional[tuple[cst.CSTNode, str]]:
+        models = self.analysis.models
+        if self.target == DDP:
+            for site in sites:
+                dim = _argument(site.call, "dim", 3)
+                if dim is not None and not (isinstance(dim, cst.Integer) and dim.evaluated_value == 0):
+                    return site.call, "the model is split along `dim` != 0, which DDP cannot do"
+        loss_predictions = {call.prediction for call in self.analysis.losses.calls}
+        seen: set = set()
+        for call, scope, found in models.model_calls():
+            if found & set(sites):
+                blocker = self._value_uses(call, scope, loss_predictions, seen)
+                if blocker is not None:
+                    return blocker
+        return None
+
+    def _value_uses(self, node: cst.CSTNode, scope: Scope, predictions: set, seen: set) -> Optional[tuple[cst.CSTNode, str]]:
+        """Where the outputs held by ``node`` are used other than as a criterion's prediction."""
+        index = self.analysis.flow
+        if node in predictions:
+            return None
+        slot = index.slots.get(node)
+        kind, parent = (slot.kind, slot.parent) if slot else ("other", None)
+        if kind == "assign" and isinstance(parent, (cst.Assign, cst.AnnAssign)):
+            targets = [t.target for t in parent.targets] if isinstance(parent, cst.Assign) else [parent.target]
+            for target in targets:
+                if not isinstance(target, (cst.Name, cst.Attribute)):
+                    return target, "the outputs are unpacked"
+                place = index.place_of(target, scope)
+                if place is not None:
+                    blocker = self._place_uses(place, predictions, seen)
+                    if blocker is not None:
+                        return blocker
+            return None
+        if kind == "arg" and isinstance(parent, cst.Call):
+            if self._is_default_gather(parent, node):
+                self._gathers.append(parent)
+                return None
+            callee = index.callee(parent, scope)
+            if callee is not None:
+                function, implicit = callee
+                for position, arg in enumerate(parent.args):
+                    if arg.value is node:
+                        place = index.parameter_place(function, parent, position, implicit)
+                        if place is not None:
+                            return self._place_uses(place, predictions, seen)
+            return parent, f"the outputs are passed to `{self.analysis.module.code_for_node(parent.func)}(...)`"
+        if kind == "return":
+            function = scope.node if isinstance(scope.node, cst.FunctionDef) else None
+            sites = index.call_sites(function) if function is not None else []
+            if not sites:
+                return node, "the outputs are returned to code outside this file"
+            for call, caller_scope, _ in sites:
+                blocker = self._value_uses(call, caller_scope, predictions, seen)
+                if blocker is not None:
+                    return blocker
+            return None
+        return node, "the outputs are used as a list"
+
+    def _place_uses(self, place: Place, predictions: set, seen: set) -> Optional[tuple[cst.CSTNode, str]]:
+        if place in seen:
+            return None
+        seen.add(place)
+        regathered = self._regathered_lines(place)
+        for node, scope, _ in self.analysis.flow.references(place):
+            if regathered and self._reads_gathered(node, regathered):
+                continue
+            blocker = self._value_uses(node, scope, predictions, seen)
+            if blocker is not None:
+                return blocker
+        return None
+
+    def _regathered_lines(self, place: Place) -> list[tuple[int, bool]]:
+        """``outputs = gather(outputs, 0, dim=0)`` (True) and any other assignment of ``place`` (False), by line:
+        after the first kind, and until the next assignment, ``outputs`` holds the gathered value."""
+        index = self.analysis.flow
+        lines = []
+        for assignment in index.assignments:
+            if index.place_of(assignment.target, assignment.scope) != place:
+                continue
+            value = assignment.value
+            regather = (
+                isinstance(value, cst.Call)
+                and bool(value.args)
+                and index.place_of(value.args[0].value, assignment.scope) == place
+                and self._is_default_gather(value, value.args[0].value)
+            )
+            lines.append((self.analysis.position(assignment.target)[0], regather))
+        return sorted(lines) if any(regather for _, regather in lines) else []
+
+    def _reads_gathered(self, node: cst.CSTNode, lines: list[tuple[int, bool]]) -> bool:
+        line = self.analysis.position(node)[0]
+        latest = [regather for assigned, regather in lines if assigned < line]
+        return bool(latest) and latest[-1]
+
+
+_TORCH_GATHER = frozenset({"torch.nn.parallel.scatter_gather.gather", "torch.nn.parallel.gather"})
+
+
+def _is_zero(node: Optional[cst.BaseExpression]) -> bool:
+    return node is None or (isinstance(node, cst.Integer) and node.evaluated_value == 0)
+
+
+def _argument(call: cst.Call, keyword: str, position: int) -> Optional[cst.BaseExpression]:
+    for index, arg in enumerate(call.args):
+        if (arg.keyword is not None and arg.keyword.value == keyword) or (arg.keyword is None and index == position):
+            return arg.value
+    return None
+
+
+def _without_device_arguments(call: cst.Call) -> list[int]:
+    """Indices of the arguments to keep: the wrapped module (or criterion) and unrelated keywords."""
+    kept = []
+    for index, arg in enumerate(call.args):
+        if arg.keyword is None and not arg.star:
+            if index == 0:
+                kept.append(index)
+        elif arg.keyword is not None and arg.keyword.value not in _DEVICE_ARGUMENTS:
+            kept.append(index)
+    return kept
+
+
+def _keep_args(updated: cst.Call, kept: list[int], name: str) -> cst.Call:
+    args = [updated.args[index] for index in kept]
+    if args:
+        args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return updated.with_changes(func=runtime_attr(name), args=args)
+
+
+def _runtime_gather(updated: cst.Call) -> cst.Call:
+    outputs = updated.args[0].with_changes(keyword=None, equal=cst.MaybeSentinel.DEFAULT, comma=cst.MaybeSentinel.DEFAULT)
+    return updated.with_changes(func=runtime_attr("gather"), args=[outputs])

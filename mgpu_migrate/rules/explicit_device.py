@@ -1,0 +1,182 @@
+"""MGP127: explicit ``cuda:0`` devices become this process's device (``--to ddp``)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from mgpu_migrate.analysis.entrypoint import distributed_program, sets_cuda_visible_devices
+from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.syntax import argument, runtime_call
+from mgpu_migrate.rules.wrapper_swap import RUNTIME
+
+FIRST_GPU = "cuda:0"
+# In a statement of its own a string is a docstring, not a device.
+_NOT_A_DEVICE_PARENTS = (cst.Expr, cst.ConcatenatedString, cst.FormattedString)
+
+
+class ExplicitDevice(Rule):
+    """
+    ## What it does
+    Rewrites the ways a DataParallel script names the first GPU so that they name this process's GPU:
+    ``"cuda:0"`` becomes ``"cuda"`` (the current device, which ``mgpu_runtime.setup()`` binds), ``.cuda(0)``
+    becomes ``.cuda()``, ``torch.device("cuda", 0)`` becomes ``torch.device("cuda")``, and
+    ``torch.cuda.set_device(0)`` becomes ``torch.cuda.set_device(mgpu_runtime.device())``.
+
+    ## Why is this bad?
+    DataParallel keeps the model and the gathered outputs on the first GPU, so its scripts name
+    ``cuda:0``. Under DDP each process owns one GPU; a process that puts its tensors on ``cuda:0`` crowds the
+    first GPU and mixes devices with its model.
+
+    ## Example
+    ```python
+    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    ```
+
+    ## Use instead
+    ```python
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    ```
+
+    ## Fix safety
+    Safe: in a single process the current device is the first GPU, as before. Another explicit GPU
+    (``"cuda:1"``, ``.cuda(args.gpu)``, ``f"cuda:{i}"``) is left with MGP244, and a ``CUDA_VISIBLE_DEVICES``
+    assignment that would run after ``mgpu_runtime.setup()`` (too late to choose the GPUs) with MGP245.
+    """
+
+    CODE = "MGP127"
+    REVIEW_CODES = {
+        "MGP244": "an explicit GPU other than the first: under DDP each process uses its own device",
+        "MGP245": "CUDA_VISIBLE_DEVICES set after mgpu_runtime.setup() has bound the process to a GPU",
+    }
+    DESCRIPTION = "explicit cuda:0 devices replaced with the process's own device"
+    TARGETS = (DDP,)
+    EXAMPLES = (
+        Example(
+            "import torch\n\nmodel = torch.nn.DataParallel(model.to('cuda:0'))\nx = x.cuda(0)\n",
+            "import mgpu_runtime\n\nmgpu_runtime.setup()\n\nmodel = mgpu_runtime.DistributedDataParallel(model.to('cuda'))\n"
+            "x = x.cuda()\n",
+            DDP,
+            ("MGP101", "MGP120", "MGP127"),
+        ),
+        Example(
+            "import torch\n\ntorch.cuda.set_device(0)\nmodel = torch.nn.DataParallel(model).cuda(args.gpu)\n",
+            "import torch\nimport mgpu_runtime\n\nmgpu_runtime.setup()\n\ntorch.cuda.set_device(mgpu_runtime.device())\n"
+            "model = mgpu_runtime.DistributedDataParallel(model).cuda(args.gpu)\n",
+            DDP,
+            ("MGP101", "MGP120", "MGP127", "MGP244"),
+        ),
+    )
+
+    def apply(self) -> None:
+        if not distributed_program(self.analysis, self.edits.replacements).migrates:
+            return
+        self._strings()
+        for call in self.analysis.calls:
+            func = call.func
+            qualified = self.analysis.resolve(func)
+            if qualified == "torch.cuda.set_device":
+                self._set_device(call)
+            elif qualified == "torch.device":
+                self._device_index(call)
+            elif isinstance(func, cst.Attribute) and func.attr.value == "cuda" and qualified is None:
+                self._cuda_method(call)
+        self._visible_devices()
+
+    def _strings(self) -> None:
+        tree = self.analysis.tree
+        for string in tree.nodes(cst.SimpleString):
+            parent = tree.parent(string)
+            if isinstance(parent, _NOT_A_DEVICE_PARENTS) or (
+                isinstance(parent, cst.DictElement) and parent.key is string
+            ):
+                continue
+            value = string.evaluated_value
+            if value == FIRST_GPU and self.rewrite_allowed(string):
+                self.edits.replace(string, lambda node: node.with_changes(value=node.value.replace(FIRST_GPU, "cuda")))
+                self.rewrote(string, "'cuda:0' is now 'cuda': this process's own GPU")
+            elif isinstance(value, str) and value.startswith("cuda:") and value != FIRST_GPU:
+                self._other_gpu(string, repr(value))
+        for string in tree.nodes(cst.FormattedString):
+            if string.start.endswith(("'", '"')) and self.analysis.module.code_for_node(string)[
+                len(string.start) :
+            ].startswith("cuda:"):
+                self._other_gpu(string, self.analysis.module.code_for_node(string))
+
+    def _set_device(self, call: cst.Call) -> None:
+        arg = argument(call, "device", 0)
+        if arg is not None and _is_first_gpu(arg.value):
+            return  # becomes set_device("cuda"), the current device, with the other strings
+        if arg is None or not _is_zero(arg.value):
+            self._other_gpu(call, self.analysis.module.code_for_node(arg.value if arg else call))
+            return
+        if self.rewrite_allowed(call):
+            self.edits.replace(arg.value, lambda _: runtime_call("device"))
+            self.edits.need_import(RUNTIME)
+            self.rewrote(call, f"the process's GPU is {RUNTIME}.device(), bound by {RUNTIME}.setup()")
+
+    def _device_index(self, call: cst.Call) -> None:
+        """``torch.device("cuda", 0)``."""
+        if len(call.args) != 2 or not isinstance(call.args[0].value, cst.SimpleString):
+            return
+        if call.args[0].value.evaluated_value != "cuda":
+            return
+        self._drop_first_gpu(call, call.args[1])
+
+    def _cuda_method(self, call: cst.Call) -> None:
+        """``tensor.cuda(0)``, ``model.cuda(device=0)``."""
+        arg = argument(call, "device", 0)
+        if arg is not None:
+            self._drop_first_gpu(call, arg)
+
+    def _drop_first_gpu(self, call: cst.Call, arg: cst.Arg) -> None:
+        if not _is_zero(arg.value):
+            self._other_gpu(call, self.analysis.module.code_for_node(arg.value))
+            return
+        if not self.rewrite_allowed(call):
+            return
+        position = call.args.index(arg)
+
+        def drop(updated: cst.Call) -> cst.Call:
+            args = [a for index, a in enumerate(updated.args) if index != position]
+            if args and position == len(updated.args) - 1:
+                args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+            return updated.with_changes(args=args)
+
+        self.edits.replace(call, drop)
+        self.rewrote(call, "the first GPU is now the current one: this process's own GPU")
+
+    def _other_gpu(self, node: cst.CSTNode, code: str) -> None:
+        self.left(
+            node,
+            "MGP244",
+            f"explicit GPU `{code}`: under DDP each process uses its own GPU ({RUNTIME}.device(), or 'cuda' and "
+            "`.cuda()` for the current one); choose GPUs with CUDA_VISIBLE_DEVICES instead",
+        )
+
+    def _visible_devices(self) -> None:
+        entry = self.analysis.entry_point
+        tree = self.analysis.tree
+        for statement in tree.nodes(cst.SimpleStatementLine):
+            if not sets_cuda_visible_devices(statement):
+                continue
+            block = tree.parent(statement)
+            if isinstance(block, cst.Module):
+                continue
+            if entry is not None and tree.parent(entry.anchor) is block:
+                body = list(block.body)
+                if body.index(statement) <= body.index(entry.anchor):
+                    continue
+            self.left(
+                statement,
+                "MGP245",
+                f"CUDA_VISIBLE_DEVICES is set after {RUNTIME}.setup() has bound this process to a GPU, so it no "
+                "longer chooses the GPUs: set it before the program starts (in the launch environment)",
+            )
+
+
+def _is_zero(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Integer) and node.evaluated_value == 0
+
+
+def _is_first_gpu(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.SimpleString) and node.evaluated_value == FIRST_GPU

@@ -1,0 +1,86 @@
+"""MGP105: the functional ``nn.parallel.data_parallel(module, inputs)`` becomes the runtime's."""
+
+from __future__ import annotations
+
+from mgpu_migrate.analysis import names
+from mgpu_migrate.rules.base import BALANCED, DDP, Example, Rule
+from mgpu_migrate.rules.wrapper_swap import RUNTIME, runtime_attr
+
+
+class FunctionalDataParallel(Rule):
+    """
+    ## What it does
+    Replaces the functional ``torch.nn.parallel.data_parallel(module, inputs, device_ids, output_device,
+    dim, module_kwargs)`` (every import spelling) with ``mgpu_runtime.data_parallel``, which takes the same
+    arguments, for ``--to balanced``. For ``--to ddp`` the call is left with MGP209.
+
+    ## Why is this bad?
+    The functional form gathers the whole output on the first device after every call, like
+    ``nn.DataParallel``.
+
+    ## Example
+    ```python
+    out = nn.parallel.data_parallel(net, x, device_ids=[0, 1])
+    loss = criterion(out, y)
+    ```
+
+    ## Use instead
+    ```python
+    out = mgpu_runtime.data_parallel(net, x, device_ids=[0, 1])
+    loss = criterion(out, y)   # criterion = mgpu_runtime.DataParallelCriterion(...)
+    ```
+
+    ## Fix safety
+    Balanced: safe; the same arguments, and the output behaves like the gathered output wherever it is used
+    as one. DDP: each call replicates the module anew over the devices of one process; there is no
+    per-call DDP equivalent, so the call is left for a person (wrap the module once with
+    ``mgpu_runtime.DistributedDataParallel`` and call it).
+    """
+
+    CODE = "MGP105"
+    REVIEW_CODES = {
+        "MGP209": "the functional data_parallel has no per-call DistributedDataParallel equivalent; wrap the "
+        "module once with mgpu_runtime.DistributedDataParallel and call it",
+    }
+    DESCRIPTION = "functional data_parallel replaced with the runtime's"
+    EXAMPLES = (
+        Example(
+            "import torch\nout = torch.nn.parallel.data_parallel(net, x, [0, 1])\n",
+            "import mgpu_runtime\nout = mgpu_runtime.data_parallel(net, x, [0, 1])\n",
+            BALANCED,
+            ("MGP105",),
+        ),
+        Example(
+            "from torch.nn.parallel import data_parallel\nout = data_parallel(net, x, dim=1)\n",
+            "import mgpu_runtime\nout = mgpu_runtime.data_parallel(net, x, dim=1)\n",
+            BALANCED,
+            ("MGP105",),
+        ),
+        Example(
+            "import torch.nn as nn\nout = nn.parallel.data_parallel(net, x)\n",
+            None,
+            DDP,
+            ("MGP209",),
+        ),
+        Example(
+            "def data_parallel(net, x):\n    return net(x)\nout = data_parallel(net, x)\n",
+            None,
+            BALANCED,
+        ),
+    )
+
+    def apply(self) -> None:
+        for call in self.analysis.calls_to(names.DATA_PARALLEL_FUNCTION):
+            if self.target == DDP:
+                self.left(
+                    call,
+                    "MGP209",
+                    "the functional data_parallel has no per-call DistributedDataParallel equivalent: not rewritten; "
+                    f"wrap the module once with {RUNTIME}.DistributedDataParallel and call it",
+                )
+                continue
+            if not self.rewrite_allowed(call):
+                continue
+            self.edits.replace(call.func, lambda _: runtime_attr("data_parallel"))
+            self.edits.need_import(RUNTIME)
+            self.rewrote(call, f"data_parallel replaced with {RUNTIME}.data_parallel")

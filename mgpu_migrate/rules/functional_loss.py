@@ -1,0 +1,246 @@
+"""MGP103: a functional loss on a wrapped model's outputs becomes the runtime's criterion around its class."""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import libcst as cst
+
+from mgpu_migrate.analysis import names
+from mgpu_migrate.analysis.losses import (
+    FUNCTIONAL_LOSSES,
+    FUNCTIONAL_ONLY,
+    LOSS_PARAMETERS,
+    PER_SAMPLE_WEIGHT,
+    LossCall,
+    exact_under_ddp_without_wrapper,
+    reduction_of,
+)
+from mgpu_migrate.rules.base import BALANCED, DDP, Example, Rule
+from mgpu_migrate.rules.criterion_wrap import becomes_ddp, shorten
+from mgpu_migrate.rules.wrapper_swap import RUNTIME, runtime_attr
+
+def torch_nn_spelling(analysis) -> tuple[str, bool]:
+    """How this file can name ``torch.nn``: an import bound to it (``nn``), else ``torch.nn``; and whether
+    ``import torch`` must be added for that."""
+    bindings = analysis.bindings
+    fallback = None
+    for name in sorted(bindings.imported):
+        qualified = bindings.qualified_name(name)
+        if qualified == "torch.nn":
+            return name, False
+        if qualified == "torch" and name == "torch":
+            fallback = "torch.nn"
+    if fallback is not None:
+        return fallback, False
+    return "torch.nn", "torch" not in bindings.local
+
+
+class FunctionalLoss(Rule):
+    """
+    ## What it does
+    Rewrites a functional loss computed on a wrapped model's outputs (``F.cross_entropy(out, y)``,
+    ``F.mse_loss``, ``F.nll_loss``, ``F.binary_cross_entropy_with_logits`` ... every ``torch.nn.functional``
+    loss that splits along the batch) into the runtime's criterion around the loss's class, with the same
+    options: ``mgpu_runtime.DataParallelCriterion(nn.CrossEntropyLoss(ignore_index=0))(out, y)`` for
+    ``--to balanced``; ``mgpu_runtime.DistributedCriterion(...)`` for ``--to ddp``, only for the losses
+    whose gradient the DDP runtime cannot make exact alone (cross-entropy/NLL, sums: see MGP102).
+
+    ## Why is this bad?
+    A functional loss called on the outputs of ``nn.DataParallel`` works on the gathered output: the whole
+    batch's output, and its gradient, sit on the first device. The runtime's criterion computes the loss
+    beside each piece of the output; it needs the loss's class to combine the pieces exactly (the mean of a
+    cross-entropy with ``ignore_index`` is a sum over a count, not an average of averages). Under DDP the
+    same class tells the distributed criterion what to sum over processes.
+
+    ## Example
+    ```python
+    logits = model(x)                       # model = nn.DataParallel(...)
+    loss = F.cross_entropy(logits, y, ignore_index=0)
+    ```
+
+    ## Use instead
+    ```python
+    logits = model(x)                       # model = mgpu_runtime.DataParallelModel(...)
+    loss = mgpu_runtime.DataParallelCriterion(nn.CrossEntropyLoss(ignore_index=0))(logits, y)
+    ```
+
+    ## Fix safety
+    Safe: the class computes what the function computes with the same options (positional options become
+    keywords), and given plain tensors the runtime's criterion is the plain loss. Not applied (MGP212) when
+    the loss gets a value computed from the outputs (``F.nll_loss(F.log_softmax(out, 1), y)``: gathered
+    first), when the input or target is given by keyword or through ``*args``, or when an option has no
+    counterpart on the class (``F.mse_loss(..., weight=w)``) or weighs each sample
+    (``F.binary_cross_entropy(..., weight=w)``). Under DDP a transformed input is fine (nothing is gathered).
+    """
+
+    CODE = "MGP103"
+    REVIEW_CODES = {
+        "MGP212": "a functional loss on the model's outputs was left as it is (a transformed input, or options "
+        "the loss's class cannot take); it is computed on the gathered output",
+    }
+    DESCRIPTION = "functional loss on a wrapped model's outputs computed per device by the runtime's criterion"
+    EXAMPLES = (
+        Example(
+            "import torch.nn.functional as F\nfrom torch import nn\nmodel = nn.DataParallel(model)\n"
+            "logits = model(x)\nloss = F.cross_entropy(logits, y, None, ignore_index=0)\n",
+            "from torch import nn\nimport mgpu_runtime\n"
+            "model = mgpu_runtime.DataParallelModel(model)\nlogits = model(x)\n"
+            "loss = mgpu_runtime.DataParallelCriterion(nn.CrossEntropyLoss(weight=None, ignore_index=0))(logits, y)\n",
+            BALANCED,
+            ("MGP101", "MGP103"),
+        ),
+        Example(
+            "import torch\nmodel = torch.nn.DataParallel(model)\n"
+            "loss = torch.nn.functional.mse_loss(model(x)[0], y, reduction='sum')\n",
+            "import torch\nimport mgpu_runtime\nmodel = mgpu_runtime.DataParallelModel(model)\n"
+            "loss = mgpu_runtime.DataParallelCriterion(torch.nn.MSELoss(reduction='sum'))(model(x)[0], y)\n",
+            BALANCED,
+            ("MGP101", "MGP103"),
+        ),
+        Example(
+            "import torch.nn.functional as F\nfrom torch.nn import DataParallel\nmodel = DataParallel(model)\n"
+            "out = model(x)\nloss = F.nll_loss(F.log_softmax(out, dim=1), y)\n",
+            "import torch.nn.functional as F\nimport mgpu_runtime\nmodel = mgpu_runtime.DataParallelModel(model)\n"
+            "out = model(x)\nloss = F.nll_loss(F.log_softmax(out, dim=1), y)\n",
+            BALANCED,
+            ("MGP101", "MGP212"),
+        ),
+        Example(
+            "import torch.nn.functional as F\nfrom torch.nn import DataParallel\nmodel = DataParallel(model)\n"
+            "loss = F.mse_loss(model(x), y, weight=w)\n",
+            "import torch.nn.functional as F\nimport mgpu_runtime\nmodel = mgpu_runtime.DataParallelModel(model)\n"
+            "loss = F.mse_loss(model(x), y, weight=w)\n",
+            BALANCED,
+            ("MGP101", "MGP212"),
+        ),
+        Example(
+            "import torch.nn.functional as F\nfrom torch import nn\nmodel = nn.DataParallel(model)\n"
+            "logits = model(x)\nloss = F.cross_entropy(logits.view(-1, v), y.view(-1)) + F.mse_loss(logits, z)\n",
+            "import torch.nn.functional as F\nfrom torch import nn\nimport mgpu_runtime\n"
+            "model = mgpu_runtime.DistributedDataParallel(model)\nlogits = model(x)\n"
+            "loss = mgpu_runtime.DistributedCriterion(nn.CrossEntropyLoss())(logits.view(-1, v), y.view(-1)) + "
+            "F.mse_loss(logits, z)\n",
+            DDP,
+            ("MGP101", "MGP103"),
+        ),
+    )
+
+    def apply(self) -> None:
+        if not self.analysis.models.sites:
+            return
+        for call in self.analysis.losses.calls:
+            if call.functional is None:
+                continue
+            if self.target == BALANCED:
+                self._for_balanced(call)
+            else:
+                self._for_ddp(call)
+
+    def _for_balanced(self, loss: LossCall) -> None:
+        function = _function_name(loss)
+        if not loss.direct:
+            code = shorten(self.analysis.module.code_for_node(loss.prediction))
+            self.left(
+                loss.call,
+                "MGP212",
+                f"`{function}` gets `{code}`, computed from the model's outputs, so they are gathered first; "
+                "compute it in the model's forward to keep the loss per device",
+            )
+            return
+        plan = _plan(loss.call, function, per_sample_weight_allowed=False)
+        if isinstance(plan, str):
+            self.left(loss.call, "MGP212", f"`{function}` not rewritten: {plan}; it is computed on the gathered output")
+            return
+        self._rewrite(loss, plan, "DataParallelCriterion", "beside each piece of the output")
+
+    def _for_ddp(self, loss: LossCall) -> None:
+        if not becomes_ddp(loss.direct | loss.transformed):
+            return
+        function = _function_name(loss)
+        class_name = FUNCTIONAL_LOSSES[loss.functional]
+        reduction = reduction_of(loss.call.args[2:], LOSS_PARAMETERS[function])
+        if exact_under_ddp_without_wrapper(class_name, reduction):
+            return
+        plan = _plan(loss.call, function, per_sample_weight_allowed=True)
+        if isinstance(plan, str):
+            self.left(
+                loss.call,
+                "MGP212",
+                f"`{function}` not rewritten: {plan}; its gradient over uneven shares of the batch is not exact",
+            )
+            return
+        self._rewrite(loss, plan, "DistributedCriterion", "exact over the global batch")
+
+    def _rewrite(self, loss: LossCall, plan, wrapper: str, how: str) -> None:
+        if not self.rewrite_allowed(loss.call):
+            return
+        function = _function_name(loss)
+        class_name = FUNCTIONAL_LOSSES[loss.functional]
+        nn_spelling, needs_torch = torch_nn_spelling(self.analysis)
+        if needs_torch:
+            self.edits.need_import("torch")
+        loss_class = cst.parse_expression(f"{nn_spelling}.{class_name}")
+        inputs, options = plan
+
+        def rewrite(updated: cst.Call) -> cst.Call:
+            args = list(updated.args)
+            constructor_args = [_as_keyword(args[index], keyword) for index, keyword in options]
+            if constructor_args:
+                constructor_args[-1] = constructor_args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+            call_args = [args[index] for index in inputs]
+            call_args[-1] = call_args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+            criterion = cst.Call(func=runtime_attr(wrapper), args=[cst.Arg(cst.Call(func=loss_class, args=constructor_args))])
+            return updated.with_changes(func=criterion, args=call_args)
+
+        self.edits.replace(loss.call, rewrite)
+        self.edits.need_import(RUNTIME)
+        self.rewrote(loss.call, f"`{function}` computed by {RUNTIME}.{wrapper}({nn_spelling}.{class_name}(...)): {how}")
+
+
+def _function_name(loss: LossCall) -> str:
+    return loss.functional[len(names.TORCH_FUNCTIONAL) + 1 :]
+
+
+def _plan(
+    call: cst.Call, function: str, per_sample_weight_allowed: bool
+) -> Union[str, tuple[list[int], list[tuple[int, Optional[str]]]]]:
+    """Which arguments are the loss's (input, target) and which become the class's options (with the
+    keyword a positional option takes), or why the call cannot be rewritten."""
+    parameters = LOSS_PARAMETERS[function]
+    per_sample_weight = (
+        not per_sample_weight_allowed and FUNCTIONAL_LOSSES[f"{names.TORCH_FUNCTIONAL}.{function}"] in PER_SAMPLE_WEIGHT
+    )
+    inputs: list[int] = []
+    options: list[tuple[int, Optional[str]]] = []
+    positional_options = 0
+    for index, arg in enumerate(call.args):
+        if arg.star:
+            return "its arguments are passed through `*`/`**`"
+        if arg.keyword is None and len(inputs) < 2:
+            inputs.append(index)
+            continue
+        if arg.keyword is None:
+            if positional_options >= len(parameters):
+                return "it has more positional arguments than the function takes"
+            keyword = rename = parameters[positional_options]
+            positional_options += 1
+        else:
+            keyword, rename = arg.keyword.value, None
+            if keyword in ("input", "target"):
+                return "its input or target is given by keyword"
+        if keyword in FUNCTIONAL_ONLY.get(function, ()):
+            return f"`{keyword}` has no counterpart on the loss's class"
+        if keyword == "weight" and per_sample_weight:
+            return "`weight` weighs each sample of the batch"
+        options.append((index, rename))
+    if len(inputs) < 2:
+        return "its input or target is given by keyword"
+    return inputs, options
+
+
+def _as_keyword(arg: cst.Arg, keyword: Optional[str]) -> cst.Arg:
+    if keyword is None:
+        return arg
+    no_space = cst.SimpleWhitespace("")
+    return arg.with_changes(keyword=cst.Name(keyword), equal=cst.AssignEqual(no_space, no_space))

@@ -1,0 +1,96 @@
+"""MGP131: a ``--local_rank`` argument defaults to the ``LOCAL_RANK`` that torchrun sets (``--to ddp``)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from mgpu_migrate.analysis.entrypoint import distributed_program
+from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.syntax import keyword, mentions, parse
+
+_OPTIONS = ("--local_rank", "--local-rank")
+
+
+class LocalRankArgument(Rule):
+    """
+    ## What it does
+    Changes the default of a ``--local_rank`` (or ``--local-rank``) command-line argument from a constant to
+    the ``LOCAL_RANK`` environment variable: ``default=-1`` becomes
+    ``default=int(os.environ.get("LOCAL_RANK", -1))``.
+
+    ## Why is this bad?
+    ``torch.distributed.launch`` passed ``--local_rank=N`` to every process; ``torchrun``, and the runtime when
+    it relaunches a plainly started script on several GPUs, set ``LOCAL_RANK`` instead. A script that only
+    reads the argument then believes it is not distributed, and every process takes its single-process path.
+
+    ## Example
+    ```python
+    parser.add_argument("--local_rank", type=int, default=-1)
+    ```
+
+    ## Use instead
+    ```python
+    parser.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", -1)))
+    ```
+
+    ## Fix safety
+    Safe: an explicit ``--local_rank=N`` still wins, and without a launcher the default is the old one.
+    """
+
+    CODE = "MGP131"
+    DESCRIPTION = "--local_rank arguments default to the LOCAL_RANK variable torchrun sets"
+    TARGETS = (DDP,)
+    EXAMPLES = (
+        Example(
+            "import argparse\nimport torch.nn as nn\n\nparser = argparse.ArgumentParser()\n"
+            "parser.add_argument('--local_rank', type=int, default=-1)\nmodel = nn.DataParallel(model)\n",
+            "import argparse\nimport mgpu_runtime\nimport os\n\nparser = argparse.ArgumentParser()\n"
+            "parser.add_argument('--local_rank', type=int, default=int(os.environ.get(\"LOCAL_RANK\", -1)))\n"
+            "model = mgpu_runtime.DistributedDataParallel(model)\n",
+            DDP,
+            ("MGP101", "MGP131"),
+        ),
+    )
+
+    def apply(self) -> None:
+        if not distributed_program(self.analysis, self.edits.replacements).wraps:
+            return
+        for call in self.analysis.calls:
+            if not self._declares_local_rank(call):
+                continue
+            default = keyword(call, "default")
+            if default is None or not _is_integer(default.value) or mentions(default.value, "environ"):
+                continue
+            if not self.rewrite_allowed(call):
+                continue
+            old = self.analysis.module.code_for_node(default.value)
+            from_environment = parse(f'int({self._os_name()}.environ.get("LOCAL_RANK", {old}))')
+            self.edits.replace(default.value, lambda _, new=from_environment: new)
+            self.rewrote(
+                call, "the local rank defaults to LOCAL_RANK, which torchrun sets instead of passing --local_rank"
+            )
+
+    def _declares_local_rank(self, call: cst.Call) -> bool:
+        return (
+            isinstance(call.func, cst.Attribute)
+            and call.func.attr.value == "add_argument"
+            and any(
+                isinstance(arg.value, cst.SimpleString) and arg.value.evaluated_value in _OPTIONS
+                for arg in call.args
+                if arg.keyword is None
+            )
+        )
+
+    def _os_name(self) -> str:
+        bindings = self.analysis.bindings
+        for name in sorted(bindings.imported):
+            if bindings.qualified_name(name) == "os":
+                return name
+        self.edits.need_import("os")
+        return "os"
+
+
+def _is_integer(node: cst.BaseExpression) -> bool:
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        node = node.expression
+    return isinstance(node, cst.Integer)

@@ -1,0 +1,158 @@
+"""MGP249: a collective or a DDP forward that only the main process runs waits forever (``--to ddp``)."""
+
+from __future__ import annotations
+
+import builtins
+from typing import Optional
+
+import libcst as cst
+
+from mgpu_migrate.analysis import names
+from mgpu_migrate.analysis.entrypoint import distributed_program
+from mgpu_migrate.analysis.guards import main_process_blocks
+from mgpu_migrate.analysis.models import MODULE_METHODS_RETURNING_SELF
+from mgpu_migrate.analysis.tree import contains
+from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.wrapper_swap import RUNTIME
+
+_COLLECTIVES = {
+    f"torch.distributed.{name}"
+    for name in (
+        "all_reduce",
+        "all_gather",
+        "all_gather_into_tensor",
+        "all_gather_object",
+        "all_to_all",
+        "barrier",
+        "broadcast",
+        "broadcast_object_list",
+        "gather",
+        "gather_object",
+        "monitored_barrier",
+        "reduce",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "scatter",
+        "scatter_object_list",
+    )
+} | {f"{RUNTIME}.{name}" for name in ("barrier", "reduce_sum", "reduce_mean", "save", "distribute_loader")}
+_BUILTINS = frozenset(dir(builtins))
+# Wrappers whose forward takes part in collectives (buffer broadcast, gradient bookkeeping), and the
+# DataParallel spellings this migration turns into one.
+_DDP_WRAPPERS = {names.TORCH_DDP, names.APEX_DDP, names.RUNTIME_DDP, names.DATA_PARALLEL, names.ENCODING_MODEL}
+
+
+class MainProcessCollective(Rule):
+    """
+    ## What it does
+    Reports a collective (``dist.all_reduce``, ``dist.barrier``, ``mgpu_runtime.save``, ``reduce_sum`` ...),
+    a forward pass of the DDP-wrapped model, or a call that is handed that model, inside a block that only
+    the main process runs (``if args.local_rank in [-1, 0]:``, ``if dist.get_rank() == 0:``,
+    ``if mgpu_runtime.is_main_process():``). It rewrites nothing.
+
+    ## Why is this bad?
+    A collective completes only when every process joins it. Inside a main-process-only block the other
+    processes never arrive, and the run hangs (until a timeout, if there is one). A DDP forward may
+    broadcast buffers, and an evaluation there usually runs the DDP model.
+
+    ## Example
+    ```python
+    if args.local_rank in [-1, 0]:
+        results = evaluate(args, model, tokenizer)
+    ```
+
+    ## Use instead
+    ```python
+    results = evaluate(args, model.module, tokenizer)   # the bare model: no collectives
+    # or evaluate on every process, then reduce the metrics with mgpu_runtime.reduce_sum
+    ```
+
+    ## Fix safety
+    Nothing is rewritten: which fix is right (the bare model, evaluating everywhere, moving the collective
+    out) depends on what the block does.
+    """
+
+    CODE = "MGP249"
+    REVIEW_CODES = {
+        "MGP249": "a collective or a DDP forward inside a main-process-only block: the other processes never join",
+    }
+    DESCRIPTION = "collectives and DDP forwards inside main-process-only blocks reported"
+    TARGETS = (DDP,)
+    EXAMPLES = (
+        Example(
+            "import torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+            "import torch.nn as nn\nmodel = DDP(model) if args.distributed else nn.DataParallel(model)\n"
+            "if dist.get_rank() == 0:\n    dist.barrier()\n    evaluate(model)\n",
+            "import torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+            "import mgpu_runtime\nmodel = DDP(model) if args.distributed else mgpu_runtime.DistributedDataParallel(model)\n"
+            "if dist.get_rank() == 0:\n    dist.barrier()\n    evaluate(model)\n",
+            DDP,
+            ("MGP101", "MGP231", "MGP249"),
+        ),
+        Example(
+            "import torch.nn as nn\nmodel = nn.DataParallel(model)\nif args.local_rank in [-1, 0]:\n"
+            "    evaluate(model.module)\n",
+            "import mgpu_runtime\nmodel = mgpu_runtime.DistributedDataParallel(model)\nif args.local_rank in [-1, 0]:\n"
+            "    evaluate(model.module)\n",
+            DDP,
+            ("MGP101",),
+        ),
+    )
+
+    def apply(self) -> None:
+        if not distributed_program(self.analysis, self.edits.replacements).wraps:
+            return
+        for block in main_process_blocks(self.analysis):
+            condition = self.analysis.module.code_for_node(block.test)
+            for call in contains(block.body, lambda node: isinstance(node, cst.Call)):
+                found = self._waits_for_others(call)
+                if found is not None:
+                    what, fix = found
+                    self.left(
+                        call,
+                        "MGP249",
+                        f"{what} inside `if {condition}:`, which only the main process runs: the other processes "
+                        f"never join it and the run hangs; {fix}",
+                    )
+
+    def _waits_for_others(self, call: cst.Call) -> Optional[tuple[str, str]]:
+        """What in ``call`` needs the other processes, and how to fix it."""
+        qualified = self.analysis.resolve(call.func)
+        if qualified in _COLLECTIVES:
+            return f"the collective `{qualified}`", "move it out of the block"
+        if self._holds_ddp_model(call.func, call):
+            return "a forward pass of the DDP model", "call the bare model (`.module`) here"
+        if (qualified or "").startswith("torch.") or self._is_builtin(call.func):
+            return None  # torch.save(model), hasattr(model, ...): nothing runs the model
+        for arg in call.args:
+            if self._holds_ddp_model(arg.value, call):
+                callee = self.analysis.module.code_for_node(call.func)
+                return f"the DDP model handed to `{callee}`, which may run it", "give it the bare model (`.module`)"
+        return None
+
+    def _is_builtin(self, func: cst.BaseExpression) -> bool:
+        bindings = self.analysis.bindings
+        return (
+            isinstance(func, cst.Name)
+            and func.value in _BUILTINS
+            and func.value not in bindings.local
+            and func.value not in bindings.imported
+        )
+
+    def _holds_ddp_model(self, expr: cst.BaseExpression, call: cst.Call) -> bool:
+        if not isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)):
+            return False
+        values = self.analysis.values
+        scope = values.scope_of(call)
+        if self.analysis.models.model_sites(expr, scope):
+            return True
+        for value in values.of(expr, scope):
+            while (
+                isinstance(value, cst.Call)
+                and isinstance(value.func, cst.Attribute)
+                and value.func.attr.value in MODULE_METHODS_RETURNING_SELF
+            ):
+                value = value.func.value
+            if isinstance(value, cst.Call) and self.analysis.resolve(value.func) in _DDP_WRAPPERS:
+                return True
+        return False

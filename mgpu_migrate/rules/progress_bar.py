@@ -1,0 +1,107 @@
+"""MGP125: progress bars are drawn by the main process only (``--to ddp``)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from mgpu_migrate.analysis.entrypoint import distributed_program
+from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.syntax import has_star_args, keyword, mentions, operand, parse, with_keyword
+from mgpu_migrate.rules.wrapper_swap import RUNTIME
+
+# tqdm(iterable, desc, total, leave, file, ncols, mininterval, maxinterval, miniters, ascii, disable, ...)
+_DISABLE_POSITION = 10
+_ON_OTHER_PROCESSES = f"not {RUNTIME}.is_main_process()"
+
+
+def is_progress_bar(qualified: str | None) -> bool:
+    """``tqdm.tqdm``, ``tqdm.auto.tqdm``, ``tqdm.notebook.trange`` ..."""
+    parts = (qualified or "").split(".")
+    return len(parts) > 1 and parts[0] == "tqdm" and parts[-1] in ("tqdm", "trange")
+
+
+class ProgressBar(Rule):
+    """
+    ## What it does
+    Adds ``disable=not mgpu_runtime.is_main_process()`` to ``tqdm(...)`` and ``trange(...)`` (any import of
+    them); a ``disable=X`` already there becomes ``disable=X if mgpu_runtime.is_main_process() else True``.
+
+    ## Why is this bad?
+    Under DDP every process runs the loop, so every process would draw its own bar over the others' in the
+    same terminal.
+
+    ## Example
+    ```python
+    for batch in tqdm(loader, desc="train"):
+    ```
+
+    ## Use instead
+    ```python
+    for batch in tqdm(loader, desc="train", disable=not mgpu_runtime.is_main_process()):
+    ```
+
+    ## Fix safety
+    Safe: a bar only displays; in a single process it is drawn exactly as before. A call that passes
+    ``disable`` positionally or through ``**kwargs`` is left with MGP241. ``print`` and ``logging`` are left
+    as they are on purpose: a line from each process is noise, not damage, and guarding every one would
+    bury the migration's real changes in the diff.
+    """
+
+    CODE = "MGP125"
+    REVIEW_CODES = {"MGP241": "a progress bar whose disable argument the tool cannot see: it is drawn by every process"}
+    DESCRIPTION = "tqdm progress bars shown on the main process only"
+    TARGETS = (DDP,)
+    EXAMPLES = (
+        Example(
+            "import torch.nn as nn\nfrom tqdm import tqdm\n\nmodel = nn.DataParallel(model)\n"
+            "for x in tqdm(batches, desc='train'):\n    model(x)\n",
+            "from tqdm import tqdm\nimport mgpu_runtime\n\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
+            "for x in tqdm(batches, desc='train', disable=not mgpu_runtime.is_main_process()):\n    model(x)\n",
+            DDP,
+            ("MGP101", "MGP125"),
+        ),
+        Example(
+            "import torch.nn as nn\nfrom tqdm import tqdm\n\nmodel = nn.DataParallel(model)\n"
+            "bar = tqdm(total=10)  # noqa: MGP125\n",
+            "from tqdm import tqdm\nimport mgpu_runtime\n\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
+            "bar = tqdm(total=10)  # noqa: MGP125\n",
+            DDP,
+            ("MGP101",),
+        ),
+        Example(
+            "import torch.nn as nn\nimport tqdm\n\nmodel = nn.DataParallel(model)\nbar = tqdm.trange(10, disable=args.quiet)\n",
+            "import tqdm\nimport mgpu_runtime\n\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
+            "bar = tqdm.trange(10, disable=args.quiet if mgpu_runtime.is_main_process() else True)\n",
+            DDP,
+            ("MGP101", "MGP125"),
+        ),
+    )
+
+    def apply(self) -> None:
+        if not distributed_program(self.analysis, self.edits.replacements).migrates:
+            return
+        for call in self.analysis.calls:
+            if not is_progress_bar(self.analysis.resolve(call.func)):
+                continue
+            disable = keyword(call, "disable")
+            if disable is not None and mentions(disable.value, "is_main_process"):
+                continue
+            positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
+            if has_star_args(call) or len(positional) > _DISABLE_POSITION:
+                self.left(call, "MGP241", f"progress bar drawn by every process: pass `disable={_ON_OTHER_PROCESSES}`")
+                continue
+            if not self.rewrite_allowed(call):
+                continue
+            self.edits.replace(call, lambda updated: _disabled_elsewhere(updated))
+            self.edits.need_import(RUNTIME)
+            self.rewrote(call, "progress bar drawn by the main process only")
+
+
+def _disabled_elsewhere(call: cst.Call) -> cst.Call:
+    disable = keyword(call, "disable")
+    if disable is None:
+        return with_keyword(call, "disable", parse(_ON_OTHER_PROCESSES))
+    condition = cst.IfExp(
+        test=parse(f"{RUNTIME}.is_main_process()"), body=operand(disable.value), orelse=cst.Name("True")
+    )
+    return call.with_changes(args=[arg.with_changes(value=condition) if arg is disable else arg for arg in call.args])

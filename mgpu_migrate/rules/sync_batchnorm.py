@@ -1,0 +1,110 @@
+"""MGP129: BatchNorm statistics over the whole global batch, with ``--sync-bn`` (``--to ddp``)."""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from mgpu_migrate.analysis.entrypoint import distributed_program
+from mgpu_migrate.options import Options
+from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.functional_loss import torch_nn_spelling
+from mgpu_migrate.rules.syntax import argument, parse
+
+_BATCH_NORMS = {f"torch.nn.BatchNorm{n}d" for n in (1, 2, 3)}
+# torchvision models built with BatchNorm layers.
+_TORCHVISION_WITH_BATCH_NORM = re.compile(
+    r"torchvision\.models\.(\w+\.)?(resnet|resnext|wide_resnet|densenet|inception|googlenet|mobilenet|efficientnet"
+    r"|regnet|shufflenet|mnasnet|vgg\d+_bn|deeplab|fcn_|lraspp)"
+)
+CONVERT = "SyncBatchNorm.convert_sync_batchnorm"
+
+
+class SyncBatchNorm(Rule):
+    """
+    ## What it does
+    With ``--sync-bn``, converts the model's BatchNorm layers to ``SyncBatchNorm`` where it is wrapped:
+    ``mgpu_runtime.DistributedDataParallel(nn.SyncBatchNorm.convert_sync_batchnorm(model))``. Without it,
+    a file that builds BatchNorm layers (or a torchvision model) is left with MGP248.
+
+    ## Why is this bad?
+    Under DDP each process normalizes over its own slice of the batch, as each GPU did under DataParallel,
+    but not as a single device did over the whole batch. ``SyncBatchNorm`` computes the statistics over
+    the global batch, at the cost of a collective in every BatchNorm layer.
+
+    ## Example
+    ```python
+    model = nn.DataParallel(resnet50())
+    ```
+
+    ## Use instead
+    ```python
+    model = mgpu_runtime.DistributedDataParallel(nn.SyncBatchNorm.convert_sync_batchnorm(resnet50()))
+    ```
+
+    ## Fix safety
+    Opt-in, because it changes what the model computes compared with the DataParallel original (per-GPU
+    statistics) while matching a single-device run; in a single process it is plain BatchNorm.
+    ``SyncBatchNorm`` needs GPUs when there are several processes.
+    """
+
+    CODE = "MGP129"
+    REVIEW_CODES = {
+        "MGP248": "BatchNorm statistics are computed per process (as per GPU under DataParallel); see --sync-bn",
+    }
+    DESCRIPTION = "BatchNorm converted to SyncBatchNorm (--sync-bn)"
+    TARGETS = (DDP,)
+    EXAMPLES = (
+        Example(
+            "import torch.nn as nn\nmodel = nn.DataParallel(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))\n",
+            "import torch.nn as nn\nimport mgpu_runtime\nmodel = mgpu_runtime.DistributedDataParallel("
+            "nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))))\n",
+            DDP,
+            ("MGP101", "MGP129"),
+            Options(sync_bn=True),
+        ),
+        Example(
+            "import torch.nn as nn\nmodel = nn.DataParallel(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))\n",
+            "import torch.nn as nn\nimport mgpu_runtime\nmodel = mgpu_runtime.DistributedDataParallel("
+            "nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))\n",
+            DDP,
+            ("MGP101", "MGP248"),
+        ),
+    )
+
+    def apply(self) -> None:
+        program = distributed_program(self.analysis, self.edits.replacements)
+        if not program.migrates:
+            return
+        if not self.options.sync_bn:
+            layers = [call for call in self.analysis.calls if self._normalizes_batches(call)]
+            if layers:
+                line, _ = self.analysis.position(layers[0])
+                what = self.analysis.module.code_for_node(layers[0].func)
+                for wrap in program.wraps:
+                    self.left(
+                        wrap,
+                        "MGP248",
+                        f"BatchNorm layers (`{what}`, line {line}) normalize over each process's slice of the batch, "
+                        "as over each GPU's under DataParallel; rerun with --sync-bn for statistics over the whole batch",
+                    )
+            return
+        nn, needs_torch = torch_nn_spelling(self.analysis)
+        for wrap in program.wraps:
+            module = argument(wrap, "module", 0)
+            if (
+                module is None
+                or CONVERT in self.analysis.module.code_for_node(module.value)
+                or not self.rewrite_allowed(wrap)
+            ):
+                continue
+            convert = parse(f"{nn}.{CONVERT}")
+            self.edits.replace(module.value, lambda value, convert=convert: cst.Call(convert, [cst.Arg(value)]))
+            if needs_torch:
+                self.edits.need_import("torch")
+            self.rewrote(wrap, "BatchNorm layers converted to SyncBatchNorm: statistics over the whole global batch")
+
+    def _normalizes_batches(self, call: cst.Call) -> bool:
+        qualified = self.analysis.resolve(call.func) or ""
+        return qualified in _BATCH_NORMS or _TORCHVISION_WITH_BATCH_NORM.match(qualified) is not None

@@ -1,0 +1,103 @@
+"""Small builders the rules share for the code they write: runtime calls, arguments, conditions."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from mgpu_migrate.rules.wrapper_swap import runtime_attr
+
+# Expressions that bind more loosely than `or` and need parentheses as one of its operands.
+_LOOSER_THAN_OR = (cst.IfExp, cst.Lambda, cst.NamedExpr)
+# Parents in which a `not ...` expression needs parentheses (it binds more loosely than these).
+_TIGHTER_THAN_NOT = (cst.Comparison, cst.ComparisonTarget, cst.BinaryOperation, cst.Attribute, cst.Subscript, cst.Await)
+
+
+def runtime_call(name: str, *args: cst.BaseExpression) -> cst.Call:
+    """``mgpu_runtime.<name>(args...)``."""
+    return cst.Call(runtime_attr(name), [cst.Arg(arg) for arg in args])
+
+
+def parse(code: str) -> cst.BaseExpression:
+    return cst.parse_expression(code)
+
+
+def operand(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """``expr`` ready to be an operand of ``or`` or a branch of ``... if ... else ...``: parenthesized when it
+    binds more loosely (a ternary, a lambda, ``:=``)."""
+    if isinstance(expr, _LOOSER_THAN_OR) and not expr.lpar:
+        return expr.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return expr
+
+
+def either(condition: cst.BaseExpression, alternative: str) -> cst.BooleanOperation:
+    """``condition or <alternative>``."""
+    return cst.BooleanOperation(operand(condition), cst.Or(), parse(alternative))
+
+
+def negated(expr: cst.BaseExpression, parent: Optional[cst.CSTNode]) -> cst.BaseExpression:
+    """``not expr``, parenthesized when its parent binds more tightly than ``not``."""
+    result = cst.UnaryOperation(cst.Not(), expr)
+    if isinstance(parent, _TIGHTER_THAN_NOT) or (
+        isinstance(parent, cst.UnaryOperation) and not isinstance(parent.operator, cst.Not)
+    ):
+        result = result.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return result
+
+
+def keyword(call: cst.Call, name: str) -> Optional[cst.Arg]:
+    return next((arg for arg in call.args if arg.keyword is not None and arg.keyword.value == name), None)
+
+
+def argument(call: cst.Call, name: str, position: Optional[int]) -> Optional[cst.Arg]:
+    """The argument bound to parameter ``name``, passed by keyword or at ``position`` (None if unknown)."""
+    found = keyword(call, name)
+    if found is not None or position is None:
+        return found
+    leading = []
+    for arg in call.args:
+        if arg.keyword is not None or arg.star:
+            break
+        leading.append(arg)
+    return leading[position] if position < len(leading) else None
+
+
+def has_star_args(call: cst.Call) -> bool:
+    return any(arg.star for arg in call.args)
+
+
+def with_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Call:
+    """``call`` with ``name=value`` appended, laid out like the arguments before it."""
+    new = cst.Arg(
+        value, keyword=cst.Name(name), equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
+    )
+    args = list(call.args)
+    if not args:
+        return call.with_changes(args=[new])
+    last = args[-1]
+    if isinstance(last.comma, cst.Comma):
+        # A trailing comma (one argument a line): the new one goes on its own line, laid out the same.
+        separator = args[-2].comma if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) else last.comma
+        args[-1] = last.with_changes(comma=separator)
+        args.append(new.with_changes(comma=last.comma))
+    else:
+        args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        args.append(new)
+    return call.with_changes(args=args)
+
+
+def replace_keyword_value(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Call:
+    return call.with_changes(
+        args=[
+            arg.with_changes(value=value) if arg.keyword is not None and arg.keyword.value == name else arg
+            for arg in call.args
+        ]
+    )
+
+
+def mentions(node: cst.CSTNode, name: str) -> bool:
+    """Whether ``name`` appears as a name or attribute anywhere in ``node``."""
+    if isinstance(node, cst.Name) and node.value == name:
+        return True
+    return any(mentions(child, name) for child in node.children)

@@ -1,0 +1,196 @@
+"""MGP130: a model whose forward may skip some of its layers is wrapped with ``find_unused_parameters=True``."""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import libcst as cst
+
+from mgpu_migrate.analysis.entrypoint import distributed_program
+from mgpu_migrate.analysis.models import MODULE_METHODS_RETURNING_SELF
+from mgpu_migrate.analysis.tree import contains
+from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.syntax import argument, keyword, with_keyword
+
+# torch.nn layers without parameters: skipping them leaves no gradient missing.
+_PARAMETER_FREE = re.compile(
+    r"torch\.nn\.(\w*(ReLU|LU|Dropout|Pool\w*|Softmax|Softmin|Sigmoid|Tanh|Shrink|Softplus|Softsign|Mish|Swish)"
+    r"|Identity|Flatten|Unflatten|Upsample\w*|Threshold|\w*Pad\dd|PixelShuffle|PixelUnshuffle|ChannelShuffle|Hardtanh)$"
+)
+# Statements and expressions under which code may not run on every forward.
+_CONDITIONAL = (cst.If, cst.IfExp, cst.While, cst.ExceptHandler, cst.BooleanOperation, cst.Match)
+
+
+class UnusedParameters(Rule):
+    """
+    ## What it does
+    Adds ``find_unused_parameters=True`` to the wrapper of a model (a class of this file) whose ``forward``
+    may run without some of its layers: a layer built in ``__init__`` that ``forward`` (or a method it calls)
+    never uses, uses only under a condition, or uses only after an early ``return``.
+
+    ## Why is this bad?
+    DDP reduces each parameter's gradient when it is ready, and by default waits for all of them: a step
+    in which a layer got no gradient fails ("Expected to have finished reduction in the prior iteration")
+    or hangs. DataParallel did not care.
+
+    ## Example
+    ```python
+    class Net(nn.Module):
+        def forward(self, x, aux=False):
+            h = self.body(x)
+            return self.aux_head(h) if aux else self.head(h)
+
+    model = nn.DataParallel(Net())
+    ```
+
+    ## Use instead
+    ```python
+    model = mgpu_runtime.DistributedDataParallel(Net(), find_unused_parameters=True)
+    ```
+
+    ## Fix safety
+    Safe: the option only makes DDP look for parameters without a gradient after each backward pass, which
+    costs a little time; the gradients are the same. Models from other modules are not inspected.
+    """
+
+    CODE = "MGP130"
+    DESCRIPTION = "find_unused_parameters=True for a model whose forward may skip layers"
+    TARGETS = (DDP,)
+    EXAMPLES = (
+        Example(
+            "import torch.nn as nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.head = nn.Linear(4, 2)\n        self.aux = nn.Linear(4, 2)\n\n    def forward(self, x, aux=False):\n"
+            "        if aux:\n            return self.aux(x)\n        return self.head(x)\n\n\nmodel = nn.DataParallel(Net())\n",
+            "import torch.nn as nn\nimport mgpu_runtime\n\n\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.head = nn.Linear(4, 2)\n        self.aux = nn.Linear(4, 2)\n\n    def forward(self, x, aux=False):\n"
+            "        if aux:\n            return self.aux(x)\n        return self.head(x)\n\n\n"
+            "model = mgpu_runtime.DistributedDataParallel(Net(), find_unused_parameters=True)\n",
+            DDP,
+            ("MGP101", "MGP130"),
+        ),
+        Example(
+            "import torch.nn as nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.head = nn.Linear(4, 2)\n        self.drop = nn.Dropout(0.1)\n\n    def forward(self, x):\n"
+            "        if self.training:\n            x = self.drop(x)\n        return self.head(x)\n\n\nmodel = nn.DataParallel(Net())\n",
+            "import torch.nn as nn\nimport mgpu_runtime\n\n\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.head = nn.Linear(4, 2)\n        self.drop = nn.Dropout(0.1)\n\n    def forward(self, x):\n"
+            "        if self.training:\n            x = self.drop(x)\n        return self.head(x)\n\n\n"
+            "model = mgpu_runtime.DistributedDataParallel(Net())\n",
+            DDP,
+            ("MGP101",),
+        ),
+    )
+
+    def apply(self) -> None:
+        program = distributed_program(self.analysis, self.edits.replacements)
+        if not program.migrates:
+            return
+        classes = {s.name.value: s for s in self.analysis.module.body if isinstance(s, cst.ClassDef)}
+        for wrap in program.wraps:
+            if keyword(wrap, "find_unused_parameters") is not None:
+                continue
+            model = self._model_class(wrap, classes)
+            skipped = _maybe_skipped_layers(self.analysis, model, classes) if model is not None else []
+            if not skipped or not self.rewrite_allowed(wrap):
+                continue
+            self.edits.replace(wrap, lambda call: with_keyword(call, "find_unused_parameters", cst.Name("True")))
+            layers = ", ".join(f"self.{name}" for name in skipped)
+            self.rewrote(wrap, f"find_unused_parameters=True: {model.name.value}.forward may run without {layers}")
+
+    def _model_class(self, wrap: cst.Call, classes: dict[str, cst.ClassDef]) -> Optional[cst.ClassDef]:
+        module = argument(wrap, "module", 0)
+        if module is None:
+            return None
+        values = self.analysis.values
+        for value in values.of(module.value, values.scope_of(wrap)):
+            while (
+                isinstance(value, cst.Call)
+                and isinstance(value.func, cst.Attribute)
+                and value.func.attr.value in MODULE_METHODS_RETURNING_SELF
+            ):
+                value = value.func.value
+            if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in classes:
+                return classes[value.func.value]
+        return None
+
+
+def _methods(cls: cst.ClassDef) -> dict[str, cst.FunctionDef]:
+    return {s.name.value: s for s in cls.body.body if isinstance(s, cst.FunctionDef)}
+
+
+def _self_name(method: cst.FunctionDef) -> Optional[str]:
+    params = [*method.params.posonly_params, *method.params.params]
+    return params[0].name.value if params else None
+
+
+def _self_attribute(node: cst.CSTNode, self_name: str) -> Optional[str]:
+    if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == self_name:
+        return node.attr.value
+    return None
+
+
+def _layers(analysis, init: cst.FunctionDef, classes: dict[str, cst.ClassDef]) -> list[str]:
+    """Attributes ``__init__`` sets to a layer that may hold parameters: torch's, or a class of this file."""
+    self_name = _self_name(init)
+    found = []
+    for assign in contains(init, lambda node: isinstance(node, cst.Assign)):
+        if not isinstance(assign.value, cst.Call):
+            continue
+        func = assign.value.func
+        qualified = analysis.resolve(func) or ""
+        is_local_class = isinstance(func, cst.Name) and func.value in classes
+        if not is_local_class and (not qualified.startswith("torch.nn.") or _PARAMETER_FREE.match(qualified)):
+            continue
+        for target in assign.targets:
+            name = _self_attribute(target.target, self_name)
+            if name is not None and name not in found:
+                found.append(name)
+    return found
+
+
+def _maybe_skipped_layers(analysis, cls: cst.ClassDef, classes: dict[str, cst.ClassDef]) -> list[str]:
+    """The layers ``forward`` may run without: unused, used only under a condition or after an early return."""
+    methods = _methods(cls)
+    if "__init__" not in methods or "forward" not in methods:
+        return []
+    layers = _layers(analysis, methods["__init__"], classes)
+    always = _always_used(analysis, methods, "forward", set())
+    return [layer for layer in layers if layer not in always]
+
+
+def _always_used(analysis, methods: dict[str, cst.FunctionDef], name: str, seen: set[str]) -> set[str]:
+    """Attributes of ``self`` that method ``name`` reads on every call (through the methods it always calls)."""
+    seen.add(name)
+    method = methods[name]
+    self_name = _self_name(method)
+    tree = analysis.tree
+    nodes = contains(method, lambda node: True)
+    order = {node: index for index, node in enumerate(nodes)}
+    early_returns = [
+        order[node] for node in nodes if isinstance(node, cst.Return) and _under_condition(tree, node, method)
+    ]
+    always: set[str] = set()
+    for node in nodes:
+        attribute = _self_attribute(node, self_name)
+        if attribute is None or _under_condition(tree, node, method) or any(r < order[node] for r in early_returns):
+            continue
+        always.add(attribute)
+        parent = tree.parent(node)
+        if isinstance(parent, cst.Call) and parent.func is node and attribute in methods and attribute not in seen:
+            always |= _always_used(analysis, methods, attribute, seen)
+    return always
+
+
+def _under_condition(tree, node: cst.CSTNode, method: cst.FunctionDef) -> bool:
+    child = node
+    for ancestor in tree.ancestors(node):
+        if ancestor is method:
+            return False
+        if isinstance(ancestor, _CONDITIONAL):
+            # The test of an `if` (or the first operand of `and`/`or`) always runs.
+            first = getattr(ancestor, "test", None) or getattr(ancestor, "left", None)
+            if child is not first:
+                return True
+        child = ancestor
+    return False

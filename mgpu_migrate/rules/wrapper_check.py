@@ -1,0 +1,199 @@
+"""MGP126: "is this model wrapped?" checks stay true for the wrappers the migration puts in place."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from mgpu_migrate.analysis import names
+from mgpu_migrate.rules.base import BALANCED, DDP, Example, Rule
+from mgpu_migrate.rules.syntax import negated, runtime_attr
+from mgpu_migrate.rules.wrapper_swap import RUNTIME
+
+WRAPPERS = f"{RUNTIME}.PARALLEL_WRAPPERS"
+# The wrapper classes a migration replaces, per target. Under balanced, isinstance checks need nothing:
+# DataParallelModel derives from nn.DataParallel; only exact type checks do.
+_REPLACED = {
+    DDP: {names.DATA_PARALLEL, names.ENCODING_MODEL, names.APEX_DDP},
+    BALANCED: {names.DATA_PARALLEL},
+}
+_POSITIVE = (cst.Equal, cst.Is, cst.In)
+_NEGATIVE = (cst.NotEqual, cst.IsNot, cst.NotIn)
+
+
+class WrapperCheck(Rule):
+    """
+    ## What it does
+    Rewrites checks for a DataParallel wrapper so that they also recognize the runtime's wrappers:
+    ``isinstance(m, nn.DataParallel)`` becomes ``isinstance(m, mgpu_runtime.PARALLEL_WRAPPERS)`` (``--to ddp``;
+    other classes in a tuple are kept), and exact type checks, ``type(m) in (nn.DataParallel, DDP)``,
+    ``type(m) == nn.DataParallel``, ``m.__class__ is nn.DataParallel``, become ``isinstance`` checks against
+    ``mgpu_runtime.PARALLEL_WRAPPERS`` (both targets). ``hasattr(m, "module")`` needs nothing: every wrapper
+    has ``.module``.
+
+    ## Why is this bad?
+    Code that unwraps a model before saving or inspecting it (``model.module if isinstance(model,
+    nn.DataParallel) else model``) would take the wrapped model for a bare one after the migration, and save
+    ``module.``-prefixed keys, or miss attributes of the bare model.
+
+    ## Example
+    ```python
+    bare = model.module if type(model) in (nn.DataParallel, DDP) else model
+    ```
+
+    ## Use instead
+    ```python
+    bare = model.module if isinstance(model, (mgpu_runtime.PARALLEL_WRAPPERS, DDP)) else model
+    ```
+
+    ## Fix safety
+    Safe: ``PARALLEL_WRAPPERS`` holds ``nn.DataParallel``, torch's ``DistributedDataParallel`` and the
+    runtime's wrappers, so every check that was true stays true, and it becomes true for the new wrappers.
+    An exact type check becomes an ``isinstance`` check, which a subclass of a wrapper also passes. A check of
+    the class name as a string (``type(m).__name__ == "DataParallel"``) is left with MGP243.
+    """
+
+    CODE = "MGP126"
+    REVIEW_CODES = {"MGP243": "a wrapper check by class name the tool does not rewrite"}
+    DESCRIPTION = "isinstance/type checks for DataParallel kept true for the runtime's wrappers"
+    EXAMPLES = (
+        Example(
+            "import torch.nn as nn\nbare = m.module if isinstance(m, nn.DataParallel) else m\n",
+            "import mgpu_runtime\nbare = m.module if isinstance(m, mgpu_runtime.PARALLEL_WRAPPERS) else m\n",
+            DDP,
+            ("MGP126",),
+        ),
+        Example(
+            "import torch.nn as nn\nbare = m.module if isinstance(m, nn.DataParallel) else m\n",
+            None,
+            BALANCED,
+        ),
+        Example(
+            "import torch.nn as nn\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+            "if type(m) not in [nn.DataParallel, DDP]:\n    pass\n",
+            "from torch.nn.parallel import DistributedDataParallel as DDP\nimport mgpu_runtime\n"
+            "if not isinstance(m, (mgpu_runtime.PARALLEL_WRAPPERS, DDP)):\n    pass\n",
+            BALANCED,
+            ("MGP126",),
+        ),
+        Example(
+            "import torch\nwrapped = m.__class__ == torch.nn.DataParallel\n",
+            "import mgpu_runtime\nwrapped = isinstance(m, mgpu_runtime.PARALLEL_WRAPPERS)\n",
+            DDP,
+            ("MGP126",),
+        ),
+        Example(
+            "import torch.nn as nn\nmodel = nn.DataParallel(model)\nif type(model).__name__ == 'DataParallel':\n    pass\n",
+            "import mgpu_runtime\nmodel = mgpu_runtime.DistributedDataParallel(model)\nif type(model).__name__ == 'DataParallel':\n    pass\n",
+            DDP,
+            ("MGP101", "MGP243"),
+        ),
+    )
+
+    def apply(self) -> None:
+        replaced = _REPLACED[self.target]
+        for call in self.analysis.calls:
+            if self.target == DDP and self._is_builtin(call.func, ("isinstance", "issubclass")) and len(call.args) == 2:
+                self._rewrite_isinstance(call, replaced)
+        if not any(word in self.analysis.source for word in ("type(", "__class__", "__name__")):
+            return  # no exact type check here, and the tree's other facts are not needed
+        for comparison in self.analysis.tree.nodes(cst.Comparison):
+            if len(comparison.comparisons) != 1:
+                continue
+            if self._is_class_name_check(comparison):
+                self.left(
+                    comparison,
+                    "MGP243",
+                    f"a check of the wrapper's class name: the runtime's wrappers have other names; use "
+                    f"`isinstance(m, {WRAPPERS})`",
+                )
+                continue
+            subject = self._type_subject(comparison.left)
+            if subject is not None and self._refers_to_wrapper(comparison.comparisons[0], replaced):
+                self._rewrite_type_check(comparison, replaced)
+
+    # -- isinstance(m, nn.DataParallel) ---------------------------------------------------------------
+    def _rewrite_isinstance(self, call: cst.Call, replaced: set[str]) -> None:
+        classes = call.args[1].value
+        elements = [e.value for e in classes.elements] if isinstance(classes, cst.Tuple) else [classes]
+        found = [element for element in elements if self.analysis.resolve(element) in replaced]
+        if not found or not self.rewrite_allowed(call):
+            return
+        for element in found:
+            self.edits.replace(element, lambda _: runtime_attr("PARALLEL_WRAPPERS"))
+        self.edits.need_import(RUNTIME)
+        self.rewrote(call, f"the check also recognizes the runtime's wrappers ({WRAPPERS})")
+
+    # -- type(m) in (...), type(m) == ... ------------------------------------------------------------------
+    def _type_subject(self, node: cst.BaseExpression) -> Optional[cst.BaseExpression]:
+        """``m`` for ``type(m)`` or ``m.__class__``."""
+        if (
+            isinstance(node, cst.Call)
+            and self._is_builtin(node.func, ("type",))
+            and len(node.args) == 1
+            and not node.args[0].keyword
+        ):
+            return node.args[0].value
+        if isinstance(node, cst.Attribute) and node.attr.value == "__class__":
+            return node.value
+        return None
+
+    def _refers_to_wrapper(self, target: cst.ComparisonTarget, replaced: set[str]) -> bool:
+        operator, comparator = target.operator, target.comparator
+        if isinstance(operator, (cst.In, cst.NotIn)):
+            return isinstance(comparator, (cst.Tuple, cst.List, cst.Set)) and any(
+                self.analysis.resolve(e.value) in replaced
+                for e in comparator.elements
+                if not isinstance(e, cst.StarredElement)
+            )
+        return isinstance(operator, _POSITIVE + _NEGATIVE) and self.analysis.resolve(comparator) in replaced
+
+    def _rewrite_type_check(self, comparison: cst.Comparison, replaced: set[str]) -> None:
+        if "isinstance" in self.analysis.bindings.local or not self.rewrite_allowed(comparison):
+            return
+        resolve = self.analysis.resolve
+        negative = isinstance(comparison.comparisons[0].operator, _NEGATIVE)
+        parent = self.analysis.tree.parent(comparison)
+        original_comparator = comparison.comparisons[0].comparator
+        keep = (
+            [resolve(e.value) not in replaced for e in original_comparator.elements]
+            if isinstance(original_comparator, (cst.Tuple, cst.List, cst.Set))
+            else None
+        )
+
+        def rewrite(updated: cst.Comparison) -> cst.BaseExpression:
+            subject = self._type_subject(updated.left)
+            comparator = updated.comparisons[0].comparator
+            wrappers = runtime_attr("PARALLEL_WRAPPERS")
+            if keep is None:
+                classes: cst.BaseExpression = wrappers
+            else:
+                kept = [e.value for e, is_kept in zip(comparator.elements, keep) if is_kept]
+                classes = cst.Tuple([cst.Element(value) for value in [wrappers, *kept]]) if kept else wrappers
+            check: cst.BaseExpression = cst.Call(cst.Name("isinstance"), [cst.Arg(subject), cst.Arg(classes)])
+            if negative:
+                check = negated(check, None if updated.lpar else parent)
+            return check.with_changes(lpar=updated.lpar, rpar=updated.rpar) if updated.lpar else check
+
+        self.edits.replace(comparison, rewrite)
+        self.edits.need_import(RUNTIME)
+        self.rewrote(comparison, f"exact type check replaced with isinstance(..., {WRAPPERS})")
+
+    # -- type(m).__name__ == "DataParallel" --------------------------------------------------------
+    def _is_class_name_check(self, comparison: cst.Comparison) -> bool:
+        sides = (comparison.left, comparison.comparisons[0].comparator)
+        names_checked = any(isinstance(side, cst.Attribute) and side.attr.value == "__name__" for side in sides)
+        return names_checked and any(
+            isinstance(side, cst.SimpleString) and side.evaluated_value in ("DataParallel", "DataParallelModel")
+            for side in sides
+        )
+
+    def _is_builtin(self, func: cst.BaseExpression, choices: tuple[str, ...]) -> bool:
+        bindings = self.analysis.bindings
+        return (
+            isinstance(func, cst.Name)
+            and func.value in choices
+            and func.value not in bindings.local
+            and func.value not in bindings.imported
+        )

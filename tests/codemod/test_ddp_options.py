@@ -1,0 +1,21 @@
+"""--sync-bn from the command line to the rule: BatchNorm layers become SyncBatchNorm only when asked."""
+
+from tests.cli_helpers import run_cli
+
+SCRIPT = b"import torch.nn as nn\nmodel = nn.DataParallel(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))\n"
+
+
+def test_sync_bn_converts_batchnorm_under_ddp():
+    result = run_cli("-", "--to", "ddp", "--sync-bn", stdin=SCRIPT)
+    assert result.returncode == 0, result.stderr
+    assert (
+        b"mgpu_runtime.DistributedDataParallel(nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(" in result.stdout
+    )
+    assert b"<stdin>:2:9: MGP129 " in result.stderr
+
+
+def test_without_sync_bn_batchnorm_is_left_for_review():
+    result = run_cli("-", "--to", "ddp", stdin=SCRIPT)
+    assert result.returncode == 0, result.stderr
+    assert b"SyncBatchNorm" not in result.stdout
+    assert b"<stdin>:2:9: MGP248 " in result.stderr

@@ -1,0 +1,140 @@
+"""Files nobody tidied, through the command line: encodings, line ends, links, things that are not files."""
+
+import os
+
+import pytest
+
+from tests.cli_helpers import DP_SCRIPT, run_cli
+
+REWRITTEN = b"mgpu_runtime.DistributedDataParallel(model)"
+
+
+def migrate(cwd, *paths, expect=0):
+    result = run_cli("--to", "ddp", *paths, cwd=cwd)
+    assert result.returncode == expect, result.stderr.decode()
+    return result.stderr.decode()
+
+
+def compiles(data: bytes) -> bool:
+    compile(data, "<rewritten>", "exec", dont_inherit=True)
+    return True
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "kept"),
+    [
+        ("bom.py", b"\xef\xbb\xbf" + DP_SCRIPT.encode(), b"\xef\xbb\xbfimport torch.nn as nn\n"),
+        (
+            "latin.py",
+            b"# -*- coding: latin-1 -*-\n# r\xe9seau\n" + DP_SCRIPT.encode(),
+            b"# -*- coding: latin-1 -*-\n# r\xe9seau\n",
+        ),
+        ("crlf.py", DP_SCRIPT.replace("\n", "\r\n").encode(), b"import torch.nn as nn\r\n"),
+        (
+            "tabs.py",
+            b"import torch.nn as nn\nif True:\n\tmodel = nn.Linear(2, 2)\n\tmodel = nn.DataParallel(model)\n",
+            b"\tmodel = mgpu_runtime.DistributedDataParallel(model)\n",
+        ),
+        ("formfeed.py", b"import torch.nn as nn\n\x0c\nmodel = nn.DataParallel(model)\n", b"\n\x0c\n"),
+        ("no_newline.py", DP_SCRIPT.rstrip("\n").encode(), b"model = mgpu_runtime.DistributedDataParallel(model)"),
+    ],
+)
+def test_odd_but_valid_files_are_rewritten_keeping_their_form(tmp_path, name, data, kept):
+    path = tmp_path / name
+    path.write_bytes(data)
+    stderr = migrate(tmp_path, name)
+    after = path.read_bytes()
+    assert REWRITTEN in after and kept in after and compiles(after)
+    assert f"{name}:" in stderr and "MGP101" in stderr
+    if name == "no_newline.py":
+        assert after.endswith(REWRITTEN)
+    if name == "crlf.py":
+        assert b"\n" not in after.replace(b"\r\n", b"")
+    assert run_cli("--to", "ddp", "--check", name, cwd=tmp_path).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "data"),
+    [
+        ("empty.py", b""),
+        ("bom_only.py", b"\xef\xbb\xbf"),
+        ("ddp_only.py", b"import torch\nmodel = torch.nn.parallel.DistributedDataParallel(model)\n"),
+        ("latin.py", b"# -*- coding: latin-1 -*-\ns = '\xe9'\n"),
+    ],
+)
+def test_files_with_nothing_to_migrate_are_left_alone(tmp_path, name, data):
+    path = tmp_path / name
+    path.write_bytes(data)
+    stderr = migrate(tmp_path, name)
+    assert path.read_bytes() == data
+    assert "0 files migrated to ddp, 1 unchanged, 0 failed" in stderr
+
+
+def test_a_symlink_is_processed_once_and_stays_a_link(tmp_path):
+    (tmp_path / "real.py").write_text(DP_SCRIPT)
+    (tmp_path / "alias.py").symlink_to("real.py")
+    stderr = migrate(tmp_path, ".", "real.py", "alias.py")
+    assert stderr.count("MGP101") == 1
+    assert "1 file migrated to ddp" in stderr
+    assert (tmp_path / "alias.py").is_symlink()
+    assert REWRITTEN in (tmp_path / "real.py").read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (lambda path: os.mkfifo(path), "not a regular file"),
+        (lambda path: os.symlink("nowhere.py", path), "No such file or directory"),
+        (lambda path: path.write_bytes(b"# -*- coding: no-such-codec -*-\n" + DP_SCRIPT.encode()), "unknown encoding"),
+        (lambda path: path.write_bytes(b"s = '\xff\xfe'\n" + DP_SCRIPT.encode()), "invalid or missing encoding"),
+    ],
+    ids=["fifo", "broken-symlink", "unknown-coding-cookie", "invalid-utf8"],
+)
+def test_an_unreadable_file_fails_alone_and_stays_as_it_was(tmp_path, make, reason):
+    (tmp_path / "good.py").write_text(DP_SCRIPT)
+    bad = tmp_path / "bad.py"
+    make(bad)
+    before = bad.read_bytes() if bad.is_file() else None
+    stderr = migrate(tmp_path, ".", expect=2)
+    assert "./bad.py:1:1: MGP001 cannot read: " in stderr and reason in stderr
+    assert "1 file migrated to ddp, 0 unchanged, 1 failed" in stderr
+    assert REWRITTEN in (tmp_path / "good.py").read_bytes()
+    if before is not None:
+        assert bad.read_bytes() == before
+
+
+def test_a_file_the_parser_cannot_reproduce_is_left_alone(tmp_path):
+    # LibCST drops the comment after the whitespace-only lines: rewriting would lose it.
+    data = (DP_SCRIPT + "\t\n  # keep this\n\t\n\x0c\n").encode()
+    (tmp_path / "tail.py").write_bytes(data)
+    stderr = migrate(tmp_path, "tail.py", expect=2)
+    assert "tail.py:1:1: MGP002 cannot rewrite without losing the comments" in stderr
+    assert (tmp_path / "tail.py").read_bytes() == data
+
+
+def test_a_directory_named_like_a_python_file_is_walked(tmp_path):
+    (tmp_path / "x.py").mkdir()
+    (tmp_path / "x.py" / "train.py").write_text(DP_SCRIPT)
+    stderr = migrate(tmp_path, "x.py")
+    assert "x.py/train.py:3:9: MGP101" in stderr
+    assert REWRITTEN in (tmp_path / "x.py" / "train.py").read_bytes()
+
+
+def huge_script(lines: int) -> str:
+    body = [DP_SCRIPT]
+    for index in range(lines // 4):
+        body.append(f"def step_{index}(x, y=2):\n    z = x * {index} + y  # step {index}\n    return z\n\n")
+    return "".join(body)
+
+
+@pytest.mark.parametrize("lines", [5_000, pytest.param(50_000, marks=pytest.mark.slow)])
+def test_a_huge_generated_file_with_one_site(tmp_path, lines):
+    source = huge_script(lines)
+    (tmp_path / "huge.py").write_text(source)
+    stderr = migrate(tmp_path, "huge.py")
+    after = (tmp_path / "huge.py").read_text()
+    assert "huge.py:3:9: MGP101" in stderr
+    assert after.count("\n") == source.count("\n") + 1  # the runtime import
+    assert after.replace("mgpu_runtime.DistributedDataParallel", "nn.DataParallel").replace(
+        "import mgpu_runtime\n", ""
+    ) == source

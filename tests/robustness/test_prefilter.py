@@ -1,0 +1,53 @@
+"""The bytes pre-filter skips files that cannot hold a site, and never one that can."""
+
+import pytest
+
+from mgpu_migrate.engine import might_need_migration
+from tests.cli_helpers import run_cli
+from tests.robustness.shapes import SITES
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        *(site for site in SITES if "DataParallel" in site),
+        "from torch.nn import DataParallel as DP\nmodel = DP(model)",
+        "from torch.nn import parallel\nmodel = parallel.DataParallel(model)",
+        "import torch.nn.parallel.data_parallel as dp_module\nmodel = dp_module.DataParallel(model)",
+        "out = nn.parallel.data_parallel(model, inputs)",
+        "from torch.nn.parallel import data_parallel",
+        "from encoding.parallel import DataParallelModel, DataParallelCriterion",
+        "from .parallel import DataParallelCriterion",
+        "from apex.parallel import DistributedDataParallel as DDP",
+        "import apex",
+        "class MyDataParallel(nn.DataParallel):\n    pass",
+        "wrapper = getattr(nn, 'DataParallel')",
+        "import mgpu_runtime\nmodel = mgpu_runtime.DistributedDataParallel(model)",
+    ],
+)
+def test_every_spelling_of_a_site_passes(source):
+    assert might_need_migration(source)
+    assert might_need_migration(source.encode("latin-1"))
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])",
+        "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP",
+        "import torch.distributed.fsdp.fully_sharded_data_parallel",
+        "from fairscale.nn import ShardedDataParallel",
+        "x = 'apexes'",
+        "",
+    ],
+)
+def test_names_that_only_end_like_a_site_are_skipped(source):
+    assert not might_need_migration(source)
+
+
+def test_a_skipped_file_is_never_parsed(tmp_path):
+    # The syntax error would be reported if the file reached the parser.
+    (tmp_path / "ddp.py").write_text("model = torch.nn.parallel.DistributedDataParallel(model\n")
+    (tmp_path / "dp.py").write_text("model = torch.nn.DataParallel(model\n")
+    assert run_cli("--to", "ddp", "ddp.py", cwd=tmp_path).returncode == 0
+    assert run_cli("--to", "ddp", "dp.py", cwd=tmp_path).returncode == 2
