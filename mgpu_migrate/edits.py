@@ -49,7 +49,50 @@ class Edits:
         return not (self.replacements or self.before or self.after)
 
 
-class _Applier(cst.CSTTransformer):
+class StatementTidier(cst.CSTTransformer):
+    """Base for transformers that may empty a statement line: such lines are dropped at their block,
+    which keeps the output valid and the spacing and comments around them.
+
+    (libcst would drop an emptied line on its own, but with the blank lines and comments above it.)
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._emptied: set[int] = set()
+
+    def tidy(self, node):
+        if isinstance(node, cst.SimpleStatementLine) and not node.body:
+            placeholder = node.with_changes(body=[cst.Pass()])
+            self._emptied.add(id(placeholder))
+            return placeholder
+        if isinstance(node, (cst.Module, cst.IndentedBlock)):
+            node = node.with_changes(body=self._without_emptied(node.body))
+        if isinstance(node, cst.IndentedBlock) and not node.body:
+            # A block whose only statement was removed (an import inside `try:`, say) keeps a `pass`.
+            return node.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
+        if isinstance(node, cst.SimpleStatementSuite) and not node.body:
+            return node.with_changes(body=[cst.Pass()])
+        return node
+
+    def _without_emptied(self, body):
+        """The lines above a removed statement (a blank line after a docstring, a comment) move to the next
+        statement; only its comments when it has leading lines of its own."""
+        kept = []
+        carried: list[cst.EmptyLine] = []
+        for statement in body:
+            if id(statement) in self._emptied:
+                carried.extend(statement.leading_lines)
+                continue
+            if carried:
+                own = list(statement.leading_lines)
+                moved = carried if not own else [line for line in carried if line.comment is not None]
+                statement = statement.with_changes(leading_lines=[*moved, *own])
+                carried = []
+            kept.append(statement)
+        return kept
+
+
+class _Applier(StatementTidier):
     def __init__(self, edits: Edits) -> None:
         super().__init__()
         self.edits = edits
@@ -65,17 +108,7 @@ class _Applier(cst.CSTTransformer):
         if before or after:
             kept = [result] if isinstance(result, cst.CSTNode) else list(getattr(result, "nodes", ()))
             result = cst.FlattenSentinel([*(before or ()), *kept, *(after or ())])
-        return _keep_valid(result)
-
-
-def _keep_valid(node):
-    """Repair what removing statements can leave behind, so the output always parses."""
-    if isinstance(node, cst.SimpleStatementLine) and not node.body:
-        return cst.RemovalSentinel.REMOVE
-    if isinstance(node, cst.IndentedBlock) and not node.body:
-        # A block whose only statement was removed (an import inside `try:`, say) keeps a `pass`.
-        return node.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
-    return node
+        return self.tidy(result) if isinstance(result, cst.CSTNode) else result
 
 
 def apply(module: cst.Module, edits: Edits) -> cst.Module:

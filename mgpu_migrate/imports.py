@@ -11,6 +11,7 @@ from collections import Counter
 import libcst as cst
 
 from mgpu_migrate.analysis.names import Bindings
+from mgpu_migrate.edits import StatementTidier
 
 
 class _NameUses(cst.CSTVisitor):
@@ -107,7 +108,7 @@ def _bound_name(alias: cst.ImportAlias) -> str | None:
     return full.split(".")[0] if full else None
 
 
-class _DropAliases(cst.CSTTransformer):
+class _DropAliases(StatementTidier):
     def __init__(self, names: set[str]) -> None:
         super().__init__()
         self.names = names
@@ -132,12 +133,6 @@ class _DropAliases(cst.CSTTransformer):
             return updated_node
         return self._filter(updated_node)
 
-    def leave_SimpleStatementLine(self, original_node, updated_node):
-        if not updated_node.body:
-            return cst.RemovalSentinel.REMOVE
-        return updated_node
-
-    def leave_IndentedBlock(self, original_node, updated_node):
-        if not updated_node.body:
-            return updated_node.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
-        return updated_node
+    def on_leave(self, original_node, updated_node):
+        result = super().on_leave(original_node, updated_node)
+        return self.tidy(result) if isinstance(result, cst.CSTNode) else result

@@ -6,7 +6,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis import names
 from mgpu_migrate.rules.base import DDP, Example, Rule
-from mgpu_migrate.rules.wrapper_swap import RUNTIME, runtime_attr
+from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 
 # apex.parallel.DistributedDataParallel(module, message_size, delay_allreduce, shared_param,
 #   allreduce_trigger_params, retain_allreduce_buffers, allreduce_always_fp32, num_allreduce_streams,

@@ -7,8 +7,7 @@ import libcst as cst
 from mgpu_migrate.analysis.entrypoint import distributed_program
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.rules.base import DDP, Example, Rule
-from mgpu_migrate.rules.syntax import argument, has_star_args, mentions, runtime_attr
-from mgpu_migrate.rules.wrapper_swap import RUNTIME
+from mgpu_migrate.rules.syntax import RUNTIME, argument, has_star_args, mentions, runtime_attr
 
 TORCH_LOAD = "torch.load"
 

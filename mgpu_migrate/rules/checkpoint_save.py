@@ -7,8 +7,7 @@ import libcst as cst
 from mgpu_migrate.analysis.entrypoint import distributed_program
 from mgpu_migrate.analysis.guards import under_main_process_block
 from mgpu_migrate.rules.base import DDP, Example, Rule
-from mgpu_migrate.rules.syntax import argument, runtime_attr
-from mgpu_migrate.rules.wrapper_swap import RUNTIME
+from mgpu_migrate.rules.syntax import RUNTIME, argument, runtime_attr
 
 TORCH_SAVE = "torch.save"
 # Calls that make a file object (or an in-memory one): each process would write its own.

@@ -18,7 +18,7 @@ from mgpu_migrate.analysis.losses import (
 from mgpu_migrate.analysis.models import RUNTIME as RUNTIME_SITE
 from mgpu_migrate.analysis.models import TORCH, Sites
 from mgpu_migrate.rules.base import BALANCED, DDP, Example, Rule
-from mgpu_migrate.rules.wrapper_swap import RUNTIME, runtime_attr
+from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 
 
 def becomes_ddp(sites: Sites) -> bool:

@@ -6,7 +6,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis import names
 from mgpu_migrate.rules.base import BALANCED, DDP, Example, Rule
-from mgpu_migrate.rules.wrapper_swap import RUNTIME, runtime_attr
+from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 
 # nn.DataParallel's machinery, which the runtime's wrapper does not call: overriding it changes behaviour.
 _MACHINERY = frozenset({"forward", "scatter", "gather", "replicate", "parallel_apply"})

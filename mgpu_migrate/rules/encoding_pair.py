@@ -10,7 +10,7 @@ from mgpu_migrate.analysis import names
 from mgpu_migrate.analysis.models import ENCODING, WrapSite
 from mgpu_migrate.analysis.scopes import Place, Scope
 from mgpu_migrate.rules.base import BALANCED, DDP, Example, Rule
-from mgpu_migrate.rules.wrapper_swap import RUNTIME, runtime_attr
+from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 
 # Arguments of Encoding's wrappers with no meaning for DDP (one device per process) or for the runtime's
 # criterion (it takes the devices from the outputs).

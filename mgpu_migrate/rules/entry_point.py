@@ -6,8 +6,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis.entrypoint import distributed_program
 from mgpu_migrate.rules.base import DDP, Example, Rule
-from mgpu_migrate.rules.syntax import runtime_call
-from mgpu_migrate.rules.wrapper_swap import RUNTIME
+from mgpu_migrate.rules.syntax import RUNTIME, runtime_call
 
 
 class EntryPointSetup(Rule):

@@ -6,8 +6,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis.entrypoint import distributed_program, sets_cuda_visible_devices
 from mgpu_migrate.rules.base import DDP, Example, Rule
-from mgpu_migrate.rules.syntax import argument, runtime_call
-from mgpu_migrate.rules.wrapper_swap import RUNTIME
+from mgpu_migrate.rules.syntax import RUNTIME, argument, runtime_call
 
 FIRST_GPU = "cuda:0"
 # In a statement of its own a string is a docstring, not a device.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mgpu_migrate.analysis import names
 from mgpu_migrate.rules.base import BALANCED, DDP, Example, Rule
-from mgpu_migrate.rules.wrapper_swap import RUNTIME, runtime_attr
+from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 
 
 class FunctionalDataParallel(Rule):

@@ -17,8 +17,8 @@ from mgpu_migrate.analysis.losses import (
     reduction_of,
 )
 from mgpu_migrate.rules.base import BALANCED, DDP, Example, Rule
+from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 from mgpu_migrate.rules.criterion_wrap import becomes_ddp, shorten
-from mgpu_migrate.rules.wrapper_swap import RUNTIME, runtime_attr
 
 def torch_nn_spelling(analysis) -> tuple[str, bool]:
     """How this file can name ``torch.nn``: an import bound to it (``nn``), else ``torch.nn``; and whether

@@ -13,7 +13,7 @@ from mgpu_migrate.analysis.guards import main_process_blocks
 from mgpu_migrate.analysis.models import MODULE_METHODS_RETURNING_SELF
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.rules.base import DDP, Example, Rule
-from mgpu_migrate.rules.wrapper_swap import RUNTIME
+from mgpu_migrate.rules.syntax import RUNTIME
 
 _COLLECTIVES = {
     f"torch.distributed.{name}"

@@ -6,8 +6,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis.entrypoint import distributed_program
 from mgpu_migrate.rules.base import DDP, Example, Rule
-from mgpu_migrate.rules.syntax import has_star_args, keyword, mentions, operand, parse, with_keyword
-from mgpu_migrate.rules.wrapper_swap import RUNTIME
+from mgpu_migrate.rules.syntax import RUNTIME, has_star_args, keyword, mentions, operand, parse, with_keyword
 
 # tqdm(iterable, desc, total, leave, file, ncols, mininterval, maxinterval, miniters, ascii, disable, ...)
 _DISABLE_POSITION = 10

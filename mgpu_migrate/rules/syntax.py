@@ -6,12 +6,17 @@ from typing import Optional
 
 import libcst as cst
 
-from mgpu_migrate.rules.wrapper_swap import runtime_attr
+RUNTIME = "mgpu_runtime"
 
 # Expressions that bind more loosely than `or` and need parentheses as one of its operands.
 _LOOSER_THAN_OR = (cst.IfExp, cst.Lambda, cst.NamedExpr)
 # Parents in which a `not ...` expression needs parentheses (it binds more loosely than these).
 _TIGHTER_THAN_NOT = (cst.Comparison, cst.ComparisonTarget, cst.BinaryOperation, cst.Attribute, cst.Subscript, cst.Await)
+
+
+def runtime_attr(name: str) -> cst.Attribute:
+    """``mgpu_runtime.<name>``."""
+    return cst.Attribute(value=cst.Name(RUNTIME), attr=cst.Name(name))
 
 
 def runtime_call(name: str, *args: cst.BaseExpression) -> cst.Call:
@@ -85,6 +90,32 @@ def with_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Ca
         args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
         args.append(new)
     return call.with_changes(args=args)
+
+
+def keep_arguments(call: cst.Call, kept: list[int]) -> list[cst.Arg]:
+    """The arguments of ``call`` at the ``kept`` indices, the list closed as the original was.
+
+    When the arguments after the last kept one are dropped, the new last argument ends the list the way the
+    old last one did (with or without a trailing comma, the closing parenthesis where it was), and keeps its
+    own trailing comment; comments of dropped arguments go with them.
+    """
+    args = [call.args[index] for index in kept]
+    if not args or kept[-1] == len(call.args) - 1:
+        return args
+    own, closing = args[-1], call.args[-1]
+    comma = closing.comma
+    own_comment = (
+        isinstance(own.comma, cst.Comma)
+        and isinstance(own.comma.whitespace_after, cst.ParenthesizedWhitespace)
+        and own.comma.whitespace_after.first_line.comment is not None
+    )
+    if own_comment:
+        # Keep the comma that carries the comment (a trailing comma is valid), with the closing line's indent.
+        closing_space = comma.whitespace_after if isinstance(comma, cst.Comma) else closing.whitespace_after_arg
+        last_line = getattr(closing_space, "last_line", cst.SimpleWhitespace(""))
+        comma = own.comma.with_changes(whitespace_after=own.comma.whitespace_after.with_changes(last_line=last_line))
+    args[-1] = own.with_changes(comma=comma, whitespace_after_arg=closing.whitespace_after_arg)
+    return args
 
 
 def replace_keyword_value(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Call:

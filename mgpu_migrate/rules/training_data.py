@@ -10,8 +10,7 @@ from mgpu_migrate.analysis.entrypoint import distributed_program
 from mgpu_migrate.analysis.loaders import LOADER, LoaderTrace
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.rules.base import DDP, Example, Rule
-from mgpu_migrate.rules.syntax import argument, runtime_call
-from mgpu_migrate.rules.wrapper_swap import RUNTIME
+from mgpu_migrate.rules.syntax import RUNTIME, argument, runtime_call
 
 # torch's own samplers draw from the generator the runtime keeps in step; others may not.
 _TORCH_SAMPLERS = {

@@ -7,8 +7,7 @@ import libcst as cst
 from mgpu_migrate.analysis.entrypoint import distributed_program
 from mgpu_migrate.analysis.guards import gpu_guards, is_gpu_condition
 from mgpu_migrate.rules.base import DDP, Example, Rule
-from mgpu_migrate.rules.syntax import either, mentions
-from mgpu_migrate.rules.wrapper_swap import RUNTIME
+from mgpu_migrate.rules.syntax import RUNTIME, either, mentions
 
 MANY_PROCESSES = f"{RUNTIME}.world_size() > 1"
 

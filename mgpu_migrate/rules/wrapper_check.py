@@ -8,8 +8,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis import names
 from mgpu_migrate.rules.base import BALANCED, DDP, Example, Rule
-from mgpu_migrate.rules.syntax import negated, runtime_attr
-from mgpu_migrate.rules.wrapper_swap import RUNTIME
+from mgpu_migrate.rules.syntax import RUNTIME, negated, runtime_attr
 
 WRAPPERS = f"{RUNTIME}.PARALLEL_WRAPPERS"
 # The wrapper classes a migration replaces, per target. Under balanced, isinstance checks need nothing:

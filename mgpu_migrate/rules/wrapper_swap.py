@@ -6,16 +6,12 @@ import libcst as cst
 
 from mgpu_migrate.analysis import names
 from mgpu_migrate.rules.base import BALANCED, DDP, Example, Rule
+from mgpu_migrate.rules.syntax import RUNTIME, keep_arguments, runtime_attr
 
-RUNTIME = "mgpu_runtime"
 # nn.DataParallel(module, device_ids=None, output_device=None, dim=0): positions of each parameter.
 _PARAMETERS = ("module", "device_ids", "output_device", "dim")
 # Arguments with no meaning under DistributedDataParallel: each process owns exactly one device.
 _DROPPED_UNDER_DDP = {"device_ids", "output_device"}
-
-
-def runtime_attr(name: str) -> cst.Attribute:
-    return cst.Attribute(value=cst.Name(RUNTIME), attr=cst.Name(name))
 
 
 def _parameter_name(args: list[cst.Arg], index: int) -> str | None:
@@ -126,14 +122,9 @@ class WrapperSwap(Rule):
                     return False
                 continue
             kept.append(index)
-        last_comma = args[-1].comma if args else cst.MaybeSentinel.DEFAULT
 
         def swap(updated: cst.Call) -> cst.Call:
-            new_args = [updated.args[index] for index in kept]
-            if new_args and len(new_args) < len(args):
-                # The new last argument takes the old last one's comma, so no stray `, ` is left behind.
-                new_args[-1] = new_args[-1].with_changes(comma=last_comma)
-            return updated.with_changes(func=runtime_attr("DistributedDataParallel"), args=new_args)
+            return updated.with_changes(func=runtime_attr("DistributedDataParallel"), args=keep_arguments(updated, kept))
 
         self.edits.replace(call, swap)
         return True

@@ -68,6 +68,14 @@ def test_device_ids_select_cpu_replicas(three_replicas):
         DataParallelModel(Classifier(), device_ids=[0, 3])
 
 
+def test_gpu_count_driven_empty_device_ids_get_every_cpu_replica(three_replicas):
+    # `range(torch.cuda.device_count())` is empty without a GPU; on the machine the replicas stand in for,
+    # it names every device.
+    model = DataParallelModel(Recorder(), device_ids=range(torch.cuda.device_count()))
+    model(features(7))
+    assert sorted(call["rows"] for call in model.module.calls) == [2, 2, 3]
+
+
 def test_device_ids_are_ignored_without_gpu_or_replicas(monkeypatch):
     # As nn.DataParallel does on a CPU-only machine: the module simply runs.
     use_cpu_replicas(monkeypatch, None)

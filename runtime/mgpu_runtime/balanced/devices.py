@@ -109,7 +109,9 @@ def _cuda_index(device_id: DeviceId, count: int) -> int:
 
 
 def _cpu_devices(device_ids: Sequence[DeviceId] | None, available: int) -> Devices:
-    if device_ids is None:
+    # Empty ids are what `range(torch.cuda.device_count())` gives on a machine without a GPU: on the machine
+    # the CPU replicas stand in for, that expression names every device, so it gets every replica.
+    if not device_ids:
         count = available
     else:
         for device_id in device_ids:
@@ -120,7 +122,5 @@ def _cpu_devices(device_ids: Sequence[DeviceId] | None, available: int) -> Devic
                     f"CPU replicas 0..{available - 1}"
                 )
         count = len(device_ids)
-        if count == 0:
-            raise ValueError("device_ids is empty: name at least one replica")
     cpu = torch.device("cpu")
     return Devices(replicas=(cpu,) * count, output=cpu)
