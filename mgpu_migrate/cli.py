@@ -40,13 +40,12 @@ def _explain(code: str) -> None:
 
 
 def _process_stdin(target: str, check: bool, diff: bool, filename: str, options: Options) -> FileOutcome:
-    import io
-    import tokenize
+    from mgpu_migrate.files import source_file
 
     data = sys.stdin.buffer.read()
     try:
-        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
-        source = data.decode(encoding)
+        stdin = source_file(filename, data)
+        source = stdin.text
     except (SyntaxError, UnicodeDecodeError, LookupError) as error:
         from mgpu_migrate.diagnostics import READ_ERROR, Diagnostic
 
@@ -58,7 +57,7 @@ def _process_stdin(target: str, check: bool, diff: bool, filename: str, options:
     if diff:
         sys.stdout.write(unified_diff(result.source, result.output, filename))
     elif not check:
-        sys.stdout.buffer.write(result.output.encode(encoding))
+        sys.stdout.buffer.write(result.output.encode(stdin.encoding))
     return FileOutcome(filename, status, diagnostics)
 
 

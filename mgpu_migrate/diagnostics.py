@@ -34,6 +34,9 @@ class Diagnostic:
         return f"{self.path}:{self.line}:{self.col}: {self.code} {self.message}"
 
 
+# What starts a new line for Python, LibCST and line numbers in diagnostics. Not str.splitlines(), which
+# also breaks at form feeds and other separators and would shift every line number after one.
+LINE_BREAK = re.compile(r"\r\n?|\n")
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*))?", re.IGNORECASE)
 
 
@@ -42,7 +45,7 @@ def noqa_codes(source: str) -> dict[int, frozenset[str] | None]:
     found: dict[int, frozenset[str] | None] = {}
     if "noqa" not in source.lower():
         return found
-    for number, line in enumerate(source.splitlines(), start=1):
+    for number, line in enumerate(LINE_BREAK.split(source), start=1):
         match = _NOQA.search(line)
         if match:
             codes = match.group("codes")

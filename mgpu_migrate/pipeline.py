@@ -36,6 +36,9 @@ def run_pipeline(source: str, target: str, path: str, options: Options = DEFAULT
         module = _parse(source)
     except (cst.ParserSyntaxError, SyntaxError, ValueError) as error:
         return MigrationResult(path, source, source, error=_parse_error(path, source, error))
+    except (RecursionError, MemoryError):
+        message = "cannot parse: the code is nested too deeply; file left unchanged"
+        return MigrationResult(path, source, source, error=Diagnostic(path, 1, 1, PARSE_ERROR, message))
     try:
         return _migrate(module, source, target, path, options)
     except RecursionError:

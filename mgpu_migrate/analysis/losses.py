@@ -280,16 +280,13 @@ class LossFlow:
                 for target_place in self._assignment_targets(parent, scope):
                     more.append(target_place)
             elif kind == "arg" and isinstance(parent, cst.Call):
-                callee = index.callee(parent, scope)
-                if callee is not None:
-                    function, implicit = callee
-                    for position, arg in enumerate(parent.args):
-                        if arg.value is node:
-                            param = index.parameter_place(function, parent, position, implicit)
-                            if param is not None:
-                                more.append(param)
-                            else:
-                                criterion.misuses.append(Use(parent, "it is passed as `*args`"))
+                parameters = index.parameters_receiving(parent, node, scope)
+                if parameters is not None:
+                    for param in parameters:
+                        if param is not None:
+                            more.append(param)
+                        else:
+                            criterion.misuses.append(Use(parent, "it is passed as `*args`"))
                 elif not (isinstance(parent.func, cst.Name) and parent.func.value in _HARMLESS_BUILTINS):
                     code = self.analysis.module.code_for_node(parent.func)
                     criterion.misuses.append(Use(parent, f"it is passed to `{code}(...)`"))

@@ -39,6 +39,8 @@ _ALIASES = {
 
 _ENCODING_NAMES = {"DataParallelModel": ENCODING_MODEL, "DataParallelCriterion": ENCODING_CRITERION}
 
+MIGRATED_NAMES = frozenset({DATA_PARALLEL, DATA_PARALLEL_FUNCTION, APEX_DDP, ENCODING_MODEL, ENCODING_CRITERION})
+
 
 def canonical(qualified: str) -> str:
     """The canonical spelling of a qualified name (every import path of one object maps to one name)."""
@@ -65,13 +67,23 @@ class Bindings:
     import_aliases: dict[str, list[tuple[cst.CSTNode, cst.ImportAlias]]] = field(
         default_factory=lambda: defaultdict(list)
     )
+    # Modules imported with `from module import *`: they may bind any name the file does not bind itself.
+    star_modules: set[str] = field(default_factory=set)
 
     def qualified_name(self, name: str) -> str | None:
         """The one qualified name ``name`` is imported as, or None when it is local or ambiguous."""
         origins = self.imported.get(name)
+        if not origins and name not in self.local:
+            return self._from_star_import(name)
         if not origins or name in self.local or len(origins) != 1:
             return None
         return next(iter(origins))
+
+    def _from_star_import(self, name: str) -> str | None:
+        # Only the names the tool migrates are taken from a star import: what else such a module binds
+        # is not known without importing it.
+        found = {canonical(f"{module}.{name}") for module in self.star_modules} & MIGRATED_NAMES
+        return found.pop() if len(found) == 1 else None
 
     def is_ambiguous(self, name: str) -> bool:
         origins = self.imported.get(name, ())
@@ -110,10 +122,11 @@ class BindingCollector(cst.CSTVisitor):
             self._import(bound, qualified, node, alias)
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
-        if isinstance(node.names, cst.ImportStar):
-            return
         module = _dotted(node.module) if node.module is not None else ""
         prefix = _relative_prefix(node) + (module or "")
+        if isinstance(node.names, cst.ImportStar):
+            self.bindings.star_modules.add(prefix)
+            return
         for alias in node.names:
             if not isinstance(alias.name, cst.Name):
                 continue

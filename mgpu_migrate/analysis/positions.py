@@ -1,17 +1,18 @@
 """Where a node sits in the source, computed only as far into the file as someone asks.
 
 LibCST's ``PositionProvider`` regenerates the whole module while splitting every token into lines and
-building two position objects per node: about 2.5x the parse, on every file that gets a diagnostic.
-Here the same regeneration only counts characters, one top-level statement at a time, and stops at the
-statement that holds the node asked about; an offset becomes a line and column through a table of line
-starts. The ranges are PositionProvider's own (syntactic: a statement's leading comments and blank
-lines are not part of it); tests/robustness compares the two over real files.
+building two position objects per node: about 2x the parse, on every file that gets a diagnostic.
+Here the same regeneration only counts characters (0.3x the parse for a whole file), one top-level
+statement at a time, and stops at the statement that holds the node asked about; an offset becomes a
+line and column through a table of the source's line starts, which is exact wherever LibCST reproduces
+the source (it may not after the last statement; see the round-trip check in pipeline.py). The ranges
+are PositionProvider's own (syntactic: a statement's leading comments and blank lines are not part of
+it); tests/robustness compares the two over real and generated files.
 """
 
 from __future__ import annotations
 
 import bisect
-import re
 from typing import Iterator
 
 import libcst as cst
@@ -19,8 +20,7 @@ import libcst as cst
 # The codegen state is not public API, but it is the one hook PositionProvider itself is built on.
 from libcst._nodes.internal import CodegenState
 
-# LibCST's notion of a line break (a form feed or a vertical tab is not one).
-LINE_BREAK = re.compile(r"\r\n?|\n")
+from mgpu_migrate.diagnostics import LINE_BREAK
 
 
 class _SyntacticSpan:

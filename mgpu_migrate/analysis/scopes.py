@@ -194,6 +194,19 @@ class FlowIndex:
             name = positional[index].name.value if index < len(positional) else None
         return (self.scopes[function], name) if name else None
 
+    def parameters_receiving(self, call: cst.Call, value: cst.CSTNode, scope: Scope) -> Optional[list[Optional[Place]]]:
+        """For a call into a function of this file, the parameter each argument that is ``value`` binds (None
+        where it is bound through ``*args`` or ``**kwargs``); None when the callee is not in this file."""
+        callee = self.callee(call, scope)
+        if callee is None:
+            return None
+        function, implicit = callee
+        return [
+            self.parameter_place(function, call, position, implicit)
+            for position, arg in enumerate(call.args)
+            if arg.value is value
+        ]
+
     def call_sites(self, function: Function) -> list[tuple[cst.Call, Scope, int]]:
         """The calls in this file that run ``function``, with the count of implicit parameters."""
         if self._call_sites is None:

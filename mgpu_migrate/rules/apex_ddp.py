@@ -80,10 +80,18 @@ class ApexDDP(Rule):
     REVIEW_CODES = {
         "MGP246": "an apex argument that changes the numerics of the gradient reduction was dropped",
         "MGP247": "an apex DistributedDataParallel the tool cannot map (gradient_average=False, unknown arguments)",
+        "MGP251": "the name is bound both to apex's DistributedDataParallel and to something else in this file",
     }
     DESCRIPTION = "apex.parallel.DistributedDataParallel replaced with the runtime's wrapper"
     TARGETS = (DDP,)
     EXAMPLES = (
+        Example(
+            "try:\n    from apex.parallel import DistributedDataParallel as DDP\nexcept ImportError:\n    DDP = None\n"
+            "model = DDP(model)\n",
+            None,
+            DDP,
+            ("MGP251",),
+        ),
         Example(
             "from apex.parallel import DistributedDataParallel as DDP\nmodel = DDP(model, delay_allreduce=True)\n",
             "import mgpu_runtime\nmodel = mgpu_runtime.DistributedDataParallel(model)\n",
@@ -142,6 +150,10 @@ class ApexDDP(Rule):
                     f"dropped {', '.join(numeric)}: the runtime reduces gradients in their own precision, divided "
                     "once; check the training still converges as before",
                 )
+        for call in self.analysis.ambiguous_calls(names.APEX_DDP):
+            self.left(
+                call, "MGP251", "this name is bound to apex's DistributedDataParallel and to something else; not rewritten"
+            )
 
 
 def _only_module(call: cst.Call, index: int) -> cst.Call:

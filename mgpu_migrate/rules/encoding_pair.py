@@ -205,14 +205,9 @@ class EncodingPair(Rule):
             if self._is_default_gather(parent, node):
                 self._gathers.append(parent)
                 return None
-            callee = index.callee(parent, scope)
-            if callee is not None:
-                function, implicit = callee
-                for position, arg in enumerate(parent.args):
-                    if arg.value is node:
-                        place = index.parameter_place(function, parent, position, implicit)
-                        if place is not None:
-                            return self._place_uses(place, predictions, seen)
+            for place in index.parameters_receiving(parent, node, scope) or ():
+                if place is not None:
+                    return self._place_uses(place, predictions, seen)
             return parent, f"the outputs are passed to `{self.analysis.module.code_for_node(parent.func)}(...)`"
         if kind == "return":
             function = scope.node if isinstance(scope.node, cst.FunctionDef) else None

@@ -60,6 +60,7 @@ class WrapperSwap(Rule):
     REVIEW_CODES = {
         "MGP201": "DataParallel with dim != 0 has no DistributedDataParallel equivalent",
         "MGP202": "the name is bound both to torch's DataParallel and to something else in this file",
+        "MGP214": "DataParallel arguments passed with * or **: device_ids, output_device or dim may be among them",
     }
     DESCRIPTION = "DataParallel wrapper replaced with the runtime's wrapper"
     EXAMPLES = (
@@ -80,6 +81,18 @@ class WrapperSwap(Rule):
             None,
             DDP,
             ("MGP201",),
+        ),
+        Example(
+            "import torch.nn as nn\nmodel = nn.DataParallel(model, **options)\n",
+            None,
+            DDP,
+            ("MGP214",),
+        ),
+        Example(
+            "from torch.nn import *\nmodel = DataParallel(model)\n",
+            "from torch.nn import *\nimport mgpu_runtime\nmodel = mgpu_runtime.DataParallelModel(model)\n",
+            BALANCED,
+            ("MGP101",),
         ),
         Example(
             "class DataParallel:\n    pass\nmodel = DataParallel(model)\n",
@@ -111,6 +124,14 @@ class WrapperSwap(Rule):
 
     def _swap_for_ddp(self, call: cst.Call) -> bool:
         args = list(call.args)
+        if any(arg.star for arg in args):
+            self.left(
+                call,
+                "MGP214",
+                "DataParallel arguments passed with * or **: device_ids or dim may be among them, which mean "
+                "nothing or something else under DistributedDataParallel; not rewritten",
+            )
+            return False
         kept = []
         for index, arg in enumerate(args):
             parameter = _parameter_name(args, index)

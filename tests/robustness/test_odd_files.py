@@ -103,6 +103,13 @@ def test_an_unreadable_file_fails_alone_and_stays_as_it_was(tmp_path, make, reas
         assert bad.read_bytes() == before
 
 
+def test_noqa_counts_lines_as_python_does(tmp_path):
+    # A form feed or a \x1c in a string is not a line break: the noqa is on line 4.
+    data = "import torch.nn as nn\n\x0c\ns = 'a\x1cb'\nmodel = nn.DataParallel(model)  # noqa: MGP101\n"
+    (tmp_path / "kept.py").write_text(data)
+    assert run_cli("--to", "ddp", "--check", "kept.py", cwd=tmp_path).returncode == 0
+
+
 def test_a_file_the_parser_cannot_reproduce_is_left_alone(tmp_path):
     # LibCST drops the comment after the whitespace-only lines: rewriting would lose it.
     data = (DP_SCRIPT + "\t\n  # keep this\n\t\n\x0c\n").encode()
@@ -138,3 +145,22 @@ def test_a_huge_generated_file_with_one_site(tmp_path, lines):
     assert after.replace("mgpu_runtime.DistributedDataParallel", "nn.DataParallel").replace(
         "import mgpu_runtime\n", ""
     ) == source
+
+
+def test_stdin_is_read_and_written_in_its_own_encoding():
+    data = b"# -*- coding: latin-1 -*-\n# r\xe9seau\n" + DP_SCRIPT.encode()
+    result = run_cli("-", "--to", "ddp", stdin=data)
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stdout.startswith(b"# -*- coding: latin-1 -*-\n# r\xe9seau\n") and REWRITTEN in result.stdout
+    broken = run_cli("-", "--to", "ddp", stdin=b"# -*- coding: no-such-codec -*-\n" + DP_SCRIPT.encode())
+    assert broken.returncode == 2 and b"<stdin>:1:1: MGP001 cannot read: unknown encoding" in broken.stderr
+
+
+def test_a_file_too_deep_for_the_compiler_fails_alone(tmp_path):
+    data = DP_SCRIPT + "total = " + " + ".join(["step"] * 100_000) + "\n"
+    (tmp_path / "deep.py").write_text(data)
+    (tmp_path / "good.py").write_text(DP_SCRIPT)
+    stderr = migrate(tmp_path, ".", expect=2)
+    assert "./deep.py:1:1: MGP00" in stderr  # unprocessable (CPython cannot compile it either)
+    assert (tmp_path / "deep.py").read_text() == data
+    assert REWRITTEN in (tmp_path / "good.py").read_bytes()
