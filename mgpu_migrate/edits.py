@@ -93,9 +93,15 @@ class StatementTidier(cst.CSTTransformer):
 
 
 class _Applier(StatementTidier):
-    def __init__(self, edits: Edits) -> None:
+    def __init__(self, edits: Edits, on_path: set[cst.CSTNode]) -> None:
         super().__init__()
         self.edits = edits
+        self.on_path = on_path
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        # Only the edited nodes and their ancestors change: libcst rebuilds every node it descends into, so
+        # the untouched subtrees (most of a file) are not entered at all.
+        return node in self.on_path
 
     def on_leave(self, original_node, updated_node):
         result = updated_node
@@ -111,5 +117,11 @@ class _Applier(StatementTidier):
         return self.tidy(result) if isinstance(result, cst.CSTNode) else result
 
 
-def apply(module: cst.Module, edits: Edits) -> cst.Module:
-    return module.visit(_Applier(edits))
+def apply(module: cst.Module, edits: Edits, parent: Callable[[cst.CSTNode], cst.CSTNode | None]) -> cst.Module:
+    """Apply the edits; ``parent`` gives each original node's parent (from the shared analysis)."""
+    on_path: set[cst.CSTNode] = set()
+    for node in (*edits.replacements, *edits.before, *edits.after):
+        while node is not None and node not in on_path:
+            on_path.add(node)
+            node = parent(node)
+    return module.visit(_Applier(edits, on_path))

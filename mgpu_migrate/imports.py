@@ -11,10 +11,11 @@ from collections import Counter
 import libcst as cst
 
 from mgpu_migrate.analysis.names import Bindings
+from mgpu_migrate.analysis.walk import walk
 from mgpu_migrate.edits import StatementTidier
 
 
-class _NameUses(cst.CSTVisitor):
+class _NameUses:
     """Counts the uses of each name outside import statements (strings count too: ``__all__``)."""
 
     def __init__(self) -> None:
@@ -27,11 +28,11 @@ class _NameUses(cst.CSTVisitor):
         return False
 
     def visit_Attribute(self, node: cst.Attribute) -> bool:
-        node.value.visit(self)
+        walk(node.value, self)
         return False
 
     def visit_Arg(self, node: cst.Arg) -> bool:
-        node.value.visit(self)
+        walk(node.value, self)
         return False
 
     def visit_Name(self, node: cst.Name) -> None:
@@ -43,7 +44,7 @@ class _NameUses(cst.CSTVisitor):
 
 def name_uses(module: cst.Module) -> Counter[str]:
     visitor = _NameUses()
-    module.visit(visitor)
+    walk(module, visitor)
     return visitor.uses
 
 
@@ -124,6 +125,10 @@ class _DropAliases(StatementTidier):
         if not (isinstance(updated, cst.ImportFrom) and updated.lpar is not None):
             kept[-1] = last.with_changes(comma=cst.MaybeSentinel.DEFAULT)
         return updated.with_changes(names=kept)
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        # Imports are statements: expressions and other small statements never hold one.
+        return not isinstance(node, (cst.BaseExpression, cst.BaseSmallStatement))
 
     def leave_Import(self, original_node, updated_node):
         return self._filter(updated_node)

@@ -65,7 +65,7 @@ def _migrate(module: cst.Module, source: str, target: str, path: str, options: O
         )
         return MigrationResult(path, source, source, error=Diagnostic(path, 1, 1, PARSE_ERROR, message))
     uses_before = name_uses(module)
-    new_module = apply(module, edits)
+    new_module = apply(module, edits, analysis.tree.parent)
     for name in edits.imports:
         new_module = add_import(new_module, name)
     new_module = remove_orphaned(new_module, analysis.bindings, uses_before)

@@ -14,6 +14,7 @@ from mgpu_migrate.analysis.models import ModelFlow
 from mgpu_migrate.analysis.positions import Positions
 from mgpu_migrate.analysis.scopes import FlowIndex
 from mgpu_migrate.analysis.tree import Tree
+from mgpu_migrate.analysis.walk import walk
 from mgpu_migrate.analysis.values import Values
 from mgpu_migrate.diagnostics import noqa_codes
 
@@ -37,7 +38,7 @@ class FileAnalysis:
     @cached_property
     def bindings(self) -> names.Bindings:
         collector = names.BindingCollector()
-        self.module.visit(collector)
+        walk(self.module, collector)
         return collector.bindings
 
     def resolve(self, node: cst.BaseExpression) -> str | None:

@@ -103,8 +103,8 @@ def _relative_prefix(node: cst.ImportFrom) -> str:
     return "." * len(node.relative)
 
 
-class BindingCollector(cst.CSTVisitor):
-    """Collects bindings in one pass over the tree."""
+class BindingCollector:
+    """Collects bindings in one read-only pass over the tree (``analysis.walk``)."""
 
     def __init__(self) -> None:
         self.bindings = Bindings()

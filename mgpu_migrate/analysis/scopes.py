@@ -14,13 +14,14 @@ defined in this file. Every rule built on it is safe when a place holds more tha
 
 from __future__ import annotations
 
-import dataclasses
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
 import libcst as cst
+
+from mgpu_migrate.analysis.walk import walk
 
 ScopeNode = Union[cst.Module, cst.ClassDef, cst.FunctionDef]
 Function = cst.FunctionDef
@@ -111,7 +112,7 @@ class FlowIndex:
 
     def __init__(self, module: cst.Module) -> None:
         collector = _Collector(module)
-        _walk(module, collector)
+        walk(module, collector)
         self.module_scope = collector.module_scope
         self.scopes: dict[ScopeNode, Scope] = collector.scopes
         self.assignments: list[Assignment] = collector.assignments
@@ -255,42 +256,6 @@ def _names_in_target(target: cst.BaseExpression) -> list[str]:
 
 def _is_staticmethod(function: Function) -> bool:
     return any(isinstance(d.decorator, cst.Name) and d.decorator.value == "staticmethod" for d in function.decorators)
-
-
-# Fields that never hold an expression or a statement: whitespace, punctuation, operators.
-_SKIPPED_FIELDS = frozenset(
-    {"lpar", "rpar", "comma", "semicolon", "leading_lines", "lines_after_decorators", "header", "footer", "newline",
-     "equal", "colon", "dot", "operator", "asynchronous", "star", "indent", "default_indent", "default_newline",
-     "encoding", "has_trailing_newline", "trailing_whitespace", "leading_whitespace", "relative"}
-)
-_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
-def _walk(node: cst.CSTNode, visitor: "_Collector") -> None:
-    """``node.visit(visitor)`` for a visitor that only reads: the same ``visit_X``/``leave_X`` calls (children in
-    field order, punctuation and whitespace skipped), without libcst's rebuilding of every node on the way back,
-    which costs about as much as the parse."""
-    kind = type(node)
-    names = _FIELDS.get(kind)
-    if names is None:
-        names = tuple(
-            f.name for f in dataclasses.fields(kind) if f.name not in _SKIPPED_FIELDS and "whitespace" not in f.name
-        )
-        _FIELDS[kind] = names
-    enter = getattr(visitor, f"visit_{kind.__name__}", None)
-    if enter is not None and enter(node) is False:
-        return
-    for name in names:
-        value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
-            _walk(value, visitor)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                if isinstance(item, cst.CSTNode):
-                    _walk(item, visitor)
-    leave = getattr(visitor, f"leave_{kind.__name__}", None)
-    if leave is not None:
-        leave(node)
 
 
 class _Collector:
