@@ -374,15 +374,13 @@ class _Collector:
         self.assignments.append(Assignment(node.target, node.value, self.scope))
         self.slots[node.value] = Slot("assign", node)
 
-    def visit_For(self, node: cst.For) -> None:
+    def visit_For(self, node: Union[cst.For, cst.CompFor]) -> None:
         self._store(node.target)
         self.loops.append(Loop(node.target, node.iter, self.scope))
         self.slots[node.iter] = Slot("iter", node)
 
-    def visit_CompFor(self, node: cst.CompFor) -> None:
-        self._store(node.target)
-        self.loops.append(Loop(node.target, node.iter, self.scope))
-        self.slots[node.iter] = Slot("iter", node)
+    # A comprehension's `for` binds and iterates like a `for` statement.
+    visit_CompFor = visit_For
 
     def visit_WithItem(self, node: cst.WithItem) -> None:
         if node.asname is not None:
