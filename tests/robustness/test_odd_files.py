@@ -164,3 +164,13 @@ def test_a_file_too_deep_for_the_compiler_fails_alone(tmp_path):
     assert "./deep.py:1:1: MGP00" in stderr  # unprocessable (CPython cannot compile it either)
     assert (tmp_path / "deep.py").read_text() == data
     assert REWRITTEN in (tmp_path / "good.py").read_bytes()
+
+
+def test_code_nested_too_deeply_to_parse_is_refused_not_crashed(tmp_path):
+    # Deeper than the compiler's recursion limit: an unparseable file (MGP002), never an internal error.
+    deep = "import torch.nn as nn\nmodel = nn.DataParallel(model)\nx = " + "-" * 100_000 + "1\n"
+    (tmp_path / "deep.py").write_text(deep)
+    result = run_cli("--to", "ddp", "deep.py", cwd=tmp_path)
+    assert result.returncode == 2
+    assert b"deep.py:1:1: MGP002 cannot parse" in result.stderr and b"MGP003" not in result.stderr
+    assert (tmp_path / "deep.py").read_text() == deep
