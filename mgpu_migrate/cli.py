@@ -11,7 +11,7 @@ from mgpu_migrate import __version__
 from mgpu_migrate.config import ConfigError, load_settings
 from mgpu_migrate.engine import TARGETS, migrate_source
 from mgpu_migrate.options import Options
-from mgpu_migrate.report import CHANGED, FAILED, FileOutcome, process_files, summary, unified_diff
+from mgpu_migrate.report import CHANGED, FAILED, FileOutcome, outcome_of, process_files, summary
 
 EXIT_OK, EXIT_WOULD_CHANGE, EXIT_ERROR = 0, 1, 2
 
@@ -40,6 +40,7 @@ def _explain(code: str) -> None:
 
 
 def _process_stdin(target: str, check: bool, diff: bool, filename: str, options: Options) -> FileOutcome:
+    from mgpu_migrate.diagnostics import READ_ERROR, Diagnostic
     from mgpu_migrate.files import source_file
 
     data = sys.stdin.buffer.read()
@@ -47,18 +48,15 @@ def _process_stdin(target: str, check: bool, diff: bool, filename: str, options:
         stdin = source_file(filename, data)
         source = stdin.text
     except (SyntaxError, UnicodeDecodeError, LookupError) as error:
-        from mgpu_migrate.diagnostics import READ_ERROR, Diagnostic
-
         sys.stdout.buffer.write(data)
         return FileOutcome(filename, FAILED, [Diagnostic(filename, 1, 1, READ_ERROR, f"cannot read: {error}")])
     result = migrate_source(source, target, filename, options)
-    diagnostics = [result.error, *result.diagnostics] if result.error else result.diagnostics
-    status = FAILED if result.error else CHANGED if result.changed else "unchanged"
+    outcome = outcome_of(result, want_diff=diff)
     if diff:
-        sys.stdout.write(unified_diff(result.source, result.output, filename))
+        sys.stdout.write(outcome.diff)
     elif not check:
         sys.stdout.buffer.write(result.output.encode(stdin.encoding))
-    return FileOutcome(filename, status, diagnostics)
+    return outcome
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

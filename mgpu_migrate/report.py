@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 
 from mgpu_migrate import files
 from mgpu_migrate.diagnostics import INTERNAL_ERROR, READ_ERROR, Diagnostic
-from mgpu_migrate.engine import might_need_migration, migrate_source
+from mgpu_migrate.engine import MigrationResult, might_need_migration, migrate_source
 from mgpu_migrate.options import DEFAULT_OPTIONS, Options
 
 UNCHANGED, CHANGED, FAILED = "unchanged", "changed", "failed"
@@ -52,6 +52,16 @@ def screen(path: str) -> FileOutcome | files.SourceFile:
         return _failed(path, READ_ERROR, f"cannot read: {getattr(error, 'strerror', None) or error}")
 
 
+def outcome_of(result: MigrationResult, want_diff: bool) -> FileOutcome:
+    """What the command line reports for one migrated source, on disk or from stdin."""
+    if result.error is not None:
+        return FileOutcome(result.path, FAILED, [result.error, *result.diagnostics])
+    if not result.changed:
+        return FileOutcome(result.path, UNCHANGED, result.diagnostics)
+    diff = unified_diff(result.source, result.output, result.path) if want_diff else ""
+    return FileOutcome(result.path, CHANGED, result.diagnostics, diff)
+
+
 def migrate_file(
     source_file: files.SourceFile, target: str, write: bool, want_diff: bool, options: Options = DEFAULT_OPTIONS
 ) -> FileOutcome:
@@ -62,17 +72,12 @@ def migrate_file(
     except (UnicodeDecodeError, LookupError) as error:
         return _failed(path, READ_ERROR, f"cannot read: {error}")
     result = migrate_source(text, target, path, options)
-    if result.error is not None:
-        return FileOutcome(path, FAILED, [result.error, *result.diagnostics])
-    if not result.changed:
-        return FileOutcome(path, UNCHANGED, result.diagnostics)
-    if write:
+    if write and result.changed:
         try:
             files.write_atomically(path, result.output, source_file.encoding)
         except (OSError, UnicodeEncodeError) as error:
             return _failed(path, READ_ERROR, f"cannot write: {getattr(error, 'strerror', None) or error}")
-    diff = unified_diff(result.source, result.output, path) if want_diff else ""
-    return FileOutcome(path, CHANGED, result.diagnostics, diff)
+    return outcome_of(result, want_diff)
 
 
 # Starting the workers costs about as much as migrating a file or two; below this many files per

@@ -19,7 +19,7 @@ from mgpu_migrate.analysis.values import Values
 from mgpu_migrate.diagnostics import noqa_codes
 
 
-class _CallCollector(cst.CSTVisitor):
+class _CallCollector:
     def __init__(self) -> None:
         self.calls: list[cst.Call] = []
 
@@ -82,9 +82,10 @@ class FileAnalysis:
 
     @cached_property
     def calls(self) -> list[cst.Call]:
-        """Every call in the file, in source order."""
+        """Every call in the file, statements in source order (a read-only walk, so within one statement the
+        order is the tree's fields', e.g. a decorator's calls after its function's)."""
         collector = _CallCollector()
-        self.module.visit(collector)
+        walk(self.module, collector)
         return collector.calls
 
     def calls_to(self, qualified: str) -> list[cst.Call]:

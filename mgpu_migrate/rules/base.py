@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -31,7 +32,7 @@ class Example:
     options: Options = DEFAULT_OPTIONS
 
 
-class Rule:
+class Rule(ABC):
     """Base class. The class docstring is the rule's documentation (shown by ``--explain CODE``) and
     follows fixed sections: What it does / Why is this bad? / Example / Use instead / Fix safety."""
 
@@ -48,8 +49,9 @@ class Rule:
         self.edits = edits
         self.options = options
 
+    @abstractmethod
     def apply(self) -> None:
-        raise NotImplementedError
+        """Record this rule's edits and diagnostics for the file."""
 
     # -- helpers for subclasses ------------------------------------------------------------------
     def rewrite_allowed(self, node: cst.CSTNode, code: str | None = None) -> bool:

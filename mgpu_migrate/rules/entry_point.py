@@ -61,6 +61,14 @@ class EntryPointSetup(Rule):
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
+            "import torch.nn as nn\n\n\ndef main():\n    a = nn.DataParallel(nn.Linear(2, 2), dim=1)\n"
+            "    b = nn.DataParallel(nn.Linear(2, 2))\n\n\nif __name__ == '__main__':\n    main()\n",
+            "import torch.nn as nn\nimport mgpu_runtime\n\n\ndef main():\n    a = nn.DataParallel(nn.Linear(2, 2), dim=1)\n"
+            "    b = mgpu_runtime.DistributedDataParallel(nn.Linear(2, 2))\n\n\nif __name__ == '__main__':\n    main()\n",
+            DDP,
+            ("MGP101", "MGP201", "MGP232"),
+        ),
+        Example(
             "import torch.nn as nn\n\n\ndef main():\n    model = nn.DataParallel(nn.Linear(2, 2))\n\n\n"
             'if __name__ == "__main__":\n    main()\n',
             "import torch.nn as nn\nimport mgpu_runtime\n\n\ndef main():\n"

@@ -53,6 +53,14 @@ class ProgressBar(Rule):
     EXAMPLES = (
         Example(
             "import torch.nn as nn\nfrom tqdm import tqdm\n\nmodel = nn.DataParallel(model)\n"
+            "for x in tqdm(batches, **options):\n    model(x)\n",
+            "from tqdm import tqdm\nimport mgpu_runtime\n\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
+            "for x in tqdm(batches, **options):\n    model(x)\n",
+            DDP,
+            ("MGP101", "MGP241"),
+        ),
+        Example(
+            "import torch.nn as nn\nfrom tqdm import tqdm\n\nmodel = nn.DataParallel(model)\n"
             "for x in tqdm(batches, desc='train'):\n    model(x)\n",
             "from tqdm import tqdm\nimport mgpu_runtime\n\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
             "for x in tqdm(batches, desc='train', disable=not mgpu_runtime.is_main_process()):\n    model(x)\n",

@@ -31,6 +31,7 @@ world of one ``distribute_loader`` returns the loader itself.
 from __future__ import annotations
 
 import inspect
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterable, Iterator
 from itertools import islice
@@ -77,7 +78,7 @@ def distribute_loader(loader: Iterable[Any]) -> Iterable[Any]:
     return _ScatteredLoader(loader)
 
 
-class _LoaderTwin:
+class _LoaderTwin(ABC):
     """What both twins share: the original's length and attributes, and publishing each batch's share."""
 
     def __init__(self, loader: Iterable[Any]) -> None:
@@ -100,8 +101,9 @@ class _LoaderTwin:
         finally:
             publish(None)
 
+    @abstractmethod
     def _batches_and_shares(self) -> Iterator[tuple[Any, Share]]:
-        raise NotImplementedError
+        """Each batch this rank yields, with its share of the global batch."""
 
 
 class _IndexShardedLoader(_LoaderTwin):
