@@ -169,3 +169,23 @@ def test_version_help_and_explain():
     explained = run_cli("--explain", "MGP201")
     assert explained.returncode == 0 and b"## What it does" in explained.stdout
     assert run_cli("--explain", "MGP999").returncode == 2
+
+
+def test_quiet_prints_only_review_sites_and_stdin_filename_names_them(project):
+    source = b"import torch\nm = torch.nn.DataParallel(m)\nn = torch.nn.DataParallel(n, dim=1)\n"
+    result = run_cli("-", "--to", "ddp", "-q", "--stdin-filename", "train.py", stdin=source)
+    assert result.returncode == 0
+    lines = result.stderr.decode().splitlines()
+    assert [line.split(" ")[:2] for line in lines] == [["train.py:2:5:", "MGP232"], ["train.py:3:5:", "MGP201"]]
+
+
+def test_readme_example_diff_is_what_the_tool_prints():
+    import re
+
+    from tests.fixture_cases import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    command, shown = re.search(r"```diff\n\$ (mgpu-migrate[^\n]*)\n(.*?)```", readme, re.S).groups()
+    printed = run_cli(*command.split()[1:], cwd=ROOT).stdout.decode()
+    # Markdown keeps no trailing spaces: compare line by line without them.
+    assert [line.rstrip() for line in shown.splitlines()] == [line.rstrip() for line in printed.splitlines()]
