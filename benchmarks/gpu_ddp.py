@@ -1,6 +1,7 @@
 """The distributed runtime on a real GPU: exactness with two processes on one device, and wrapper overhead.
 
-    python benchmarks/gpu_ddp.py        # prints JSON; skips (exit 0) without CUDA
+    python benchmarks/gpu_ddp.py             # prints JSON; skips (exit 0) without CUDA
+    python benchmarks/gpu_ddp.py --rehearse  # the same code on the CPU over gloo, toy sizes (no verdicts)
 
 Two measurements, written into ``results`` (each in fresh processes, so this process joins no job):
 
@@ -13,7 +14,8 @@ Two measurements, written into ``results`` (each in fresh processes, so this pro
   world of one, ``mgpu_runtime.DistributedDataParallel`` against bare ``torch DistributedDataParallel`` on
   an NCCL group (what ``torchrun --nproc_per_node=1`` gives); target <= 1.02x.
 
-The workers are this file run with ``--worker``.
+The workers are this file run with ``--worker``. ``--rehearse`` runs all of it on the CPU (gloo for both
+groups, a small MLP), so a mistake in this script shows in CI and not in the few minutes a GPU is lent.
 """
 
 from __future__ import annotations
@@ -46,15 +48,18 @@ _LAUNCHER_VARIABLES = {
 }
 
 
-def run(results: dict) -> None:
-    if not torch.cuda.is_available():
+def run(results: dict, rehearse: bool = False) -> None:
+    if rehearse:
+        results["rehearsal"] = "CPU, toy sizes: checks this script's code, not the GPU; timings mean nothing"
+    elif not torch.cuda.is_available():
         results["skipped"] = "no CUDA device: the distributed GPU check needs one"
         return
-    results["device"] = torch.cuda.get_device_name(0)
+    else:
+        results["device"] = torch.cuda.get_device_name(0)
     with tempfile.TemporaryDirectory() as scratch:
         for name, measure in (("exactness", _exactness), ("overhead", _overhead)):
             try:
-                results[name] = measure(pathlib.Path(scratch))
+                results[name] = measure(pathlib.Path(scratch), rehearse)
             except Exception as failure:  # noqa: BLE001 - one failing half must not hide the other's numbers
                 results[name] = {"error": f"{type(failure).__name__}: {failure}"}
     failed = [name for name in ("exactness", "overhead") if "error" in results[name]]
@@ -64,14 +69,15 @@ def run(results: dict) -> None:
         results["error"] = "failed: " + ", ".join(failed)
 
 
-def _exactness(scratch: pathlib.Path) -> dict:
+def _exactness(scratch: pathlib.Path, rehearse: bool) -> dict:
     original, migrated = scratch / "original", scratch / "migrated"
-    _worker(["train", str(original), "--original"])
+    cpu_only = {"CUDA_VISIBLE_DEVICES": ""} if rehearse else {}
+    _worker(["train", str(original), "--original"], env=cpu_only)
     shared_gpu = {"CUDA_VISIBLE_DEVICES": _first_visible_device(), "MGPU_BACKEND": "gloo", "MGPU_SHARE_DEVICE": "1"}
     _worker(
         ["train", str(migrated)],
         launcher=["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"],
-        env=shared_gpu,
+        env=cpu_only or shared_gpu,
     )
     expected = torch.load(original / "rank0.pt")
     ranks = [torch.load(migrated / f"rank{rank}.pt") for rank in range(2)]
@@ -84,9 +90,9 @@ def _exactness(scratch: pathlib.Path) -> dict:
     }
 
 
-def _overhead(scratch: pathlib.Path) -> dict:
+def _overhead(scratch: pathlib.Path, rehearse: bool) -> dict:
     out = scratch / "overhead.json"
-    _worker(["overhead", str(out)])
+    _worker(["overhead", str(out), *(["--rehearse"] if rehearse else [])], env={"CUDA_VISIBLE_DEVICES": ""} if rehearse else {})
     timing = json.loads(out.read_text())
     ratio = timing["mgpu_runtime_ms"] / timing["bare_ddp_ms"]
     return {**timing, "ratio": round(ratio, 4), "target": OVERHEAD_TARGET, "ok": ratio <= OVERHEAD_TARGET}
@@ -147,24 +153,27 @@ def _train_worker(out: pathlib.Path, original: bool) -> None:
     torch.save({name: value.detach().cpu() for name, value in bare.state_dict().items()}, out / f"rank{rank}.pt")
 
 
-def _overhead_worker(out: pathlib.Path) -> None:
+def _overhead_worker(out: pathlib.Path, rehearse: bool) -> None:
     """Median step times of the runtime's wrapper and bare DDP, measured in alternating rounds."""
     import mgpu_runtime
     import torch.distributed as dist
 
     mgpu_runtime.setup()
     device = mgpu_runtime.device()
+    width, layers, rows = (64, 2, 32) if rehearse else (4096, 8, 512)
 
     def mlp() -> nn.Module:
         torch.manual_seed(0)
-        layers = [layer for _ in range(8) for layer in (nn.Linear(4096, 4096), nn.ReLU())]
-        return nn.Sequential(*layers).to(device)
+        return nn.Sequential(*[layer for _ in range(layers) for layer in (nn.Linear(width, width), nn.ReLU())]).to(device)
 
     wrapped = mgpu_runtime.DistributedDataParallel(mlp())
+    on_gpu = device.type == "cuda"
     bare = nn.parallel.DistributedDataParallel(
-        mlp(), device_ids=[device.index], process_group=dist.new_group(backend="nccl")
+        mlp(),
+        device_ids=[device.index] if on_gpu else None,
+        process_group=dist.new_group(backend="nccl" if on_gpu else "gloo"),
     )
-    batch = torch.randn(512, 4096, device=device)
+    batch = torch.randn(rows, width, device=device)
     steppers = {}
     for name, model in (("mgpu_runtime_ms", wrapped), ("bare_ddp_ms", bare)):
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
@@ -176,13 +185,14 @@ def _overhead_worker(out: pathlib.Path) -> None:
 
         steppers[name] = step
     rounds: dict[str, list[float]] = {name: [] for name in steppers}
+    synchronize = torch.cuda.synchronize if on_gpu else (lambda: None)
     for round_index in range(12):
         for name, step in steppers.items():
-            torch.cuda.synchronize()
+            synchronize()
             started = time.perf_counter()
             for _ in range(10):
                 step()
-            torch.cuda.synchronize()
+            synchronize()
             if round_index >= 2:  # the first rounds warm up allocator, kernels and buckets
                 rounds[name].append((time.perf_counter() - started) * 100)
     out.write_text(json.dumps({name: round(statistics.median(times), 3) for name, times in rounds.items()}))
@@ -192,16 +202,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", nargs="+", metavar="ARGUMENT", help=argparse.SUPPRESS)
     parser.add_argument("--original", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--rehearse", action="store_true", help="run this script's code on the CPU, toy sizes")
     arguments = parser.parse_args()
     if arguments.worker:
         kind, out = arguments.worker[0], pathlib.Path(arguments.worker[1])
         if kind == "train":
             _train_worker(out, arguments.original)
         else:
-            _overhead_worker(out)
+            _overhead_worker(out, arguments.rehearse)
         return 0
     results: dict = {}
-    run(results)
+    run(results, arguments.rehearse)
     print(json.dumps(results, indent=2, default=str))
     return 1 if "error" in results else 0
 
