@@ -74,9 +74,10 @@ def _process_stdin(target: str, check: bool, diff: bool, filename: str, options:
     help="Processes to migrate files on (started only when enough files need migrating).",
 )
 @click.option(
-    "--sync-bn",
-    is_flag=True,
-    help="With --to ddp: convert BatchNorm layers to SyncBatchNorm (statistics over the whole global batch).",
+    "--sync-bn/--no-sync-bn",
+    default=None,
+    help="With --to ddp: convert BatchNorm layers to SyncBatchNorm (statistics over the whole global batch). "
+    "Default: [tool.mgpu-migrate] sync-bn, else off.",
 )
 @click.option("--stdin-filename", default="<stdin>", show_default=True, help="Name used for '-' in diagnostics.")
 @click.option("--explain", metavar="CODE", help="Explain a diagnostic code and exit.")
@@ -96,24 +97,25 @@ def main(paths, target, diff, check, quiet, jobs, sync_bn, stdin_filename, expla
         raise click.UsageError("give at least one PATH (a file, a directory, or '-' for stdin)")
     if "-" in paths and len(paths) > 1:
         raise click.UsageError("'-' (stdin) cannot be combined with other paths")
+    try:
+        settings = load_settings(list(paths))
+    except ConfigError as error:
+        raise click.UsageError(str(error)) from error
     if target is None:
-        try:
-            target = load_settings(list(paths)).get("to")
-        except ConfigError as error:
-            raise click.UsageError(str(error)) from error
+        target = settings.to
         if target not in TARGETS:
             raise click.UsageError(
                 "choose a target with --to [balanced|ddp] (or set to = \"ddp\" under [tool.mgpu-migrate] in pyproject.toml)"
             )
 
-    options = Options(sync_bn=sync_bn)
+    options = Options(sync_bn=settings.sync_bn if sync_bn is None else sync_bn)
     if paths == ("-",):
         outcomes = [_process_stdin(target, check, diff, stdin_filename, options)]
         missing: list[str] = []
     else:
         from mgpu_migrate.files import discover
 
-        found, missing = discover(list(paths))
+        found, missing = discover(list(paths), settings.excluded)
         write = not (check or diff)
         outcomes = process_files(found, target, write, diff, jobs, options)
         for outcome in outcomes:

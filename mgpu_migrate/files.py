@@ -7,6 +7,7 @@ import os
 import stat
 import tempfile
 import tokenize
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,10 +20,11 @@ def _skip_directory(directory: Path) -> bool:
     return directory.name.startswith(".") or directory.name in _SKIPPED_DIRECTORIES or (directory / "pyvenv.cfg").exists()
 
 
-def discover(paths: list[str]) -> tuple[list[str], list[str]]:
+def discover(paths: list[str], excluded: Callable[[str], bool] = lambda path: False) -> tuple[list[str], list[str]]:
     """Expand files and directories into Python files, each real file once, in a stable order.
 
-    Returns the files and the paths that do not exist.
+    ``excluded`` says which files and directories to leave out (the settings' ``exclude`` patterns); it
+    applies to named paths too. Returns the files and the paths that do not exist.
     """
     found: list[str] = []
     missing: list[str] = []
@@ -30,14 +32,18 @@ def discover(paths: list[str]) -> tuple[list[str], list[str]]:
 
     def add(path: str) -> None:
         real = os.path.realpath(path)
-        if real not in seen:
+        if real not in seen and not excluded(path):
             seen.add(real)
             found.append(path)
 
     for path in paths:
         if os.path.isdir(path):
+            if excluded(path):
+                continue
             for root, directories, files in os.walk(path):
-                directories[:] = sorted(d for d in directories if not _skip_directory(Path(root, d)))
+                directories[:] = sorted(
+                    d for d in directories if not _skip_directory(Path(root, d)) and not excluded(os.path.join(root, d))
+                )
                 for name in sorted(files):
                     candidate = os.path.join(root, name)
                     if name.endswith(".py") and not os.path.isdir(candidate):
