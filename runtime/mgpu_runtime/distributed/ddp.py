@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mgpu_runtime.distributed import safety
 from mgpu_runtime.distributed.process_group import device, setup, world_size
 from mgpu_runtime.distributed.share import gradient_weight
 
@@ -63,6 +64,12 @@ class DistributedDataParallel(_TorchDDP):
             **kwargs,
         )
         self.register_comm_hook(None, _share_weighted_sum if processes > 1 else _keep_local)
+        self._checks_batches = processes > 1
+
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        if self._checks_batches and self.training:
+            safety.note_forward(inputs, kwargs)
+        return super().forward(*inputs, **kwargs)
 
 
 # The hooks are unannotated: DDP rejects annotations that are not the real types, and here they are strings.

@@ -1,17 +1,30 @@
-"""The safety net: a multi-process run whose model was never wrapped fails loudly instead of drifting apart.
+"""The safety net: a multi-process run that would not train like the original fails loudly instead.
 
-Without DDP every process would train its own copy of the model on its own share of each batch, and the
-run would look healthy. The check is functional, so it holds whatever did (or did not) the wrapping:
-before an optimizer's first step, every process compares a fingerprint of each parameter's gradient
-(present or not, sum, sum of squares) with the other processes'. Gradients that DDP synchronised are
-identical everywhere (an all-reduce leaves every rank the same bytes); unsynchronised ones differ, and the
-step raises with the reason and the fix. One small all-gather per optimizer, once, so it costs nothing
-measurable; it is installed only in a world of more than one process.
+Two checks, both before the first optimizer step, both installed only in a world of more than one process:
+
+* **Whole batches that differ.** Data that does not come through ``distribute_loader`` (a loader the tool
+  could not follow, or one built in another file) gives every process whole batches. That is the
+  original's training only when every process draws the *same* batches (a sequential loader, or samplers
+  seeded alike); an unseeded shuffle gives each process its own order, and averaging their gradients
+  trains on W different batches per step. So the wrapper fingerprints the inputs of each training forward
+  that had no share of a distributed batch (count, sum and sum of squares of its tensors, computed on
+  their device), and the first step compares the last one across processes. ``MGPU_ALLOW_DIFFERENT_BATCHES=1``
+  turns this check off, for a run that means to train on different data in each process.
+* **A model never wrapped.** Without DDP every process would train its own copy of the model on its own
+  share of each batch, and the run would look healthy. The check is functional, so it holds whatever did
+  (or did not) the wrapping: every process compares a fingerprint of each parameter's gradient (present or
+  not, sum, sum of squares) with the other processes'. Gradients that DDP synchronised are identical
+  everywhere (an all-reduce leaves every rank the same bytes); unsynchronised ones differ.
+
+Each raises with the reason and the fix. A small all-gather per optimizer, once (and one for the batches),
+so they cost nothing measurable.
 """
 
 from __future__ import annotations
 
+import os
 import weakref
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -19,11 +32,51 @@ from torch.optim import Optimizer
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.hooks import RemovableHandle
 
+from mgpu_runtime.distributed.share import current_share
+from mgpu_runtime.structure import tensors
+
+ALLOW_DIFFERENT_BATCHES_VARIABLE = "MGPU_ALLOW_DIFFERENT_BATCHES"
+
 _verified: weakref.WeakSet[Optimizer] = weakref.WeakSet()
+_batches_compared = False
+_whole_batch: torch.Tensor | None = None
+"""The fingerprint of the last training forward that had no share of a distributed batch (None: there was
+none, or a distributed batch came after it)."""
 
 
 class UnsynchronizedTrainingError(RuntimeError):
     """Processes are about to step parameters whose gradients were never averaged across them."""
+
+
+class DifferentBatchesError(RuntimeError):
+    """Processes given whole batches (no ``distribute_loader``) were given different ones."""
+
+
+def note_forward(inputs: tuple, kwargs: dict[str, Any]) -> None:
+    """Called by the wrapper's forward in a multi-process run: keep what the first-step check compares."""
+    global _whole_batch
+    if _batches_compared:
+        return
+    if current_share() is not None:
+        _whole_batch = None  # the batches are distributed: the processes' rows differ by design
+    elif torch.is_grad_enabled():
+        _whole_batch = _batch_fingerprint((inputs, kwargs))
+
+
+def _batch_fingerprint(value: Any) -> torch.Tensor:
+    """How many tensors and elements, and the sum and sum of squares of their values, on the gather device.
+    Float tensors are reduced in float64 without a float64 copy of the batch."""
+    device = _gather_device()
+    total = torch.zeros(4, dtype=torch.float64, device=device)
+    for tensor in tensors(value):
+        if tensor.is_complex():
+            continue
+        values = tensor.detach() if tensor.is_floating_point() else tensor.detach().double()
+        norm = torch.linalg.vector_norm(values, dtype=torch.float64)
+        count = norm.new_tensor(float(values.numel()))
+        part = torch.stack([norm.new_ones(()), count, values.sum(dtype=torch.float64), norm.square()])
+        total += part.to(device)
+    return total
 
 
 def install() -> RemovableHandle:
@@ -35,6 +88,7 @@ def _check_first_step(optimizer: Optimizer, args: tuple, kwargs: dict) -> None:
     if optimizer in _verified:
         return
     _verified.add(optimizer)
+    _compare_whole_batches()
     parameters = [parameter for group in optimizer.param_groups for parameter in group["params"]]
     differing = _parameters_differing_across_ranks(parameters)
     if differing:
@@ -48,19 +102,55 @@ def _check_first_step(optimizer: Optimizer, args: tuple, kwargs: dict) -> None:
         )
 
 
+def _compare_whole_batches() -> None:
+    """Once per run, on every process alike (the same collective everywhere, so none can hang)."""
+    global _batches_compared, _whole_batch
+    if _batches_compared:
+        return
+    _batches_compared = True
+    mine = torch.zeros(5, dtype=torch.float64, device=_gather_device())
+    if _whole_batch is not None:
+        mine[0], mine[1:] = 1.0, _whole_batch
+    _whole_batch = None
+    everyone = _gathered(mine)
+    if everyone[:, 0].sum() == 0 or os.environ.get(ALLOW_DIFFERENT_BATCHES_VARIABLE, "") not in ("", "0"):
+        return
+    if not torch.equal(everyone, everyone[0].expand_as(everyone)):
+        raise DifferentBatchesError(
+            f"mgpu_runtime: the {dist.get_world_size()} processes trained their first step on whole batches "
+            "that differ. Data that does not come through mgpu_runtime.distribute_loader gives every process "
+            "whole batches, which matches the original single-process training only when every process draws "
+            "the same ones; here they did not (an unseeded shuffle, or random augmentation), so each step would "
+            "average the gradients of different batches. Pass the training loader through "
+            "mgpu_runtime.distribute_loader(loader) where it is built (each process then gets its rows of the "
+            "original batches), or seed every process alike before building it. "
+            f"{ALLOW_DIFFERENT_BATCHES_VARIABLE}=1 skips this check."
+        )
+
+
 def _parameters_differing_across_ranks(parameters: list[torch.Tensor]) -> list[int]:
-    # nccl gathers only CUDA tensors; gloo takes CPU ones.
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = _gather_device()
     local = (
         torch.stack([_fingerprint(parameter).to(device) for parameter in parameters])
         if parameters
         else torch.zeros(0, 3, dtype=torch.float64, device=device)
     )
-    gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, local)
-    everyone = torch.stack(gathered).cpu()
+    everyone = _gathered(local)
     agrees = torch.isclose(everyone, everyone[0], rtol=1e-6, atol=0.0, equal_nan=True).all(dim=2).all(dim=0)
     return [index for index, same in enumerate(agrees.tolist()) if not same]
+
+
+def _gather_device() -> torch.device:
+    # nccl gathers only CUDA tensors; gloo takes CPU ones.
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def _gathered(local: torch.Tensor) -> torch.Tensor:
+    """Every process's ``local`` (the same shape everywhere, on ``_gather_device()``), stacked in rank order, on
+    the CPU."""
+    gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, local)
+    return torch.stack(gathered).cpu()
 
 
 def _fingerprint(parameter: torch.Tensor) -> torch.Tensor:
