@@ -198,11 +198,11 @@ def _check_coordinates(coordinates: list[dict], world: int, processes_per_node: 
         assert c["device"] == "cpu"
 
 
-WHOLE_BATCHES = pathlib.Path(__file__).parent / "distributed_scripts" / "whole_batches.py"
+FIRST_STEP = pathlib.Path(__file__).parent / "distributed_scripts" / "first_step.py"
 
 
-def _whole_batches(out: pathlib.Path, mode: str, **environment: str) -> list[dict]:
-    command = _torchrun("--standalone", "--nproc_per_node=2", str(WHOLE_BATCHES), str(out), mode)
+def _first_step(out: pathlib.Path, mode: str, **environment: str) -> list[dict]:
+    command = _torchrun("--standalone", "--nproc_per_node=2", str(FIRST_STEP), str(out), mode)
     _run_together([(command, _clean_environment(**environment))])
     return [torch.load(out / f"rank{rank}.pt") for rank in range(2)]
 
@@ -211,15 +211,24 @@ def _whole_batches(out: pathlib.Path, mode: str, **environment: str) -> list[dic
 def test_whole_batches_that_differ_stop_the_first_step(tmp_path):
     """A loader left whole, shuffled differently in each process: the run stops instead of training on
     twice the data per step; the same batches everywhere train exactly like one process."""
-    refused = _whole_batches(tmp_path / "unseeded", "unseeded")
+    refused = _first_step(tmp_path / "unseeded", "unseeded")
     for result in refused:
         assert "trained their first step on whole batches that differ" in result["error"]
         assert "mgpu_runtime.distribute_loader(loader)" in result["error"]
-    allowed = _whole_batches(tmp_path / "allowed", "unseeded", MGPU_ALLOW_DIFFERENT_BATCHES="1")
+    allowed = _first_step(tmp_path / "allowed", "unseeded", MGPU_ALLOW_DIFFERENT_BATCHES="1")
     assert all("weights" in result for result in allowed)
-    seeded = _whole_batches(tmp_path / "seeded", "seeded")
-    _run_together([([sys.executable, str(WHOLE_BATCHES), str(tmp_path / "single"), "seeded"], _clean_environment())])
+    seeded = _first_step(tmp_path / "seeded", "seeded")
+    _run_together([([sys.executable, str(FIRST_STEP), str(tmp_path / "single"), "seeded"], _clean_environment())])
     single = torch.load(tmp_path / "single" / "rank0.pt")["weights"]
     for result in seeded:
         for name, value in single.items():
             assert (result["weights"][name] - value).abs().max().item() <= TOLERANCE, name
+
+
+@pytest.mark.slow
+def test_weights_changed_after_the_wrap_are_made_rank_0s_at_the_first_training_forward(tmp_path):
+    ranks = _first_step(tmp_path / "reinitialized", "reinitialized")
+    for name, value in ranks[0]["weights"].items():
+        assert torch.equal(ranks[1]["weights"][name], value), name
+    assert any("rank 0's were copied to every process" in warning for warning in ranks[0]["warnings"])
+    assert not any("rank 0's were copied" in warning for warning in ranks[1]["warnings"])

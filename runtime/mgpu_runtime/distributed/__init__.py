@@ -5,7 +5,8 @@ Modules, one idea each: ``environment`` (where this process sits, read from torc
 backend, teardown), ``ddp`` (the DDP wrapper and its exact gradient reduction), ``share`` (this rank's share
 of the current global batch), ``data`` and ``slicing`` (the distributed twin of a DataLoader), ``losses``
 (``DistributedCriterion``), ``io`` (``save``/``load``), ``metrics`` (reductions across ranks) and
-``safety`` (failing loudly on an unwrapped model). See ``runtime/README_distributed.md``.
+``safety`` (the first step of a multi-process run: drifted weights, differing whole batches, an unwrapped
+model). See ``runtime/README_distributed.md``.
 """
 
 from mgpu_runtime.distributed.data import distribute_loader

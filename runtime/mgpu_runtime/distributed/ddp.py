@@ -12,6 +12,11 @@ all behave as torch's. What differs is how gradients are combined (a DDP communi
   its loss to fit this rule, so sums and weighted cross-entropy come out exact too (``losses.py``).
 * One process: no communication at all. The gradient is already the whole batch's.
 
+With more than one process the wrapper also feeds the safety net (``safety.py``): at the first training
+forward it makes every process's weights rank 0's if a script changed them after the wrap, and it
+fingerprints the inputs of training forwards until the first step, which checks that processes given whole
+batches were given the same ones.
+
 ``device_ids`` and ``output_device`` (DataParallel's arguments, naming all the GPUs of one process) are
 accepted and ignored: here each process has exactly one device, ``device()``. Other keyword arguments go to
 torch's DDP unchanged (``find_unused_parameters=True`` for a model that skips parameters in some steps).
@@ -64,10 +69,14 @@ class DistributedDataParallel(_TorchDDP):
             **kwargs,
         )
         self.register_comm_hook(None, _share_weighted_sum if processes > 1 else _keep_local)
-        self._checks_batches = processes > 1
+        self._checks_processes = processes > 1
+        self._aligned = False
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        if self._checks_batches and self.training:
+        if self._checks_processes and self.training:
+            if not self._aligned and torch.is_grad_enabled():
+                self._aligned = True  # every process trains in step, so this collective is met everywhere
+                safety.align_replicas(self.module, self.process_group)
             safety.note_forward(inputs, kwargs)
         return super().forward(*inputs, **kwargs)
 

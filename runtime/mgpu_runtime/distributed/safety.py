@@ -1,6 +1,12 @@
 """The safety net: a multi-process run that would not train like the original fails loudly instead.
 
-Two checks, both before the first optimizer step, both installed only in a world of more than one process:
+First, a repair. DDP copies rank 0's weights to every process when the model is wrapped; a script that
+changes them afterwards (``model.apply(init_weights)`` after the wrap, a checkpoint loaded on the main
+process only) would leave each process with its own model, drifting apart for good. So at the first
+training forward the wrapper compares the processes' parameters and buffers (count, sum and sum of squares
+of each) and, where they differ, copies rank 0's to all, as the wrap would have, with a warning.
+
+Then two checks, before the first optimizer step, installed only in a world of more than one process:
 
 * **Whole batches that differ.** Data that does not come through ``distribute_loader`` (a loader the tool
   could not follow, or one built in another file) gives every process whole batches. That is the
@@ -23,7 +29,9 @@ so they cost nothing measurable.
 from __future__ import annotations
 
 import os
+import warnings
 import weakref
+from itertools import chain
 from typing import Any
 
 import torch
@@ -63,6 +71,36 @@ def note_forward(inputs: tuple, kwargs: dict[str, Any]) -> None:
         _whole_batch = _batch_fingerprint((inputs, kwargs))
 
 
+def align_replicas(module: torch.nn.Module, group: Any = None) -> bool:
+    """Make every process's parameters and buffers rank 0's if they differ anywhere; whether they did.
+
+    A collective: every process calls it, at its first training forward."""
+    states = list(chain(module.parameters(), module.buffers()))
+    if not states:
+        return False
+    device = _gather_device()
+    everyone = _gathered(torch.stack([_value_fingerprint(state).to(device) for state in states]), group)
+    if torch.equal(everyone, everyone[0].expand_as(everyone)):
+        return False
+    for state in states:
+        dist.broadcast(state.data, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+    if dist.get_rank() == 0:
+        warnings.warn(
+            "mgpu_runtime: the processes' weights differed at the first training step (changed after the model "
+            "was wrapped, e.g. initialised with each process's own random numbers); rank 0's were copied to every "
+            "process. Initialise or load weights before wrapping to keep this from happening.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return True
+
+
+def _value_fingerprint(tensor: torch.Tensor) -> torch.Tensor:
+    values = tensor.detach() if tensor.is_floating_point() else tensor.detach().double()
+    norm = torch.linalg.vector_norm(values, dtype=torch.float64)
+    return torch.stack([values.sum(dtype=torch.float64), norm.square()])
+
+
 def _batch_fingerprint(value: Any) -> torch.Tensor:
     """How many tensors and elements, and the sum and sum of squares of their values, on the gather device.
     Float tensors are reduced in float64 without a float64 copy of the batch."""
@@ -71,11 +109,8 @@ def _batch_fingerprint(value: Any) -> torch.Tensor:
     for tensor in tensors(value):
         if tensor.is_complex():
             continue
-        values = tensor.detach() if tensor.is_floating_point() else tensor.detach().double()
-        norm = torch.linalg.vector_norm(values, dtype=torch.float64)
-        count = norm.new_tensor(float(values.numel()))
-        part = torch.stack([norm.new_ones(()), count, values.sum(dtype=torch.float64), norm.square()])
-        total += part.to(device)
+        sums = _value_fingerprint(tensor)
+        total += torch.cat([sums.new_tensor([1.0, float(tensor.numel())]), sums]).to(device)
     return total
 
 
@@ -145,11 +180,11 @@ def _gather_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
-def _gathered(local: torch.Tensor) -> torch.Tensor:
+def _gathered(local: torch.Tensor, group: Any = None) -> torch.Tensor:
     """Every process's ``local`` (the same shape everywhere, on ``_gather_device()``), stacked in rank order, on
     the CPU."""
-    gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, local)
+    gathered = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, local, group=group)
     return torch.stack(gathered).cpu()
 
 

@@ -1,0 +1,62 @@
+"""What the runtime does at the first training step of a multi-process run, by mode:
+
+    python first_step.py OUT_DIR unseeded       whole batches (no distribute_loader), each process shuffling its own way
+    python first_step.py OUT_DIR seeded         whole batches, every process seeded alike
+    python first_step.py OUT_DIR reinitialized  weights re-drawn after the wrap with each process's own random numbers
+
+Each process writes ``OUT_DIR/rank<R>.pt``: the final weights and the warnings, or the error the first step raised.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+import warnings
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def train(mode: str) -> dict:
+    import mgpu_runtime
+    from mgpu_runtime.distributed.safety import DifferentBatchesError
+
+    mgpu_runtime.setup()
+    generator = torch.Generator().manual_seed(7)
+    x, y = torch.randn(30, 4, generator=generator), torch.randn(30, 2, generator=generator)
+    loader = DataLoader(TensorDataset(x, y), batch_size=6, shuffle=True)
+    torch.manual_seed(3)
+    model = mgpu_runtime.DistributedDataParallel(nn.Linear(4, 2))
+    if mode == "reinitialized":
+        loader = mgpu_runtime.distribute_loader(loader)
+        torch.manual_seed(1000 + mgpu_runtime.rank())
+        model.module.reset_parameters()  # after the wrap: each process draws its own weights
+        torch.manual_seed(0)
+    elif mode == "seeded":
+        torch.manual_seed(0)  # the sampler draws its order from the global generator when iterated
+    else:  # what an unseeded script gets: every process starts from its own random state
+        torch.manual_seed(1000 + mgpu_runtime.rank())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            for _ in range(2):
+                for inputs, targets in loader:
+                    optimizer.zero_grad()
+                    nn.functional.mse_loss(model(inputs), targets).backward()
+                    optimizer.step()
+        except DifferentBatchesError as error:
+            return {"error": str(error)}
+    return {
+        "weights": {name: value.detach().clone() for name, value in model.module.state_dict().items()},
+        "warnings": [str(warning.message) for warning in caught],
+    }
+
+
+if __name__ == "__main__":
+    out, mode = pathlib.Path(sys.argv[1]), sys.argv[2]
+    out.mkdir(parents=True, exist_ok=True)
+    import mgpu_runtime
+
+    torch.save(train(mode), out / f"rank{mgpu_runtime.rank()}.pt")
