@@ -15,7 +15,9 @@ from mgpu_migrate.rules.functional_data_parallel import FunctionalDataParallel
 from mgpu_migrate.rules.functional_loss import FunctionalLoss
 from mgpu_migrate.rules.local_rank_argument import LocalRankArgument
 from mgpu_migrate.rules.main_process_collective import MainProcessCollective
+from mgpu_migrate.rules.process_randomness import ProcessRandomness
 from mgpu_migrate.rules.progress_bar import ProgressBar
+from mgpu_migrate.rules.shared_files import SharedFiles
 from mgpu_migrate.rules.sync_batchnorm import SyncBatchNorm
 from mgpu_migrate.rules.training_data import TrainingData
 from mgpu_migrate.rules.unused_parameters import UnusedParameters
@@ -43,6 +45,8 @@ RULES: tuple[type[Rule], ...] = (
     SyncBatchNorm,
     UnusedParameters,
     MainProcessCollective,
+    ProcessRandomness,
+    SharedFiles,
     # Both targets: checks for a wrapper recognize the new ones.
     WrapperCheck,
 )

@@ -1,0 +1,156 @@
+"""MGP260: random numbers drawn per batch in the training loop of a seeded script (``--to ddp``)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from mgpu_migrate.analysis.entrypoint import distributed_program
+from mgpu_migrate.analysis.loaders import DISTRIBUTED
+from mgpu_migrate.analysis.tree import contains
+from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.syntax import RUNTIME
+
+# Seeding the global generators the same way in every process.
+_SEEDS = frozenset(
+    {
+        "torch.manual_seed",
+        "torch.random.manual_seed",
+        "torch.cuda.manual_seed",
+        "torch.cuda.manual_seed_all",
+        "pytorch_lightning.seed_everything",
+        "lightning.seed_everything",
+        "lightning.pytorch.seed_everything",
+        "lightning_fabric.seed_everything",
+        "transformers.set_seed",
+        "accelerate.utils.set_seed",
+    }
+)
+# Draws from torch's global generator whose size is given as an argument (reported when it is the batch's).
+_SIZED_DRAWS = frozenset(f"torch.{name}" for name in ("randn", "rand", "randint", "normal", "empty"))
+# Draws shaped like a tensor of the batch.
+_LIKE_DRAWS = frozenset(f"torch.{name}" for name in ("randn_like", "rand_like", "randint_like", "bernoulli", "poisson"))
+# In-place fills of a tensor (``z.normal_()``), by method name.
+_FILLS = frozenset({"normal_", "uniform_", "bernoulli_", "exponential_", "geometric_", "cauchy_", "log_normal_", "random_"})
+
+
+class ProcessRandomness(Rule):
+    """
+    ## What it does
+    Reports random numbers drawn for each row of the batch inside a training loop whose data is split
+    across processes (``torch.randn(x.size(0), nz)``, ``torch.rand_like(x)``, ``z.normal_()``), in a script
+    that seeds torch's generator (``torch.manual_seed``, ``seed_everything``, ``set_seed``). It rewrites
+    nothing.
+
+    ## Why is this bad?
+    After the migration each process draws these numbers for its own rows of the batch, from its own
+    generator. Seeded alike, the generators give every process the same numbers, so rows on different
+    processes share them: a GAN trained on 8 GPUs sees 8 copies of one process's latent vectors each
+    step, where the original drew one vector per row. (Unseeded processes draw different numbers, as
+    the original's rows did.)
+
+    ## Example
+    ```python
+    torch.manual_seed(args.seed)
+    ...
+    for real, _ in loader:
+        noise = torch.randn(real.size(0), nz, 1, 1, device=device)
+    ```
+
+    ## Use instead
+    ```python
+    torch.manual_seed(args.seed + mgpu_runtime.rank())   # a generator of its own for each process
+    ```
+
+    ## Fix safety
+    Nothing is rewritten: where the seed may differ per process depends on what else draws from the
+    generator. ``distribute_loader`` draws the batches on rank 0 alone, so seeding the other processes
+    differently does not change the data; code that must draw the same numbers everywhere (a random
+    choice that decides whether to step) must keep one seed.
+    """
+
+    CODE = "MGP260"
+    REVIEW_CODES = {
+        "MGP260": "random numbers drawn per row in the training loop of a seeded script: processes draw the same ones",
+    }
+    DESCRIPTION = "per-row random draws in the training loop of a seeded script reported"
+    TARGETS = (DDP,)
+    EXAMPLES = (
+        Example(
+            "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader\n\ntorch.manual_seed(0)\n"
+            "netG = nn.DataParallel(netG)\nfor real in DataLoader(images, batch_size=64, shuffle=True):\n"
+            "    noise = torch.randn(real.size(0), 100)\n    loss = (netD(netG(noise)) - 1).pow(2).mean()\n"
+            "    loss.backward()\n",
+            "import torch\nfrom torch.utils.data import DataLoader\nimport mgpu_runtime\n\nmgpu_runtime.setup()\n\n"
+            "torch.manual_seed(0)\nnetG = mgpu_runtime.DistributedDataParallel(netG)\n"
+            "for real in mgpu_runtime.distribute_loader(DataLoader(images, batch_size=64, shuffle=True)):\n"
+            "    noise = torch.randn(real.size(0), 100)\n    loss = (netD(netG(noise)) - 1).pow(2).mean()\n"
+            "    loss.backward()\n",
+            DDP,
+            ("MGP101", "MGP120", "MGP122", "MGP260"),
+        ),
+    )
+
+    def apply(self) -> None:
+        if not distributed_program(self.analysis, self.edits.replacements).migrates:
+            return
+        seeds = [call for call in self.analysis.calls if self.analysis.resolve(call.func) in _SEEDS]
+        if not seeds:
+            return
+        seed_line, _ = self.analysis.position(seeds[0])
+        reported: set[int] = set()
+        for loop in self._distributed_loops():
+            for call in contains(loop.body, lambda node: isinstance(node, cst.Call)):
+                if id(call) in reported or not self._draws_per_row(call):
+                    continue
+                reported.add(id(call))
+                code = self.analysis.module.code_for_node(call)
+                self.left(
+                    call,
+                    "MGP260",
+                    f"`{code if len(code) <= 60 else code[:57] + '...'}` draws random numbers for each row of the "
+                    f"batch; after the migration every process draws them for its own rows, and the processes, "
+                    f"seeded alike (line {seed_line}), draw the same ones. Seed each process differently, e.g. "
+                    f"with seed + {RUNTIME}.rank()",
+                )
+
+    def _distributed_loops(self) -> list[cst.For]:
+        """Training loops whose data is split across processes (by hand, or by MGP122 before this rule runs).
+        A loop left on whole batches draws the same numbers for the same rows everywhere, as it should."""
+        distributed = []
+        for trace in self.analysis.loaders.traces:
+            split = trace.kind == DISTRIBUTED or any(step in self.edits.replacements for step in trace.path)
+            if trace.training and split and trace.loop not in distributed:
+                distributed.append(trace.loop)
+        return distributed
+
+    def _draws_per_row(self, call: cst.Call) -> bool:
+        qualified = self.analysis.resolve(call.func)
+        if qualified in _LIKE_DRAWS:
+            return True
+        if qualified in _SIZED_DRAWS:
+            return qualified != "torch.empty" and any(_mentions_batch_size(arg.value) for arg in call.args)
+        return (
+            isinstance(call.func, cst.Attribute)
+            and call.func.attr.value in _FILLS
+            and qualified is None  # a tensor's method, not a module function of the same name
+            and self._filled_per_row(call.func.value)
+        )
+
+    def _filled_per_row(self, tensor: cst.BaseExpression) -> bool:
+        # `torch.empty(b, nz).normal_()`, `z.normal_()` where z was made with the batch's size.
+        if isinstance(tensor, cst.Call):
+            return any(_mentions_batch_size(arg.value) for arg in tensor.args)
+        values = self.analysis.values
+        return any(
+            isinstance(value, cst.Call) and any(_mentions_batch_size(arg.value) for arg in value.args)
+            for value in values.of(tensor, values.scope_of(tensor))
+        )
+
+
+def _mentions_batch_size(expr: cst.BaseExpression) -> bool:
+    """``x.size(0)``, ``x.shape[0]``, ``len(x)``, ``batch_size`` ...: an argument that names a batch's size."""
+    for node in contains(expr, lambda n: isinstance(n, (cst.Name, cst.Attribute))):
+        name = node.value if isinstance(node, cst.Name) else node.attr.value
+        if name in ("size", "shape", "len") or "batch" in name.lower() or name in ("bs", "b_size", "n_batch"):
+            return True
+    return False

@@ -1,0 +1,111 @@
+"""MGP261: a file written by every process of a distributed run (``--to ddp``)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from mgpu_migrate.analysis.entrypoint import distributed_program
+from mgpu_migrate.analysis.guards import under_main_process_block
+from mgpu_migrate.analysis.tree import contains
+from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.syntax import RUNTIME, argument
+
+_WRITING_METHODS = frozenset({"write_text", "write_bytes"})
+_RACE = "all write the file at once, so one process's content wins or it comes out garbled"
+_SAVERS = frozenset({"numpy.save", "numpy.savez", "numpy.savetxt", "numpy.savez_compressed"})
+
+
+class SharedFiles(Rule):
+    """
+    ## What it does
+    Reports files that the script opens for writing (``open(path, "w")``, ``"a"``, ``Path.write_text``,
+    ``numpy.save``) outside a main-process-only block, in a file that becomes a distributed program. It
+    rewrites nothing; checkpoints written with ``torch.save`` are MGP123's.
+
+    ## Why is this bad?
+    Every process runs the script, so every process writes the file: appended logs get one copy of each
+    line per process, and files written with ``"w"`` are written by all at once, so one process's content
+    wins or the result is garbled.
+
+    ## Example
+    ```python
+    with open("log.txt", "a") as log:
+        log.write(f"{epoch} {loss.item()}\\n")
+    ```
+
+    ## Use instead
+    ```python
+    if mgpu_runtime.is_main_process():
+        with open("log.txt", "a") as log:
+            log.write(f"{epoch} {loss.item()}\\n")
+    ```
+
+    ## Fix safety
+    Nothing is rewritten: a value written may be the process's own (a loss over its rows) rather than the
+    whole batch's, which ``mgpu_runtime.reduce_mean`` gives; and code in the block may need every process.
+    """
+
+    CODE = "MGP261"
+    REVIEW_CODES = {"MGP261": "a file written by every process: duplicated lines, or writers racing"}
+    DESCRIPTION = "files written by every process reported"
+    TARGETS = (DDP,)
+    EXAMPLES = (
+        Example(
+            "import torch.nn as nn\nmodel = nn.DataParallel(model)\nwith open('log.txt', 'a') as log:\n"
+            "    log.write('started')\n",
+            "import mgpu_runtime\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
+            "with open('log.txt', 'a') as log:\n    log.write('started')\n",
+            DDP,
+            ("MGP101", "MGP261"),
+        ),
+        Example(
+            "import torch.nn as nn\nmodel = nn.DataParallel(model)\nwith open('data.txt') as f:\n    f.read()\n",
+            "import mgpu_runtime\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
+            "with open('data.txt') as f:\n    f.read()\n",
+            DDP,
+            ("MGP101",),
+        ),
+    )
+
+    def apply(self) -> None:
+        if not distributed_program(self.analysis, self.edits.replacements).migrates:
+            return
+        for call in self.analysis.calls:
+            how = self._writes(call)
+            if how is None or under_main_process_block(self.analysis, call) or self._checkpoint_file(call):
+                continue
+            code = self.analysis.module.code_for_node(call)
+            self.left(
+                call,
+                "MGP261",
+                f"`{code if len(code) <= 50 else code[:47] + '...'}` runs on every process: {how}; unless each "
+                f"process writes a file of its own, do it under `if {RUNTIME}.is_main_process():`, writing values "
+                f"reduced over the processes (e.g. {RUNTIME}.reduce_mean(loss.detach()))",
+            )
+
+    def _checkpoint_file(self, call: cst.Call) -> bool:
+        """``with open(path, "wb") as f: torch.save(obj, f)``: MGP123 reports that save (MGP240)."""
+        item = self.analysis.tree.parent(call)
+        block = self.analysis.tree.parent(item) if isinstance(item, cst.WithItem) else None
+        return isinstance(block, cst.With) and any(
+            self.analysis.resolve(inner.func) == "torch.save"
+            for inner in contains(block.body, lambda node: isinstance(node, cst.Call))
+        )
+
+    def _writes(self, call: cst.Call) -> Optional[str]:
+        qualified = self.analysis.resolve(call.func)
+        if qualified == "open" or (isinstance(call.func, cst.Name) and call.func.value == "open" and qualified is None):
+            mode = argument(call, "mode", 1)
+            text = mode.value.evaluated_value if mode is not None and isinstance(mode.value, cst.SimpleString) else ""
+            if "a" in text:
+                return "each appends its own copy of every line"
+            if "w" in text or "x" in text:
+                return _RACE
+            return None
+        if qualified in _SAVERS:
+            return _RACE
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value in _WRITING_METHODS and qualified is None:
+            return _RACE
+        return None
