@@ -67,28 +67,25 @@ class DistributedProgram:
     ``wraps``: the wrap sites rewritten to the runtime's ``DistributedDataParallel``.
     ``kept``: DataParallel sites left as they are (``dim != 0``, a subclass, the functional form, ``# noqa``):
     then the file is not made a distributed program.
-    ``partial``: rewritten sites that wrap only part of a model (``model.features``, ``self.encoder`` in an
-    ``nn.Module``): DDP then averages the gradients of that part only, so the data must stay whole.
     ``existing``: the file's own distributed set-up (``init_process_group``, torch's or apex's DDP,
     ``DistributedSampler``, ``mp.spawn``): then only its DataParallel fallback is migrated.
     """
 
     wraps: tuple[cst.Call, ...]
     kept: tuple[cst.Call, ...]
-    partial: tuple[cst.Call, ...]
     existing: tuple[cst.Call, ...]
     already_set_up: bool
 
     @property
     def migrates(self) -> bool:
         """True when the rules that make a file a distributed program (set-up, data, side effects) apply."""
-        return bool(self.wraps) and not self.kept and not self.partial and not self.existing
+        return bool(self.wraps) and not self.kept and not self.existing
 
 
 def distributed_program(analysis: FileAnalysis, rewritten: Collection[cst.CSTNode]) -> DistributedProgram:
     """The program the file becomes, given the nodes the wrapper rules rewrote (the keys of their edits)."""
     models = analysis.models
-    wraps, kept, partial = [], [], []
+    wraps, kept = [], []
     for site in models.sites:
         if site.kind == RUNTIME:
             continue
@@ -96,11 +93,9 @@ def distributed_program(analysis: FileAnalysis, rewritten: Collection[cst.CSTNod
             kept.append(site.call)
             continue
         wraps.append(site.call)
-        if models.is_submodule(site) is not None:
-            partial.append(site.call)
     existing = tuple(call for call in analysis.calls if analysis.resolve(call.func) in _EXISTING_DISTRIBUTED)
     already = any(analysis.resolve(call.func) == RUNTIME_SETUP for call in analysis.calls)
-    return DistributedProgram(tuple(wraps), tuple(kept), tuple(partial), existing, already)
+    return DistributedProgram(tuple(wraps), tuple(kept), existing, already)
 
 
 # -- statements ------------------------------------------------------------------------------------

@@ -20,9 +20,7 @@ class EntryPointSetup(Rule):
     It also decides whether the file becomes a distributed program at all: a file that already sets up
     distributed training itself (``init_process_group``, torch's or apex's ``DistributedDataParallel``,
     ``DistributedSampler``, ``mp.spawn``) only has its DataParallel fallback migrated (MGP231); a file that
-    keeps a DataParallel wrap (``dim != 0``, ``# noqa``) is not made one (MGP232), nor is one that wraps only
-    part of a model (``model.features = DataParallel(model.features)``, MGP250), whose other gradients DDP
-    would not average.
+    keeps a DataParallel wrap (``dim != 0``, ``# noqa``, part of a model: MGP250) is not made one (MGP232).
 
     ## Why is this bad?
     One process per GPU needs each process bound to its own GPU before CUDA is first used, and a process
@@ -55,7 +53,6 @@ class EntryPointSetup(Rule):
         "MGP230": "the file trains, but no place that runs first was found for mgpu_runtime.setup()",
         "MGP231": "the file already runs distributed training of its own; only its DataParallel fallback is migrated",
         "MGP232": "the file keeps a DataParallel wrap, so it is not made a distributed program",
-        "MGP250": "only part of a model is wrapped, so the file is not made a distributed program",
     }
     DESCRIPTION = "mgpu_runtime.setup() inserted where the program starts"
     TARGETS = (DDP,)
@@ -146,17 +143,6 @@ class EntryPointSetup(Rule):
                     "MGP232",
                     f"the DataParallel wrap at line {line} stays, so this file is not made a distributed program "
                     "(no setup, data or checkpoint changes); migrate that wrap by hand first",
-                )
-            return
-        if program.partial:
-            code = self.analysis.module.code_for_node
-            for wrap in program.partial:
-                self.left(
-                    wrap,
-                    "MGP250",
-                    f"only part of a model is wrapped (`{code(wrap.args[0].value) if wrap.args else 'a sub-module'}`): "
-                    "DDP averages the gradients of that part only, so the training data is not split across "
-                    "processes (each trains on whole batches: correct, not faster); wrap the whole model instead",
                 )
             return
         if program.already_set_up:

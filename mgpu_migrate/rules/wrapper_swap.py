@@ -53,7 +53,9 @@ class WrapperSwap(Rule):
     ## Fix safety
     Balanced: always safe; the wrapper takes the same arguments and its outputs behave like the gathered
     output. DDP: ``device_ids`` and ``output_device`` are dropped (each process owns one device); a
-    ``dim`` other than 0 has no DDP equivalent, so such a site is left with MGP201.
+    ``dim`` other than 0 has no DDP equivalent, so such a site is left with MGP201. A wrap of part of a model
+    (``model.features = DataParallel(model.features)``) is left as it is (MGP250): DDP would average that
+    part's gradients only, and processes would train different copies of the rest.
     """
 
     CODE = "MGP101"
@@ -61,6 +63,7 @@ class WrapperSwap(Rule):
         "MGP201": "DataParallel with dim != 0 has no DistributedDataParallel equivalent",
         "MGP202": "the name is bound both to torch's DataParallel and to something else in this file",
         "MGP214": "DataParallel arguments passed with * or **: device_ids, output_device or dim may be among them",
+        "MGP250": "only part of a model is wrapped: DistributedDataParallel would average that part's gradients only",
     }
     DESCRIPTION = "DataParallel wrapper replaced with the runtime's wrapper"
     EXAMPLES = (
@@ -123,6 +126,17 @@ class WrapperSwap(Rule):
         return "DataParallelModel" if self.target == BALANCED else "DistributedDataParallel"
 
     def _swap_for_ddp(self, call: cst.Call) -> bool:
+        site = self.analysis.models.site_of(call)
+        part = self.analysis.models.is_submodule(site) if site is not None else None
+        if part is not None:
+            self.left(
+                call,
+                "MGP250",
+                f"only part of a model is wrapped (`{part}`): DistributedDataParallel would average the gradients "
+                "of that part only, and each process would train its own copy of the rest; left as DataParallel, "
+                "so the file is not made a distributed program (wrap the whole model to migrate it)",
+            )
+            return False
         args = list(call.args)
         if any(arg.star for arg in args):
             self.left(
