@@ -17,6 +17,7 @@ from mgpu_migrate.rules.local_rank_argument import LocalRankArgument
 from mgpu_migrate.rules.main_process_collective import MainProcessCollective
 from mgpu_migrate.rules.process_randomness import ProcessRandomness
 from mgpu_migrate.rules.progress_bar import ProgressBar
+from mgpu_migrate.rules.remote_training import RemoteTraining
 from mgpu_migrate.rules.shared_files import SharedFiles
 from mgpu_migrate.rules.sync_batchnorm import SyncBatchNorm
 from mgpu_migrate.rules.training_data import TrainingData
@@ -38,6 +39,7 @@ RULES: tuple[type[Rule], ...] = (
     LocalRankArgument,
     WrapGuard,
     TrainingData,
+    RemoteTraining,
     CheckpointSave,
     CheckpointLoad,
     ProgressBar,

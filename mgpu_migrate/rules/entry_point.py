@@ -96,7 +96,7 @@ class EntryPointSetup(Rule):
             "import torch.nn as nn\n\n\ndef build(model):\n    return nn.DataParallel(model)\n",
             "import mgpu_runtime\n\n\ndef build(model):\n    return mgpu_runtime.DistributedDataParallel(model)\n",
             DDP,
-            ("MGP101",),
+            ("MGP101", "MGP262"),
         ),
         Example(
             "import torch.nn as nn\n\n\ndef fit(model, batches):\n    model = nn.DataParallel(model)\n"
