@@ -66,7 +66,9 @@ class DistributedProgram:
 
     ``wraps``: the wrap sites rewritten to the runtime's ``DistributedDataParallel``.
     ``kept``: DataParallel sites left as they are (``dim != 0``, a subclass, the functional form, ``# noqa``):
-    then the file is not made a distributed program.
+    then the file is not made a distributed program. A DataParallel that wraps no model (an optimizer kept in
+    one, MGP252) is no site (``ModelFlow.not_modules``): it parallelizes nothing, each process holds it as the
+    one original process did, so it neither counts as a wrap nor keeps the file from being migrated.
     ``existing``: the file's own distributed set-up (``init_process_group``, torch's or apex's DDP,
     ``DistributedSampler``, ``mp.spawn``): then only its DataParallel fallback is migrated.
     """

@@ -101,8 +101,26 @@ class FileAnalysis:
                 continue
             dotted = cst.helpers.get_full_name_for_node(call.func) or ""
             rest = dotted[len(head):]
-            if any(names.canonical(origin + rest) == qualified for origin in self.bindings.imported[head]):
+            if any(self.bindings.canonical(origin + rest) == qualified for origin in self.bindings.imported[head]):
                 found.append(call)
+        return found
+
+    def unknown_star_calls(self, last_names: frozenset[str]) -> list[tuple[cst.Call, list[str]]]:
+        """Calls spelled ``....NAME(...)`` with NAME in ``last_names`` (``nn.DataParallel(model)``) that resolve
+        to nothing because their leftmost name is bound nowhere in the file, with the star imports it may
+        come from: what they call cannot be told without importing those modules."""
+        if not self.bindings.star_modules:
+            return []
+        found = []
+        for call in self.calls:
+            func = call.func
+            last = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
+            head = names.head_name(func)
+            if last not in last_names or head is None or self.resolve(func) is not None:
+                continue
+            sources = self.bindings.star_sources(head)
+            if sources:
+                found.append((call, sources))
         return found
 
     @cached_property

@@ -52,6 +52,29 @@ _SITE_KINDS = {
 
 Sites = frozenset
 
+# Calls that make something that is certainly not an nn.Module: a wrap of it parallelizes nothing.
+_OPTIMIZERS = "torch.optim."
+_SCHEDULERS = "torch.optim.lr_scheduler."
+_NOT_OPTIMIZERS = "torch.optim.swa_utils."  # AveragedModel is a module
+_TENSOR_FACTORIES = frozenset(
+    f"torch.{name}"
+    for name in (
+        "tensor", "as_tensor", "from_numpy", "zeros", "ones", "empty", "full", "rand", "randn", "randint",
+        "randperm", "arange", "linspace", "logspace", "eye", "zeros_like", "ones_like", "empty_like",
+        "full_like", "rand_like", "randn_like", "randint_like", "Tensor", "FloatTensor", "LongTensor",
+    )
+)
+_LITERALS = (
+    ((cst.List, cst.ListComp), "a list"),
+    ((cst.Dict, cst.DictComp), "a dict"),
+    ((cst.Tuple,), "a tuple"),
+    ((cst.Set, cst.SetComp), "a set"),
+    ((cst.BaseString,), "a string"),
+    ((cst.BaseNumber,), "a number"),
+    ((cst.Lambda,), "a lambda"),
+)
+_CONSTANTS = {"None": "None", "True": "a bool", "False": "a bool"}
+
 
 @dataclass(frozen=True, eq=False)
 class WrapSite:
@@ -90,12 +113,21 @@ class ModelFlow:
         self._returns_model: dict[Function, Sites] = defaultdict(frozenset)
         self._returns_outputs: dict[Function, Sites] = defaultdict(frozenset)
         self._returns_derived: dict[Function, Sites] = defaultdict(frozenset)
+        # DataParallel calls that wrap something certainly not a module (an optimizer ...), with what it is:
+        # they parallelize nothing, so they are no wrap sites; the wrapper rule leaves them for review.
+        self.not_modules: dict[cst.Call, str] = {}
         # The scope pass costs about half a parse: a file without a wrap site never pays for it.
         if not self.subclasses and not any(analysis.resolve(call.func) in _SITE_KINDS for call in analysis.calls):
             return
         self.index: FlowIndex = analysis.flow
         for call, scope in self.index.calls:
             kind = self._site_kind(call, scope)
+            if kind == TORCH:
+                wrapped = WrapSite(call, scope, kind).module
+                what = self._not_a_module(wrapped, scope, call) if wrapped is not None else None
+                if what is not None:
+                    self.not_modules[call] = what
+                    continue
             if kind is not None:
                 site = WrapSite(call, scope, kind)
                 self.sites.append(site)
@@ -131,6 +163,34 @@ class ModelFlow:
                         changed = True
                         break
         return found
+
+    def _not_a_module(self, expr: cst.BaseExpression, scope: Scope, wrap: cst.Call, depth: int = 4) -> Optional[str]:
+        """What ``expr`` holds, for a person (``an optimizer (`torch.optim.SGD`)``), when it is certainly not an
+        ``nn.Module``: an optimizer, a learning-rate scheduler, a tensor or a literal, or a name or attribute
+        this file binds only to such values (``wrap``'s own result aside: ``opt = DataParallel(opt)``); None
+        when it may be a module."""
+        for kinds, what in _LITERALS:
+            if isinstance(expr, kinds):
+                return what
+        if isinstance(expr, cst.Name) and expr.value in _CONSTANTS:
+            return _CONSTANTS[expr.value]
+        if isinstance(expr, cst.Call):
+            qualified = self.analysis.resolve(expr.func) or ""
+            is_class = qualified.rpartition(".")[2][:1].isupper()
+            if qualified.startswith(_SCHEDULERS) and is_class:
+                return f"a learning-rate scheduler (`{qualified}`)"
+            if qualified.startswith(_OPTIMIZERS) and not qualified.startswith(_NOT_OPTIMIZERS) and is_class:
+                return f"an optimizer (`{qualified}`)"
+            return f"a tensor (`{qualified}`)" if qualified in _TENSOR_FACTORIES else None
+        if depth == 0 or names.head_name(expr) in self.analysis.bindings.imported:
+            return None
+        stored = self.analysis.values.assigned_only(expr, scope)
+        found = [
+            self._not_a_module(value, value_scope, wrap, depth - 1)
+            for value, value_scope in stored or ()
+            if value is not wrap
+        ]
+        return found[0] if found and all(found) else None
 
     def site_of(self, call: cst.Call) -> Optional[WrapSite]:
         return self._site_by_call.get(call)

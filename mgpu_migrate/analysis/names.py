@@ -38,23 +38,47 @@ _ALIASES = {
 }
 
 _ENCODING_NAMES = {"DataParallelModel": ENCODING_MODEL, "DataParallelCriterion": ENCODING_CRITERION}
+_ENCODING_MODULE = "encoding.parallel"
+# Top-level packages of frameworks other than PyTorch. A module under one of them is never PyTorch-Encoding's,
+# even when it is called `parallel` and exports a pair of the same names (GluonCV's `gluoncv.utils.parallel`,
+# for MXNet); a file importing one of them does not take its own `parallel` module for a vendored copy either.
+NON_TORCH_FRAMEWORKS = frozenset(
+    {"mxnet", "gluoncv", "gluonnlp", "gluonts", "tensorflow", "keras", "tf_keras", "jax", "flax", "paddle",
+     "paddleseg", "paddlenlp", "mindspore", "oneflow", "megengine", "chainer", "theano"}
+)
 
 MIGRATED_NAMES = frozenset({DATA_PARALLEL, DATA_PARALLEL_FUNCTION, APEX_DDP, ENCODING_MODEL, ENCODING_CRITERION})
 
 
-def canonical(qualified: str) -> str:
-    """The canonical spelling of a qualified name (every import path of one object maps to one name)."""
+def canonical(qualified: str, vendored_encoding: bool = False) -> str:
+    """The canonical spelling of a qualified name (every import path of one object maps to one name).
+
+    ``vendored_encoding``: also take a module of this file's own called ``parallel`` (``from .parallel import
+    DataParallelModel``, ``from utils.parallel import ...``) for a vendored copy of PyTorch-Encoding's
+    ``parallel.py``; only right in a PyTorch file (``Bindings.canonical`` decides).
+    """
     if qualified in _ALIASES:
         return _ALIASES[qualified]
     module, _, name = qualified.rpartition(".")
     # torch.nn re-exports every class of its submodules: `torch.nn.modules.loss.MSELoss` is `torch.nn.MSELoss`.
     if module.startswith("torch.nn.modules") and name[:1].isupper():
         return f"torch.nn.{name}"
-    # PyTorch-Encoding's pair, from `encoding.parallel` or from a vendored copy of its `parallel.py`
-    # (`from .parallel import DataParallelModel`, `from utils.parallel import ...`).
-    if name in _ENCODING_NAMES and module.split(".")[-1] == "parallel" and not module.startswith(("mgpu_runtime", "torch.")):
+    # PyTorch-Encoding's pair, from `encoding.parallel` or from a vendored copy of its `parallel.py`.
+    if name in _ENCODING_NAMES and (module == _ENCODING_MODULE or (vendored_encoding and _may_be_vendored(module))):
         return _ENCODING_NAMES[name]
     return qualified
+
+
+def _top_level(module: str) -> str:
+    """The top-level package of an absolute module name; "" for a relative one (``.utils.parallel``)."""
+    return module.split(".")[0]
+
+
+def _may_be_vendored(module: str) -> bool:
+    """Whether ``module`` may be a copy of PyTorch-Encoding's ``parallel.py`` kept in the user's own code: a
+    module called ``parallel`` that is not part of torch, of the runtime, or of another framework."""
+    top = _top_level(module)
+    return module.split(".")[-1] == "parallel" and top not in ("torch", "mgpu_runtime") and top not in NON_TORCH_FRAMEWORKS
 
 
 @dataclass
@@ -69,6 +93,21 @@ class Bindings:
     )
     # Modules imported with `from module import *`: they may bind any name the file does not bind itself.
     star_modules: set[str] = field(default_factory=set)
+    # Whether a `parallel` module of the user's own may be a vendored copy of PyTorch-Encoding's: set once the
+    # whole file is read (``imports_torch_only``).
+    vendored_encoding: bool = False
+
+    def imports_torch_only(self) -> bool:
+        """Whether the file imports PyTorch (``torch`` or a package named after it: ``torchvision`` ...) and no
+        other framework (``NON_TORCH_FRAMEWORKS``)."""
+        tops = {_top_level(origin) for origins in self.imported.values() for origin in origins}
+        tops |= {_top_level(module) for module in self.star_modules}
+        return any(top.startswith("torch") for top in tops) and not tops & NON_TORCH_FRAMEWORKS
+
+    def canonical(self, qualified: str) -> str:
+        """``canonical`` for a name of this file (its own ``parallel`` module is PyTorch-Encoding's only in a
+        PyTorch file)."""
+        return canonical(qualified, self.vendored_encoding)
 
     def qualified_name(self, name: str) -> str | None:
         """The one qualified name ``name`` is imported as, or None when it is local or ambiguous."""
@@ -82,8 +121,15 @@ class Bindings:
     def _from_star_import(self, name: str) -> str | None:
         # Only the names the tool migrates are taken from a star import: what else such a module binds
         # is not known without importing it.
-        found = {canonical(f"{module}.{name}") for module in self.star_modules} & MIGRATED_NAMES
+        found = {self.canonical(f"{module}.{name}") for module in self.star_modules} & MIGRATED_NAMES
         return found.pop() if len(found) == 1 else None
+
+    def star_sources(self, name: str) -> list[str]:
+        """The star imports (``from mytools import *``) that may be where ``name`` comes from, when nothing
+        else in the file binds it."""
+        if name in self.imported or name in self.local:
+            return []
+        return [f"from {module} import *" for module in sorted(self.star_modules)]
 
     def is_ambiguous(self, name: str) -> bool:
         origins = self.imported.get(name, ())
@@ -108,6 +154,9 @@ class BindingCollector:
 
     def __init__(self) -> None:
         self.bindings = Bindings()
+
+    def leave_Module(self, node: cst.Module) -> None:
+        self.bindings.vendored_encoding = self.bindings.imports_torch_only()
 
     # -- imports -------------------------------------------------------------------------------
     def visit_Import(self, node: cst.Import) -> None:
@@ -193,7 +242,7 @@ def resolve(bindings: Bindings, node: cst.BaseExpression) -> str | None:
     base = bindings.qualified_name(head)
     if base is None:
         return None
-    return canonical(f"{base}.{rest}" if rest else base)
+    return bindings.canonical(f"{base}.{rest}" if rest else base)
 
 
 def head_name(node: cst.BaseExpression) -> str | None:

@@ -120,11 +120,13 @@ class FlowIndex:
         self.calls: list[tuple[cst.Call, Scope]] = collector.calls
         self.returns: list[tuple[Function, cst.BaseExpression, Scope]] = collector.returns
         self.slots: dict[cst.CSTNode, Slot] = collector.slots
-        self.stores: set[cst.CSTNode] = collector.stores
+        # Every target a binding statement writes (assignment, loop, ``with``, ``del`` ...), with its scope.
+        self.stores: dict[cst.CSTNode, Scope] = collector.stores
         self._references: dict[str, list[tuple[cst.CSTNode, Scope]]] = collector.references
         self._instances: dict[tuple[Scope, str], Scope] = {}
         self._instances = self._instances_of_local_classes()
         self._call_sites: Optional[dict[Function, list[tuple[cst.Call, Scope, int]]]] = None
+        self._store_counts: Optional[dict[Place, int]] = None
 
     # -- places --------------------------------------------------------------------------------
     def place_of(self, node: cst.BaseExpression, scope: Scope) -> Optional[Place]:
@@ -151,6 +153,17 @@ class FlowIndex:
         for node, scope in self._references.get(key, ()):
             if node not in self.stores and self.place_of(node, scope) == place:
                 yield node, scope, self.slots.get(node)
+
+    def store_count(self, place: Place) -> int:
+        """How many statements of this file write ``place`` (of any kind: assignment, loop, ``with``, ``del``)."""
+        if self._store_counts is None:
+            counts: dict[Place, int] = defaultdict(int)
+            for node, scope in self.stores.items():
+                written = self.place_of(node, scope) if isinstance(node, cst.BaseExpression) else None
+                if written is not None:
+                    counts[written] += 1
+            self._store_counts = counts
+        return self._store_counts.get(place, 0)
 
     def assigned_places(self, target: cst.BaseExpression, scope: Scope) -> list[Place]:
         """The places a (possibly unpacked) assignment target writes, flattened."""
@@ -269,7 +282,7 @@ class _Collector:
         self.calls: list[tuple[cst.Call, Scope]] = []
         self.returns: list[tuple[Function, cst.BaseExpression, Scope]] = []
         self.slots: dict[cst.CSTNode, Slot] = {}
-        self.stores: set[cst.CSTNode] = set()
+        self.stores: dict[cst.CSTNode, Scope] = {}
         self.references: dict[str, list[tuple[cst.CSTNode, Scope]]] = defaultdict(list)
         self.not_references: set[cst.CSTNode] = set()
 
@@ -349,7 +362,7 @@ class _Collector:
         elif isinstance(target, cst.StarredElement):
             self._store(target.value)
         else:
-            self.stores.add(target)
+            self.stores[target] = self.scope
             if isinstance(target, cst.Name):
                 self.scope.bound.add(target.value)
 

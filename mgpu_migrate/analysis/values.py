@@ -62,6 +62,22 @@ class Values:
                 ]
         return []
 
+    def assigned_only(
+        self, expr: cst.BaseExpression, scope: Scope
+    ) -> Optional[list[tuple[cst.BaseExpression, Scope]]]:
+        """The values stored in the name or attribute ``expr`` reads, when whole-value assignments are the only
+        bindings this file makes of it; None when anything else binds it too (a parameter, a loop, ``with``,
+        ``del``, an augmented or unpacking assignment, an annotation without a value), or nothing does."""
+        place = self.index.place_of(expr, scope) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+        if place is None or place[1] in place[0].params:
+            return None
+        stored = self.stored.get(place, [])
+        if not stored or any(position is not None for _, _, position in stored):
+            return None
+        if len(stored) != self.index.store_count(place):
+            return None
+        return [(value, value_scope) for value, value_scope, _ in stored]
+
     def of(self, expr: cst.BaseExpression, scope: Scope, depth: int = 4) -> list[cst.BaseExpression]:
         """What ``expr`` may evaluate to: the expressions stored in it, followed ``depth`` assignments back,
         and both branches of a ternary; ``expr`` itself when nothing is known."""

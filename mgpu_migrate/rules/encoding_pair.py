@@ -21,12 +21,15 @@ class EncodingPair(Rule):
     """
     ## What it does
     Replaces PyTorch-Encoding's pair (``from encoding.parallel import DataParallelModel,
-    DataParallelCriterion``, or a vendored copy of its ``parallel.py``) with the runtime's:
+    DataParallelCriterion``, or a vendored copy of its ``parallel.py``: a module of the user's own called
+    ``parallel``, in a file that imports torch and no other framework) with the runtime's:
     ``mgpu_runtime.DataParallelModel`` and ``mgpu_runtime.DataParallelCriterion(criterion)`` for
     ``--to balanced``; ``mgpu_runtime.DistributedDataParallel(module)`` and
     ``mgpu_runtime.DistributedCriterion(criterion)`` for ``--to ddp``. The imports the rewrite leaves unused
     are removed. torch's ``gather(outputs, 0, dim=0)`` of the per-device outputs (how Encoding's scripts
-    evaluate) becomes ``mgpu_runtime.gather(outputs)``.
+    evaluate) becomes ``mgpu_runtime.gather(outputs)``. GluonCV's pair of the same names
+    (``gluoncv.utils.parallel``, for MXNet), and any ``parallel`` module of another framework, is not
+    PyTorch-Encoding's and is left alone: it is no PyTorch code.
 
     ## Why is this bad?
     Encoding's criterion averages the per-device losses with equal weights, which is wrong when the batch
@@ -73,10 +76,10 @@ class EncodingPair(Rule):
             ("MGP104",),
         ),
         Example(
-            "from .utils.parallel import DataParallelModel, DataParallelCriterion\n"
+            "import torch\nfrom .utils.parallel import DataParallelModel, DataParallelCriterion\n"
             "model = DataParallelModel(model, device_ids=[0, 1])\ncriterion = DataParallelCriterion(criterion)\n"
             "outputs = model(image)\nloss = criterion(outputs, target)\n",
-            "import mgpu_runtime\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
+            "import torch\nimport mgpu_runtime\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
             "criterion = mgpu_runtime.DistributedCriterion(criterion)\noutputs = model(image)\n"
             "loss = criterion(outputs, target)\n",
             DDP,
@@ -98,6 +101,12 @@ class EncodingPair(Rule):
             None,
             BALANCED,
             ("MGP208",),
+        ),
+        Example(
+            "import mxnet as mx\nfrom gluoncv.utils.parallel import DataParallelModel, DataParallelCriterion\n"
+            "model = DataParallelModel(model, ctx_list)\ncriterion = DataParallelCriterion(loss, ctx_list)\n",
+            None,
+            DDP,
         ),
     )
 

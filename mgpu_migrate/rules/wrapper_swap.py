@@ -23,6 +23,17 @@ def _parameter_name(args: list[cst.Arg], index: int) -> str | None:
     return _PARAMETERS[index] if index < len(_PARAMETERS) else None
 
 
+# The last names of the spellings of torch's DataParallel (class and function), and the import that binds each
+# leftmost name the way the tool reads it.
+_DATA_PARALLEL_NAMES = frozenset({"DataParallel", "data_parallel"})
+_EXPLICIT_IMPORTS = {
+    "nn": "import torch.nn as nn",
+    "torch": "import torch",
+    "DataParallel": "from torch.nn import DataParallel",
+    "data_parallel": "from torch.nn.parallel import data_parallel",
+}
+
+
 def _is_zero(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Integer) and node.evaluated_value == 0
 
@@ -56,6 +67,14 @@ class WrapperSwap(Rule):
     ``dim`` other than 0 has no DDP equivalent, so such a site is left with MGP201. A wrap of part of a model
     (``model.features = DataParallel(model.features)``) is left as it is (MGP250): DDP would average that
     part's gradients only, and processes would train different copies of the rest.
+
+    A ``DataParallel`` that wraps something certainly not a model (an optimizer, a learning-rate scheduler, a
+    tensor, a literal, or a name this file binds only to one) parallelizes nothing and the runtime's wrappers
+    would fail on it: it is left as it is with MGP252, and is no wrap site for the other rules (under
+    ``--to ddp`` it does not keep the file from becoming a distributed program; each process holds it as the
+    original process did). A call such as ``nn.DataParallel(model)`` whose ``nn`` is bound nowhere in the
+    file but may come from a ``from module import *`` is left with MGP253: what it is cannot be told without
+    importing that module.
     """
 
     CODE = "MGP101"
@@ -64,6 +83,8 @@ class WrapperSwap(Rule):
         "MGP202": "the name is bound both to torch's DataParallel and to something else in this file",
         "MGP214": "DataParallel arguments passed with * or **: device_ids, output_device or dim may be among them",
         "MGP250": "only part of a model is wrapped: DistributedDataParallel would average that part's gradients only",
+        "MGP252": "DataParallel wraps something that is not a model (an optimizer, a scheduler, a tensor, a literal)",
+        "MGP253": "a DataParallel-like name may come from a star import; what it is cannot be told",
     }
     DESCRIPTION = "DataParallel wrapper replaced with the runtime's wrapper"
     EXAMPLES = (
@@ -98,6 +119,19 @@ class WrapperSwap(Rule):
             ("MGP101",),
         ),
         Example(
+            "import torch\nimport torch.nn as nn\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "optimizer = nn.DataParallel(optimizer)\noptimizer.module.step()\n",
+            None,
+            DDP,
+            ("MGP252",),
+        ),
+        Example(
+            "from mytools import *\nmodel = nn.DataParallel(model)\n",
+            None,
+            BALANCED,
+            ("MGP253",),
+        ),
+        Example(
             "class DataParallel:\n    pass\nmodel = DataParallel(model)\n",
             None,
             BALANCED,
@@ -110,8 +144,17 @@ class WrapperSwap(Rule):
     )
 
     def apply(self) -> None:
+        not_modules = self.analysis.models.not_modules
         for call in self.analysis.calls_to(names.DATA_PARALLEL):
             if not self.rewrite_allowed(call):
+                continue
+            if call in not_modules:
+                self.left(
+                    call,
+                    "MGP252",
+                    f"DataParallel wraps {not_modules[call]}, not a model: nothing to parallelize; left as it is "
+                    "(its `.module` still gives the wrapped object)",
+                )
                 continue
             if self.target == BALANCED:
                 self.edits.replace(call.func, lambda _: runtime_attr("DataParallelModel"))
@@ -121,6 +164,16 @@ class WrapperSwap(Rule):
             self.rewrote(call, f"DataParallel replaced with {RUNTIME}.{self._wrapper_name()}")
         for call in self.analysis.ambiguous_calls(names.DATA_PARALLEL):
             self.left(call, "MGP202", "this name is bound to torch's DataParallel and to something else; not rewritten")
+        for call, sources in self.analysis.unknown_star_calls(_DATA_PARALLEL_NAMES):
+            head = names.head_name(call.func)
+            explicit = _EXPLICIT_IMPORTS.get(head, f"an import of `{head}`")
+            self.left(
+                call,
+                "MGP253",
+                f"`{head}` is bound nowhere in this file: it may come from `{'`, `'.join(sources)}`, so the tool "
+                f"cannot tell whether `{self.analysis.module.code_for_node(call.func)}` is torch's; not rewritten "
+                f"(add `{explicit}` to have it migrated)",
+            )
 
     def _wrapper_name(self) -> str:
         return "DataParallelModel" if self.target == BALANCED else "DistributedDataParallel"

@@ -213,6 +213,137 @@ class TestWhereOutputsGo:
 
 def test_names_resolve_loss_modules_and_vendored_encoding_but_not_torch_lookalikes():
     assert names.canonical("torch.nn.modules.loss.CrossEntropyLoss") == "torch.nn.CrossEntropyLoss"
-    assert names.canonical(".utils.parallel.DataParallelModel") == names.ENCODING_MODEL
-    assert names.canonical("parallel.DataParallelCriterion") == names.ENCODING_CRITERION
-    assert names.canonical("torch.nn.parallel.DataParallelModel") == "torch.nn.parallel.DataParallelModel"
+    assert names.canonical("encoding.parallel.DataParallelModel") == names.ENCODING_MODEL
+    assert names.canonical(".utils.parallel.DataParallelModel", vendored_encoding=True) == names.ENCODING_MODEL
+    assert names.canonical("parallel.DataParallelCriterion", vendored_encoding=True) == names.ENCODING_CRITERION
+    # A user's own `parallel` module is PyTorch-Encoding's only where the file says it may be (a PyTorch file).
+    assert names.canonical(".utils.parallel.DataParallelModel") == ".utils.parallel.DataParallelModel"
+    for qualified in ("torch.nn.parallel.DataParallelModel", "gluoncv.utils.parallel.DataParallelModel",
+                      "mxnet.gluon.parallel.DataParallelCriterion"):
+        assert names.canonical(qualified, vendored_encoding=True) == qualified
+
+
+class TestEncodingPairOrigin:
+    """PyTorch-Encoding's pair is recognized from `encoding.parallel`, and from a vendored `parallel` module only
+    in a file that imports torch and no other framework; GluonCV's (MXNet) pair never."""
+
+    def test_gluoncv_pair_is_not_encoding_by_name_or_star_import(self):
+        for header in ("from gluoncv.utils.parallel import DataParallelModel, DataParallelCriterion",
+                       "from gluoncv.utils.parallel import *"):
+            analysis = analyse(f"import torch\n{header}\nmodel = DataParallelModel(net)\nloss = DataParallelCriterion(l)\n")
+            assert not analysis.calls_to(names.ENCODING_MODEL) and not analysis.calls_to(names.ENCODING_CRITERION)
+
+    def test_a_vendored_copy_counts_only_in_a_pytorch_file(self):
+        body = "from .utils.parallel import DataParallelModel\nmodel = DataParallelModel(net)\n"
+        assert len(analyse("import torch.nn as nn\n" + body).calls_to(names.ENCODING_MODEL)) == 1
+        assert len(analyse("from torchvision import models\n" + body).calls_to(names.ENCODING_MODEL)) == 1
+        assert not analyse(body).calls_to(names.ENCODING_MODEL)
+        assert not analyse("import mxnet as mx\n" + body).calls_to(names.ENCODING_MODEL)
+        assert not analyse("import torch\nimport mxnet as mx\n" + body).calls_to(names.ENCODING_MODEL)
+        # through a module alias and a star import too
+        assert len(analyse("import torch\nfrom utils import parallel\nm = parallel.DataParallelModel(n)\n").calls_to(
+            names.ENCODING_MODEL)) == 1
+        assert not analyse("from utils.parallel import *\nm = DataParallelModel(n)\n").calls_to(names.ENCODING_MODEL)
+
+    def test_the_package_counts_in_any_file(self):
+        analysis = analyse("from encoding.parallel import DataParallelModel\nmodel = DataParallelModel(net)\n")
+        assert len(analysis.calls_to(names.ENCODING_MODEL)) == 1
+
+
+class TestNotModules:
+    """A DataParallel wrap of something certainly not an nn.Module is no wrap site; what it wraps is said."""
+
+    @staticmethod
+    def not_modules(source: str) -> list[str]:
+        analysis = analyse(source)
+        found = list(analysis.models.not_modules.values())
+        wrapped = {analysis.module.code_for_node(site.call) for site in analysis.models.sites}
+        assert not wrapped & {analysis.module.code_for_node(call) for call in analysis.models.not_modules}
+        return found
+
+    def test_optimizers_schedulers_tensors_and_literals(self):
+        assert self.not_modules(
+            """
+            import torch
+            import torch.nn as nn
+            from torch import optim
+            from torch.optim.lr_scheduler import StepLR
+            a = nn.DataParallel(optim.Adam(params))
+            b = nn.DataParallel(StepLR(opt, 10))
+            c = nn.DataParallel(torch.zeros(3))
+            d = nn.DataParallel([net_a, net_b])
+            e = nn.DataParallel(module={"net": net})
+            f = nn.DataParallel(None)
+            """
+        ) == [
+            "an optimizer (`torch.optim.Adam`)",
+            "a learning-rate scheduler (`torch.optim.lr_scheduler.StepLR`)",
+            "a tensor (`torch.zeros`)",
+            "a list",
+            "a dict",
+            "None",
+        ]
+
+    def test_names_and_attributes_bound_only_to_an_optimizer(self):
+        assert self.not_modules(
+            """
+            import torch
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            optimizer = torch.nn.DataParallel(optimizer)
+            class Trainer:
+                def __init__(self, model):
+                    self.opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                def wrap(self):
+                    self.opt = torch.nn.DataParallel(self.opt)
+            held = torch.optim.SGD(p, lr=1)
+            alias = held
+            wrapped = torch.nn.DataParallel(alias)
+            """
+        ) == ["an optimizer (`torch.optim.SGD`)"] * 3
+
+    def test_what_may_be_a_module_stays_a_site(self):
+        assert self.not_modules(
+            """
+            import torch
+            from torch.optim.swa_utils import AveragedModel
+            a = torch.nn.DataParallel(AveragedModel(net))
+            b = torch.nn.DataParallel(Net())
+            def wrap(thing):
+                return torch.nn.DataParallel(thing)
+            def build(opt=None):
+                if opt is None:
+                    opt = torch.optim.SGD(p, lr=1)
+                return torch.nn.DataParallel(opt)
+            x = torch.optim.SGD(p, lr=1)
+            for x in modules:
+                pass
+            c = torch.nn.DataParallel(x)
+            y, z = torch.optim.SGD(p, lr=1), net
+            d = torch.nn.DataParallel(y)
+            from somewhere import w
+            w = torch.optim.SGD(p, lr=1)
+            e = torch.nn.DataParallel(w)
+            """
+        ) == []
+
+
+def test_calls_whose_leftmost_name_may_come_from_a_star_import():
+    analysis = analyse(
+        """
+        from mytools import *
+        from torch.nn import *
+        a = nn.DataParallel(model)
+        b = DataParallel(model)
+        import torch
+        c = torch.nn.DataParallel(model)
+        def f(nn2):
+            d = nn2.DataParallel(model)
+        e = helpers.data_parallel(model, x)
+        """
+    )
+    found = analysis.unknown_star_calls(frozenset({"DataParallel", "data_parallel"}))
+    assert [(analysis.module.code_for_node(call.func), sources) for call, sources in found] == [
+        ("nn.DataParallel", ["from mytools import *", "from torch.nn import *"]),
+        ("helpers.data_parallel", ["from mytools import *", "from torch.nn import *"]),
+    ]
+    assert analyse("nn.DataParallel(model)\n").unknown_star_calls(frozenset({"DataParallel"})) == []

@@ -39,6 +39,7 @@ SITES = (
     "torch.nn.parallel.data_parallel(model, inputs, device_ids=[0, 1], dim=0)",
     "nn.DataParallel(\n${inner}model,  # the network\n${inner}device_ids=[0, 1],\n${outer})",
     "nn.DataParallel(model,\n${inner}device_ids=[i for i in range(torch.cuda.device_count())])",
+    "nn.DataParallel(torch.optim.SGD(model.parameters(), lr=0.1))",  # no model: left with MGP252
 )
 
 # Statements holding a site: ``$site`` is filled in; ``$outer``/``$inner`` are indentations.
