@@ -158,8 +158,9 @@ def _compare_whole_batches() -> None:
             "the same ones; here they did not (an unseeded shuffle, or random augmentation), so each step would "
             "average the gradients of different batches. Pass the training loader through "
             "mgpu_runtime.distribute_loader(loader) where it is built (each process then gets its rows of the "
-            "original batches), or seed every process alike before building it. "
-            f"{ALLOW_DIFFERENT_BATCHES_VARIABLE}=1 skips this check."
+            "original batches), or seed every process alike before building it. A script that splits its data "
+            f"itself (a DistributedSampler) means the batches to differ: {ALLOW_DIFFERENT_BATCHES_VARIABLE}=1 "
+            "skips this check."
         )
 
 
