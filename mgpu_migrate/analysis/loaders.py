@@ -99,16 +99,14 @@ class LoaderFlow:
         self.index = index
         self._values = analysis.values
         self._loops = {loop.node: loop for loop in self._for_loops()}
-        traced = {
+        self._traced = traced = {
             node: [trace for trace in self._trace(loop.iterable, loop.scope, (), frozenset())]
             for node, loop in self._loops.items()
         }
         self._ways: dict[cst.For, list[_Way]] = {}
         for chain in self._loop_chains():
             # The data loop is the innermost loop over a loader (not `for student in students`, not the epochs).
-            chosen = next(
-                (entry for entry in chain if any(origin is not None for _, origin, _ in traced[entry[0]])), None
-            )
+            chosen = next((entry for entry in chain if self._over_loader(entry[0])), None)
             if chosen is None:
                 data = [entry for entry in chain if not self.counts(entry[0])] or chain
                 chosen = next(
@@ -133,6 +131,9 @@ class LoaderFlow:
             if slot is not None and isinstance(slot.parent, (cst.For, cst.CompFor)):
                 found.append(_ForLoop(slot.parent, loop.iterable, loop.scope))
         return found
+
+    def _over_loader(self, loop: cst.For) -> bool:
+        return any(origin is not None for _, origin, _ in self._traced[loop])
 
     def counts(self, loop: cst.For | cst.CompFor) -> bool:
         """Whether the loop only counts (``range(...)``, ``enumerate(range(...))``, ``trange(...)``): it
@@ -184,6 +185,8 @@ class LoaderFlow:
             child = ancestor
         if function is None or function in seen or len(seen) >= _CALL_DEPTH:
             return [loops]
+        if any(self._over_loader(loop) for loop, _ in loops):
+            return [loops]  # the loops further out cannot be the data loop
         chains = []
         for call, _, implicit in self.index.call_sites(function):
             settled = [self._holds(guard, call, implicit) for guard in guards]
