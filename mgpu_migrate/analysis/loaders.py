@@ -1,9 +1,14 @@
 """Which loaders feed training: from each ``for`` loop back to the ``DataLoader(...)`` that built its data.
 
-A *training loop* is the innermost ``for`` loop over a loader around a ``.backward()`` call (the innermost
-loop at all when none is over a loader), or, when the backward pass sits in a function of this file
-(``train_step(batch)``), such a loop around a call of that function. Any other ``for`` loop over a loader
-is an evaluation loop.
+A *training loop* is the innermost ``for`` loop over a loader around a ``.backward()`` call, counting the
+loops around the calls of this file's functions that make it (``for x, y in loader: step(x, y)``, where
+``step`` calls ``loss.backward()``); when no loop is over a loader, the innermost one that does not just
+count (``range(...)``). Any other ``for`` loop over a loader is an evaluation loop.
+
+A loop may train only for some callers: ``def run_epoch(loader, train)`` with ``if train:
+loss.backward()`` inside. Such a test of a parameter is settled at each call from the literal it passes
+(``run_epoch(val_loader, train=False)`` evaluates); data that reaches the loop through a call the tool
+cannot settle is marked *unsure*: neither training nor evaluation data.
 
 From a loop's iterable the analysis walks back through what the file shows: ``enumerate``/``iter``/
 ``zip``/``tqdm`` around it, assignments (also unpacked from a tuple a function returns), attributes of
@@ -15,6 +20,7 @@ feeds training only.
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
@@ -22,6 +28,7 @@ from typing import TYPE_CHECKING, Optional
 import libcst as cst
 
 from mgpu_migrate.analysis.scopes import FlowIndex, Place, Scope
+from mgpu_migrate.analysis.tree import contains
 
 if TYPE_CHECKING:
     from mgpu_migrate.analysis.file import FileAnalysis
@@ -41,6 +48,8 @@ class LoaderTrace:
     ``path`` runs from the loop's iterable (iteration wrappers removed) back to the origin; ``origin`` is the
     ``DataLoader(...)`` (``kind`` LOADER) or ``mgpu_runtime.distribute_loader(...)`` (DISTRIBUTED) call,
     or None when the walk found no loader (``range(...)``, a parameter nothing in the file binds).
+    ``unsure`` is the test of an ``if train:`` that decides whether the loop trains on this data when the
+    tool cannot tell (``training`` is then False, but the loop is no evaluation loop either).
     """
 
     loop: cst.For | cst.CompFor
@@ -48,6 +57,7 @@ class LoaderTrace:
     path: tuple[cst.BaseExpression, ...]
     origin: Optional[cst.Call]
     kind: Optional[str]
+    unsure: Optional[cst.BaseExpression] = None
 
 
 @dataclass(frozen=True)
@@ -57,33 +67,60 @@ class _ForLoop:
     scope: Scope
 
 
+@dataclass(frozen=True)
+class _Guard:
+    """An ``if`` between a loop and a backward pass whose test reads a parameter of its function
+    (``if train:``), so whether the pass runs depends on the caller; ``negated`` when the pass is in the
+    ``else`` part."""
+
+    test: cst.BaseExpression
+    negated: bool
+    function: cst.FunctionDef
+
+
+@dataclass(frozen=True)
+class _Way:
+    """How a backward pass is reached from inside a loop: ``guards`` are those in the loop's own function,
+    which the loop's caller settles; ``unsure`` is the test of a guard further in that no caller settled."""
+
+    backward: cst.Call
+    guards: tuple[_Guard, ...]
+    unsure: Optional[cst.BaseExpression]
+
+
+# How many calls of this file's functions a backward pass is followed out through to the loops around it.
+_CALL_DEPTH = 4
+_UNKNOWN = object()
+
+
 class LoaderFlow:
     def __init__(self, analysis: FileAnalysis, index: FlowIndex) -> None:
         self.analysis = analysis
         self.index = index
         self._values = analysis.values
-        loops = {loop.node: loop for loop in self._for_loops()}
-        traced = {
+        self._loops = {loop.node: loop for loop in self._for_loops()}
+        self._traced = traced = {
             node: [trace for trace in self._trace(loop.iterable, loop.scope, (), frozenset())]
-            for node, loop in loops.items()
+            for node, loop in self._loops.items()
         }
-        self.training_loops: list[cst.For] = []
+        self._ways: dict[cst.For, list[_Way]] = {}
         for chain in self._loop_chains():
             # The data loop is the innermost loop over a loader (not `for student in students`, not the epochs).
-            chosen = next((loop for loop in chain if any(origin is not None for _, origin, _ in traced[loop])), None)
+            chosen = next((entry for entry in chain if self._over_loader(entry[0])), None)
             if chosen is None:
+                data = [entry for entry in chain if not self.counts(entry[0])] or chain
                 chosen = next(
-                    (loop for loop in chain if _DATA_WORDS.search(analysis.module.code_for_node(loop.iter))), chain[0]
+                    (entry for entry in data if _DATA_WORDS.search(analysis.module.code_for_node(entry[0].iter))),
+                    data[0],
                 )
-            if chosen not in self.training_loops:
-                self.training_loops.append(chosen)
-        training = set(self.training_loops)
-        self.traces: list[LoaderTrace] = [
-            LoaderTrace(node, node in training, path, origin, kind)
-            for node, found in traced.items()
-            for path, origin, kind in found
-            if node in training or origin is not None
-        ]
+            self._ways.setdefault(chosen[0], []).append(chosen[1])
+        self.training_loops: list[cst.For] = list(self._ways)
+        self.traces: list[LoaderTrace] = []
+        for node, found in traced.items():
+            for path, origin, kind in found:
+                trains, unsure = self._trains(node, path) if node in self._ways else (False, None)
+                if trains or unsure is not None or origin is not None:
+                    self.traces.append(LoaderTrace(node, trains, path, origin, kind, unsure))
 
     # -- loops -------------------------------------------------------------------------------------
     def _for_loops(self) -> list[_ForLoop]:
@@ -95,12 +132,31 @@ class LoaderFlow:
                 found.append(_ForLoop(slot.parent, loop.iterable, loop.scope))
         return found
 
-    def _loop_chains(self) -> list[list[cst.For]]:
-        """For each ``.backward()`` call, the ``for`` loops around it, innermost first (one list per way in)."""
-        chains: list[list[cst.For]] = []
+    def _over_loader(self, loop: cst.For) -> bool:
+        return any(origin is not None for _, origin, _ in self._traced[loop])
+
+    def counts(self, loop: cst.For | cst.CompFor) -> bool:
+        """Whether the loop only counts (``range(...)``, ``enumerate(range(...))``, ``trange(...)``): it
+        iterates no data."""
+        inner = self._iterated(loop.iter, self._loops[loop].scope)
+        return all(self._is_count(expr) for expr in inner)
+
+    def _is_count(self, expr: cst.BaseExpression) -> bool:
+        if isinstance(expr, cst.Integer):
+            return True
+        if not isinstance(expr, cst.Call):
+            return False
+        if isinstance(expr.func, cst.Name) and expr.func.value in ("range", "reversed"):
+            return expr.func.value == "range" or bool(expr.args) and self._is_count(expr.args[0].value)
+        return (self.analysis.resolve(expr.func) or "") in ("tqdm.trange", "tqdm.auto.trange", "itertools.count")
+
+    def _loop_chains(self) -> list[list[tuple[cst.For, _Way]]]:
+        """For each ``.backward()`` call, the ``for`` loops around it, innermost first, followed out through
+        the calls of this file's functions (one list per way in), each with how the call is reached from it."""
+        chains = []
         for call, _ in self.index.calls:
             if self.is_backward(call):
-                chains.extend(chain for chain in self._loops_around(call, set()) if chain)
+                chains.extend(chain for chain in self._loops_around(call, call, None, frozenset()) if chain)
         return chains
 
     def is_backward(self, call: cst.Call) -> bool:
@@ -109,25 +165,139 @@ class LoaderFlow:
             return True
         return self.analysis.resolve(func) == "torch.autograd.backward"
 
-    def _loops_around(self, node: cst.CSTNode, seen: set) -> list[list[cst.For]]:
-        """The ``for`` loops around ``node`` in its function, innermost first; when there are none, the loops
-        around each call of its function."""
+    def _loops_around(self, backward, node, unsure, seen) -> list[list[tuple[cst.For, _Way]]]:
+        """The ``for`` loops around ``node`` in its function, innermost first, then those around each call of
+        its function that may run the backward pass."""
         tree = self.analysis.tree
-        loops: list[cst.For] = []
+        function = tree.function(node)
+        loops: list[tuple[cst.For, _Way]] = []
+        guards: tuple[_Guard, ...] = ()
         child = node
         for ancestor in tree.ancestors(node):
             if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
                 break
+            if isinstance(ancestor, (cst.If, cst.IfExp)) and child is not ancestor.test:
+                guard = self._guard(ancestor, child, function)
+                if guard is not None:
+                    guards += (guard,)
             if isinstance(ancestor, cst.For) and child is ancestor.body:
-                loops.append(ancestor)
+                loops.append((ancestor, _Way(backward, guards, unsure)))
             child = ancestor
-        if loops:
+        if function is None or function in seen or len(seen) >= _CALL_DEPTH:
             return [loops]
-        function = tree.function(node)
-        if function is None or function in seen:
-            return []
-        seen.add(function)
-        return [chain for call, _, _ in self.index.call_sites(function) for chain in self._loops_around(call, seen)]
+        if any(self._over_loader(loop) for loop, _ in loops):
+            return [loops]  # the loops further out cannot be the data loop
+        chains = []
+        for call, _, implicit in self.index.call_sites(function):
+            settled = [self._holds(guard, call, implicit) for guard in guards]
+            if False in settled:
+                continue  # this caller does not train here
+            doubt = unsure or next((g.test for g, held in zip(guards, settled) if held is None), None)
+            chains.extend(loops + outer for outer in self._loops_around(backward, call, doubt, seen | {function}))
+        return chains or [loops]
+
+    # -- guards: `if train: loss.backward()` -------------------------------------------------------
+    def _guard(self, branch: cst.If | cst.IfExp, child: cst.CSTNode, function) -> Optional[_Guard]:
+        """The guard ``branch`` puts on a backward pass in its part ``child``: one whose test reads a
+        parameter of ``function`` and whose other part makes no backward pass."""
+        other = branch.orelse if child is branch.body else branch.body
+        if function is None or (other is not None and contains(other, self._is_backward_node)):
+            return None
+        parameters = set(self.index.parameters(function)) - {"self", "cls"}
+        attributes = {id(a.attr) for a in contains(branch.test, lambda n: isinstance(n, cst.Attribute))}
+        read = {n.value for n in contains(branch.test, lambda n: isinstance(n, cst.Name)) if id(n) not in attributes}
+        if not read & parameters:
+            return None
+        return _Guard(branch.test, child is not branch.body, function)
+
+    def _is_backward_node(self, node: cst.CSTNode) -> bool:
+        return isinstance(node, cst.Call) and self.is_backward(node)
+
+    def _holds(self, guard: _Guard, call: cst.Call, implicit: int) -> Optional[bool]:
+        """Whether the guard's test holds for what ``call`` passes (literals only); None when not known."""
+        test, negated = guard.test, guard.negated
+        while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            test, negated = test.expression, not negated
+        if isinstance(test, cst.Name):
+            value = self._bound(guard.function, test.value, call, implicit)
+            held = _UNKNOWN if value is _UNKNOWN else bool(value)
+        elif (
+            isinstance(test, cst.Comparison)
+            and isinstance(test.left, cst.Name)
+            and len(test.comparisons) == 1
+            and isinstance(test.comparisons[0].operator, (cst.Equal, cst.NotEqual, cst.Is, cst.IsNot))
+        ):
+            target = test.comparisons[0]
+            value = self._bound(guard.function, test.left.value, call, implicit)
+            other = self._literal(target.comparator)
+            if value is _UNKNOWN or other is _UNKNOWN:
+                held = _UNKNOWN
+            else:
+                held = (value == other) == isinstance(target.operator, (cst.Equal, cst.Is))
+        else:
+            held = _UNKNOWN
+        return None if held is _UNKNOWN else held != negated
+
+    def _bound(self, function: cst.FunctionDef, name: str, call: cst.Call, implicit: int):
+        """The literal value ``call`` binds to parameter ``name`` (its default when not passed), or
+        _UNKNOWN."""
+        place = (self.index.scopes[function], name)
+        if name not in self.index.parameters(function) or self._values.stored.get(place):
+            return _UNKNOWN
+        for position, arg in enumerate(call.args):
+            if arg.star:
+                return _UNKNOWN
+            if self.index.parameter_place(function, call, position, implicit) == place:
+                return self._literal(arg.value)
+        params = function.params
+        for param in (*params.posonly_params, *params.params, *params.kwonly_params):
+            if param.name.value == name and param.default is not None:
+                return self._literal(param.default)
+        return _UNKNOWN
+
+    def _literal(self, expr: cst.BaseExpression):
+        try:
+            return ast.literal_eval(self.analysis.module.code_for_node(expr))
+        except (ValueError, SyntaxError, TypeError):
+            return _UNKNOWN
+
+    def _trains(self, loop: cst.For, path: tuple) -> tuple[bool, Optional[cst.BaseExpression]]:
+        """Whether the data that reaches a training loop along ``path`` is trained on: (True, None) yes,
+        (False, None) no (every way to the backward pass is switched off by the caller the data comes
+        through), (False, test) when a guard with that test decides and the tool cannot tell."""
+        function = self.analysis.tree.function(loop)
+        caller = self._caller_on(function, path) if function is not None else None
+        doubt = None
+        for way in self._ways[loop]:
+            settled = [self._settled(guard, caller) for guard in way.guards]
+            if False in settled:
+                continue
+            unsure = way.unsure or next((g.test for g, held in zip(way.guards, settled) if held is None), None)
+            if unsure is None:
+                return True, None
+            doubt = doubt or unsure
+        return False, doubt
+
+    def _settled(self, guard: _Guard, caller: Optional[tuple[cst.Call, int]]) -> Optional[bool]:
+        """Whether the guard holds for the data coming in through ``caller``; for data that does not come in
+        through a parameter, whether it holds for every call of its function alike."""
+        if caller is not None:
+            return self._holds(guard, *caller)
+        held = {self._holds(guard, call, implicit) for call, _, implicit in self.index.call_sites(guard.function)}
+        return held.pop() if len(held) == 1 else None
+
+    def _caller_on(self, function: cst.FunctionDef, path: tuple) -> Optional[tuple[cst.Call, int]]:
+        """The call of ``function`` whose argument the data on ``path`` comes in through."""
+        sites = {id(call): (call, implicit) for call, _, implicit in self.index.call_sites(function)}
+        for step in path[1:]:
+            slot = self.index.slots.get(step)
+            if slot is not None and slot.kind == "arg" and id(slot.parent) in sites:
+                return sites[id(slot.parent)]
+        return None
+
+    def backward_calls(self, loop: cst.For) -> list[cst.Call]:
+        """The backward passes that make ``loop`` a training loop."""
+        return [way.backward for way in self._ways.get(loop, [])]
 
     # -- following data back -----------------------------------------------------------------------
     def _iterated(self, expr: cst.BaseExpression, scope: Scope) -> list[cst.BaseExpression]:
@@ -200,6 +370,11 @@ class LoaderFlow:
         return found
 
     # -- results -----------------------------------------------------------------------------------
-    def feeds(self, node: cst.BaseExpression) -> set[bool]:
-        """Whether the expression feeds training loops (True), evaluation loops (False), or both."""
-        return {trace.training for trace in self.traces if any(step is node for step in trace.path)}
+    def feeds(self, node: cst.BaseExpression) -> set[Optional[bool]]:
+        """Whether the expression feeds training loops (True), evaluation loops (False), loops that train
+        only for some callers (None), or several of these."""
+        return {
+            None if trace.unsure is not None else trace.training
+            for trace in self.traces
+            if any(step is node for step in trace.path)
+        }

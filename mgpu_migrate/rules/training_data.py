@@ -21,6 +21,17 @@ _TORCH_SAMPLERS = {
 _ITERABLE_DATASETS = {"torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset"}
 # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, ...)
 _SAMPLER_POSITIONS = {"sampler": 3, "batch_sampler": 4}
+# What leaving a training loop's data whole means, in the messages that say so.
+_WHOLE = (
+    "each process trains on whole batches, the original's training only if all draw the same ones (seeded alike "
+    "or not shuffled; the runtime stops the first step when they differ)"
+)
+# How many calls deep a loss handed to a function of this file is followed back.
+_ARGUMENT_DEPTH = 3
+
+
+def _is_name(node: cst.BaseExpression, name: str) -> bool:
+    return isinstance(node, cst.Name) and node.value == name
 
 
 class TrainingData(Rule):
@@ -28,7 +39,10 @@ class TrainingData(Rule):
     ## What it does
     Wraps each ``DataLoader`` that feeds a training loop (the innermost ``for`` loop around
     ``.backward()``, directly or through this file's functions) in ``mgpu_runtime.distribute_loader(...)``,
-    at the point closest to its construction that feeds training only. Evaluation loaders are left whole.
+    at the point closest to its construction that feeds training only. A function that trains only when a
+    parameter says so (``def run_epoch(loader, train)`` with ``if train: loss.backward()``) trains on the
+    loaders of the calls whose literal says so (``run_epoch(train_loader, True)``). Evaluation loaders are
+    left whole.
 
     ## Why is this bad?
     Under DDP each process must train on its own part of every batch, or every process computes the same
@@ -52,17 +66,21 @@ class TrainingData(Rule):
     ## Fix safety
     Safe for losses that are a mean over the batch (also computed inside the model), and for criteria the
     runtime sees through ``DistributedCriterion``. A loss summed by hand (``.sum()``, ``reduction="sum"`` in
-    a functional loss) would be counted with the wrong weight, so that loop's data is left whole (MGP236):
-    every process then trains on whole batches, which is correct but not faster. Data the analysis cannot
-    follow to a ``DataLoader`` is left whole too (MGP235). An evaluation loader is left whole (MGP234): every
-    process evaluates all of it, so metrics are the original's. A custom sampler (MGP237) or an iterable
-    dataset (MGP238) is distributed, with a note on what to check.
+    a functional loss) would be counted with the wrong weight, so that loop's data is left whole (MGP236).
+    Data the analysis cannot follow to a ``DataLoader`` is left whole too (MGP235), and so is data that
+    reaches a loop training only for some callers (``if train: loss.backward()``) through a call whose
+    ``train`` the tool cannot read. Data left whole gives every process whole batches: that is the
+    original's training only when every process draws the same batches (a loader seeded alike in every
+    process, or not shuffled), and the runtime stops the first optimizer step when they differ. Loops that
+    only count (``for epoch in range(epochs)``) are not data loops. An evaluation loader is left whole
+    (MGP234): every process evaluates all of it, so metrics are the original's. A custom sampler (MGP237)
+    or an iterable dataset (MGP238) is distributed, with a note on what to check.
     """
 
     CODE = "MGP122"
     REVIEW_CODES = {
         "MGP234": "an evaluation loader left whole: every process evaluates all of it",
-        "MGP235": "training data the tool cannot follow to a DataLoader: not split across processes",
+        "MGP235": "training data the tool cannot follow to a DataLoader, or cannot tell is trained on: not split",
         "MGP236": "a loss summed by hand: the runtime cannot weight it, so that loop's data is not split",
         "MGP237": "a custom sampler: it runs on the main process only and each of its batches is split",
         "MGP238": "an iterable dataset: the main process reads every batch and sends each process its rows",
@@ -102,21 +120,25 @@ class TrainingData(Rule):
         summed = {loop: self._summed_loss(loop) for loop in flow.training_loops}
         wrapped: set[cst.CSTNode] = set()
         reported: set[cst.CSTNode] = set()
+        code = self.analysis.module.code_for_node
         for trace in flow.traces:
+            if trace.unsure is not None:
+                self._report_once(reported, trace.loop, "MGP235", self._unsure_message(trace))
             if not trace.training:
                 continue
             if summed[trace.loop] is not None:
                 self._report_once(reported, trace.loop, "MGP236", self._summed_message(summed[trace.loop]))
             elif trace.origin is None:
-                iterable = self.analysis.module.code_for_node(trace.path[-1]) if trace.path else "its data"
-                self._report_once(
-                    reported,
-                    trace.loop,
-                    "MGP235",
-                    f"this training loop's data (`{iterable}`) is not followed to a DataLoader here, so it is not "
-                    f"split across processes (each trains on whole batches: correct, not faster); pass the loader "
-                    f"through {RUNTIME}.distribute_loader(...) where it is built",
-                )
+                data = self._drawn_data(trace)
+                if data is not None:
+                    self._report_once(
+                        reported,
+                        trace.loop,
+                        "MGP235",
+                        f"this training loop's data (`{code(data)}`) is not followed to a DataLoader here, so it is "
+                        f"not split: {_WHOLE}; pass the loader through {RUNTIME}.distribute_loader(...) where it is "
+                        "built",
+                    )
             elif trace.kind == LOADER:
                 point = self._wrap_point(trace, summed)
                 if point not in wrapped and self.rewrite_allowed(point):
@@ -131,6 +153,25 @@ class TrainingData(Rule):
                     "evaluation loader left whole: every process evaluates all of it (the original's metrics, no "
                     "speed-up); to split it, distribute it and reduce the metrics with mgpu_runtime.reduce_sum",
                 )
+
+    def _drawn_data(self, trace: LoaderTrace) -> Optional[cst.BaseExpression]:
+        """Where a training loop the analysis could not follow gets its data: what it iterates, or, for a loop
+        that only counts, the ``next(...)`` it draws batches with (None when it draws none)."""
+        if not self.analysis.loaders.counts(trace.loop):
+            return trace.path[-1] if trace.path else trace.loop.iter
+        drawn = contains(trace.loop.body, lambda n: isinstance(n, cst.Call) and _is_name(n.func, "next"))
+        return drawn[0] if drawn else None
+
+    def _unsure_message(self, trace: LoaderTrace) -> str:
+        line = self.analysis.position
+        traces = self.analysis.loaders.traces
+        lines = sorted({line(other.path[-1])[0] for other in traces if other.loop is trace.loop and other.unsure})
+        data = ("line " if len(lines) == 1 else "lines ") + ", ".join(map(str, lines))
+        return (
+            f"this loop trains only when `{self.analysis.module.code_for_node(trace.unsure)}` holds (line "
+            f"{line(trace.unsure)[0]}), which the tool cannot tell for the data from {data}, so that data is not "
+            f"split: {_WHOLE}; if it trains, pass its loader through {RUNTIME}.distribute_loader(...) where it is built"
+        )
 
     def _wrap_point(self, trace: LoaderTrace, summed: dict) -> cst.BaseExpression:
         """The step closest to the loader's origin that feeds only training loops whose data may be split (the
@@ -173,23 +214,29 @@ class TrainingData(Rule):
 
     # -- sum-reduced losses ------------------------------------------------------------------------
     def _summed_loss(self, loop: cst.For) -> Optional[cst.CSTNode]:
-        """A value summed by hand that the loop calls ``.backward()`` on, if any."""
-        loop_scope = {}
-        for node in contains(loop.body, lambda n: isinstance(n, (cst.Assign, cst.AugAssign))):
-            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
-            for target in targets:
-                if isinstance(target, cst.Name):
-                    loop_scope.setdefault(target.value, []).append(node.value)
-        for call in contains(loop.body, lambda n: isinstance(n, cst.Call) and self.analysis.loaders.is_backward(n)):
+        """A value summed by hand that a backward pass of this training loop is called on, if any (the pass
+        in the loop's body, or in a function of this file the loop calls)."""
+        for call in self.analysis.loaders.backward_calls(loop):
             receiver = (
                 call.func.value if isinstance(call.func, cst.Attribute) else (call.args[0].value if call.args else None)
             )
-            for value in self._values_of(receiver, loop_scope):
+            for value in self._values_of(receiver, self._region(call, loop), loop, _ARGUMENT_DEPTH):
                 if self._is_summed(value):
                     return value
         return None
 
-    def _values_of(self, receiver, assigned) -> list[cst.BaseExpression]:
+    def _region(self, node: cst.CSTNode, loop: cst.For) -> cst.CSTNode:
+        """Where the names ``node`` reads are assigned: the loop's body when ``node`` is in it, otherwise the
+        body of the function that holds ``node`` (the module at top level)."""
+        tree = self.analysis.tree
+        if loop in tree.ancestors(node) and tree.function(node) is tree.function(loop):
+            return loop.body
+        function = tree.function(node)
+        return function.body if function is not None else self.analysis.module
+
+    def _values_of(self, receiver, region: cst.CSTNode, loop: cst.For, depth: int) -> list[cst.BaseExpression]:
+        """What ``receiver`` may hold: what ``region`` assigns to it, or what this file's calls pass to it
+        when it is a parameter of the function whose body ``region`` is."""
         # `scaler.scale(loss).backward()`: the scaled value.
         while (
             isinstance(receiver, cst.Call)
@@ -198,9 +245,28 @@ class TrainingData(Rule):
             and receiver.args
         ):
             receiver = receiver.args[0].value
-        if isinstance(receiver, cst.Name):
-            return assigned.get(receiver.value, [])
-        return [receiver] if receiver is not None else []
+        if not isinstance(receiver, cst.Name):
+            return [receiver] if receiver is not None else []
+        assigned = [
+            node.value
+            for node in contains(region, lambda n: isinstance(n, (cst.Assign, cst.AugAssign)))
+            for target in ([t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target])
+            if isinstance(target, cst.Name) and target.value == receiver.value
+        ]
+        if assigned:
+            return assigned
+        index = self.analysis.flow
+        function = self.analysis.tree.parent(region)
+        if depth == 0 or not isinstance(function, cst.FunctionDef) or receiver.value not in index.parameters(function):
+            return []
+        place = (index.scopes[function], receiver.value)
+        return [
+            value
+            for call, _, implicit in index.call_sites(function)
+            for position, arg in enumerate(call.args)
+            if index.parameter_place(function, call, position, implicit) == place
+            for value in self._values_of(arg.value, self._region(call, loop), loop, depth - 1)
+        ]
 
     def _is_summed(self, value: cst.BaseExpression) -> bool:
         if isinstance(value, cst.BinaryOperation):
@@ -224,8 +290,8 @@ class TrainingData(Rule):
         line, _ = self.analysis.position(value)
         return (
             f"the loss is summed by hand (line {line}), which the runtime cannot weight by each process's share of "
-            "the batch, so this loop's data is not split (each process trains on whole batches: correct, not "
-            f"faster); use a mean, or a criterion wrapped in {RUNTIME}.DistributedCriterion, then distribute the loader"
+            f"the batch, so this loop's data is not split: {_WHOLE}; use a mean, or a criterion wrapped in "
+            f"{RUNTIME}.DistributedCriterion, then distribute the loader"
         )
 
     # -- what to check on a distributed loader ------------------------------------------------------
