@@ -90,6 +90,9 @@ class _Way:
 
 # How many calls of this file's functions a backward pass is followed out through to the loops around it.
 _CALL_DEPTH = 4
+# Bounds on the ways in that are enumerated (see _traces_of and _loops_around): pathological files stay fast.
+_TRACE_BUDGET = 64
+_CHAIN_BUDGET = 64
 _UNKNOWN = object()
 
 
@@ -99,10 +102,7 @@ class LoaderFlow:
         self.index = index
         self._values = analysis.values
         self._loops = {loop.node: loop for loop in self._for_loops()}
-        self._traced = traced = {
-            node: [trace for trace in self._trace(loop.iterable, loop.scope, (), frozenset())]
-            for node, loop in self._loops.items()
-        }
+        self._traced = traced = {node: self._traces_of(loop) for node, loop in self._loops.items()}
         self._ways: dict[cst.For, list[_Way]] = {}
         for chain in self._loop_chains():
             # The data loop is the innermost loop over a loader (not `for student in students`, not the epochs).
@@ -189,6 +189,8 @@ class LoaderFlow:
             return [loops]  # the loops further out cannot be the data loop
         chains = []
         for call, _, implicit in self.index.call_sites(function):
+            if len(chains) >= _CHAIN_BUDGET:
+                break  # fewer ways in only make fewer loops training loops: their data is left whole
             settled = [self._holds(guard, call, implicit) for guard in guards]
             if False in settled:
                 continue  # this caller does not train here
@@ -316,6 +318,16 @@ class LoaderFlow:
         if qualified.split(".")[0] == "tqdm" and qualified.endswith(".tqdm") and not expr.args[0].keyword:
             return self._iterated(expr.args[0].value, scope)
         return [expr]
+
+    def _traces_of(self, loop: _ForLoop) -> list[tuple[tuple, Optional[cst.Call], Optional[str]]]:
+        """The ways ``loop`` gets its data; past ``_TRACE_BUDGET`` of them (helpers calling helpers twice
+        each make their number grow exponentially) the data counts as not followed, so it is left whole."""
+        found = []
+        for trace in self._trace(loop.iterable, loop.scope, (), frozenset()):
+            if len(found) == _TRACE_BUDGET:
+                return [(found[0][0][:1], None, None)]
+            found.append(trace)
+        return found
 
     def _trace(self, expr, scope, path, seen):
         """Yield ``(path, origin, kind)`` for each way ``expr`` gets its data."""

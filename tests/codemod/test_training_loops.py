@@ -281,3 +281,27 @@ class TestSharedTrainEvalLoops:
             """
         )
         assert roles(source) == {"data": {"train"}}
+
+
+def _doubling_helpers(depth: int) -> str:
+    """Helpers that each call the one below twice: 2**depth ways from the loader to the loop."""
+    lines = ["import torch.nn as nn", "from torch.utils.data import DataLoader", ""]
+    lines += ["def f0(loader, model):", "    for x in loader:", "        model(x).mean().backward()", ""]
+    for level in range(1, depth + 1):
+        lines += [f"def f{level}(loader, model):", f"    f{level - 1}(loader, model)", f"    f{level - 1}(loader, model)", ""]
+    lines += ["model = nn.DataParallel(net)", f"f{depth}(DataLoader(data, batch_size=4), model)", ""]
+    return "\n".join(lines)
+
+
+def test_few_ways_in_are_followed_to_the_loader():
+    found = diagnostics(_doubling_helpers(5))  # 32 ways: within the budget
+    assert any(code == "MGP122" for _, code in found)
+    assert all(code != "MGP235" for _, code in found)
+
+
+def test_exponentially_many_ways_in_leave_the_data_whole():
+    """2**13 ways from the loader to the loop are not enumerated (that took minutes): past a budget the data
+    counts as not followed, left whole with MGP235, which is the safe direction."""
+    found = diagnostics(_doubling_helpers(13))
+    assert (5, "MGP235") in found
+    assert all(code != "MGP122" for _, code in found)
