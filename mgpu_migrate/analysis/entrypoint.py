@@ -48,7 +48,7 @@ _EXISTING_DISTRIBUTED = {
 }
 _CUDA_WORDS = re.compile(r"cuda|device|gpu", re.IGNORECASE)
 # torch.cuda functions that ask about devices without binding the process to one.
-_HARMLESS_CUDA = {"is_available", "device_count", "manual_seed", "manual_seed_all", "get_device_name"}
+HARMLESS_CUDA = {"is_available", "device_count", "manual_seed", "manual_seed_all", "get_device_name"}
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ def touches_cuda(analysis: FileAnalysis, statement: cst.CSTNode) -> bool:
         if node.func.attr.value == "to":
             return any(_CUDA_WORDS.search(analysis.module.code_for_node(arg.value)) for arg in node.args)
         qualified = analysis.resolve(node.func) or ""
-        return qualified.startswith("torch.cuda.") and qualified.rsplit(".", 1)[1] not in _HARMLESS_CUDA
+        return qualified.startswith("torch.cuda.") and qualified.rsplit(".", 1)[1] not in HARMLESS_CUDA
 
     return bool(contains(statement, binds))
 
