@@ -6,7 +6,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis.entrypoint import distributed_program, sets_cuda_visible_devices
 from mgpu_migrate.rules.base import DDP, Example, Rule
-from mgpu_migrate.rules.syntax import RUNTIME, argument, runtime_call
+from mgpu_migrate.rules.syntax import RUNTIME, argument, keyword, runtime_call
 
 FIRST_GPU = "cuda:0"
 # In a statement of its own a string is a docstring, not a device.
@@ -18,8 +18,10 @@ class ExplicitDevice(Rule):
     ## What it does
     Rewrites the ways a DataParallel script names the first GPU so that they name this process's GPU:
     ``"cuda:0"`` becomes ``"cuda"`` (the current device, which ``mgpu_runtime.setup()`` binds), ``.cuda(0)``
-    becomes ``.cuda()``, ``torch.device("cuda", 0)`` becomes ``torch.device("cuda")``, and
-    ``torch.cuda.set_device(0)`` becomes ``torch.cuda.set_device(mgpu_runtime.device())``.
+    becomes ``.cuda()``, ``torch.device("cuda", 0)`` becomes ``torch.device("cuda")``, the GPU number 0 where a
+    device goes (``torch.device(0)``, ``x.to(0)``, ``.to(device=0)``, ``torch.zeros(2, device=0)``, and
+    ``0 if use_cuda else "cpu"`` there) becomes ``"cuda"``, and ``torch.cuda.set_device(0)`` becomes
+    ``torch.cuda.set_device(mgpu_runtime.device())``.
 
     ## Why is this bad?
     DataParallel keeps the model and the gathered outputs on the first GPU, so its scripts name
@@ -38,7 +40,7 @@ class ExplicitDevice(Rule):
 
     ## Fix safety
     Safe: in a single process the current device is the first GPU, as before. Another explicit GPU
-    (``"cuda:1"``, ``.cuda(args.gpu)``, ``f"cuda:{i}"``) is left with MGP244, and a ``CUDA_VISIBLE_DEVICES``
+    (``"cuda:1"``, ``.cuda(args.gpu)``, ``f"cuda:{i}"``, ``x.to(1)``) is left with MGP244, and a ``CUDA_VISIBLE_DEVICES``
     assignment that would run after ``mgpu_runtime.setup()`` (too late to choose the GPUs) with MGP245.
     """
 
@@ -64,6 +66,14 @@ class ExplicitDevice(Rule):
             DDP,
             ("MGP101", "MGP120", "MGP127", "MGP244"),
         ),
+        Example(
+            "import torch\n\ndevice = torch.device(0 if use_cuda else 'cpu')\nmodel = torch.nn.DataParallel(model)\n"
+            "x = x.to(0, non_blocking=True)\n",
+            "import torch\nimport mgpu_runtime\n\nmgpu_runtime.setup()\n\ndevice = torch.device('cuda' if use_cuda else 'cpu')\n"
+            "model = mgpu_runtime.DistributedDataParallel(model)\nx = x.to(\"cuda\", non_blocking=True)\n",
+            DDP,
+            ("MGP101", "MGP120", "MGP127"),
+        ),
     )
 
     def apply(self) -> None:
@@ -79,6 +89,10 @@ class ExplicitDevice(Rule):
                 self._device_index(call)
             elif isinstance(func, cst.Attribute) and func.attr.value == "cuda" and qualified is None:
                 self._cuda_method(call)
+            elif isinstance(func, cst.Attribute) and func.attr.value == "to" and qualified is None:
+                self._integer_device(argument(call, "device", 0))
+            elif qualified is not None and qualified.startswith("torch."):
+                self._integer_device(keyword(call, "device"))
         self._visible_devices()
 
     def _strings(self) -> None:
@@ -114,7 +128,9 @@ class ExplicitDevice(Rule):
             self.rewrote(call, f"the process's GPU is {RUNTIME}.device(), bound by {RUNTIME}.setup()")
 
     def _device_index(self, call: cst.Call) -> None:
-        """``torch.device("cuda", 0)``."""
+        """``torch.device("cuda", 0)``, ``torch.device(0)``."""
+        if len(call.args) == 1 and not call.args[0].keyword:
+            self._integer_device(call.args[0])
         if len(call.args) != 2 or not isinstance(call.args[0].value, cst.SimpleString):
             return
         if call.args[0].value.evaluated_value != "cuda":
@@ -126,6 +142,28 @@ class ExplicitDevice(Rule):
         arg = argument(call, "device", 0)
         if arg is not None:
             self._drop_first_gpu(call, arg)
+
+    def _integer_device(self, arg: cst.Arg | None) -> None:
+        """A GPU named by its number where a device goes: ``x.to(0)``, ``torch.device(0)``, ``device=0``, and
+        ``0 if use_cuda else "cpu"`` there. GPU 0 becomes ``"cuda"``, the current one; another is left."""
+        if arg is None or arg.star:
+            return
+        value, quote = arg.value, '"'
+        if isinstance(value, cst.IfExp):
+            branches = (value.body, value.orelse)
+            numbers = [branch for branch in branches if isinstance(branch, cst.Integer)]
+            others = [branch for branch in branches if _is_cpu(branch)]
+            if len(numbers) != 1 or len(others) != 1:
+                return
+            value, quote = numbers[0], others[0].quote
+        if not isinstance(value, cst.Integer):
+            return
+        if not _is_zero(value):
+            self._other_gpu(value, self.analysis.module.code_for_node(value))
+            return
+        if self.rewrite_allowed(value):
+            self.edits.replace(value, lambda node: cst.SimpleString(f"{quote}cuda{quote}", lpar=node.lpar, rpar=node.rpar))
+            self.rewrote(value, "GPU 0 is now 'cuda': this process's own GPU")
 
     def _drop_first_gpu(self, call: cst.Call, arg: cst.Arg) -> None:
         if not _is_zero(arg.value):
@@ -175,6 +213,10 @@ class ExplicitDevice(Rule):
 
 def _is_zero(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Integer) and node.evaluated_value == 0
+
+
+def _is_cpu(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.SimpleString) and node.evaluated_value == "cpu"
 
 
 def _is_first_gpu(node: cst.BaseExpression) -> bool:
