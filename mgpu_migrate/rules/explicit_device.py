@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mgpu_migrate.analysis.entrypoint import distributed_program, sets_cuda_visible_devices
+from mgpu_migrate.analysis.entrypoint import (
+    RUNTIME_SETUP,
+    DistributedProgram,
+    distributed_program,
+    sets_cuda_visible_devices,
+)
 from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.entry_point import EntryPointSetup
 from mgpu_migrate.rules.syntax import RUNTIME, argument, keyword, runtime_call
 
 FIRST_GPU = "cuda:0"
@@ -41,13 +47,17 @@ class ExplicitDevice(Rule):
     ## Fix safety
     Safe: in a single process the current device is the first GPU, as before. Another explicit GPU
     (``"cuda:1"``, ``.cuda(args.gpu)``, ``f"cuda:{i}"``, ``x.to(1)``) is left with MGP244, and a ``CUDA_VISIBLE_DEVICES``
-    assignment that would run after ``mgpu_runtime.setup()`` (too late to choose the GPUs) with MGP245.
+    assignment that would run after ``mgpu_runtime.setup()`` (too late to choose the GPUs) with MGP245. So is one
+    in a file where no ``setup()`` is inserted (a module of helpers), with a note that says so: the runtime
+    then calls ``setup()`` when first used (the wrapper, when it is built), so the assignment still chooses the
+    GPUs if it runs before that, but not in a program whose entry point calls ``setup()`` before any helper runs.
     """
 
     CODE = "MGP127"
     REVIEW_CODES = {
         "MGP244": "an explicit GPU other than the first: under DDP each process uses its own device",
-        "MGP245": "CUDA_VISIBLE_DEVICES set after mgpu_runtime.setup() has bound the process to a GPU",
+        "MGP245": "CUDA_VISIBLE_DEVICES set after mgpu_runtime.setup() has bound the process to a GPU, or in a file "
+        "that leaves setup() to the runtime, where it may come after setup()",
     }
     DESCRIPTION = "explicit cuda:0 devices replaced with the process's own device"
     TARGETS = (DDP,)
@@ -77,7 +87,8 @@ class ExplicitDevice(Rule):
     )
 
     def apply(self) -> None:
-        if not distributed_program(self.analysis, self.edits.replacements).migrates:
+        program = distributed_program(self.analysis, self.edits.replacements)
+        if not program.migrates:
             return
         self._strings()
         for call in self.analysis.calls:
@@ -93,7 +104,7 @@ class ExplicitDevice(Rule):
                 self._integer_device(argument(call, "device", 0))
             elif qualified is not None and qualified.startswith("torch."):
                 self._integer_device(keyword(call, "device"))
-        self._visible_devices()
+        self._visible_devices(program)
 
     def _strings(self) -> None:
         tree = self.analysis.tree
@@ -190,25 +201,53 @@ class ExplicitDevice(Rule):
             "`.cuda()` for the current one); choose GPUs with CUDA_VISIBLE_DEVICES instead",
         )
 
-    def _visible_devices(self) -> None:
-        entry = self.analysis.entry_point
+    def _visible_devices(self, program: DistributedProgram) -> None:
         tree = self.analysis.tree
+        setup = self._setup_statement(program)
         for statement in tree.nodes(cst.SimpleStatementLine):
             if not sets_cuda_visible_devices(statement):
                 continue
             block = tree.parent(statement)
             if isinstance(block, cst.Module):
                 continue
-            if entry is not None and tree.parent(entry.anchor) is block:
+            if setup is None:
+                self._before_lazy_setup(statement, program)
+                continue
+            anchor, place = setup
+            if tree.parent(anchor) is block:
                 body = list(block.body)
-                if body.index(statement) <= body.index(entry.anchor):
+                if body.index(statement) <= body.index(anchor):
                     continue
+            line, _ = self.analysis.position(anchor)
             self.left(
                 statement,
                 "MGP245",
-                f"CUDA_VISIBLE_DEVICES is set after {RUNTIME}.setup() has bound this process to a GPU, so it no "
-                "longer chooses the GPUs: set it before the program starts (in the launch environment)",
+                f"CUDA_VISIBLE_DEVICES is set after {RUNTIME}.setup() ({place} line {line}) has bound this process to "
+                "a GPU, so it no longer chooses the GPUs: set it before the program starts (in the launch environment)",
             )
+
+    def _setup_statement(self, program: DistributedProgram) -> tuple[cst.CSTNode, str] | None:
+        """Where this file calls ``mgpu_runtime.setup()`` once migrated: the statement it is inserted next to (a
+        CUDA_VISIBLE_DEVICES assignment there comes before it), or the one that already calls it."""
+        if program.already_set_up:
+            call = next(call for call in self.analysis.calls if self.analysis.resolve(call.func) == RUNTIME_SETUP)
+            return self.analysis.tree.statement(call), "called at"
+        entry = self.analysis.entry_point
+        if entry is None or self.analysis.silenced(entry.anchor, EntryPointSetup.CODE):
+            return None
+        return entry.anchor, "inserted after" if entry.after else "inserted before"
+
+    def _before_lazy_setup(self, statement: cst.SimpleStatementLine, program: DistributedProgram) -> None:
+        """No setup() in this file: the runtime calls it when it is first used, which may come after this."""
+        line, _ = self.analysis.position(program.wraps[0])
+        self.left(
+            statement,
+            "MGP245",
+            f"CUDA_VISIBLE_DEVICES is set in a file where no {RUNTIME}.setup() is inserted (the runtime calls it when "
+            f"first used, e.g. by the wrapper at line {line} when it is built): it still chooses the GPUs if it runs "
+            "before that and before CUDA is first used, but not in a program whose entry point calls setup(), which "
+            "has bound this process to a GPU by then; set it before the program starts (in the launch environment)",
+        )
 
 
 def _is_zero(node: cst.BaseExpression) -> bool:
