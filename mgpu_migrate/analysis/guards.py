@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import libcst as cst
 
@@ -79,12 +79,12 @@ class Reliance:
     reason: str
 
 
-def dotted_name(node: cst.CSTNode) -> Optional[str]:
+def _dotted_name(node: cst.CSTNode) -> str | None:
     """``args.n_gpu`` for a chain of names and attributes; None for anything else."""
     if isinstance(node, cst.Name):
         return node.value
     if isinstance(node, cst.Attribute):
-        head = dotted_name(node.value)
+        head = _dotted_name(node.value)
         return f"{head}.{node.attr.value}" if head is not None else None
     return None
 
@@ -97,7 +97,7 @@ def _operands(node: cst.CSTNode) -> list[cst.CSTNode]:
     if isinstance(node, cst.Arg):
         return [node.value]
     if isinstance(node, cst.Call):
-        callee = [] if dotted_name(node.func) is not None else [node.func]
+        callee = [] if _dotted_name(node.func) is not None else [node.func]
         return callee + list(node.args)
     return list(node.children)
 
@@ -107,7 +107,7 @@ def _reads(node: cst.CSTNode, ignored: Collection[cst.CSTNode]) -> Iterator[tupl
     source order; skipping ``ignored`` nodes, nested definitions and what is only printed or logged."""
     if node in ignored or isinstance(node, _DEFINITIONS) or _only_shows(node):
         return
-    dotted = dotted_name(node)
+    dotted = _dotted_name(node)
     if dotted is not None:
         yield node, dotted
         return
@@ -140,7 +140,7 @@ def _nodes(node: cst.CSTNode, ignored: Collection[cst.CSTNode]) -> Iterator[cst.
         yield from _nodes(child, ignored)
 
 
-def _needs_gpu(analysis: FileAnalysis, node: cst.CSTNode) -> Optional[str]:
+def _needs_gpu(analysis: FileAnalysis, node: cst.CSTNode) -> str | None:
     """Why ``node`` fails without a GPU: ``.cuda()``, a ``torch.cuda`` call that binds or queries a device, an
     assertion about CUDA, a device string naming a GPU."""
     if isinstance(node, cst.Call):
@@ -162,7 +162,7 @@ def _needs_gpu(analysis: FileAnalysis, node: cst.CSTNode) -> Optional[str]:
 
 def guard_reliance(
     analysis: FileAnalysis, guard: cst.If | cst.IfExp, ignored: Collection[cst.CSTNode] = ()
-) -> Optional[Reliance]:
+) -> Reliance | None:
     """The first part of ``guard``'s body (its ``if`` branch) that needs the condition to hold: a use of a name
     the condition tests (``net.to(gpu_ids[0])`` under ``if len(gpu_ids) > 0:``), or something that needs a GPU
     (``model.cuda()``, ``assert torch.cuda.is_available()``); None when the body runs as well where the
