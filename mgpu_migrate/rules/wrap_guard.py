@@ -41,7 +41,7 @@ class WrapGuard(Rule):
     processes always wrap. Other statements under the same guard then also run in a multi-process run, so
     a guard is extended only when they can run where the condition is false. One whose body needs the
     condition (``net.to(gpu_ids[0])`` under ``if len(gpu_ids) > 0:``; ``model.cuda()``,
-    ``assert torch.cuda.is_available()`` or ``"cuda"`` under ``if use_cuda:``) is left as it is with MGP252:
+    ``assert torch.cuda.is_available()`` or ``"cuda"`` under ``if use_cuda:``) is left as it is with MGP254:
     its wrap is still migrated, so a multi-process run where the condition holds (processes on GPUs) trains
     as one model, and one where it is false (processes on CPU) does not wrap, which the runtime's safety net
     stops at the first optimizer step (``UnsynchronizedTrainingError``) rather than train separate copies.
@@ -53,7 +53,7 @@ class WrapGuard(Rule):
     CODE = "MGP121"
     REVIEW_CODES = {
         "MGP233": "a wrap under a condition that is not a GPU guard, or in an else/elif branch; every process must wrap",
-        "MGP252": "a GPU guard around a wrap not extended: a statement under it needs the guard's condition to hold",
+        "MGP254": "a GPU guard around a wrap not extended: a statement under it needs the guard's condition to hold",
     }
     DESCRIPTION = "GPU guard around a wrap extended so that every process of a multi-process run wraps"
     TARGETS = (DDP,)
@@ -85,7 +85,7 @@ class WrapGuard(Rule):
             "import mgpu_runtime\n\n\ndef init_net(net, gpu_ids):\n    if len(gpu_ids) > 0:\n        net.to(gpu_ids[0])\n"
             "        net = mgpu_runtime.DistributedDataParallel(net)\n    return net\n",
             DDP,
-            ("MGP101", "MGP252"),
+            ("MGP101", "MGP254"),
         ),
     )
 
@@ -142,7 +142,7 @@ class WrapGuard(Rule):
         line, _ = self.analysis.position(reliance.node)
         self.left(
             guard.test,
-            "MGP252",
+            "MGP254",
             f"`{condition}` not extended: `{text}` (line {line}) under it {reliance.reason}, so it cannot run where "
             "the condition is false. A multi-process run where the condition is false (processes on CPU, say) does "
             f"not wrap; once {RUNTIME}.setup() has run, the runtime's safety net stops such a run at its first "

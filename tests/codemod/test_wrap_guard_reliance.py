@@ -1,4 +1,4 @@
-"""MGP121/MGP252: a GPU guard is extended only when the rest of its body runs where its condition is false."""
+"""MGP121/MGP254: a GPU guard is extended only when the rest of its body runs where its condition is false."""
 
 import pytest
 
@@ -31,8 +31,8 @@ def test_guard_whose_body_needs_the_condition_is_left(body, reason):
     output, diagnostics = _migrate(body)
     assert f"\n    {body.splitlines()[0]}\n" in output  # the outer guard as it was
     assert "mgpu_runtime.DistributedDataParallel(" in output
-    assert reason in diagnostics["MGP252"]
-    assert "UnsynchronizedTrainingError" in diagnostics["MGP252"]
+    assert reason in diagnostics["MGP254"]
+    assert "UnsynchronizedTrainingError" in diagnostics["MGP254"]
 
 
 @pytest.mark.parametrize(
@@ -50,7 +50,7 @@ def test_guard_whose_body_needs_the_condition_is_left(body, reason):
 )
 def test_guard_whose_body_runs_anywhere_is_extended(body):
     output, diagnostics = _migrate(body)
-    assert "MGP252" not in diagnostics
+    assert "MGP254" not in diagnostics
     assert "MGP121" in diagnostics
     assert "or mgpu_runtime.world_size() > 1:" in output
 
@@ -59,4 +59,4 @@ def test_nested_guards_are_judged_each_on_its_own():
     output, diagnostics = _migrate("if use_cuda:\n    if n_gpu > 1:\n        model = nn.DataParallel(model)\n    model.cuda()")
     assert "    if use_cuda:\n" in output
     assert "        if n_gpu > 1 or mgpu_runtime.world_size() > 1:\n" in output
-    assert {"MGP121", "MGP252"} <= diagnostics.keys()
+    assert {"MGP121", "MGP254"} <= diagnostics.keys()
