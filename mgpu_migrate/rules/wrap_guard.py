@@ -85,7 +85,7 @@ class WrapGuard(Rule):
             "import mgpu_runtime\n\n\ndef init_net(net, gpu_ids):\n    if len(gpu_ids) > 0:\n        net.to(gpu_ids[0])\n"
             "        net = mgpu_runtime.DistributedDataParallel(net)\n    return net\n",
             DDP,
-            ("MGP101", "MGP254"),
+            ("MGP101", "MGP254", "MGP262"),
         ),
     )
 
