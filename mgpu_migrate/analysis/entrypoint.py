@@ -48,7 +48,7 @@ _EXISTING_DISTRIBUTED = {
 }
 _CUDA_WORDS = re.compile(r"cuda|device|gpu", re.IGNORECASE)
 # torch.cuda functions that ask about devices without binding the process to one.
-_HARMLESS_CUDA = {"is_available", "device_count", "manual_seed", "manual_seed_all", "get_device_name"}
+HARMLESS_CUDA = {"is_available", "device_count", "manual_seed", "manual_seed_all", "get_device_name"}
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,8 @@ def _names_cuda_visible_devices(target: cst.BaseExpression) -> bool:
 
 
 def touches_cuda(analysis: FileAnalysis, statement: cst.CSTNode) -> bool:
-    """Whether a statement may bind the process to a GPU: ``.cuda()``, ``.to(...)``, ``torch.cuda.*``."""
+    """Whether a statement may bind the process to a GPU: ``.cuda()``, ``.to(...)`` a device or a GPU's number,
+    ``torch.cuda.*``."""
 
     def binds(node: cst.CSTNode) -> bool:
         if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute):
@@ -165,11 +166,21 @@ def touches_cuda(analysis: FileAnalysis, statement: cst.CSTNode) -> bool:
         if node.func.attr.value == "cuda":
             return True
         if node.func.attr.value == "to":
-            return any(_CUDA_WORDS.search(analysis.module.code_for_node(arg.value)) for arg in node.args)
+            return any(
+                _CUDA_WORDS.search(analysis.module.code_for_node(arg.value)) or _names_gpu_number(arg.value)
+                for arg in node.args
+            )
         qualified = analysis.resolve(node.func) or ""
-        return qualified.startswith("torch.cuda.") and qualified.rsplit(".", 1)[1] not in _HARMLESS_CUDA
+        return qualified.startswith("torch.cuda.") and qualified.rsplit(".", 1)[1] not in HARMLESS_CUDA
 
     return bool(contains(statement, binds))
+
+
+def _names_gpu_number(value: cst.BaseExpression) -> bool:
+    """``0``, ``0 if use_cuda else "cpu"``: a GPU by its number."""
+    if isinstance(value, cst.IfExp):
+        return _names_gpu_number(value.body) or _names_gpu_number(value.orelse)
+    return isinstance(value, cst.Integer)
 
 
 def _is_docstring(statement: cst.CSTNode) -> bool:

@@ -5,6 +5,10 @@ A DataParallel script wraps its model only when there is something to paralleliz
 Under DDP every process of a multi-process run must wrap, even one that sees a single GPU (SLURM gives
 each task its own) or none (CPU processes): the guard is read as a GPU guard when its names say so.
 
+Extending such a guard (``or mgpu_runtime.world_size() > 1``) also runs the rest of its body where the
+condition is false; ``guard_reliance`` finds what there needs the condition to hold (``net.to(gpu_ids[0])``
+under ``if len(gpu_ids) > 0:``, ``model.cuda()`` or ``assert torch.cuda.is_available()`` under ``if use_cuda:``).
+
 A distributed script runs some code on the main process only (``if args.local_rank in [-1, 0]:``,
 ``if dist.get_rank() == 0:``, ``if is_main_process():``); a collective there waits for processes that
 never come.
@@ -13,12 +17,13 @@ never come.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from mgpu_migrate.analysis.entrypoint import is_main_guard
+from mgpu_migrate.analysis.entrypoint import HARMLESS_CUDA, is_main_guard
 
 if TYPE_CHECKING:
     from mgpu_migrate.analysis.file import FileAnalysis
@@ -56,6 +61,125 @@ def gpu_guards(analysis: FileAnalysis, node: cst.CSTNode) -> list[tuple[cst.If |
     """The conditions around ``node`` in its function (``if`` statements, the main guard excepted, and
     ``... if ... else ...``), innermost first, each with whether ``node`` sits in its ``else``/``elif`` part."""
     return [(guard, in_else) for guard, in_else in analysis.tree.enclosing_ifs(node) if not is_main_guard(guard)]
+
+
+# -- what a guard's body needs from its condition -------------------------------------------------
+# A device string that names a GPU.
+_GPU_STRING = re.compile(r"cuda(:\d+)?")
+# Calls whose arguments are only shown (a value read there needs nothing from the condition).
+_LOG_METHODS = {"debug", "info", "warning", "warn", "error", "critical", "log", "write"}
+_DEFINITIONS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+
+
+@dataclass(frozen=True)
+class Reliance:
+    """A part of a guard's body that cannot run where the guard's condition is false."""
+
+    node: cst.CSTNode
+    reason: str
+
+
+def _dotted_name(node: cst.CSTNode) -> str | None:
+    """``args.n_gpu`` for a chain of names and attributes; None for anything else."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        head = _dotted_name(node.value)
+        return f"{head}.{node.attr.value}" if head is not None else None
+    return None
+
+
+def _operands(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """The children of ``node`` that are read as values: not an attribute's name, an argument's keyword, or
+    the function a call calls (when that is a plain dotted name)."""
+    if isinstance(node, cst.Attribute):
+        return [node.value]
+    if isinstance(node, cst.Arg):
+        return [node.value]
+    if isinstance(node, cst.Call):
+        callee = [] if _dotted_name(node.func) is not None else [node.func]
+        return callee + list(node.args)
+    return list(node.children)
+
+
+def _reads(node: cst.CSTNode, ignored: Collection[cst.CSTNode]) -> Iterator[tuple[cst.CSTNode, str]]:
+    """The dotted names ``node`` reads, outermost chain only (``self.gpu_ids`` in ``self.gpu_ids[0]``), in
+    source order; skipping ``ignored`` nodes, nested definitions and what is only printed or logged."""
+    if node in ignored or isinstance(node, _DEFINITIONS) or _only_shows(node):
+        return
+    dotted = _dotted_name(node)
+    if dotted is not None:
+        yield node, dotted
+        return
+    for child in _operands(node):
+        yield from _reads(child, ignored)
+
+
+def _only_shows(node: cst.CSTNode) -> bool:
+    """``print(...)``, ``logger.info(...)``."""
+    if not isinstance(node, cst.Call):
+        return False
+    func = node.func
+    return (isinstance(func, cst.Name) and func.value == "print") or (
+        isinstance(func, cst.Attribute) and func.attr.value in _LOG_METHODS
+    )
+
+
+def tested_names(test: cst.BaseExpression) -> set[str]:
+    """The names a condition tests: ``gpu_ids`` in ``len(gpu_ids) > 0``, ``args.n_gpu`` in ``args.n_gpu > 1``;
+    not the functions it calls (``len``, ``torch.cuda.device_count``)."""
+    return {dotted for _, dotted in _reads(test, ())}
+
+
+def _nodes(node: cst.CSTNode, ignored: Collection[cst.CSTNode]) -> Iterator[cst.CSTNode]:
+    """``node`` and the nodes under it, in source order, without ``ignored`` ones and nested definitions."""
+    if node in ignored or isinstance(node, _DEFINITIONS):
+        return
+    yield node
+    for child in node.children:
+        yield from _nodes(child, ignored)
+
+
+def _needs_gpu(analysis: FileAnalysis, node: cst.CSTNode) -> str | None:
+    """Why ``node`` fails without a GPU: ``.cuda()``, a ``torch.cuda`` call that binds or queries a device, an
+    assertion about CUDA, a device string naming a GPU."""
+    if isinstance(node, cst.Call):
+        if isinstance(node.func, cst.Attribute) and node.func.attr.value == "cuda":
+            return "calls `.cuda()`, which needs a GPU"
+        qualified = analysis.resolve(node.func) or ""
+        if qualified.startswith("torch.cuda.") and qualified.rsplit(".", 1)[1] not in HARMLESS_CUDA:
+            return f"calls `{qualified}`, which needs a GPU"
+    if isinstance(node, cst.Assert) and any(
+        (analysis.resolve(call.func) or "").startswith("torch.cuda.")
+        for call in _nodes(node.test, ())
+        if isinstance(call, cst.Call)
+    ):
+        return "asserts that CUDA is there"
+    if isinstance(node, cst.SimpleString) and _GPU_STRING.fullmatch(str(node.evaluated_value)):
+        return f"names the GPU {node.value}"
+    return None
+
+
+def guard_reliance(
+    analysis: FileAnalysis, guard: cst.If | cst.IfExp, ignored: Collection[cst.CSTNode] = ()
+) -> Reliance | None:
+    """The first part of ``guard``'s body (its ``if`` branch) that needs the condition to hold: a use of a name
+    the condition tests (``net.to(gpu_ids[0])`` under ``if len(gpu_ids) > 0:``), or something that needs a GPU
+    (``model.cuda()``, ``assert torch.cuda.is_available()``); None when the body runs as well where the
+    condition is false. ``ignored`` nodes (the parts of a wrap that its rewrite drops) are not looked at."""
+    tested = tested_names(guard.test)
+    body = guard.body
+    parts = list(body.body) if isinstance(body, (cst.IndentedBlock, cst.SimpleStatementSuite)) else [body]
+    for part in parts:
+        for node, dotted in _reads(part, ignored):
+            name = next((name for name in tested if dotted == name or dotted.startswith(f"{name}.")), None)
+            if name is not None:
+                return Reliance(node, f"uses `{name}`, which the condition tests")
+        for node in _nodes(part, ignored):
+            reason = _needs_gpu(analysis, node)
+            if reason is not None:
+                return Reliance(node, reason)
+    return None
 
 
 def _is_zero(node: cst.BaseExpression) -> bool:

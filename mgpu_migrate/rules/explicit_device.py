@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mgpu_migrate.analysis.entrypoint import distributed_program, sets_cuda_visible_devices
+from mgpu_migrate.analysis.entrypoint import (
+    RUNTIME_SETUP,
+    DistributedProgram,
+    distributed_program,
+    sets_cuda_visible_devices,
+)
 from mgpu_migrate.rules.base import DDP, Example, Rule
-from mgpu_migrate.rules.syntax import RUNTIME, argument, runtime_call
+from mgpu_migrate.rules.entry_point import EntryPointSetup
+from mgpu_migrate.rules.syntax import RUNTIME, argument, keyword, runtime_call
 
 FIRST_GPU = "cuda:0"
 # In a statement of its own a string is a docstring, not a device.
@@ -18,8 +24,10 @@ class ExplicitDevice(Rule):
     ## What it does
     Rewrites the ways a DataParallel script names the first GPU so that they name this process's GPU:
     ``"cuda:0"`` becomes ``"cuda"`` (the current device, which ``mgpu_runtime.setup()`` binds), ``.cuda(0)``
-    becomes ``.cuda()``, ``torch.device("cuda", 0)`` becomes ``torch.device("cuda")``, and
-    ``torch.cuda.set_device(0)`` becomes ``torch.cuda.set_device(mgpu_runtime.device())``.
+    becomes ``.cuda()``, ``torch.device("cuda", 0)`` becomes ``torch.device("cuda")``, the GPU number 0 where a
+    device goes (``torch.device(0)``, ``x.to(0)``, ``.to(device=0)``, ``torch.zeros(2, device=0)``, and
+    ``0 if use_cuda else "cpu"`` there) becomes ``"cuda"``, and ``torch.cuda.set_device(0)`` becomes
+    ``torch.cuda.set_device(mgpu_runtime.device())``.
 
     ## Why is this bad?
     DataParallel keeps the model and the gathered outputs on the first GPU, so its scripts name
@@ -38,14 +46,18 @@ class ExplicitDevice(Rule):
 
     ## Fix safety
     Safe: in a single process the current device is the first GPU, as before. Another explicit GPU
-    (``"cuda:1"``, ``.cuda(args.gpu)``, ``f"cuda:{i}"``) is left with MGP244, and a ``CUDA_VISIBLE_DEVICES``
-    assignment that would run after ``mgpu_runtime.setup()`` (too late to choose the GPUs) with MGP245.
+    (``"cuda:1"``, ``.cuda(args.gpu)``, ``f"cuda:{i}"``, ``x.to(1)``) is left with MGP244, and a ``CUDA_VISIBLE_DEVICES``
+    assignment that would run after ``mgpu_runtime.setup()`` (too late to choose the GPUs) with MGP245. So is one
+    in a file where no ``setup()`` is inserted (a module of helpers), with a note that says so: the runtime
+    then calls ``setup()`` when first used (the wrapper, when it is built), so the assignment still chooses the
+    GPUs if it runs before that, but not in a program whose entry point calls ``setup()`` before any helper runs.
     """
 
     CODE = "MGP127"
     REVIEW_CODES = {
         "MGP244": "an explicit GPU other than the first: under DDP each process uses its own device",
-        "MGP245": "CUDA_VISIBLE_DEVICES set after mgpu_runtime.setup() has bound the process to a GPU",
+        "MGP245": "CUDA_VISIBLE_DEVICES set after mgpu_runtime.setup() has bound the process to a GPU, or in a file "
+        "that leaves setup() to the runtime, where it may come after setup()",
     }
     DESCRIPTION = "explicit cuda:0 devices replaced with the process's own device"
     TARGETS = (DDP,)
@@ -64,10 +76,19 @@ class ExplicitDevice(Rule):
             DDP,
             ("MGP101", "MGP120", "MGP127", "MGP244"),
         ),
+        Example(
+            "import torch\n\ndevice = torch.device(0 if use_cuda else 'cpu')\nmodel = torch.nn.DataParallel(model)\n"
+            "x = x.to(0, non_blocking=True)\n",
+            "import torch\nimport mgpu_runtime\n\nmgpu_runtime.setup()\n\ndevice = torch.device('cuda' if use_cuda else 'cpu')\n"
+            "model = mgpu_runtime.DistributedDataParallel(model)\nx = x.to(\"cuda\", non_blocking=True)\n",
+            DDP,
+            ("MGP101", "MGP120", "MGP127"),
+        ),
     )
 
     def apply(self) -> None:
-        if not distributed_program(self.analysis, self.edits.replacements).migrates:
+        program = distributed_program(self.analysis, self.edits.replacements)
+        if not program.migrates:
             return
         self._strings()
         for call in self.analysis.calls:
@@ -79,7 +100,11 @@ class ExplicitDevice(Rule):
                 self._device_index(call)
             elif isinstance(func, cst.Attribute) and func.attr.value == "cuda" and qualified is None:
                 self._cuda_method(call)
-        self._visible_devices()
+            elif isinstance(func, cst.Attribute) and func.attr.value == "to" and qualified is None:
+                self._integer_device(argument(call, "device", 0))
+            elif qualified is not None and qualified.startswith("torch."):
+                self._integer_device(keyword(call, "device"))
+        self._visible_devices(program)
 
     def _strings(self) -> None:
         tree = self.analysis.tree
@@ -114,7 +139,9 @@ class ExplicitDevice(Rule):
             self.rewrote(call, f"the process's GPU is {RUNTIME}.device(), bound by {RUNTIME}.setup()")
 
     def _device_index(self, call: cst.Call) -> None:
-        """``torch.device("cuda", 0)``."""
+        """``torch.device("cuda", 0)``, ``torch.device(0)``."""
+        if len(call.args) == 1 and not call.args[0].keyword:
+            self._integer_device(call.args[0])
         if len(call.args) != 2 or not isinstance(call.args[0].value, cst.SimpleString):
             return
         if call.args[0].value.evaluated_value != "cuda":
@@ -126,6 +153,28 @@ class ExplicitDevice(Rule):
         arg = argument(call, "device", 0)
         if arg is not None:
             self._drop_first_gpu(call, arg)
+
+    def _integer_device(self, arg: cst.Arg | None) -> None:
+        """A GPU named by its number where a device goes: ``x.to(0)``, ``torch.device(0)``, ``device=0``, and
+        ``0 if use_cuda else "cpu"`` there. GPU 0 becomes ``"cuda"``, the current one; another is left."""
+        if arg is None or arg.star:
+            return
+        value, quote = arg.value, '"'
+        if isinstance(value, cst.IfExp):
+            branches = (value.body, value.orelse)
+            numbers = [branch for branch in branches if isinstance(branch, cst.Integer)]
+            others = [branch for branch in branches if _is_cpu(branch)]
+            if len(numbers) != 1 or len(others) != 1:
+                return
+            value, quote = numbers[0], others[0].quote
+        if not isinstance(value, cst.Integer):
+            return
+        if not _is_zero(value):
+            self._other_gpu(value, self.analysis.module.code_for_node(value))
+            return
+        if self.rewrite_allowed(value):
+            self.edits.replace(value, lambda node: cst.SimpleString(f"{quote}cuda{quote}", lpar=node.lpar, rpar=node.rpar))
+            self.rewrote(value, "GPU 0 is now 'cuda': this process's own GPU")
 
     def _drop_first_gpu(self, call: cst.Call, arg: cst.Arg) -> None:
         if not _is_zero(arg.value):
@@ -152,29 +201,61 @@ class ExplicitDevice(Rule):
             "`.cuda()` for the current one); choose GPUs with CUDA_VISIBLE_DEVICES instead",
         )
 
-    def _visible_devices(self) -> None:
-        entry = self.analysis.entry_point
+    def _visible_devices(self, program: DistributedProgram) -> None:
         tree = self.analysis.tree
+        setup = self._setup_statement(program)
         for statement in tree.nodes(cst.SimpleStatementLine):
             if not sets_cuda_visible_devices(statement):
                 continue
             block = tree.parent(statement)
             if isinstance(block, cst.Module):
                 continue
-            if entry is not None and tree.parent(entry.anchor) is block:
+            if setup is None:
+                self._before_lazy_setup(statement, program)
+                continue
+            anchor, place = setup
+            if tree.parent(anchor) is block:
                 body = list(block.body)
-                if body.index(statement) <= body.index(entry.anchor):
+                if body.index(statement) <= body.index(anchor):
                     continue
+            line, _ = self.analysis.position(anchor)
             self.left(
                 statement,
                 "MGP245",
-                f"CUDA_VISIBLE_DEVICES is set after {RUNTIME}.setup() has bound this process to a GPU, so it no "
-                "longer chooses the GPUs: set it before the program starts (in the launch environment)",
+                f"CUDA_VISIBLE_DEVICES is set after {RUNTIME}.setup() ({place} line {line}) has bound this process to "
+                "a GPU, so it no longer chooses the GPUs: set it before the program starts (in the launch environment)",
             )
+
+    def _setup_statement(self, program: DistributedProgram) -> tuple[cst.CSTNode, str] | None:
+        """Where this file calls ``mgpu_runtime.setup()`` once migrated: the statement it is inserted next to (a
+        CUDA_VISIBLE_DEVICES assignment there comes before it), or the one that already calls it."""
+        if program.already_set_up:
+            call = next(call for call in self.analysis.calls if self.analysis.resolve(call.func) == RUNTIME_SETUP)
+            return self.analysis.tree.statement(call), "called at"
+        entry = self.analysis.entry_point
+        if entry is None or self.analysis.silenced(entry.anchor, EntryPointSetup.CODE):
+            return None
+        return entry.anchor, "inserted after" if entry.after else "inserted before"
+
+    def _before_lazy_setup(self, statement: cst.SimpleStatementLine, program: DistributedProgram) -> None:
+        """No setup() in this file: the runtime calls it when it is first used, which may come after this."""
+        line, _ = self.analysis.position(program.wraps[0])
+        self.left(
+            statement,
+            "MGP245",
+            f"CUDA_VISIBLE_DEVICES is set in a file where no {RUNTIME}.setup() is inserted (the runtime calls it when "
+            f"first used, e.g. by the wrapper at line {line} when it is built): it still chooses the GPUs if it runs "
+            "before that and before CUDA is first used, but not in a program whose entry point calls setup(), which "
+            "has bound this process to a GPU by then; set it before the program starts (in the launch environment)",
+        )
 
 
 def _is_zero(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Integer) and node.evaluated_value == 0
+
+
+def _is_cpu(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.SimpleString) and node.evaluated_value == "cpu"
 
 
 def _is_first_gpu(node: cst.BaseExpression) -> bool:
