@@ -70,7 +70,7 @@ class RemoteTraining(Rule):
                 wrap,
                 "MGP262",
                 f"this file has no training loop, and the model goes to {where[0].what}"
-                f"{f' (and {others} other wrapped model(s) elsewhere)' if others else ''}: where it is trained, pass "
+                f"{f' (and {others} other wrapped model(s) elsewhere)' if others else ''}: if it is trained there, pass "
                 f"the training DataLoader through {RUNTIME}.distribute_loader(...) (the tool does not rewrite that "
                 "file: it has no DataParallel); until then every process trains on whole batches",
             )
