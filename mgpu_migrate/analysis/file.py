@@ -34,6 +34,7 @@ class FileAnalysis:
         self.path = path
         self.source = source
         self.module = module
+        self._resolved: dict[cst.BaseExpression, str | None] = {}
 
     @cached_property
     def bindings(self) -> names.Bindings:
@@ -43,7 +44,13 @@ class FileAnalysis:
 
     def resolve(self, node: cst.BaseExpression) -> str | None:
         """Canonical qualified name of a dotted expression, through imports and aliases; None if unknown."""
-        return names.resolve(self.bindings, node)
+        # Rules ask about the same callees again and again (every call, once per rule): each node is resolved
+        # once. Nodes compare by identity, and the bindings never change after they are collected.
+        try:
+            return self._resolved[node]
+        except KeyError:
+            qualified = self._resolved[node] = names.resolve(self.bindings, node)
+            return qualified
 
     @cached_property
     def flow(self) -> FlowIndex:
