@@ -118,8 +118,14 @@ class FileAnalysis:
 
     @cached_property
     def _positions(self) -> Positions:
-        # Only a file with a diagnostic or a `# noqa` asks, and only as far as the node asked about.
+        # Only a file with a diagnostic or a `# noqa` asks, and only as far as the node asked about (then the
+        # pipeline's round trip and output for a file that changes).
         return Positions(self.module, self.source)
+
+    def code(self, module: cst.Module | None = None) -> str:
+        """``module.code`` of the parsed module (by default) or of one rebuilt from it; the top-level statements
+        whose positions were asked for are not generated again, nor those the rebuilt module shares with it."""
+        return self._positions.code(self.module if module is None else module)
 
     def position(self, node: cst.CSTNode) -> tuple[int, int]:
         """1-based line and column of a node's start."""
