@@ -19,14 +19,6 @@ from mgpu_migrate.analysis.values import Values
 from mgpu_migrate.diagnostics import noqa_codes
 
 
-class _CallCollector:
-    def __init__(self) -> None:
-        self.calls: list[cst.Call] = []
-
-    def visit_Call(self, node: cst.Call) -> None:
-        self.calls.append(node)
-
-
 class FileAnalysis:
     """Parsed module plus lazily computed facts. Rules read it; they never change it."""
 
@@ -89,11 +81,9 @@ class FileAnalysis:
 
     @cached_property
     def calls(self) -> list[cst.Call]:
-        """Every call in the file, statements in source order (a read-only walk, so within one statement the
-        order is the tree's fields', e.g. a decorator's calls after its function's)."""
-        collector = _CallCollector()
-        walk(self.module, collector)
-        return collector.calls
+        """Every call in the file, statements in source order (from the parent map's walk, so within one
+        statement the order is the tree's fields', e.g. a decorator's calls after its function's)."""
+        return self.tree.nodes(cst.Call)
 
     def calls_to(self, qualified: str) -> list[cst.Call]:
         """Calls whose callee resolves to ``qualified`` (a canonical name from ``analysis.names``)."""
