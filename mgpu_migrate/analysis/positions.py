@@ -87,8 +87,9 @@ class Positions:
         self._state = _OffsetState(module)
         self._pending = self._generate()
         self._line_starts: list[int] | None = None
-        # The tokens of each top-level statement (and blank or comment line) generated so far.
-        self._tokens: dict[cst.CSTNode, list[str]] = {}
+        # Where the tokens of each top-level statement (and blank or comment line) generated so far lie in the
+        # state's tokens.
+        self._token_ranges: dict[cst.CSTNode, tuple[int, int]] = {}
 
     def _generate(self) -> Iterator[bool]:
         # Module._codegen, cut at each top-level statement so the caller can stop early.
@@ -97,7 +98,7 @@ class Positions:
         for statement in (*module.header, *module.body, *module.footer):
             first = len(state.tokens)
             statement._codegen(state)
-            self._tokens[statement] = state.tokens[first:]
+            self._token_ranges[statement] = first, len(state.tokens)
             yield True
         if module.has_trailing_newline and state.offset == 0:
             state.add_token(state.default_newline)
@@ -138,14 +139,16 @@ class Positions:
         if module is original:
             for _ in self._pending:
                 pass
+        generated = self._state.tokens
         tokens: list[str] = []
         for statement in (*module.header, *module.body, *module.footer):
-            known = self._tokens.get(statement)
-            if known is None:
+            known = self._token_ranges.get(statement)
+            if known is not None:
+                tokens += generated[known[0]:known[1]]
+            else:
                 state = CodegenState(default_indent=module.default_indent, default_newline=module.default_newline)
                 statement._codegen(state)
-                known = state.tokens
-            tokens += known
+                tokens += state.tokens
         # The end of Module._codegen_impl.
         if module.has_trailing_newline:
             if not tokens:
