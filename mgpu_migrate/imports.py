@@ -11,7 +11,7 @@ from collections import Counter
 import libcst as cst
 
 from mgpu_migrate.analysis.names import Bindings
-from mgpu_migrate.analysis.walk import walk
+from mgpu_migrate.analysis.walk import children, walk
 from mgpu_migrate.edits import StatementTidier
 
 
@@ -99,7 +99,25 @@ def remove_orphaned(module: cst.Module, bindings: Bindings, uses_before: Counter
     }
     if not orphaned:
         return module
-    return module.visit(_DropAliases(orphaned))
+    on_path: set[cst.CSTNode] = set()
+    _find_imports(module, orphaned, on_path)
+    return module.visit(_DropAliases(orphaned, on_path))
+
+
+def _find_imports(node: cst.CSTNode, names: set[str], on_path: set[cst.CSTNode]) -> bool:
+    """Whether ``node`` holds an import binding one of ``names``; adds the imports that do, and every node
+    above them, to ``on_path``. Imports are statements: expressions and other small statements never hold one."""
+    if isinstance(node, (cst.Import, cst.ImportFrom)):
+        holds = not isinstance(node.names, cst.ImportStar) and any(_bound_name(alias) in names for alias in node.names)
+    elif isinstance(node, (cst.BaseExpression, cst.BaseSmallStatement)):
+        return False
+    else:
+        holds = False
+        for child in children(node):
+            holds = _find_imports(child, names, on_path) or holds
+    if holds:
+        on_path.add(node)
+    return holds
 
 
 def _bound_name(alias: cst.ImportAlias) -> str | None:
@@ -110,9 +128,10 @@ def _bound_name(alias: cst.ImportAlias) -> str | None:
 
 
 class _DropAliases(StatementTidier):
-    def __init__(self, names: set[str]) -> None:
+    def __init__(self, names: set[str], on_path: set[cst.CSTNode]) -> None:
         super().__init__()
         self.names = names
+        self.on_path = on_path
 
     def _filter(self, updated):
         kept = [alias for alias in updated.names if _bound_name(alias) not in self.names]
@@ -127,8 +146,9 @@ class _DropAliases(StatementTidier):
         return updated.with_changes(names=kept)
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        # Imports are statements: expressions and other small statements never hold one.
-        return not isinstance(node, (cst.BaseExpression, cst.BaseSmallStatement))
+        # As in the edit applier, only the imports to change and the nodes above them are rebuilt; the rest
+        # keep their identity (and their code, which the output then reuses).
+        return node in self.on_path
 
     def leave_Import(self, original_node, updated_node):
         return self._filter(updated_node)

@@ -56,7 +56,7 @@ def _migrate(module: cst.Module, source: str, target: str, path: str, options: O
     diagnostics = sorted(edits.diagnostics)
     if edits.empty:
         return MigrationResult(path, source, source, diagnostics)
-    if module.code != source:
+    if analysis.code() != source:
         # LibCST drops some blank lines and comments after the last statement when whitespace-only lines
         # are among them; writing its output would lose them. Checked only for files about to change.
         message = (
@@ -69,7 +69,7 @@ def _migrate(module: cst.Module, source: str, target: str, path: str, options: O
     for name in edits.imports:
         new_module = add_import(new_module, name)
     new_module = remove_orphaned(new_module, analysis.bindings, uses_before)
-    output = new_module.code
+    output = analysis.code(new_module)
     try:
         compile(output, path, "exec", dont_inherit=True)
     except SyntaxError as error:

@@ -19,14 +19,6 @@ from mgpu_migrate.analysis.values import Values
 from mgpu_migrate.diagnostics import noqa_codes
 
 
-class _CallCollector:
-    def __init__(self) -> None:
-        self.calls: list[cst.Call] = []
-
-    def visit_Call(self, node: cst.Call) -> None:
-        self.calls.append(node)
-
-
 class FileAnalysis:
     """Parsed module plus lazily computed facts. Rules read it; they never change it."""
 
@@ -34,6 +26,7 @@ class FileAnalysis:
         self.path = path
         self.source = source
         self.module = module
+        self._resolved: dict[cst.BaseExpression, str | None] = {}
 
     @cached_property
     def bindings(self) -> names.Bindings:
@@ -43,7 +36,13 @@ class FileAnalysis:
 
     def resolve(self, node: cst.BaseExpression) -> str | None:
         """Canonical qualified name of a dotted expression, through imports and aliases; None if unknown."""
-        return names.resolve(self.bindings, node)
+        # Rules ask about the same callees again and again (every call, once per rule): each node is resolved
+        # once. Nodes compare by identity, and the bindings never change after they are collected.
+        try:
+            return self._resolved[node]
+        except KeyError:
+            qualified = self._resolved[node] = names.resolve(self.bindings, node)
+            return qualified
 
     @cached_property
     def flow(self) -> FlowIndex:
@@ -82,11 +81,9 @@ class FileAnalysis:
 
     @cached_property
     def calls(self) -> list[cst.Call]:
-        """Every call in the file, statements in source order (a read-only walk, so within one statement the
-        order is the tree's fields', e.g. a decorator's calls after its function's)."""
-        collector = _CallCollector()
-        walk(self.module, collector)
-        return collector.calls
+        """Every call in the file, statements in source order (from the parent map's walk, so within one
+        statement the order is the tree's fields', e.g. a decorator's calls after its function's)."""
+        return self.tree.nodes(cst.Call)
 
     def calls_to(self, qualified: str) -> list[cst.Call]:
         """Calls whose callee resolves to ``qualified`` (a canonical name from ``analysis.names``)."""
@@ -129,8 +126,14 @@ class FileAnalysis:
 
     @cached_property
     def _positions(self) -> Positions:
-        # Only a file with a diagnostic or a `# noqa` asks, and only as far as the node asked about.
+        # Only a file with a diagnostic or a `# noqa` asks, and only as far as the node asked about (then the
+        # pipeline's round trip and output for a file that changes).
         return Positions(self.module, self.source)
+
+    def code(self, module: cst.Module | None = None) -> str:
+        """``module.code`` of the parsed module (by default) or of one rebuilt from it; the top-level statements
+        whose positions were asked for are not generated again, nor those the rebuilt module shares with it."""
+        return self._positions.code(self.module if module is None else module)
 
     def position(self, node: cst.CSTNode) -> tuple[int, int]:
         """1-based line and column of a node's start."""

@@ -8,6 +8,10 @@ line and column through a table of the source's line starts, which is exact wher
 the source (it may not after the last statement; see the round-trip check in pipeline.py). The ranges
 are PositionProvider's own (syntactic: a statement's leading comments and blank lines are not part of
 it); tests/robustness compares the two over real and generated files.
+
+The same pass keeps the text it generates, statement by statement, so the pipeline's round-trip check and
+its output (``code``) generate only what positions did not: the statements after the last node asked about,
+and in the output the statements a rewrite rebuilt.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ class _SyntacticSpan:
 
 
 class _OffsetState(CodegenState):
-    """A codegen state that keeps a character count instead of the generated text."""
+    """A codegen state that keeps a character count (and the generated tokens, as any codegen state)."""
 
     __slots__ = ("offset", "spans", "starts")
 
@@ -58,6 +62,7 @@ class _OffsetState(CodegenState):
             self.add_token(token)
 
     def add_token(self, value: str) -> None:
+        self.tokens.append(value)
         self.offset += len(value)
 
     def before_codegen(self, node: cst.CSTNode) -> None:
@@ -82,13 +87,18 @@ class Positions:
         self._state = _OffsetState(module)
         self._pending = self._generate()
         self._line_starts: list[int] | None = None
+        # Where the tokens of each top-level statement (and blank or comment line) generated so far lie in the
+        # state's tokens.
+        self._token_ranges: dict[cst.CSTNode, tuple[int, int]] = {}
 
     def _generate(self) -> Iterator[bool]:
         # Module._codegen, cut at each top-level statement so the caller can stop early.
         module, state = self._module, self._state
         state.before_codegen(module)
         for statement in (*module.header, *module.body, *module.footer):
+            first = len(state.tokens)
             statement._codegen(state)
+            self._token_ranges[statement] = first, len(state.tokens)
             yield True
         if module.has_trailing_newline and state.offset == 0:
             state.add_token(state.default_newline)
@@ -118,3 +128,31 @@ class Positions:
 
     def end(self, node: cst.CSTNode) -> tuple[int, int]:
         return self._line_column(self._offsets(node)[1])
+
+    def code(self, module: cst.Module) -> str:
+        """``module.code``, for this module or one rebuilt from it, with the tokens already generated for the
+        top-level statements they share (a statement's code does not depend on what is around it, only on the
+        module's indentation and newline)."""
+        original = self._module
+        if (module.default_indent, module.default_newline) != (original.default_indent, original.default_newline):
+            return module.code
+        if module is original:
+            for _ in self._pending:
+                pass
+        generated = self._state.tokens
+        tokens: list[str] = []
+        for statement in (*module.header, *module.body, *module.footer):
+            known = self._token_ranges.get(statement)
+            if known is not None:
+                tokens += generated[known[0]:known[1]]
+            else:
+                state = CodegenState(default_indent=module.default_indent, default_newline=module.default_newline)
+                statement._codegen(state)
+                tokens += state.tokens
+        # The end of Module._codegen_impl.
+        if module.has_trailing_newline:
+            if not tokens:
+                tokens.append(module.default_newline)
+        elif tokens:
+            tokens.pop()
+        return "".join(tokens)

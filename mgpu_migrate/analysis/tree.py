@@ -7,50 +7,34 @@ walks up that map.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Optional
 
 import libcst as cst
 
+from mgpu_migrate.analysis.walk import children
+
 Block = (cst.Module, cst.IndentedBlock)
 
 
-_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
-def _children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    """The node's children in field order (which is source order for statements and blocks). Reading the
-    dataclass fields directly is about three times faster than LibCST's visitor or ``node.children``."""
-    kind = type(node)
-    names = _FIELDS.get(kind)
-    if names is None:
-        names = _FIELDS[kind] = tuple(field.name for field in dataclasses.fields(node))
-    for name in names:
-        value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
-            yield value
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                if isinstance(item, cst.CSTNode):
-                    yield item
-
-
 class Tree:
-    """The parent of every node of one module."""
+    """The parent of every node of one module that can hold an expression or a statement (the nodes
+    ``analysis.walk`` visits: punctuation, operators and whitespace are not recorded)."""
 
     def __init__(self, module: cst.Module) -> None:
         self._parents: dict[cst.CSTNode, cst.CSTNode] = {}
         self._by_type: dict[type, list[cst.CSTNode]] = defaultdict(list)
+        parents, by_type = self._parents, self._by_type
         stack = [module]
         while stack:
             node = stack.pop()
-            self._by_type[type(node)].append(node)
-            children = list(_children(node))
-            for child in children:
-                self._parents[child] = node
-            stack.extend(reversed(children))
+            by_type[type(node)].append(node)
+            found = children(node)
+            for child in found:
+                parents[child] = node
+            found.reverse()
+            stack += found
 
     def nodes(self, kind: type) -> list:
         """Every node of exactly this type, in source order."""
