@@ -48,6 +48,15 @@ class Edits:
     def empty(self) -> bool:
         return not (self.replacements or self.before or self.after)
 
+    def discard_rewrites(self) -> None:
+        """Forget every edit and the diagnostics that announce them: the file stays as it is, with the
+        diagnostics of what was left for review."""
+        self.replacements.clear()
+        self.before.clear()
+        self.after.clear()
+        self.imports.clear()
+        self.diagnostics = [diagnostic for diagnostic in self.diagnostics if not diagnostic.is_rewrite]
+
 
 class StatementTidier(cst.CSTTransformer):
     """Base for transformers that may empty a statement line: such lines are dropped at their block,

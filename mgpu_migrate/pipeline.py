@@ -10,7 +10,7 @@ from mgpu_migrate.edits import Edits, apply
 from mgpu_migrate.engine import MigrationResult
 from mgpu_migrate.imports import add_import, name_uses, remove_orphaned
 from mgpu_migrate.options import DEFAULT_OPTIONS, Options
-from mgpu_migrate.rules import rules_for
+from mgpu_migrate.rules import rules_for, settle
 
 
 def _parse_error(path: str, source: str, error: Exception) -> Diagnostic:
@@ -53,6 +53,7 @@ def _migrate(module: cst.Module, source: str, target: str, path: str, options: O
     edits = Edits(path)
     for rule in rules_for(target):
         rule(target, analysis, edits, options).apply()
+    settle(target, analysis, edits)
     diagnostics = sorted(edits.diagnostics)
     if edits.empty:
         return MigrationResult(path, source, source, diagnostics)

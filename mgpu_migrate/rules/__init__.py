@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from mgpu_migrate.rules.apex_ddp import ApexDDP
-from mgpu_migrate.rules.base import TARGETS, Rule
+from mgpu_migrate.analysis import FileAnalysis
+from mgpu_migrate.analysis.entrypoint import distributed_program
+from mgpu_migrate.edits import Edits
+from mgpu_migrate.rules.base import DDP, TARGETS, Rule
 from mgpu_migrate.rules.checkpoint_load import CheckpointLoad
 from mgpu_migrate.rules.checkpoint_save import CheckpointSave
 from mgpu_migrate.rules.criterion_wrap import CriterionWrap
@@ -52,6 +55,21 @@ RULES: tuple[type[Rule], ...] = (
     # Both targets: checks for a wrapper recognize the new ones.
     WrapperCheck,
 )
+
+
+def settle(target: str, analysis: FileAnalysis, edits: Edits) -> None:
+    """What holds for the file as a whole, once every rule has run.
+
+    ``--to ddp`` migrates a file entirely or not at all: when one DataParallel wrap must stay (``dim != 0``,
+    part of a model, ``# noqa`` ...), the others are not rewritten either, since a file that runs some wraps
+    as one process per GPU and others as DataParallel, without the set-up and data of a distributed program,
+    works neither way. The diagnostics say which wrap stays and why (MGP232 on the others).
+    """
+    if target != DDP:
+        return
+    program = distributed_program(analysis, edits.replacements)
+    if program.kept and program.wraps and not program.existing:
+        edits.discard_rewrites()
 
 
 def rules_for(target: str) -> list[type[Rule]]:

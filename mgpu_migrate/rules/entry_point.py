@@ -20,7 +20,8 @@ class EntryPointSetup(Rule):
     It also decides whether the file becomes a distributed program at all: a file that already sets up
     distributed training itself (``init_process_group``, torch's or apex's ``DistributedDataParallel``,
     ``DistributedSampler``, ``mp.spawn``) only has its DataParallel fallback migrated (MGP231); a file that
-    keeps a DataParallel wrap (``dim != 0``, ``# noqa``, part of a model: MGP250) is not made one (MGP232).
+    keeps a DataParallel wrap (``dim != 0``, ``# noqa``, part of a model: MGP250) is left as it is, its other
+    wraps included (MGP232): ``--to ddp`` migrates a file entirely or not at all.
 
     ## Why is this bad?
     One process per GPU needs each process bound to its own GPU before CUDA is first used, and a process
@@ -52,7 +53,7 @@ class EntryPointSetup(Rule):
     REVIEW_CODES = {
         "MGP230": "the file trains, but no place that runs first was found for mgpu_runtime.setup()",
         "MGP231": "the file already runs distributed training of its own; only its DataParallel fallback is migrated",
-        "MGP232": "the file keeps a DataParallel wrap, so it is not made a distributed program",
+        "MGP232": "the file keeps a DataParallel wrap, so it is left as it is: --to ddp migrates a file entirely or not at all",
     }
     DESCRIPTION = "mgpu_runtime.setup() inserted where the program starts"
     TARGETS = (DDP,)
@@ -60,10 +61,9 @@ class EntryPointSetup(Rule):
         Example(
             "import torch.nn as nn\n\n\ndef main():\n    a = nn.DataParallel(nn.Linear(2, 2), dim=1)\n"
             "    b = nn.DataParallel(nn.Linear(2, 2))\n\n\nif __name__ == '__main__':\n    main()\n",
-            "import torch.nn as nn\nimport mgpu_runtime\n\n\ndef main():\n    a = nn.DataParallel(nn.Linear(2, 2), dim=1)\n"
-            "    b = mgpu_runtime.DistributedDataParallel(nn.Linear(2, 2))\n\n\nif __name__ == '__main__':\n    main()\n",
+            None,
             DDP,
-            ("MGP101", "MGP201", "MGP232"),
+            ("MGP201", "MGP232"),
         ),
         Example(
             "import torch.nn as nn\n\n\ndef main():\n    model = nn.DataParallel(nn.Linear(2, 2))\n\n\n"
@@ -141,8 +141,8 @@ class EntryPointSetup(Rule):
                 self.left(
                     wrap,
                     "MGP232",
-                    f"the DataParallel wrap at line {line} stays, so this file is not made a distributed program "
-                    "(no setup, data or checkpoint changes); migrate that wrap by hand first",
+                    f"the DataParallel wrap at line {line} stays, so this file is left as it is (--to ddp migrates "
+                    "a file entirely or not at all); migrate that wrap by hand first",
                 )
             return
         if program.already_set_up:
