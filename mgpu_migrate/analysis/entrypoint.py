@@ -158,18 +158,25 @@ def _names_cuda_visible_devices(target: cst.BaseExpression) -> bool:
 
 def touches_cuda(analysis: FileAnalysis, statement: cst.CSTNode) -> bool:
     """Whether a statement may bind the process to a GPU: ``.cuda()``, ``.to(...)`` a device or a GPU's number,
-    ``torch.cuda.*``."""
+    a tensor made with ``device=`` one, ``torch.cuda.*``."""
+
+    def names_gpu(value: cst.BaseExpression) -> bool:
+        return bool(_CUDA_WORDS.search(analysis.module.code_for_node(value))) or _names_gpu_number(value)
 
     def binds(node: cst.CSTNode) -> bool:
-        if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute):
+        if not isinstance(node, cst.Call):
+            return False
+        # `torch.zeros(n, device="cuda")`, `torch.randn(..., device=0)`: a tensor made on a GPU
+        # (`torch.device("cuda")` itself only names one).
+        made_on = next((arg.value for arg in node.args if arg.keyword and arg.keyword.value == "device"), None)
+        if made_on is not None and names_gpu(made_on) and analysis.resolve(node.func) != "torch.device":
+            return True
+        if not isinstance(node.func, cst.Attribute):
             return False
         if node.func.attr.value == "cuda":
             return True
         if node.func.attr.value == "to":
-            return any(
-                _CUDA_WORDS.search(analysis.module.code_for_node(arg.value)) or _names_gpu_number(arg.value)
-                for arg in node.args
-            )
+            return any(names_gpu(arg.value) for arg in node.args)
         qualified = analysis.resolve(node.func) or ""
         return qualified.startswith("torch.cuda.") and qualified.rsplit(".", 1)[1] not in HARMLESS_CUDA
 

@@ -1,0 +1,52 @@
+"""Where --to ddp puts mgpu_runtime.setup(): before anything at module level touches a GPU, else at the top of
+the main block (MGP120)."""
+
+import textwrap
+
+import pytest
+
+from mgpu_migrate.engine import migrate_source
+
+MAIN = """
+    import torch
+    import torch.nn as nn
+
+    {module_level}
+
+    def main():
+        model = nn.DataParallel(nn.Linear(4, 4))
+        for x in loader:
+            model(x).mean().backward()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def _setup_line(module_level: str) -> tuple[int, str]:
+    result = migrate_source(textwrap.dedent(MAIN.format(module_level=module_level)), "ddp", "train.py")
+    assert result.error is None
+    lines = result.output.splitlines()
+    return next(index for index, line in enumerate(lines) if "mgpu_runtime.setup()" in line), lines
+
+
+@pytest.mark.parametrize(
+    "module_level",
+    [
+        'MASK = torch.ones(4, device="cuda")',
+        "NOISE = torch.randn(4, device=0)",
+        "WEIGHTS = torch.tensor([1.0, 2.0]).to(0)",
+        "torch.cuda.set_device(0)",
+    ],
+)
+def test_module_level_gpu_work_gets_setup_after_the_imports(module_level):
+    index, lines = _setup_line(module_level)
+    statement = module_level.split(" ")[0].split("(")[0]  # the name it binds, or the function it calls
+    assert index < next(i for i, line in enumerate(lines) if line.startswith(statement))
+
+
+@pytest.mark.parametrize("module_level", ['DEVICE = torch.device("cuda")', "SIZE = 4"])
+def test_module_level_code_that_touches_no_gpu_leaves_setup_in_the_main_block(module_level):
+    index, lines = _setup_line(module_level)
+    assert lines[index - 1].startswith('if __name__ == "__main__":')
