@@ -220,11 +220,20 @@ _PARSER_FUNCTIONS = {"parse_args", "get_args", "parse_arguments", "get_arguments
 def _at_top(
     analysis: FileAnalysis, body: list[cst.BaseStatement], place: str, skip_docstring: bool
 ) -> Optional[EntryPoint]:
-    """Setup right after the block's last top-level ``CUDA_VISIBLE_DEVICES`` assignment, else at its top,
-    after the command line is parsed (so ``--help`` or a bad argument stops before any process starts)."""
-    chosen = [statement for statement in body if sets_cuda_visible_devices(statement)]
+    """Setup right after the block's last statement that sets ``CUDA_VISIBLE_DEVICES`` (also inside an ``if``
+    or ``with`` there), else at its top, after the command line is parsed (so ``--help`` or a bad argument
+    stops before any process starts)."""
+    chosen = [
+        statement
+        for statement in body
+        if sets_cuda_visible_devices(statement)
+        or (
+            isinstance(statement, (cst.If, cst.With, cst.Try))
+            and contains(statement, sets_cuda_visible_devices)
+        )
+    ]
     if chosen:
-        return EntryPoint(chosen[-1], True, place)
+        return EntryPoint(chosen[-1], True, f"after CUDA_VISIBLE_DEVICES is set {place.replace('at the top of ', 'in ', 1)}")
     start = 1 if skip_docstring and body and _is_docstring(body[0]) else 0
     while start < len(body) and parses_arguments(analysis, body[start]):
         start += 1

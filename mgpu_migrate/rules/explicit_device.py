@@ -214,10 +214,8 @@ class ExplicitDevice(Rule):
                 self._before_lazy_setup(statement, program)
                 continue
             anchor, place = setup
-            if tree.parent(anchor) is block:
-                body = list(block.body)
-                if body.index(statement) <= body.index(anchor):
-                    continue
+            if self._runs_before(statement, anchor, place == "inserted after"):
+                continue
             line, _ = self.analysis.position(anchor)
             self.left(
                 statement,
@@ -225,6 +223,18 @@ class ExplicitDevice(Rule):
                 f"CUDA_VISIBLE_DEVICES is set after {RUNTIME}.setup() ({place} line {line}) has bound this process to "
                 "a GPU, so it no longer chooses the GPUs: set it before the program starts (in the launch environment)",
             )
+
+    def _runs_before(self, statement: cst.CSTNode, anchor: cst.CSTNode, after_anchor: bool) -> bool:
+        """Whether ``statement`` runs before setup() placed next to ``anchor``: it, or the statement holding it
+        (an ``if`` in the same block), comes earlier in the anchor's block, or is the anchor with setup after."""
+        tree = self.analysis.tree
+        block = tree.parent(anchor)
+        for node in (statement, *tree.ancestors(statement)):
+            if tree.parent(node) is block:
+                body = list(block.body)
+                position, mark = body.index(node), body.index(anchor)
+                return position < mark or (position == mark and after_anchor)
+        return False
 
     def _setup_statement(self, program: DistributedProgram) -> tuple[cst.CSTNode, str] | None:
         """Where this file calls ``mgpu_runtime.setup()`` once migrated: the statement it is inserted next to (a

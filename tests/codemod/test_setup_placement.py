@@ -50,3 +50,34 @@ def test_module_level_gpu_work_gets_setup_after_the_imports(module_level):
 def test_module_level_code_that_touches_no_gpu_leaves_setup_in_the_main_block(module_level):
     index, lines = _setup_line(module_level)
     assert lines[index - 1].startswith('if __name__ == "__main__":')
+
+
+def test_setup_comes_after_a_conditional_cuda_visible_devices_in_the_main_block():
+    source = textwrap.dedent(
+        """
+        import os
+        import torch.nn as nn
+
+
+        def main(args):
+            model = nn.DataParallel(nn.Linear(4, 4))
+            for x in loader:
+                model(x).mean().backward()
+
+
+        if __name__ == "__main__":
+            args = parser.parse_args()
+            if args.gpus:
+                os.environ["CUDA_VISIBLE_DEVICES"] = args.gpus  # choose the GPUs before any is bound
+            main(args)
+        """
+    )
+    result = migrate_source(source, "ddp", "train.py")
+    lines = result.output.splitlines()
+    setup = next(index for index, line in enumerate(lines) if "mgpu_runtime.setup()" in line)
+    chosen = next(index for index, line in enumerate(lines) if "CUDA_VISIBLE_DEVICES" in line)
+    assert chosen < setup < next(index for index, line in enumerate(lines) if line.strip() == "main(args)")
+    assert lines[setup] == "    mgpu_runtime.setup()"
+    codes = {(d.code, d.message.split(" (")[0]) for d in result.diagnostics}
+    assert ("MGP120", 'mgpu_runtime.setup() inserted after CUDA_VISIBLE_DEVICES is set in the `if __name__ == "__main__":` block') in codes
+    assert all(code != "MGP245" for code, _ in codes)  # the assignment runs before setup(): nothing to say
