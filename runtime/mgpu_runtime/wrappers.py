@@ -9,8 +9,9 @@ from torch import nn
 
 from mgpu_runtime.balanced import DataParallelModel
 from mgpu_runtime.distributed import DistributedDataParallel
+from mgpu_runtime.distributed.ddp import FrozenModule
 
-PARALLEL_WRAPPERS = (nn.DataParallel, nn.parallel.DistributedDataParallel, DataParallelModel)
+PARALLEL_WRAPPERS = (nn.DataParallel, nn.parallel.DistributedDataParallel, DataParallelModel, FrozenModule)
 if isinstance(DistributedDataParallel, type) and not issubclass(DistributedDataParallel, PARALLEL_WRAPPERS):
     PARALLEL_WRAPPERS = PARALLEL_WRAPPERS + (DistributedDataParallel,)
 

@@ -94,6 +94,16 @@ class TestWrappersInAWorldOfOne:
         for expected, actual in zip(bare.parameters(), twin.parameters()):
             torch.testing.assert_close(actual.grad, expected.grad, rtol=0, atol=0)
 
+    def test_a_frozen_module_is_held_not_refused(self, single_process):
+        """A distillation teacher: torch's DDP refuses a module with nothing to train; DataParallel held it."""
+        teacher = nn.Linear(3, 2).requires_grad_(False)
+        model = mgpu_runtime.DistributedDataParallel(teacher, device_ids=[0])
+        assert not isinstance(model, nn.parallel.DistributedDataParallel) and model.module is teacher
+        assert list(model.state_dict()) == list(nn.DataParallel(nn.Linear(3, 2)).state_dict())
+        assert isinstance(model, mgpu_runtime.PARALLEL_WRAPPERS) and mgpu_runtime.unwrap(model) is teacher
+        x = torch.randn(4, 3)
+        assert torch.equal(model(x), teacher(x))
+
     def test_loader_and_criterion_are_the_originals(self, single_process):
         loader = DataLoader(TensorDataset(torch.arange(10.0)), batch_size=4)
         assert mgpu_runtime.distribute_loader(loader) is loader

@@ -46,7 +46,17 @@ _BUFFER_SYNC_ARGUMENT = (
 
 
 class DistributedDataParallel(_TorchDDP):
-    """Drop-in for ``nn.DataParallel(module, ...)`` in a migrated script: one process, one device, one wrapper."""
+    """Drop-in for ``nn.DataParallel(module, ...)`` in a migrated script: one process, one device, one wrapper.
+
+    A module with nothing to train (every parameter frozen: a distillation teacher, a perceptual-loss
+    network) gives a ``FrozenModule`` instead: torch's DDP refuses such a module, and there is nothing to
+    synchronise, while DataParallel held it without complaint.
+    """
+
+    def __new__(cls, module: nn.Module, *args: Any, **kwargs: Any):
+        if not any(parameter.requires_grad for parameter in module.parameters()):
+            return FrozenModule(module)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -79,6 +89,19 @@ class DistributedDataParallel(_TorchDDP):
                 safety.align_replicas(self.module, self.process_group)
             safety.note_forward(inputs, kwargs)
         return super().forward(*inputs, **kwargs)
+
+
+class FrozenModule(nn.Module):
+    """A module with nothing to train, on this process's device, behind ``.module`` as DataParallel held it
+    (so ``state_dict`` keys keep their ``module.`` prefix); its forward is the module's own."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        setup()
+        self.module = module.to(device())
+
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        return self.module(*inputs, **kwargs)
 
 
 # The hooks are unannotated: DDP rejects annotations that are not the real types, and here they are strings.
