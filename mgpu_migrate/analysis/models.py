@@ -468,11 +468,19 @@ class ModelFlow:
         return found
 
     def is_submodule(self, site: WrapSite) -> Optional[str]:
-        """The code of the attribute a site wraps when it wraps part of a model, not a whole one:
-        ``model.features = DataParallel(model.features)``, or ``self.encoder = DataParallel(...)`` in an
-        ``nn.Module``'s own methods."""
+        """The code of the attribute or item a site wraps when it wraps part of a model, not a whole one:
+        ``model.features = DataParallel(model.features)``, ``model[0] = DataParallel(model[0])``, or
+        ``self.encoder = DataParallel(...)`` in an ``nn.Module``'s own methods."""
         code = self.analysis.module.code_for_node
         for target, scope in self.assigned_to(site):
+            if isinstance(target, cst.Subscript):
+                # `model[0] = DataParallel(model[0])`: an item of a Sequential wrapped in place (an item of a
+                # plain list of models, `students[i]`, is a whole model).
+                if site.module is not None and code(site.module) == code(target) and self._is_layer_container(
+                    target.value, scope
+                ):
+                    return code(target)
+                continue
             if not isinstance(target, cst.Attribute):
                 continue
             place = self.index.place_of(target, scope)
@@ -485,6 +493,14 @@ class ModelFlow:
             if not path.startswith("self.") and module is not None and code(module) == code(target):
                 return code(target)
         return None
+
+    def _is_layer_container(self, expr: cst.BaseExpression, scope: Scope) -> bool:
+        """Whether ``expr`` is bound to ``nn.Sequential(...)``: its items are layers of one model."""
+        values = self.analysis.values
+        return any(
+            isinstance(value, cst.Call) and self.analysis.resolve(value.func) == "torch.nn.Sequential"
+            for value in values.of(expr, scope)
+        )
 
     def _is_nn_module(self, cls: cst.ClassDef, seen: frozenset = frozenset()) -> bool:
         for base in cls.bases:

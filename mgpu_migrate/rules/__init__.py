@@ -68,7 +68,7 @@ def settle(target: str, analysis: FileAnalysis, edits: Edits) -> None:
     if target != DDP:
         return
     program = distributed_program(analysis, edits.replacements)
-    if program.kept and program.wraps and not program.existing:
+    if program.kept and not program.existing:  # its isinstance checks and criteria too stay as they are
         edits.discard_rewrites()
 
 
