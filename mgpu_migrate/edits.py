@@ -8,6 +8,7 @@ a function of the *updated* node, so edits on a node and on its children compose
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Callable, Union
 
@@ -48,14 +49,18 @@ class Edits:
     def empty(self) -> bool:
         return not (self.replacements or self.before or self.after)
 
-    def discard_rewrites(self) -> None:
+    def discard_rewrites(self, keep: Collection[str] | None = None) -> None:
         """Forget every edit and the diagnostics that announce them: the file stays as it is, with the
-        diagnostics of what was left for review."""
+        diagnostics of what was left for review (only the codes in ``keep``, when given)."""
         self.replacements.clear()
         self.before.clear()
         self.after.clear()
         self.imports.clear()
-        self.diagnostics = [diagnostic for diagnostic in self.diagnostics if not diagnostic.is_rewrite]
+        self.diagnostics = [
+            diagnostic
+            for diagnostic in self.diagnostics
+            if not diagnostic.is_rewrite and (keep is None or diagnostic.code in keep)
+        ]
 
 
 class StatementTidier(cst.CSTTransformer):

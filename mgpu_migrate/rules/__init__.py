@@ -20,7 +20,7 @@ from mgpu_migrate.rules.local_rank_argument import LocalRankArgument
 from mgpu_migrate.rules.main_process_collective import MainProcessCollective
 from mgpu_migrate.rules.process_randomness import ProcessRandomness
 from mgpu_migrate.rules.progress_bar import ProgressBar
-from mgpu_migrate.rules.remote_training import RemoteTraining
+from mgpu_migrate.rules.remote_training import INFERENCE_ONLY, RemoteTraining
 from mgpu_migrate.rules.shared_files import SharedFiles
 from mgpu_migrate.rules.sync_batchnorm import SyncBatchNorm
 from mgpu_migrate.rules.training_data import TrainingData
@@ -70,6 +70,10 @@ def settle(target: str, analysis: FileAnalysis, edits: Edits) -> None:
     program = distributed_program(analysis, edits.replacements)
     if program.kept and not program.existing:  # its isinstance checks and criteria too stay as they are
         edits.discard_rewrites()
+    elif any(diagnostic.code == INFERENCE_ONLY for diagnostic in edits.diagnostics):
+        # An evaluation script: DataParallel serves it better. What was said about the distributed program it
+        # would have become (its loaders, its files) no longer applies.
+        edits.discard_rewrites(keep={INFERENCE_ONLY, *WrapperSwap.REVIEW_CODES})
 
 
 def rules_for(target: str) -> list[type[Rule]]:

@@ -116,11 +116,12 @@ class FunctionalLoss(Rule):
         ),
         Example(
             "import torch.nn.functional as F\nfrom torch import nn\nmodel = nn.DataParallel(model)\n"
-            "logits = model(x)\nloss = F.cross_entropy(logits.view(-1, v), y.view(-1)) + F.mse_loss(logits, z)\n",
+            "logits = model(x)\nloss = F.cross_entropy(logits.view(-1, v), y.view(-1)) + F.mse_loss(logits, z)\n"
+            "loss.backward()\n",
             "import torch.nn.functional as F\nfrom torch import nn\nimport mgpu_runtime\n"
             "model = mgpu_runtime.DistributedDataParallel(model)\nlogits = model(x)\n"
             "loss = mgpu_runtime.DistributedCriterion(nn.CrossEntropyLoss())(logits.view(-1, v), y.view(-1)) + "
-            "F.mse_loss(logits, z)\n",
+            "F.mse_loss(logits, z)\nloss.backward()\n",
             DDP,
             ("MGP101", "MGP103"),
         ),

@@ -53,19 +53,22 @@ class ProgressBar(Rule):
     EXAMPLES = (
         Example(
             "import torch.nn as nn\nfrom tqdm import tqdm\n\nmodel = nn.DataParallel(model)\n"
-            "for x in tqdm(batches, **options):\n    model(x)\n",
-            "from tqdm import tqdm\nimport mgpu_runtime\n\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
-            "for x in tqdm(batches, **options):\n    model(x)\n",
+            "for x in tqdm(batches, **options):\n    model(x).mean().backward()\n",
+            "from tqdm import tqdm\nimport mgpu_runtime\n\nmgpu_runtime.setup()\n\n"
+            "model = mgpu_runtime.DistributedDataParallel(model)\n"
+            "for x in tqdm(batches, **options):\n    model(x).mean().backward()\n",
             DDP,
-            ("MGP101", "MGP241"),
+            ("MGP101", "MGP120", "MGP235", "MGP241"),
         ),
         Example(
             "import torch.nn as nn\nfrom tqdm import tqdm\n\nmodel = nn.DataParallel(model)\n"
-            "for x in tqdm(batches, desc='train'):\n    model(x)\n",
-            "from tqdm import tqdm\nimport mgpu_runtime\n\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
-            "for x in tqdm(batches, desc='train', disable=not mgpu_runtime.is_main_process()):\n    model(x)\n",
+            "for x in tqdm(batches, desc='train'):\n    model(x).mean().backward()\n",
+            "from tqdm import tqdm\nimport mgpu_runtime\n\nmgpu_runtime.setup()\n\n"
+            "model = mgpu_runtime.DistributedDataParallel(model)\n"
+            "for x in tqdm(batches, desc='train', disable=not mgpu_runtime.is_main_process()):\n"
+            "    model(x).mean().backward()\n",
             DDP,
-            ("MGP101", "MGP125"),
+            ("MGP101", "MGP120", "MGP125", "MGP235"),
         ),
         Example(
             "import torch.nn as nn\nfrom tqdm import tqdm\n\nmodel = nn.DataParallel(model)\n"

@@ -7,6 +7,10 @@ from mgpu_migrate.rules.base import DDP, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME
 
 
+# The file is left as it is when this is reported (rules.settle).
+INFERENCE_ONLY = "MGP263"
+
+
 class RemoteTraining(Rule):
     """
     ## What it does
@@ -36,6 +40,10 @@ class RemoteTraining(Rule):
     loader = mgpu_runtime.distribute_loader(DataLoader(dataset, batch_size=256, shuffle=True))
     ```
 
+    A file that only evaluates (its model runs in it, with no backward pass and no optimizer, and goes
+    nowhere else), an evaluation or inference script, is left as it is (MGP263): under DDP every process
+    would evaluate everything, while DataParallel splits each batch over the GPUs.
+
     ## Fix safety
     Only the wrap is rewritten (MGP101); the runtime's wrapper calls ``setup()`` when it is built.
     """
@@ -43,10 +51,18 @@ class RemoteTraining(Rule):
     CODE = "MGP262"
     REVIEW_CODES = {
         "MGP262": "the model is trained in code this file does not show: its data loader is not distributed",
+        "MGP263": "an evaluation script (the model runs here; no backward pass, no optimizer): left as DataParallel",
     }
     DESCRIPTION = "wraps whose training loop is in another file reported"
     TARGETS = (DDP,)
     EXAMPLES = (
+        Example(
+            "import torch\nimport torch.nn as nn\n\nmodel = nn.DataParallel(model)\nwith torch.no_grad():\n"
+            "    for x in loader:\n        print(model(x).argmax(1))\n",
+            None,
+            DDP,
+            ("MGP263",),
+        ),
         Example(
             "import torch.nn as nn\n\n\ndef build_model(cfg):\n    return nn.DataParallel(Net(cfg))\n",
             "import mgpu_runtime\n\n\ndef build_model(cfg):\n    return mgpu_runtime.DistributedDataParallel(Net(cfg))\n",
@@ -60,6 +76,16 @@ class RemoteTraining(Rule):
         if not program.migrates or self.analysis.loaders.training_loops:
             return
         escapes = self.analysis.models.model_escapes()
+        if self._only_evaluates(program, escapes):
+            self.left(
+                program.wraps[0],
+                INFERENCE_ONLY,
+                "this file only evaluates (the model runs here, with no backward pass and no optimizer, and goes "
+                "nowhere else): one process per GPU would evaluate everything once per process, so the file is "
+                "left as it is (DataParallel splits each batch over the GPUs); add `# noqa: MGP263` to migrate it "
+                "anyway",
+            )
+            return
         for wrap in program.wraps:  # once per file: the advice is the same for every wrap
             site = self.analysis.models.site_of(wrap)
             where = escapes.get(site) if site is not None else None
@@ -75,3 +101,25 @@ class RemoteTraining(Rule):
                 "file: it has no DataParallel); until then every process trains on whole batches",
             )
             return
+
+    def _only_evaluates(self, program, escapes) -> bool:
+        """The model runs in this file, nothing here trains (no backward pass, no optimizer built), and no
+        wrapped model goes to code elsewhere."""
+        models = self.analysis.models
+        sites = {models.site_of(wrap) for wrap in program.wraps} - {None}
+        if any(escapes.get(site) for site in sites) or any(models.output_escapes().get(site) for site in sites):
+            return False  # the model or its outputs go to code that may train them
+        index = models.index
+        if any(
+            not index.call_sites(function) and models.derived_sites(value, scope) & sites
+            for function, value, scope in index.returns
+        ):
+            return False  # a step function returns a loss (or outputs) to a caller elsewhere
+        if not any(found & sites for _, _, found in models.model_calls()):
+            return False  # a module that builds the model: it runs elsewhere
+        calls = self.analysis.calls
+        return not any(
+            self.analysis.loaders.is_backward(call)
+            or (self.analysis.resolve(call.func) or "").startswith("torch.optim.")
+            for call in calls
+        )
