@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from mgpu_migrate.analysis.batch import scaled_by_row_count
 from mgpu_migrate.analysis.losses import (
     CUSTOM,
     PARALLEL,
@@ -245,16 +246,18 @@ class CriterionWrap(Rule):
     def _wrap_ddp(self, criterion: Criterion, wrapped: set[cst.CSTNode]) -> None:
         if not any(becomes_ddp(call.direct | call.transformed) for call in criterion.calls):
             return
-        needed = [
-            construction
-            for construction in criterion.constructions
-            if construction.loss_class is not None
-            and construction.value not in wrapped
-            and not exact_under_ddp_without_wrapper(
-                construction.loss_class,
-                reduction_of(construction.core.args, class_parameters(construction.loss_class)),
-            )
-        ]
+        # `criterion(out, y) / x.size(0)` with reduction="sum" everywhere: a mean over the process's rows.
+        per_row = bool(criterion.calls) and all(
+            scaled_by_row_count(self.analysis, call.call, cst.Divide) for call in criterion.calls
+        )
+        needed = []
+        for construction in criterion.constructions:
+            if construction.loss_class is None or construction.value in wrapped:
+                continue
+            reduction = reduction_of(construction.core.args, class_parameters(construction.loss_class))
+            if exact_under_ddp_without_wrapper(construction.loss_class, reduction) or (reduction == "sum" and per_row):
+                continue
+            needed.append(construction)
         self._wrap(criterion, needed, wrapped, "DistributedCriterion", "exact loss and gradient over the global batch")
 
     def _wrap(self, criterion: Criterion, constructions: list, wrapped: set[cst.CSTNode], wrapper: str, how: str) -> None:

@@ -6,6 +6,7 @@ from typing import Optional, Union
 
 import libcst as cst
 
+from mgpu_migrate.analysis.batch import scaled_by_row_count
 from mgpu_migrate.analysis import names
 from mgpu_migrate.analysis.losses import (
     FUNCTIONAL_LOSSES,
@@ -163,6 +164,8 @@ class FunctionalLoss(Rule):
         reduction = reduction_of(loss.call.args[2:], LOSS_PARAMETERS[function])
         if exact_under_ddp_without_wrapper(class_name, reduction):
             return
+        if reduction == "sum" and scaled_by_row_count(self.analysis, loss.call, cst.Divide):
+            return  # `F.kl_div(..., reduction="sum") / x.size(0)`: a mean over the process's rows, exact as it is
         plan = _plan(loss.call, function, per_sample_weight_allowed=True)
         if isinstance(plan, str):
             self.left(

@@ -6,6 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
+from mgpu_migrate.analysis.batch import is_row_count
 from mgpu_migrate.analysis.entrypoint import distributed_program
 from mgpu_migrate.analysis.loaders import LOADER, LoaderTrace
 from mgpu_migrate.analysis.tree import contains
@@ -220,9 +221,34 @@ class TrainingData(Rule):
             receiver = (
                 call.func.value if isinstance(call.func, cst.Attribute) else (call.args[0].value if call.args else None)
             )
-            for value in self._values_of(receiver, self._region(call, loop), loop, _ARGUMENT_DEPTH):
+            region = self._region(call, loop)
+            for value in self._values_of(receiver, region, loop, _ARGUMENT_DEPTH):
                 if self._is_summed(value):
                     return value
+            accumulated = self._accumulated_over_rows(receiver, region)
+            if accumulated is not None:
+                return accumulated
+        return None
+
+    def _accumulated_over_rows(self, receiver, region: cst.CSTNode) -> Optional[cst.CSTNode]:
+        """``loss += f(out[b], y[b])`` in ``for b in range(out.shape[0])``: one term per row, a sum."""
+        if not isinstance(receiver, cst.Name):
+            return None
+        for node in contains(region, lambda n: isinstance(n, cst.AugAssign) and isinstance(n.operator, cst.AddAssign)):
+            if not isinstance(node.target, cst.Name) or node.target.value != receiver.value:
+                continue
+            for loop in self.analysis.tree.ancestors(node):
+                if loop is region:
+                    break
+                if (
+                    isinstance(loop, cst.For)
+                    and isinstance(loop.iter, cst.Call)
+                    and isinstance(loop.iter.func, cst.Name)
+                    and loop.iter.func.value == "range"
+                    and len(loop.iter.args) == 1
+                    and is_row_count(self.analysis, loop.iter.args[0].value)
+                ):
+                    return node
         return None
 
     def _region(self, node: cst.CSTNode, loop: cst.For) -> cst.CSTNode:
@@ -270,6 +296,12 @@ class TrainingData(Rule):
 
     def _is_summed(self, value: cst.BaseExpression) -> bool:
         if isinstance(value, cst.BinaryOperation):
+            if isinstance(value.operator, cst.Divide) and is_row_count(self.analysis, value.right):
+                return False  # a sum over the rows divided by their count: a mean
+            if isinstance(value.operator, cst.Multiply) and (
+                is_row_count(self.analysis, value.left) or is_row_count(self.analysis, value.right)
+            ):
+                return True  # a mean times the row count: a sum
             return self._is_summed(value.left) or self._is_summed(value.right)
         if not isinstance(value, cst.Call):
             return False
