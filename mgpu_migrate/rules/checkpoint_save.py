@@ -7,10 +7,12 @@ import libcst as cst
 from mgpu_migrate.analysis.entrypoint import distributed_program
 from mgpu_migrate.analysis.guards import under_main_process_block
 from mgpu_migrate.rules.base import DDP, Example, Rule
-from mgpu_migrate.rules.syntax import RUNTIME, argument, runtime_attr
+from mgpu_migrate.analysis.tree import contains
+from mgpu_migrate.rules.syntax import RUNTIME, argument, runtime_attr, runtime_call, with_keyword
 
 TORCH_SAVE = "torch.save"
 # Calls that make a file object (or an in-memory one): each process would write its own.
+_MOVERS = {"os.replace", "os.rename", "os.remove", "os.unlink", "shutil.move", "shutil.copy", "shutil.copyfile"}
 _FILE_MAKERS = {"open", "io.open", "io.BytesIO", "gzip.open", "bz2.open", "lzma.open", "builtins.open"}
 
 
@@ -82,11 +84,24 @@ class CheckpointSave(Rule):
                     f"`if {RUNTIME}.is_main_process():` or save to a path with {RUNTIME}.save",
                 )
                 continue
+            moved = self._moved_after(call, destination)
+            if moved is not None:
+                self._guard_save_and_move(call, moved)
+                continue
             if not self.rewrite_allowed(call):
                 continue
-            self.edits.replace(call.func, lambda _: runtime_attr("save"))
+            decided = self._decided_per_process(call)
+            self.edits.replace(call, lambda updated, decided=decided: self._to_runtime_save(updated, decided))
             self.edits.need_import(RUNTIME)
-            self.rewrote(call, f"{RUNTIME}.save: written once, by the main process, atomically")
+            if decided is None:
+                self.rewrote(call, f"{RUNTIME}.save: written once, by the main process, atomically")
+            else:
+                self.rewrote(
+                    call,
+                    f"{RUNTIME}.save(..., wait=False): written once, by the main process, atomically; the `if` around "
+                    f"it (line {self.analysis.position(decided)[0]}) reads a value computed from the batch, which each "
+                    "process may judge differently, so no process waits for the others there (waiting would hang)",
+                )
         for call in self.analysis.calls:
             if (
                 isinstance(call.func, cst.Attribute)
@@ -99,6 +114,83 @@ class CheckpointSave(Rule):
                     f"save_pretrained runs on every process: put it under `if {RUNTIME}.is_main_process():` "
                     f"followed by {RUNTIME}.barrier()",
                 )
+
+    @staticmethod
+    def _to_runtime_save(call: cst.Call, decided) -> cst.Call:
+        call = call.with_changes(func=runtime_attr("save"))
+        return call if decided is None else with_keyword(call, "wait", cst.Name("False"))
+
+    def _decided_per_process(self, call: cst.Call):
+        """The innermost ``if`` around the save whose test reads a value computed from the model's outputs
+        (``if loss.item() < best:``): under DDP each process computes it from its own rows."""
+        models = self.analysis.models
+        scope = self.analysis.values.scope_of(call)
+        for guard, _ in self.analysis.tree.enclosing_ifs(call):
+            if models.derived_sites(guard.test, scope) or any(
+                isinstance(node, cst.Attribute) and node.attr.value == "item"
+                for node in contains(guard.test, lambda n: isinstance(n, cst.Attribute))
+            ):
+                return guard
+        return None
+
+    def _guard_save_and_move(self, call: cst.Call, mover: cst.Call) -> None:
+        """``torch.save(obj, tmp)`` directly followed by ``os.replace(tmp, path)``: both go under
+        ``if mgpu_runtime.is_main_process():``, then every process waits (unless the save sits under an ``if``
+        each process decides for itself). Any other shape is left with MGP240."""
+        tree = self.analysis.tree
+        save_statement, move_statement = tree.statement(call), tree.statement(mover)
+        body = list(tree.parent(save_statement).body)
+        simple = all(
+            isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+            for statement in (save_statement, move_statement)
+        )
+        if not simple or body.index(move_statement) != body.index(save_statement) + 1:
+            line, _ = self.analysis.position(mover)
+            self.left(
+                call,
+                "MGP240",
+                f"saved under a name that line {line} then moves or removes: every process runs both; put the save "
+                f"and the move under `if {RUNTIME}.is_main_process():`, followed by {RUNTIME}.barrier()",
+            )
+            return
+        if not self.rewrite_allowed(call):
+            return
+        waits = self._decided_per_process(call) is None
+
+        def guarded(updated: cst.SimpleStatementLine):
+            block = cst.IndentedBlock([updated.with_changes(leading_lines=()), move_statement.with_changes(leading_lines=())])
+            statements = [cst.If(runtime_call("is_main_process"), block, leading_lines=updated.leading_lines)]
+            if waits:
+                statements.append(cst.SimpleStatementLine([cst.Expr(runtime_call("barrier"))]))
+            return cst.FlattenSentinel(statements)
+
+        self.edits.replace(save_statement, guarded)
+        self.edits.replace(move_statement, lambda _: cst.RemovalSentinel.REMOVE)
+        self.edits.need_import(RUNTIME)
+        self.rewrote(
+            call,
+            f"saved under a temporary name and moved on the main process only (`if {RUNTIME}.is_main_process():`)"
+            + (", then every process waits for it" if waits else ""),
+        )
+
+    def _moved_after(self, call: cst.Call, destination) -> cst.CSTNode | None:
+        """A later statement of the same block that renames, moves or removes the saved path."""
+        if destination is None:
+            return None
+        tree = self.analysis.tree
+        statement = tree.statement(call)
+        block = tree.parent(statement)
+        body = getattr(block, "body", None)
+        if not isinstance(body, (list, tuple)) or statement not in body:
+            return None
+        path = self.analysis.module.code_for_node(destination.value)
+        for later in body[body.index(statement) + 1 :]:
+            for other in contains(later, lambda n: isinstance(n, cst.Call)):
+                if self.analysis.resolve(other.func) in _MOVERS and other.args and (
+                    self.analysis.module.code_for_node(other.args[0].value) == path
+                ):
+                    return other
+        return None
 
     def _is_file_object(self, call: cst.Call, destination: cst.BaseExpression) -> bool:
         """Whether the destination is an open file or a buffer rather than a path."""

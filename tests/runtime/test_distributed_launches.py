@@ -232,3 +232,9 @@ def test_weights_changed_after_the_wrap_are_made_rank_0s_at_the_first_training_f
         assert torch.equal(ranks[1]["weights"][name], value), name
     assert any("rank 0's were copied to every process" in warning for warning in ranks[0]["warnings"])
     assert not any("rank 0's were copied" in warning for warning in ranks[1]["warnings"])
+
+
+@pytest.mark.slow
+def test_a_save_only_one_rank_reaches_does_not_wait_for_the_others(tmp_path):
+    ranks = _first_step(tmp_path, "divergent_save")  # with the wait, rank 0 would wait forever
+    assert torch.equal(torch.load(tmp_path / "best.pt")["weight"], ranks[0]["weights"]["weight"])

@@ -18,14 +18,19 @@ from mgpu_runtime.distributed.process_group import barrier, device, is_main_proc
 Destination = Union[str, "os.PathLike[str]", IO[bytes]]
 
 
-def save(obj: Any, path: Destination, **kwargs: Any) -> None:
-    """``torch.save(obj, path, **kwargs)`` on the main process only, atomically; every process waits for it."""
+def save(obj: Any, path: Destination, *, wait: bool = True, **kwargs: Any) -> None:
+    """``torch.save(obj, path, **kwargs)`` on the main process only, atomically; every process waits for it.
+
+    ``wait=False`` skips the wait, for a save that not every process reaches (under a condition each process
+    decides from its own batch): the waiting processes would hang there. The file is then complete on disk
+    only once the main process is past this call."""
     if is_main_process():
         if isinstance(path, (str, os.PathLike)):
             _save_atomically(obj, os.fspath(path), **kwargs)
         else:
             torch.save(obj, path, **kwargs)
-    barrier()
+    if wait:
+        barrier()
 
 
 def load(path: Destination, **kwargs: Any) -> Any:

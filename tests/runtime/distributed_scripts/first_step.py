@@ -3,6 +3,7 @@
     python first_step.py OUT_DIR unseeded       whole batches (no distribute_loader), each process shuffling its own way
     python first_step.py OUT_DIR seeded         whole batches, every process seeded alike
     python first_step.py OUT_DIR reinitialized  weights re-drawn after the wrap with each process's own random numbers
+    python first_step.py OUT_DIR divergent_save a save that only rank 0 reaches (its own loss decided), wait=False
 
 Each process writes ``OUT_DIR/rank<R>.pt``: the final weights and the warnings, or the error the first step raised.
 """
@@ -28,7 +29,7 @@ def train(mode: str) -> dict:
     loader = DataLoader(TensorDataset(x, y), batch_size=6, shuffle=True)
     torch.manual_seed(3)
     model = mgpu_runtime.DistributedDataParallel(nn.Linear(4, 2))
-    if mode == "reinitialized":
+    if mode in ("reinitialized", "divergent_save"):
         loader = mgpu_runtime.distribute_loader(loader)
         torch.manual_seed(1000 + mgpu_runtime.rank())
         model.module.reset_parameters()  # after the wrap: each process draws its own weights
@@ -48,6 +49,8 @@ def train(mode: str) -> dict:
                     optimizer.step()
         except DifferentBatchesError as error:
             return {"error": str(error)}
+    if mode == "divergent_save" and mgpu_runtime.rank() == 0:  # the other ranks never get here
+        mgpu_runtime.save(model.module.state_dict(), pathlib.Path(sys.argv[1]) / "best.pt", wait=False)
     return {
         "weights": {name: value.detach().clone() for name, value in model.module.state_dict().items()},
         "warnings": [str(warning.message) for warning in caught],
