@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import libcst as cst
+
 from mgpu_migrate.analysis.entrypoint import distributed_program
 from mgpu_migrate.rules.base import DDP, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME
@@ -77,14 +79,8 @@ class RemoteTraining(Rule):
             return
         escapes = self.analysis.models.model_escapes()
         if self._only_evaluates(program, escapes):
-            self.left(
-                program.wraps[0],
-                INFERENCE_ONLY,
-                "this file only evaluates (the model runs here, with no backward pass and no optimizer, and goes "
-                "nowhere else): one process per GPU would evaluate everything once per process, so the file is "
-                "left as it is (DataParallel splits each batch over the GPUs); add `# noqa: MGP263` to migrate it "
-                "anyway",
-            )
+            for wrap in program.wraps:  # each wrap stays: each says why
+                self._left_for_evaluation(wrap)
             return
         for wrap in program.wraps:  # once per file: the advice is the same for every wrap
             site = self.analysis.models.site_of(wrap)
@@ -101,6 +97,15 @@ class RemoteTraining(Rule):
                 "file: it has no DataParallel); until then every process trains on whole batches",
             )
             return
+
+    def _left_for_evaluation(self, wrap: cst.Call) -> None:
+        self.left(
+            wrap,
+            INFERENCE_ONLY,
+            "this file only evaluates (the model runs here, with no backward pass and no optimizer, and goes "
+            "nowhere else): one process per GPU would evaluate everything once per process, so the file is left "
+            "as it is (DataParallel splits each batch over the GPUs); add `# noqa: MGP263` to migrate it anyway",
+        )
 
     def _only_evaluates(self, program, escapes) -> bool:
         """The model runs in this file, nothing here trains (no backward pass, no optimizer built), and no

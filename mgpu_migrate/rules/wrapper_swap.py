@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mgpu_migrate.analysis import names
+from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.rules.base import BALANCED, DDP, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, keep_arguments, runtime_attr
 
@@ -85,6 +86,7 @@ class WrapperSwap(Rule):
         "MGP250": "only part of a model is wrapped: DistributedDataParallel would average that part's gradients only",
         "MGP252": "DataParallel wraps something that is not a model (an optimizer, a scheduler, a tensor, a literal)",
         "MGP253": "a DataParallel-like name may come from a star import; what it is cannot be told",
+        "MGP255": "the wrapper is taken off again (`model = model.module`): it only loads a checkpoint, the bare model trains",
     }
     DESCRIPTION = "DataParallel wrapper replaced with the runtime's wrapper"
     EXAMPLES = (
@@ -175,6 +177,36 @@ class WrapperSwap(Rule):
                 f"(add `{explicit}` to have it migrated)",
             )
 
+    def _unwrapped_later(self, site) -> cst.Assign | None:
+        """``model = DataParallel(model); model.load_state_dict(...); model = model.module``: the assignment
+        that takes the wrapper off again, in the same function."""
+        tree = self.analysis.tree
+        function = tree.function(site.call)
+        body = function.body if function is not None else self.analysis.module
+        for target, _ in self.analysis.models.assigned_to(site):
+            if not isinstance(target, cst.Name):
+                continue
+            for assign in contains(body, lambda n: isinstance(n, cst.Assign)):
+                value = assign.value
+                if (
+                    isinstance(value, cst.Attribute)
+                    and value.attr.value == "module"
+                    and isinstance(value.value, cst.Name)
+                    and value.value.value == target.value
+                    and any(isinstance(t.target, cst.Name) and t.target.value == target.value for t in assign.targets)
+                    and not self._trains_between(site.call, assign)
+                ):
+                    return assign
+        return None
+
+    def _trains_between(self, start: cst.CSTNode, end: cst.CSTNode) -> bool:
+        """Whether a backward pass or a training loop lies between two nodes (taken off after training, the
+        wrapper did train)."""
+        first, last = self.analysis.position(start)[0], self.analysis.position(end)[0]
+        loaders = self.analysis.loaders
+        trainers = [*loaders.training_loops, *(call for call in self.analysis.calls if loaders.is_backward(call))]
+        return any(first <= self.analysis.position(node)[0] <= last for node in trainers)
+
     def _wrapper_name(self) -> str:
         return "DataParallelModel" if self.target == BALANCED else "DistributedDataParallel"
 
@@ -188,6 +220,16 @@ class WrapperSwap(Rule):
                 f"only part of a model is wrapped (`{part}`): DistributedDataParallel would average the gradients "
                 "of that part only, and each process would train its own copy of the rest; left as DataParallel, "
                 "so the file is not made a distributed program (wrap the whole model to migrate it)",
+            )
+            return False
+        unwrapped = self._unwrapped_later(site) if site is not None else None
+        if unwrapped is not None:
+            self.left(
+                call,
+                "MGP255",
+                f"the wrapper is dropped again at line {self.analysis.position(unwrapped)[0]} (`.module`): it only serves "
+                "to load a checkpoint saved from a wrapped model, and the bare model trains; a DDP wrapper dropped "
+                "that way would leave the processes training unsynchronized copies, so the file is left as it is",
             )
             return False
         args = list(call.args)
