@@ -7,6 +7,7 @@ from mgpu_migrate.analysis import FileAnalysis
 from mgpu_migrate.analysis.entrypoint import distributed_program
 from mgpu_migrate.edits import Edits
 from mgpu_migrate.rules.base import DDP, TARGETS, Rule
+from mgpu_migrate.rules.batch_coupling import BATCH_COUPLED, BatchCoupling
 from mgpu_migrate.rules.checkpoint_load import CheckpointLoad
 from mgpu_migrate.rules.checkpoint_save import CheckpointSave
 from mgpu_migrate.rules.criterion_wrap import CriterionWrap
@@ -43,6 +44,7 @@ RULES: tuple[type[Rule], ...] = (
     WrapGuard,
     TrainingData,
     RemoteTraining,
+    BatchCoupling,
     CheckpointSave,
     CheckpointLoad,
     ProgressBar,
@@ -70,10 +72,13 @@ def settle(target: str, analysis: FileAnalysis, edits: Edits) -> None:
     program = distributed_program(analysis, edits.replacements)
     if program.kept and not program.existing:  # its isinstance checks and criteria too stay as they are
         edits.discard_rewrites()
-    elif any(diagnostic.code == INFERENCE_ONLY for diagnostic in edits.diagnostics):
-        # An evaluation script: DataParallel serves it better. What was said about the distributed program it
-        # would have become (its loaders, its files) no longer applies.
-        edits.discard_rewrites(keep={INFERENCE_ONLY, *WrapperSwap.REVIEW_CODES})
+    else:
+        # An evaluation script (DataParallel serves it better), or a loss that compares the rows of a batch
+        # with each other: what was said about the distributed program it would have become no longer applies.
+        for verdict in (INFERENCE_ONLY, BATCH_COUPLED):
+            if any(diagnostic.code == verdict for diagnostic in edits.diagnostics):
+                edits.discard_rewrites(keep={verdict, *WrapperSwap.REVIEW_CODES})
+                return
 
 
 def rules_for(target: str) -> list[type[Rule]]:

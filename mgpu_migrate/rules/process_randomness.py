@@ -133,17 +133,17 @@ class ProcessRandomness(Rule):
             isinstance(call.func, cst.Attribute)
             and call.func.attr.value in _FILLS
             and qualified is None  # a tensor's method, not a module function of the same name
-            and self._filled_per_row(call.func.value)
+            and self._filled_per_row(call.func.value, call)
         )
 
-    def _filled_per_row(self, tensor: cst.BaseExpression) -> bool:
+    def _filled_per_row(self, tensor: cst.BaseExpression, fill: cst.Call) -> bool:
         # `torch.empty(b, nz).normal_()`, `z.normal_()` where z was made with the batch's size.
         if isinstance(tensor, cst.Call):
             return any(_mentions_batch_size(arg.value) for arg in tensor.args)
         values = self.analysis.values
         return any(
             isinstance(value, cst.Call) and any(_mentions_batch_size(arg.value) for arg in value.args)
-            for value in values.of(tensor, values.scope_of(tensor))
+            for value in values.of(tensor, values.scope_of(fill))
         )
 
 

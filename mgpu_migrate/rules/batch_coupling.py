@@ -1,0 +1,113 @@
+"""MGP264: a loss that compares the rows of a batch with each other keeps the file off DDP (``--to ddp``)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from mgpu_migrate.analysis.entrypoint import distributed_program
+from mgpu_migrate.analysis.tree import contains
+from mgpu_migrate.rules.base import DDP, Example, Rule
+
+# The file is left as it is when this is reported (rules.settle).
+BATCH_COUPLED = "MGP264"
+_PRODUCTS = frozenset({"torch.mm", "torch.matmul", "torch.einsum", "torch.bmm"})
+_TRANSPOSES = frozenset({"t", "T", "transpose", "permute", "mT"})
+
+
+class BatchCoupling(Rule):
+    """
+    ## What it does
+    Reports a computation on the model's outputs that compares the rows of the batch with each other: a
+    distance or similarity matrix between outputs (``torch.cdist(emb, emb)``, ``emb @ emb.t()``,
+    ``torch.mm(a, b.T)``), as batch-hard triplet, contrastive and InfoNCE losses build. The file is then
+    left as it is.
+
+    ## Why is this bad?
+    Under DDP each process holds its own rows of the batch, so such a loss compares each row only with the
+    rows of its own process: fewer negatives, other hardest pairs, another loss than the original's. The
+    gradient weighting cannot make it exact. ``--to balanced`` keeps one process and computes such a loss on
+    the gathered outputs, exactly as before.
+
+    ## Example
+    ```python
+    distances = torch.cdist(embeddings, embeddings)
+    ```
+
+    ## Use instead
+    Migrate the file with ``--to balanced``, or gather the embeddings from every process
+    (``torch.distributed.nn.all_gather``) before comparing them, then migrate it by hand.
+
+    ## Fix safety
+    Nothing is rewritten, in the whole file: ``--to ddp`` migrates a file entirely or not at all.
+    """
+
+    CODE = BATCH_COUPLED
+    REVIEW_CODES = {
+        BATCH_COUPLED: "the rows of a batch are compared with each other: under DDP only within each process",
+    }
+    DESCRIPTION = "losses that compare the rows of a batch with each other keep the file off DDP"
+    TARGETS = (DDP,)
+    EXAMPLES = (
+        Example(
+            "import torch\nimport torch.nn as nn\n\nmodel = nn.DataParallel(model)\nfor x, y in loader:\n"
+            "    emb = model(x)\n    loss = torch.cdist(emb, emb).mean()\n    loss.backward()\n",
+            None,
+            DDP,
+            ("MGP264",),
+        ),
+    )
+
+    def apply(self) -> None:
+        if not distributed_program(self.analysis, self.edits.replacements).migrates:
+            return
+        for node in contains(
+            self.analysis.module, lambda n: isinstance(n, (cst.Call, cst.BinaryOperation)), into_functions=True
+        ):
+            pair = self._compared_rows(node)
+            if pair is None:
+                continue
+            code = self.analysis.module.code_for_node(node)
+            self.left(
+                node,
+                BATCH_COUPLED,
+                f"`{code if len(code) <= 50 else code[:47] + '...'}` compares the rows of the batch with each other: "
+                "under DDP each process would compare only its own rows, another loss than the original's; the "
+                "file is left as it is (--to balanced keeps one process and is exact for such losses)",
+            )
+
+    def _compared_rows(self, node: cst.CSTNode) -> Optional[tuple[cst.BaseExpression, cst.BaseExpression]]:
+        """The two operands when ``node`` is a distance or product of the model's outputs with their transpose."""
+        scope = _scope_of(self.analysis, node)
+        if isinstance(node, cst.BinaryOperation):
+            if not isinstance(node.operator, cst.MatrixMultiply):
+                return None
+            left, right = node.left, node.right
+        else:
+            qualified = self.analysis.resolve(node.func)
+            if qualified == "torch.cdist" and len(node.args) >= 2:
+                left, right = node.args[0].value, node.args[1].value
+                return (left, right) if self._outputs(left, scope) and self._outputs(right, scope) else None
+            if qualified not in _PRODUCTS - {"torch.einsum"} or len(node.args) < 2:
+                return None
+            left, right = node.args[0].value, node.args[1].value
+        if not (_transposed(left) or _transposed(right)):
+            return None
+        return (left, right) if self._outputs(left, scope) and self._outputs(right, scope) else None
+
+    def _outputs(self, expr: cst.BaseExpression, scope) -> bool:
+        return bool(self.analysis.models.derived_sites(expr, scope))
+
+
+def _scope_of(analysis, node: cst.CSTNode):
+    """The scope of the function holding ``node`` (the module's at top level)."""
+    function = analysis.tree.function(node)
+    index = analysis.flow
+    return index.scopes.get(function, index.module_scope) if function is not None else index.module_scope
+
+
+def _transposed(expr: cst.BaseExpression) -> bool:
+    if isinstance(expr, cst.Attribute):
+        return expr.attr.value in _TRANSPOSES
+    return isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _TRANSPOSES
