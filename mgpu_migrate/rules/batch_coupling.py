@@ -7,7 +7,6 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis.entrypoint import distributed_program
-from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.rules.base import DDP, Example, Rule
 
 # The file is left as it is when this is reported (rules.settle).
@@ -62,9 +61,8 @@ class BatchCoupling(Rule):
     def apply(self) -> None:
         if not distributed_program(self.analysis, self.edits.replacements).migrates:
             return
-        for node in contains(
-            self.analysis.module, lambda n: isinstance(n, (cst.Call, cst.BinaryOperation)), into_functions=True
-        ):
+        products = [node for node in self.analysis.tree.nodes(cst.BinaryOperation) if isinstance(node.operator, cst.MatrixMultiply)]
+        for node in [*self.analysis.calls, *products]:
             pair = self._compared_rows(node)
             if pair is None:
                 continue

@@ -5,7 +5,6 @@ from __future__ import annotations
 import libcst as cst
 
 from mgpu_migrate.analysis import names
-from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.rules.base import BALANCED, DDP, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, keep_arguments, runtime_attr
 
@@ -182,14 +181,19 @@ class WrapperSwap(Rule):
         that takes the wrapper off again, in the same function."""
         tree = self.analysis.tree
         function = tree.function(site.call)
-        body = function.body if function is not None else self.analysis.module
-        for target, _ in self.analysis.models.assigned_to(site):
+        unwrapping = [
+            assign
+            for assign in tree.nodes(cst.Assign)
+            if isinstance(assign.value, cst.Attribute) and assign.value.attr.value == "module"
+        ]
+        for target, _ in self.analysis.models.assigned_to(site) if unwrapping else ():
             if not isinstance(target, cst.Name):
                 continue
-            for assign in contains(body, lambda n: isinstance(n, cst.Assign)):
+            for assign in unwrapping:
                 value = assign.value
                 if (
-                    isinstance(value, cst.Attribute)
+                    tree.function(assign) is function
+                    and isinstance(value, cst.Attribute)
                     and value.attr.value == "module"
                     and isinstance(value.value, cst.Name)
                     and value.value.value == target.value
