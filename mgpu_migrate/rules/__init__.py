@@ -26,7 +26,7 @@ from mgpu_migrate.rules.shared_files import SharedFiles
 from mgpu_migrate.rules.sync_batchnorm import SyncBatchNorm
 from mgpu_migrate.rules.training_data import TrainingData
 from mgpu_migrate.rules.unused_parameters import UnusedParameters
-from mgpu_migrate.rules.wrap_guard import WrapGuard
+from mgpu_migrate.rules.wrap_guard import SWITCHED_OFF, WrapGuard
 from mgpu_migrate.rules.wrapper_check import WrapperCheck
 from mgpu_migrate.rules.wrapper_swap import WrapperSwap
 
@@ -73,9 +73,10 @@ def settle(target: str, analysis: FileAnalysis, edits: Edits) -> None:
     if program.kept and not program.existing:  # its isinstance checks and criteria too stay as they are
         edits.discard_rewrites()
     else:
-        # An evaluation script (DataParallel serves it better), or a loss that compares the rows of a batch
-        # with each other: what was said about the distributed program it would have become no longer applies.
-        for verdict in (INFERENCE_ONLY, BATCH_COUPLED):
+        # An evaluation script (DataParallel serves it better), a loss that compares the rows of a batch with
+        # each other, a wrap switched off by a flag: what was said about the distributed program it would have
+        # become no longer applies.
+        for verdict in (INFERENCE_ONLY, BATCH_COUPLED, SWITCHED_OFF):
             if any(diagnostic.code == verdict for diagnostic in edits.diagnostics):
                 edits.discard_rewrites(keep={verdict, *WrapperSwap.REVIEW_CODES})
                 return

@@ -12,6 +12,10 @@ from mgpu_migrate.rules.syntax import RUNTIME, argument, either, mentions
 MANY_PROCESSES = f"{RUNTIME}.world_size() > 1"
 
 
+# The file is left as it is when this is reported (rules.settle).
+SWITCHED_OFF = "MGP256"
+
+
 class WrapGuard(Rule):
     """
     ## What it does
@@ -54,10 +58,18 @@ class WrapGuard(Rule):
     REVIEW_CODES = {
         "MGP233": "a wrap under a condition that is not a GPU guard, or in an else/elif branch; every process must wrap",
         "MGP254": "a GPU guard around a wrap not extended: a statement under it needs the guard's condition to hold",
+        SWITCHED_OFF: "a wrap under a flag set to False (`USE_DATA_PARALLEL = False`): it never runs; file left as it is",
     }
     DESCRIPTION = "GPU guard around a wrap extended so that every process of a multi-process run wraps"
     TARGETS = (DDP,)
     EXAMPLES = (
+        Example(
+            "import torch.nn as nn\n\nUSE_DATA_PARALLEL = False\nif USE_DATA_PARALLEL:\n    model = nn.DataParallel(model)\n"
+            "for x in loader:\n    model(x).mean().backward()\n",
+            None,
+            DDP,
+            ("MGP256",),
+        ),
         Example(
             "import torch\nif torch.cuda.device_count() > 1:\n    model = torch.nn.DataParallel(model)\n",
             "import torch\nimport mgpu_runtime\n"
@@ -110,6 +122,15 @@ class WrapGuard(Rule):
                         f"wrap, so make sure it holds on each (e.g. `... or {MANY_PROCESSES}`)",
                     )
                     continue
+                switched_off = self._switched_off(guard.test, wrap)
+                if switched_off is not None:
+                    self.left(
+                        wrap,
+                        SWITCHED_OFF,
+                        f"the wrap never runs: `{condition}` is False (line {switched_off}), so the original never "
+                        "parallelized; extending the guard would turn it on, so the file is left as it is",
+                    )
+                    continue
                 if not self.rewrite_allowed(guard.test):
                     continue
                 seen.add(guard)
@@ -122,6 +143,16 @@ class WrapGuard(Rule):
                 others = self._other_statements(guard, program.wraps)
                 also = f" (and runs the {others} other statement{'s' if others > 1 else ''} under it)" if others else ""
                 self.rewrote(guard.test, f"`{condition}` extended: every process of a multi-process run wraps{also}")
+
+    def _switched_off(self, test: cst.BaseExpression, wrap: cst.Call) -> int | None:
+        """The line of ``USE_DATA_PARALLEL = False`` when the guard is a name bound only to False there."""
+        if not isinstance(test, cst.Name):
+            return None
+        values = self.analysis.values
+        bound = values.of(test, values.scope_of(wrap))
+        if bound and all(isinstance(value, cst.Name) and value.value == "False" for value in bound):
+            return self.analysis.position(bound[0])[0]
+        return None
 
     @staticmethod
     def _dropped_by_rewrite(wraps: tuple[cst.Call, ...]) -> set[cst.CSTNode]:
