@@ -102,3 +102,14 @@ def test_write_atomically_leaves_the_file_alone_when_encoding_fails(tmp_path):
         files.write_atomically(str(path), "s = '\u20ac'\n", "iso-8859-1")
     assert path.read_bytes() == b"old\n"
     assert os.listdir(tmp_path) == ["f.py"]
+
+
+def test_discover_skips_generated_and_third_party_directories(tmp_path):
+    """The README's list: build and dist output, site-packages, node_modules and __pycache__ are not walked."""
+    for relative in ("keep/a.py", "build/b.py", "dist/c.py", "site-packages/d.py", "node_modules/e.py", "__pycache__/f.py"):
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_text("x = 1\n")
+    found, _ = files.discover([str(tmp_path)])
+    assert [os.path.relpath(path, tmp_path) for path in found] == ["keep/a.py"]
+    named, _ = files.discover([str(tmp_path / "build" / "b.py")])  # a file named outright is processed
+    assert named == [str(tmp_path / "build" / "b.py")]

@@ -11,7 +11,7 @@ from mgpu_migrate.rules.base import DDP, Example, Rule
 
 # The file is left as it is when this is reported (rules.settle).
 BATCH_COUPLED = "MGP264"
-_PRODUCTS = frozenset({"torch.mm", "torch.matmul", "torch.einsum", "torch.bmm"})
+_PRODUCTS = frozenset({"torch.mm", "torch.matmul", "torch.bmm"})
 _TRANSPOSES = frozenset({"t", "T", "transpose", "permute", "mT"})
 
 
@@ -77,21 +77,18 @@ class BatchCoupling(Rule):
 
     def _compared_rows(self, node: cst.CSTNode) -> Optional[tuple[cst.BaseExpression, cst.BaseExpression]]:
         """The two operands when ``node`` is a distance or product of the model's outputs with their transpose."""
-        scope = _scope_of(self.analysis, node)
         if isinstance(node, cst.BinaryOperation):
-            if not isinstance(node.operator, cst.MatrixMultiply):
-                return None
-            left, right = node.left, node.right
+            left, right = node.left, node.right  # the callers pass only `@`
+            distance = False
         else:
             qualified = self.analysis.resolve(node.func)
-            if qualified == "torch.cdist" and len(node.args) >= 2:
-                left, right = node.args[0].value, node.args[1].value
-                return (left, right) if self._outputs(left, scope) and self._outputs(right, scope) else None
-            if qualified not in _PRODUCTS - {"torch.einsum"} or len(node.args) < 2:
+            distance = qualified == "torch.cdist"
+            if not (distance or qualified in _PRODUCTS) or len(node.args) < 2:
                 return None
             left, right = node.args[0].value, node.args[1].value
-        if not (_transposed(left) or _transposed(right)):
+        if not (distance or _transposed(left) or _transposed(right)):
             return None
+        scope = _scope_of(self.analysis, node)
         return (left, right) if self._outputs(left, scope) and self._outputs(right, scope) else None
 
     def _outputs(self, expr: cst.BaseExpression, scope) -> bool:

@@ -112,7 +112,8 @@ class RemoteTraining(Rule):
         wrapped model goes to code elsewhere."""
         models = self.analysis.models
         sites = {models.site_of(wrap) for wrap in program.wraps} - {None}
-        if any(escapes.get(site) for site in sites) or any(models.output_escapes().get(site) for site in sites):
+        outputs_escape = models.output_escapes()
+        if any(escapes.get(site) or outputs_escape.get(site) for site in sites):
             return False  # the model or its outputs go to code that may train them
         index = models.index
         if any(

@@ -190,13 +190,11 @@ class WrapperSwap(Rule):
             if not isinstance(target, cst.Name):
                 continue
             for assign in unwrapping:
-                value = assign.value
+                unwrapped = assign.value.value
                 if (
                     tree.function(assign) is function
-                    and isinstance(value, cst.Attribute)
-                    and value.attr.value == "module"
-                    and isinstance(value.value, cst.Name)
-                    and value.value.value == target.value
+                    and isinstance(unwrapped, cst.Name)
+                    and unwrapped.value == target.value
                     and any(isinstance(t.target, cst.Name) and t.target.value == target.value for t in assign.targets)
                     and not self._trains_between(site.call, assign)
                 ):

@@ -193,5 +193,5 @@ def _fingerprint(parameter: torch.Tensor) -> torch.Tensor:
     """Whether the parameter has a gradient, and that gradient's sum and sum of squares."""
     if parameter.grad is None:
         return torch.zeros(3, dtype=torch.float64, device=parameter.device)
-    gradient = parameter.grad.detach().double()
-    return torch.stack([torch.ones_like(gradient.sum()), gradient.sum(), gradient.square().sum()])
+    sums = _value_fingerprint(parameter.grad)
+    return torch.cat([sums.new_ones(1), sums])
