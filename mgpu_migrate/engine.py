@@ -7,12 +7,14 @@ migration site (see ``might_need_migration``).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
 from mgpu_migrate.diagnostics import INTERNAL_ERROR, Diagnostic
 from mgpu_migrate.options import DEFAULT_OPTIONS, Options
+from mgpu_migrate.results import MigrationResult
 
 TARGETS = ("balanced", "ddp")
+
+__all__ = ["TARGETS", "MigrationResult", "might_need_migration", "migrate_source"]
 
 # Every migration site spells one of these as the start of a name somewhere in the file: torch's
 # `DataParallel`, PyTorch-Encoding's `DataParallelModel`/`DataParallelCriterion`, the functional
@@ -28,20 +30,6 @@ def might_need_migration(source: bytes | str) -> bool:
     """Cheap test: False means the file certainly has nothing to migrate."""
     data = source.encode("utf-8", "surrogateescape") if isinstance(source, str) else source
     return any(word in data for word in _SITE_WORDS) and _SITE_HINT.search(data) is not None
-
-
-@dataclass
-class MigrationResult:
-    path: str
-    source: str
-    output: str
-    diagnostics: list[Diagnostic] = field(default_factory=list)
-    # Set when the file could not be processed; the output is then the unchanged source.
-    error: Diagnostic | None = None
-
-    @property
-    def changed(self) -> bool:
-        return self.error is None and self.output != self.source
 
 
 def migrate_source(

@@ -1,4 +1,9 @@
-"""The rewrite pipeline: parse, analyse once, collect every rule's edits, apply, tidy imports, verify."""
+"""The rewrite pipeline: parse, analyse once, plan the edits phase by phase, apply, tidy imports, verify.
+
+Planning runs the rules in three phases (``rules.base``): the wrap rules decide each wrap; the file's one
+verdict is decided from what they did (``program.decide``); the program rules and then the checks run with
+that verdict; last, ``program.settle`` drops every rewrite of a ``--to ddp`` file that must stay as it is.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,12 @@ import libcst as cst
 from mgpu_migrate.analysis import FileAnalysis
 from mgpu_migrate.diagnostics import INTERNAL_ERROR, PARSE_ERROR, Diagnostic
 from mgpu_migrate.edits import Edits, apply
-from mgpu_migrate.engine import MigrationResult
 from mgpu_migrate.imports import add_import, name_uses, remove_orphaned
 from mgpu_migrate.options import DEFAULT_OPTIONS, Options
-from mgpu_migrate.rules import rules_for, settle
+from mgpu_migrate.program import decide, settle
+from mgpu_migrate.results import MigrationResult
+from mgpu_migrate.rules import WRAP_REVIEW_CODES, rules_for, vetoes
+from mgpu_migrate.rules.base import CHECKS, DDP, PROGRAM, WRAPS
 
 
 def _parse_error(path: str, source: str, error: Exception) -> Diagnostic:
@@ -48,12 +55,25 @@ def run_pipeline(source: str, target: str, path: str, options: Options = DEFAULT
     return MigrationResult(path, source, source, error=Diagnostic(path, 1, 1, INTERNAL_ERROR, message))
 
 
+def plan(analysis: FileAnalysis, target: str, options: Options, only: tuple[type, ...] | None = None) -> Edits:
+    """Every rule's edits and diagnostics for the file, phase by phase (``only``: the wrap rules and these)."""
+    edits = Edits(analysis.path)
+    for rule in rules_for(target, WRAPS):
+        rule(target, analysis, edits, options).apply()
+    program = decide(analysis, edits.replacements)
+    for phase in (PROGRAM, CHECKS):
+        rewritten = frozenset(edits.replacements)
+        for rule in rules_for(target, phase):
+            if only is None or rule in only:
+                rule(target, analysis, edits, options, program, rewritten).apply()
+    if target == DDP:
+        settle(program, edits, vetoes(target), WRAP_REVIEW_CODES)
+    return edits
+
+
 def _migrate(module: cst.Module, source: str, target: str, path: str, options: Options) -> MigrationResult:
     analysis = FileAnalysis(path, source, module)
-    edits = Edits(path)
-    for rule in rules_for(target):
-        rule(target, analysis, edits, options).apply()
-    settle(target, analysis, edits)
+    edits = plan(analysis, target, options)
     diagnostics = sorted(edits.diagnostics)
     if edits.empty:
         return MigrationResult(path, source, source, diagnostics)

@@ -1,4 +1,4 @@
-"""Where a program starts, and what kind of distributed program a file becomes under ``--to ddp``.
+"""Where a program starts: the place for ``mgpu_runtime.setup()`` under ``--to ddp``.
 
 ``mgpu_runtime.setup()`` must run once, before any model or tensor touches CUDA (it binds the process to its
 GPU) and after the script has chosen its GPUs with ``CUDA_VISIBLE_DEVICES``. The places, in order:
@@ -20,14 +20,11 @@ wrapper calls ``setup()`` itself when it is first built, so such a file still wo
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
 
-from mgpu_migrate.analysis import names
-from mgpu_migrate.analysis.models import RUNTIME
 from mgpu_migrate.analysis.tree import contains
 
 if TYPE_CHECKING:
@@ -36,16 +33,6 @@ if TYPE_CHECKING:
 RUNTIME_SETUP = "mgpu_runtime.setup"
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 
-# A file that calls one of these already runs as a distributed program of its own making.
-_EXISTING_DISTRIBUTED = {
-    names.TORCH_DDP,
-    names.APEX_DDP,
-    "torch.distributed.init_process_group",
-    "torch.distributed.distributed_c10d.init_process_group",
-    "torch.utils.data.DistributedSampler",
-    "torch.utils.data.distributed.DistributedSampler",
-    "torch.multiprocessing.spawn",
-}
 _CUDA_WORDS = re.compile(r"cuda|device|gpu", re.IGNORECASE)
 # torch.cuda functions that ask about devices without binding the process to one.
 HARMLESS_CUDA = {"is_available", "device_count", "manual_seed", "manual_seed_all", "get_device_name"}
@@ -58,46 +45,6 @@ class EntryPoint:
     anchor: cst.BaseStatement
     after: bool
     place: str
-
-
-@dataclass(frozen=True)
-class DistributedProgram:
-    """What ``--to ddp`` makes of a file, once the wrapper rules have run.
-
-    ``wraps``: the wrap sites rewritten to the runtime's ``DistributedDataParallel``.
-    ``kept``: DataParallel sites left as they are (``dim != 0``, a subclass, the functional form, ``# noqa``):
-    then the file is not made a distributed program. A DataParallel that wraps no model (an optimizer kept in
-    one, MGP252) is no site (``ModelFlow.not_modules``): it parallelizes nothing, each process holds it as the
-    one original process did, so it neither counts as a wrap nor keeps the file from being migrated.
-    ``existing``: the file's own distributed set-up (``init_process_group``, torch's or apex's DDP,
-    ``DistributedSampler``, ``mp.spawn``): then only its DataParallel fallback is migrated.
-    """
-
-    wraps: tuple[cst.Call, ...]
-    kept: tuple[cst.Call, ...]
-    existing: tuple[cst.Call, ...]
-    already_set_up: bool
-
-    @property
-    def migrates(self) -> bool:
-        """True when the rules that make a file a distributed program (set-up, data, side effects) apply."""
-        return bool(self.wraps) and not self.kept and not self.existing
-
-
-def distributed_program(analysis: FileAnalysis, rewritten: Collection[cst.CSTNode]) -> DistributedProgram:
-    """The program the file becomes, given the nodes the wrapper rules rewrote (the keys of their edits)."""
-    models = analysis.models
-    wraps, kept = [], []
-    for site in models.sites:
-        if site.kind == RUNTIME:
-            continue
-        if site.call not in rewritten:
-            kept.append(site.call)
-            continue
-        wraps.append(site.call)
-    existing = tuple(call for call in analysis.calls if analysis.resolve(call.func) in _EXISTING_DISTRIBUTED)
-    already = any(analysis.resolve(call.func) == RUNTIME_SETUP for call in analysis.calls)
-    return DistributedProgram(tuple(wraps), tuple(kept), existing, already)
 
 
 # -- statements ------------------------------------------------------------------------------------

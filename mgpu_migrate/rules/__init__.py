@@ -1,13 +1,12 @@
-"""The rewrite rules, one module each, run in this order over one shared analysis."""
+"""The rewrite rules, one module each, over one shared analysis, run phase by phase (``rules.base``):
+the wrap rules, then, given the file's verdict (``mgpu_migrate.program``), the program rules and the checks.
+Within a phase no rule reads another's edits, so the order below is only the order of their edits."""
 
 from __future__ import annotations
 
 from mgpu_migrate.rules.apex_ddp import ApexDDP
-from mgpu_migrate.analysis import FileAnalysis
-from mgpu_migrate.analysis.entrypoint import distributed_program
-from mgpu_migrate.edits import Edits
-from mgpu_migrate.rules.base import DDP, TARGETS, Rule
-from mgpu_migrate.rules.batch_coupling import BATCH_COUPLED, BatchCoupling
+from mgpu_migrate.rules.base import TARGETS, Rule
+from mgpu_migrate.rules.batch_coupling import BatchCoupling
 from mgpu_migrate.rules.checkpoint_load import CheckpointLoad
 from mgpu_migrate.rules.checkpoint_save import CheckpointSave
 from mgpu_migrate.rules.criterion_wrap import CriterionWrap
@@ -21,12 +20,12 @@ from mgpu_migrate.rules.local_rank_argument import LocalRankArgument
 from mgpu_migrate.rules.main_process_collective import MainProcessCollective
 from mgpu_migrate.rules.process_randomness import ProcessRandomness
 from mgpu_migrate.rules.progress_bar import ProgressBar
-from mgpu_migrate.rules.remote_training import INFERENCE_ONLY, RemoteTraining
+from mgpu_migrate.rules.remote_training import RemoteTraining
 from mgpu_migrate.rules.shared_files import SharedFiles
 from mgpu_migrate.rules.sync_batchnorm import SyncBatchNorm
 from mgpu_migrate.rules.training_data import TrainingData
 from mgpu_migrate.rules.unused_parameters import UnusedParameters
-from mgpu_migrate.rules.wrap_guard import SWITCHED_OFF, WrapGuard
+from mgpu_migrate.rules.wrap_guard import WrapGuard
 from mgpu_migrate.rules.wrapper_check import WrapperCheck
 from mgpu_migrate.rules.wrapper_swap import WrapperSwap
 
@@ -59,31 +58,18 @@ RULES: tuple[type[Rule], ...] = (
 )
 
 
-def settle(target: str, analysis: FileAnalysis, edits: Edits) -> None:
-    """What holds for the file as a whole, once every rule has run.
-
-    ``--to ddp`` migrates a file entirely or not at all: when one DataParallel wrap must stay (``dim != 0``,
-    part of a model, ``# noqa`` ...), the others are not rewritten either, since a file that runs some wraps
-    as one process per GPU and others as DataParallel, without the set-up and data of a distributed program,
-    works neither way. The diagnostics say which wrap stays and why (MGP232 on the others).
-    """
-    if target != DDP:
-        return
-    program = distributed_program(analysis, edits.replacements)
-    if program.kept and not program.existing:  # its isinstance checks and criteria too stay as they are
-        edits.discard_rewrites()
-    else:
-        # An evaluation script (DataParallel serves it better), a loss that compares the rows of a batch with
-        # each other, a wrap switched off by a flag: what was said about the distributed program it would have
-        # become no longer applies.
-        for verdict in (INFERENCE_ONLY, BATCH_COUPLED, SWITCHED_OFF):
-            if any(diagnostic.code == verdict for diagnostic in edits.diagnostics):
-                edits.discard_rewrites(keep={verdict, *WrapperSwap.REVIEW_CODES})
-                return
+def rules_for(target: str, phase: str | None = None) -> list[type[Rule]]:
+    """The rules that run for ``target`` (in ``phase`` only, when given), in the order of ``RULES``."""
+    return [rule for rule in RULES if target in rule.TARGETS and phase in (None, rule.PHASE)]
 
 
-def rules_for(target: str) -> list[type[Rule]]:
-    return [rule for rule in RULES if target in rule.TARGETS]
+def vetoes(target: str) -> frozenset[str]:
+    """The review codes that leave a whole file as it is (``program.settle``)."""
+    return frozenset(code for rule in rules_for(target) for code in rule.VETOES)
+
+
+# What a wrap rule said about a wrap stays said when a veto leaves the file (``program.settle``).
+WRAP_REVIEW_CODES = frozenset(WrapperSwap.REVIEW_CODES)
 
 
 def rule_for_code(code: str) -> type[Rule] | None:
@@ -95,4 +81,4 @@ def rule_for_code(code: str) -> type[Rule] | None:
     return None
 
 
-__all__ = ["RULES", "TARGETS", "Rule", "rule_for_code", "rules_for"]
+__all__ = ["RULES", "TARGETS", "WRAP_REVIEW_CODES", "Rule", "rule_for_code", "rules_for", "vetoes"]

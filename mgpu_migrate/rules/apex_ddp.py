@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mgpu_migrate.analysis import names
-from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.base import DDP, WRAPS, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 
 # apex.parallel.DistributedDataParallel(module, message_size, delay_allreduce, shared_param,
@@ -77,6 +77,7 @@ class ApexDDP(Rule):
     """
 
     CODE = "MGP128"
+    PHASE = WRAPS
     REVIEW_CODES = {
         "MGP246": "an apex argument that changes the numerics of the gradient reduction was dropped",
         "MGP247": "an apex DistributedDataParallel the tool cannot map (gradient_average=False, unknown arguments)",

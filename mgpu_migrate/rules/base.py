@@ -1,4 +1,12 @@
-"""What every rule is: a code, a one-line description, its doc, and examples that are also its tests."""
+"""What every rule is: a code, its phase, a one-line description, its doc, and examples that are also its tests.
+
+The pipeline runs rules in three phases, each phase seeing only what the earlier ones decided:
+
+* ``WRAPS``: each wrap and criterion site is decided on its own (rewritten, or left with a reason);
+* ``PROGRAM`` (``--to ddp``): the rules that make the file a distributed program (set-up, data, saves,
+  guards ...); they receive the file's one verdict, ``self.program`` (``mgpu_migrate.program``);
+* ``CHECKS``: rules that review the file as the earlier phases rewrite it (``self.rewritten``).
+"""
 
 from __future__ import annotations
 
@@ -11,10 +19,13 @@ import libcst as cst
 from mgpu_migrate.analysis import FileAnalysis
 from mgpu_migrate.edits import Edits
 from mgpu_migrate.options import DEFAULT_OPTIONS, Options
+from mgpu_migrate.program import Program
 
 BALANCED = "balanced"
 DDP = "ddp"
 TARGETS = (BALANCED, DDP)
+WRAPS, PROGRAM, CHECKS = "wraps", "program", "checks"
+PHASES = (WRAPS, PROGRAM, CHECKS)
 
 
 @dataclass(frozen=True)
@@ -37,17 +48,32 @@ class Rule(ABC):
     follows fixed sections: What it does / Why is this bad? / Example / Use instead / Fix safety."""
 
     CODE: ClassVar[str]
-    # Codes the rule emits for sites it leaves alone, with what each means.
+    PHASE: ClassVar[str]
+    # Codes the rule emits for sites it leaves alone, with what each means (the summary in ``--list-codes``).
     REVIEW_CODES: ClassVar[dict[str, str]] = {}
+    # Review codes that, once reported, leave the whole ``--to ddp`` file as it is (``program.settle``).
+    VETOES: ClassVar[frozenset[str]] = frozenset()
     DESCRIPTION: ClassVar[str]
     TARGETS: ClassVar[tuple[str, ...]] = TARGETS
     EXAMPLES: ClassVar[tuple[Example, ...]] = ()
 
-    def __init__(self, target: str, analysis: FileAnalysis, edits: Edits, options: Options = DEFAULT_OPTIONS) -> None:
+    def __init__(
+        self,
+        target: str,
+        analysis: FileAnalysis,
+        edits: Edits,
+        options: Options = DEFAULT_OPTIONS,
+        program: Program | None = None,
+        rewritten: frozenset[cst.CSTNode] = frozenset(),
+    ) -> None:
         self.target = target
         self.analysis = analysis
         self.edits = edits
         self.options = options
+        # The file's verdict (None in the WRAPS phase, which decides what it is made of).
+        self.program = program
+        # The nodes the earlier phases rewrote (criteria handed to the runtime, loaders split ...).
+        self.rewritten = rewritten
 
     @abstractmethod
     def apply(self) -> None:

@@ -6,10 +6,9 @@ from typing import Optional
 
 import libcst as cst
 
-from mgpu_migrate.analysis.entrypoint import distributed_program
-from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 
-# The file is left as it is when this is reported (rules.settle).
+# The file is left as it is when this is reported (a veto, program.settle).
 BATCH_COUPLED = "MGP264"
 _PRODUCTS = frozenset({"torch.mm", "torch.matmul", "torch.bmm"})
 _TRANSPOSES = frozenset({"t", "T", "transpose", "permute", "mT"})
@@ -43,6 +42,8 @@ class BatchCoupling(Rule):
     """
 
     CODE = BATCH_COUPLED
+    PHASE = PROGRAM
+    VETOES = frozenset({BATCH_COUPLED})
     REVIEW_CODES = {
         BATCH_COUPLED: "the rows of a batch are compared with each other: under DDP only within each process",
     }
@@ -59,7 +60,7 @@ class BatchCoupling(Rule):
     )
 
     def apply(self) -> None:
-        if not distributed_program(self.analysis, self.edits.replacements).migrates:
+        if not self.program.migrates:
             return
         products = [node for node in self.analysis.tree.nodes(cst.BinaryOperation) if isinstance(node.operator, cst.MatrixMultiply)]
         for node in [*self.analysis.calls, *products]:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mgpu_migrate.analysis.entrypoint import distributed_program
 from mgpu_migrate.analysis.tree import contains
-from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, argument, has_star_args, mentions, runtime_attr
 
 TORCH_LOAD = "torch.load"
@@ -40,6 +39,7 @@ class CheckpointLoad(Rule):
     """
 
     CODE = "MGP124"
+    PHASE = PROGRAM
     DESCRIPTION = "torch.load of a checkpoint mapped to the process's device with mgpu_runtime.load"
     TARGETS = (DDP,)
     EXAMPLES = (
@@ -61,7 +61,7 @@ class CheckpointLoad(Rule):
     )
 
     def apply(self) -> None:
-        if not distributed_program(self.analysis, self.edits.replacements).migrates:
+        if not self.program.migrates:
             return
         for call in self.analysis.calls_to(TORCH_LOAD):
             if argument(call, "map_location", 1) is not None or has_star_args(call) or not self._is_checkpoint(call):

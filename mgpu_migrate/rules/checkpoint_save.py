@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mgpu_migrate.analysis.entrypoint import distributed_program
 from mgpu_migrate.analysis.guards import under_main_process_block
-from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.rules.syntax import RUNTIME, argument, runtime_attr, runtime_call, with_keyword
 
@@ -46,6 +45,7 @@ class CheckpointSave(Rule):
     """
 
     CODE = "MGP123"
+    PHASE = PROGRAM
     REVIEW_CODES = {
         "MGP240": "a save every process still runs: into a file object or buffer, or save_pretrained",
     }
@@ -70,7 +70,7 @@ class CheckpointSave(Rule):
     )
 
     def apply(self) -> None:
-        if not distributed_program(self.analysis, self.edits.replacements).migrates:
+        if not self.program.migrates:
             return
         for call in self.analysis.calls_to(TORCH_SAVE):
             if under_main_process_block(self.analysis, call):

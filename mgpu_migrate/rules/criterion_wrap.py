@@ -18,7 +18,7 @@ from mgpu_migrate.analysis.losses import (
 )
 from mgpu_migrate.analysis.models import RUNTIME as RUNTIME_SITE
 from mgpu_migrate.analysis.models import TORCH, Sites
-from mgpu_migrate.rules.base import BALANCED, DDP, Example, Rule
+from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 
 
@@ -90,6 +90,7 @@ class CriterionWrap(Rule):
     """
 
     CODE = "MGP102"
+    PHASE = WRAPS
     REVIEW_CODES = {
         "MGP203": "the criterion is used other than by calling it (attribute read, passed to code outside the "
         "file); not wrapped, its loss is computed on the gathered output",

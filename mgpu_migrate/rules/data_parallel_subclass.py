@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mgpu_migrate.analysis import names
-from mgpu_migrate.rules.base import BALANCED, DDP, Example, Rule
+from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 
 # nn.DataParallel's machinery, which the runtime's wrapper does not call: overriding it changes behaviour.
@@ -58,6 +58,7 @@ class DataParallelSubclass(Rule):
     """
 
     CODE = "MGP106"
+    PHASE = WRAPS
     REVIEW_CODES = {
         "MGP210": "a subclass of DataParallel that overrides its machinery (or any subclass, for --to ddp); "
         "left as it is",

@@ -9,7 +9,7 @@ import libcst as cst
 from mgpu_migrate.analysis import names
 from mgpu_migrate.analysis.models import ENCODING, WrapSite
 from mgpu_migrate.analysis.scopes import Place, Scope
-from mgpu_migrate.rules.base import BALANCED, DDP, Example, Rule
+from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 
 # Arguments of Encoding's wrappers with no meaning for DDP (one device per process) or for the runtime's
@@ -59,6 +59,7 @@ class EncodingPair(Rule):
     """
 
     CODE = "MGP104"
+    PHASE = WRAPS
     REVIEW_CODES = {
         "MGP208": "PyTorch-Encoding's model outputs are used as a per-device list (or the wrap has dim != 0 "
         "under --to ddp); the pair is left as it is",

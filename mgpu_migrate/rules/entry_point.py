@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mgpu_migrate.analysis.entrypoint import distributed_program
-from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_call
 
 
@@ -50,6 +49,7 @@ class EntryPointSetup(Rule):
     """
 
     CODE = "MGP120"
+    PHASE = PROGRAM
     REVIEW_CODES = {
         "MGP230": "the file trains, but no place that runs first was found for mgpu_runtime.setup()",
         "MGP231": "the file already runs distributed training of its own; only its DataParallel fallback is migrated",
@@ -120,7 +120,7 @@ class EntryPointSetup(Rule):
     )
 
     def apply(self) -> None:
-        program = distributed_program(self.analysis, self.edits.replacements)
+        program = self.program
         if not program.wraps:
             return
         first = program.wraps[0]

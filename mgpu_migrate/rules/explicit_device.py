@@ -6,11 +6,10 @@ import libcst as cst
 
 from mgpu_migrate.analysis.entrypoint import (
     RUNTIME_SETUP,
-    DistributedProgram,
-    distributed_program,
     sets_cuda_visible_devices,
 )
-from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.program import Program
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 from mgpu_migrate.rules.entry_point import EntryPointSetup
 from mgpu_migrate.rules.syntax import RUNTIME, argument, keyword, runtime_call
 
@@ -54,6 +53,7 @@ class ExplicitDevice(Rule):
     """
 
     CODE = "MGP127"
+    PHASE = PROGRAM
     REVIEW_CODES = {
         "MGP244": "an explicit GPU other than the first: under DDP each process uses its own device",
         "MGP245": "CUDA_VISIBLE_DEVICES set after mgpu_runtime.setup() has bound the process to a GPU, or in a file "
@@ -87,7 +87,7 @@ class ExplicitDevice(Rule):
     )
 
     def apply(self) -> None:
-        program = distributed_program(self.analysis, self.edits.replacements)
+        program = self.program
         if not program.migrates:
             return
         self._strings()
@@ -201,7 +201,7 @@ class ExplicitDevice(Rule):
             "`.cuda()` for the current one); choose GPUs with CUDA_VISIBLE_DEVICES instead",
         )
 
-    def _visible_devices(self, program: DistributedProgram) -> None:
+    def _visible_devices(self, program: Program) -> None:
         tree = self.analysis.tree
         setup = self._setup_statement(program)
         for statement in tree.nodes(cst.SimpleStatementLine):
@@ -236,7 +236,7 @@ class ExplicitDevice(Rule):
                 return position < mark or (position == mark and after_anchor)
         return False
 
-    def _setup_statement(self, program: DistributedProgram) -> tuple[cst.CSTNode, str] | None:
+    def _setup_statement(self, program: Program) -> tuple[cst.CSTNode, str] | None:
         """Where this file calls ``mgpu_runtime.setup()`` once migrated: the statement it is inserted next to (a
         CUDA_VISIBLE_DEVICES assignment there comes before it), or the one that already calls it."""
         if program.already_set_up:
@@ -247,7 +247,7 @@ class ExplicitDevice(Rule):
             return None
         return entry.anchor, "inserted after" if entry.after else "inserted before"
 
-    def _before_lazy_setup(self, statement: cst.SimpleStatementLine, program: DistributedProgram) -> None:
+    def _before_lazy_setup(self, statement: cst.SimpleStatementLine, program: Program) -> None:
         """No setup() in this file: the runtime calls it when it is first used, which may come after this."""
         line, _ = self.analysis.position(program.wraps[0])
         self.left(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mgpu_migrate.analysis import names
-from mgpu_migrate.rules.base import BALANCED, DDP, Example, Rule
+from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 
 
@@ -38,6 +38,7 @@ class FunctionalDataParallel(Rule):
     """
 
     CODE = "MGP105"
+    PHASE = WRAPS
     REVIEW_CODES = {
         "MGP209": "the functional data_parallel has no per-call DistributedDataParallel equivalent; wrap the "
         "module once with mgpu_runtime.DistributedDataParallel and call it",

@@ -17,7 +17,7 @@ from mgpu_migrate.analysis.losses import (
     exact_under_ddp_without_wrapper,
     reduction_of,
 )
-from mgpu_migrate.rules.base import BALANCED, DDP, Example, Rule
+from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 from mgpu_migrate.rules.criterion_wrap import becomes_ddp, shorten
 
@@ -76,6 +76,7 @@ class FunctionalLoss(Rule):
     """
 
     CODE = "MGP103"
+    PHASE = WRAPS
     REVIEW_CODES = {
         "MGP212": "a functional loss on the model's outputs was left as it is (a transformed input, or options "
         "the loss's class cannot take); it is computed on the gathered output",

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mgpu_migrate.analysis.entrypoint import distributed_program
-from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 from mgpu_migrate.rules.syntax import keyword, mentions, parse
 
 _OPTIONS = ("--local_rank", "--local-rank")
@@ -38,6 +37,7 @@ class LocalRankArgument(Rule):
     """
 
     CODE = "MGP131"
+    PHASE = PROGRAM
     DESCRIPTION = "--local_rank arguments default to the LOCAL_RANK variable torchrun sets"
     TARGETS = (DDP,)
     EXAMPLES = (
@@ -53,7 +53,7 @@ class LocalRankArgument(Rule):
     )
 
     def apply(self) -> None:
-        if not distributed_program(self.analysis, self.edits.replacements).wraps:
+        if not self.program.wraps:
             return
         for call in self.analysis.calls:
             if not self._declares_local_rank(call):

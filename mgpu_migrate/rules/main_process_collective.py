@@ -8,11 +8,10 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis import names
-from mgpu_migrate.analysis.entrypoint import distributed_program
 from mgpu_migrate.analysis.guards import main_process_blocks
 from mgpu_migrate.analysis.models import MODULE_METHODS_RETURNING_SELF
 from mgpu_migrate.analysis.tree import contains
-from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME
 
 _COLLECTIVES = {
@@ -73,6 +72,7 @@ class MainProcessCollective(Rule):
     """
 
     CODE = "MGP249"
+    PHASE = PROGRAM
     REVIEW_CODES = {
         "MGP249": "a collective or a DDP forward inside a main-process-only block: the other processes never join",
     }
@@ -100,7 +100,7 @@ class MainProcessCollective(Rule):
     )
 
     def apply(self) -> None:
-        if not distributed_program(self.analysis, self.edits.replacements).wraps:
+        if not self.program.wraps:
             return
         for block in main_process_blocks(self.analysis):
             condition = self.analysis.module.code_for_node(block.test)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mgpu_migrate.analysis.entrypoint import distributed_program
 from mgpu_migrate.analysis.loaders import DISTRIBUTED
 from mgpu_migrate.analysis.tree import contains
-from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.base import CHECKS, DDP, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME
 
 # Seeding the global generators the same way in every process.
@@ -69,6 +68,7 @@ class ProcessRandomness(Rule):
     """
 
     CODE = "MGP260"
+    PHASE = CHECKS
     REVIEW_CODES = {
         "MGP260": "random numbers drawn per row in the training loop of a seeded script: processes draw the same ones",
     }
@@ -91,7 +91,7 @@ class ProcessRandomness(Rule):
     )
 
     def apply(self) -> None:
-        if not distributed_program(self.analysis, self.edits.replacements).migrates:
+        if not self.program.migrates:
             return
         seeds = [call for call in self.analysis.calls if self.analysis.resolve(call.func) in _SEEDS]
         if not seeds:
@@ -114,11 +114,11 @@ class ProcessRandomness(Rule):
                 )
 
     def _distributed_loops(self) -> list[cst.For]:
-        """Training loops whose data is split across processes (by hand, or by MGP122 before this rule runs).
+        """Training loops whose data is split across processes (by hand, or by MGP122 in the program phase).
         A loop left on whole batches draws the same numbers for the same rows everywhere, as it should."""
         distributed = []
         for trace in self.analysis.loaders.traces:
-            split = trace.kind == DISTRIBUTED or any(step in self.edits.replacements for step in trace.path)
+            split = trace.kind == DISTRIBUTED or any(step in self.rewritten for step in trace.path)
             if trace.training and split and trace.loop not in distributed:
                 distributed.append(trace.loop)
         return distributed

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mgpu_migrate.analysis.entrypoint import distributed_program
-from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, has_star_args, keyword, mentions, operand, parse, with_keyword
 
 # tqdm(iterable, desc, total, leave, file, ncols, mininterval, maxinterval, miniters, ascii, disable, ...)
@@ -47,6 +46,7 @@ class ProgressBar(Rule):
     """
 
     CODE = "MGP125"
+    PHASE = PROGRAM
     REVIEW_CODES = {"MGP241": "a progress bar whose disable argument the tool cannot see: it is drawn by every process"}
     DESCRIPTION = "tqdm progress bars shown on the main process only"
     TARGETS = (DDP,)
@@ -88,7 +88,7 @@ class ProgressBar(Rule):
     )
 
     def apply(self) -> None:
-        if not distributed_program(self.analysis, self.edits.replacements).migrates:
+        if not self.program.migrates:
             return
         for call in self.analysis.calls:
             if not is_progress_bar(self.analysis.resolve(call.func)):

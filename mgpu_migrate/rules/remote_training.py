@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mgpu_migrate.analysis.entrypoint import distributed_program
-from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME
 
 
-# The file is left as it is when this is reported (rules.settle).
+# The file is left as it is when this is reported (a veto, program.settle).
 INFERENCE_ONLY = "MGP263"
 
 
@@ -51,6 +50,8 @@ class RemoteTraining(Rule):
     """
 
     CODE = "MGP262"
+    PHASE = PROGRAM
+    VETOES = frozenset({INFERENCE_ONLY})
     REVIEW_CODES = {
         "MGP262": "the model is trained in code this file does not show: its data loader is not distributed",
         "MGP263": "an evaluation script (the model runs here; no backward pass, no optimizer): left as DataParallel",
@@ -74,7 +75,7 @@ class RemoteTraining(Rule):
     )
 
     def apply(self) -> None:
-        program = distributed_program(self.analysis, self.edits.replacements)
+        program = self.program
         if not program.migrates or self.analysis.loaders.training_loops:
             return
         escapes = self.analysis.models.model_escapes()

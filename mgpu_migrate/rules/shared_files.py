@@ -6,10 +6,9 @@ from typing import Optional
 
 import libcst as cst
 
-from mgpu_migrate.analysis.entrypoint import distributed_program
 from mgpu_migrate.analysis.guards import under_main_process_block
 from mgpu_migrate.analysis.tree import contains
-from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, argument
 
 _WRITING_METHODS = frozenset({"write_text", "write_bytes"})
@@ -48,6 +47,7 @@ class SharedFiles(Rule):
     """
 
     CODE = "MGP261"
+    PHASE = PROGRAM
     REVIEW_CODES = {"MGP261": "a file written by every process: duplicated lines, or writers racing"}
     DESCRIPTION = "files written by every process reported"
     TARGETS = (DDP,)
@@ -70,7 +70,7 @@ class SharedFiles(Rule):
     )
 
     def apply(self) -> None:
-        if not distributed_program(self.analysis, self.edits.replacements).migrates:
+        if not self.program.migrates:
             return
         for call in self.analysis.calls:
             how = self._writes(call)

@@ -6,9 +6,8 @@ import re
 
 import libcst as cst
 
-from mgpu_migrate.analysis.entrypoint import distributed_program
 from mgpu_migrate.options import Options
-from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 from mgpu_migrate.rules.functional_loss import torch_nn_spelling
 from mgpu_migrate.rules.syntax import argument, parse
 
@@ -50,6 +49,7 @@ class SyncBatchNorm(Rule):
     """
 
     CODE = "MGP129"
+    PHASE = PROGRAM
     REVIEW_CODES = {
         "MGP248": "BatchNorm statistics are computed per process (as per GPU under DataParallel); see --sync-bn",
     }
@@ -74,7 +74,7 @@ class SyncBatchNorm(Rule):
     )
 
     def apply(self) -> None:
-        program = distributed_program(self.analysis, self.edits.replacements)
+        program = self.program
         if not program.migrates:
             return
         if not self.options.sync_bn:

@@ -7,10 +7,9 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis.batch import is_row_count
-from mgpu_migrate.analysis.entrypoint import distributed_program
 from mgpu_migrate.analysis.loaders import LOADER, LoaderTrace
 from mgpu_migrate.analysis.tree import contains
-from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, argument, runtime_call
 
 # torch's own samplers draw from the generator the runtime keeps in step; others may not.
@@ -79,6 +78,7 @@ class TrainingData(Rule):
     """
 
     CODE = "MGP122"
+    PHASE = PROGRAM
     REVIEW_CODES = {
         "MGP234": "an evaluation loader left whole: every process evaluates all of it",
         "MGP235": "training data the tool cannot follow to a DataLoader, or cannot tell is trained on: not split",
@@ -114,7 +114,7 @@ class TrainingData(Rule):
     )
 
     def apply(self) -> None:
-        program = distributed_program(self.analysis, self.edits.replacements)
+        program = self.program
         if not program.migrates:
             return
         flow = self.analysis.loaders
@@ -309,7 +309,7 @@ class TrainingData(Rule):
             return True
         if self.analysis.resolve(value.func) == "torch.sum":
             return True
-        if value in self.edits.replacements:
+        if value in self.rewritten:
             return False  # a loss the criterion rules hand to DistributedCriterion, which weights sums itself
         for arg in value.args:
             if arg.keyword is not None and arg.keyword.value == "reduction":

@@ -7,10 +7,9 @@ from typing import Optional
 
 import libcst as cst
 
-from mgpu_migrate.analysis.entrypoint import distributed_program
 from mgpu_migrate.analysis.models import MODULE_METHODS_RETURNING_SELF
 from mgpu_migrate.analysis.tree import contains
-from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 from mgpu_migrate.rules.syntax import argument, keyword, with_keyword
 
 # torch.nn layers without parameters: skipping them leaves no gradient missing.
@@ -55,6 +54,7 @@ class UnusedParameters(Rule):
     """
 
     CODE = "MGP130"
+    PHASE = PROGRAM
     DESCRIPTION = "find_unused_parameters=True for a model whose forward may skip layers"
     TARGETS = (DDP,)
     EXAMPLES = (
@@ -83,7 +83,7 @@ class UnusedParameters(Rule):
     )
 
     def apply(self) -> None:
-        program = distributed_program(self.analysis, self.edits.replacements)
+        program = self.program
         if not program.migrates:
             return
         classes = {s.name.value: s for s in self.analysis.module.body if isinstance(s, cst.ClassDef)}

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mgpu_migrate.analysis.entrypoint import distributed_program
 from mgpu_migrate.analysis.guards import Reliance, gpu_guards, guard_reliance, is_gpu_condition
-from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, argument, either, mentions
 
 MANY_PROCESSES = f"{RUNTIME}.world_size() > 1"
 
 
-# The file is left as it is when this is reported (rules.settle).
+# The file is left as it is when this is reported (a veto, program.settle).
 SWITCHED_OFF = "MGP256"
 
 
@@ -55,6 +54,8 @@ class WrapGuard(Rule):
     """
 
     CODE = "MGP121"
+    PHASE = PROGRAM
+    VETOES = frozenset({SWITCHED_OFF})
     REVIEW_CODES = {
         "MGP233": "a wrap under a condition that is not a GPU guard, or in an else/elif branch; every process must wrap",
         "MGP254": "a GPU guard around a wrap not extended: a statement under it needs the guard's condition to hold",
@@ -102,7 +103,7 @@ class WrapGuard(Rule):
     )
 
     def apply(self) -> None:
-        program = distributed_program(self.analysis, self.edits.replacements)
+        program = self.program
         if not program.migrates:
             return
         seen: set[cst.CSTNode] = set()

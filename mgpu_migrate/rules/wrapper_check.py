@@ -7,7 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis import names
-from mgpu_migrate.rules.base import BALANCED, DDP, Example, Rule
+from mgpu_migrate.rules.base import BALANCED, CHECKS, DDP, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, negated, runtime_attr
 
 WRAPPERS = f"{RUNTIME}.PARALLEL_WRAPPERS"
@@ -54,6 +54,7 @@ class WrapperCheck(Rule):
     """
 
     CODE = "MGP126"
+    PHASE = CHECKS
     REVIEW_CODES = {"MGP243": "a wrapper check by class name the tool does not rewrite"}
     DESCRIPTION = "isinstance/type checks for DataParallel kept true for the runtime's wrappers"
     EXAMPLES = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mgpu_migrate.analysis import names
-from mgpu_migrate.rules.base import BALANCED, DDP, Example, Rule
+from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, keep_arguments, runtime_attr
 
 # nn.DataParallel(module, device_ids=None, output_device=None, dim=0): positions of each parameter.
@@ -78,6 +78,7 @@ class WrapperSwap(Rule):
     """
 
     CODE = "MGP101"
+    PHASE = WRAPS
     REVIEW_CODES = {
         "MGP201": "DataParallel with dim != 0 has no DistributedDataParallel equivalent",
         "MGP202": "the name is bound both to torch's DataParallel and to something else in this file",

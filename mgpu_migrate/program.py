@@ -1,0 +1,95 @@
+"""Phase 2 of the pipeline: the verdict on the file as a whole, decided once, after the wrap rules.
+
+The pipeline runs the rules in three phases (``rules.base.WRAPS``, ``PROGRAM``, ``CHECKS``):
+
+1. the wrap rules decide each wrap and criterion site on its own (rewrite it, or leave it with a reason);
+2. :func:`decide` reads what they decided and gives the file one :class:`Program` verdict: which wraps
+   became the runtime's, which DataParallel wraps stay, whether the file runs distributed training of its own;
+3. the program rules (``--to ddp`` set-up, data, saves, guards ...) and then the checks receive that verdict;
+   none of them recomputes it, and none decides from another rule's edits.
+
+Last, :func:`settle` applies what holds for the file as a whole: ``--to ddp`` migrates a file entirely or
+not at all, so when one wrap stays, or a program rule found that the file must not become a distributed
+program (a *veto*: an evaluation script, a loss that compares the rows of a batch, a wrap switched off),
+every rewrite is dropped and the file is left as it is, with the diagnostics that say why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+import libcst as cst
+
+from mgpu_migrate.analysis import FileAnalysis, names
+from mgpu_migrate.analysis.entrypoint import RUNTIME_SETUP
+from mgpu_migrate.analysis.models import RUNTIME
+from mgpu_migrate.edits import Edits
+
+# A file that calls one of these already runs as a distributed program of its own making.
+_EXISTING_DISTRIBUTED = {
+    names.TORCH_DDP,
+    names.APEX_DDP,
+    "torch.distributed.init_process_group",
+    "torch.distributed.distributed_c10d.init_process_group",
+    "torch.utils.data.DistributedSampler",
+    "torch.utils.data.distributed.DistributedSampler",
+    "torch.multiprocessing.spawn",
+}
+
+
+@dataclass(frozen=True)
+class Program:
+    """What ``--to ddp`` makes of a file, once the wrap rules have decided each wrap.
+
+    ``wraps``: the wrap sites rewritten to the runtime's ``DistributedDataParallel``.
+    ``kept``: DataParallel sites left as they are (``dim != 0``, a subclass, the functional form, ``# noqa``):
+    then the file is not made a distributed program. A DataParallel that wraps no model (an optimizer kept in
+    one, MGP252) is no site (``ModelFlow.not_modules``): it parallelizes nothing, each process holds it as the
+    one original process did, so it neither counts as a wrap nor keeps the file from being migrated.
+    ``existing``: the file's own distributed set-up (``init_process_group``, torch's or apex's DDP,
+    ``DistributedSampler``, ``mp.spawn``): then only its DataParallel fallback is migrated.
+    ``already_set_up``: the file calls ``mgpu_runtime.setup()`` itself (a partly migrated file).
+    """
+
+    wraps: tuple[cst.Call, ...]
+    kept: tuple[cst.Call, ...]
+    existing: tuple[cst.Call, ...]
+    already_set_up: bool
+
+    @property
+    def migrates(self) -> bool:
+        """True when the rules that make a file a distributed program (set-up, data, side effects) apply."""
+        return bool(self.wraps) and not self.kept and not self.existing
+
+    @property
+    def left_whole(self) -> bool:
+        """A wrap stays DataParallel in a file without a distributed set-up of its own: nothing is rewritten."""
+        return bool(self.kept) and not self.existing
+
+
+def decide(analysis: FileAnalysis, rewritten: Collection[cst.CSTNode]) -> Program:
+    """The program the file becomes, given the nodes the wrap rules rewrote (the keys of their edits)."""
+    wraps, kept = [], []
+    for site in analysis.models.sites:
+        if site.kind == RUNTIME:
+            continue
+        (wraps if site.call in rewritten else kept).append(site.call)
+    existing = tuple(call for call in analysis.calls if analysis.resolve(call.func) in _EXISTING_DISTRIBUTED)
+    already = any(analysis.resolve(call.func) == RUNTIME_SETUP for call in analysis.calls)
+    return Program(tuple(wraps), tuple(kept), existing, already)
+
+
+def settle(program: Program, edits: Edits, vetoes: Collection[str], keep: Collection[str]) -> None:
+    """Leave the whole ``--to ddp`` file as it is when a wrap stays or a program rule vetoed it.
+
+    A kept wrap keeps every review diagnostic (its isinstance checks and criteria stay as they are too). A
+    veto (one of ``vetoes`` reported) keeps only the vetoes reported and the wrap review codes in ``keep``:
+    what was said about the distributed program the file would have become no longer applies.
+    """
+    if program.left_whole:
+        edits.discard_rewrites()
+        return
+    reported = {diagnostic.code for diagnostic in edits.diagnostics} & set(vetoes)
+    if reported:
+        edits.discard_rewrites(keep={*reported, *keep})
