@@ -1,4 +1,4 @@
-"""The ``mgpu-migrate`` command line (design §1). Importing it never imports torch."""
+"""The ``mgpu-migrate`` command line. Importing it never imports torch."""
 
 from __future__ import annotations
 
@@ -24,19 +24,17 @@ def _cores() -> int:
 
 
 def _explain(code: str) -> None:
-    import inspect
+    """Print a code's page, or (no code) the list of every code."""
+    from mgpu_migrate.codes import CODES, lookup
 
-    from mgpu_migrate.rules import rule_for_code
-
-    rule = rule_for_code(code)
-    if rule is None:
-        raise click.UsageError(f"unknown code {code!r}")
-    click.echo(f"{rule.CODE}: {rule.DESCRIPTION}")
-    click.echo(inspect.cleandoc(rule.__doc__ or ""))
-    if rule.REVIEW_CODES:
-        click.echo("\n## Codes for sites left for review")
-        for review_code, meaning in rule.REVIEW_CODES.items():
-            click.echo(f"- {review_code}: {meaning}")
+    if not code:
+        for info in CODES.values():
+            click.echo(f"{info.code}  {info.kind:<7}  {info.summary}")
+        return
+    info = lookup(code)
+    if info is None:
+        raise click.UsageError(f"unknown code {code!r} (--list-codes lists them)")
+    click.echo(info.page, nl=False)
 
 
 def _process_stdin(target: str, check: bool, diff: bool, filename: str, options: Options) -> FileOutcome:
@@ -80,9 +78,16 @@ def _process_stdin(target: str, check: bool, diff: bool, filename: str, options:
     "Default: [tool.mgpu-migrate] sync-bn, else off.",
 )
 @click.option("--stdin-filename", default="<stdin>", show_default=True, help="Name used for '-' in diagnostics.")
-@click.option("--explain", metavar="CODE", help="Explain a diagnostic code and exit.")
+@click.option(
+    "--explain",
+    metavar="CODE",
+    is_flag=False,
+    flag_value="",
+    help="Print the page of a diagnostic code and exit (no CODE: list every code).",
+)
+@click.option("--list-codes", is_flag=True, help="List every diagnostic code (code, kind, summary) and exit.")
 @click.version_option(__version__, prog_name="mgpu-migrate")
-def main(paths, target, diff, check, quiet, jobs, sync_bn, stdin_filename, explain):
+def main(paths, target, diff, check, quiet, jobs, sync_bn, stdin_filename, explain, list_codes):
     """Rewrite PyTorch scripts that use nn.DataParallel.
 
     PATH is a file or a directory (walked for *.py); '-' reads stdin and writes stdout.
@@ -90,8 +95,8 @@ def main(paths, target, diff, check, quiet, jobs, sync_bn, stdin_filename, expla
     Exit codes: 0 done or nothing to do; 1 --check/--diff found files that would change;
     2 a usage error, or a file that could not be processed.
     """
-    if explain:
-        _explain(explain)
+    if explain is not None or list_codes:
+        _explain(explain or "")
         return
     if not paths:
         raise click.UsageError("give at least one PATH (a file, a directory, or '-' for stdin)")

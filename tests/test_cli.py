@@ -167,7 +167,7 @@ def test_version_help_and_explain():
     for option in ("--to", "--diff", "--check", "--version"):
         assert option in help_text
     explained = run_cli("--explain", "MGP201")
-    assert explained.returncode == 0 and b"## What it does" in explained.stdout
+    assert explained.returncode == 0 and explained.stdout.startswith(b"# MGP201 ") and b"## What to do" in explained.stdout
     assert run_cli("--explain", "MGP999").returncode == 2
 
 

@@ -1,0 +1,401 @@
+"""The registry of diagnostic codes: what each means, which rule owns it, and its ``--explain`` page.
+
+Codes are stable (users silence them with ``# noqa: CODE``, scripts grep for them):
+
+* ``MGP0xx`` (kind ``error``): the file itself could not be processed; it is left byte-identical.
+* ``MGP1xx`` (kind ``rewrite``): a rewrite the tool made. Its page is the owning rule's doc (What it does /
+  Why is this bad? / Example / Use instead / Fix safety).
+* ``MGP2xx`` (kind ``review``): a site left as it was, for a person to look at. Its page says what the tool
+  found, why it left the site, and what to do.
+
+A rule declares its codes in one place: ``CODE`` (its rewrite, or its main review code) and ``REVIEW_CODES``
+(each review code with its one-line summary). This module adds what a message leaves out: the page of every
+review code (``_REVIEW_PAGES``) and of the file codes. Importing it imports the rules (and libcst): only
+``--explain`` and ``--list-codes`` need it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import dataclass
+
+from mgpu_migrate.diagnostics import INTERNAL_ERROR, PARSE_ERROR, READ_ERROR
+
+ERROR, REWRITE, REVIEW = "error", "rewrite", "review"
+
+
+@dataclass(frozen=True)
+class CodeInfo:
+    code: str
+    name: str
+    kind: str  # "error" | "rewrite" | "review"
+    summary: str  # one line
+    page: str  # the --explain markdown page
+    rule: str | None  # owning rule class name
+
+
+# The files the tool could not process: (name, summary, what happened, what to do).
+_ERROR_PAGES = {
+    READ_ERROR: (
+        "read-error",
+        "the file could not be read",
+        "The path does not exist, cannot be opened, or its bytes do not decode in the encoding the file declares "
+        "(a PEP 263 coding line, a BOM, else UTF-8).",
+        "Check the path and the file's encoding. The other files of the run are still processed; the exit "
+        "status is 2.",
+    ),
+    PARSE_ERROR: (
+        "parse-error",
+        "the file could not be parsed, or not rewritten without losing text",
+        "The file is not valid Python for both CPython and LibCST (a syntax error, code nested too deeply), or "
+        "LibCST would drop comments or blank lines after the last statement (they follow a whitespace-only "
+        "line), so writing its output would lose them. The file is left byte-identical.",
+        "Fix the syntax error the message points at; for lost trailing lines, remove the whitespace-only line "
+        "near the end of the file. The exit status is 2.",
+    ),
+    INTERNAL_ERROR: (
+        "internal-error",
+        "the tool failed on this file; it is left unchanged",
+        "A rule or the rewrite itself failed (an exception, or a rewrite that did not compile). The tool never "
+        "writes such a file, and goes on with the others.",
+        "Please report it with the file (or a reduction of it). Until then, migrate the file by hand or silence "
+        "the site with `# noqa`.",
+    ),
+}
+
+# Review codes: (name, why the site was left, what to do). The summary, "what it found", is the owning
+# rule's REVIEW_CODES entry.
+_REVIEW_PAGES = {
+    "MGP201": (
+        "dim-not-zero",
+        "`DistributedDataParallel` splits the data by giving each process its own batches; it has no `dim` to "
+        "scatter one batch along. A `dim != 0` wrap means the batch is not along the first dimension.",
+        "Keep DataParallel for this model, or make the batch dimension the first one and drop `dim`.",
+    ),
+    "MGP202": (
+        "ambiguous-data-parallel-name",
+        "The same name is bound to torch's DataParallel and to something else in this file (a second import, "
+        "an assignment, a function of the same name), so the call may not be torch's.",
+        "Bind the name once (`from torch.nn import DataParallel` and nothing else under that name).",
+    ),
+    "MGP203": (
+        "criterion-used-otherwise",
+        "The criterion is used other than by calling it (an attribute read, passed to code outside the file); "
+        "a wrapped criterion would not offer what that use expects.",
+        "Nothing, if the loss on the gathered output is fine (it is what DataParallel did). To compute it per "
+        "device, wrap the criterion by hand in `mgpu_runtime.DataParallelCriterion`.",
+    ),
+    "MGP204": (
+        "loss-not-splittable",
+        "The runtime computes exactly only the losses whose reduction it knows (torch's losses with mean, sum "
+        "or none, `ignore_index`, class weights). A custom loss, `CTCLoss` or a per-sample weight could give "
+        "another value when computed per piece.",
+        "Nothing: the loss is computed on the gathered output, as before. Wrap it by hand only if it is a mean "
+        "or a sum over the rows of the batch.",
+    ),
+    "MGP205": (
+        "loss-out-of-sight",
+        "No loss on this model's outputs is computed in this file: the outputs, or the model, go to code the "
+        "tool cannot see (a caller, another module), where the loss runs on the gathered output.",
+        "Wrap that criterion in `mgpu_runtime.DataParallelCriterion` where it is built, or leave it: the loss is "
+        "computed on the gathered output, as before.",
+    ),
+    "MGP206": (
+        "submodule-loss-gathered",
+        "Only a sub-module is wrapped: its output is gathered where the rest of the model uses it, so the loss "
+        "is computed on the output device, as before.",
+        "Nothing. Wrap the whole model to compute the loss beside each piece of the output.",
+    ),
+    "MGP207": (
+        "loss-on-transformed-output",
+        "The loss gets a value computed from the outputs (`out.view(...)`, `log_softmax(out)`), so the outputs "
+        "are gathered before it is computed.",
+        "Move that computation into the model's `forward` so that the loss receives the outputs themselves.",
+    ),
+    "MGP208": (
+        "encoding-pair-kept",
+        "PyTorch-Encoding's model returns one output per device; code that uses them as a list (or a wrap with "
+        "`dim != 0` under `--to ddp`) would not work with the runtime's model, whose output behaves like the "
+        "gathered one.",
+        "Use the outputs as one value (as after a gather), then run the tool again; or keep the pair.",
+    ),
+    "MGP209": (
+        "functional-data-parallel-under-ddp",
+        "The functional `data_parallel(module, input)` replicates the module on every call; under DDP the "
+        "module is wrapped once and each process runs its own copy.",
+        "Wrap the module once with `mgpu_runtime.DistributedDataParallel` and call the wrapper.",
+    ),
+    "MGP210": (
+        "data-parallel-subclass-kept",
+        "The subclass overrides part of DataParallel's machinery (`scatter`, `gather`, `replicate` ...) that the "
+        "runtime's model does not use, or the target is `--to ddp`, where no subclass of DataParallel can be "
+        "kept; rebased, it would lose what it overrides.",
+        "Port what the override does by hand, or keep the subclass.",
+    ),
+    "MGP212": (
+        "functional-loss-kept",
+        "The functional loss gets a transformed input, or options its loss class cannot take, so it cannot be "
+        "handed to the runtime's criterion; it is computed on the gathered output.",
+        "Nothing, if the loss on the gathered output is fine. Otherwise compute the transformation in the "
+        "model's `forward` and pass the outputs to the loss directly.",
+    ),
+    "MGP213": (
+        "criterion-from-elsewhere",
+        "A wrapped criterion can also come from code the tool cannot follow (a factory of another module, a "
+        "parameter passed from outside the file), so that one is not wrapped.",
+        "Wrap it where it is built, in `mgpu_runtime.DataParallelCriterion` (balanced) or "
+        "`mgpu_runtime.DistributedCriterion` (ddp).",
+    ),
+    "MGP214": (
+        "starred-wrap-arguments",
+        "Arguments passed with `*` or `**` may hold `device_ids`, `output_device` or `dim`, which mean nothing, "
+        "or something else, under DistributedDataParallel.",
+        "Pass the arguments by name, then run the tool again.",
+    ),
+    "MGP230": (
+        "no-entry-point",
+        "The file trains, but it has no `if __name__ == \"__main__\":` block or `main()` where "
+        "`mgpu_runtime.setup()` could run first. The runtime's wrapper calls `setup()` when it is built, so "
+        "the other processes start late (after any work done before the wrap).",
+        "Call `mgpu_runtime.setup()` where your program starts.",
+    ),
+    "MGP231": (
+        "existing-distributed-setup",
+        "The file sets up distributed training itself (`init_process_group`, torch's or apex's DDP, "
+        "`DistributedSampler`, `mp.spawn`). Only its DataParallel fallback is migrated; its data and "
+        "checkpoints are left as they are. Started plainly on several GPUs, the fallback relaunches the script "
+        "under torchrun.",
+        "Check that the relaunched script takes its own distributed path (it reads `LOCAL_RANK` or `WORLD_SIZE` "
+        "from the environment).",
+    ),
+    "MGP232": (
+        "file-keeps-a-wrap",
+        "`--to ddp` migrates a file entirely or not at all: a file that ran some wraps as one process per GPU "
+        "and others as DataParallel, without the set-up and data of a distributed program, would work neither "
+        "way. Another wrap in this file stays DataParallel (its own diagnostic says why).",
+        "Migrate the wrap named in the message by hand first (or make it migratable), then run the tool again.",
+    ),
+    "MGP233": (
+        "wrap-under-other-condition",
+        "With several processes every process must wrap its model. The wrap runs only under a condition that "
+        "is not a GPU guard, or in an `else`/`elif` branch, which the tool cannot extend safely.",
+        "Make sure the condition holds on every process, e.g. `... or mgpu_runtime.world_size() > 1`.",
+    ),
+    "MGP234": (
+        "evaluation-loader-whole",
+        "An evaluation loader is left whole: every process evaluates all of it, so the metrics are the "
+        "original's, without a speed-up.",
+        "To split it, pass it through `mgpu_runtime.distribute_loader(...)` and reduce the metrics over the "
+        "processes with `mgpu_runtime.reduce_sum`.",
+    ),
+    "MGP235": (
+        "training-data-not-followed",
+        "The tool cannot follow this training loop's data to a DataLoader, or cannot tell whether the loop "
+        "trains, so the data is not split. Each process then trains on whole batches: the original's training "
+        "only if every process draws the same ones (seeded alike, or not shuffled); the runtime stops the "
+        "first step when they differ.",
+        "Pass the loader through `mgpu_runtime.distribute_loader(...)` where it is built.",
+    ),
+    "MGP236": (
+        "summed-loss",
+        "The loss is summed by hand, which the runtime cannot weight by each process's share of the batch, so "
+        "this loop's data is not split (each process trains on whole batches, as for MGP235).",
+        "Use a mean, or a criterion wrapped in `mgpu_runtime.DistributedCriterion`, then distribute the loader.",
+    ),
+    "MGP237": (
+        "custom-sampler",
+        "`distribute_loader` runs a custom sampler on the main process only and splits each batch it makes.",
+        "If the sampler already splits the data across processes (like `DistributedSampler`), drop that part.",
+    ),
+    "MGP238": (
+        "iterable-dataset",
+        "With an iterable dataset the main process reads every batch and sends each process its rows: correct, "
+        "but the loading is not divided among the processes.",
+        "Nothing, unless loading is the bottleneck: then shard the dataset by `mgpu_runtime.rank()` yourself.",
+    ),
+    "MGP240": (
+        "save-on-every-process",
+        "This save still runs on every process: it writes into a file object or a buffer, or it is "
+        "`save_pretrained`, which `mgpu_runtime.save` does not replace.",
+        "Put it under `if mgpu_runtime.is_main_process():`, or save to a path with `mgpu_runtime.save`.",
+    ),
+    "MGP241": (
+        "progress-bar-on-every-process",
+        "The progress bar passes a `disable` argument the tool cannot see into, so it is drawn by every process.",
+        "Add `or not mgpu_runtime.is_main_process()` to its `disable` value.",
+    ),
+    "MGP243": (
+        "wrapper-check-by-name",
+        "The code checks the wrapper by its class name (`type(m).__name__ == 'DataParallel'`); the runtime's "
+        "wrappers have other names.",
+        "Use `isinstance(m, mgpu_runtime.PARALLEL_WRAPPERS)`.",
+    ),
+    "MGP244": (
+        "explicit-other-gpu",
+        "An explicit GPU other than the first: under DDP each process uses its own device, so a fixed GPU "
+        "number puts every process on the same one.",
+        "Use `mgpu_runtime.device()` (or `'cuda'` and `.cuda()` for the current one); choose the GPUs with "
+        "`CUDA_VISIBLE_DEVICES` in the launch environment.",
+    ),
+    "MGP245": (
+        "visible-devices-after-setup",
+        "`CUDA_VISIBLE_DEVICES` chooses the GPUs only before the process binds to one. It is set after "
+        "`mgpu_runtime.setup()`, or in a file that leaves `setup()` to the runtime, where a program whose entry "
+        "point calls `setup()` has bound the process by then.",
+        "Set it before the program starts, in the launch environment.",
+    ),
+    "MGP246": (
+        "apex-numerics-dropped",
+        "An apex argument that changes the numerics of the gradient reduction (`allreduce_always_fp32`, "
+        "`gradient_predivide_factor` ...) was dropped: the runtime reduces gradients in their own precision, "
+        "divided once.",
+        "Check that the training still converges as before.",
+    ),
+    "MGP247": (
+        "apex-unmappable",
+        "The apex DistributedDataParallel has an argument with no equivalent in the runtime's wrapper "
+        "(`gradient_average=False`, an argument the tool does not know), or no module argument.",
+        "Migrate it by hand, or drop the argument if its default is fine.",
+    ),
+    "MGP248": (
+        "batchnorm-per-process",
+        "BatchNorm layers normalize over each process's slice of the batch, as they did over each GPU's under "
+        "DataParallel: the same statistics as before, not the whole batch's.",
+        "Nothing, to keep the original's behaviour; rerun with `--sync-bn` for statistics over the whole batch.",
+    ),
+    "MGP249": (
+        "collective-in-main-process-block",
+        "A collective, or a forward of the DDP model (which synchronizes), runs inside a block only the main "
+        "process runs: the other processes never join it and the run hangs.",
+        "Move it out of the block, or give that code the bare model (`model.module`).",
+    ),
+    "MGP250": (
+        "partial-model-wrap",
+        "Only part of a model is wrapped: DistributedDataParallel would average that part's gradients only, "
+        "and each process would train its own copy of the rest. The wrap stays DataParallel, so the file is not "
+        "made a distributed program.",
+        "Wrap the whole model to migrate it.",
+    ),
+    "MGP251": (
+        "ambiguous-apex-name",
+        "The same name is bound to apex's DistributedDataParallel and to something else in this file, so the "
+        "call may not be apex's.",
+        "Bind the name once, then run the tool again.",
+    ),
+    "MGP252": (
+        "wrap-of-non-model",
+        "DataParallel wraps something that is not a model (an optimizer, a scheduler, a tensor, a literal): it "
+        "parallelizes nothing, and the runtime's wrappers would fail on it. Its `.module` still gives the "
+        "wrapped object, and it does not keep the file from being migrated.",
+        "Drop the wrap (and the `.module` that unwraps it) when you next touch the code.",
+    ),
+    "MGP253": (
+        "star-import-wrap",
+        "A DataParallel-like name is bound nowhere in this file but may come from a `from module import *`: "
+        "what it is cannot be told without importing that module.",
+        "Import the name explicitly (e.g. `import torch.nn as nn`), then run the tool again.",
+    ),
+    "MGP254": (
+        "guard-needs-condition",
+        "A statement under the GPU guard needs the guard's condition to hold (`.cuda()` needs a GPU), so the "
+        "guard cannot be extended to every process. A multi-process run where the condition is false does not "
+        "wrap; after `mgpu_runtime.setup()` the runtime stops such a run at its first optimizer step "
+        "(`UnsynchronizedTrainingError`).",
+        "To train there, move the wrap out from under the condition, so that every process runs it.",
+    ),
+    "MGP255": (
+        "wrapper-dropped-again",
+        "The wrapper is taken off again (`model = model.module`) before training: it only serves to load a "
+        "checkpoint saved from a wrapped model, and the bare model trains. A DDP wrapper dropped that way would "
+        "leave the processes training unsynchronized copies, so the file is left as it is.",
+        "Load the checkpoint into the bare model (strip the `module.` prefix), then wrap the model that trains.",
+    ),
+    "MGP256": (
+        "wrap-switched-off",
+        "The wrap sits under a flag set to False (`USE_DATA_PARALLEL = False`): it never runs, so the original "
+        "never parallelized. Extending the guard would turn it on, so the file is left as it is.",
+        "Nothing; set the flag and run the tool again to migrate the file.",
+    ),
+    "MGP260": (
+        "per-row-randomness",
+        "A seeded script draws random numbers for each row of the batch in its training loop. After the "
+        "migration every process draws them for its own rows, and the processes, seeded alike, draw the same "
+        "ones.",
+        "Seed each process differently, e.g. with `seed + mgpu_runtime.rank()`.",
+    ),
+    "MGP261": (
+        "file-written-by-every-process",
+        "A file is written by every process: all write it at once, so one process's content wins, lines are "
+        "duplicated, or it comes out garbled.",
+        "Unless each process writes a file of its own, do it under `if mgpu_runtime.is_main_process():`, "
+        "writing values reduced over the processes (e.g. `mgpu_runtime.reduce_mean(loss.detach())`).",
+    ),
+    "MGP262": (
+        "trained-elsewhere",
+        "This file has no training loop: the wrapped model is trained in code it does not show (a caller, "
+        "another module), whose data loader the tool does not distribute. Until it is, every process trains on "
+        "whole batches.",
+        "Pass the training DataLoader through `mgpu_runtime.distribute_loader(...)` where it is built.",
+    ),
+    "MGP263": (
+        "evaluation-script",
+        "The file only evaluates (the model runs here, with no backward pass and no optimizer, and goes nowhere "
+        "else): one process per GPU would evaluate everything once per process, where DataParallel splits each "
+        "batch over the GPUs. The file is left as it is.",
+        "Nothing; add `# noqa: MGP263` at the wrap to migrate it anyway.",
+    ),
+    "MGP264": (
+        "rows-compared",
+        "The loss compares the rows of the batch with each other (`cdist`, a similarity matrix, batch-wide "
+        "statistics): under DDP each process would compare only its own rows, another loss than the "
+        "original's. The file is left as it is.",
+        "Use `--to balanced`, which keeps one process and is exact for such losses.",
+    ),
+}
+
+
+def _kebab(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "-", name).lower()
+
+
+def _review_page(code: str, name: str, summary: str, why: str, todo: str, owner: str) -> str:
+    return (
+        f"# {code} ({name}): {summary}\n\nReported by {owner}.\n\n## What it found\n{summary[0].upper()}{summary[1:]}.\n\n"
+        f"## Why it was left\n{why}\n\n## What to do\n{todo}\n"
+    )
+
+
+def _build() -> dict[str, CodeInfo]:
+    from mgpu_migrate.rules import RULES
+
+    codes: dict[str, CodeInfo] = {}
+    for code, (name, summary, what, todo) in _ERROR_PAGES.items():
+        page = f"# {code} ({name}): {summary}\n\n## What happened\n{what}\n\n## What to do\n{todo}\n"
+        codes[code] = CodeInfo(code, name, ERROR, summary, page, None)
+    for rule in RULES:
+        doc = inspect.cleandoc(rule.__doc__ or "")
+        owner = f"{rule.__name__} ({rule.CODE}: {rule.DESCRIPTION})"
+        if rule.CODE not in rule.REVIEW_CODES:
+            name = _kebab(rule.__name__)
+            listed = "".join(f"- {code}: {summary}\n" for code, summary in rule.REVIEW_CODES.items())
+            page = f"# {rule.CODE} ({name}): {rule.DESCRIPTION}\n\n{doc}\n"
+            if listed:
+                page += f"\n## Sites this rule leaves for review (see their own pages)\n{listed}"
+            codes[rule.CODE] = CodeInfo(rule.CODE, name, REWRITE, rule.DESCRIPTION, page, rule.__name__)
+        for code, summary in rule.REVIEW_CODES.items():
+            # A code without its page yet still explains its summary (the registry test asks for the page).
+            name, why, todo = _REVIEW_PAGES.get(code, (code.lower(), summary, "See the rule's documentation below."))
+            page = _review_page(code, name, summary, why, todo, owner)
+            if code == rule.CODE:
+                page += f"\n## The rule\n{doc}\n"
+            codes[code] = CodeInfo(code, name, REVIEW, summary, page, rule.__name__)
+    return dict(sorted(codes.items()))
+
+
+CODES: dict[str, CodeInfo] = _build()
+
+
+def lookup(code: str) -> CodeInfo | None:
+    """The registered code, whatever its case (``mgp232`` is MGP232); None when there is none."""
+    return CODES.get(code.strip().upper())

@@ -1,0 +1,92 @@
+"""The registry of codes: every code a rule declares or the tool emits is registered and has its own page,
+and every diagnostic is one short line."""
+
+import re
+
+import pytest
+from click.testing import CliRunner
+
+from mgpu_migrate.cli import main
+from mgpu_migrate.codes import _REVIEW_PAGES, CODES, ERROR, REVIEW, REWRITE, lookup
+from mgpu_migrate.engine import migrate_source
+from mgpu_migrate.rules import RULES
+from tests.fixture_cases import cases
+
+MAX_MESSAGE = 160
+SECTIONS = {
+    REWRITE: ("## What it does", "## Why is this bad?", "## Example", "## Use instead", "## Fix safety"),
+    REVIEW: ("## What it found", "## Why it was left", "## What to do"),
+    ERROR: ("## What happened", "## What to do"),
+}
+
+
+def _every_run():
+    """Every fixture and every rule example, migrated as the tool runs them."""
+    for case in cases():
+        yield case.id, migrate_source(case.source.read_text(), case.target, str(case.source))
+    for rule in RULES:
+        for index, example in enumerate(rule.EXAMPLES):
+            yield f"{rule.__name__}-{index}", migrate_source(example.before, example.target, "example.py", example.options)
+
+
+RUNS = list(_every_run())
+
+
+def test_every_declared_code_is_registered_to_its_rule():
+    for rule in RULES:
+        for code in {rule.CODE, *rule.REVIEW_CODES}:
+            assert code in CODES, f"{rule.__name__} declares {code}, which is not registered"
+            assert CODES[code].rule == rule.__name__
+            assert CODES[code].kind == (REWRITE if code.startswith("MGP1") else REVIEW)
+        assert rule.VETOES <= set(rule.REVIEW_CODES)
+
+
+def test_every_emitted_code_is_registered():
+    emitted = {d.code for _, result in RUNS for d in [*result.diagnostics, *filter(None, [result.error])]}
+    assert emitted - set(CODES) == set()
+
+
+def test_every_review_code_has_its_own_page_and_no_page_is_orphaned():
+    review = {code for code, info in CODES.items() if info.kind == REVIEW}
+    assert set(_REVIEW_PAGES) == review
+
+
+@pytest.mark.parametrize("code", sorted(CODES))
+def test_each_code_has_a_page_with_its_sections(code):
+    info = CODES[code]
+    assert re.fullmatch(r"MGP[0-2][0-9]{2}", code)
+    assert info.page.startswith(f"# {code} ({info.name}): ")
+    for section in SECTIONS[info.kind]:
+        assert section in info.page, f"{code}'s page lacks {section!r}"
+    assert info.summary and "\n" not in info.summary
+    assert lookup(code.lower()) is info
+
+
+@pytest.mark.parametrize("code", ["MGP001", "MGP101", "MGP232", "MGP264"])
+def test_explain_prints_the_codes_own_page(code):
+    result = CliRunner().invoke(main, ["--explain", code.lower()])
+    assert result.exit_code == 0
+    assert result.output == CODES[code].page
+
+
+@pytest.mark.parametrize("arguments", [["--explain"], ["--list-codes"]])
+def test_explain_without_a_code_lists_them_all(arguments):
+    result = CliRunner().invoke(main, arguments)
+    assert result.exit_code == 0
+    listed = [line.split()[:2] for line in result.output.splitlines()]
+    assert listed == [[info.code, info.kind] for info in CODES.values()]
+
+
+def test_explain_an_unknown_code_is_a_usage_error():
+    assert CliRunner().invoke(main, ["--explain", "MGP999"]).exit_code == 2
+    assert lookup("MGP999") is None
+
+
+def test_every_diagnostic_is_one_short_line():
+    too_long = [
+        f"{name}: {d.code} ({len(d.message)}) {d.message}"
+        for name, result in RUNS
+        for d in result.diagnostics
+        if len(d.message) > MAX_MESSAGE or "\n" in d.message or "\r" in d.message
+    ]
+    assert too_long == []
