@@ -34,6 +34,12 @@ class Diagnostic:
         return f"{self.path}:{self.line}:{self.col}: {self.code} {self.message}"
 
 
+def shorten(code: str, limit: int = 40) -> str:
+    """Code quoted in a message: on one line, cut to ``limit`` characters (messages stay one short line)."""
+    code = " ".join(code.split())
+    return code if len(code) <= limit else code[: limit - 3] + "..."
+
+
 # What starts a new line for Python, LibCST and line numbers in diagnostics. Not str.splitlines(), which
 # also breaks at form feeds and other separators and would shift every line number after one.
 LINE_BREAK = re.compile(r"\r\n?|\n")

@@ -6,6 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
+from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 
 # The file is left as it is when this is reported (a veto, program.settle).
@@ -71,9 +72,8 @@ class BatchCoupling(Rule):
             self.left(
                 node,
                 BATCH_COUPLED,
-                f"`{code if len(code) <= 50 else code[:47] + '...'}` compares the rows of the batch with each other: "
-                "under DDP each process would compare only its own rows, another loss than the original's; the "
-                "file is left as it is (--to balanced keeps one process and is exact for such losses)",
+                f"`{shorten(code)}` compares the rows of the batch with each other: the file is left as it is "
+                "(--to balanced is exact here)",
             )
 
     def _compared_rows(self, node: cst.CSTNode) -> Optional[tuple[cst.BaseExpression, cst.BaseExpression]]:

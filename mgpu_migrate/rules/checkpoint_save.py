@@ -80,8 +80,7 @@ class CheckpointSave(Rule):
                 self.left(
                     call,
                     "MGP240",
-                    "saving into a file object or buffer: every process runs this; put it under "
-                    f"`if {RUNTIME}.is_main_process():` or save to a path with {RUNTIME}.save",
+                    "saving into a file object or buffer: every process runs this",
                 )
                 continue
             moved = self._moved_after(call, destination)
@@ -98,9 +97,8 @@ class CheckpointSave(Rule):
             else:
                 self.rewrote(
                     call,
-                    f"{RUNTIME}.save(..., wait=False): written once, by the main process, atomically; the `if` around "
-                    f"it (line {self.analysis.position(decided)[0]}) reads a value computed from the batch, which each "
-                    "process may judge differently, so no process waits for the others there (waiting would hang)",
+                    f"{RUNTIME}.save(..., wait=False): written once, by the main process; no process waits, as the "
+                    f"`if` at line {self.analysis.position(decided)[0]} is judged per process",
                 )
         for call in self.analysis.calls:
             if (
@@ -111,8 +109,7 @@ class CheckpointSave(Rule):
                 self.left(
                     call,
                     "MGP240",
-                    f"save_pretrained runs on every process: put it under `if {RUNTIME}.is_main_process():` "
-                    f"followed by {RUNTIME}.barrier()",
+                    "save_pretrained runs on every process",
                 )
 
     @staticmethod
@@ -149,8 +146,7 @@ class CheckpointSave(Rule):
             self.left(
                 call,
                 "MGP240",
-                f"saved under a name that line {line} then moves or removes: every process runs both; put the save "
-                f"and the move under `if {RUNTIME}.is_main_process():`, followed by {RUNTIME}.barrier()",
+                f"saved under a name that line {line} then moves or removes: every process runs both",
             )
             return
         if not self.rewrite_allowed(call):

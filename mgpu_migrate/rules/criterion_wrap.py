@@ -18,6 +18,7 @@ from mgpu_migrate.analysis.losses import (
 )
 from mgpu_migrate.analysis.models import RUNTIME as RUNTIME_SITE
 from mgpu_migrate.analysis.models import TORCH, Sites
+from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 
@@ -230,8 +231,7 @@ class CriterionWrap(Rule):
                 self.left(
                     construction.core,
                     "MGP204",
-                    f"{construction.reason}: not wrapped in {RUNTIME}.DataParallelCriterion; its loss is computed "
-                    "on the gathered output, as before",
+                    f"{construction.reason}: not wrapped; its loss is computed on the gathered output, as before",
                 )
         splittable = [c for c in criterion.constructions if c.kind == SPLITTABLE and c.value not in wrapped]
         self._wrap(criterion, splittable, wrapped, "DataParallelCriterion", "the loss is computed beside each piece of the output")
@@ -241,7 +241,7 @@ class CriterionWrap(Rule):
                     source.node,
                     "MGP213",
                     f"the criterion wrapped at line {self.analysis.position(splittable[0].core)[0]} can also come from "
-                    f"{source.what}, out of the tool's sight: wrap that one in {RUNTIME}.DataParallelCriterion too",
+                    f"{source.what}, which is not wrapped",
                 )
 
     def _wrap_ddp(self, criterion: Criterion, wrapped: set[cst.CSTNode]) -> None:
@@ -276,8 +276,7 @@ class CriterionWrap(Rule):
                 self.left(
                     construction.core,
                     "MGP203",
-                    f"criterion not wrapped in {RUNTIME}.{wrapper}: {use.what} (line {line}), which the wrapper does "
-                    f"not support; {consequence}",
+                    f"criterion not wrapped: {use.what} (line {line}); {consequence}",
                 )
             return
         for construction in constructions:
@@ -295,8 +294,7 @@ class CriterionWrap(Rule):
         self.left(
             call.call,
             "MGP207",
-            f"the loss gets `{shorten(code)}`, computed from the model's outputs, so they are gathered first; "
-            "compute it in the model's forward to keep the loss per device",
+            f"the loss gets `{shorten(code)}`, computed from the model's outputs, so they are gathered first",
         )
 
     def _report_unparallelized_sites(self) -> None:
@@ -315,8 +313,8 @@ class CriterionWrap(Rule):
                 self.left(
                     site.call,
                     "MGP206",
-                    f"only the sub-module `{submodule}` is wrapped: its output is gathered where the rest of the "
-                    "model uses it, so the loss is computed on the output device, as before",
+                    f"only the sub-module `{shorten(submodule)}` is wrapped: the loss is computed on its gathered "
+                    "output, as before",
                 )
                 continue
             if site in covered:
@@ -330,12 +328,7 @@ class CriterionWrap(Rule):
             self.left(
                 site.call,
                 "MGP205",
-                f"no loss on this model's outputs in this file: {subject} to {first.what} "
-                f"(line {self.analysis.position(first.node)[0]}), out of the tool's sight; a loss there runs on the "
-                f"gathered output, as before (wrap its criterion in {RUNTIME}.DataParallelCriterion)",
+                f"no loss on this model's outputs here: {subject} to {first.what} "
+                f"(line {self.analysis.position(first.node)[0]}), where a loss runs on the gathered output",
             )
 
-
-def shorten(code: str, limit: int = 40) -> str:
-    code = " ".join(code.split())
-    return code if len(code) <= limit else code[: limit - 3] + "..."

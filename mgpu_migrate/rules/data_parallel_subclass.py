@@ -119,8 +119,7 @@ class DataParallelSubclass(Rule):
             self.left(
                 cls,
                 "MGP210",
-                f"`{cls.name.value}` {what}, part of DataParallel's machinery that {RUNTIME}.DataParallelModel does "
-                "not use: not rebased; it still gathers every output on the first device",
+                f"`{cls.name.value}` {what}, which {RUNTIME}.DataParallelModel does not use: not rebased",
             )
             return
         if not self.rewrite_allowed(cls):

@@ -126,8 +126,7 @@ class EncodingPair(Rule):
                 self.left(
                     call,
                     "MGP208",
-                    f"PyTorch-Encoding's parallel pair left as it is: {why} (line {line}), where the runtime's "
-                    "model gives one output that behaves like the gathered one",
+                    f"PyTorch-Encoding's parallel pair left as it is: {why} (line {line})",
                 )
             return
         for site in sites:

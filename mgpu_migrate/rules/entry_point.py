@@ -130,9 +130,7 @@ class EntryPointSetup(Rule):
                 first,
                 "MGP231",
                 f"this file sets up distributed training itself (line {line}): only the DataParallel fallback is "
-                "migrated, its data and checkpoints are left as they are; started plainly on several GPUs, the "
-                "fallback relaunches the script under torchrun: check that it then takes its own distributed path "
-                "(reads LOCAL_RANK or WORLD_SIZE from the environment)",
+                "migrated",
             )
             return
         if program.kept:
@@ -141,8 +139,8 @@ class EntryPointSetup(Rule):
                 self.left(
                     wrap,
                     "MGP232",
-                    f"the DataParallel wrap at line {line} stays, so this file is left as it is (--to ddp migrates "
-                    "a file entirely or not at all); migrate that wrap by hand first",
+                    f"the DataParallel wrap at line {line} stays, so this file is left as it is; migrate that wrap "
+                    "first",
                 )
             return
         if program.already_set_up:
@@ -154,8 +152,7 @@ class EntryPointSetup(Rule):
             self.left(
                 first,
                 "MGP230",
-                f'no entry point here (no `if __name__ == "__main__":` block or main()): call {RUNTIME}.setup() '
-                "where your program starts; until then the wrapper calls it when it is built",
+                f"no entry point here (no main block or main()): call {RUNTIME}.setup() where your program starts",
             )
             return
         if not self.rewrite_allowed(entry.anchor):

@@ -9,6 +9,7 @@ from mgpu_migrate.analysis.entrypoint import (
     sets_cuda_visible_devices,
 )
 from mgpu_migrate.program import Program
+from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 from mgpu_migrate.rules.entry_point import EntryPointSetup
 from mgpu_migrate.rules.syntax import RUNTIME, argument, keyword, runtime_call
@@ -197,8 +198,7 @@ class ExplicitDevice(Rule):
         self.left(
             node,
             "MGP244",
-            f"explicit GPU `{code}`: under DDP each process uses its own GPU ({RUNTIME}.device(), or 'cuda' and "
-            "`.cuda()` for the current one); choose GPUs with CUDA_VISIBLE_DEVICES instead",
+            f"explicit GPU `{shorten(code)}`: under DDP each process uses its own GPU ({RUNTIME}.device())",
         )
 
     def _visible_devices(self, program: Program) -> None:
@@ -221,7 +221,7 @@ class ExplicitDevice(Rule):
                 statement,
                 "MGP245",
                 f"CUDA_VISIBLE_DEVICES is set after {RUNTIME}.setup() ({place} line {line}) has bound this process to "
-                "a GPU, so it no longer chooses the GPUs: set it before the program starts (in the launch environment)",
+                "a GPU",
             )
 
     def _runs_before(self, statement: cst.CSTNode, anchor: cst.CSTNode, after_anchor: bool) -> bool:
@@ -253,10 +253,8 @@ class ExplicitDevice(Rule):
         self.left(
             statement,
             "MGP245",
-            f"CUDA_VISIBLE_DEVICES is set in a file where no {RUNTIME}.setup() is inserted (the runtime calls it when "
-            f"first used, e.g. by the wrapper at line {line} when it is built): it still chooses the GPUs if it runs "
-            "before that and before CUDA is first used, but not in a program whose entry point calls setup(), which "
-            "has bound this process to a GPU by then; set it before the program starts (in the launch environment)",
+            f"CUDA_VISIBLE_DEVICES is set where {RUNTIME}.setup() may have run before it (at the latest by the "
+            f"wrapper at line {line})",
         )
 
 

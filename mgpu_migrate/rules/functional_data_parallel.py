@@ -76,8 +76,7 @@ class FunctionalDataParallel(Rule):
                 self.left(
                     call,
                     "MGP209",
-                    "the functional data_parallel has no per-call DistributedDataParallel equivalent: not rewritten; "
-                    f"wrap the module once with {RUNTIME}.DistributedDataParallel and call it",
+                    f"functional data_parallel not rewritten: wrap the module once with {RUNTIME}.DistributedDataParallel",
                 )
                 continue
             if not self.rewrite_allowed(call):

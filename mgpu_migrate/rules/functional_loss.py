@@ -19,7 +19,8 @@ from mgpu_migrate.analysis.losses import (
 )
 from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
-from mgpu_migrate.rules.criterion_wrap import becomes_ddp, shorten
+from mgpu_migrate.diagnostics import shorten
+from mgpu_migrate.rules.criterion_wrap import becomes_ddp
 
 def torch_nn_spelling(analysis) -> tuple[str, bool]:
     """How this file can name ``torch.nn``: an import bound to it (``nn``), else ``torch.nn``; and whether
@@ -147,8 +148,7 @@ class FunctionalLoss(Rule):
             self.left(
                 loss.call,
                 "MGP212",
-                f"`{function}` gets `{code}`, computed from the model's outputs, so they are gathered first; "
-                "compute it in the model's forward to keep the loss per device",
+                f"`{function}` gets `{code}`, computed from the model's outputs, so they are gathered first",
             )
             return
         plan = _plan(loss.call, function, per_sample_weight_allowed=False)

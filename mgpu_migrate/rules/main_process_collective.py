@@ -11,6 +11,7 @@ from mgpu_migrate.analysis import names
 from mgpu_migrate.analysis.guards import main_process_blocks
 from mgpu_migrate.analysis.models import MODULE_METHODS_RETURNING_SELF
 from mgpu_migrate.analysis.tree import contains
+from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME
 
@@ -111,8 +112,7 @@ class MainProcessCollective(Rule):
                     self.left(
                         call,
                         "MGP249",
-                        f"{what} inside `if {condition}:`, which only the main process runs: the other processes "
-                        f"never join it and the run hangs; {fix}",
+                        f"{what} under `if {shorten(condition, 30)}:` (main process only): it hangs; {fix}",
                     )
 
     def _waits_for_others(self, call: cst.Call) -> Optional[tuple[str, str]]:
@@ -127,7 +127,7 @@ class MainProcessCollective(Rule):
         for arg in call.args:
             if self._holds_ddp_model(arg.value, call):
                 callee = self.analysis.module.code_for_node(call.func)
-                return f"the DDP model handed to `{callee}`, which may run it", "give it the bare model (`.module`)"
+                return f"the DDP model handed to `{callee}`, which may run it", "give it the bare model"
         return None
 
     def _is_builtin(self, func: cst.BaseExpression) -> bool:

@@ -6,6 +6,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis.loaders import DISTRIBUTED
 from mgpu_migrate.analysis.tree import contains
+from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import CHECKS, DDP, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME
 
@@ -107,10 +108,8 @@ class ProcessRandomness(Rule):
                 self.left(
                     call,
                     "MGP260",
-                    f"`{code if len(code) <= 60 else code[:57] + '...'}` draws random numbers for each row of the "
-                    f"batch; after the migration every process draws them for its own rows, and the processes, "
-                    f"seeded alike (line {seed_line}), draw the same ones. Seed each process differently, e.g. "
-                    f"with seed + {RUNTIME}.rank()",
+                    f"`{shorten(code)}` draws per row; processes seeded alike (line {seed_line}) draw the same ones: "
+                    f"seed with seed + {RUNTIME}.rank()",
                 )
 
     def _distributed_loops(self) -> list[cst.For]:

@@ -92,10 +92,9 @@ class RemoteTraining(Rule):
             self.left(
                 wrap,
                 "MGP262",
-                f"this file has no training loop, and the model goes to {where[0].what}"
-                f"{f' (and {others} other wrapped model(s) elsewhere)' if others else ''}: if it is trained there, pass "
-                f"the training DataLoader through {RUNTIME}.distribute_loader(...) (the tool does not rewrite that "
-                "file: it has no DataParallel); until then every process trains on whole batches",
+                f"no training loop here: the model goes to {where[0].what}"
+                f"{f' (and {others} other wrapped model(s) elsewhere)' if others else ''}; distribute its training "
+                "loader there",
             )
             return
 
@@ -103,9 +102,7 @@ class RemoteTraining(Rule):
         self.left(
             wrap,
             INFERENCE_ONLY,
-            "this file only evaluates (the model runs here, with no backward pass and no optimizer, and goes "
-            "nowhere else): one process per GPU would evaluate everything once per process, so the file is left "
-            "as it is (DataParallel splits each batch over the GPUs); add `# noqa: MGP263` to migrate it anyway",
+            "this file only evaluates (no backward pass, no optimizer): left as DataParallel, which splits each batch",
         )
 
     def _only_evaluates(self, program, escapes) -> bool:

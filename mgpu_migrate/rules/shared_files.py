@@ -8,6 +8,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis.guards import under_main_process_block
 from mgpu_migrate.analysis.tree import contains
+from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, argument
 
@@ -80,9 +81,7 @@ class SharedFiles(Rule):
             self.left(
                 call,
                 "MGP261",
-                f"`{code if len(code) <= 50 else code[:47] + '...'}` runs on every process: {how}; unless each "
-                f"process writes a file of its own, do it under `if {RUNTIME}.is_main_process():`, writing values "
-                f"reduced over the processes (e.g. {RUNTIME}.reduce_mean(loss.detach()))",
+                f"`{shorten(code)}` runs on every process: {how}",
             )
 
     def _checkpoint_file(self, call: cst.Call) -> bool:

@@ -7,6 +7,7 @@ import re
 import libcst as cst
 
 from mgpu_migrate.options import Options
+from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 from mgpu_migrate.rules.functional_loss import torch_nn_spelling
 from mgpu_migrate.rules.syntax import argument, parse
@@ -86,8 +87,8 @@ class SyncBatchNorm(Rule):
                     self.left(
                         wrap,
                         "MGP248",
-                        f"BatchNorm layers (`{what}`, line {line}) normalize over each process's slice of the batch, "
-                        "as over each GPU's under DataParallel; rerun with --sync-bn for statistics over the whole batch",
+                        f"BatchNorm layers (`{shorten(what)}`, line {line}) normalize over each process's rows, as over "
+                        "each GPU's before; see --sync-bn",
                     )
             return
         nn, needs_torch = torch_nn_spelling(self.analysis)

@@ -9,6 +9,7 @@ import libcst as cst
 from mgpu_migrate.analysis.batch import is_row_count
 from mgpu_migrate.analysis.loaders import LOADER, LoaderTrace
 from mgpu_migrate.analysis.tree import contains
+from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, argument, runtime_call
 
@@ -22,10 +23,6 @@ _ITERABLE_DATASETS = {"torch.utils.data.IterableDataset", "torch.utils.data.data
 # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, ...)
 _SAMPLER_POSITIONS = {"sampler": 3, "batch_sampler": 4}
 # What leaving a training loop's data whole means, in the messages that say so.
-_WHOLE = (
-    "each process trains on whole batches, the original's training only if all draw the same ones (seeded alike "
-    "or not shuffled; the runtime stops the first step when they differ)"
-)
 # How many calls deep a loss handed to a function of this file is followed back.
 _ARGUMENT_DEPTH = 3
 
@@ -136,9 +133,8 @@ class TrainingData(Rule):
                         reported,
                         trace.loop,
                         "MGP235",
-                        f"this training loop's data (`{code(data)}`) is not followed to a DataLoader here, so it is "
-                        f"not split: {_WHOLE}; pass the loader through {RUNTIME}.distribute_loader(...) where it is "
-                        "built",
+                        f"this training loop's data (`{shorten(code(data))}`) is not followed to a DataLoader: not "
+                        "split",
                     )
             elif trace.kind == LOADER:
                 point = self._wrap_point(trace, summed)
@@ -151,8 +147,7 @@ class TrainingData(Rule):
                     reported,
                     trace.origin,
                     "MGP234",
-                    "evaluation loader left whole: every process evaluates all of it (the original's metrics, no "
-                    "speed-up); to split it, distribute it and reduce the metrics with mgpu_runtime.reduce_sum",
+                    "evaluation loader left whole: every process evaluates all of it",
                 )
 
     def _drawn_data(self, trace: LoaderTrace) -> Optional[cst.BaseExpression]:
@@ -169,9 +164,8 @@ class TrainingData(Rule):
         lines = sorted({line(other.path[-1])[0] for other in traces if other.loop is trace.loop and other.unsure})
         data = ("line " if len(lines) == 1 else "lines ") + ", ".join(map(str, lines))
         return (
-            f"this loop trains only when `{self.analysis.module.code_for_node(trace.unsure)}` holds (line "
-            f"{line(trace.unsure)[0]}), which the tool cannot tell for the data from {data}, so that data is not "
-            f"split: {_WHOLE}; if it trains, pass its loader through {RUNTIME}.distribute_loader(...) where it is built"
+            f"this loop trains only when `{shorten(self.analysis.module.code_for_node(trace.unsure), 30)}` holds "
+            f"(line {line(trace.unsure)[0]}), unknown for the data from {data}: not split"
         )
 
     def _wrap_point(self, trace: LoaderTrace, summed: dict) -> cst.BaseExpression:
@@ -196,16 +190,14 @@ class TrainingData(Rule):
             self.left(
                 sampler,
                 "MGP237",
-                "custom sampler: distribute_loader runs it on the main process only and splits each batch it "
-                "makes; if it already splits data across processes (like DistributedSampler), drop that part",
+                "custom sampler: distribute_loader runs it on the main process only and splits each batch it makes",
             )
         dataset = self._iterable_dataset(origin)
         if dataset is not None:
             self.left(
                 dataset,
                 "MGP238",
-                "iterable dataset: the main process reads every batch and sends each process its rows (correct; "
-                "the loading is not divided among the processes)",
+                "iterable dataset: the main process reads every batch and sends each process its rows",
             )
 
     def _report_once(self, reported: set, node: cst.CSTNode, code: str, message: str) -> None:
@@ -321,9 +313,8 @@ class TrainingData(Rule):
     def _summed_message(self, value: cst.CSTNode) -> str:
         line, _ = self.analysis.position(value)
         return (
-            f"the loss is summed by hand (line {line}), which the runtime cannot weight by each process's share of "
-            f"the batch, so this loop's data is not split: {_WHOLE}; use a mean, or a criterion wrapped in "
-            f"{RUNTIME}.DistributedCriterion, then distribute the loader"
+            f"the loss is summed by hand (line {line}), which the runtime cannot weight by each share: this loop's "
+            "data is not split"
         )
 
     # -- what to check on a distributed loader ------------------------------------------------------

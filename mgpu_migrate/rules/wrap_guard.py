@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mgpu_migrate.analysis.guards import Reliance, gpu_guards, guard_reliance, is_gpu_condition
+from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, argument, either, mentions
 
@@ -119,8 +120,8 @@ class WrapGuard(Rule):
                     self.left(
                         wrap,
                         "MGP233",
-                        f"the wrap runs only under {branch} `{condition}`: with several processes every process must "
-                        f"wrap, so make sure it holds on each (e.g. `... or {MANY_PROCESSES}`)",
+                        f"the wrap runs only under {branch} `{shorten(condition)}`: make sure it holds on every "
+                        f"process (e.g. `... or {MANY_PROCESSES}`)",
                     )
                     continue
                 switched_off = self._switched_off(guard.test, wrap)
@@ -128,8 +129,8 @@ class WrapGuard(Rule):
                     self.left(
                         wrap,
                         SWITCHED_OFF,
-                        f"the wrap never runs: `{condition}` is False (line {switched_off}), so the original never "
-                        "parallelized; extending the guard would turn it on, so the file is left as it is",
+                        f"the wrap never runs: `{shorten(condition)}` is False (line {switched_off}); the file is left "
+                        "as it is",
                     )
                     continue
                 if not self.rewrite_allowed(guard.test):
@@ -143,7 +144,7 @@ class WrapGuard(Rule):
                 self.edits.need_import(RUNTIME)
                 others = self._other_statements(guard, program.wraps)
                 also = f" (and runs the {others} other statement{'s' if others > 1 else ''} under it)" if others else ""
-                self.rewrote(guard.test, f"`{condition}` extended: every process of a multi-process run wraps{also}")
+                self.rewrote(guard.test, f"`{shorten(condition)}` extended: every process of a multi-process run wraps{also}")
 
     def _switched_off(self, test: cst.BaseExpression, wrap: cst.Call) -> int | None:
         """The line of ``USE_DATA_PARALLEL = False`` when the guard is a name bound only to False there."""
@@ -175,11 +176,8 @@ class WrapGuard(Rule):
         self.left(
             guard.test,
             "MGP254",
-            f"`{condition}` not extended: `{text}` (line {line}) under it {reliance.reason}, so it cannot run where "
-            "the condition is false. A multi-process run where the condition is false (processes on CPU, say) does "
-            f"not wrap; once {RUNTIME}.setup() has run, the runtime's safety net stops such a run at its first "
-            "optimizer step (UnsynchronizedTrainingError). To train there, move the wrap out from under this "
-            "condition, so that every process runs it",
+            f"`{shorten(condition, 30)}` not extended: `{shorten(text, 30)}` (line {line}) under it {reliance.reason}, "
+            "so it needs the condition",
         )
 
     def _other_statements(self, guard: cst.If | cst.IfExp, wraps: tuple[cst.Call, ...]) -> int:

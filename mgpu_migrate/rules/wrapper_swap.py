@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mgpu_migrate.analysis import names
+from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, keep_arguments, runtime_attr
 
@@ -154,8 +155,7 @@ class WrapperSwap(Rule):
                 self.left(
                     call,
                     "MGP252",
-                    f"DataParallel wraps {not_modules[call]}, not a model: nothing to parallelize; left as it is "
-                    "(its `.module` still gives the wrapped object)",
+                    f"DataParallel wraps {not_modules[call]}, not a model: nothing to parallelize; left as it is",
                 )
                 continue
             if self.target == BALANCED:
@@ -172,9 +172,8 @@ class WrapperSwap(Rule):
             self.left(
                 call,
                 "MGP253",
-                f"`{head}` is bound nowhere in this file: it may come from `{'`, `'.join(sources)}`, so the tool "
-                f"cannot tell whether `{self.analysis.module.code_for_node(call.func)}` is torch's; not rewritten "
-                f"(add `{explicit}` to have it migrated)",
+                f"`{shorten(self.analysis.module.code_for_node(call.func))}` may come from "
+                f"`{shorten(', '.join(sources))}`: not rewritten (add `{explicit}` to migrate it)",
             )
 
     def _unwrapped_later(self, site) -> cst.Assign | None:
@@ -220,9 +219,7 @@ class WrapperSwap(Rule):
             self.left(
                 call,
                 "MGP250",
-                f"only part of a model is wrapped (`{part}`): DistributedDataParallel would average the gradients "
-                "of that part only, and each process would train its own copy of the rest; left as DataParallel, "
-                "so the file is not made a distributed program (wrap the whole model to migrate it)",
+                f"only part of a model is wrapped (`{shorten(part)}`): left as DataParallel, and so is the file",
             )
             return False
         unwrapped = self._unwrapped_later(site) if site is not None else None
@@ -230,9 +227,8 @@ class WrapperSwap(Rule):
             self.left(
                 call,
                 "MGP255",
-                f"the wrapper is dropped again at line {self.analysis.position(unwrapped)[0]} (`.module`): it only serves "
-                "to load a checkpoint saved from a wrapped model, and the bare model trains; a DDP wrapper dropped "
-                "that way would leave the processes training unsynchronized copies, so the file is left as it is",
+                f"the wrapper is dropped again at line {self.analysis.position(unwrapped)[0]} (`.module`) and the bare "
+                "model trains: left as it is, and so is the file",
             )
             return False
         args = list(call.args)
@@ -240,8 +236,7 @@ class WrapperSwap(Rule):
             self.left(
                 call,
                 "MGP214",
-                "DataParallel arguments passed with * or **: device_ids or dim may be among them, which mean "
-                "nothing or something else under DistributedDataParallel; not rewritten",
+                "DataParallel arguments passed with * or **: device_ids or dim may be among them; not rewritten",
             )
             return False
         kept = []

@@ -228,7 +228,7 @@ class TestSharedTrainEvalLoops:
         assert "other_loader = DataLoader(other_set" in result.output
         unsure = [d for d in result.diagnostics if d.code == "MGP235"]
         assert len(unsure) == 1 and "`train` holds (line 11)" in unsure[0].message
-        assert "the data from line 17," in unsure[0].message
+        assert "the data from line 17:" in unsure[0].message
         assert "MGP234" not in {d.code for d in result.diagnostics}
 
     def test_a_shared_loop_fed_through_one_step_distributes_nothing_it_cannot_settle(self):

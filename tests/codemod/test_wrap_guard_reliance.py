@@ -2,6 +2,7 @@
 
 import pytest
 
+from mgpu_migrate.codes import CODES
 from mgpu_migrate.engine import migrate_source
 
 HEAD = "import logging\nimport torch\nimport torch.nn as nn\n\n\ndef build(model, args, device, gpu_ids, use_cuda, n_gpu):\n"
@@ -32,7 +33,7 @@ def test_guard_whose_body_needs_the_condition_is_left(body, reason):
     assert f"\n    {body.splitlines()[0]}\n" in output  # the outer guard as it was
     assert "mgpu_runtime.DistributedDataParallel(" in output
     assert reason in diagnostics["MGP254"]
-    assert "UnsynchronizedTrainingError" in diagnostics["MGP254"]
+    assert "UnsynchronizedTrainingError" in CODES["MGP254"].page  # the detail is on the code's page
 
 
 @pytest.mark.parametrize(
