@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from mgpu_migrate.diagnostics import INTERNAL_ERROR, Diagnostic
+from mgpu_migrate.diagnostics import INTERNAL_ERROR, Diagnostic, shorten
 from mgpu_migrate.options import DEFAULT_OPTIONS, Options
 from mgpu_migrate.results import MigrationResult
 
@@ -45,5 +45,5 @@ def migrate_source(
     try:
         return run_pipeline(source, target, path, options)
     except Exception as error:  # noqa: BLE001 -- the last guard: one odd file must never stop a run
-        message = f"internal error ({type(error).__name__}: {error}); file left unchanged, please report"
+        message = f"internal error ({type(error).__name__}: {shorten(str(error), 60)}); file left unchanged, please report"
         return MigrationResult(path, source, source, error=Diagnostic(path, 1, 1, INTERNAL_ERROR, message))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mgpu_migrate.analysis import FileAnalysis
-from mgpu_migrate.diagnostics import INTERNAL_ERROR, PARSE_ERROR, Diagnostic
+from mgpu_migrate.diagnostics import INTERNAL_ERROR, PARSE_ERROR, Diagnostic, shorten
 from mgpu_migrate.edits import Edits, apply
 from mgpu_migrate.imports import add_import, name_uses, remove_orphaned
 from mgpu_migrate.options import DEFAULT_OPTIONS, Options
@@ -29,7 +29,7 @@ def _parse_error(path: str, source: str, error: Exception) -> Diagnostic:
         message = error.msg
     else:
         line, col, message = 1, 1, str(error)
-    return Diagnostic(path, line, col, PARSE_ERROR, f"cannot parse: {message}; file left unchanged")
+    return Diagnostic(path, line, col, PARSE_ERROR, f"cannot parse: {shorten(message, 100)}; file left unchanged")
 
 
 def _parse(source: str) -> cst.Module:
@@ -38,7 +38,10 @@ def _parse(source: str) -> cst.Module:
     return cst.parse_module(source)
 
 
-def run_pipeline(source: str, target: str, path: str, options: Options = DEFAULT_OPTIONS) -> MigrationResult:
+def run_pipeline(
+    source: str, target: str, path: str, options: Options = DEFAULT_OPTIONS, only: tuple[type, ...] | None = None
+) -> MigrationResult:
+    """Migrate one file's text (``only``: run the wrap rules and these rules alone, as a rule's examples do)."""
     try:
         module = _parse(source)
     except (cst.ParserSyntaxError, SyntaxError, ValueError) as error:
@@ -47,43 +50,47 @@ def run_pipeline(source: str, target: str, path: str, options: Options = DEFAULT
         message = "cannot parse: the code is nested too deeply; file left unchanged"
         return MigrationResult(path, source, source, error=Diagnostic(path, 1, 1, PARSE_ERROR, message))
     try:
-        return _migrate(module, source, target, path, options)
+        return _migrate(module, source, target, path, options, only)
     except RecursionError:
         message = "file too deeply nested to analyse; file left unchanged"
     except Exception as error:  # noqa: BLE001 -- one odd file must never stop the run or lose data
-        message = f"internal error ({type(error).__name__}: {error}); file left unchanged, please report"
+        message = f"internal error ({type(error).__name__}: {shorten(str(error), 60)}); file left unchanged, please report"
     return MigrationResult(path, source, source, error=Diagnostic(path, 1, 1, INTERNAL_ERROR, message))
 
 
 def plan(analysis: FileAnalysis, target: str, options: Options, only: tuple[type, ...] | None = None) -> Edits:
-    """Every rule's edits and diagnostics for the file, phase by phase (``only``: the wrap rules and these)."""
+    """Every rule's edits and diagnostics for the file, phase by phase.
+
+    ``only`` (a rule's examples): the wrap rules and these rules alone, with the program phase too for a check
+    (a check reviews the program the earlier phases made).
+    """
     edits = Edits(analysis.path)
     for rule in rules_for(target, WRAPS):
         rule(target, analysis, edits, options).apply()
     program = decide(analysis, edits.replacements)
+    whole_program = only is None or any(rule.PHASE == CHECKS for rule in only)
     for phase in (PROGRAM, CHECKS):
         rewritten = frozenset(edits.replacements)
         for rule in rules_for(target, phase):
-            if only is None or rule in only:
+            if rule in (only or ()) or (whole_program and (only is None or phase == PROGRAM)):
                 rule(target, analysis, edits, options, program, rewritten).apply()
     if target == DDP:
         settle(program, edits, vetoes(target), WRAP_REVIEW_CODES)
     return edits
 
 
-def _migrate(module: cst.Module, source: str, target: str, path: str, options: Options) -> MigrationResult:
+def _migrate(
+    module: cst.Module, source: str, target: str, path: str, options: Options, only: tuple[type, ...] | None
+) -> MigrationResult:
     analysis = FileAnalysis(path, source, module)
-    edits = plan(analysis, target, options)
+    edits = plan(analysis, target, options, only)
     diagnostics = sorted(edits.diagnostics)
     if edits.empty:
         return MigrationResult(path, source, source, diagnostics)
     if analysis.code() != source:
         # LibCST drops some blank lines and comments after the last statement when whitespace-only lines
         # are among them; writing its output would lose them. Checked only for files about to change.
-        message = (
-            "cannot rewrite without losing the comments or blank lines at the end of the file (the parser drops "
-            "them after a whitespace-only line); file left unchanged"
-        )
+        message = "cannot rewrite without losing the comments or blank lines at the end of the file; file left unchanged"
         return MigrationResult(path, source, source, error=Diagnostic(path, 1, 1, PARSE_ERROR, message))
     uses_before = name_uses(module)
     new_module = apply(module, edits, analysis.tree.parent)
@@ -94,6 +101,6 @@ def _migrate(module: cst.Module, source: str, target: str, path: str, options: O
     try:
         compile(output, path, "exec", dont_inherit=True)
     except SyntaxError as error:
-        message = f"internal error: the rewrite did not parse ({error.msg}); file left unchanged, please report"
+        message = f"internal error: the rewrite did not parse ({shorten(error.msg, 60)}); file left unchanged, please report"
         return MigrationResult(path, source, source, diagnostics, Diagnostic(path, 1, 1, INTERNAL_ERROR, message))
     return MigrationResult(path, source, output, diagnostics)

@@ -87,26 +87,46 @@ class ApexDDP(Rule):
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "try:\n    from apex.parallel import DistributedDataParallel as DDP\nexcept ImportError:\n    DDP = None\n"
-            "model = DDP(model)\n",
+            """
+            try:
+                from apex.parallel import DistributedDataParallel as DDP
+            except ImportError:
+                DDP = None
+            model = DDP(model)
+            """,
             None,
             DDP,
             ("MGP251",),
         ),
         Example(
-            "from apex.parallel import DistributedDataParallel as DDP\nmodel = DDP(model, delay_allreduce=True)\n",
-            "import mgpu_runtime\nmodel = mgpu_runtime.DistributedDataParallel(model)\n",
+            """
+            from apex.parallel import DistributedDataParallel as DDP
+            model = DDP(model, delay_allreduce=True)
+            """,
+            """
+            import mgpu_runtime
+            model = mgpu_runtime.DistributedDataParallel(model)
+            """,
             DDP,
             ("MGP128",),
         ),
         Example(
-            "import apex\nmodel = apex.parallel.DistributedDataParallel(model, allreduce_always_fp32=True)\n",
-            "import mgpu_runtime\nmodel = mgpu_runtime.DistributedDataParallel(model)\n",
+            """
+            import apex
+            model = apex.parallel.DistributedDataParallel(model, allreduce_always_fp32=True)
+            """,
+            """
+            import mgpu_runtime
+            model = mgpu_runtime.DistributedDataParallel(model)
+            """,
             DDP,
             ("MGP128", "MGP246"),
         ),
         Example(
-            "from apex.parallel import DistributedDataParallel as DDP\nmodel = DDP(model, gradient_average=False)\n",
+            """
+            from apex.parallel import DistributedDataParallel as DDP
+            model = DDP(model, gradient_average=False)
+            """,
             None,
             DDP,
             ("MGP247",),

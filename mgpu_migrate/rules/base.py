@@ -10,6 +10,7 @@ The pipeline runs rules in three phases, each phase seeing only what the earlier
 
 from __future__ import annotations
 
+import textwrap
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
@@ -32,8 +33,11 @@ PHASES = (WRAPS, PROGRAM, CHECKS)
 class Example:
     """A before/after pair for one target; ``after=None`` means the rule leaves the code as it is.
 
-    ``codes`` lists the diagnostic codes the example must produce (rewrite and review codes alike);
-    ``options`` are the user's choices the example runs with (``--sync-bn`` ...).
+    ``before`` and ``after`` are written as indented triple-quoted blocks that start on a new line: they are
+    dedented here. The example runs through the wrap rules and its own rule only (the other program rules and
+    checks do not run), so adding a rule never changes another rule's examples. ``codes`` lists the diagnostic
+    codes that run produces (rewrite and review codes alike); ``options`` are the user's choices it runs with
+    (``--sync-bn`` ...).
     """
 
     before: str
@@ -41,6 +45,15 @@ class Example:
     target: str
     codes: tuple[str, ...] = ()
     options: Options = DEFAULT_OPTIONS
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "before", _dedented(self.before))
+        if self.after is not None:
+            object.__setattr__(self, "after", _dedented(self.after))
+
+
+def _dedented(code: str) -> str:
+    return textwrap.dedent(code).lstrip("\n") if code.startswith("\n") else code
 
 
 class Rule(ABC):

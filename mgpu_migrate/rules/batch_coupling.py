@@ -52,8 +52,16 @@ class BatchCoupling(Rule):
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch\nimport torch.nn as nn\n\nmodel = nn.DataParallel(model)\nfor x, y in loader:\n"
-            "    emb = model(x)\n    loss = torch.cdist(emb, emb).mean()\n    loss.backward()\n",
+            """
+            import torch
+            import torch.nn as nn
+
+            model = nn.DataParallel(model)
+            for x, y in loader:
+                emb = model(x)
+                loss = torch.cdist(emb, emb).mean()
+                loss.backward()
+            """,
             None,
             DDP,
             ("MGP264",),

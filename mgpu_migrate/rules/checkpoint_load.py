@@ -44,17 +44,37 @@ class CheckpointLoad(Rule):
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch\n\nmodel = torch.nn.DataParallel(model)\nmodel.load_state_dict(torch.load('model.pt'))\n",
-            "import mgpu_runtime\n\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
-            "model.load_state_dict(mgpu_runtime.load('model.pt'))\n",
+            """
+            import torch
+
+            model = torch.nn.DataParallel(model)
+            model.load_state_dict(torch.load('model.pt'))
+            """,
+            """
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            model.load_state_dict(mgpu_runtime.load('model.pt'))
+            """,
             DDP,
             ("MGP101", "MGP124"),
         ),
         Example(
-            "import torch\n\nmodel = torch.nn.DataParallel(model)\nstate = torch.load('model.pt', map_location='cpu')\n"
-            "model.load_state_dict(state)\n",
-            "import torch\nimport mgpu_runtime\n\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
-            "state = torch.load('model.pt', map_location='cpu')\nmodel.load_state_dict(state)\n",
+            """
+            import torch
+
+            model = torch.nn.DataParallel(model)
+            state = torch.load('model.pt', map_location='cpu')
+            model.load_state_dict(state)
+            """,
+            """
+            import torch
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            state = torch.load('model.pt', map_location='cpu')
+            model.load_state_dict(state)
+            """,
             DDP,
             ("MGP101",),
         ),

@@ -53,17 +53,37 @@ class CheckpointSave(Rule):
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch\n\nmodel = torch.nn.DataParallel(model)\ntorch.save(model.module.state_dict(), 'model.pt')\n",
-            "import mgpu_runtime\n\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
-            "mgpu_runtime.save(model.module.state_dict(), 'model.pt')\n",
+            """
+            import torch
+
+            model = torch.nn.DataParallel(model)
+            torch.save(model.module.state_dict(), 'model.pt')
+            """,
+            """
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            mgpu_runtime.save(model.module.state_dict(), 'model.pt')
+            """,
             DDP,
             ("MGP101", "MGP123"),
         ),
         Example(
-            "import torch\n\nmodel = torch.nn.DataParallel(model)\nwith open('model.pt', 'wb') as f:\n"
-            "    torch.save(model.state_dict(), f)\n",
-            "import torch\nimport mgpu_runtime\n\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
-            "with open('model.pt', 'wb') as f:\n    torch.save(model.state_dict(), f)\n",
+            """
+            import torch
+
+            model = torch.nn.DataParallel(model)
+            with open('model.pt', 'wb') as f:
+                torch.save(model.state_dict(), f)
+            """,
+            """
+            import torch
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            with open('model.pt', 'wb') as f:
+                torch.save(model.state_dict(), f)
+            """,
             DDP,
             ("MGP101", "MGP240"),
         ),

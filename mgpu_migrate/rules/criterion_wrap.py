@@ -109,96 +109,202 @@ class CriterionWrap(Rule):
     DESCRIPTION = "criterion on a wrapped model's outputs wrapped in the runtime's criterion for the target"
     EXAMPLES = (
         Example(
-            "import torch.nn as nn\nmodel = nn.DataParallel(model)\ncriterion = nn.CrossEntropyLoss()\n"
-            "loss = criterion(model(x), y)\n",
-            "import torch.nn as nn\nimport mgpu_runtime\nmodel = mgpu_runtime.DataParallelModel(model)\n"
-            "criterion = mgpu_runtime.DataParallelCriterion(nn.CrossEntropyLoss())\nloss = criterion(model(x), y)\n",
+            """
+            import torch.nn as nn
+            model = nn.DataParallel(model)
+            criterion = nn.CrossEntropyLoss()
+            loss = criterion(model(x), y)
+            """,
+            """
+            import torch.nn as nn
+            import mgpu_runtime
+            model = mgpu_runtime.DataParallelModel(model)
+            criterion = mgpu_runtime.DataParallelCriterion(nn.CrossEntropyLoss())
+            loss = criterion(model(x), y)
+            """,
             BALANCED,
             ("MGP101", "MGP102"),
         ),
         Example(
-            "import torch\nclass Trainer:\n    def __init__(self, net):\n        self.net = torch.nn.DataParallel(net)\n"
-            "        self.loss = torch.nn.MSELoss(reduction='sum').cuda()\n    def step(self, x, y):\n"
-            "        pred, aux = self.net(x)\n        return self.loss(pred, y)\n",
-            "import torch\nimport mgpu_runtime\nclass Trainer:\n    def __init__(self, net):\n"
-            "        self.net = mgpu_runtime.DataParallelModel(net)\n"
-            "        self.loss = mgpu_runtime.DataParallelCriterion(torch.nn.MSELoss(reduction='sum').cuda())\n"
-            "    def step(self, x, y):\n        pred, aux = self.net(x)\n        return self.loss(pred, y)\n",
+            """
+            import torch
+            class Trainer:
+                def __init__(self, net):
+                    self.net = torch.nn.DataParallel(net)
+                    self.loss = torch.nn.MSELoss(reduction='sum').cuda()
+                def step(self, x, y):
+                    pred, aux = self.net(x)
+                    return self.loss(pred, y)
+            """,
+            """
+            import torch
+            import mgpu_runtime
+            class Trainer:
+                def __init__(self, net):
+                    self.net = mgpu_runtime.DataParallelModel(net)
+                    self.loss = mgpu_runtime.DataParallelCriterion(torch.nn.MSELoss(reduction='sum').cuda())
+                def step(self, x, y):
+                    pred, aux = self.net(x)
+                    return self.loss(pred, y)
+            """,
             BALANCED,
             ("MGP101", "MGP102"),
         ),
         Example(
-            "import torch.nn as nn\nmodel = nn.DataParallel(model)\ncriterion = nn.NLLLoss(weight=w)\n"
-            "print(criterion.weight)\nloss = criterion(model(x), y)\n",
-            "import torch.nn as nn\nimport mgpu_runtime\nmodel = mgpu_runtime.DataParallelModel(model)\n"
-            "criterion = nn.NLLLoss(weight=w)\nprint(criterion.weight)\nloss = criterion(model(x), y)\n",
+            """
+            import torch.nn as nn
+            model = nn.DataParallel(model)
+            criterion = nn.NLLLoss(weight=w)
+            print(criterion.weight)
+            loss = criterion(model(x), y)
+            """,
+            """
+            import torch.nn as nn
+            import mgpu_runtime
+            model = mgpu_runtime.DataParallelModel(model)
+            criterion = nn.NLLLoss(weight=w)
+            print(criterion.weight)
+            loss = criterion(model(x), y)
+            """,
             BALANCED,
             ("MGP101", "MGP203"),
         ),
         Example(
-            "import torch.nn as nn\nmodel = nn.DataParallel(model)\ncriterion = FocalLoss(gamma=2)\n"
-            "loss = criterion(model(x), y)\n",
-            "import mgpu_runtime\nmodel = mgpu_runtime.DataParallelModel(model)\n"
-            "criterion = FocalLoss(gamma=2)\nloss = criterion(model(x), y)\n",
+            """
+            import torch.nn as nn
+            model = nn.DataParallel(model)
+            criterion = FocalLoss(gamma=2)
+            loss = criterion(model(x), y)
+            """,
+            """
+            import mgpu_runtime
+            model = mgpu_runtime.DataParallelModel(model)
+            criterion = FocalLoss(gamma=2)
+            loss = criterion(model(x), y)
+            """,
             BALANCED,
             ("MGP101", "MGP204"),
         ),
         Example(
-            "import torch.nn as nn\nmodel = nn.DataParallel(model)\nloss = compute_loss(model(x), y)\n",
-            "import mgpu_runtime\nmodel = mgpu_runtime.DataParallelModel(model)\nloss = compute_loss(model(x), y)\n",
+            """
+            import torch.nn as nn
+            model = nn.DataParallel(model)
+            loss = compute_loss(model(x), y)
+            """,
+            """
+            import mgpu_runtime
+            model = mgpu_runtime.DataParallelModel(model)
+            loss = compute_loss(model(x), y)
+            """,
             BALANCED,
             ("MGP101", "MGP205"),
         ),
         Example(
-            "import torch.nn as nn\nmodel.features = nn.DataParallel(model.features)\n",
-            "import mgpu_runtime\nmodel.features = mgpu_runtime.DataParallelModel(model.features)\n",
+            """
+            import torch.nn as nn
+            model.features = nn.DataParallel(model.features)
+            """,
+            """
+            import mgpu_runtime
+            model.features = mgpu_runtime.DataParallelModel(model.features)
+            """,
             BALANCED,
             ("MGP101", "MGP206"),
         ),
         Example(
-            "import torch.nn as nn\nmodel = nn.DataParallel(model)\ncriterion = nn.CrossEntropyLoss()\n"
-            "logits = model(x)\nloss = criterion(logits.view(-1, logits.size(-1)), y.view(-1))\n",
-            "import torch.nn as nn\nimport mgpu_runtime\nmodel = mgpu_runtime.DataParallelModel(model)\n"
-            "criterion = nn.CrossEntropyLoss()\nlogits = model(x)\n"
-            "loss = criterion(logits.view(-1, logits.size(-1)), y.view(-1))\n",
+            """
+            import torch.nn as nn
+            model = nn.DataParallel(model)
+            criterion = nn.CrossEntropyLoss()
+            logits = model(x)
+            loss = criterion(logits.view(-1, logits.size(-1)), y.view(-1))
+            """,
+            """
+            import torch.nn as nn
+            import mgpu_runtime
+            model = mgpu_runtime.DataParallelModel(model)
+            criterion = nn.CrossEntropyLoss()
+            logits = model(x)
+            loss = criterion(logits.view(-1, logits.size(-1)), y.view(-1))
+            """,
             BALANCED,
             ("MGP101", "MGP207"),
         ),
         Example(
-            "import torch.nn as nn\nfrom losses import build_loss\nmodel = nn.DataParallel(model)\n"
-            "criterion = nn.CrossEntropyLoss() if cfg.ce else build_loss(cfg)\nloss = criterion(model(x), y)\n",
-            "import torch.nn as nn\nfrom losses import build_loss\nimport mgpu_runtime\n"
-            "model = mgpu_runtime.DataParallelModel(model)\n"
-            "criterion = mgpu_runtime.DataParallelCriterion(nn.CrossEntropyLoss()) if cfg.ce else build_loss(cfg)\n"
-            "loss = criterion(model(x), y)\n",
+            """
+            import torch.nn as nn
+            from losses import build_loss
+            model = nn.DataParallel(model)
+            criterion = nn.CrossEntropyLoss() if cfg.ce else build_loss(cfg)
+            loss = criterion(model(x), y)
+            """,
+            """
+            import torch.nn as nn
+            from losses import build_loss
+            import mgpu_runtime
+            model = mgpu_runtime.DataParallelModel(model)
+            criterion = mgpu_runtime.DataParallelCriterion(nn.CrossEntropyLoss()) if cfg.ce else build_loss(cfg)
+            loss = criterion(model(x), y)
+            """,
             BALANCED,
             ("MGP101", "MGP102", "MGP213"),
         ),
         Example(
-            "import torch.nn as nn\nmodel = nn.DataParallel(model)\ncriterion = nn.CrossEntropyLoss()  # noqa: MGP102\n"
-            "loss = criterion(model(x), y)\n",
-            "import torch.nn as nn\nimport mgpu_runtime\nmodel = mgpu_runtime.DataParallelModel(model)\n"
-            "criterion = nn.CrossEntropyLoss()  # noqa: MGP102\nloss = criterion(model(x), y)\n",
+            """
+            import torch.nn as nn
+            model = nn.DataParallel(model)
+            criterion = nn.CrossEntropyLoss()  # noqa: MGP102
+            loss = criterion(model(x), y)
+            """,
+            """
+            import torch.nn as nn
+            import mgpu_runtime
+            model = mgpu_runtime.DataParallelModel(model)
+            criterion = nn.CrossEntropyLoss()  # noqa: MGP102
+            loss = criterion(model(x), y)
+            """,
             BALANCED,
             ("MGP101",),
         ),
         Example(
-            "import torch.nn as nn\nmodel = nn.DataParallel(model)\ncriterion = nn.CrossEntropyLoss(ignore_index=0)\n"
-            "mse = nn.MSELoss()\nloss = criterion(model(x), y) + mse(model(x), z)\n",
-            "import torch.nn as nn\nimport mgpu_runtime\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
-            "criterion = mgpu_runtime.DistributedCriterion(nn.CrossEntropyLoss(ignore_index=0))\n"
-            "mse = nn.MSELoss()\nloss = criterion(model(x), y) + mse(model(x), z)\n",
+            """
+            import torch.nn as nn
+            model = nn.DataParallel(model)
+            criterion = nn.CrossEntropyLoss(ignore_index=0)
+            mse = nn.MSELoss()
+            loss = criterion(model(x), y) + mse(model(x), z)
+            """,
+            """
+            import torch.nn as nn
+            import mgpu_runtime
+            model = mgpu_runtime.DistributedDataParallel(model)
+            criterion = mgpu_runtime.DistributedCriterion(nn.CrossEntropyLoss(ignore_index=0))
+            mse = nn.MSELoss()
+            loss = criterion(model(x), y) + mse(model(x), z)
+            """,
             DDP,
             ("MGP101", "MGP102"),
         ),
         Example(
-            "import torch\nclass Trainer:\n    def __init__(self, net):\n        self.net = torch.nn.DataParallel(net)\n"
-            "        self.loss = torch.nn.L1Loss(reduction='sum')\n    def step(self, x, y):\n"
-            "        return self.loss(self.net(x).flatten(1), y)\n",
-            "import torch\nimport mgpu_runtime\nclass Trainer:\n    def __init__(self, net):\n"
-            "        self.net = mgpu_runtime.DistributedDataParallel(net)\n"
-            "        self.loss = mgpu_runtime.DistributedCriterion(torch.nn.L1Loss(reduction='sum'))\n"
-            "    def step(self, x, y):\n        return self.loss(self.net(x).flatten(1), y)\n",
+            """
+            import torch
+            class Trainer:
+                def __init__(self, net):
+                    self.net = torch.nn.DataParallel(net)
+                    self.loss = torch.nn.L1Loss(reduction='sum')
+                def step(self, x, y):
+                    return self.loss(self.net(x).flatten(1), y)
+            """,
+            """
+            import torch
+            import mgpu_runtime
+            class Trainer:
+                def __init__(self, net):
+                    self.net = mgpu_runtime.DistributedDataParallel(net)
+                    self.loss = mgpu_runtime.DistributedCriterion(torch.nn.L1Loss(reduction='sum'))
+                def step(self, x, y):
+                    return self.loss(self.net(x).flatten(1), y)
+            """,
             DDP,
             ("MGP101", "MGP102"),
         ),

@@ -66,24 +66,46 @@ class DataParallelSubclass(Rule):
     DESCRIPTION = "DataParallel subclass rebased on the runtime's wrapper"
     EXAMPLES = (
         Example(
-            "import torch.nn as nn\nclass MyDP(nn.DataParallel):\n    def __getattr__(self, name):\n"
-            "        try:\n            return super().__getattr__(name)\n        except AttributeError:\n"
-            "            return getattr(self.module, name)\nnet = MyDP(net, device_ids=[0, 1])\n",
-            "import mgpu_runtime\nclass MyDP(mgpu_runtime.DataParallelModel):\n    def __getattr__(self, name):\n"
-            "        try:\n            return super().__getattr__(name)\n        except AttributeError:\n"
-            "            return getattr(self.module, name)\nnet = MyDP(net, device_ids=[0, 1])\n",
+            """
+            import torch.nn as nn
+            class MyDP(nn.DataParallel):
+                def __getattr__(self, name):
+                    try:
+                        return super().__getattr__(name)
+                    except AttributeError:
+                        return getattr(self.module, name)
+            net = MyDP(net, device_ids=[0, 1])
+            """,
+            """
+            import mgpu_runtime
+            class MyDP(mgpu_runtime.DataParallelModel):
+                def __getattr__(self, name):
+                    try:
+                        return super().__getattr__(name)
+                    except AttributeError:
+                        return getattr(self.module, name)
+            net = MyDP(net, device_ids=[0, 1])
+            """,
             BALANCED,
             ("MGP106",),
         ),
         Example(
-            "from torch.nn.parallel import DataParallel\nclass CallbackDP(DataParallel):\n"
-            "    def replicate(self, module, device_ids):\n        return super().replicate(module, device_ids)\n",
+            """
+            from torch.nn.parallel import DataParallel
+            class CallbackDP(DataParallel):
+                def replicate(self, module, device_ids):
+                    return super().replicate(module, device_ids)
+            """,
             None,
             BALANCED,
             ("MGP210",),
         ),
         Example(
-            "import torch.nn as nn\nclass MyDP(nn.DataParallel):\n    pass\n",
+            """
+            import torch.nn as nn
+            class MyDP(nn.DataParallel):
+                pass
+            """,
             None,
             DDP,
             ("MGP210",),

@@ -67,45 +67,82 @@ class EncodingPair(Rule):
     DESCRIPTION = "PyTorch-Encoding's DataParallelModel/DataParallelCriterion replaced with the runtime's"
     EXAMPLES = (
         Example(
-            "from encoding.parallel import DataParallelModel, DataParallelCriterion\n"
-            "model = DataParallelModel(model, device_ids=[0, 1])\n"
-            "criterion = DataParallelCriterion(criterion, device_ids=[0, 1])\n"
-            "loss = criterion(model(image), target)\n",
-            "import mgpu_runtime\nmodel = mgpu_runtime.DataParallelModel(model, device_ids=[0, 1])\n"
-            "criterion = mgpu_runtime.DataParallelCriterion(criterion)\nloss = criterion(model(image), target)\n",
+            """
+            from encoding.parallel import DataParallelModel, DataParallelCriterion
+            model = DataParallelModel(model, device_ids=[0, 1])
+            criterion = DataParallelCriterion(criterion, device_ids=[0, 1])
+            loss = criterion(model(image), target)
+            """,
+            """
+            import mgpu_runtime
+            model = mgpu_runtime.DataParallelModel(model, device_ids=[0, 1])
+            criterion = mgpu_runtime.DataParallelCriterion(criterion)
+            loss = criterion(model(image), target)
+            """,
             BALANCED,
             ("MGP104",),
         ),
         Example(
-            "import torch\nfrom .utils.parallel import DataParallelModel, DataParallelCriterion\n"
-            "model = DataParallelModel(model, device_ids=[0, 1])\ncriterion = DataParallelCriterion(criterion)\n"
-            "outputs = model(image)\nloss = criterion(outputs, target)\n",
-            "import torch\nimport mgpu_runtime\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
-            "criterion = mgpu_runtime.DistributedCriterion(criterion)\noutputs = model(image)\n"
-            "loss = criterion(outputs, target)\n",
+            """
+            import torch
+            from .utils.parallel import DataParallelModel, DataParallelCriterion
+            model = DataParallelModel(model, device_ids=[0, 1])
+            criterion = DataParallelCriterion(criterion)
+            outputs = model(image)
+            loss = criterion(outputs, target)
+            """,
+            """
+            import torch
+            import mgpu_runtime
+            model = mgpu_runtime.DistributedDataParallel(model)
+            criterion = mgpu_runtime.DistributedCriterion(criterion)
+            outputs = model(image)
+            loss = criterion(outputs, target)
+            """,
             DDP,
             ("MGP104",),
         ),
         Example(
-            "from torch.nn.parallel.scatter_gather import gather\nfrom encoding.parallel import DataParallelModel\n"
-            "model = DataParallelModel(model)\ndef evaluate(image):\n    outputs = model(image)\n"
-            "    outputs = gather(outputs, 0, dim=0)\n    return outputs[0].argmax(1)\n",
-            "import mgpu_runtime\nmodel = mgpu_runtime.DataParallelModel(model)\ndef evaluate(image):\n"
-            "    outputs = model(image)\n    outputs = mgpu_runtime.gather(outputs)\n    return outputs[0].argmax(1)\n",
+            """
+            from torch.nn.parallel.scatter_gather import gather
+            from encoding.parallel import DataParallelModel
+            model = DataParallelModel(model)
+            def evaluate(image):
+                outputs = model(image)
+                outputs = gather(outputs, 0, dim=0)
+                return outputs[0].argmax(1)
+            """,
+            """
+            import mgpu_runtime
+            model = mgpu_runtime.DataParallelModel(model)
+            def evaluate(image):
+                outputs = model(image)
+                outputs = mgpu_runtime.gather(outputs)
+                return outputs[0].argmax(1)
+            """,
             BALANCED,
             ("MGP104",),
         ),
         Example(
-            "import encoding\nmodel = encoding.parallel.DataParallelModel(model)\n"
-            "criterion = encoding.parallel.DataParallelCriterion(criterion)\n"
-            "outputs = model(image)\nloss = criterion(outputs, target)\npred = outputs[0][0]\n",
+            """
+            import encoding
+            model = encoding.parallel.DataParallelModel(model)
+            criterion = encoding.parallel.DataParallelCriterion(criterion)
+            outputs = model(image)
+            loss = criterion(outputs, target)
+            pred = outputs[0][0]
+            """,
             None,
             BALANCED,
             ("MGP208",),
         ),
         Example(
-            "import mxnet as mx\nfrom gluoncv.utils.parallel import DataParallelModel, DataParallelCriterion\n"
-            "model = DataParallelModel(model, ctx_list)\ncriterion = DataParallelCriterion(loss, ctx_list)\n",
+            """
+            import mxnet as mx
+            from gluoncv.utils.parallel import DataParallelModel, DataParallelCriterion
+            model = DataParallelModel(model, ctx_list)
+            criterion = DataParallelCriterion(loss, ctx_list)
+            """,
             None,
             DDP,
         ),

@@ -59,61 +59,166 @@ class EntryPointSetup(Rule):
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch.nn as nn\n\n\ndef main():\n    a = nn.DataParallel(nn.Linear(2, 2), dim=1)\n"
-            "    b = nn.DataParallel(nn.Linear(2, 2))\n\n\nif __name__ == '__main__':\n    main()\n",
+            """
+            import torch.nn as nn
+
+
+            def main():
+                a = nn.DataParallel(nn.Linear(2, 2), dim=1)
+                b = nn.DataParallel(nn.Linear(2, 2))
+
+
+            if __name__ == '__main__':
+                main()
+            """,
             None,
             DDP,
             ("MGP201", "MGP232"),
         ),
         Example(
-            "import torch.nn as nn\n\n\ndef main():\n    model = nn.DataParallel(nn.Linear(2, 2))\n\n\n"
-            'if __name__ == "__main__":\n    main()\n',
-            "import torch.nn as nn\nimport mgpu_runtime\n\n\ndef main():\n"
-            "    model = mgpu_runtime.DistributedDataParallel(nn.Linear(2, 2))\n\n\n"
-            'if __name__ == "__main__":\n    mgpu_runtime.setup()\n    main()\n',
+            """
+            import torch.nn as nn
+
+
+            def main():
+                model = nn.DataParallel(nn.Linear(2, 2))
+
+
+            if __name__ == "__main__":
+                main()
+            """,
+            """
+            import torch.nn as nn
+            import mgpu_runtime
+
+
+            def main():
+                model = mgpu_runtime.DistributedDataParallel(nn.Linear(2, 2))
+
+
+            if __name__ == "__main__":
+                mgpu_runtime.setup()
+                main()
+            """,
             DDP,
             ("MGP101", "MGP120"),
         ),
         Example(
-            "import os\nimport torch.nn as nn\n\n\ndef main():\n    os.environ['CUDA_VISIBLE_DEVICES'] = '0,1'\n"
-            "    model = nn.DataParallel(nn.Linear(2, 2))\n\n\nif __name__ == '__main__':\n    main()\n",
-            "import os\nimport torch.nn as nn\nimport mgpu_runtime\n\n\ndef main():\n"
-            "    os.environ['CUDA_VISIBLE_DEVICES'] = '0,1'\n    mgpu_runtime.setup()\n"
-            "    model = mgpu_runtime.DistributedDataParallel(nn.Linear(2, 2))\n\n\nif __name__ == '__main__':\n    main()\n",
+            """
+            import os
+            import torch.nn as nn
+
+
+            def main():
+                os.environ['CUDA_VISIBLE_DEVICES'] = '0,1'
+                model = nn.DataParallel(nn.Linear(2, 2))
+
+
+            if __name__ == '__main__':
+                main()
+            """,
+            """
+            import os
+            import torch.nn as nn
+            import mgpu_runtime
+
+
+            def main():
+                os.environ['CUDA_VISIBLE_DEVICES'] = '0,1'
+                mgpu_runtime.setup()
+                model = mgpu_runtime.DistributedDataParallel(nn.Linear(2, 2))
+
+
+            if __name__ == '__main__':
+                main()
+            """,
             DDP,
             ("MGP101", "MGP120"),
         ),
         Example(
-            "import torch.nn as nn\n\nmodel = nn.DataParallel(nn.Linear(2, 2))\nfor x in batches:\n"
-            "    model(x).mean().backward()\n",
-            "import torch.nn as nn\nimport mgpu_runtime\n\nmgpu_runtime.setup()\n\n"
-            "model = mgpu_runtime.DistributedDataParallel(nn.Linear(2, 2))\nfor x in batches:\n"
-            "    model(x).mean().backward()\n",
+            """
+            import torch.nn as nn
+
+            model = nn.DataParallel(nn.Linear(2, 2))
+            for x in batches:
+                model(x).mean().backward()
+            """,
+            """
+            import torch.nn as nn
+            import mgpu_runtime
+
+            mgpu_runtime.setup()
+
+            model = mgpu_runtime.DistributedDataParallel(nn.Linear(2, 2))
+            for x in batches:
+                model(x).mean().backward()
+            """,
             DDP,
-            ("MGP101", "MGP120", "MGP235"),
+            ("MGP101", "MGP120"),
         ),
         Example(
-            "import torch.nn as nn\n\n\ndef build(model):\n    return nn.DataParallel(model)\n",
-            "import mgpu_runtime\n\n\ndef build(model):\n    return mgpu_runtime.DistributedDataParallel(model)\n",
+            """
+            import torch.nn as nn
+
+
+            def build(model):
+                return nn.DataParallel(model)
+            """,
+            """
+            import mgpu_runtime
+
+
+            def build(model):
+                return mgpu_runtime.DistributedDataParallel(model)
+            """,
             DDP,
-            ("MGP101", "MGP262"),
+            ("MGP101",),
         ),
         Example(
-            "import torch.nn as nn\n\n\ndef fit(model, batches):\n    model = nn.DataParallel(model)\n"
-            "    for x in batches:\n        model(x).mean().backward()\n",
-            "import mgpu_runtime\n\n\ndef fit(model, batches):\n"
-            "    model = mgpu_runtime.DistributedDataParallel(model)\n"
-            "    for x in batches:\n        model(x).mean().backward()\n",
+            """
+            import torch.nn as nn
+
+
+            def fit(model, batches):
+                model = nn.DataParallel(model)
+                for x in batches:
+                    model(x).mean().backward()
+            """,
+            """
+            import mgpu_runtime
+
+
+            def fit(model, batches):
+                model = mgpu_runtime.DistributedDataParallel(model)
+                for x in batches:
+                    model(x).mean().backward()
+            """,
             DDP,
-            ("MGP101", "MGP230", "MGP235"),
+            ("MGP101", "MGP230"),
         ),
         Example(
-            "import torch.distributed as dist\nimport torch.nn as nn\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n\n"
-            "if args.distributed:\n    dist.init_process_group('nccl')\n    model = DDP(model)\nelse:\n"
-            "    model = nn.DataParallel(model)\n",
-            "import torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
-            "import mgpu_runtime\n\nif args.distributed:\n    dist.init_process_group('nccl')\n    model = DDP(model)\nelse:\n"
-            "    model = mgpu_runtime.DistributedDataParallel(model)\n",
+            """
+            import torch.distributed as dist
+            import torch.nn as nn
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            if args.distributed:
+                dist.init_process_group('nccl')
+                model = DDP(model)
+            else:
+                model = nn.DataParallel(model)
+            """,
+            """
+            import torch.distributed as dist
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            import mgpu_runtime
+
+            if args.distributed:
+                dist.init_process_group('nccl')
+                model = DDP(model)
+            else:
+                model = mgpu_runtime.DistributedDataParallel(model)
+            """,
             DDP,
             ("MGP101", "MGP231"),
         ),

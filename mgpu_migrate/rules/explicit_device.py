@@ -64,26 +64,56 @@ class ExplicitDevice(Rule):
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch\n\nmodel = torch.nn.DataParallel(model.to('cuda:0'))\nx = x.cuda(0)\n",
-            "import mgpu_runtime\n\nmgpu_runtime.setup()\n\nmodel = mgpu_runtime.DistributedDataParallel(model.to('cuda'))\n"
-            "x = x.cuda()\n",
+            """
+            import torch
+
+            model = torch.nn.DataParallel(model.to('cuda:0'))
+            x = x.cuda(0)
+            """,
+            """
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model.to('cuda'))
+            x = x.cuda()
+            """,
             DDP,
-            ("MGP101", "MGP120", "MGP127"),
+            ("MGP101", "MGP127"),
         ),
         Example(
-            "import torch\n\ntorch.cuda.set_device(0)\nmodel = torch.nn.DataParallel(model).cuda(args.gpu)\n",
-            "import torch\nimport mgpu_runtime\n\nmgpu_runtime.setup()\n\ntorch.cuda.set_device(mgpu_runtime.device())\n"
-            "model = mgpu_runtime.DistributedDataParallel(model).cuda(args.gpu)\n",
+            """
+            import torch
+
+            torch.cuda.set_device(0)
+            model = torch.nn.DataParallel(model).cuda(args.gpu)
+            """,
+            """
+            import torch
+            import mgpu_runtime
+
+            torch.cuda.set_device(mgpu_runtime.device())
+            model = mgpu_runtime.DistributedDataParallel(model).cuda(args.gpu)
+            """,
             DDP,
-            ("MGP101", "MGP120", "MGP127", "MGP244"),
+            ("MGP101", "MGP127", "MGP244"),
         ),
         Example(
-            "import torch\n\ndevice = torch.device(0 if use_cuda else 'cpu')\nmodel = torch.nn.DataParallel(model)\n"
-            "x = x.to(0, non_blocking=True)\n",
-            "import torch\nimport mgpu_runtime\n\nmgpu_runtime.setup()\n\ndevice = torch.device('cuda' if use_cuda else 'cpu')\n"
-            "model = mgpu_runtime.DistributedDataParallel(model)\nx = x.to(\"cuda\", non_blocking=True)\n",
+            """
+            import torch
+
+            device = torch.device(0 if use_cuda else 'cpu')
+            model = torch.nn.DataParallel(model)
+            x = x.to(0, non_blocking=True)
+            """,
+            """
+            import torch
+            import mgpu_runtime
+
+            device = torch.device('cuda' if use_cuda else 'cpu')
+            model = mgpu_runtime.DistributedDataParallel(model)
+            x = x.to("cuda", non_blocking=True)
+            """,
             DDP,
-            ("MGP101", "MGP120", "MGP127"),
+            ("MGP101", "MGP127"),
         ),
     )
 

@@ -46,25 +46,44 @@ class FunctionalDataParallel(Rule):
     DESCRIPTION = "functional data_parallel replaced with the runtime's"
     EXAMPLES = (
         Example(
-            "import torch\nout = torch.nn.parallel.data_parallel(net, x, [0, 1])\n",
-            "import mgpu_runtime\nout = mgpu_runtime.data_parallel(net, x, [0, 1])\n",
+            """
+            import torch
+            out = torch.nn.parallel.data_parallel(net, x, [0, 1])
+            """,
+            """
+            import mgpu_runtime
+            out = mgpu_runtime.data_parallel(net, x, [0, 1])
+            """,
             BALANCED,
             ("MGP105",),
         ),
         Example(
-            "from torch.nn.parallel import data_parallel\nout = data_parallel(net, x, dim=1)\n",
-            "import mgpu_runtime\nout = mgpu_runtime.data_parallel(net, x, dim=1)\n",
+            """
+            from torch.nn.parallel import data_parallel
+            out = data_parallel(net, x, dim=1)
+            """,
+            """
+            import mgpu_runtime
+            out = mgpu_runtime.data_parallel(net, x, dim=1)
+            """,
             BALANCED,
             ("MGP105",),
         ),
         Example(
-            "import torch.nn as nn\nout = nn.parallel.data_parallel(net, x)\n",
+            """
+            import torch.nn as nn
+            out = nn.parallel.data_parallel(net, x)
+            """,
             None,
             DDP,
             ("MGP209",),
         ),
         Example(
-            "def data_parallel(net, x):\n    return net(x)\nout = data_parallel(net, x)\n",
+            """
+            def data_parallel(net, x):
+                return net(x)
+            out = data_parallel(net, x)
+            """,
             None,
             BALANCED,
         ),

@@ -85,46 +85,90 @@ class FunctionalLoss(Rule):
     DESCRIPTION = "functional loss on a wrapped model's outputs computed per device by the runtime's criterion"
     EXAMPLES = (
         Example(
-            "import torch.nn.functional as F\nfrom torch import nn\nmodel = nn.DataParallel(model)\n"
-            "logits = model(x)\nloss = F.cross_entropy(logits, y, None, ignore_index=0)\n",
-            "from torch import nn\nimport mgpu_runtime\n"
-            "model = mgpu_runtime.DataParallelModel(model)\nlogits = model(x)\n"
-            "loss = mgpu_runtime.DataParallelCriterion(nn.CrossEntropyLoss(weight=None, ignore_index=0))(logits, y)\n",
+            """
+            import torch.nn.functional as F
+            from torch import nn
+            model = nn.DataParallel(model)
+            logits = model(x)
+            loss = F.cross_entropy(logits, y, None, ignore_index=0)
+            """,
+            """
+            from torch import nn
+            import mgpu_runtime
+            model = mgpu_runtime.DataParallelModel(model)
+            logits = model(x)
+            loss = mgpu_runtime.DataParallelCriterion(nn.CrossEntropyLoss(weight=None, ignore_index=0))(logits, y)
+            """,
             BALANCED,
             ("MGP101", "MGP103"),
         ),
         Example(
-            "import torch\nmodel = torch.nn.DataParallel(model)\n"
-            "loss = torch.nn.functional.mse_loss(model(x)[0], y, reduction='sum')\n",
-            "import torch\nimport mgpu_runtime\nmodel = mgpu_runtime.DataParallelModel(model)\n"
-            "loss = mgpu_runtime.DataParallelCriterion(torch.nn.MSELoss(reduction='sum'))(model(x)[0], y)\n",
+            """
+            import torch
+            model = torch.nn.DataParallel(model)
+            loss = torch.nn.functional.mse_loss(model(x)[0], y, reduction='sum')
+            """,
+            """
+            import torch
+            import mgpu_runtime
+            model = mgpu_runtime.DataParallelModel(model)
+            loss = mgpu_runtime.DataParallelCriterion(torch.nn.MSELoss(reduction='sum'))(model(x)[0], y)
+            """,
             BALANCED,
             ("MGP101", "MGP103"),
         ),
         Example(
-            "import torch.nn.functional as F\nfrom torch.nn import DataParallel\nmodel = DataParallel(model)\n"
-            "out = model(x)\nloss = F.nll_loss(F.log_softmax(out, dim=1), y)\n",
-            "import torch.nn.functional as F\nimport mgpu_runtime\nmodel = mgpu_runtime.DataParallelModel(model)\n"
-            "out = model(x)\nloss = F.nll_loss(F.log_softmax(out, dim=1), y)\n",
+            """
+            import torch.nn.functional as F
+            from torch.nn import DataParallel
+            model = DataParallel(model)
+            out = model(x)
+            loss = F.nll_loss(F.log_softmax(out, dim=1), y)
+            """,
+            """
+            import torch.nn.functional as F
+            import mgpu_runtime
+            model = mgpu_runtime.DataParallelModel(model)
+            out = model(x)
+            loss = F.nll_loss(F.log_softmax(out, dim=1), y)
+            """,
             BALANCED,
             ("MGP101", "MGP212"),
         ),
         Example(
-            "import torch.nn.functional as F\nfrom torch.nn import DataParallel\nmodel = DataParallel(model)\n"
-            "loss = F.mse_loss(model(x), y, weight=w)\n",
-            "import torch.nn.functional as F\nimport mgpu_runtime\nmodel = mgpu_runtime.DataParallelModel(model)\n"
-            "loss = F.mse_loss(model(x), y, weight=w)\n",
+            """
+            import torch.nn.functional as F
+            from torch.nn import DataParallel
+            model = DataParallel(model)
+            loss = F.mse_loss(model(x), y, weight=w)
+            """,
+            """
+            import torch.nn.functional as F
+            import mgpu_runtime
+            model = mgpu_runtime.DataParallelModel(model)
+            loss = F.mse_loss(model(x), y, weight=w)
+            """,
             BALANCED,
             ("MGP101", "MGP212"),
         ),
         Example(
-            "import torch.nn.functional as F\nfrom torch import nn\nmodel = nn.DataParallel(model)\n"
-            "logits = model(x)\nloss = F.cross_entropy(logits.view(-1, v), y.view(-1)) + F.mse_loss(logits, z)\n"
-            "loss.backward()\n",
-            "import torch.nn.functional as F\nfrom torch import nn\nimport mgpu_runtime\n"
-            "model = mgpu_runtime.DistributedDataParallel(model)\nlogits = model(x)\n"
-            "loss = mgpu_runtime.DistributedCriterion(nn.CrossEntropyLoss())(logits.view(-1, v), y.view(-1)) + "
-            "F.mse_loss(logits, z)\nloss.backward()\n",
+            """
+            import torch.nn.functional as F
+            from torch import nn
+            model = nn.DataParallel(model)
+            logits = model(x)
+            loss = F.cross_entropy(logits.view(-1, v), y.view(-1)) + F.mse_loss(logits, z)
+            loss.backward()
+            """,
+            """
+            import torch.nn.functional as F
+            from torch import nn
+            import mgpu_runtime
+            model = mgpu_runtime.DistributedDataParallel(model)
+            logits = model(x)
+            loss = mgpu_runtime.DistributedCriterion(nn.CrossEntropyLoss())(logits.view(-1, v), y.view(-1)) + F.mse_loss(logits, z)
+            loss.backward()
+            """,
             DDP,
             ("MGP101", "MGP103"),
         ),

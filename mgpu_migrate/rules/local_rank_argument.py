@@ -42,11 +42,23 @@ class LocalRankArgument(Rule):
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import argparse\nimport torch.nn as nn\n\nparser = argparse.ArgumentParser()\n"
-            "parser.add_argument('--local_rank', type=int, default=-1)\nmodel = nn.DataParallel(model)\n",
-            "import argparse\nimport mgpu_runtime\nimport os\n\nparser = argparse.ArgumentParser()\n"
-            "parser.add_argument('--local_rank', type=int, default=int(os.environ.get(\"LOCAL_RANK\", -1)))\n"
-            "model = mgpu_runtime.DistributedDataParallel(model)\n",
+            """
+            import argparse
+            import torch.nn as nn
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument('--local_rank', type=int, default=-1)
+            model = nn.DataParallel(model)
+            """,
+            """
+            import argparse
+            import mgpu_runtime
+            import os
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument('--local_rank', type=int, default=int(os.environ.get("LOCAL_RANK", -1)))
+            model = mgpu_runtime.DistributedDataParallel(model)
+            """,
             DDP,
             ("MGP101", "MGP131"),
         ),

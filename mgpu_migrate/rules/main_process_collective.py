@@ -81,20 +81,40 @@ class MainProcessCollective(Rule):
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
-            "import torch.nn as nn\nmodel = DDP(model) if args.distributed else nn.DataParallel(model)\n"
-            "if dist.get_rank() == 0:\n    dist.barrier()\n    evaluate(model)\n",
-            "import torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
-            "import mgpu_runtime\nmodel = DDP(model) if args.distributed else mgpu_runtime.DistributedDataParallel(model)\n"
-            "if dist.get_rank() == 0:\n    dist.barrier()\n    evaluate(model)\n",
+            """
+            import torch.distributed as dist
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            import torch.nn as nn
+            model = DDP(model) if args.distributed else nn.DataParallel(model)
+            if dist.get_rank() == 0:
+                dist.barrier()
+                evaluate(model)
+            """,
+            """
+            import torch.distributed as dist
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            import mgpu_runtime
+            model = DDP(model) if args.distributed else mgpu_runtime.DistributedDataParallel(model)
+            if dist.get_rank() == 0:
+                dist.barrier()
+                evaluate(model)
+            """,
             DDP,
-            ("MGP101", "MGP231", "MGP249"),
+            ("MGP101", "MGP249"),
         ),
         Example(
-            "import torch.nn as nn\nmodel = nn.DataParallel(model)\nif args.local_rank in [-1, 0]:\n"
-            "    evaluate(model.module)\n",
-            "import mgpu_runtime\nmodel = mgpu_runtime.DistributedDataParallel(model)\nif args.local_rank in [-1, 0]:\n"
-            "    evaluate(model.module)\n",
+            """
+            import torch.nn as nn
+            model = nn.DataParallel(model)
+            if args.local_rank in [-1, 0]:
+                evaluate(model.module)
+            """,
+            """
+            import mgpu_runtime
+            model = mgpu_runtime.DistributedDataParallel(model)
+            if args.local_rank in [-1, 0]:
+                evaluate(model.module)
+            """,
             DDP,
             ("MGP101",),
         ),

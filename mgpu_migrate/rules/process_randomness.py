@@ -77,15 +77,32 @@ class ProcessRandomness(Rule):
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader\n\ntorch.manual_seed(0)\n"
-            "netG = nn.DataParallel(netG)\nfor real in DataLoader(images, batch_size=64, shuffle=True):\n"
-            "    noise = torch.randn(real.size(0), 100)\n    loss = (netD(netG(noise)) - 1).pow(2).mean()\n"
-            "    loss.backward()\n",
-            "import torch\nfrom torch.utils.data import DataLoader\nimport mgpu_runtime\n\nmgpu_runtime.setup()\n\n"
-            "torch.manual_seed(0)\nnetG = mgpu_runtime.DistributedDataParallel(netG)\n"
-            "for real in mgpu_runtime.distribute_loader(DataLoader(images, batch_size=64, shuffle=True)):\n"
-            "    noise = torch.randn(real.size(0), 100)\n    loss = (netD(netG(noise)) - 1).pow(2).mean()\n"
-            "    loss.backward()\n",
+            """
+            import torch
+            import torch.nn as nn
+            from torch.utils.data import DataLoader
+
+            torch.manual_seed(0)
+            netG = nn.DataParallel(netG)
+            for real in DataLoader(images, batch_size=64, shuffle=True):
+                noise = torch.randn(real.size(0), 100)
+                loss = (netD(netG(noise)) - 1).pow(2).mean()
+                loss.backward()
+            """,
+            """
+            import torch
+            from torch.utils.data import DataLoader
+            import mgpu_runtime
+
+            mgpu_runtime.setup()
+
+            torch.manual_seed(0)
+            netG = mgpu_runtime.DistributedDataParallel(netG)
+            for real in mgpu_runtime.distribute_loader(DataLoader(images, batch_size=64, shuffle=True)):
+                noise = torch.randn(real.size(0), 100)
+                loss = (netD(netG(noise)) - 1).pow(2).mean()
+                loss.backward()
+            """,
             DDP,
             ("MGP101", "MGP120", "MGP122", "MGP260"),
         ),

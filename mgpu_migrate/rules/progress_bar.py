@@ -52,36 +52,78 @@ class ProgressBar(Rule):
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch.nn as nn\nfrom tqdm import tqdm\n\nmodel = nn.DataParallel(model)\n"
-            "for x in tqdm(batches, **options):\n    model(x).mean().backward()\n",
-            "from tqdm import tqdm\nimport mgpu_runtime\n\nmgpu_runtime.setup()\n\n"
-            "model = mgpu_runtime.DistributedDataParallel(model)\n"
-            "for x in tqdm(batches, **options):\n    model(x).mean().backward()\n",
+            """
+            import torch.nn as nn
+            from tqdm import tqdm
+
+            model = nn.DataParallel(model)
+            for x in tqdm(batches, **options):
+                model(x).mean().backward()
+            """,
+            """
+            from tqdm import tqdm
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            for x in tqdm(batches, **options):
+                model(x).mean().backward()
+            """,
             DDP,
-            ("MGP101", "MGP120", "MGP235", "MGP241"),
+            ("MGP101", "MGP241"),
         ),
         Example(
-            "import torch.nn as nn\nfrom tqdm import tqdm\n\nmodel = nn.DataParallel(model)\n"
-            "for x in tqdm(batches, desc='train'):\n    model(x).mean().backward()\n",
-            "from tqdm import tqdm\nimport mgpu_runtime\n\nmgpu_runtime.setup()\n\n"
-            "model = mgpu_runtime.DistributedDataParallel(model)\n"
-            "for x in tqdm(batches, desc='train', disable=not mgpu_runtime.is_main_process()):\n"
-            "    model(x).mean().backward()\n",
+            """
+            import torch.nn as nn
+            from tqdm import tqdm
+
+            model = nn.DataParallel(model)
+            for x in tqdm(batches, desc='train'):
+                model(x).mean().backward()
+            """,
+            """
+            from tqdm import tqdm
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            for x in tqdm(batches, desc='train', disable=not mgpu_runtime.is_main_process()):
+                model(x).mean().backward()
+            """,
             DDP,
-            ("MGP101", "MGP120", "MGP125", "MGP235"),
+            ("MGP101", "MGP125"),
         ),
         Example(
-            "import torch.nn as nn\nfrom tqdm import tqdm\n\nmodel = nn.DataParallel(model)\n"
-            "bar = tqdm(total=10)  # noqa: MGP125\n",
-            "from tqdm import tqdm\nimport mgpu_runtime\n\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
-            "bar = tqdm(total=10)  # noqa: MGP125\n",
+            """
+            import torch.nn as nn
+            from tqdm import tqdm
+
+            model = nn.DataParallel(model)
+            bar = tqdm(total=10)  # noqa: MGP125
+            """,
+            """
+            from tqdm import tqdm
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            bar = tqdm(total=10)  # noqa: MGP125
+            """,
             DDP,
             ("MGP101",),
         ),
         Example(
-            "import torch.nn as nn\nimport tqdm\n\nmodel = nn.DataParallel(model)\nbar = tqdm.trange(10, disable=args.quiet)\n",
-            "import tqdm\nimport mgpu_runtime\n\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
-            "bar = tqdm.trange(10, disable=args.quiet if mgpu_runtime.is_main_process() else True)\n",
+            """
+            import torch.nn as nn
+            import tqdm
+
+            model = nn.DataParallel(model)
+            bar = tqdm.trange(10, disable=args.quiet)
+            """,
+            """
+            import tqdm
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            bar = tqdm.trange(10, disable=args.quiet if mgpu_runtime.is_main_process() else True)
+            """,
             DDP,
             ("MGP101", "MGP125"),
         ),

@@ -60,15 +60,34 @@ class RemoteTraining(Rule):
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch\nimport torch.nn as nn\n\nmodel = nn.DataParallel(model)\nwith torch.no_grad():\n"
-            "    for x in loader:\n        print(model(x).argmax(1))\n",
+            """
+            import torch
+            import torch.nn as nn
+
+            model = nn.DataParallel(model)
+            with torch.no_grad():
+                for x in loader:
+                    print(model(x).argmax(1))
+            """,
             None,
             DDP,
             ("MGP263",),
         ),
         Example(
-            "import torch.nn as nn\n\n\ndef build_model(cfg):\n    return nn.DataParallel(Net(cfg))\n",
-            "import mgpu_runtime\n\n\ndef build_model(cfg):\n    return mgpu_runtime.DistributedDataParallel(Net(cfg))\n",
+            """
+            import torch.nn as nn
+
+
+            def build_model(cfg):
+                return nn.DataParallel(Net(cfg))
+            """,
+            """
+            import mgpu_runtime
+
+
+            def build_model(cfg):
+                return mgpu_runtime.DistributedDataParallel(Net(cfg))
+            """,
             DDP,
             ("MGP101", "MGP262"),
         ),

@@ -54,17 +54,34 @@ class SharedFiles(Rule):
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch.nn as nn\nmodel = nn.DataParallel(model)\nwith open('log.txt', 'a') as log:\n"
-            "    log.write('started')\n",
-            "import mgpu_runtime\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
-            "with open('log.txt', 'a') as log:\n    log.write('started')\n",
+            """
+            import torch.nn as nn
+            model = nn.DataParallel(model)
+            with open('log.txt', 'a') as log:
+                log.write('started')
+            """,
+            """
+            import mgpu_runtime
+            model = mgpu_runtime.DistributedDataParallel(model)
+            with open('log.txt', 'a') as log:
+                log.write('started')
+            """,
             DDP,
             ("MGP101", "MGP261"),
         ),
         Example(
-            "import torch.nn as nn\nmodel = nn.DataParallel(model)\nwith open('data.txt') as f:\n    f.read()\n",
-            "import mgpu_runtime\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
-            "with open('data.txt') as f:\n    f.read()\n",
+            """
+            import torch.nn as nn
+            model = nn.DataParallel(model)
+            with open('data.txt') as f:
+                f.read()
+            """,
+            """
+            import mgpu_runtime
+            model = mgpu_runtime.DistributedDataParallel(model)
+            with open('data.txt') as f:
+                f.read()
+            """,
             DDP,
             ("MGP101",),
         ),

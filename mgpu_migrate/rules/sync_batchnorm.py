@@ -58,17 +58,29 @@ class SyncBatchNorm(Rule):
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch.nn as nn\nmodel = nn.DataParallel(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))\n",
-            "import torch.nn as nn\nimport mgpu_runtime\nmodel = mgpu_runtime.DistributedDataParallel("
-            "nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))))\n",
+            """
+            import torch.nn as nn
+            model = nn.DataParallel(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
+            """,
+            """
+            import torch.nn as nn
+            import mgpu_runtime
+            model = mgpu_runtime.DistributedDataParallel(nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))))
+            """,
             DDP,
             ("MGP101", "MGP129"),
             Options(sync_bn=True),
         ),
         Example(
-            "import torch.nn as nn\nmodel = nn.DataParallel(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))\n",
-            "import torch.nn as nn\nimport mgpu_runtime\nmodel = mgpu_runtime.DistributedDataParallel("
-            "nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))\n",
+            """
+            import torch.nn as nn
+            model = nn.DataParallel(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
+            """,
+            """
+            import torch.nn as nn
+            import mgpu_runtime
+            model = mgpu_runtime.DistributedDataParallel(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
+            """,
             DDP,
             ("MGP101", "MGP248"),
         ),

@@ -87,26 +87,52 @@ class TrainingData(Rule):
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch.nn as nn\nfrom torch.utils.data import DataLoader\n\nmodel = nn.DataParallel(model)\n"
-            "loader = DataLoader(data, batch_size=8, shuffle=True)\nfor x, y in loader:\n"
-            "    loss = criterion(model(x), y)\n    loss.backward()\n",
-            "from torch.utils.data import DataLoader\nimport mgpu_runtime\n\nmgpu_runtime.setup()\n\n"
-            "model = mgpu_runtime.DistributedDataParallel(model)\n"
-            "loader = mgpu_runtime.distribute_loader(DataLoader(data, batch_size=8, shuffle=True))\nfor x, y in loader:\n"
-            "    loss = criterion(model(x), y)\n    loss.backward()\n",
+            """
+            import torch.nn as nn
+            from torch.utils.data import DataLoader
+
+            model = nn.DataParallel(model)
+            loader = DataLoader(data, batch_size=8, shuffle=True)
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward()
+            """,
+            """
+            from torch.utils.data import DataLoader
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            loader = mgpu_runtime.distribute_loader(DataLoader(data, batch_size=8, shuffle=True))
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                loss.backward()
+            """,
             DDP,
-            ("MGP101", "MGP120", "MGP122"),
+            ("MGP101", "MGP122"),
         ),
         Example(
-            "import torch.nn as nn\nfrom torch.utils.data import DataLoader\n\nmodel = nn.DataParallel(model)\n"
-            "loader = DataLoader(data, batch_size=8)\nfor x, y in loader:\n"
-            "    loss = (model(x) - y).pow(2).sum()\n    loss.backward()\n",
-            "from torch.utils.data import DataLoader\nimport mgpu_runtime\n\nmgpu_runtime.setup()\n\n"
-            "model = mgpu_runtime.DistributedDataParallel(model)\n"
-            "loader = DataLoader(data, batch_size=8)\nfor x, y in loader:\n"
-            "    loss = (model(x) - y).pow(2).sum()\n    loss.backward()\n",
+            """
+            import torch.nn as nn
+            from torch.utils.data import DataLoader
+
+            model = nn.DataParallel(model)
+            loader = DataLoader(data, batch_size=8)
+            for x, y in loader:
+                loss = (model(x) - y).pow(2).sum()
+                loss.backward()
+            """,
+            """
+            from torch.utils.data import DataLoader
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            loader = DataLoader(data, batch_size=8)
+            for x, y in loader:
+                loss = (model(x) - y).pow(2).sum()
+                loss.backward()
+            """,
             DDP,
-            ("MGP101", "MGP120", "MGP236"),
+            ("MGP101", "MGP236"),
         ),
     )
 

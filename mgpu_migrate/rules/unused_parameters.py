@@ -59,24 +59,84 @@ class UnusedParameters(Rule):
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch.nn as nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-            "        self.head = nn.Linear(4, 2)\n        self.aux = nn.Linear(4, 2)\n\n    def forward(self, x, aux=False):\n"
-            "        if aux:\n            return self.aux(x)\n        return self.head(x)\n\n\nmodel = nn.DataParallel(Net())\n",
-            "import torch.nn as nn\nimport mgpu_runtime\n\n\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-            "        self.head = nn.Linear(4, 2)\n        self.aux = nn.Linear(4, 2)\n\n    def forward(self, x, aux=False):\n"
-            "        if aux:\n            return self.aux(x)\n        return self.head(x)\n\n\n"
-            "model = mgpu_runtime.DistributedDataParallel(Net(), find_unused_parameters=True)\n",
+            """
+            import torch.nn as nn
+
+
+            class Net(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.head = nn.Linear(4, 2)
+                    self.aux = nn.Linear(4, 2)
+
+                def forward(self, x, aux=False):
+                    if aux:
+                        return self.aux(x)
+                    return self.head(x)
+
+
+            model = nn.DataParallel(Net())
+            """,
+            """
+            import torch.nn as nn
+            import mgpu_runtime
+
+
+            class Net(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.head = nn.Linear(4, 2)
+                    self.aux = nn.Linear(4, 2)
+
+                def forward(self, x, aux=False):
+                    if aux:
+                        return self.aux(x)
+                    return self.head(x)
+
+
+            model = mgpu_runtime.DistributedDataParallel(Net(), find_unused_parameters=True)
+            """,
             DDP,
             ("MGP101", "MGP130"),
         ),
         Example(
-            "import torch.nn as nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-            "        self.head = nn.Linear(4, 2)\n        self.drop = nn.Dropout(0.1)\n\n    def forward(self, x):\n"
-            "        if self.training:\n            x = self.drop(x)\n        return self.head(x)\n\n\nmodel = nn.DataParallel(Net())\n",
-            "import torch.nn as nn\nimport mgpu_runtime\n\n\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-            "        self.head = nn.Linear(4, 2)\n        self.drop = nn.Dropout(0.1)\n\n    def forward(self, x):\n"
-            "        if self.training:\n            x = self.drop(x)\n        return self.head(x)\n\n\n"
-            "model = mgpu_runtime.DistributedDataParallel(Net())\n",
+            """
+            import torch.nn as nn
+
+
+            class Net(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.head = nn.Linear(4, 2)
+                    self.drop = nn.Dropout(0.1)
+
+                def forward(self, x):
+                    if self.training:
+                        x = self.drop(x)
+                    return self.head(x)
+
+
+            model = nn.DataParallel(Net())
+            """,
+            """
+            import torch.nn as nn
+            import mgpu_runtime
+
+
+            class Net(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.head = nn.Linear(4, 2)
+                    self.drop = nn.Dropout(0.1)
+
+                def forward(self, x):
+                    if self.training:
+                        x = self.drop(x)
+                    return self.head(x)
+
+
+            model = mgpu_runtime.DistributedDataParallel(Net())
+            """,
             DDP,
             ("MGP101",),
         ),

@@ -66,40 +66,85 @@ class WrapGuard(Rule):
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch.nn as nn\n\nUSE_DATA_PARALLEL = False\nif USE_DATA_PARALLEL:\n    model = nn.DataParallel(model)\n"
-            "for x in loader:\n    model(x).mean().backward()\n",
+            """
+            import torch.nn as nn
+
+            USE_DATA_PARALLEL = False
+            if USE_DATA_PARALLEL:
+                model = nn.DataParallel(model)
+            for x in loader:
+                model(x).mean().backward()
+            """,
             None,
             DDP,
             ("MGP256",),
         ),
         Example(
-            "import torch\nif torch.cuda.device_count() > 1:\n    model = torch.nn.DataParallel(model)\n",
-            "import torch\nimport mgpu_runtime\n"
-            "if torch.cuda.device_count() > 1 or mgpu_runtime.world_size() > 1:\n"
-            "    model = mgpu_runtime.DistributedDataParallel(model)\n",
+            """
+            import torch
+            if torch.cuda.device_count() > 1:
+                model = torch.nn.DataParallel(model)
+            """,
+            """
+            import torch
+            import mgpu_runtime
+            if torch.cuda.device_count() > 1 or mgpu_runtime.world_size() > 1:
+                model = mgpu_runtime.DistributedDataParallel(model)
+            """,
             DDP,
             ("MGP101", "MGP121"),
         ),
         Example(
-            "import torch.nn as nn\nif args.multi_gpu:\n    model = nn.DataParallel(model)\n",
-            "import mgpu_runtime\n"
-            "if args.multi_gpu or mgpu_runtime.world_size() > 1:\n    model = mgpu_runtime.DistributedDataParallel(model)\n",
+            """
+            import torch.nn as nn
+            if args.multi_gpu:
+                model = nn.DataParallel(model)
+            """,
+            """
+            import mgpu_runtime
+            if args.multi_gpu or mgpu_runtime.world_size() > 1:
+                model = mgpu_runtime.DistributedDataParallel(model)
+            """,
             DDP,
             ("MGP101", "MGP121"),
         ),
         Example(
-            "import torch.nn as nn\nif args.resume:\n    model = nn.DataParallel(model)\n",
-            "import mgpu_runtime\nif args.resume:\n    model = mgpu_runtime.DistributedDataParallel(model)\n",
+            """
+            import torch.nn as nn
+            if args.resume:
+                model = nn.DataParallel(model)
+            """,
+            """
+            import mgpu_runtime
+            if args.resume:
+                model = mgpu_runtime.DistributedDataParallel(model)
+            """,
             DDP,
             ("MGP101", "MGP233"),
         ),
         Example(
-            "import torch.nn as nn\n\n\ndef init_net(net, gpu_ids):\n    if len(gpu_ids) > 0:\n        net.to(gpu_ids[0])\n"
-            "        net = nn.DataParallel(net, gpu_ids)\n    return net\n",
-            "import mgpu_runtime\n\n\ndef init_net(net, gpu_ids):\n    if len(gpu_ids) > 0:\n        net.to(gpu_ids[0])\n"
-            "        net = mgpu_runtime.DistributedDataParallel(net)\n    return net\n",
+            """
+            import torch.nn as nn
+
+
+            def init_net(net, gpu_ids):
+                if len(gpu_ids) > 0:
+                    net.to(gpu_ids[0])
+                    net = nn.DataParallel(net, gpu_ids)
+                return net
+            """,
+            """
+            import mgpu_runtime
+
+
+            def init_net(net, gpu_ids):
+                if len(gpu_ids) > 0:
+                    net.to(gpu_ids[0])
+                    net = mgpu_runtime.DistributedDataParallel(net)
+                return net
+            """,
             DDP,
-            ("MGP101", "MGP254", "MGP262"),
+            ("MGP101", "MGP254"),
         ),
     )
 

@@ -59,33 +59,66 @@ class WrapperCheck(Rule):
     DESCRIPTION = "isinstance/type checks for DataParallel kept true for the runtime's wrappers"
     EXAMPLES = (
         Example(
-            "import torch.nn as nn\nbare = m.module if isinstance(m, nn.DataParallel) else m\n",
-            "import mgpu_runtime\nbare = m.module if isinstance(m, mgpu_runtime.PARALLEL_WRAPPERS) else m\n",
+            """
+            import torch.nn as nn
+            bare = m.module if isinstance(m, nn.DataParallel) else m
+            """,
+            """
+            import mgpu_runtime
+            bare = m.module if isinstance(m, mgpu_runtime.PARALLEL_WRAPPERS) else m
+            """,
             DDP,
             ("MGP126",),
         ),
         Example(
-            "import torch.nn as nn\nbare = m.module if isinstance(m, nn.DataParallel) else m\n",
+            """
+            import torch.nn as nn
+            bare = m.module if isinstance(m, nn.DataParallel) else m
+            """,
             None,
             BALANCED,
         ),
         Example(
-            "import torch.nn as nn\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
-            "if type(m) not in [nn.DataParallel, DDP]:\n    pass\n",
-            "from torch.nn.parallel import DistributedDataParallel as DDP\nimport mgpu_runtime\n"
-            "if not isinstance(m, (mgpu_runtime.PARALLEL_WRAPPERS, DDP)):\n    pass\n",
+            """
+            import torch.nn as nn
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            if type(m) not in [nn.DataParallel, DDP]:
+                pass
+            """,
+            """
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            import mgpu_runtime
+            if not isinstance(m, (mgpu_runtime.PARALLEL_WRAPPERS, DDP)):
+                pass
+            """,
             BALANCED,
             ("MGP126",),
         ),
         Example(
-            "import torch\nwrapped = m.__class__ == torch.nn.DataParallel\n",
-            "import mgpu_runtime\nwrapped = isinstance(m, mgpu_runtime.PARALLEL_WRAPPERS)\n",
+            """
+            import torch
+            wrapped = m.__class__ == torch.nn.DataParallel
+            """,
+            """
+            import mgpu_runtime
+            wrapped = isinstance(m, mgpu_runtime.PARALLEL_WRAPPERS)
+            """,
             DDP,
             ("MGP126",),
         ),
         Example(
-            "import torch.nn as nn\nmodel = nn.DataParallel(model)\nif type(model).__name__ == 'DataParallel':\n    pass\n",
-            "import mgpu_runtime\nmodel = mgpu_runtime.DistributedDataParallel(model)\nif type(model).__name__ == 'DataParallel':\n    pass\n",
+            """
+            import torch.nn as nn
+            model = nn.DataParallel(model)
+            if type(model).__name__ == 'DataParallel':
+                pass
+            """,
+            """
+            import mgpu_runtime
+            model = mgpu_runtime.DistributedDataParallel(model)
+            if type(model).__name__ == 'DataParallel':
+                pass
+            """,
             DDP,
             ("MGP101", "MGP243"),
         ),

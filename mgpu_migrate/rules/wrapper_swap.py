@@ -92,55 +92,95 @@ class WrapperSwap(Rule):
     DESCRIPTION = "DataParallel wrapper replaced with the runtime's wrapper"
     EXAMPLES = (
         Example(
-            "import torch.nn as nn\nmodel = nn.DataParallel(model, device_ids=[0, 1])\n",
-            "import mgpu_runtime\nmodel = mgpu_runtime.DataParallelModel(model, device_ids=[0, 1])\n",
+            """
+            import torch.nn as nn
+            model = nn.DataParallel(model, device_ids=[0, 1])
+            """,
+            """
+            import mgpu_runtime
+            model = mgpu_runtime.DataParallelModel(model, device_ids=[0, 1])
+            """,
             BALANCED,
             ("MGP101",),
         ),
         Example(
-            "from torch.nn import DataParallel as DP\nnet = DP(net, [0, 1], 0)\n",
-            "import mgpu_runtime\nnet = mgpu_runtime.DistributedDataParallel(net)\n",
+            """
+            from torch.nn import DataParallel as DP
+            net = DP(net, [0, 1], 0)
+            """,
+            """
+            import mgpu_runtime
+            net = mgpu_runtime.DistributedDataParallel(net)
+            """,
             DDP,
             ("MGP101",),
         ),
         Example(
-            "import torch\nmodel = torch.nn.DataParallel(model, dim=1)\n",
+            """
+            import torch
+            model = torch.nn.DataParallel(model, dim=1)
+            """,
             None,
             DDP,
             ("MGP201",),
         ),
         Example(
-            "import torch.nn as nn\nmodel = nn.DataParallel(model, **options)\n",
+            """
+            import torch.nn as nn
+            model = nn.DataParallel(model, **options)
+            """,
             None,
             DDP,
             ("MGP214",),
         ),
         Example(
-            "from torch.nn import *\nmodel = DataParallel(model)\n",
-            "from torch.nn import *\nimport mgpu_runtime\nmodel = mgpu_runtime.DataParallelModel(model)\n",
+            """
+            from torch.nn import *
+            model = DataParallel(model)
+            """,
+            """
+            from torch.nn import *
+            import mgpu_runtime
+            model = mgpu_runtime.DataParallelModel(model)
+            """,
             BALANCED,
             ("MGP101",),
         ),
         Example(
-            "import torch\nimport torch.nn as nn\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-            "optimizer = nn.DataParallel(optimizer)\noptimizer.module.step()\n",
+            """
+            import torch
+            import torch.nn as nn
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            optimizer = nn.DataParallel(optimizer)
+            optimizer.module.step()
+            """,
             None,
             DDP,
             ("MGP252",),
         ),
         Example(
-            "from mytools import *\nmodel = nn.DataParallel(model)\n",
+            """
+            from mytools import *
+            model = nn.DataParallel(model)
+            """,
             None,
             BALANCED,
             ("MGP253",),
         ),
         Example(
-            "class DataParallel:\n    pass\nmodel = DataParallel(model)\n",
+            """
+            class DataParallel:
+                pass
+            model = DataParallel(model)
+            """,
             None,
             BALANCED,
         ),
         Example(
-            "import torch.nn as nn\nmodel = nn.DataParallel(model)  # noqa: MGP101\n",
+            """
+            import torch.nn as nn
+            model = nn.DataParallel(model)  # noqa: MGP101
+            """,
             None,
             DDP,
         ),
