@@ -46,6 +46,12 @@ _NUMERIC_DEFAULTS = {
 }
 
 
+# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
+APEX_NUMERICS_DROPPED = "MGP246"
+APEX_UNMAPPABLE = "MGP247"
+AMBIGUOUS_APEX_NAME = "MGP251"
+
+
 class ApexDDP(Rule):
     """
     ## What it does
@@ -79,9 +85,9 @@ class ApexDDP(Rule):
     CODE = "MGP128"
     PHASE = WRAPS
     REVIEW_CODES = {
-        "MGP246": "an apex argument that changes the numerics of the gradient reduction was dropped",
-        "MGP247": "an apex DistributedDataParallel the tool cannot map (gradient_average=False, unknown arguments)",
-        "MGP251": "the name is bound both to apex's DistributedDataParallel and to something else in this file",
+        APEX_NUMERICS_DROPPED: "an apex argument that changes the numerics of the gradient reduction was dropped",
+        APEX_UNMAPPABLE: "an apex DistributedDataParallel the tool cannot map (gradient_average=False, unknown arguments)",
+        AMBIGUOUS_APEX_NAME: "the name is bound both to apex's DistributedDataParallel and to something else in this file",
     }
     DESCRIPTION = "apex.parallel.DistributedDataParallel replaced with the runtime's wrapper"
     TARGETS = (DDP,)
@@ -154,7 +160,7 @@ class ApexDDP(Rule):
                 what = ", ".join(unknown) or "no module argument"
                 self.left(
                     call,
-                    "MGP247",
+                    APEX_UNMAPPABLE,
                     f"apex DistributedDataParallel with {what}: no equivalent in the runtime's wrapper; not rewritten",
                 )
                 continue
@@ -167,13 +173,13 @@ class ApexDDP(Rule):
             if numeric:
                 self.left(
                     call,
-                    "MGP246",
+                    APEX_NUMERICS_DROPPED,
                     f"dropped {', '.join(numeric)}: the runtime reduces gradients in their own precision, divided "
                     "once; check the training still converges as before",
                 )
         for call in self.analysis.ambiguous_calls(names.APEX_DDP):
             self.left(
-                call, "MGP251", "this name is bound to apex's DistributedDataParallel and to something else; not rewritten"
+                call, AMBIGUOUS_APEX_NAME, "this name is bound to apex's DistributedDataParallel and to something else; not rewritten"
             )
 
 

@@ -15,6 +15,10 @@ _MOVERS = {"os.replace", "os.rename", "os.remove", "os.unlink", "shutil.move", "
 _FILE_MAKERS = {"open", "io.open", "io.BytesIO", "gzip.open", "bz2.open", "lzma.open", "builtins.open"}
 
 
+# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
+SAVE_ON_EVERY_PROCESS = "MGP240"
+
+
 class CheckpointSave(Rule):
     """
     ## What it does
@@ -47,7 +51,7 @@ class CheckpointSave(Rule):
     CODE = "MGP123"
     PHASE = PROGRAM
     REVIEW_CODES = {
-        "MGP240": "a save every process still runs: into a file object or buffer, or save_pretrained",
+        SAVE_ON_EVERY_PROCESS: "a save every process still runs: into a file object or buffer, or save_pretrained",
     }
     DESCRIPTION = "torch.save replaced with mgpu_runtime.save (main process only, atomic)"
     TARGETS = (DDP,)
@@ -99,7 +103,7 @@ class CheckpointSave(Rule):
             if destination is not None and self._is_file_object(call, destination.value):
                 self.left(
                     call,
-                    "MGP240",
+                    SAVE_ON_EVERY_PROCESS,
                     "saving into a file object or buffer: every process runs this",
                 )
                 continue
@@ -128,7 +132,7 @@ class CheckpointSave(Rule):
             ):
                 self.left(
                     call,
-                    "MGP240",
+                    SAVE_ON_EVERY_PROCESS,
                     "save_pretrained runs on every process",
                 )
 
@@ -165,7 +169,7 @@ class CheckpointSave(Rule):
             line, _ = self.analysis.position(mover)
             self.left(
                 call,
-                "MGP240",
+                SAVE_ON_EVERY_PROCESS,
                 f"saved under a name that line {line} then moves or removes: every process runs both",
             )
             return

@@ -38,6 +38,15 @@ def wrap_in_runtime(name: str):
     return wrap
 
 
+# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
+CRITERION_USED_OTHERWISE = "MGP203"
+LOSS_NOT_SPLITTABLE = "MGP204"
+LOSS_OUT_OF_SIGHT = "MGP205"
+SUBMODULE_LOSS_GATHERED = "MGP206"
+LOSS_ON_TRANSFORMED_OUTPUT = "MGP207"
+CRITERION_FROM_ELSEWHERE = "MGP213"
+
+
 class CriterionWrap(Rule):
     """
     ## What it does
@@ -93,17 +102,17 @@ class CriterionWrap(Rule):
     CODE = "MGP102"
     PHASE = WRAPS
     REVIEW_CODES = {
-        "MGP203": "the criterion is used other than by calling it (attribute read, passed to code outside the "
+        CRITERION_USED_OTHERWISE: "the criterion is used other than by calling it (attribute read, passed to code outside the "
         "file); not wrapped, its loss is computed on the gathered output",
-        "MGP204": "the loss is not one the runtime can split exactly (a custom loss, CTCLoss, a per-sample "
+        LOSS_NOT_SPLITTABLE: "the loss is not one the runtime can split exactly (a custom loss, CTCLoss, a per-sample "
         "weight); not wrapped, its loss is computed on the gathered output",
-        "MGP205": "no loss on this model's outputs is computed in this file: the outputs (or the model) go to "
+        LOSS_OUT_OF_SIGHT: "no loss on this model's outputs is computed in this file: the outputs (or the model) go to "
         "code the tool cannot see, where a loss runs on the gathered output",
-        "MGP206": "only a sub-module is wrapped: its output is gathered where the rest of the model uses it, "
+        SUBMODULE_LOSS_GATHERED: "only a sub-module is wrapped: its output is gathered where the rest of the model uses it, "
         "so the loss is computed on the output device, as before",
-        "MGP207": "the loss gets a value computed from the outputs (`out.view(...)`), so the outputs are "
+        LOSS_ON_TRANSFORMED_OUTPUT: "the loss gets a value computed from the outputs (`out.view(...)`), so the outputs are "
         "gathered first; compute it in the model's forward to keep the loss per device",
-        "MGP213": "a wrapped criterion can also come from code the tool cannot follow (a factory of another module, "
+        CRITERION_FROM_ELSEWHERE: "a wrapped criterion can also come from code the tool cannot follow (a factory of another module, "
         "a parameter passed from outside the file); that criterion is not wrapped",
     }
     DESCRIPTION = "criterion on a wrapped model's outputs wrapped in the runtime's criterion for the target"
@@ -336,7 +345,7 @@ class CriterionWrap(Rule):
             if construction.kind in (UNSPLITTABLE, CUSTOM):
                 self.left(
                     construction.core,
-                    "MGP204",
+                    LOSS_NOT_SPLITTABLE,
                     f"{construction.reason}: not wrapped; its loss is computed on the gathered output, as before",
                 )
         splittable = [c for c in criterion.constructions if c.kind == SPLITTABLE and c.value not in wrapped]
@@ -345,7 +354,7 @@ class CriterionWrap(Rule):
             for source in criterion.unfollowed:
                 self.left(
                     source.node,
-                    "MGP213",
+                    CRITERION_FROM_ELSEWHERE,
                     f"the criterion wrapped at line {self.analysis.position(splittable[0].core)[0]} can also come from "
                     f"{source.what}, which is not wrapped",
                 )
@@ -381,7 +390,7 @@ class CriterionWrap(Rule):
             for construction in constructions:
                 self.left(
                     construction.core,
-                    "MGP203",
+                    CRITERION_USED_OTHERWISE,
                     f"criterion not wrapped: {use.what} (line {line}); {consequence}",
                 )
             return
@@ -399,7 +408,7 @@ class CriterionWrap(Rule):
         code = self.analysis.module.code_for_node(call.prediction)
         self.left(
             call.call,
-            "MGP207",
+            LOSS_ON_TRANSFORMED_OUTPUT,
             f"the loss gets `{shorten(code)}`, computed from the model's outputs, so they are gathered first",
         )
 
@@ -418,7 +427,7 @@ class CriterionWrap(Rule):
             if submodule is not None:
                 self.left(
                     site.call,
-                    "MGP206",
+                    SUBMODULE_LOSS_GATHERED,
                     f"only the sub-module `{shorten(submodule)}` is wrapped: the loss is computed on its gathered "
                     "output, as before",
                 )
@@ -433,7 +442,7 @@ class CriterionWrap(Rule):
             subject = "its outputs go" if first in output_escapes.get(site, ()) else "the model goes"
             self.left(
                 site.call,
-                "MGP205",
+                LOSS_OUT_OF_SIGHT,
                 f"no loss on this model's outputs here: {subject} to {first.what} "
                 f"(line {self.analysis.position(first.node)[0]}), where a loss runs on the gathered output",
             )

@@ -22,6 +22,10 @@ class _SelfAttributes(cst.CSTVisitor):
         self.names.add(node.attr.value)
 
 
+# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
+DATA_PARALLEL_SUBCLASS_KEPT = "MGP210"
+
+
 class DataParallelSubclass(Rule):
     """
     ## What it does
@@ -60,7 +64,7 @@ class DataParallelSubclass(Rule):
     CODE = "MGP106"
     PHASE = WRAPS
     REVIEW_CODES = {
-        "MGP210": "a subclass of DataParallel that overrides its machinery (or any subclass, for --to ddp); "
+        DATA_PARALLEL_SUBCLASS_KEPT: "a subclass of DataParallel that overrides its machinery (or any subclass, for --to ddp); "
         "left as it is",
     }
     DESCRIPTION = "DataParallel subclass rebased on the runtime's wrapper"
@@ -123,7 +127,7 @@ class DataParallelSubclass(Rule):
         if self.target == DDP:
             self.left(
                 cls,
-                "MGP210",
+                DATA_PARALLEL_SUBCLASS_KEPT,
                 f"`{cls.name.value}` subclasses DataParallel, which has no DistributedDataParallel counterpart: "
                 "not rewritten",
             )
@@ -140,7 +144,7 @@ class DataParallelSubclass(Rule):
             what = f"overrides `{overridden[0]}`" if overridden else f"reads `{private[0]}`"
             self.left(
                 cls,
-                "MGP210",
+                DATA_PARALLEL_SUBCLASS_KEPT,
                 f"`{cls.name.value}` {what}, which {RUNTIME}.DataParallelModel does not use: not rebased",
             )
             return

@@ -17,6 +17,10 @@ from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 _DEVICE_ARGUMENTS = ("device_ids", "output_device", "dim")
 
 
+# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
+ENCODING_PAIR_KEPT = "MGP208"
+
+
 class EncodingPair(Rule):
     """
     ## What it does
@@ -61,7 +65,7 @@ class EncodingPair(Rule):
     CODE = "MGP104"
     PHASE = WRAPS
     REVIEW_CODES = {
-        "MGP208": "PyTorch-Encoding's model outputs are used as a per-device list (or the wrap has dim != 0 "
+        ENCODING_PAIR_KEPT: "PyTorch-Encoding's model outputs are used as a per-device list (or the wrap has dim != 0 "
         "under --to ddp); the pair is left as it is",
     }
     DESCRIPTION = "PyTorch-Encoding's DataParallelModel/DataParallelCriterion replaced with the runtime's"
@@ -162,7 +166,7 @@ class EncodingPair(Rule):
             for call in [site.call for site in sites] + criteria:
                 self.left(
                     call,
-                    "MGP208",
+                    ENCODING_PAIR_KEPT,
                     f"PyTorch-Encoding's parallel pair left as it is: {why} (line {line})",
                 )
             return

@@ -8,6 +8,12 @@ from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_call
 
 
+# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
+NO_ENTRY_POINT = "MGP230"
+EXISTING_DISTRIBUTED_SETUP = "MGP231"
+FILE_KEEPS_A_WRAP = "MGP232"
+
+
 class EntryPointSetup(Rule):
     """
     ## What it does
@@ -51,9 +57,9 @@ class EntryPointSetup(Rule):
     CODE = "MGP120"
     PHASE = PROGRAM
     REVIEW_CODES = {
-        "MGP230": "the file trains, but no place that runs first was found for mgpu_runtime.setup()",
-        "MGP231": "the file already runs distributed training of its own; only its DataParallel fallback is migrated",
-        "MGP232": "the file keeps a DataParallel wrap, so it is left as it is: --to ddp migrates a file entirely or not at all",
+        NO_ENTRY_POINT: "the file trains, but no place that runs first was found for mgpu_runtime.setup()",
+        EXISTING_DISTRIBUTED_SETUP: "the file already runs distributed training of its own; only its DataParallel fallback is migrated",
+        FILE_KEEPS_A_WRAP: "the file keeps a DataParallel wrap, so it is left as it is: --to ddp migrates a file entirely or not at all",
     }
     DESCRIPTION = "mgpu_runtime.setup() inserted where the program starts"
     TARGETS = (DDP,)
@@ -233,7 +239,7 @@ class EntryPointSetup(Rule):
             line, _ = self.analysis.position(program.existing[0])
             self.left(
                 first,
-                "MGP231",
+                EXISTING_DISTRIBUTED_SETUP,
                 f"this file sets up distributed training itself (line {line}): only the DataParallel fallback is "
                 "migrated",
             )
@@ -243,7 +249,7 @@ class EntryPointSetup(Rule):
             for wrap in program.wraps:
                 self.left(
                     wrap,
-                    "MGP232",
+                    FILE_KEEPS_A_WRAP,
                     f"the DataParallel wrap at line {line} stays, so this file is left as it is; migrate that wrap "
                     "first",
                 )
@@ -256,7 +262,7 @@ class EntryPointSetup(Rule):
                 return  # a module of helpers: the program starts elsewhere, the wrapper sets up when built
             self.left(
                 first,
-                "MGP230",
+                NO_ENTRY_POINT,
                 f"no entry point here (no main block or main()): call {RUNTIME}.setup() where your program starts",
             )
             return

@@ -19,6 +19,11 @@ FIRST_GPU = "cuda:0"
 _NOT_A_DEVICE_PARENTS = (cst.Expr, cst.ConcatenatedString, cst.FormattedString)
 
 
+# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
+EXPLICIT_OTHER_GPU = "MGP244"
+VISIBLE_DEVICES_AFTER_SETUP = "MGP245"
+
+
 class ExplicitDevice(Rule):
     """
     ## What it does
@@ -56,8 +61,8 @@ class ExplicitDevice(Rule):
     CODE = "MGP127"
     PHASE = PROGRAM
     REVIEW_CODES = {
-        "MGP244": "an explicit GPU other than the first: under DDP each process uses its own device",
-        "MGP245": "CUDA_VISIBLE_DEVICES set after mgpu_runtime.setup() has bound the process to a GPU, or in a file "
+        EXPLICIT_OTHER_GPU: "an explicit GPU other than the first: under DDP each process uses its own device",
+        VISIBLE_DEVICES_AFTER_SETUP: "CUDA_VISIBLE_DEVICES set after mgpu_runtime.setup() has bound the process to a GPU, or in a file "
         "that leaves setup() to the runtime, where it may come after setup()",
     }
     DESCRIPTION = "explicit cuda:0 devices replaced with the process's own device"
@@ -227,7 +232,7 @@ class ExplicitDevice(Rule):
     def _other_gpu(self, node: cst.CSTNode, code: str) -> None:
         self.left(
             node,
-            "MGP244",
+            EXPLICIT_OTHER_GPU,
             f"explicit GPU `{shorten(code)}`: under DDP each process uses its own GPU ({RUNTIME}.device())",
         )
 
@@ -249,7 +254,7 @@ class ExplicitDevice(Rule):
             line, _ = self.analysis.position(anchor)
             self.left(
                 statement,
-                "MGP245",
+                VISIBLE_DEVICES_AFTER_SETUP,
                 f"CUDA_VISIBLE_DEVICES is set after {RUNTIME}.setup() ({place} line {line}) has bound this process to "
                 "a GPU",
             )
@@ -282,7 +287,7 @@ class ExplicitDevice(Rule):
         line, _ = self.analysis.position(program.wraps[0])
         self.left(
             statement,
-            "MGP245",
+            VISIBLE_DEVICES_AFTER_SETUP,
             f"CUDA_VISIBLE_DEVICES is set where {RUNTIME}.setup() may have run before it (at the latest by the "
             f"wrapper at line {line})",
         )

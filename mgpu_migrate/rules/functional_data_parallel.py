@@ -7,6 +7,10 @@ from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 
 
+# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
+FUNCTIONAL_DATA_PARALLEL_UNDER_DDP = "MGP209"
+
+
 class FunctionalDataParallel(Rule):
     """
     ## What it does
@@ -40,7 +44,7 @@ class FunctionalDataParallel(Rule):
     CODE = "MGP105"
     PHASE = WRAPS
     REVIEW_CODES = {
-        "MGP209": "the functional data_parallel has no per-call DistributedDataParallel equivalent; wrap the "
+        FUNCTIONAL_DATA_PARALLEL_UNDER_DDP: "the functional data_parallel has no per-call DistributedDataParallel equivalent; wrap the "
         "module once with mgpu_runtime.DistributedDataParallel and call it",
     }
     DESCRIPTION = "functional data_parallel replaced with the runtime's"
@@ -94,7 +98,7 @@ class FunctionalDataParallel(Rule):
             if self.target == DDP:
                 self.left(
                     call,
-                    "MGP209",
+                    FUNCTIONAL_DATA_PARALLEL_UNDER_DDP,
                     f"functional data_parallel not rewritten: wrap the module once with {RUNTIME}.DistributedDataParallel",
                 )
                 continue

@@ -38,6 +38,10 @@ def torch_nn_spelling(analysis) -> tuple[str, bool]:
     return "torch.nn", "torch" not in bindings.local
 
 
+# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
+FUNCTIONAL_LOSS_KEPT = "MGP212"
+
+
 class FunctionalLoss(Rule):
     """
     ## What it does
@@ -79,7 +83,7 @@ class FunctionalLoss(Rule):
     CODE = "MGP103"
     PHASE = WRAPS
     REVIEW_CODES = {
-        "MGP212": "a functional loss on the model's outputs was left as it is (a transformed input, or options "
+        FUNCTIONAL_LOSS_KEPT: "a functional loss on the model's outputs was left as it is (a transformed input, or options "
         "the loss's class cannot take); it is computed on the gathered output",
     }
     DESCRIPTION = "functional loss on a wrapped model's outputs computed per device by the runtime's criterion"
@@ -191,13 +195,13 @@ class FunctionalLoss(Rule):
             code = shorten(self.analysis.module.code_for_node(loss.prediction))
             self.left(
                 loss.call,
-                "MGP212",
+                FUNCTIONAL_LOSS_KEPT,
                 f"`{function}` gets `{code}`, computed from the model's outputs, so they are gathered first",
             )
             return
         plan = _plan(loss.call, function, per_sample_weight_allowed=False)
         if isinstance(plan, str):
-            self.left(loss.call, "MGP212", f"`{function}` not rewritten: {plan}; it is computed on the gathered output")
+            self.left(loss.call, FUNCTIONAL_LOSS_KEPT, f"`{function}` not rewritten: {plan}; it is computed on the gathered output")
             return
         self._rewrite(loss, plan, "DataParallelCriterion", "beside each piece of the output")
 
@@ -215,7 +219,7 @@ class FunctionalLoss(Rule):
         if isinstance(plan, str):
             self.left(
                 loss.call,
-                "MGP212",
+                FUNCTIONAL_LOSS_KEPT,
                 f"`{function}` not rewritten: {plan}; its gradient over uneven shares of the batch is not exact",
             )
             return

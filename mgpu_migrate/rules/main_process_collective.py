@@ -42,6 +42,10 @@ _BUILTINS = frozenset(dir(builtins))
 _DDP_WRAPPERS = {names.TORCH_DDP, names.APEX_DDP, names.RUNTIME_DDP, names.DATA_PARALLEL, names.ENCODING_MODEL}
 
 
+# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
+COLLECTIVE_IN_MAIN_PROCESS_BLOCK = "MGP249"
+
+
 class MainProcessCollective(Rule):
     """
     ## What it does
@@ -72,10 +76,10 @@ class MainProcessCollective(Rule):
     out) depends on what the block does.
     """
 
-    CODE = "MGP249"
+    CODE = COLLECTIVE_IN_MAIN_PROCESS_BLOCK
     PHASE = PROGRAM
     REVIEW_CODES = {
-        "MGP249": "a collective or a DDP forward inside a main-process-only block: the other processes never join",
+        COLLECTIVE_IN_MAIN_PROCESS_BLOCK: "a collective or a DDP forward inside a main-process-only block: the other processes never join",
     }
     DESCRIPTION = "collectives and DDP forwards inside main-process-only blocks reported"
     TARGETS = (DDP,)
@@ -131,7 +135,7 @@ class MainProcessCollective(Rule):
                     what, fix = found
                     self.left(
                         call,
-                        "MGP249",
+                        COLLECTIVE_IN_MAIN_PROCESS_BLOCK,
                         f"{what} under `if {shorten(condition, 30)}:` (main process only): it hangs; {fix}",
                     )
 

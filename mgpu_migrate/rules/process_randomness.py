@@ -33,6 +33,10 @@ _LIKE_DRAWS = frozenset(f"torch.{name}" for name in ("randn_like", "rand_like", 
 _FILLS = frozenset({"normal_", "uniform_", "bernoulli_", "exponential_", "geometric_", "cauchy_", "log_normal_", "random_"})
 
 
+# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
+PER_ROW_RANDOMNESS = "MGP260"
+
+
 class ProcessRandomness(Rule):
     """
     ## What it does
@@ -68,10 +72,10 @@ class ProcessRandomness(Rule):
     choice that decides whether to step) must keep one seed.
     """
 
-    CODE = "MGP260"
+    CODE = PER_ROW_RANDOMNESS
     PHASE = CHECKS
     REVIEW_CODES = {
-        "MGP260": "random numbers drawn per row in the training loop of a seeded script: processes draw the same ones",
+        PER_ROW_RANDOMNESS: "random numbers drawn per row in the training loop of a seeded script: processes draw the same ones",
     }
     DESCRIPTION = "per-row random draws in the training loop of a seeded script reported"
     TARGETS = (DDP,)
@@ -124,7 +128,7 @@ class ProcessRandomness(Rule):
                 code = self.analysis.module.code_for_node(call)
                 self.left(
                     call,
-                    "MGP260",
+                    PER_ROW_RANDOMNESS,
                     f"`{shorten(code)}` draws per row; processes seeded alike (line {seed_line}) draw the same ones: "
                     f"seed with seed + {RUNTIME}.rank()",
                 )

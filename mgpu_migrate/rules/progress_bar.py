@@ -18,6 +18,10 @@ def is_progress_bar(qualified: str | None) -> bool:
     return len(parts) > 1 and parts[0] == "tqdm" and parts[-1] in ("tqdm", "trange")
 
 
+# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
+PROGRESS_BAR_ON_EVERY_PROCESS = "MGP241"
+
+
 class ProgressBar(Rule):
     """
     ## What it does
@@ -47,7 +51,7 @@ class ProgressBar(Rule):
 
     CODE = "MGP125"
     PHASE = PROGRAM
-    REVIEW_CODES = {"MGP241": "a progress bar whose disable argument the tool cannot see: it is drawn by every process"}
+    REVIEW_CODES = {PROGRESS_BAR_ON_EVERY_PROCESS: "a progress bar whose disable argument the tool cannot see: it is drawn by every process"}
     DESCRIPTION = "tqdm progress bars shown on the main process only"
     TARGETS = (DDP,)
     EXAMPLES = (
@@ -140,7 +144,7 @@ class ProgressBar(Rule):
                 continue
             positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
             if has_star_args(call) or len(positional) > _DISABLE_POSITION:
-                self.left(call, "MGP241", f"progress bar drawn by every process: pass `disable={_ON_OTHER_PROCESSES}`")
+                self.left(call, PROGRESS_BAR_ON_EVERY_PROCESS, f"progress bar drawn by every process: pass `disable={_ON_OTHER_PROCESSES}`")
                 continue
             if not self.rewrite_allowed(call):
                 continue

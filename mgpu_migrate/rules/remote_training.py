@@ -5,11 +5,14 @@ from __future__ import annotations
 import libcst as cst
 
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
-from mgpu_migrate.rules.syntax import RUNTIME
 
 
 # The file is left as it is when this is reported (a veto, program.settle).
 INFERENCE_ONLY = "MGP263"
+
+
+# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
+TRAINED_ELSEWHERE = "MGP262"
 
 
 class RemoteTraining(Rule):
@@ -49,12 +52,12 @@ class RemoteTraining(Rule):
     Only the wrap is rewritten (MGP101); the runtime's wrapper calls ``setup()`` when it is built.
     """
 
-    CODE = "MGP262"
+    CODE = TRAINED_ELSEWHERE
     PHASE = PROGRAM
     VETOES = frozenset({INFERENCE_ONLY})
     REVIEW_CODES = {
-        "MGP262": "the model is trained in code this file does not show: its data loader is not distributed",
-        "MGP263": "an evaluation script (the model runs here; no backward pass, no optimizer): left as DataParallel",
+        TRAINED_ELSEWHERE: "the model is trained in code this file does not show: its data loader is not distributed",
+        INFERENCE_ONLY: "an evaluation script (the model runs here; no backward pass, no optimizer): left as DataParallel",
     }
     DESCRIPTION = "wraps whose training loop is in another file reported"
     TARGETS = (DDP,)
@@ -110,7 +113,7 @@ class RemoteTraining(Rule):
             others = len(program.wraps) - 1
             self.left(
                 wrap,
-                "MGP262",
+                TRAINED_ELSEWHERE,
                 f"no training loop here: the model goes to {where[0].what}"
                 f"{f' (and {others} other wrapped model(s) elsewhere)' if others else ''}; distribute its training "
                 "loader there",

@@ -10,11 +10,15 @@ from mgpu_migrate.analysis.guards import under_main_process_block
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
-from mgpu_migrate.rules.syntax import RUNTIME, argument
+from mgpu_migrate.rules.syntax import argument
 
 _WRITING_METHODS = frozenset({"write_text", "write_bytes"})
 _RACE = "all write the file at once, so one process's content wins or it comes out garbled"
 _SAVERS = frozenset({"numpy.save", "numpy.savez", "numpy.savetxt", "numpy.savez_compressed"})
+
+
+# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
+FILE_WRITTEN_BY_EVERY_PROCESS = "MGP261"
 
 
 class SharedFiles(Rule):
@@ -47,9 +51,9 @@ class SharedFiles(Rule):
     whole batch's, which ``mgpu_runtime.reduce_mean`` gives; and code in the block may need every process.
     """
 
-    CODE = "MGP261"
+    CODE = FILE_WRITTEN_BY_EVERY_PROCESS
     PHASE = PROGRAM
-    REVIEW_CODES = {"MGP261": "a file written by every process: duplicated lines, or writers racing"}
+    REVIEW_CODES = {FILE_WRITTEN_BY_EVERY_PROCESS: "a file written by every process: duplicated lines, or writers racing"}
     DESCRIPTION = "files written by every process reported"
     TARGETS = (DDP,)
     EXAMPLES = (
@@ -97,7 +101,7 @@ class SharedFiles(Rule):
             code = self.analysis.module.code_for_node(call)
             self.left(
                 call,
-                "MGP261",
+                FILE_WRITTEN_BY_EVERY_PROCESS,
                 f"`{shorten(code)}` runs on every process: {how}",
             )
 

@@ -21,6 +21,10 @@ _TORCHVISION_WITH_BATCH_NORM = re.compile(
 CONVERT = "SyncBatchNorm.convert_sync_batchnorm"
 
 
+# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
+BATCHNORM_PER_PROCESS = "MGP248"
+
+
 class SyncBatchNorm(Rule):
     """
     ## What it does
@@ -52,7 +56,7 @@ class SyncBatchNorm(Rule):
     CODE = "MGP129"
     PHASE = PROGRAM
     REVIEW_CODES = {
-        "MGP248": "BatchNorm statistics are computed per process (as per GPU under DataParallel); see --sync-bn",
+        BATCHNORM_PER_PROCESS: "BatchNorm statistics are computed per process (as per GPU under DataParallel); see --sync-bn",
     }
     DESCRIPTION = "BatchNorm converted to SyncBatchNorm (--sync-bn)"
     TARGETS = (DDP,)
@@ -98,7 +102,7 @@ class SyncBatchNorm(Rule):
                 for wrap in program.wraps:
                     self.left(
                         wrap,
-                        "MGP248",
+                        BATCHNORM_PER_PROCESS,
                         f"BatchNorm layers (`{shorten(what)}`, line {line}) normalize over each process's rows, as over "
                         "each GPU's before; see --sync-bn",
                     )

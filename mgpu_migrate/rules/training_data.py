@@ -31,6 +31,14 @@ def _is_name(node: cst.BaseExpression, name: str) -> bool:
     return isinstance(node, cst.Name) and node.value == name
 
 
+# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
+EVALUATION_LOADER_WHOLE = "MGP234"
+TRAINING_DATA_NOT_FOLLOWED = "MGP235"
+SUMMED_LOSS = "MGP236"
+CUSTOM_SAMPLER = "MGP237"
+ITERABLE_DATASET = "MGP238"
+
+
 class TrainingData(Rule):
     """
     ## What it does
@@ -77,11 +85,11 @@ class TrainingData(Rule):
     CODE = "MGP122"
     PHASE = PROGRAM
     REVIEW_CODES = {
-        "MGP234": "an evaluation loader left whole: every process evaluates all of it",
-        "MGP235": "training data the tool cannot follow to a DataLoader, or cannot tell is trained on: not split",
-        "MGP236": "a loss summed by hand: the runtime cannot weight it, so that loop's data is not split",
-        "MGP237": "a custom sampler: it runs on the main process only and each of its batches is split",
-        "MGP238": "an iterable dataset: the main process reads every batch and sends each process its rows",
+        EVALUATION_LOADER_WHOLE: "an evaluation loader left whole: every process evaluates all of it",
+        TRAINING_DATA_NOT_FOLLOWED: "training data the tool cannot follow to a DataLoader, or cannot tell is trained on: not split",
+        SUMMED_LOSS: "a loss summed by hand: the runtime cannot weight it, so that loop's data is not split",
+        CUSTOM_SAMPLER: "a custom sampler: it runs on the main process only and each of its batches is split",
+        ITERABLE_DATASET: "an iterable dataset: the main process reads every batch and sends each process its rows",
     }
     DESCRIPTION = "training loaders distributed with mgpu_runtime.distribute_loader"
     TARGETS = (DDP,)
@@ -147,18 +155,18 @@ class TrainingData(Rule):
         code = self.analysis.module.code_for_node
         for trace in flow.traces:
             if trace.unsure is not None:
-                self._report_once(reported, trace.loop, "MGP235", self._unsure_message(trace))
+                self._report_once(reported, trace.loop, TRAINING_DATA_NOT_FOLLOWED, self._unsure_message(trace))
             if not trace.training:
                 continue
             if summed[trace.loop] is not None:
-                self._report_once(reported, trace.loop, "MGP236", self._summed_message(summed[trace.loop]))
+                self._report_once(reported, trace.loop, SUMMED_LOSS, self._summed_message(summed[trace.loop]))
             elif trace.origin is None:
                 data = self._drawn_data(trace)
                 if data is not None:
                     self._report_once(
                         reported,
                         trace.loop,
-                        "MGP235",
+                        TRAINING_DATA_NOT_FOLLOWED,
                         f"this training loop's data (`{shorten(code(data))}`) is not followed to a DataLoader: not "
                         "split",
                     )
@@ -172,7 +180,7 @@ class TrainingData(Rule):
                 self._report_once(
                     reported,
                     trace.origin,
-                    "MGP234",
+                    EVALUATION_LOADER_WHOLE,
                     "evaluation loader left whole: every process evaluates all of it",
                 )
 
@@ -215,14 +223,14 @@ class TrainingData(Rule):
         if sampler is not None:
             self.left(
                 sampler,
-                "MGP237",
+                CUSTOM_SAMPLER,
                 "custom sampler: distribute_loader runs it on the main process only and splits each batch it makes",
             )
         dataset = self._iterable_dataset(origin)
         if dataset is not None:
             self.left(
                 dataset,
-                "MGP238",
+                ITERABLE_DATASET,
                 "iterable dataset: the main process reads every batch and sends each process its rows",
             )
 

@@ -16,6 +16,11 @@ MANY_PROCESSES = f"{RUNTIME}.world_size() > 1"
 SWITCHED_OFF = "MGP256"
 
 
+# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
+WRAP_UNDER_OTHER_CONDITION = "MGP233"
+GUARD_NEEDS_CONDITION = "MGP254"
+
+
 class WrapGuard(Rule):
     """
     ## What it does
@@ -58,8 +63,8 @@ class WrapGuard(Rule):
     PHASE = PROGRAM
     VETOES = frozenset({SWITCHED_OFF})
     REVIEW_CODES = {
-        "MGP233": "a wrap under a condition that is not a GPU guard, or in an else/elif branch; every process must wrap",
-        "MGP254": "a GPU guard around a wrap not extended: a statement under it needs the guard's condition to hold",
+        WRAP_UNDER_OTHER_CONDITION: "a wrap under a condition that is not a GPU guard, or in an else/elif branch; every process must wrap",
+        GUARD_NEEDS_CONDITION: "a GPU guard around a wrap not extended: a statement under it needs the guard's condition to hold",
         SWITCHED_OFF: "a wrap under a flag set to False (`USE_DATA_PARALLEL = False`): it never runs; file left as it is",
     }
     DESCRIPTION = "GPU guard around a wrap extended so that every process of a multi-process run wraps"
@@ -164,7 +169,7 @@ class WrapGuard(Rule):
                     branch = "the else branch of" if in_else else "the elif" if is_elif else "the condition"
                     self.left(
                         wrap,
-                        "MGP233",
+                        WRAP_UNDER_OTHER_CONDITION,
                         f"the wrap runs only under {branch} `{shorten(condition)}`: make sure it holds on every "
                         f"process (e.g. `... or {MANY_PROCESSES}`)",
                     )
@@ -220,7 +225,7 @@ class WrapGuard(Rule):
         line, _ = self.analysis.position(reliance.node)
         self.left(
             guard.test,
-            "MGP254",
+            GUARD_NEEDS_CONDITION,
             f"`{shorten(condition, 30)}` not extended: `{shorten(text, 30)}` (line {line}) under it {reliance.reason}, "
             "so it needs the condition",
         )

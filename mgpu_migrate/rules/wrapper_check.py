@@ -21,6 +21,10 @@ _POSITIVE = (cst.Equal, cst.Is, cst.In)
 _NEGATIVE = (cst.NotEqual, cst.IsNot, cst.NotIn)
 
 
+# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
+WRAPPER_CHECK_BY_NAME = "MGP243"
+
+
 class WrapperCheck(Rule):
     """
     ## What it does
@@ -55,7 +59,7 @@ class WrapperCheck(Rule):
 
     CODE = "MGP126"
     PHASE = CHECKS
-    REVIEW_CODES = {"MGP243": "a wrapper check by class name the tool does not rewrite"}
+    REVIEW_CODES = {WRAPPER_CHECK_BY_NAME: "a wrapper check by class name the tool does not rewrite"}
     DESCRIPTION = "isinstance/type checks for DataParallel kept true for the runtime's wrappers"
     EXAMPLES = (
         Example(
@@ -137,7 +141,7 @@ class WrapperCheck(Rule):
             if self._is_class_name_check(comparison):
                 self.left(
                     comparison,
-                    "MGP243",
+                    WRAPPER_CHECK_BY_NAME,
                     f"a check of the wrapper's class name: the runtime's wrappers have other names; use "
                     f"`isinstance(m, {WRAPPERS})`",
                 )

@@ -39,6 +39,16 @@ def _is_zero(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Integer) and node.evaluated_value == 0
 
 
+# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
+DIM_NOT_ZERO = "MGP201"
+AMBIGUOUS_DATA_PARALLEL_NAME = "MGP202"
+STARRED_WRAP_ARGUMENTS = "MGP214"
+PARTIAL_MODEL_WRAP = "MGP250"
+WRAP_OF_NON_MODEL = "MGP252"
+STAR_IMPORT_WRAP = "MGP253"
+WRAPPER_DROPPED_AGAIN = "MGP255"
+
+
 class WrapperSwap(Rule):
     """
     ## What it does
@@ -81,13 +91,13 @@ class WrapperSwap(Rule):
     CODE = "MGP101"
     PHASE = WRAPS
     REVIEW_CODES = {
-        "MGP201": "DataParallel with dim != 0 has no DistributedDataParallel equivalent",
-        "MGP202": "the name is bound both to torch's DataParallel and to something else in this file",
-        "MGP214": "DataParallel arguments passed with * or **: device_ids, output_device or dim may be among them",
-        "MGP250": "only part of a model is wrapped: DistributedDataParallel would average that part's gradients only",
-        "MGP252": "DataParallel wraps something that is not a model (an optimizer, a scheduler, a tensor, a literal)",
-        "MGP253": "a DataParallel-like name may come from a star import; what it is cannot be told",
-        "MGP255": "the wrapper is taken off again (`model = model.module`): it only loads a checkpoint, the bare model trains",
+        DIM_NOT_ZERO: "DataParallel with dim != 0 has no DistributedDataParallel equivalent",
+        AMBIGUOUS_DATA_PARALLEL_NAME: "the name is bound both to torch's DataParallel and to something else in this file",
+        STARRED_WRAP_ARGUMENTS: "DataParallel arguments passed with * or **: device_ids, output_device or dim may be among them",
+        PARTIAL_MODEL_WRAP: "only part of a model is wrapped: DistributedDataParallel would average that part's gradients only",
+        WRAP_OF_NON_MODEL: "DataParallel wraps something that is not a model (an optimizer, a scheduler, a tensor, a literal)",
+        STAR_IMPORT_WRAP: "a DataParallel-like name may come from a star import; what it is cannot be told",
+        WRAPPER_DROPPED_AGAIN: "the wrapper is taken off again (`model = model.module`): it only loads a checkpoint, the bare model trains",
     }
     DESCRIPTION = "DataParallel wrapper replaced with the runtime's wrapper"
     EXAMPLES = (
@@ -194,7 +204,7 @@ class WrapperSwap(Rule):
             if call in not_modules:
                 self.left(
                     call,
-                    "MGP252",
+                    WRAP_OF_NON_MODEL,
                     f"DataParallel wraps {not_modules[call]}, not a model: nothing to parallelize; left as it is",
                 )
                 continue
@@ -205,13 +215,13 @@ class WrapperSwap(Rule):
             self.edits.need_import(RUNTIME)
             self.rewrote(call, f"DataParallel replaced with {RUNTIME}.{self._wrapper_name()}")
         for call in self.analysis.ambiguous_calls(names.DATA_PARALLEL):
-            self.left(call, "MGP202", "this name is bound to torch's DataParallel and to something else; not rewritten")
+            self.left(call, AMBIGUOUS_DATA_PARALLEL_NAME, "this name is bound to torch's DataParallel and to something else; not rewritten")
         for call, sources in self.analysis.unknown_star_calls(_DATA_PARALLEL_NAMES):
             head = names.head_name(call.func)
             explicit = _EXPLICIT_IMPORTS.get(head, f"an import of `{head}`")
             self.left(
                 call,
-                "MGP253",
+                STAR_IMPORT_WRAP,
                 f"`{shorten(self.analysis.module.code_for_node(call.func))}` may come from "
                 f"`{shorten(', '.join(sources))}`: not rewritten (add `{explicit}` to migrate it)",
             )
@@ -258,7 +268,7 @@ class WrapperSwap(Rule):
         if part is not None:
             self.left(
                 call,
-                "MGP250",
+                PARTIAL_MODEL_WRAP,
                 f"only part of a model is wrapped (`{shorten(part)}`): left as DataParallel, and so is the file",
             )
             return False
@@ -266,7 +276,7 @@ class WrapperSwap(Rule):
         if unwrapped is not None:
             self.left(
                 call,
-                "MGP255",
+                WRAPPER_DROPPED_AGAIN,
                 f"the wrapper is dropped again at line {self.analysis.position(unwrapped)[0]} (`.module`) and the bare "
                 "model trains: left as it is, and so is the file",
             )
@@ -275,7 +285,7 @@ class WrapperSwap(Rule):
         if any(arg.star for arg in args):
             self.left(
                 call,
-                "MGP214",
+                STARRED_WRAP_ARGUMENTS,
                 "DataParallel arguments passed with * or **: device_ids or dim may be among them; not rewritten",
             )
             return False
@@ -286,7 +296,7 @@ class WrapperSwap(Rule):
                 continue
             if parameter == "dim":
                 if not _is_zero(arg.value):
-                    self.left(call, "MGP201", "DataParallel with dim != 0 has no DistributedDataParallel equivalent; not rewritten")
+                    self.left(call, DIM_NOT_ZERO, "DataParallel with dim != 0 has no DistributedDataParallel equivalent; not rewritten")
                     return False
                 continue
             kept.append(index)
