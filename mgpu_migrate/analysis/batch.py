@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from mgpu_migrate.analysis.tree import contains
+from mgpu_migrate.analysis.tree import contains, is_zero
 
 if TYPE_CHECKING:
     from mgpu_migrate.analysis.file import FileAnalysis
@@ -24,7 +24,7 @@ def is_row_count(analysis: FileAnalysis, expr: cst.BaseExpression, depth: int = 
     if isinstance(expr, cst.Call):
         func = expr.func
         if isinstance(func, cst.Attribute) and func.attr.value == "size" and len(expr.args) == 1:
-            return _is_zero(expr.args[0].value)
+            return is_zero(expr.args[0].value)
         return isinstance(func, cst.Name) and func.value == "len" and len(expr.args) == 1
     if isinstance(expr, cst.Subscript) and len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index):
         inner = expr.value
@@ -34,7 +34,7 @@ def is_row_count(analysis: FileAnalysis, expr: cst.BaseExpression, depth: int = 
             and inner.func.attr.value == "size"
             and not inner.args
         )
-        return shaped and _is_zero(expr.slice[0].slice.value)
+        return shaped and is_zero(expr.slice[0].slice.value)
     if isinstance(expr, cst.Name) and depth > 0:
         values = analysis.values
         bound = values.of(expr, values.scope_of(expr))
@@ -74,7 +74,3 @@ def _reads(analysis: FileAnalysis, assign: cst.Assign, name: str) -> list[cst.Na
         for node in contains(body, lambda n: isinstance(n, cst.Name) and n.value == name)
         if node is not target
     ]
-
-
-def _is_zero(expr: cst.BaseExpression) -> bool:
-    return isinstance(expr, cst.Integer) and expr.evaluated_value == 0

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from mgpu_migrate.analysis.entrypoint import HARMLESS_CUDA, is_main_guard
+from mgpu_migrate.analysis.tree import is_zero
 
 if TYPE_CHECKING:
     from mgpu_migrate.analysis.file import FileAnalysis
@@ -182,10 +183,6 @@ def guard_reliance(
     return None
 
 
-def _is_zero(node: cst.BaseExpression) -> bool:
-    return isinstance(node, cst.Integer) and node.evaluated_value == 0
-
-
 def _is_first_ranks(node: cst.BaseExpression) -> bool:
     """``[-1, 0]``, ``(0, -1)``, ``{0}``: ranks that mean "main process or no distribution"."""
     if not isinstance(node, (cst.List, cst.Tuple, cst.Set)) or not node.elements:
@@ -219,8 +216,8 @@ def is_main_process_condition(test: cst.BaseExpression) -> bool:
         left, target = test.left, test.comparisons[0]
         right, operator = target.comparator, target.operator
         if isinstance(operator, (cst.Equal, cst.LessThanEqual)):
-            return (_is_zero(right) and _mentions(left, _RANK_WORDS)) or (
-                _is_zero(left) and _mentions(right, _RANK_WORDS)
+            return (is_zero(right) and _mentions(left, _RANK_WORDS)) or (
+                is_zero(left) and _mentions(right, _RANK_WORDS)
             )
         if isinstance(operator, cst.In):
             return _is_first_ranks(right) and _mentions(left, _RANK_WORDS)

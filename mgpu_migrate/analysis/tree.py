@@ -99,3 +99,8 @@ def contains(root: cst.CSTNode, predicate, *, into_functions: bool = False) -> l
 
     root.visit(_Finder())
     return found
+
+
+def is_zero(node: Optional[cst.BaseExpression]) -> bool:
+    """The literal ``0``."""
+    return isinstance(node, cst.Integer) and node.evaluated_value == 0

@@ -9,6 +9,7 @@ import libcst as cst
 from mgpu_migrate.analysis import names
 from mgpu_migrate.analysis.models import ENCODING, WrapSite
 from mgpu_migrate.analysis.scopes import Place, Scope
+from mgpu_migrate.analysis.tree import is_zero
 from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 
@@ -214,7 +215,7 @@ class EncodingPair(Rule):
         known = {"outputs", "target_device", "dim"}
         if any(arg.star or (arg.keyword is not None and arg.keyword.value not in known) for arg in call.args):
             return False
-        return _is_zero(_argument(call, "target_device", 1)) and _is_zero(_argument(call, "dim", 2))
+        return all(value is None or is_zero(value) for value in (_argument(call, "target_device", 1), _argument(call, "dim", 2)))
 
     # -- precondition: Encoding's list of outputs only reaches its criterion or torch's gather ----------
     def _blocker(self, sites: list[WrapSite]) -> Optional[tuple[cst.CSTNode, str]]:
@@ -309,10 +310,6 @@ class EncodingPair(Rule):
 
 
 _TORCH_GATHER = frozenset({"torch.nn.parallel.scatter_gather.gather", "torch.nn.parallel.gather"})
-
-
-def _is_zero(node: Optional[cst.BaseExpression]) -> bool:
-    return node is None or (isinstance(node, cst.Integer) and node.evaluated_value == 0)
 
 
 def _argument(call: cst.Call, keyword: str, position: int) -> Optional[cst.BaseExpression]:

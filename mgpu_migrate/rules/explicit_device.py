@@ -8,8 +8,9 @@ from mgpu_migrate.analysis.entrypoint import (
     RUNTIME_SETUP,
     sets_cuda_visible_devices,
 )
-from mgpu_migrate.program import Program
+from mgpu_migrate.analysis.tree import is_zero
 from mgpu_migrate.diagnostics import shorten
+from mgpu_migrate.program import Program
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 from mgpu_migrate.rules.entry_point import EntryPointSetup
 from mgpu_migrate.rules.syntax import RUNTIME, argument, keyword, runtime_call
@@ -166,7 +167,7 @@ class ExplicitDevice(Rule):
         arg = argument(call, "device", 0)
         if arg is not None and _is_first_gpu(arg.value):
             return  # becomes set_device("cuda"), the current device, with the other strings
-        if arg is None or not _is_zero(arg.value):
+        if arg is None or not is_zero(arg.value):
             self._other_gpu(call, self.analysis.module.code_for_node(arg.value if arg else call))
             return
         if self.rewrite_allowed(call):
@@ -205,7 +206,7 @@ class ExplicitDevice(Rule):
             value, quote = numbers[0], others[0].quote
         if not isinstance(value, cst.Integer):
             return
-        if not _is_zero(value):
+        if not is_zero(value):
             self._other_gpu(value, self.analysis.module.code_for_node(value))
             return
         if self.rewrite_allowed(value):
@@ -213,7 +214,7 @@ class ExplicitDevice(Rule):
             self.rewrote(value, "GPU 0 is now 'cuda': this process's own GPU")
 
     def _drop_first_gpu(self, call: cst.Call, arg: cst.Arg) -> None:
-        if not _is_zero(arg.value):
+        if not is_zero(arg.value):
             self._other_gpu(call, self.analysis.module.code_for_node(arg.value))
             return
         if not self.rewrite_allowed(call):
@@ -291,10 +292,6 @@ class ExplicitDevice(Rule):
             f"CUDA_VISIBLE_DEVICES is set where {RUNTIME}.setup() may have run before it (at the latest by the "
             f"wrapper at line {line})",
         )
-
-
-def _is_zero(node: cst.BaseExpression) -> bool:
-    return isinstance(node, cst.Integer) and node.evaluated_value == 0
 
 
 def _is_cpu(node: cst.BaseExpression) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mgpu_migrate.analysis import names
+from mgpu_migrate.analysis.tree import is_zero
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, keep_arguments, runtime_attr
@@ -33,10 +34,6 @@ _EXPLICIT_IMPORTS = {
     "DataParallel": "from torch.nn import DataParallel",
     "data_parallel": "from torch.nn.parallel import data_parallel",
 }
-
-
-def _is_zero(node: cst.BaseExpression) -> bool:
-    return isinstance(node, cst.Integer) and node.evaluated_value == 0
 
 
 # The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
@@ -295,7 +292,7 @@ class WrapperSwap(Rule):
             if parameter in _DROPPED_UNDER_DDP:
                 continue
             if parameter == "dim":
-                if not _is_zero(arg.value):
+                if not is_zero(arg.value):
                     self.left(call, DIM_NOT_ZERO, "DataParallel with dim != 0 has no DistributedDataParallel equivalent; not rewritten")
                     return False
                 continue
