@@ -16,15 +16,15 @@ TARGETS = ("balanced", "ddp")
 
 __all__ = ["TARGETS", "MigrationResult", "might_need_migration", "migrate_source"]
 
-# Every migration site spells one of these somewhere in the file: a name starting with torch's
-# `DataParallel` (PyTorch-Encoding's `DataParallelModel`/`DataParallelCriterion` too), the functional
+# Every migration site spells one of these somewhere in the file: torch's `DataParallel` (also as the base of
+# a subclass), PyTorch-Encoding's `DataParallelModel`/`DataParallelCriterion`, the functional
 # `data_parallel` itself (not `data_parallel_size`), and apex's parallel package (`apex.parallel`,
 # `from apex import parallel`, or apex under another name), whose DistributedDataParallel is a site; a file
 # that already calls `mgpu_runtime` is read again, so a partly migrated file is finished. Names that merely
-# end in them (`DistributedDataParallel`, `FullyShardedDataParallel`, `get_data_parallel_group`) and apex's
+# end or start with them (`DistributedDataParallel`, `get_data_parallel_group`, `DataParallelConfig`) and apex's
 # other packages (`from apex.normalization import FusedLayerNorm`, `from apex import amp`) are not sites.
 _SITE_HINT = re.compile(
-    rb"\b(?:DataParallel|data_parallel\b|mgpu_runtime\b)"
+    rb"\b(?:DataParallel(?:Model|Criterion)?|data_parallel|mgpu_runtime)\b"
     rb"|\bapex\s*\.\s*parallel\b"
     rb"|\bfrom\s+apex\s+import\s*(?:\([^)]*|(?:[^\n;]|\\\r?\n)*)\bparallel\b"
     rb"|\bimport\s+apex\s+as\b"
