@@ -83,22 +83,23 @@ class Tree:
 def contains(root: cst.CSTNode, predicate, *, into_functions: bool = False) -> list[cst.CSTNode]:
     """The nodes under ``root`` (itself included) for which ``predicate`` holds, in source order;
     functions, classes and lambdas defined inside are skipped unless ``into_functions``."""
+    # The nodes ``analysis.walk`` reads (punctuation and whitespace are never what is looked for), in
+    # pre-order, without LibCST's visit, which rebuilds every node on the way back up.
     found: list[cst.CSTNode] = []
-
-    class _Finder(cst.CSTVisitor):
-        def on_visit(self, node: cst.CSTNode) -> bool:
-            if (
-                node is not root
-                and not into_functions
-                and isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))
-            ):
-                return False
-            if predicate(node):
-                found.append(node)
-            return True
-
-    root.visit(_Finder())
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node is not root and not into_functions and isinstance(node, _DEFINITIONS):
+            continue
+        if predicate(node):
+            found.append(node)
+        inner = children(node)
+        inner.reverse()
+        stack += inner
     return found
+
+
+_DEFINITIONS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
 
 def is_zero(node: Optional[cst.BaseExpression]) -> bool:
