@@ -12,9 +12,8 @@ from mgpu_migrate.analysis.loaders import LoaderFlow
 from mgpu_migrate.analysis.losses import LossFlow
 from mgpu_migrate.analysis.models import ModelFlow
 from mgpu_migrate.analysis.positions import Positions
-from mgpu_migrate.analysis.scopes import FlowIndex
+from mgpu_migrate.analysis.scopes import FlowCollector, FlowIndex
 from mgpu_migrate.analysis.tree import Tree
-from mgpu_migrate.analysis.walk import walk
 from mgpu_migrate.analysis.values import Values
 from mgpu_migrate.diagnostics import noqa_codes
 
@@ -29,10 +28,17 @@ class FileAnalysis:
         self._resolved: dict[cst.BaseExpression, str | None] = {}
 
     @cached_property
+    def _index(self) -> tuple[Tree, names.Bindings, FlowIndex]:
+        # One walk of the module collects the parent map, the bindings and the flow index together: almost
+        # every file that reaches the parser asks for all three (its wraps' models follow values).
+        bindings, flow = names.BindingCollector(), FlowCollector(self.module)
+        tree = Tree(self.module, bindings, flow)
+        return tree, bindings.bindings, FlowIndex(flow)
+
+    @cached_property
     def bindings(self) -> names.Bindings:
-        collector = names.BindingCollector()
-        walk(self.module, collector)
-        return collector.bindings
+        """What each name of the file is bound to: its imports and aliases, and local definitions."""
+        return self._index[1]
 
     def resolve(self, node: cst.BaseExpression) -> str | None:
         """Canonical qualified name of a dotted expression, through imports and aliases; None if unknown."""
@@ -46,8 +52,8 @@ class FileAnalysis:
 
     @cached_property
     def flow(self) -> FlowIndex:
-        """Scopes, places and the slots of every reference (one more pass; only rules that follow values ask)."""
-        return FlowIndex(self.module)
+        """Scopes, places and the slots of every reference."""
+        return self._index[2]
 
     @cached_property
     def models(self) -> ModelFlow:
@@ -62,7 +68,7 @@ class FileAnalysis:
     @cached_property
     def tree(self) -> Tree:
         """The parent of every node: what statement, block, ``if`` or function holds a node."""
-        return Tree(self.module)
+        return self._index[0]
 
     @cached_property
     def entry_point(self) -> EntryPoint | None:

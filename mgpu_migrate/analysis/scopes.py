@@ -21,7 +21,6 @@ from typing import Optional, Union
 
 import libcst as cst
 
-from mgpu_migrate.analysis.walk import walk
 
 ScopeNode = Union[cst.Module, cst.ClassDef, cst.FunctionDef]
 Function = cst.FunctionDef
@@ -108,11 +107,10 @@ def reference_key(node: cst.CSTNode) -> Optional[str]:
 
 
 class FlowIndex:
-    """Scopes, assignments, loops, calls, returns and references of one module, from one pass."""
+    """Scopes, assignments, loops, calls, returns and references of one module, from one pass (the shared
+    walk of ``analysis.tree.Tree``, which runs the ``FlowCollector``)."""
 
-    def __init__(self, module: cst.Module) -> None:
-        collector = _Collector(module)
-        walk(module, collector)
+    def __init__(self, collector: FlowCollector) -> None:
         self.module_scope = collector.module_scope
         self.scopes: dict[ScopeNode, Scope] = collector.scopes
         self.assignments: list[Assignment] = collector.assignments
@@ -271,7 +269,9 @@ def _is_staticmethod(function: Function) -> bool:
     return any(isinstance(d.decorator, cst.Name) and d.decorator.value == "staticmethod" for d in function.decorators)
 
 
-class _Collector:
+class FlowCollector:
+    """What a ``FlowIndex`` is made of, collected by a read-only walk of the module."""
+
     def __init__(self, module: cst.Module) -> None:
         self.module_scope = Scope(module, None)
         self.scopes: dict[ScopeNode, Scope] = {module: self.module_scope}

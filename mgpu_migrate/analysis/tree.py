@@ -13,23 +13,70 @@ from typing import Optional
 
 import libcst as cst
 
-from mgpu_migrate.analysis.walk import children
+from mgpu_migrate.analysis.walk import children, handlers
 
 Block = (cst.Module, cst.IndentedBlock)
 
 
+class _Leave:
+    """On the walk's stack: the end of a node's subtree, where its leave_X handlers run."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: cst.CSTNode) -> None:
+        self.node = node
+
+
+def _dispatch(visitors: tuple, kind: type) -> tuple[list, list]:
+    """The visitors' visit_X and leave_X handlers for one node type, with each visitor's position."""
+    found = [handlers(type(visitor), kind) for visitor in visitors]
+    enters = [(index, pair[0]) for index, pair in enumerate(found) if pair[0] is not None]
+    leaves = [(index, pair[1]) for index, pair in enumerate(found) if pair[1] is not None]
+    return enters, leaves
+
+
 class Tree:
     """The parent of every node of one module that can hold an expression or a statement (the nodes
-    ``analysis.walk`` visits: punctuation, operators and whitespace are not recorded)."""
+    ``analysis.walk`` visits: punctuation, operators and whitespace are not recorded).
 
-    def __init__(self, module: cst.Module) -> None:
+    The one walk of the module that every analysis shares: ``visitors`` (read-only visitors, as for
+    ``analysis.walk``) see the same ``visit_X``/``leave_X`` calls in the same order as in a walk of their
+    own, so the bindings and the flow index are collected while the parent map is built, and the tree is
+    walked once instead of three times.
+    """
+
+    def __init__(self, module: cst.Module, *visitors: object) -> None:
         self._parents: dict[cst.CSTNode, cst.CSTNode] = {}
         self._by_type: dict[type, list[cst.CSTNode]] = defaultdict(list)
         parents, by_type = self._parents, self._by_type
-        stack = [module]
+        # A visitor whose visit_X returned False skips that node's subtree (and its leave_X), as in a walk.
+        skipping: list[cst.CSTNode | None] = [None] * len(visitors)
+        dispatch: dict[type, tuple[list, list]] = {}
+        stack: list = [module]
         while stack:
             node = stack.pop()
-            by_type[type(node)].append(node)
+            if type(node) is _Leave:
+                node = node.node
+                for index, leave in dispatch[type(node)][1]:
+                    if skipping[index] is None:
+                        leave(visitors[index], node)
+                for index, skipped in enumerate(skipping):
+                    if skipped is node:
+                        skipping[index] = None
+                continue
+            kind = type(node)
+            by_type[kind].append(node)
+            calls = dispatch.get(kind)
+            if calls is None:
+                calls = dispatch[kind] = _dispatch(visitors, kind)
+            enters, leaves = calls
+            skipped_here = False
+            for index, enter in enters:
+                if skipping[index] is None and enter(visitors[index], node) is False:
+                    skipping[index] = node
+                    skipped_here = True
+            if leaves or skipped_here:
+                stack.append(_Leave(node))
             found = children(node)
             for child in found:
                 parents[child] = node

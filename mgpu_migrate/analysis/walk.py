@@ -77,6 +77,11 @@ def _handlers(visitor_class: type, kind: type) -> tuple:
     return handlers
 
 
+def handlers(visitor_class: type, kind: type) -> tuple:
+    """The ``visit_X`` and ``leave_X`` functions of a visitor class for a node type (None where it has none)."""
+    return _HANDLERS.get((visitor_class, kind)) or _handlers(visitor_class, kind)
+
+
 def walk(node: cst.CSTNode, visitor: object) -> None:
     """``node.visit(visitor)`` for a visitor that only reads: the same ``visit_X``/``leave_X`` calls (children in
     field order, punctuation and whitespace skipped), without libcst's rebuilding of every node on the way back,
