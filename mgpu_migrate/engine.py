@@ -9,10 +9,8 @@ from __future__ import annotations
 import re
 
 from mgpu_migrate.diagnostics import INTERNAL_ERROR, Diagnostic, shorten
-from mgpu_migrate.options import DEFAULT_OPTIONS, Options
+from mgpu_migrate.options import DEFAULT_OPTIONS, TARGETS, Options
 from mgpu_migrate.results import MigrationResult
-
-TARGETS = ("balanced", "ddp")
 
 __all__ = ["TARGETS", "MigrationResult", "might_need_migration", "migrate_source"]
 

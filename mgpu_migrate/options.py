@@ -1,8 +1,12 @@
-"""Choices a user makes about a migration beyond its target (``--sync-bn`` ...), passed to every rule."""
+"""What a user chooses about a migration: its target, and the options beyond it (``--sync-bn`` ...), passed to
+every rule. Cheap to import (the command line reads the target names before any parser loads)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+BALANCED, DDP = "balanced", "ddp"
+TARGETS = (BALANCED, DDP)
 
 
 @dataclass(frozen=True)

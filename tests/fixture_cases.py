@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from mgpu_migrate.options import TARGETS
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
-TARGETS = ("balanced", "ddp")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The command line as a user calls it: exit codes, modes, files, and what is printed (design §1)."""
+"""The command line as a user calls it: exit codes, modes, files, and what is printed."""
 
 import os
 import stat

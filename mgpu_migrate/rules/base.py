@@ -19,12 +19,9 @@ import libcst as cst
 
 from mgpu_migrate.analysis import FileAnalysis
 from mgpu_migrate.edits import Edits
-from mgpu_migrate.options import DEFAULT_OPTIONS, Options
+from mgpu_migrate.options import BALANCED, DDP, DEFAULT_OPTIONS, TARGETS, Options
 from mgpu_migrate.program import Program
 
-BALANCED = "balanced"
-DDP = "ddp"
-TARGETS = (BALANCED, DDP)
 WRAPS, PROGRAM, CHECKS = "wraps", "program", "checks"
 PHASES = (WRAPS, PROGRAM, CHECKS)
 

@@ -37,10 +37,10 @@ from mgpu_migrate.analysis.names import DATA_PARALLEL, DATA_PARALLEL_FUNCTION
 from mgpu_migrate.diagnostics import PARSE_ERROR
 from mgpu_migrate.engine import might_need_migration, migrate_source
 from mgpu_migrate.files import source_file
+from mgpu_migrate.options import TARGETS
 from mgpu_migrate.pipeline import run_pipeline
 from tests.cli_helpers import command
 
-TARGETS = ("balanced", "ddp")
 # What the pre-filter's names look like anywhere, not only at the start of a name.
 _LOOSE_HINT = re.compile(rb"DataParallel|data_parallel|apex")
 _LINES = re.compile(r"[^\r\n]*(?:\r\n?|\n)|[^\r\n]+\Z")

@@ -1,6 +1,6 @@
 """Which devices the replicas run on, resolved once from ``device_ids``, ``output_device`` and the machine.
 
-Three cases, mirroring ``nn.DataParallel`` plus the CPU-replica contract (design §2):
+Three cases, mirroring ``nn.DataParallel`` plus the CPU replicas (``MGPU_CPU_REPLICAS``):
 
 * CUDA present: ``device_ids`` name CUDA devices (default: all of them); a device may repeat, which is the
   only way to get two replicas on one GPU.
