@@ -21,20 +21,28 @@ __all__ = ["TARGETS", "MigrationResult", "might_need_migration", "migrate_source
 # that already calls `mgpu_runtime` is read again, so a partly migrated file is finished. Names that merely
 # end or start with them (`DistributedDataParallel`, `get_data_parallel_group`, `DataParallelConfig`) and apex's
 # other packages (`from apex.normalization import FusedLayerNorm`, `from apex import amp`) are not sites.
-_SITE_HINT = re.compile(
-    rb"\b(?:DataParallel(?:Model|Criterion)?|data_parallel|mgpu_runtime)\b"
-    rb"|\bapex\s*\.\s*parallel\b"
-    rb"|\bfrom\s+apex\s+import\s*(?:\([^)]*|(?:[^\n;]|\\\r?\n)*)\bparallel\b"
-    rb"|\bimport\s+apex\s+as\b"
-)
-# Plain substring searches are ~10x faster than the alternation, and rule out almost every file first.
-_SITE_WORDS = (b"DataParallel", b"data_parallel", b"apex", b"mgpu_runtime")
+# Each pattern opens with the word it needs (checked first, as a plain substring search: ~10x faster than a
+# regular expression, and it rules out almost every file), so the regular expression engine only scans
+# for that literal; the look-behind after it stands for the word boundary before it.
+_SITE_PATTERNS = {
+    b"DataParallel": (re.compile(rb"DataParallel(?<!\wDataParallel)(?:Model|Criterion)?\b"),),
+    b"data_parallel": (re.compile(rb"data_parallel(?<!\wdata_parallel)\b"),),
+    b"mgpu_runtime": (re.compile(rb"mgpu_runtime(?<!\wmgpu_runtime)\b"),),
+    b"apex": (
+        re.compile(rb"apex(?<!\wapex)\s*\.\s*parallel\b"),
+        re.compile(rb"from(?<!\wfrom)\s+apex\s+import\s*(?:\([^)]*|(?:[^\n;]|\\\r?\n)*)\bparallel\b"),
+        re.compile(rb"import(?<!\wimport)\s+apex\s+as\b"),
+    ),
+}
 
 
 def might_need_migration(source: bytes | str) -> bool:
     """Cheap test: False means the file certainly has nothing to migrate."""
     data = source.encode("utf-8", "surrogateescape") if isinstance(source, str) else source
-    return any(word in data for word in _SITE_WORDS) and _SITE_HINT.search(data) is not None
+    return any(
+        word in data and any(pattern.search(data) is not None for pattern in patterns)
+        for word, patterns in _SITE_PATTERNS.items()
+    )
 
 
 def migrate_source(
