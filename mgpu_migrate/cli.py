@@ -11,7 +11,7 @@ from mgpu_migrate import __version__
 from mgpu_migrate.config import ConfigError, load_settings
 from mgpu_migrate.engine import TARGETS, migrate_source
 from mgpu_migrate.options import Options
-from mgpu_migrate.report import CHANGED, FAILED, FileOutcome, outcome_of, process_files, summary
+from mgpu_migrate.report import CHANGED, FAILED, FileOutcome, outcome_of, outside_tree, process_files, summary
 
 EXIT_OK, EXIT_WOULD_CHANGE, EXIT_ERROR = 0, 1, 2
 
@@ -115,9 +115,10 @@ def main(paths, target, diff, check, quiet, jobs, sync_bn, stdin_filename, expla
     else:
         from mgpu_migrate.files import discover
 
-        found, missing = discover(list(paths), settings.excluded)
+        outside: list[str] = []
+        found, missing = discover(list(paths), settings.excluded, outside)
         write = not (check or diff)
-        outcomes = process_files(found, target, write, diff, jobs, options)
+        outcomes = process_files(found, target, write, diff, jobs, options) + [outside_tree(path) for path in outside]
         for outcome in outcomes:
             if outcome.diff:
                 click.echo(outcome.diff, nl=False)
