@@ -186,7 +186,7 @@ def _check_unchanged(handle: IO[bytes], read_as: SourceFile) -> None:
 
 
 def _rewrite_in_place(target: str, data: bytes, read_as: SourceFile | None) -> None:
-    with open(target, "r+b") as handle, _interrupts_held():
+    with open(target, "r+b") as handle, interrupts_held():
         if read_as is not None:
             _check_unchanged(handle, read_as)
         handle.seek(0)
@@ -197,8 +197,9 @@ def _rewrite_in_place(target: str, data: bytes, read_as: SourceFile | None) -> N
 
 
 @contextlib.contextmanager
-def _interrupts_held():
-    """Ctrl-C and SIGTERM arriving inside are delivered at its end, so a write in place is never cut short."""
+def interrupts_held():
+    """Ctrl-C and SIGTERM arriving inside are delivered at its end (so a write in place is never cut short, and
+    worker processes forked inside start with a handler that does nothing)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

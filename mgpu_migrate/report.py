@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import os
+import signal
+import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -124,9 +128,23 @@ def process_files(
     migrate = functools.partial(migrate_file, target=target, write=write, want_diff=want_diff, options=options)
     workers = min(jobs, len(todo) // MIN_FILES_PER_WORKER)
     run = _map_in_processes if workers > 1 else _map_here
-    for index, outcome in zip(todo, run(migrate, [outcomes[index] for index in todo], workers)):
-        outcomes[index] = outcome
+    with _terminate_as_interrupt():
+        for index, outcome in zip(todo, run(migrate, [outcomes[index] for index in todo], workers)):
+            outcomes[index] = outcome
     return outcomes
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM (a hook runner's timeout, ``kill``) stops a run as Ctrl-C does: writes finished or undone."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _map_here(migrate: Callable, source_files: list, workers: int) -> list[FileOutcome]:
@@ -142,17 +160,66 @@ def _map_in_processes(migrate: Callable, source_files: list, workers: int) -> li
     # once in every worker (~0.4 s each).
     import mgpu_migrate.pipeline  # noqa: F401
 
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(migrate, source_file) for source_file in source_files]
+    if sys.platform.startswith("linux"):
+        import ctypes  # noqa: F401 - for the workers' parent-death signal, so none imports it while signalled
+
+    with ProcessPoolExecutor(max_workers=workers, initializer=_start_worker, initargs=(os.getpid(),)) as pool:
         outcomes = []
-        for source_file, future in zip(source_files, futures):
-            try:
-                outcomes.append(future.result())
-            except BrokenProcessPool:
-                # A worker died (killed for memory, say). Its files were never written: say so, go on.
-                message = "internal error: the process migrating this file stopped; file left unchanged, please report"
-                outcomes.append(_failed(source_file.path, INTERNAL_ERROR, message))
+        try:
+            with files.interrupts_held():  # a Ctrl-C while the workers fork is raised once they all exist
+                futures = [pool.submit(_in_worker, migrate, source_file) for source_file in source_files]
+            for source_file, future in zip(source_files, futures):
+                try:
+                    outcomes.append(future.result())
+                except BrokenProcessPool:
+                    # A worker died (killed for memory, say). Its files were never written: say so, go on.
+                    message = "internal error: the process migrating this file stopped; file left unchanged, please report"
+                    outcomes.append(_failed(source_file.path, INTERNAL_ERROR, message))
+        except KeyboardInterrupt:
+            _stop_workers(pool)
+            raise
         return outcomes
+
+
+class _WorkerStopped(SystemExit):
+    """Raised in a worker by SIGTERM: unwinds its write (the temporary file is removed), then the worker exits."""
+
+
+def _start_worker(parent: int) -> None:
+    """Ctrl-C reaches the whole process group, but stopping is the main process's call (``_stop_workers``);
+    SIGTERM, from it or at its death, stops a worker cleanly."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        import ctypes  # loaded by the parent before forking
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the parent died before the request above took effect
+        os._exit(1)
+    signal.signal(signal.SIGTERM, _raise_worker_stopped)  # until here, SIGTERM just ends a worker with no file
+
+
+def _raise_worker_stopped(number: int, frame) -> None:
+    raise _WorkerStopped(128 + number)
+
+
+def _in_worker(migrate: Callable, source_file: files.SourceFile) -> FileOutcome:
+    try:
+        return migrate(source_file)
+    except _WorkerStopped as stopped:
+        os._exit(stopped.code)  # the pool would otherwise take the next file
+
+
+def _stop_workers(pool) -> None:
+    """On Ctrl-C: no new file is started; each worker finishes or undoes the file it is writing, and exits."""
+    workers = list((pool._processes or {}).values())  # noqa: SLF001 - the executor offers no public way to stop them
+    pool.shutdown(wait=False, cancel_futures=True)
+    for worker in workers:
+        worker.terminate()
+    for worker in workers:
+        worker.join(timeout=5)
+        if worker.is_alive():
+            worker.kill()
 
 
 def summary(outcomes: list[FileOutcome], target: str, dry_run: bool) -> str:
