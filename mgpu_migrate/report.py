@@ -59,13 +59,20 @@ def screen(path: str, max_file_size: int = DEFAULT_MAX_FILE_SIZE) -> FileOutcome
             return FileOutcome(path, UNCHANGED)
         if max_file_size and len(data) > max_file_size:
             message = (
-                f"not migrated: {len(data) / 1e6:.1f} MB is over the {max_file_size / 1e6:g} MB limit "
+                f"not migrated: {_size(len(data))} is over the {_size(max_file_size)} limit "
                 "(raise max-file-size in [tool.mgpu-migrate] or --max-file-size)"
             )
             return _failed(path, TOO_LARGE, message)
         return files.source_file(path, data, stamp)
     except (OSError, SyntaxError) as error:
         return _failed(path, READ_ERROR, f"cannot read: {getattr(error, 'strerror', None) or error}")
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("MB", 10**6), ("kB", 10**3)):
+        if count >= scale:
+            return f"{count / scale:.1f}".removesuffix(".0") + f" {unit}"
+    return f"{count} bytes"
 
 
 def outside_tree(path: str) -> FileOutcome:
