@@ -28,6 +28,7 @@ from __future__ import annotations
 import atexit
 import datetime
 import os
+import socket
 import sys
 from dataclasses import dataclass
 
@@ -174,6 +175,7 @@ def _init_process_group(environment: LaunchEnvironment, backend: str) -> None:
         # No peers: an in-process store, so a single process needs no address, port or rendezvous.
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         return
+    _check_master_address(environment)
     dist.init_process_group(
         backend,
         init_method=environment.init_method,
@@ -181,6 +183,17 @@ def _init_process_group(environment: LaunchEnvironment, backend: str) -> None:
         world_size=environment.world_size,
         timeout=datetime.timedelta(seconds=timeout_seconds(os.environ)),
     )
+
+
+def _check_master_address(environment: LaunchEnvironment) -> None:
+    """torch's own error for a host that does not resolve names no variable; this one does."""
+    try:
+        socket.getaddrinfo(environment.master_addr, environment.master_port)
+    except (socket.gaierror, UnicodeError) as error:
+        raise LaunchEnvironmentError(
+            f"MASTER_ADDR={environment.master_addr!r} does not resolve ({error}): set it to the address of the "
+            "node running rank 0, the same for every process"
+        ) from None
 
 
 def timeout_seconds(environ) -> float:
