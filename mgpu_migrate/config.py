@@ -88,9 +88,7 @@ _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**1
 
 def parse_size(value: int | str) -> int:
     """A size in bytes from ``2000000``, ``"2MB"``, ``"512 KiB"``...; ValueError when it is none."""
-    if isinstance(value, bool):
-        raise ValueError(value)
-    if isinstance(value, int):
+    if isinstance(value, int) and not isinstance(value, bool):
         number, unit = value, ""
     else:
         match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(value))

@@ -219,7 +219,7 @@ def _in_worker(migrate: Callable, source_file: files.SourceFile) -> FileOutcome:
 
 def _stop_workers(pool) -> None:
     """On Ctrl-C: no new file is started; each worker finishes or undoes the file it is writing, and exits."""
-    workers = list((pool._processes or {}).values())  # noqa: SLF001 - the executor offers no public way to stop them
+    workers = list((pool._processes or {}).values())  # the executor offers no public way to stop them
     pool.shutdown(wait=False, cancel_futures=True)
     for worker in workers:
         worker.terminate()

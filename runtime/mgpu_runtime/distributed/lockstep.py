@@ -4,8 +4,8 @@ Every process must reduce the same step's gradients together. A rank that skips 
 before ``loss.backward()``, a try/except that swallowed one rank's error, an ``if`` on a per-rank value)
 does not hang the job: its next reduction meets the others' current one, sizes agree, and from then on every
 step averages gradients of different batches, silently. So each rank counts its steps (training forwards of
-the wrapped model: train mode, grad enabled) and carries the count inside the reduction itself: the first
-bucket of every backward gets ``world_size`` extra elements, zero except this rank's own slot, which holds
+the wrapped model: train mode, grad enabled) and carries the count inside the reduction itself: one
+bucket of every backward (the smallest) gets ``world_size`` extra elements, zero except this rank's own slot, which holds
 its count. After the sum every rank sees every rank's count, at the price of a few elements (no extra
 collective); counts that differ raise ``LockstepError`` on every rank, with the same message.
 ``MGPU_LOCKSTEP=0`` switches it off.
@@ -91,38 +91,99 @@ def note_forward() -> None:
 
 
 def all_reduce(buffer: torch.Tensor, bucket_index: int) -> torch.futures.Future:
-    """Sum ``buffer`` over ranks (a DDP bucket); the first bucket of a backward carries the lockstep counts."""
+    """Sum ``buffer`` over ranks (a DDP bucket); one bucket of each backward carries the lockstep counts."""
     global _reduced
-    marked = bucket_index == 0 and enabled() and buffer.is_floating_point()
-    step = _reduced = _steps
+    _check_pending()  # before the outgoing buffer, which holds the last counts, is overwritten
+    if bucket_index == 0:
+        _reduced = _steps
+    marked = bucket_index == _carrier(bucket_index, buffer.numel()) and enabled() and buffer.is_floating_point()
+    step = _steps
     size = buffer.numel()
     if marked:
-        counts = buffer.new_zeros(dist.get_world_size())
-        counts[dist.get_rank()] = step % _exact_integers(buffer.dtype)
-        sent = torch.cat([buffer, counts])
+        sent = _outgoing(buffer)
+        sent[:size].copy_(buffer)
+        torch.mul(_slot(buffer), step % _exact_integers(buffer.dtype), out=sent[size:])
     else:
         sent = buffer
 
     def finished(future: torch.futures.Future) -> torch.Tensor:
         try:
             result = future.value()[0]
-        except Exception as failure:  # noqa: BLE001 - re-raised with who did not arrive
+        except Exception as failure:  # re-raised, saying who did not arrive
             raise CollectiveFailed(explain(failure, f"the gradient reduction of step {step}")) from failure
         if marked:
-            _check(result[size:], step)
+            _check_later(result[size:], step)
             return result[:size]
         return result
 
     return dist.all_reduce(sent, async_op=True).get_future().then(finished)
 
 
+_bucket_sizes: dict[int, int] = {}
+_carrier_index = 0
+
+
+def _carrier(bucket_index: int, size: int) -> int:
+    """The bucket that carries the counts: the smallest of the last backward (copying it to append the counts
+    is the check's main cost). The same on every rank, as DDP gives every rank the same buckets."""
+    global _carrier_index
+    if bucket_index == 0 and _bucket_sizes:
+        _carrier_index = min(_bucket_sizes, key=lambda index: (_bucket_sizes[index], index))
+        _bucket_sizes.clear()  # DDP rebuilds its buckets after the first step
+    _bucket_sizes[bucket_index] = size
+    return _carrier_index
+
+
+_pending: tuple[torch.Tensor, int] | None = None
+
+
+def _check_later(counts: torch.Tensor, step: int) -> None:
+    """Counts are read at the next reduction, on the thread running the hook: reading them here, on the
+    collective's thread, would cost a GIL hand-over (on CPU) or a device synchronisation (on GPU) every step.
+    A skip is seen one step late, but seen: once a rank is out of step, every later reduction shows it."""
+    global _pending
+    _pending = (counts, step)
+
+
+def _check_pending() -> None:
+    global _pending
+    if _pending is not None:
+        counts, step = _pending
+        _pending = None
+        _check(counts, step)
+
+
+_slots: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+_outgoing_buffers: dict[tuple[torch.dtype, torch.device, int], torch.Tensor] = {}
+
+
+def _outgoing(like: torch.Tensor) -> torch.Tensor:
+    """The bucket and the counts, sent as one tensor: the same memory every step (a fresh tensor each time
+    costs gloo about as much again as the reduction of a small bucket). Reusing it is safe: DDP copies the
+    result into the gradients before the next backward starts."""
+    key = (like.dtype, like.device, like.numel())
+    if key not in _outgoing_buffers:
+        _outgoing_buffers[key] = like.new_empty(like.numel() + _world)
+    return _outgoing_buffers[key]
+
+
+
+def _slot(like: torch.Tensor) -> torch.Tensor:
+    """``world_size`` elements, 1 at this rank's place: its count times this is what it sends."""
+    key = (like.dtype, like.device)
+    if key not in _slots:
+        _slots[key] = like.new_zeros(_world)
+        _slots[key][_rank] = 1
+    return _slots[key]
+
+
 def _exact_integers(dtype: torch.dtype) -> int:
     """Counts are sent modulo this, so every count is exact in the bucket's dtype (128 in bfloat16)."""
-    return int(round(1.0 / torch.finfo(dtype).eps))
+    return round(1.0 / torch.finfo(dtype).eps)
 
 
 def _check(counts: torch.Tensor, step: int) -> None:
-    values = [int(round(value)) for value in counts.tolist()]
+    values = [round(value) for value in counts.tolist()]
     if len(set(values)) == 1:
         return
     ahead = [rank for rank, value in enumerate(values) if value > min(values)]
@@ -172,7 +233,7 @@ def _peers() -> list[str] | None:
         elif second.get(rank) is None:
             lines.append(f"rank {rank} never reported (it did not start, or died before its first beat)")
         else:
-            beat, steps, reduced = second[rank]
+            _, steps, reduced = second[rank]
             if first.get(rank) == second[rank]:
                 lines.append(f"rank {rank} is not responding (killed, or stuck outside Python), {_where(steps, reduced)}")
             elif (steps, reduced) != (_steps, _reduced):
