@@ -8,10 +8,19 @@ import sys
 import click
 
 from mgpu_migrate import __version__
-from mgpu_migrate.config import ConfigError, load_settings
+from mgpu_migrate.config import ConfigError, load_settings, parse_size
 from mgpu_migrate.engine import TARGETS, migrate_source
 from mgpu_migrate.options import Options
-from mgpu_migrate.report import CHANGED, FAILED, FileOutcome, outcome_of, process_files, summary
+from mgpu_migrate.report import (
+    CHANGED,
+    DEFAULT_MAX_FILE_SIZE,
+    FAILED,
+    FileOutcome,
+    outcome_of,
+    outside_tree,
+    process_files,
+    summary,
+)
 
 EXIT_OK, EXIT_WOULD_CHANGE, EXIT_ERROR = 0, 1, 2
 
@@ -77,6 +86,12 @@ def _process_stdin(target: str, check: bool, diff: bool, filename: str, options:
     help="With --to ddp: convert BatchNorm layers to SyncBatchNorm (statistics over the whole global batch). "
     "Default: [tool.mgpu-migrate] sync-bn, else off.",
 )
+@click.option(
+    "--max-file-size",
+    metavar="SIZE",
+    help="Leave files larger than this (e.g. 5MB; 0: no limit) with MGP006. "
+    "Default: [tool.mgpu-migrate] max-file-size, else 2MB.",
+)
 @click.option("--stdin-filename", default="<stdin>", show_default=True, help="Name used for '-' in diagnostics.")
 @click.option(
     "--explain",
@@ -87,7 +102,7 @@ def _process_stdin(target: str, check: bool, diff: bool, filename: str, options:
 )
 @click.option("--list-codes", is_flag=True, help="List every diagnostic code (code, kind, summary) and exit.")
 @click.version_option(__version__, prog_name="mgpu-migrate")
-def main(paths, target, diff, check, quiet, jobs, sync_bn, stdin_filename, explain, list_codes):
+def main(paths, target, diff, check, quiet, jobs, sync_bn, max_file_size, stdin_filename, explain, list_codes):
     """Rewrite PyTorch scripts that use nn.DataParallel.
 
     PATH is a file or a directory (walked for *.py); '-' reads stdin and writes stdout.
@@ -114,15 +129,23 @@ def main(paths, target, diff, check, quiet, jobs, sync_bn, stdin_filename, expla
             )
 
     options = Options(sync_bn=settings.sync_bn if sync_bn is None else sync_bn)
+    try:
+        size_limit = parse_size(max_file_size) if max_file_size is not None else settings.max_file_size
+    except ValueError:
+        raise click.BadParameter(f"{max_file_size!r} is not a size (bytes, or like 5MB)", param_hint="--max-file-size")
+    if size_limit is None:
+        size_limit = DEFAULT_MAX_FILE_SIZE
     if paths == ("-",):
         outcomes = [_process_stdin(target, check, diff, stdin_filename, options)]
         missing: list[str] = []
     else:
         from mgpu_migrate.files import discover
 
-        found, missing = discover(list(paths), settings.excluded)
+        outside: list[str] = []
+        found, missing = discover(list(paths), settings.excluded, outside)
         write = not (check or diff)
-        outcomes = process_files(found, target, write, diff, jobs, options)
+        outcomes = process_files(found, target, write, diff, jobs, options, size_limit)
+        outcomes += [outside_tree(path) for path in outside]
         for outcome in outcomes:
             if outcome.diff:
                 click.echo(outcome.diff, nl=False)

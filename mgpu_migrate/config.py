@@ -1,8 +1,9 @@
 """Settings from ``[tool.mgpu-migrate]`` in the nearest pyproject.toml.
 
-Keys: ``to`` (the target when ``--to`` is not given), ``sync-bn`` (the default of ``--sync-bn``) and
+Keys: ``to`` (the target when ``--to`` is not given), ``sync-bn`` (the default of ``--sync-bn``),
 ``exclude`` (glob patterns, relative to the pyproject.toml's directory, of files and directories never
-migrated: also when named on the command line, so a pre-commit hook honours them too).
+migrated: also when named on the command line, so a pre-commit hook honours them too) and ``max-file-size``
+(the default of ``--max-file-size``: bytes, or a size such as ``"5MB"``; 0 for no limit).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ class Settings:
     to: str | None = None
     sync_bn: bool = False
     exclude: tuple[str, ...] = ()
+    max_file_size: int | None = None
+    """Bytes; None: the tool's default."""
 
     def excluded(self, path: str) -> bool:
         """Whether ``path`` (a file or directory) or a directory above it matches an ``exclude`` pattern."""
@@ -80,6 +83,23 @@ def _compile(pattern: str) -> tuple[bool, re.Pattern[str]]:
     return anchored, re.compile(regex)
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def parse_size(value: int | str) -> int:
+    """A size in bytes from ``2000000``, ``"2MB"``, ``"512 KiB"``...; ValueError when it is none."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number, unit = value, ""
+    else:
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(value))
+        if match is None or match.group(2).lower() not in _SIZE_UNITS:
+            raise ValueError(value)
+        number, unit = float(match.group(1)), match.group(2).lower()
+    if number < 0:
+        raise ValueError(value)
+    return int(number * _SIZE_UNITS[unit])
+
+
 def find_pyproject(start: str) -> str | None:
     directory = os.path.abspath(start)
     if not os.path.isdir(directory):
@@ -109,11 +129,11 @@ def load_settings(paths: list[str]) -> Settings:
     table = data.get("tool", {}).get("mgpu-migrate", {})
     if not isinstance(table, dict):
         raise ConfigError(f"{pyproject}: [tool.mgpu-migrate] must be a table")
-    unknown = set(table) - {"to", "sync-bn", "exclude"}
+    unknown = set(table) - {"to", "sync-bn", "exclude", "max-file-size"}
     if unknown:
         raise ConfigError(
             f"{pyproject}: unknown [tool.mgpu-migrate] keys: {', '.join(sorted(unknown))} "
-            "(known: to, sync-bn, exclude)"
+            "(known: to, sync-bn, exclude, max-file-size)"
         )
     to, sync_bn, exclude = table.get("to"), table.get("sync-bn", False), table.get("exclude", [])
     if to is not None and not isinstance(to, str):
@@ -122,4 +142,14 @@ def load_settings(paths: list[str]) -> Settings:
         raise ConfigError(f"{pyproject}: [tool.mgpu-migrate] sync-bn must be true or false")
     if not isinstance(exclude, list) or not all(isinstance(pattern, str) and pattern.strip() for pattern in exclude):
         raise ConfigError(f'{pyproject}: [tool.mgpu-migrate] exclude must be a list of glob patterns, e.g. ["legacy/"]')
-    return Settings(root=os.path.dirname(pyproject), to=to, sync_bn=sync_bn, exclude=tuple(exclude))
+    max_file_size = None
+    if "max-file-size" in table:
+        try:
+            max_file_size = parse_size(table["max-file-size"])
+        except ValueError:
+            raise ConfigError(
+                f'{pyproject}: [tool.mgpu-migrate] max-file-size must be a size in bytes or like "5MB" (0: no limit)'
+            ) from None
+    return Settings(
+        root=os.path.dirname(pyproject), to=to, sync_bn=sync_bn, exclude=tuple(exclude), max_file_size=max_file_size
+    )

@@ -12,6 +12,12 @@ from dataclasses import dataclass
 READ_ERROR = "MGP001"
 PARSE_ERROR = "MGP002"
 INTERNAL_ERROR = "MGP003"
+FILE_CHANGED = "MGP004"
+"""The file changed on disk while the tool ran (an edit, another run): not written, so no edit is lost."""
+OUTSIDE_TREE = "MGP005"
+"""A symlink in a walked directory leads out of it: skipped, the file it points at is nobody's to rewrite."""
+TOO_LARGE = "MGP006"
+"""A file with DataParallel in it is over the size limit (``max-file-size``): not parsed, left as it is."""
 
 
 @dataclass(frozen=True, order=True)

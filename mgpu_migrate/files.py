@@ -1,15 +1,27 @@
-"""Files around the engine: discovery, reading in the file's own encoding, atomic write-back."""
+"""Files around the engine: discovery, reading in the file's own encoding, safe write-back.
+
+A rewrite never loses work: a file is replaced only if it is still what was read (``Stamp`` and the bytes),
+so an edit made while the tool ran, or another run's rewrite, is refused rather than overwritten. The new
+content goes to a temporary file beside the original, renamed over it (atomic: an interrupted run leaves
+the old file or the new one), keeping mode, owner and group. Where a rename would lose something (a file
+with several hard links, or an owner this process cannot give the new file), the file is rewritten in place
+instead, as black and ruff always do, with interrupts held off for the few microseconds of the write.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import signal
 import stat
 import tempfile
+import threading
 import tokenize
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 # Directories never walked into (they are someone else's code or generated); a path named explicitly
 # on the command line is always processed.
@@ -20,11 +32,15 @@ def _skip_directory(directory: Path) -> bool:
     return directory.name.startswith(".") or directory.name in _SKIPPED_DIRECTORIES or (directory / "pyvenv.cfg").exists()
 
 
-def discover(paths: list[str], excluded: Callable[[str], bool] = lambda path: False) -> tuple[list[str], list[str]]:
+def discover(
+    paths: list[str], excluded: Callable[[str], bool] = lambda path: False, outside: list[str] | None = None
+) -> tuple[list[str], list[str]]:
     """Expand files and directories into Python files, each real file once, in a stable order.
 
     ``excluded`` says which files and directories to leave out (the settings' ``exclude`` patterns); it
-    applies to named paths too. Returns the files and the paths that do not exist.
+    applies to named paths too. Returns the files and the paths that do not exist. A symlink found in a walked
+    directory that leads out of it is skipped (as black does: a rewrite would change a file nobody named),
+    and appended to ``outside``.
     """
     found: list[str] = []
     missing: list[str] = []
@@ -40,14 +56,20 @@ def discover(paths: list[str], excluded: Callable[[str], bool] = lambda path: Fa
         if os.path.isdir(path):
             if excluded(path):
                 continue
+            boundary = os.path.realpath(path)
             for root, directories, files in os.walk(path):
                 directories[:] = sorted(
                     d for d in directories if not _skip_directory(Path(root, d)) and not excluded(os.path.join(root, d))
                 )
                 for name in sorted(files):
                     candidate = os.path.join(root, name)
-                    if name.endswith(".py") and not os.path.isdir(candidate):
-                        add(candidate)
+                    if not name.endswith(".py") or os.path.isdir(candidate):
+                        continue
+                    if os.path.islink(candidate) and not _inside(os.path.realpath(candidate), boundary):
+                        if outside is not None:
+                            outside.append(candidate)
+                        continue
+                    add(candidate)
         elif os.path.lexists(path):
             add(path)
         else:
@@ -55,11 +77,31 @@ def discover(paths: list[str], excluded: Callable[[str], bool] = lambda path: Fa
     return found, missing
 
 
+def _inside(real: str, boundary: str) -> bool:
+    return os.path.commonpath([real, boundary]) == boundary
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """What identifies a file's state on disk without reading it: which file, how long, when last written."""
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, status: os.stat_result) -> Stamp:
+        return cls(status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
+
+
 @dataclass
 class SourceFile:
     path: str
     data: bytes
     encoding: str
+    stamp: Stamp | None = None
+    """The file as it was read (None: not read from disk); a write-back requires it unchanged."""
 
     @property
     def text(self) -> str:
@@ -71,27 +113,40 @@ class NotARegularFile(OSError):
     pass
 
 
-def read_bytes(path: str) -> bytes:
-    """A regular file's content. A FIFO, socket or device is refused rather than read (it could block forever)."""
+class FileChanged(OSError):
+    """The file on disk is no longer what was read: someone edited or replaced it meanwhile."""
+
+
+def read(path: str) -> tuple[bytes, Stamp]:
+    """A regular file's content and stamp. A FIFO, socket or device is refused rather than read (it could
+    block forever)."""
     descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+    status = os.fstat(descriptor)
+    if not stat.S_ISREG(status.st_mode):
         os.close(descriptor)
         raise NotARegularFile("not a regular file")
     with open(descriptor, "rb") as handle:
-        return handle.read()
+        return handle.read(), Stamp.of(status)
 
 
-def source_file(path: str, data: bytes) -> SourceFile:
+def source_file(path: str, data: bytes, stamp: Stamp | None = None) -> SourceFile:
     """Bytes read from ``path`` with the encoding their BOM or coding cookie declares (UTF-8 otherwise)."""
     encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
-    return SourceFile(path, data, encoding)
+    return SourceFile(path, data, encoding, stamp)
 
 
-def write_atomically(path: str, text: str, encoding: str) -> None:
-    """Replace a file's content in one rename, keeping its mode; a symlink keeps pointing at it."""
+def write_atomically(path: str, text: str, encoding: str, read_as: SourceFile | None = None) -> None:
+    """Replace a file's content, keeping its mode, owner and group; a symlink keeps pointing at it.
+
+    With ``read_as`` (the file as it was read), raises ``FileChanged`` and writes nothing unless the file is
+    still exactly that. One rename; in place only where a rename would lose hard links or the owner.
+    """
     target = os.path.realpath(path)
     data = text.encode(encoding)
-    mode = stat.S_IMODE(os.stat(target).st_mode)
+    status = os.stat(target)
+    if status.st_nlink > 1 or not _can_give_owner(status):
+        _rewrite_in_place(target, data, read_as)
+        return
     directory = os.path.dirname(target) or "."
     descriptor, temporary = tempfile.mkstemp(prefix=".mgpu-migrate-", suffix=".tmp", dir=directory)
     try:
@@ -99,9 +154,62 @@ def write_atomically(path: str, text: str, encoding: str) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(temporary, mode)
+            created = os.fstat(handle.fileno())
+            if (created.st_uid, created.st_gid) != (status.st_uid, status.st_gid):
+                os.fchown(handle.fileno(), status.st_uid, status.st_gid)
+            os.fchmod(handle.fileno(), stat.S_IMODE(status.st_mode))  # after chown, which clears set-id bits
+        if read_as is not None:
+            with open(target, "rb") as current:
+                _check_unchanged(current, read_as)
         os.replace(temporary, target)
     except BaseException:
-        if os.path.exists(temporary):
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         raise
+
+
+def _can_give_owner(status: os.stat_result) -> bool:
+    """Whether a new file made by this process can be given ``status``'s owner and group: as root, or as the
+    owner when the group is one of this process's."""
+    if not hasattr(os, "geteuid"):
+        return True
+    if os.geteuid() == 0:
+        return True
+    return status.st_uid == os.geteuid() and (status.st_gid == os.getegid() or status.st_gid in os.getgroups())
+
+
+def _check_unchanged(handle: IO[bytes], read_as: SourceFile) -> None:
+    """Raise ``FileChanged`` unless the open file has ``read_as``'s stamp and bytes (compared in full: a
+    same-size edit within one mtime tick is caught too)."""
+    if Stamp.of(os.fstat(handle.fileno())) != read_as.stamp or handle.read() != read_as.data:
+        raise FileChanged("changed on disk since it was read")
+
+
+def _rewrite_in_place(target: str, data: bytes, read_as: SourceFile | None) -> None:
+    with open(target, "r+b") as handle, interrupts_held():
+        if read_as is not None:
+            _check_unchanged(handle, read_as)
+        handle.seek(0)
+        handle.write(data)
+        handle.truncate()
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+@contextlib.contextmanager
+def interrupts_held():
+    """Ctrl-C and SIGTERM arriving inside are delivered at its end (so a write in place is never cut short, and
+    worker processes forked inside start with a handler that does nothing)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {number: signal.signal(number, lambda number, frame: arrived.append(number)) for number in held}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        for number in arrived:
+            signal.raise_signal(number)

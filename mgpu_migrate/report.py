@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
+import os
+import signal
+import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from mgpu_migrate import files
-from mgpu_migrate.diagnostics import INTERNAL_ERROR, READ_ERROR, Diagnostic
+from mgpu_migrate.diagnostics import FILE_CHANGED, INTERNAL_ERROR, OUTSIDE_TREE, READ_ERROR, TOO_LARGE, Diagnostic
 from mgpu_migrate.engine import MigrationResult, might_need_migration, migrate_source
 from mgpu_migrate.options import DEFAULT_OPTIONS, Options
 
@@ -37,19 +42,43 @@ def _failed(path: str, code: str, message: str) -> FileOutcome:
     return FileOutcome(path, FAILED, [Diagnostic(path, 1, 1, code, message)])
 
 
-def screen(path: str) -> FileOutcome | files.SourceFile:
+# Parsing costs about 0.9 GB of memory per MB of source; no hand-written training script comes near this.
+DEFAULT_MAX_FILE_SIZE = 2_000_000
+
+
+def screen(path: str, max_file_size: int = DEFAULT_MAX_FILE_SIZE) -> FileOutcome | files.SourceFile:
     """Read a file; what the engine needs to see, or the outcome when it need not (or cannot) see it.
 
     Only the bytes pre-filter runs here, so screening a tree of files with nothing to migrate costs
-    a read per file, and never loads the parser.
+    a read per file, and never loads the parser. A file over ``max_file_size`` bytes (0: no limit) that
+    would need the parser is refused.
     """
     try:
-        data = files.read_bytes(path)
+        data, stamp = files.read(path)
         if not might_need_migration(data):
             return FileOutcome(path, UNCHANGED)
-        return files.source_file(path, data)
+        if max_file_size and len(data) > max_file_size:
+            message = (
+                f"not migrated: {_size(len(data))} is over the {_size(max_file_size)} limit "
+                "(raise max-file-size in [tool.mgpu-migrate] or --max-file-size)"
+            )
+            return _failed(path, TOO_LARGE, message)
+        return files.source_file(path, data, stamp)
     except (OSError, SyntaxError) as error:
         return _failed(path, READ_ERROR, f"cannot read: {getattr(error, 'strerror', None) or error}")
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("MB", 10**6), ("kB", 10**3)):
+        if count >= scale:
+            return f"{count / scale:.1f}".removesuffix(".0") + f" {unit}"
+    return f"{count} bytes"
+
+
+def outside_tree(path: str) -> FileOutcome:
+    """A symlink that ``files.discover`` skipped: it leads out of the directory it was found in."""
+    message = f"skipped: a symlink to {os.path.realpath(path)}, outside the directory walked"
+    return FileOutcome(path, UNCHANGED, [Diagnostic(path, 1, 1, OUTSIDE_TREE, message)])
 
 
 def outcome_of(result: MigrationResult, want_diff: bool) -> FileOutcome:
@@ -74,7 +103,10 @@ def migrate_file(
     result = migrate_source(text, target, path, options)
     if write and result.changed:
         try:
-            files.write_atomically(path, result.output, source_file.encoding)
+            files.write_atomically(path, result.output, source_file.encoding, read_as=source_file)
+        except files.FileChanged:
+            message = "changed on disk while mgpu-migrate ran (an edit, or another run): not written; run again"
+            return _failed(path, FILE_CHANGED, message)
         except (OSError, UnicodeEncodeError) as error:
             return _failed(path, READ_ERROR, f"cannot write: {getattr(error, 'strerror', None) or error}")
     return outcome_of(result, want_diff)
@@ -86,20 +118,40 @@ MIN_FILES_PER_WORKER = 2
 
 
 def process_files(
-    paths: Sequence[str], target: str, write: bool, want_diff: bool, jobs: int, options: Options = DEFAULT_OPTIONS
+    paths: Sequence[str],
+    target: str,
+    write: bool,
+    want_diff: bool,
+    jobs: int,
+    options: Options = DEFAULT_OPTIONS,
+    max_file_size: int = DEFAULT_MAX_FILE_SIZE,
 ) -> list[FileOutcome]:
     """Migrate many files, on up to ``jobs`` processes; the outcomes come back in the order of ``paths``.
 
     Files are screened here first, so worker processes start only when enough files need the parser.
     """
-    outcomes = [screen(path) for path in paths]
+    outcomes = [screen(path, max_file_size) for path in paths]
     todo = [index for index, outcome in enumerate(outcomes) if isinstance(outcome, files.SourceFile)]
     migrate = functools.partial(migrate_file, target=target, write=write, want_diff=want_diff, options=options)
     workers = min(jobs, len(todo) // MIN_FILES_PER_WORKER)
     run = _map_in_processes if workers > 1 else _map_here
-    for index, outcome in zip(todo, run(migrate, [outcomes[index] for index in todo], workers)):
-        outcomes[index] = outcome
+    with _terminate_as_interrupt():
+        for index, outcome in zip(todo, run(migrate, [outcomes[index] for index in todo], workers)):
+            outcomes[index] = outcome
     return outcomes
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM (a hook runner's timeout, ``kill``) stops a run as Ctrl-C does: writes finished or undone."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _map_here(migrate: Callable, source_files: list, workers: int) -> list[FileOutcome]:
@@ -115,17 +167,66 @@ def _map_in_processes(migrate: Callable, source_files: list, workers: int) -> li
     # once in every worker (~0.4 s each).
     import mgpu_migrate.pipeline  # noqa: F401
 
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(migrate, source_file) for source_file in source_files]
+    if sys.platform.startswith("linux"):
+        import ctypes  # noqa: F401 - for the workers' parent-death signal, so none imports it while signalled
+
+    with ProcessPoolExecutor(max_workers=workers, initializer=_start_worker, initargs=(os.getpid(),)) as pool:
         outcomes = []
-        for source_file, future in zip(source_files, futures):
-            try:
-                outcomes.append(future.result())
-            except BrokenProcessPool:
-                # A worker died (killed for memory, say). Its files were never written: say so, go on.
-                message = "internal error: the process migrating this file stopped; file left unchanged, please report"
-                outcomes.append(_failed(source_file.path, INTERNAL_ERROR, message))
+        try:
+            with files.interrupts_held():  # a Ctrl-C while the workers fork is raised once they all exist
+                futures = [pool.submit(_in_worker, migrate, source_file) for source_file in source_files]
+            for source_file, future in zip(source_files, futures):
+                try:
+                    outcomes.append(future.result())
+                except BrokenProcessPool:
+                    # A worker died (killed for memory, say). Its files were never written: say so, go on.
+                    message = "internal error: the process migrating this file stopped; file left unchanged, please report"
+                    outcomes.append(_failed(source_file.path, INTERNAL_ERROR, message))
+        except KeyboardInterrupt:
+            _stop_workers(pool)
+            raise
         return outcomes
+
+
+class _WorkerStopped(SystemExit):
+    """Raised in a worker by SIGTERM: unwinds its write (the temporary file is removed), then the worker exits."""
+
+
+def _start_worker(parent: int) -> None:
+    """Ctrl-C reaches the whole process group, but stopping is the main process's call (``_stop_workers``);
+    SIGTERM, from it or at its death, stops a worker cleanly."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        import ctypes  # loaded by the parent before forking
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the parent died before the request above took effect
+        os._exit(1)
+    signal.signal(signal.SIGTERM, _raise_worker_stopped)  # until here, SIGTERM just ends a worker with no file
+
+
+def _raise_worker_stopped(number: int, frame) -> None:
+    raise _WorkerStopped(128 + number)
+
+
+def _in_worker(migrate: Callable, source_file: files.SourceFile) -> FileOutcome:
+    try:
+        return migrate(source_file)
+    except _WorkerStopped as stopped:
+        os._exit(stopped.code)  # the pool would otherwise take the next file
+
+
+def _stop_workers(pool) -> None:
+    """On Ctrl-C: no new file is started; each worker finishes or undoes the file it is writing, and exits."""
+    workers = list((pool._processes or {}).values())  # the executor offers no public way to stop them
+    pool.shutdown(wait=False, cancel_futures=True)
+    for worker in workers:
+        worker.terminate()
+    for worker in workers:
+        worker.join(timeout=5)
+        if worker.is_alive():
+            worker.kill()
 
 
 def summary(outcomes: list[FileOutcome], target: str, dry_run: bool) -> str:

@@ -62,7 +62,7 @@ def test_exclude_skips_walked_and_named_files(tmp_path):
         ("sync-bn = 1\n", b"sync-bn must be true or false"),
         ('exclude = "legacy"\n', b"exclude must be a list of glob patterns"),
         ("to = 3\n", b"to must be a string"),
-        ('too = "ddp"\n', b"unknown [tool.mgpu-migrate] keys: too (known: to, sync-bn, exclude)"),
+        ('too = "ddp"\n', b"unknown [tool.mgpu-migrate] keys: too (known: to, sync-bn, exclude, max-file-size)"),
     ],
 )
 def test_bad_settings_are_usage_errors_that_name_the_key(tmp_path, settings, message):

@@ -40,12 +40,12 @@ def test_discover_walks_a_directory_named_like_a_python_file(tmp_path):
     assert found == [str(tmp_path / "x.py" / "inner.py")]
 
 
-def test_read_bytes_refuses_a_fifo_without_blocking(tmp_path):
+def test_read_refuses_a_fifo_without_blocking(tmp_path):
     fifo = tmp_path / "pipe.py"
     os.mkfifo(fifo)
     outcome = []
     reader = threading.Thread(
-        target=lambda: outcome.append(pytest.raises(OSError, files.read_bytes, str(fifo))), daemon=True
+        target=lambda: outcome.append(pytest.raises(OSError, files.read, str(fifo))), daemon=True
     )
     reader.start()
     reader.join(timeout=10)
@@ -53,9 +53,9 @@ def test_read_bytes_refuses_a_fifo_without_blocking(tmp_path):
     assert "not a regular file" in str(outcome[0].value)
 
 
-def test_read_bytes_refuses_a_directory(tmp_path):
+def test_read_refuses_a_directory(tmp_path):
     with pytest.raises(files.NotARegularFile):
-        files.read_bytes(str(tmp_path))
+        files.read(str(tmp_path))
 
 
 @pytest.mark.parametrize(

@@ -33,13 +33,15 @@ def parallel_apply(
     enter_caller_modes = _caller_modes()
     streams = [_current_stream(device) for device in devices.replicas[: len(functions)]]
     results: list[Any] = [None] * len(functions)
-    failures: list[Exception | None] = [None] * len(functions)
+    failures: list[BaseException | None] = [None] * len(functions)
 
     def work(replica: int) -> None:
         try:
             with enter_caller_modes(), _on_device(devices.replicas[replica], streams[replica]):
                 results[replica] = functions[replica](*args[replica], **kwargs[replica])
-        except Exception as failure:  # noqa: BLE001 - every failure is re-raised in the caller below
+        # BaseException too: a SystemExit or KeyboardInterrupt in a thread would otherwise vanish, and the
+        # caller would go on with a missing result.
+        except BaseException as failure:  # noqa: BLE001 - every failure is re-raised in the caller below
             failures[replica] = failure
 
     if len(functions) == 1:
@@ -93,13 +95,19 @@ def _on_device(device: torch.device, stream: torch.cuda.Stream | None):
         yield
 
 
-def _reraise(failure: Exception, where: str) -> None:
+def _reraise(failure: BaseException, where: str) -> None:
     """Raise ``failure`` again from the caller's thread, saying which replica it came from.
 
     The same exception type is kept when it can be built from a message, so ``except`` clauses written for
-    the unwrapped model (``torch.cuda.OutOfMemoryError``, ``ValueError`` ...) still catch it.
+    the unwrapped model (``torch.cuda.OutOfMemoryError``, ``ValueError`` ...) still catch it. A ``SystemExit``
+    keeps its exit code (what ``sys.exit(code)`` in the module asked for), with the replica in a note.
     """
     message = f"in {where}: {type(failure).__name__}: {failure}"
+    if isinstance(failure, SystemExit):
+        located = SystemExit(failure.code)
+        if hasattr(located, "add_note"):  # Python 3.11+: shown in the traceback when someone prints it
+            located.add_note(message)
+        raise located from failure
     try:
         located = type(failure)(message)
     except Exception:  # noqa: BLE001 - a type whose constructor wants more than a message

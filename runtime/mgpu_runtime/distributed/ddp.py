@@ -10,6 +10,8 @@ all behave as torch's. What differs is how gradients are combined (a DDP communi
   the mean over the global batch, uneven last batch included; a rank with no rows adds nothing (its
   gradient is zeroed, which also discards the NaN of a mean over no rows). ``DistributedCriterion`` scales
   its loss to fit this rule, so sums and weighted cross-entropy come out exact too (``losses.py``).
+* The reduction also carries the lockstep check (``lockstep.py``): ranks that reduce different steps'
+  gradients, or a collective that times out, stop with a message naming the ranks.
 * One process: no communication at all. The gradient is already the whole batch's.
 
 With more than one process the wrapper also feeds the safety net (``safety.py``): at the first training
@@ -32,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mgpu_runtime.distributed import safety
+from mgpu_runtime.distributed import lockstep, safety
 from mgpu_runtime.distributed.process_group import device, setup, world_size
 from mgpu_runtime.distributed.share import gradient_weight
 
@@ -88,6 +90,8 @@ class DistributedDataParallel(_TorchDDP):
                 self._aligned = True  # every process trains in step, so this collective is met everywhere
                 safety.align_replicas(self.module, self.process_group)
             safety.note_forward(inputs, kwargs)
+            if torch.is_grad_enabled():
+                lockstep.note_forward()
         return super().forward(*inputs, **kwargs)
 
 
@@ -113,7 +117,7 @@ def _share_weighted_sum(state, bucket):
         buffer.zero_()  # multiplying would keep the NaN of an empty mean
     else:
         buffer.mul_(weight)
-    return dist.all_reduce(buffer, async_op=True).get_future().then(lambda future: future.value()[0])
+    return lockstep.all_reduce(buffer, bucket.index())
 
 
 def _keep_local(state, bucket):

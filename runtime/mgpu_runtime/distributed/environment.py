@@ -123,7 +123,7 @@ def _torchrun(environ: Mapping[str, str]) -> LaunchEnvironment:
             local_world_size=local_world_size,
             node_rank=node_rank,
             master_addr=environ.get("MASTER_ADDR"),
-            master_port=_integer(environ, "MASTER_PORT", minimum=1) if "MASTER_PORT" in environ else None,
+            master_port=_port(environ) if "MASTER_PORT" in environ else None,
         ),
         "RANK",
         "LOCAL_RANK",
@@ -169,7 +169,7 @@ def _slurm_master(environ: Mapping[str, str]) -> str:
 
 def _slurm_port(environ: Mapping[str, str]) -> int:
     if "MASTER_PORT" in environ:
-        return _integer(environ, "MASTER_PORT", minimum=1)
+        return _port(environ)
     if "SLURM_JOB_ID" in environ:
         return _SLURM_PORT_BASE + _integer(environ, "SLURM_JOB_ID", minimum=0) % _SLURM_PORT_SPAN
     raise LaunchEnvironmentError(
@@ -192,7 +192,7 @@ def _require(environ: Mapping[str, str], names: tuple[str, ...], fix: str, found
     )
 
 
-def _integer(environ: Mapping[str, str], name: str, minimum: int) -> int:
+def _integer(environ: Mapping[str, str], name: str, minimum: int, maximum: int | None = None) -> int:
     text = environ[name]
     try:
         value = int(text)
@@ -200,7 +200,13 @@ def _integer(environ: Mapping[str, str], name: str, minimum: int) -> int:
         raise LaunchEnvironmentError(f"{name}={text!r} is not a whole number") from None
     if value < minimum:
         raise LaunchEnvironmentError(f"{name}={value} is below {minimum}")
+    if maximum is not None and value > maximum:
+        raise LaunchEnvironmentError(f"{name}={value} is above {maximum}")
     return value
+
+
+def _port(environ: Mapping[str, str]) -> int:
+    return _integer(environ, "MASTER_PORT", minimum=1, maximum=65535)
 
 
 def _checked(environment: LaunchEnvironment, rank_name: str, local_rank_name: str) -> LaunchEnvironment:

@@ -2,14 +2,28 @@
 
 ``save`` is called by every process, where the original called ``torch.save``: the main process writes a
 temporary file beside the target and renames it into place (``os.replace``, atomic on POSIX and Windows),
-so a crash mid-write never leaves a truncated checkpoint; the others wait at a barrier, so when ``save``
-returns anywhere, the file is complete for everyone (a following ``load`` on every rank is safe).
+so the checkpoint on disk is always the old one or the complete new one; the others wait at a barrier, so
+when ``save`` returns anywhere, the file is complete for everyone (a following ``load`` on every rank is safe).
+
+The temporary file is created exclusively under an unpredictable name (``mkstemp``: ``O_EXCL``, no symlink
+followed), so neither two jobs saving one path (containers reuse process ids) nor a planted symlink can
+mix or redirect a write; the data and the directory entry are fsynced. A failed or interrupted save
+(Ctrl-C, an exception while pickling) removes it. One that is killed outright cannot, so while it is written
+it is locked (``flock``), and the next save to the same path removes such leftovers that nobody holds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
+import time
 from typing import IO, Any, Union
+
+try:
+    import fcntl
+except ImportError:  # Windows: no leftovers are swept
+    fcntl = None
 
 import torch
 
@@ -39,16 +53,72 @@ def load(path: Destination, **kwargs: Any) -> Any:
     return torch.load(path, **kwargs)
 
 
+_TEMPORARY_SUFFIX = ".partial"
+# A leftover is removed only when unlocked and older than this: its writer may be between creating it and
+# locking it.
+_ABANDONED_AFTER_S = 5.0
+
+
 def _save_atomically(obj: Any, path: str, **kwargs: Any) -> None:
     directory, name = os.path.split(os.path.abspath(path))
-    temporary = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
+    _remove_abandoned(directory, name)
+    mode = _mode_for(path)
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=_TEMPORARY_SUFFIX, dir=directory)
     try:
-        with open(temporary, "wb") as stream:
+        with os.fdopen(descriptor, "wb") as stream:
+            if fcntl is not None:
+                fcntl.flock(stream.fileno(), fcntl.LOCK_EX)  # held until closed: "being written"
             torch.save(obj, stream, **kwargs)
             stream.flush()
+            os.fchmod(stream.fileno(), mode)
             os.fsync(stream.fileno())  # the data is on disk before the name points at it
-        os.replace(temporary, path)
+            os.replace(temporary, path)
+        _fsync_directory(directory)
     except BaseException:
-        if os.path.exists(temporary):
+        with contextlib.suppress(FileNotFoundError):
             os.remove(temporary)
         raise
+
+
+def _mode_for(path: str) -> int:
+    """The existing checkpoint's mode, else what ``open(path, "wb")`` would have created (0666 less the umask)."""
+    try:
+        return os.stat(path).st_mode & 0o7777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _remove_abandoned(directory: str, name: str) -> None:
+    """Remove temporaries of earlier saves to ``name`` whose writers were killed (unlocked and not new)."""
+    if fcntl is None:
+        return
+    prefix = f".{name}."
+    with os.scandir(directory) as entries:
+        leftovers = [e.path for e in entries if e.name.startswith(prefix) and e.name.endswith(_TEMPORARY_SUFFIX)]
+    for leftover in leftovers:
+        try:
+            descriptor = os.open(leftover, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        except OSError:
+            continue
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            status = os.fstat(descriptor)
+            if status.st_nlink and time.time() - status.st_mtime > _ABANDONED_AFTER_S:
+                os.remove(leftover)
+        except OSError:
+            pass  # locked: a save in progress, in this job or another
+        finally:
+            os.close(descriptor)
+
+
+def _fsync_directory(directory: str) -> None:
+    """Make the rename itself durable (a crash right after could otherwise bring back the old name)."""
+    if not hasattr(os, "O_DIRECTORY"):
+        return
+    descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

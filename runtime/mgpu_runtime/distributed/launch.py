@@ -7,7 +7,8 @@ Exec rather than a child process: the exit status, signals (Ctrl-C, SLURM's SIGT
 are torchrun's own, with nothing in between to forward them or to outlive them.
 
 How many processes: ``MGPU_NPROC=N`` if set (also on CPU; 1 keeps one process), else the number of visible
-CUDA devices. The relaunched command carries ``MGPU_RELAUNCHED=1``, and a process that carries it yet finds
+CUDA devices. N is at most four processes per core (more GPUs than that are never visible to one
+machine; a larger N is a typo that would have torchrun start thousands of processes). The relaunched command carries ``MGPU_RELAUNCHED=1``, and a process that carries it yet finds
 no launcher variables stops with an error instead of relaunching again.
 """
 
@@ -23,6 +24,7 @@ import torch
 from mgpu_runtime.distributed.environment import LaunchEnvironmentError
 
 NPROC_VARIABLE = "MGPU_NPROC"
+_PROCESSES_PER_CORE = 4
 RELAUNCHED_VARIABLE = "MGPU_RELAUNCHED"
 
 
@@ -34,7 +36,14 @@ def requested_process_count(environ: Mapping[str, str]) -> int:
         return max(1, torch.cuda.device_count())
     if not text.isdigit() or int(text) < 1:
         raise LaunchEnvironmentError(f"{NPROC_VARIABLE}={text!r} must be a whole number of processes, 1 or more")
-    return int(text)
+    wanted = int(text)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if wanted > _PROCESSES_PER_CORE * cores:
+        raise LaunchEnvironmentError(
+            f"{NPROC_VARIABLE}={wanted} is more processes than this machine can run "
+            f"({cores} cores: at most {_PROCESSES_PER_CORE * cores}); lower it"
+        )
+    return wanted
 
 
 def torchrun_command(process_count: int, interpreter: str, original_argv: Sequence[str]) -> list[str]:

@@ -12,9 +12,12 @@ initialises the default process group.
   (``--gpus-per-task``), so only ``MGPU_SHARE_DEVICE=1`` declares sharing there.
 * A world of one joins no network: a gloo group over an in-process ``HashStore`` (no address, no port), which
   exists only so ``DistributedDataParallel`` can be built; the wrappers send nothing through it.
+* Every collective is bounded: the group's timeout is ``MGPU_TIMEOUT`` seconds (default 300, instead of
+  torch's 30 minutes for gloo), and a collective that fails says which ranks did not arrive (``lockstep.py``).
 * Teardown, registered with ``atexit`` when this module created the group, also when the script never
-  calls anything: a barrier, so no rank tears the group down while a peer still needs it, then destroy.
-  After an uncaught exception the barrier is skipped (the peers are not coming; torchrun stops them).
+  calls anything: a note saying how this rank ended (read by peers whose collectives then fail), then
+  destroy. No barrier: a rank that leaves early (``sys.exit`` on one rank) would wait there for peers that
+  wait for it elsewhere; destroying the group instead makes their pending collectives fail at once, naming it.
 
 The other functions are the process's coordinates. ``rank()`` & co. read the launch environment without
 joining anything (they also work in a DataLoader worker); ``device()`` and ``barrier()`` set up first.
@@ -23,7 +26,9 @@ joining anything (they also work in a DataLoader worker); ``device()`` and ``bar
 from __future__ import annotations
 
 import atexit
+import datetime
 import os
+import socket
 import sys
 from dataclasses import dataclass
 
@@ -31,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.hooks import RemovableHandle
 
-from mgpu_runtime.distributed import safety
+from mgpu_runtime.distributed import lockstep, safety
 from mgpu_runtime.distributed.environment import (
     SLURM,
     TORCHRUN,
@@ -43,6 +48,8 @@ from mgpu_runtime.distributed.launch import relaunch_if_requested
 
 BACKEND_VARIABLE = "MGPU_BACKEND"
 SHARE_DEVICE_VARIABLE = "MGPU_SHARE_DEVICE"
+TIMEOUT_VARIABLE = "MGPU_TIMEOUT"
+DEFAULT_TIMEOUT_S = 300
 
 
 @dataclass(frozen=True)
@@ -75,12 +82,15 @@ def setup() -> None:
             f"a process group of {dist.get_world_size()} processes already exists, but the launch environment "
             f"says {environment.world_size}"
         )
-    safety_net = safety.install() if environment.world_size > 1 else None
+    safety_net = None
+    if environment.world_size > 1:
+        safety_net = safety.install()
+        lockstep.start(environment.rank, environment.world_size, environment.master_addr, environment.master_port)
     _membership = _Membership(environment, device, owns_process_group, safety_net)
 
 
 def teardown() -> None:
-    """Leave the job: barrier, then destroy the process group this module created. Runs at exit."""
+    """Leave the job: a note for the peers, then destroy the process group this module created. Runs at exit."""
     global _membership
     membership, _membership = _membership, None
     atexit.unregister(teardown)
@@ -88,10 +98,11 @@ def teardown() -> None:
         return
     if membership.safety_net is not None:
         membership.safety_net.remove()
-    if membership.owns_process_group and dist.is_initialized():
+    if membership.environment.world_size > 1:
         # Python sets sys.last_value when an uncaught exception ended the script.
-        if not hasattr(sys, "last_value"):
-            _barrier(membership.device)
+        ended = getattr(sys, "last_value", None)
+        lockstep.stop(f"an uncaught {type(ended).__name__}" if ended is not None else "sys.exit() or the end of its script")
+    if membership.owns_process_group and dist.is_initialized():
         dist.destroy_process_group()
 
 
@@ -164,9 +175,39 @@ def _init_process_group(environment: LaunchEnvironment, backend: str) -> None:
         # No peers: an in-process store, so a single process needs no address, port or rendezvous.
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         return
+    _check_master_address(environment)
     dist.init_process_group(
-        backend, init_method=environment.init_method, rank=environment.rank, world_size=environment.world_size
+        backend,
+        init_method=environment.init_method,
+        rank=environment.rank,
+        world_size=environment.world_size,
+        timeout=datetime.timedelta(seconds=timeout_seconds(os.environ)),
     )
+
+
+def _check_master_address(environment: LaunchEnvironment) -> None:
+    """torch's own error for a host that does not resolve names no variable; this one does."""
+    try:
+        socket.getaddrinfo(environment.master_addr, environment.master_port)
+    except (socket.gaierror, UnicodeError) as error:
+        raise LaunchEnvironmentError(
+            f"MASTER_ADDR={environment.master_addr!r} does not resolve ({error}): set it to the address of the "
+            "node running rank 0, the same for every process"
+        ) from None
+
+
+def timeout_seconds(environ) -> float:
+    """How long any collective may wait for the other ranks: ``MGPU_TIMEOUT`` seconds, else 300."""
+    text = environ.get(TIMEOUT_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise LaunchEnvironmentError(f"{TIMEOUT_VARIABLE}={text!r} must be a positive number of seconds")
+    return value
 
 
 def _barrier(device: torch.device) -> None:

@@ -1,0 +1,300 @@
+"""The lockstep check, and what a stalled or broken job says: ranks out of step fail loudly, naming who.
+
+Every process must reduce the same step's gradients together. A rank that skips a backward (a ``continue``
+before ``loss.backward()``, a try/except that swallowed one rank's error, an ``if`` on a per-rank value)
+does not hang the job: its next reduction meets the others' current one, sizes agree, and from then on every
+step averages gradients of different batches, silently. So each rank counts its steps (training forwards of
+the wrapped model: train mode, grad enabled) and carries the count inside the reduction itself: one
+bucket of every backward (the smallest) gets ``world_size`` extra elements, zero except this rank's own slot, which holds
+its count. After the sum every rank sees every rank's count, at the price of a few elements (no extra
+collective); counts that differ raise ``LockstepError`` on every rank, with the same message.
+``MGPU_LOCKSTEP=0`` switches it off.
+
+When a collective fails instead (the process-group timeout, ``MGPU_TIMEOUT``, or a peer gone), the message
+says which ranks did not arrive and where they were: each rank publishes its count to the job's store once a
+second from a background thread (a heartbeat: alive and behind, or silent, i.e. dead or stuck outside
+Python), and a rank that leaves writes a note at exit. The gradient reduction explains its own failures;
+other collectives (a barrier, the loader, a criterion) are explained by the process's excepthook.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+LOCKSTEP_VARIABLE = "MGPU_LOCKSTEP"
+_HEARTBEAT_S = 1.0
+_CAUSES = (
+    "a `continue` (or `break`) before `loss.backward()` that only some ranks take, a try/except around the step "
+    "that swallowed one rank's error, or an `if` on a per-rank value (the rank, its own loss or batch)"
+)
+
+
+class LockstepError(RuntimeError):
+    """Ranks reduced gradients of different steps: some ran more backward passes than others."""
+
+
+class CollectiveFailed(RuntimeError):
+    """A collective timed out or lost a peer; the message names the ranks that did not arrive."""
+
+
+_steps = 0
+"""Training forwards of the wrapped model on this rank: the step it is at."""
+_reduced = 0
+"""The step whose gradient reduction this rank last started (so a peer can tell "still computing" apart)."""
+_store: dist.Store | None = None
+_rank = 0
+_world = 1
+_stop = threading.Event()
+
+
+def enabled() -> bool:
+    return os.environ.get(LOCKSTEP_VARIABLE, "").strip() != "0"
+
+
+def start(rank: int, world_size: int, master_addr: str | None, master_port: int | None) -> None:
+    """Start publishing this rank's progress to the job's store, and explain uncaught collective failures."""
+    global _store, _rank, _world
+    _rank, _world = rank, world_size
+    if master_addr and master_port:
+        try:
+            client = dist.TCPStore(
+                master_addr, master_port, is_master=False, timeout=datetime.timedelta(seconds=10), wait_for_workers=False
+            )
+            _store = dist.PrefixStore("mgpu_runtime", client)
+        except (RuntimeError, dist.DistStoreError):
+            _store = None  # no explanations then, but the job runs
+    if _store is not None:
+        _stop.clear()
+        threading.Thread(target=_heartbeat, name="mgpu_runtime heartbeat", daemon=True).start()
+    previous = sys.excepthook
+    sys.excepthook = lambda kind, value, traceback: _explaining_hook(previous, kind, value, traceback)
+
+
+def stop(how: str) -> None:
+    """At exit: leave a note saying how this rank ended, for peers that were still waiting for it."""
+    _stop.set()
+    _publish(f"exited/{_rank}", f"{_steps} {how}")
+
+
+def note_forward() -> None:
+    """Called by the wrapper at each training forward."""
+    global _steps
+    _steps += 1
+
+
+def all_reduce(buffer: torch.Tensor, bucket_index: int) -> torch.futures.Future:
+    """Sum ``buffer`` over ranks (a DDP bucket); one bucket of each backward carries the lockstep counts."""
+    global _reduced
+    _check_pending()  # before the outgoing buffer, which holds the last counts, is overwritten
+    if bucket_index == 0:
+        _reduced = _steps
+    marked = bucket_index == _carrier(bucket_index, buffer.numel()) and enabled() and buffer.is_floating_point()
+    step = _steps
+    size = buffer.numel()
+    if marked:
+        sent = _outgoing(buffer)
+        sent[:size].copy_(buffer)
+        torch.mul(_slot(buffer), step % _exact_integers(buffer.dtype), out=sent[size:])
+    else:
+        sent = buffer
+
+    def finished(future: torch.futures.Future) -> torch.Tensor:
+        try:
+            result = future.value()[0]
+        except Exception as failure:  # re-raised, saying who did not arrive
+            raise CollectiveFailed(explain(failure, f"the gradient reduction of step {step}")) from failure
+        if marked:
+            _check_later(result[size:], step)
+            return result[:size]
+        return result
+
+    return dist.all_reduce(sent, async_op=True).get_future().then(finished)
+
+
+_bucket_sizes: dict[int, int] = {}
+_carrier_index = 0
+
+
+def _carrier(bucket_index: int, size: int) -> int:
+    """The bucket that carries the counts: the smallest of the last backward (copying it to append the counts
+    is the check's main cost). The same on every rank, as DDP gives every rank the same buckets."""
+    global _carrier_index
+    if bucket_index == 0 and _bucket_sizes:
+        _carrier_index = min(_bucket_sizes, key=lambda index: (_bucket_sizes[index], index))
+        _bucket_sizes.clear()  # DDP rebuilds its buckets after the first step
+    _bucket_sizes[bucket_index] = size
+    return _carrier_index
+
+
+_pending: tuple[torch.Tensor, int] | None = None
+
+
+def _check_later(counts: torch.Tensor, step: int) -> None:
+    """Counts are read at the next reduction, on the thread running the hook: reading them here, on the
+    collective's thread, would cost a GIL hand-over (on CPU) or a device synchronisation (on GPU) every step.
+    A skip is seen one step late, but seen: once a rank is out of step, every later reduction shows it."""
+    global _pending
+    _pending = (counts, step)
+
+
+def _check_pending() -> None:
+    global _pending
+    if _pending is not None:
+        counts, step = _pending
+        _pending = None
+        _check(counts, step)
+
+
+_slots: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+_outgoing_buffers: dict[tuple[torch.dtype, torch.device, int], torch.Tensor] = {}
+
+
+def _outgoing(like: torch.Tensor) -> torch.Tensor:
+    """The bucket and the counts, sent as one tensor: the same memory every step (a fresh tensor each time
+    costs gloo about as much again as the reduction of a small bucket). Reusing it is safe: DDP copies the
+    result into the gradients before the next backward starts."""
+    key = (like.dtype, like.device, like.numel())
+    if key not in _outgoing_buffers:
+        _outgoing_buffers[key] = like.new_empty(like.numel() + _world)
+    return _outgoing_buffers[key]
+
+
+
+def _slot(like: torch.Tensor) -> torch.Tensor:
+    """``world_size`` elements, 1 at this rank's place: its count times this is what it sends."""
+    key = (like.dtype, like.device)
+    if key not in _slots:
+        _slots[key] = like.new_zeros(_world)
+        _slots[key][_rank] = 1
+    return _slots[key]
+
+
+def _exact_integers(dtype: torch.dtype) -> int:
+    """Counts are sent modulo this, so every count is exact in the bucket's dtype (128 in bfloat16)."""
+    return round(1.0 / torch.finfo(dtype).eps)
+
+
+def _check(counts: torch.Tensor, step: int) -> None:
+    values = [round(value) for value in counts.tolist()]
+    if len(set(values)) == 1:
+        return
+    ahead = [rank for rank, value in enumerate(values) if value > min(values)]
+    listing = ", ".join(f"rank {rank} at step {value}" for rank, value in enumerate(values))
+    raise LockstepError(
+        f"mgpu_runtime: the ranks reduced gradients of different steps ({listing}): "
+        f"rank{'s' if len(ahead) > 1 else ''} {', '.join(map(str, ahead))} skipped a backward (or the others ran an "
+        f"extra one), so from here every step would average gradients of different batches. Usually {_CAUSES}: "
+        f"make every rank take the same path (decide together, e.g. with mgpu_runtime.reduce_sum of a flag). "
+        f"{LOCKSTEP_VARIABLE}=0 switches this check off."
+    )
+
+
+def explain(failure: BaseException, where: str) -> str:
+    """A message for a collective that failed at ``where``: which ranks did not arrive, and how they are."""
+    first = str(failure).strip().splitlines()[0] if str(failure).strip() else type(failure).__name__
+    others = _peers()
+    if others is None:
+        whom = "the other ranks' progress is unknown (the job's store cannot be reached; rank 0 may have exited)"
+    else:
+        whom = "; ".join(others) or "every rank was where this one was"
+    return (
+        f"mgpu_runtime: rank {_rank} waited in vain at {where} ({type(failure).__name__}: {first[:200]}). {whom}. "
+        f"A rank that is alive but behind is somewhere the others are not (another collective, or {_CAUSES}); "
+        f"the wait is bounded by MGPU_TIMEOUT (seconds)."
+    )
+
+
+def _peers() -> list[str] | None:
+    """What each other rank was doing, from its exit note or its heartbeat (read twice, a few beats apart)."""
+    if _store is None:
+        return None
+    try:
+        first = _progress()
+        time.sleep(2.5 * _HEARTBEAT_S)
+        second = _progress()
+        exited = {rank: _read(f"exited/{rank}") for rank in range(_world) if rank != _rank}
+    except (RuntimeError, dist.DistStoreError):
+        return None
+    lines = []
+    for rank in range(_world):
+        if rank == _rank:
+            continue
+        if exited[rank] is not None:
+            count, how = exited[rank].split(" ", 1)
+            lines.append(f"rank {rank} exited at step {count} ({how})")
+        elif second.get(rank) is None:
+            lines.append(f"rank {rank} never reported (it did not start, or died before its first beat)")
+        else:
+            _, steps, reduced = second[rank]
+            if first.get(rank) == second[rank]:
+                lines.append(f"rank {rank} is not responding (killed, or stuck outside Python), {_where(steps, reduced)}")
+            elif (steps, reduced) != (_steps, _reduced):
+                lines.append(f"rank {rank} is alive, {_where(steps, reduced)}")
+    return lines
+
+
+def _where(steps: int, reduced: int) -> str:
+    if reduced < steps:
+        return f"at step {steps} but not in its gradient reduction (still computing, or waiting elsewhere)"
+    return f"in or past the gradient reduction of step {steps}"
+
+
+def _progress() -> dict[int, tuple[int, int, int]]:
+    found = {}
+    for rank in range(_world):
+        value = _read(f"progress/{rank}")
+        if value is not None:
+            beat, steps, reduced = value.split()
+            found[rank] = (int(beat), int(steps), int(reduced))
+    return found
+
+
+def _read(key: str) -> str | None:
+    if not _store.check([key]):
+        return None
+    return _store.get(key).decode()
+
+
+def _publish(key: str, value: str) -> None:
+    if _store is None:
+        return
+    try:
+        _store.set(key, value)
+    except (RuntimeError, dist.DistStoreError):
+        pass  # the store's host is gone: nobody is left to read it
+
+
+def _heartbeat() -> None:
+    beat = 0
+    while not _stop.wait(_HEARTBEAT_S if beat else 0.0):
+        beat += 1
+        _publish(f"progress/{_rank}", f"{beat} {_steps} {_reduced}")
+
+
+def _explaining_hook(previous: Callable, kind: type, value: BaseException, traceback) -> None:
+    """The usual traceback, then, for a failed collective outside the gradient reduction, who did not arrive."""
+    previous(kind, value, traceback)
+    if not _is_collective_failure(value) or any("mgpu_runtime: " in str(link) for link in _chain(value)):
+        return  # not a collective's failure, or already explained (DDP re-raises the hook's error as its own)
+    print(explain(value, f"a collective at step {_steps}"), file=sys.stderr)
+
+
+def _chain(value: BaseException | None):
+    while value is not None:
+        yield value
+        value = value.__cause__ or value.__context__
+
+
+def _is_collective_failure(value: BaseException) -> bool:
+    markers = ("Timed out", "timed out", "Connection closed by peer", "Connection reset by peer", "NCCL", "gloo")
+    return isinstance(value, getattr(dist, "DistError", ())) or (
+        isinstance(value, RuntimeError) and any(marker in str(value) for marker in markers)
+    )

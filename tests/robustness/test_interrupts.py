@@ -1,0 +1,134 @@
+"""A parallel in-place run stopped by a real signal: Ctrl-C (SIGINT to the whole process group, as a terminal
+sends it) or SIGTERM ends it at once, every file old or new, no temporary left; SIGKILL of the main process
+takes its workers with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from mgpu_migrate.engine import migrate_source
+from tests.cli_helpers import DP_SCRIPT, command
+
+FILES = 300
+STOP_WITHIN_S = 15
+
+
+def _tree(directory):
+    sources = {}
+    for index in range(FILES):
+        path = directory / f"train_{index:03d}.py"
+        path.write_text(DP_SCRIPT + f"step = {index}\n")
+        sources[path] = path.read_text()
+    return sources
+
+
+def _start(directory):
+    return subprocess.Popen(
+        [*command(), "--to", "ddp", "-j", "2", "."],
+        cwd=directory,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its own process group, like a job in a terminal
+    )
+
+
+def _wait_until_some_file_is_rewritten(run, sources):
+    deadline = time.monotonic() + 60
+    while all(path.read_text() == source for path, source in sources.items()):
+        assert time.monotonic() < deadline and run.poll() is None, "no file was rewritten"
+        time.sleep(0.01)
+
+
+def _children(pid):
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry))
+    return found
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc for the workers")
+@pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_a_signal_ends_a_parallel_run_at_once_with_every_file_old_or_new(tmp_path, signal_number):
+    sources = _tree(tmp_path)
+    migrated = {path: migrate_source(source, "ddp", str(path)).output for path, source in sources.items()}
+    run = _start(tmp_path)
+    _wait_until_some_file_is_rewritten(run, sources)
+    workers = _children(run.pid)
+    if signal_number == signal.SIGINT:
+        os.killpg(run.pid, signal.SIGINT)
+    else:
+        run.send_signal(signal.SIGTERM)
+    try:
+        run.communicate(timeout=STOP_WITHIN_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)
+        pytest.fail(f"the run did not stop within {STOP_WITHIN_S}s of the signal")
+    assert run.returncode != 0
+    assert not [pid for pid in workers if _alive(pid)], "workers outlived the run"
+    old = new = 0
+    for path, source in sources.items():
+        content = path.read_text()
+        assert content in (source, migrated[path]), f"{path.name} is neither the old file nor the new one"
+        old, new = old + (content == source), new + (content == migrated[path])
+    assert new > 0 and old > 0, (old, new)  # it really stopped in the middle
+    assert sorted(os.listdir(tmp_path)) == sorted(path.name for path in sources), "temporary files were left"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc for the workers")
+def test_ctrl_c_while_the_workers_start_aborts_instead_of_failing_every_file(tmp_path):
+    """Workers that caught the Ctrl-C themselves used to die, and every file was reported as an internal error
+    (MGP003, exit 2); or, caught in the wrong moment, it was lost and the run went on to the end."""
+    sources = _tree(tmp_path)
+    run = _start(tmp_path)
+    deadline = time.monotonic() + 60
+    while not _children(run.pid):
+        assert time.monotonic() < deadline and run.poll() is None, "no worker started"
+        time.sleep(0.002)
+    os.killpg(run.pid, signal.SIGINT)
+    _, stderr = run.communicate(timeout=STOP_WITHIN_S)
+    assert run.returncode == 1 and stderr.strip().endswith(b"Aborted!"), stderr[-2000:]
+    assert b"MGP003" not in stderr and b"Traceback" not in stderr
+    assert sorted(os.listdir(tmp_path)) == sorted(path.name for path in sources)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc for the workers")
+def test_workers_die_with_a_killed_main_process(tmp_path):
+    sources = _tree(tmp_path)
+    run = _start(tmp_path)
+    _wait_until_some_file_is_rewritten(run, sources)
+    workers = _children(run.pid)
+    assert len(workers) >= 2, workers
+    run.kill()
+    run.communicate(timeout=STOP_WITHIN_S)
+    deadline = time.monotonic() + STOP_WITHIN_S
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    survivors = [pid for pid in workers if _alive(pid)]
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
+    assert not survivors, "workers outlived their killed parent"
+    for path, source in sources.items():
+        assert path.read_text() == source or "mgpu_runtime" in path.read_text()

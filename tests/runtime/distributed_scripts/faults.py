@@ -1,0 +1,44 @@
+"""A small training loop where one rank misbehaves at step 3, by mode:
+
+    python faults.py exit_early      rank 1 calls sys.exit(0) (sys.exit(int(CODE)) with a second argument)
+    python faults.py skip_backward   rank 1 skips the backward of step 3 (`continue`), then goes on
+    python faults.py stall           rank 1 sleeps 60 s before its backward (the others wait in the reduction)
+    python faults.py healthy         nobody misbehaves
+
+Prints "done <rank>" when a rank finishes its loop.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+from torch import nn
+
+import mgpu_runtime
+
+
+def main(mode: str) -> None:
+    mgpu_runtime.setup()
+    torch.manual_seed(0)
+    model = mgpu_runtime.DistributedDataParallel(nn.Linear(4, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(8):
+        x = torch.randn(6, 4)
+        optimizer.zero_grad()
+        loss = model(x).square().mean()
+        if mgpu_runtime.rank() == 1 and step == 3:
+            if mode == "exit_early":
+                sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
+            if mode == "skip_backward":
+                continue
+            if mode == "stall":
+                time.sleep(60)
+        loss.backward()
+        optimizer.step()
+    print("done", mgpu_runtime.rank(), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,82 @@
+"""Faults under real torchrun jobs end the job promptly with the rank named: one rank's sys.exit(), a rank
+that skips a backward (the lockstep check), a rank that stalls past MGPU_TIMEOUT."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mgpu_runtime.distributed.environment import LaunchEnvironmentError
+from mgpu_runtime.distributed.process_group import DEFAULT_TIMEOUT_S, timeout_seconds
+from tests.runtime.test_distributed_launches import _clean_environment
+
+SCRIPT = pathlib.Path(__file__).parent / "distributed_scripts" / "faults.py"
+# Far below torch's own 30 minutes, far above a two-process job's start-up on a loaded machine.
+JOB_TIMEOUT = 150
+
+
+def _job(*arguments: str, **environment: str) -> tuple[int, str, float]:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT), *arguments]
+    started = time.monotonic()
+    result = subprocess.run(
+        command, env=_clean_environment(**environment), capture_output=True, text=True, timeout=JOB_TIMEOUT
+    )
+    return result.returncode, result.stdout + result.stderr, time.monotonic() - started
+
+
+@pytest.mark.slow
+def test_one_rank_calling_sys_exit_ends_the_job_naming_it():
+    """The exit hook used to run a barrier there, which the other rank (in a gradient reduction) never joined."""
+    returncode, output, _ = _job("exit_early")
+    assert returncode != 0
+    assert "rank 0 waited in vain at the gradient reduction of step 4" in output
+    assert "rank 1 exited at step 4 (sys.exit() or the end of its script)" in output
+    assert "done 0" not in output
+
+
+@pytest.mark.slow
+def test_a_nonzero_exit_of_one_rank_ends_the_job_with_that_rank_and_code():
+    returncode, output, _ = _job("exit_early", "3")
+    assert returncode != 0
+    assert "exitcode  : 3" in output and "rank      : 1" in output
+
+
+@pytest.mark.slow
+def test_a_rank_that_skips_a_backward_is_named_by_the_lockstep_check():
+    returncode, output, _ = _job("skip_backward")
+    assert returncode != 0
+    message = "LockstepError: mgpu_runtime: the ranks reduced gradients of different steps (rank 0 at step 4, rank 1 at step 5)"
+    assert output.count(message) == 2  # every rank stops, with the same words
+    assert "rank 1 skipped a backward" in output and "a `continue`" in output
+    assert "done" not in output
+
+
+@pytest.mark.slow
+def test_without_the_lockstep_check_the_skip_goes_unnoticed_until_the_end():
+    """What the check prevents: every step after the skip averages gradients of different batches, and the run
+    notices only when one rank runs out of batches first."""
+    returncode, output, _ = _job("skip_backward", MGPU_LOCKSTEP="0")
+    assert "LockstepError" not in output
+    assert "done 1" in output
+
+
+@pytest.mark.slow
+def test_a_stalled_rank_times_out_after_mgpu_timeout_naming_it():
+    returncode, output, seconds = _job("stall", MGPU_TIMEOUT="5")
+    assert returncode != 0
+    assert "rank 0 waited in vain at the gradient reduction of step 4 (RuntimeError:" in output
+    assert "Timed out" in output
+    assert "rank 1 is alive, at step 4 but not in its gradient reduction" in output
+    assert seconds < 55, f"the job took {seconds:.0f}s; rank 1 sleeps 60s, the timeout is 5s"
+
+
+def test_the_timeout_is_mgpu_timeout_seconds():
+    assert timeout_seconds({}) == DEFAULT_TIMEOUT_S == 300
+    assert timeout_seconds({"MGPU_TIMEOUT": "12.5"}) == 12.5
+    for bad in ("0", "-3", "soon", "nan"):
+        with pytest.raises(LaunchEnvironmentError, match=f"MGPU_TIMEOUT={bad!r} must be a positive number of seconds"):
+            timeout_seconds({"MGPU_TIMEOUT": bad})
