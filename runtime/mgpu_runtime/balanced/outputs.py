@@ -11,8 +11,11 @@ HF-style model's ``.loss`` is gathered without its logits.
 How pieces combine (``gather``):
 
 * tensors with dimensions are concatenated along ``dim`` on the output device;
-* floating scalars (one per replica, typically a mean loss computed inside ``forward``) become the
-  **mean weighted by each piece's batch rows**, which is the unsplit batch's mean. It stays a 0-dim tensor,
+* floating scalars (one per replica, typically a loss computed inside ``forward``): a torch loss function's
+  mean or sum, returned as computed, combines as what it averaged over (``piece_losses.py``): the sum of
+  its numerators (summed losses) over the sum of its denominators (non-ignored tokens, elements), exactly
+  the unsplit batch's loss. Any other scalar becomes the **mean weighted by each piece's batch rows**,
+  which is the unsplit batch's mean for a mean over rows only. It stays a 0-dim tensor,
   so ``loss.backward()``, ``loss.item()`` and the ``if n_gpu > 1: loss = loss.mean()`` of scripts written
   for ``nn.DataParallel`` (whose vector of per-device losses is averaged with equal weights) all give the
   exact value: the mean of a 0-dim tensor is itself;
@@ -32,6 +35,7 @@ from typing import Any
 import torch
 
 from mgpu_runtime.balanced.devices import Devices
+from mgpu_runtime.balanced.piece_losses import combine_marked
 from mgpu_runtime.structure import children, holds_tensor, rebuild
 
 
@@ -242,7 +246,8 @@ def _combine(values: Sequence[Any], sizes: Sequence[int], dim: int, device: torc
         if first.dim() > 0:
             return torch.cat(moved, dim)
         if first.is_floating_point() or first.is_complex():
-            return _weighted_mean(moved, sizes)
+            marked = combine_marked(values, device)
+            return _weighted_mean(moved, sizes) if marked is None else marked
         return torch.stack(moved).sum()
     parts = children(first)
     if parts is None:

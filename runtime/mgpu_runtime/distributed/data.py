@@ -24,7 +24,9 @@ Two ways to get there, by what the loader is:
   batches): rank 0 iterates the original and sends each rank its span of every collated batch
   (``slicing.py``), like DataParallel's scatter. Rank 0 then does all the loading, as the original did.
 
-With each batch the twin publishes the rank's share, which makes gradients exact (``ddp.py``). In a
+With each batch the twin publishes the rank's share, which makes gradients exact (``ddp.py``), and watches
+torch's loss functions until the next batch is asked for, which makes losses that are not means over the
+rank's rows exact (``losses.py``). In a
 world of one ``distribute_loader`` returns the loader itself.
 """
 
@@ -40,6 +42,7 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
+from mgpu_runtime.distributed.losses import watching
 from mgpu_runtime.distributed.process_group import rank, setup, world_size
 from mgpu_runtime.distributed.share import Share, publish, share_spans
 from mgpu_runtime.distributed.slicing import batch_rows, take_rows
@@ -97,7 +100,8 @@ class _LoaderTwin(ABC):
         try:
             for batch, share in self._batches_and_shares():
                 publish(share)
-                yield batch
+                with watching():  # the batch's losses are made global until the next batch is asked for
+                    yield batch
         finally:
             publish(None)
 

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mgpu_runtime.distributed import safety
+from mgpu_runtime.distributed.losses import inside_model
 from mgpu_runtime.distributed.process_group import device, setup, world_size
 from mgpu_runtime.distributed.share import gradient_weight
 
@@ -88,7 +89,8 @@ class DistributedDataParallel(_TorchDDP):
                 self._aligned = True  # every process trains in step, so this collective is met everywhere
                 safety.align_replicas(self.module, self.process_group)
             safety.note_forward(inputs, kwargs)
-        return super().forward(*inputs, **kwargs)
+        with inside_model():  # the model's own sums are not loss terms (losses.py)
+            return super().forward(*inputs, **kwargs)
 
 
 class FrozenModule(nn.Module):
