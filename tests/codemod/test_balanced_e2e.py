@@ -23,18 +23,19 @@ from pathlib import Path
 
 import pytest
 
+from tests.codemod.test_ddp_e2e import PER_DEVICE
 from tests.fixture_cases import FIXTURES, ROOT
 
 torch = pytest.importorskip("torch")
 
 # Scripts whose wrap sits under `if n_gpu > 1` with n_gpu counting CUDA devices: on CPU they run unwrapped,
 # as the original does with one device (the migration keeps such guards for --to balanced); hf_unguarded is
-# the same shape wrapped unconditionally.
+# the same shape wrapped unconditionally. PER_DEVICE scripts are compared with DDP (test_ddp_e2e.py).
 GUARDED = {"hf_style"}
 SCRIPTS = sorted(
     path
     for path in (FIXTURES / "scripts").glob("*.py")
-    if "." not in path.stem and path.with_name(f"{path.stem}.balanced.py").exists() and path.stem not in GUARDED
+    if "." not in path.stem and path.with_name(f"{path.stem}.balanced.py").exists() and path.stem not in GUARDED | PER_DEVICE
 )
 REPLICAS = (2, 3)
 TOLERANCE = 1e-9

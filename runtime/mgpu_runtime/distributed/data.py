@@ -2,7 +2,7 @@
 
 The original loader, run in one process, produced global batches; the DataParallel original split each
 over its GPUs. Here rank ``r`` yields the ``r``-th contiguous span of every global batch, in the original
-order, with spans cut as ``tensor_split`` cuts them (``share.py``). Nothing is padded or repeated, so
+order, with spans cut as ``torch.chunk`` (DataParallel's scatter) cuts them (``share.py``). Nothing is padded or repeated, so
 counting what each rank saw and summing (``reduce_sum``) counts every sample once. ``len()`` is the
 original's: the number of global batches.
 
