@@ -29,6 +29,10 @@ Two ways a loss gets there:
   ``reduction`` says so. With no distributed batch out (data left whole: every rank computed the same
   global loss) it is the criterion itself, and so is it in a world of one.
 
+The watch also draws dropout as the original did: one mask for the global batch, of which the rank keeps
+its rows (``mgpu_runtime.randomness``), so masks are the original's and every rank's generator advances as
+the original process's did (the loader keeps the ranks' generators in step with rank 0's, ``data.py``).
+
 Every watched call is a collective, so every rank must make the same loss calls in the same order, as DDP
 already requires of forward and backward. A rank with no rows contributes zero to both sums and a zero
 gradient.
@@ -55,6 +59,7 @@ from mgpu_runtime.losses import (
     loss_parts,
     reduction_parts,
 )
+from mgpu_runtime.randomness import DRAWS, apply_mask, dropout_call, global_mask
 
 
 class DistributedCriterion(nn.Module):
@@ -114,7 +119,13 @@ class _GlobalLosses(TorchFunctionMode):
         kwargs = kwargs or {}
         share = current_share()
         parts = None
-        if share is not None and func in WATCHED:
+        if share is not None and func in DRAWS:
+            call = dropout_call(args, kwargs, share.rows)
+            if call is not None:
+                source, p, inplace = call
+                mask = global_mask(source, share.total, p)[share.start : share.start + share.rows]
+                return apply_mask(source, mask, inplace)
+        elif share is not None and func in WATCHED:
             parts = loss_parts(func, args, kwargs)
         elif share is not None and func in FULL_REDUCTIONS and not self.model_depth:
             parts = reduction_parts(func, args, kwargs, share.rows)

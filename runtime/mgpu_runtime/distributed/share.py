@@ -22,10 +22,11 @@ from mgpu_runtime.structure import chunk_sizes
 
 @dataclass(frozen=True)
 class Share:
-    """``rows`` of the global batch's ``total`` rows belong to this rank."""
+    """``rows`` of the global batch's ``total`` rows, from row ``start`` on, belong to this rank."""
 
     rows: int
     total: int
+    start: int = 0
 
 
 _current: Share | None = None
