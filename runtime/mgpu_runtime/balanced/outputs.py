@@ -60,21 +60,45 @@ def as_output(pieces: Pieces) -> Any:
     """What a caller of the parallel module gets: a ``ParallelOutput``, or the plain value if it holds no tensor.
 
     A value without tensors (None, a flag, a string) is the same on every replica and cannot be wrapped
-    usefully: ``outputs.hidden_states is None`` must stay true.
+    usefully: ``outputs.hidden_states is None`` must stay true. A plain ``list`` or ``tuple`` is returned as
+    one, holding an output per element, so ``type(outputs) == list`` holds as it did for DataParallel's
+    gathered list.
     """
-    if holds_tensor(pieces.values[0]):
-        return ParallelOutput(pieces)
-    return pieces.values[0]
+    first = pieces.values[0]
+    if not holds_tensor(first):
+        return first
+    if type(first) in _PLAIN_SEQUENCES:
+        return type(first)(as_output(pieces.select(operator.itemgetter(index))) for index in range(len(first)))
+    return ParallelOutput(pieces)
+
+
+_PLAIN_SEQUENCES = (list, tuple)
 
 
 def pieces_of(value: Any) -> Pieces | None:
-    """The per-replica pieces behind ``value``; None for a plain value."""
-    return value._pieces if type(value) is ParallelOutput else None
+    """The per-replica pieces behind ``value`` (also a plain list or tuple of one forward's outputs); None for
+    a plain value."""
+    if type(value) is ParallelOutput:
+        return value._pieces
+    if type(value) not in _PLAIN_SEQUENCES:
+        return None
+    outputs = [element._pieces for element in value if type(element) is ParallelOutput]
+    if not outputs or any(holds_tensor(element) for element in value if type(element) is not ParallelOutput):
+        return None
+    first = outputs[0]
+    if any((part.sizes, part.dim, part.devices) != (first.sizes, first.dim, first.devices) for part in outputs):
+        return None
+    per_replica = [
+        type(value)(element._pieces.values[replica] if type(element) is ParallelOutput else element for element in value)
+        for replica in range(len(first.values))
+    ]
+    return replace(first, values=per_replica)
 
 
 def gather(value: Any) -> Any:
-    """The gathered value of a ``ParallelOutput`` (differentiable, on the output device); a plain value as is."""
-    return value._gathered_value() if type(value) is ParallelOutput else value
+    """The gathered value of a ``ParallelOutput`` (differentiable, on the output device), also inside a plain
+    list or tuple; a plain value as is."""
+    return _gather_nested(value)
 
 
 _NOT_GATHERED = object()
@@ -96,6 +120,17 @@ class ParallelOutput:
 
     def _select(self, part: Callable[[Any], Any]) -> Any:
         return as_output(self._pieces.select(part))
+
+    def _modified(self) -> Any:
+        """The gathered value, about to be changed in place: from now on it is the only piece, so whatever
+        reads the output next (the criterion included) sees the change, as with DataParallel's output."""
+        value = self._gathered_value()
+        pieces = self._pieces
+        self._pieces = Pieces([value], (sum(pieces.sizes),), pieces.dim, pieces.devices)
+        return value
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._modified()[key] = _gather_nested(value)
 
     @property
     def _first(self) -> Any:
@@ -124,6 +159,8 @@ class ParallelOutput:
         if self._is_tensor:
             if not hasattr(type(self._first), name):
                 raise AttributeError(f"'Tensor' object has no attribute '{name}'")
+            if name.endswith("_") and not name.startswith("_"):  # in place: squeeze_, clamp_, masked_fill_ ...
+                return _in_place(self, name)
             return getattr(self._gathered_value(), name)
         if callable(getattr(self._first, name)):
             return getattr(self._gathered_value(), name)
@@ -210,6 +247,14 @@ class ParallelOutput:
         return copy.deepcopy(self._gathered_value(), memo)
 
     __hash__ = object.__hash__  # identity, as for tensors; defining __eq__ below would otherwise remove it
+
+
+def _in_place(output: ParallelOutput, name: str) -> Callable[..., Any]:
+    def method(*args: Any, **kwargs: Any) -> ParallelOutput:
+        getattr(output._modified(), name)(*_gather_nested(args), **_gather_nested(kwargs))
+        return output
+
+    return method
 
 
 def _delegate_to_gathered(name: str) -> Callable[..., Any]:
