@@ -16,6 +16,7 @@ from mgpu_migrate.rules.entry_point import EntryPointSetup
 from mgpu_migrate.rules.explicit_device import ExplicitDevice
 from mgpu_migrate.rules.functional_data_parallel import FunctionalDataParallel
 from mgpu_migrate.rules.functional_loss import FunctionalLoss
+from mgpu_migrate.rules.global_count import GlobalCount
 from mgpu_migrate.rules.local_rank_argument import LocalRankArgument
 from mgpu_migrate.rules.main_process_collective import MainProcessCollective
 from mgpu_migrate.rules.process_randomness import ProcessRandomness
@@ -44,6 +45,7 @@ RULES: tuple[type[Rule], ...] = (
     TrainingData,
     RemoteTraining,
     BatchCoupling,
+    GlobalCount,
     CheckpointSave,
     CheckpointLoad,
     ProgressBar,

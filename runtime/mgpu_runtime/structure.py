@@ -2,6 +2,8 @@
 
 One definition of "container" keeps the two directions symmetric: tuples, lists, namedtuples, mappings
 (dicts, ``OrderedDict``, HF's ``ModelOutput``) and dataclasses. Everything else is a leaf.
+
+How many rows each piece of a batch gets is defined here too, once for both families: ``chunk_sizes``.
 """
 
 from __future__ import annotations
@@ -52,6 +54,21 @@ def tensors(value: Any) -> Iterator[torch.Tensor]:
 def holds_tensor(value: Any) -> bool:
     """Whether a tensor sits anywhere inside ``value``."""
     return next(tensors(value), None) is not None
+
+
+def chunk_sizes(rows: int, parts: int) -> list[int]:
+    """The row counts ``torch.chunk`` gives ``rows`` rows over ``parts`` pieces, which DataParallel's scatter uses.
+
+    Pieces of ``ceil(rows / parts)`` rows and a smaller last one, so possibly fewer pieces than ``parts``
+    (4 rows over 3 gives 2 and 2, 6 over 4 gives 2, 2 and 2). Matching ``chunk`` keeps every piece what
+    DataParallel's replica held, BatchNorm statistics included, and avoids a 1-row piece where DataParallel
+    had none (BatchNorm refuses one row in training). An empty batch gives no pieces.
+    """
+    if rows <= 0:
+        return []
+    size = -(-rows // parts)
+    full, rest = divmod(rows, size)
+    return [size] * full + ([rest] if rest else [])
 
 
 def _init_fields(value: Any) -> list[dataclasses.Field]:

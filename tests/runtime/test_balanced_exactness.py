@@ -94,7 +94,7 @@ def test_uneven_split_is_weighted_by_piece_size_not_averaged(replicas):
     # The defect of PyTorch-Encoding's DataParallelCriterion: per-device means averaged with equal weight.
     x, y = features(5), labels(5)
     module = Classifier()
-    splits = zip(torch.tensor_split(x, replicas), torch.tensor_split(y, replicas))
+    splits = zip(torch.chunk(x, replicas), torch.chunk(y, replicas))
     pieces = [F.cross_entropy(module(xs), ys) for xs, ys in splits]
     equal_weight_mean = torch.stack(pieces).mean()
     exact = F.cross_entropy(module(x), y)

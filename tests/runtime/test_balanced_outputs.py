@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from mgpu_runtime.balanced import DataParallelModel, gather
+from mgpu_runtime.balanced import DataParallelCriterion, DataParallelModel, gather
 from mgpu_runtime.balanced.outputs import ParallelOutput
 from tests.runtime.conftest_balanced import (
     Classifier,
@@ -215,7 +215,11 @@ def test_same_output_types_for_zero_one_and_many_devices(monkeypatch, replicas, 
         module, inputs = StructuredClassifier(kind), (features(7),)
     output = DataParallelModel(module)(*inputs)
     expected = module(*inputs)
-    assert type(output) is ParallelOutput
+    if kind == "tuple":
+        # A plain tuple or list is one, of lazy outputs: `type(outputs) == list` holds as with DataParallel.
+        assert type(output) is tuple and all(type(part) is ParallelOutput for part in output)
+    else:
+        assert type(output) is ParallelOutput
     assert output.__class__ is type(expected)
     gathered = gather(output)
     assert type(gathered) is type(expected)
@@ -223,3 +227,28 @@ def test_same_output_types_for_zero_one_and_many_devices(monkeypatch, replicas, 
         assert gathered.loss.shape == () and abs(gathered.loss.item() - expected.loss.item()) <= 1e-12
         first_part = output[0]
         assert type(first_part) is ParallelOutput and first_part.shape == ()
+
+
+def test_a_list_output_is_a_list_and_its_changes_in_place_reach_the_criterion(three_replicas):
+    class Listed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Classifier()
+
+        def forward(self, x):
+            logits = self.inner(x)
+            return [logits, logits[:, :1]]
+
+    module, x, y = Listed(), features(7), torch.arange(7) % 4
+    expected_logits, expected_score = module(x)
+    output = DataParallelModel(module)(x)
+    assert type(output) == list  # noqa: E721 - what scripts written for DataParallel check
+    logits, score = output
+    logits[:, 3] = -1e4
+    score.squeeze_(1)
+    expected_logits = expected_logits.clone()
+    expected_logits[:, 3] = -1e4
+    assert score.shape == (7,)
+    loss = DataParallelCriterion(nn.CrossEntropyLoss())(logits, y)
+    assert same(loss, F.cross_entropy(expected_logits, y))
+    assert same(DataParallelCriterion(nn.MSELoss())(score, y.double()), F.mse_loss(expected_score.squeeze(1), y.double()))

@@ -73,7 +73,7 @@ def test_gpu_count_driven_empty_device_ids_get_every_cpu_replica(three_replicas)
     # it names every device.
     model = DataParallelModel(Recorder(), device_ids=range(torch.cuda.device_count()))
     model(features(7))
-    assert sorted(call["rows"] for call in model.module.calls) == [2, 2, 3]
+    assert sorted(call["rows"] for call in model.module.calls) == [1, 3, 3]
 
 
 def test_device_ids_are_ignored_without_gpu_or_replicas(monkeypatch):
@@ -123,7 +123,9 @@ def test_cpu_replicas_are_ignored_when_cuda_is_present(two_gpus, monkeypatch):
 # --- splitting and threads -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("rows, pieces", [(7, [3, 2, 2]), (6, [2, 2, 2]), (2, [1, 1]), (1, [1])])
+# Cut as torch.chunk (DataParallel's scatter) cuts: 4 rows over 3 replicas is 2 and 2, never a 1-row piece
+# DataParallel did not have (BatchNorm refuses one row in training).
+@pytest.mark.parametrize("rows, pieces", [(7, [3, 3, 1]), (6, [2, 2, 2]), (4, [2, 2]), (2, [1, 1]), (1, [1])])
 def test_each_replica_runs_in_its_own_thread_on_its_piece(three_replicas, rows, pieces):
     model = DataParallelModel(Recorder())
     model(features(rows))
@@ -203,11 +205,20 @@ def test_wrapper_keeps_the_data_parallel_surface(three_replicas):
 def test_batch_norm_keeps_the_first_replicas_statistics_like_data_parallel(three_replicas):
     norm = nn.BatchNorm1d(5).double()
     reference = copy.deepcopy(norm)
-    x = features(7)
+    x = features(8)
     DataParallelModel(norm)(x)
     reference(x[:3])  # replica 0's piece
     assert max_abs_diff(norm.running_mean, reference.running_mean) <= 1e-12
     assert norm.num_batches_tracked.item() == 1
+
+
+def test_a_batch_norm_model_trains_on_a_last_batch_of_4_over_3_replicas_as_data_parallel_split_it(three_replicas):
+    """torch.chunk's 2 and 2, not 2, 1 and 1 (BatchNorm refuses one row): each piece normalised on its own."""
+    norm = nn.BatchNorm1d(5).double()
+    x = features(4)
+    output = DataParallelModel(norm)(x)
+    expected = torch.cat([nn.functional.batch_norm(piece, None, None, training=True) for piece in x.chunk(3)])
+    assert max_abs_diff(output, expected) <= 1e-12
 
 
 def test_tied_weights_get_the_unsplit_gradient(three_replicas):

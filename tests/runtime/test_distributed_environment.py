@@ -177,9 +177,11 @@ class TestRelaunch:
         assert command[5:] == ["--no-python", "/usr/bin/python3", "-u", "-X", "dev", "-m", "pkg.train", "--lr", "0.1"]
 
 
-@pytest.mark.parametrize(("total", "parts"), [(8, 2), (8, 3), (5, 3), (2, 3), (1, 4), (0, 2), (23, 4)])
-def test_spans_cut_as_tensor_split_cuts(total, parts):
+@pytest.mark.parametrize(("total", "parts"), [(8, 2), (8, 3), (5, 3), (4, 3), (6, 4), (2, 3), (1, 4), (0, 2), (23, 4)])
+def test_spans_cut_as_dataparallel_chunks(total, parts):
+    """Rank r holds DataParallel's chunk r (4 rows over 3: 2, 2 and none, never a 1-row BatchNorm batch)."""
     rows = torch.arange(total)
-    assert [rows[start:stop].tolist() for start, stop in share_spans(total, parts)] == [
-        piece.tolist() for piece in rows.tensor_split(parts)
-    ]
+    chunks = [piece.tolist() for piece in rows.chunk(parts)] if total else []
+    assert [rows[start:stop].tolist() for start, stop in share_spans(total, parts)] == chunks + [[]] * (
+        parts - len(chunks)
+    )

@@ -14,10 +14,11 @@ import mgpu_runtime
 import pytest
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from mgpu_runtime.distributed import process_group
 from mgpu_runtime.distributed.environment import LaunchEnvironmentError
-from mgpu_runtime.losses import class_index_sum_and_weight
 from mgpu_runtime.distributed.slicing import batch_rows, take_rows
+from mgpu_runtime.losses import loss_parts
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -162,23 +163,38 @@ class TestTakingRows:
             batch_rows(["a", "b"])
 
 
+_WEIGHT = torch.tensor([0.5, 1.0, 2.0, 3.0])
+_LOGITS = torch.randn(9, 4, generator=torch.Generator().manual_seed(0)).log_softmax(1)
+_PREDICTED = torch.rand(9, 3, generator=torch.Generator().manual_seed(1))
+
+
 @pytest.mark.parametrize(
-    "criterion",
+    ("function", "target", "options"),
     [
-        nn.CrossEntropyLoss(),
-        nn.CrossEntropyLoss(weight=torch.tensor([0.5, 1.0, 2.0, 3.0]), ignore_index=1, label_smoothing=0.2),
-        nn.NLLLoss(weight=torch.tensor([0.5, 1.0, 2.0, 3.0]), ignore_index=-100),
+        (F.cross_entropy, torch.tensor([0, 1, 2, 3, -100, 1, 2, 1, 0]), {}),
+        (
+            F.cross_entropy,
+            torch.tensor([0, 1, 2, 3, 1, 1, 2, 1, 0]),
+            {"weight": _WEIGHT, "ignore_index": 1, "label_smoothing": 0.2},
+        ),
+        (F.nll_loss, torch.tensor([0, 1, 2, 3, -100, 1, 2, 1, 0]), {"weight": _WEIGHT}),
+        (F.cross_entropy, _LOGITS.exp().flip(1), {}),
+        (F.mse_loss, _PREDICTED.flip(0), {}),
+        (F.binary_cross_entropy, _PREDICTED.flip(0).round(), {"reduction": "sum"}),
+        (F.kl_div, _LOGITS.flip(0).exp(), {"reduction": "batchmean"}),
     ],
 )
-def test_cross_entropy_splits_into_its_mean_numerator_and_denominator(criterion):
-    """Summed over the pieces of a batch, numerator / denominator is the unsplit mean loss.
-
-    The middle piece holds only an ignored target (for CrossEntropyLoss() index -100 is ignored too).
-    """
-    torch.manual_seed(0)
-    logits = torch.randn(9, 4).log_softmax(1)
-    target = torch.tensor([0, 1, 2, 3, criterion.ignore_index, 1, 2, 1, 0])
-    parts = [class_index_sum_and_weight(criterion, logits[a:b], target[a:b]) for a, b in ((0, 4), (4, 5), (5, 9))]
-    numerator = sum(part[0] for part in parts)
-    denominator = sum(part[1] for part in parts)
-    torch.testing.assert_close(numerator / denominator, criterion(logits, target))
+def test_a_loss_splits_into_what_it_averaged_over(function, target, options):
+    """Summed over the pieces of a batch, numerator / denominator (or the numerators of a sum) is the
+    unsplit loss; the middle piece of the class-index cases holds only an ignored target."""
+    source = _PREDICTED if function in (F.mse_loss, F.binary_cross_entropy) else _LOGITS
+    parts = [
+        loss_parts(function, (source[a:b], target[a:b]), options) for a, b in ((0, 4), (4, 5), (5, 9))
+    ]
+    numerator = sum(part.numerator for part in parts)
+    expected = function(source, target, **options)
+    if options.get("reduction") == "sum":
+        assert all(part.denominator is None for part in parts)
+        torch.testing.assert_close(numerator, expected)
+    else:
+        torch.testing.assert_close(numerator / sum(part.denominator for part in parts), expected)

@@ -2,33 +2,31 @@
 
 How per-piece results are combined depends on what the criterion computes (see README_balanced.md):
 
-* ``CrossEntropyLoss`` / ``NLLLoss`` with ``reduction='mean'`` and class-index targets: each piece gives
-  its summed loss and its total target weight (the count of non-ignored targets without ``weight``); the
-  loss is the sum of sums over the sum of weights. Exact with ``weight``, ``ignore_index`` and
-  ``label_smoothing``; a piece whose targets are all ignored adds 0 to both, never NaN.
+* A torch loss function's mean (``CrossEntropyLoss``/``NLLLoss`` over the total weight of their
+  non-ignored targets, element-wise losses over their elements), also inside a criterion of the script's
+  own: each piece's result is marked with its numerator and denominator (``piece_losses.py``) and the loss
+  is the sum of numerators over the sum of denominators. Exact with ``weight``, ``ignore_index``,
+  ``label_smoothing`` and masked selections; a piece whose targets are all ignored adds 0 to both, never NaN.
 * ``reduction='sum'``: the piece losses are summed.
-* Anything else (``reduction='mean'`` losses, ``reduction='none'``, any callable): the piece results are
-  gathered like outputs: scalars as the mean weighted by the rows of each piece, which is exact for
-  losses averaged over samples or elements (MSE, L1, BCE, soft-target cross-entropy ...), and tensors
-  concatenated.
+* Anything else (``reduction='none'``, a callable that reduces by its own arithmetic): the piece results
+  are gathered like outputs: scalars as the mean weighted by the rows of each piece, which is exact for
+  losses averaged over rows, and tensors concatenated.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import partial
 from itertools import chain
 from typing import Any
 
 import torch
 from torch import nn
 
-from mgpu_runtime.balanced.devices import Devices
 from mgpu_runtime.balanced.outputs import Pieces, gather, pieces_of
 from mgpu_runtime.balanced.parallel_apply import parallel_apply
+from mgpu_runtime.balanced.piece_losses import marking_losses
 from mgpu_runtime.balanced.replicate import replicate
 from mgpu_runtime.balanced.scatter import scatter
-from mgpu_runtime.losses import class_index_sum_and_weight, is_class_index_mean
 from mgpu_runtime.structure import tensors
 
 
@@ -56,9 +54,7 @@ class DataParallelCriterion(nn.Module):
             return self._on_gathered(args, kwargs)
         piece_args, piece_kwargs = split
         devices = reference.devices
-        criteria = self._replicas(devices.replicas[: len(rows)])
-        if is_class_index_mean(self.module, piece_args[0], piece_kwargs[0]):
-            return _class_index_mean(criteria, piece_args, devices)
+        criteria = [marking_losses(criterion) for criterion in self._replicas(devices.replicas[: len(rows)])]
         losses = parallel_apply(criteria, piece_args, piece_kwargs, devices)
         if getattr(self.module, "reduction", None) == "sum":
             return _sum(losses, devices.output)
@@ -115,17 +111,3 @@ def _split_arguments(
     piece_args = [tuple(argument[piece] for argument in positional) for piece in range(len(rows))]
     piece_kwargs = [{name: argument[piece] for name, argument in zip(kwargs, keyword)} for piece in range(len(rows))]
     return piece_args, piece_kwargs
-
-
-def _class_index_mean(
-    criteria: Sequence[nn.Module], piece_args: Sequence[tuple[Any, ...]], devices: Devices
-) -> torch.Tensor:
-    """Cross-entropy or NLL over the whole batch: the pieces' summed losses over their summed target weights."""
-    sums_and_weights = parallel_apply(
-        [partial(class_index_sum_and_weight, criterion) for criterion in criteria],
-        piece_args,
-        [{}] * len(piece_args),
-        devices,
-    )
-    summed, weight = (_sum(parts, devices.output) for parts in zip(*sums_and_weights))
-    return summed / weight

@@ -12,6 +12,7 @@ from torch import nn
 from mgpu_runtime.balanced.devices import DeviceId, Devices, resolve_devices
 from mgpu_runtime.balanced.outputs import Pieces, as_output
 from mgpu_runtime.balanced.parallel_apply import parallel_apply
+from mgpu_runtime.balanced.piece_losses import SharedDraws, marking_losses
 from mgpu_runtime.balanced.replicate import replicate
 from mgpu_runtime.balanced.scatter import batch_size, scatter_inputs, split_sizes
 
@@ -33,7 +34,9 @@ def parallel_forward(
     if len(devices.replicas) == 1:
         return as_output(Pieces([module(*piece_inputs[0], **piece_kwargs[0])], sizes, dim, devices))
     _check_module_device(module, devices.replicas[0])
-    outputs = parallel_apply(replicate(module, used), piece_inputs, piece_kwargs, devices)
+    draws = SharedDraws(sizes, devices.replicas[0])
+    replicas = [marking_losses(replica, draws, index) for index, replica in enumerate(replicate(module, used))]
+    outputs = parallel_apply(replicas, piece_inputs, piece_kwargs, devices)
     return as_output(Pieces(outputs, sizes, dim, devices))
 
 

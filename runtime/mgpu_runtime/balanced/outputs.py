@@ -11,8 +11,11 @@ HF-style model's ``.loss`` is gathered without its logits.
 How pieces combine (``gather``):
 
 * tensors with dimensions are concatenated along ``dim`` on the output device;
-* floating scalars (one per replica, typically a mean loss computed inside ``forward``) become the
-  **mean weighted by each piece's batch rows**, which is the unsplit batch's mean. It stays a 0-dim tensor,
+* floating scalars (one per replica, typically a loss computed inside ``forward``): a torch loss function's
+  mean or sum, returned as computed, combines as what it averaged over (``piece_losses.py``): the sum of
+  its numerators (summed losses) over the sum of its denominators (non-ignored tokens, elements), exactly
+  the unsplit batch's loss. Any other scalar becomes the **mean weighted by each piece's batch rows**,
+  which is the unsplit batch's mean for a mean over rows only. It stays a 0-dim tensor,
   so ``loss.backward()``, ``loss.item()`` and the ``if n_gpu > 1: loss = loss.mean()`` of scripts written
   for ``nn.DataParallel`` (whose vector of per-device losses is averaged with equal weights) all give the
   exact value: the mean of a 0-dim tensor is itself;
@@ -32,6 +35,7 @@ from typing import Any
 import torch
 
 from mgpu_runtime.balanced.devices import Devices
+from mgpu_runtime.balanced.piece_losses import combine_marked
 from mgpu_runtime.structure import children, holds_tensor, rebuild
 
 
@@ -56,21 +60,45 @@ def as_output(pieces: Pieces) -> Any:
     """What a caller of the parallel module gets: a ``ParallelOutput``, or the plain value if it holds no tensor.
 
     A value without tensors (None, a flag, a string) is the same on every replica and cannot be wrapped
-    usefully: ``outputs.hidden_states is None`` must stay true.
+    usefully: ``outputs.hidden_states is None`` must stay true. A plain ``list`` or ``tuple`` is returned as
+    one, holding an output per element, so ``type(outputs) == list`` holds as it did for DataParallel's
+    gathered list.
     """
-    if holds_tensor(pieces.values[0]):
-        return ParallelOutput(pieces)
-    return pieces.values[0]
+    first = pieces.values[0]
+    if not holds_tensor(first):
+        return first
+    if type(first) in _PLAIN_SEQUENCES:
+        return type(first)(as_output(pieces.select(operator.itemgetter(index))) for index in range(len(first)))
+    return ParallelOutput(pieces)
+
+
+_PLAIN_SEQUENCES = (list, tuple)
 
 
 def pieces_of(value: Any) -> Pieces | None:
-    """The per-replica pieces behind ``value``; None for a plain value."""
-    return value._pieces if type(value) is ParallelOutput else None
+    """The per-replica pieces behind ``value`` (also a plain list or tuple of one forward's outputs); None for
+    a plain value."""
+    if type(value) is ParallelOutput:
+        return value._pieces
+    if type(value) not in _PLAIN_SEQUENCES:
+        return None
+    outputs = [element._pieces for element in value if type(element) is ParallelOutput]
+    if not outputs or any(holds_tensor(element) for element in value if type(element) is not ParallelOutput):
+        return None
+    first = outputs[0]
+    if any((part.sizes, part.dim, part.devices) != (first.sizes, first.dim, first.devices) for part in outputs):
+        return None
+    per_replica = [
+        type(value)(element._pieces.values[replica] if type(element) is ParallelOutput else element for element in value)
+        for replica in range(len(first.values))
+    ]
+    return replace(first, values=per_replica)
 
 
 def gather(value: Any) -> Any:
-    """The gathered value of a ``ParallelOutput`` (differentiable, on the output device); a plain value as is."""
-    return value._gathered_value() if type(value) is ParallelOutput else value
+    """The gathered value of a ``ParallelOutput`` (differentiable, on the output device), also inside a plain
+    list or tuple; a plain value as is."""
+    return _gather_nested(value)
 
 
 _NOT_GATHERED = object()
@@ -92,6 +120,17 @@ class ParallelOutput:
 
     def _select(self, part: Callable[[Any], Any]) -> Any:
         return as_output(self._pieces.select(part))
+
+    def _modified(self) -> Any:
+        """The gathered value, about to be changed in place: from now on it is the only piece, so whatever
+        reads the output next (the criterion included) sees the change, as with DataParallel's output."""
+        value = self._gathered_value()
+        pieces = self._pieces
+        self._pieces = Pieces([value], (sum(pieces.sizes),), pieces.dim, pieces.devices)
+        return value
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._modified()[key] = _gather_nested(value)
 
     @property
     def _first(self) -> Any:
@@ -120,6 +159,8 @@ class ParallelOutput:
         if self._is_tensor:
             if not hasattr(type(self._first), name):
                 raise AttributeError(f"'Tensor' object has no attribute '{name}'")
+            if name.endswith("_") and not name.startswith("_"):  # in place: squeeze_, clamp_, masked_fill_ ...
+                return _in_place(self, name)
             return getattr(self._gathered_value(), name)
         if callable(getattr(self._first, name)):
             return getattr(self._gathered_value(), name)
@@ -208,6 +249,14 @@ class ParallelOutput:
     __hash__ = object.__hash__  # identity, as for tensors; defining __eq__ below would otherwise remove it
 
 
+def _in_place(output: ParallelOutput, name: str) -> Callable[..., Any]:
+    def method(*args: Any, **kwargs: Any) -> ParallelOutput:
+        getattr(output._modified(), name)(*_gather_nested(args), **_gather_nested(kwargs))
+        return output
+
+    return method
+
+
 def _delegate_to_gathered(name: str) -> Callable[..., Any]:
     def method(self: ParallelOutput, *args: Any, **kwargs: Any) -> Any:
         return getattr(self._gathered_value(), name)(*args, **kwargs)
@@ -242,7 +291,8 @@ def _combine(values: Sequence[Any], sizes: Sequence[int], dim: int, device: torc
         if first.dim() > 0:
             return torch.cat(moved, dim)
         if first.is_floating_point() or first.is_complex():
-            return _weighted_mean(moved, sizes)
+            marked = combine_marked(values, device)
+            return _weighted_mean(moved, sizes) if marked is None else marked
         return torch.stack(moved).sum()
     parts = children(first)
     if parts is None:

@@ -1,9 +1,9 @@
 """Splitting a batch into per-replica pieces with explicit sizes.
 
-Sizes are decided once, from the batch, and every tensor of that batch size is split with exactly those
-sizes (``torch.split`` with a list), so inputs, targets and the loss weights always agree. ``chunk`` would
-not do: it can yield fewer pieces than asked (6 rows on 4 devices gives 3 chunks of 2), and its sizes are
-not known before splitting.
+Sizes are decided once, from the batch, as ``torch.chunk`` (DataParallel's scatter) would cut it
+(``structure.chunk_sizes``), and every tensor of that batch size is split with exactly those sizes
+(``torch.split`` with a list), so inputs, targets and the loss weights always agree, and each replica holds
+the rows DataParallel's did.
 """
 
 from __future__ import annotations
@@ -13,18 +13,13 @@ from typing import Any
 
 import torch
 
-from mgpu_runtime.structure import children, rebuild, tensors
+from mgpu_runtime.structure import children, chunk_sizes, rebuild, tensors
 
 
 def split_sizes(batch: int, parts: int) -> list[int]:
-    """Near-equal sizes for ``batch`` rows over at most ``parts`` pieces, larger pieces first.
-
-    A batch smaller than ``parts`` gives one piece per row (no empty replicas); an empty batch gives one
-    empty piece, so the module still runs once as it would unsplit.
-    """
-    pieces = max(1, min(parts, batch))
-    base, extra = divmod(batch, pieces)
-    return [base + 1] * extra + [base] * (pieces - extra)
+    """``torch.chunk``'s sizes for ``batch`` rows over at most ``parts`` pieces (no empty replicas); an empty
+    batch gives one empty piece, so the module still runs once as it would unsplit."""
+    return chunk_sizes(batch, parts) or [0]
 
 
 def batch_size(inputs: Any, dim: int) -> int:

@@ -2,14 +2,16 @@
 
 The original loader, run in one process, produced global batches; the DataParallel original split each
 over its GPUs. Here rank ``r`` yields the ``r``-th contiguous span of every global batch, in the original
-order, with spans cut as ``tensor_split`` cuts them (``share.py``). Nothing is padded or repeated, so
+order, with spans cut as ``torch.chunk`` (DataParallel's scatter) cuts them (``share.py``). Nothing is padded or repeated, so
 counting what each rank saw and summing (``reduce_sum``) counts every sample once. ``len()`` is the
 original's: the number of global batches.
 
 Randomness is drawn once, on rank 0, as the original process would have drawn it, and shared: a sampler
 that shuffles from the global generator draws on rank 0 at the same moment and from the same state as in
-the original run, whether or not the script seeds, and however far the other ranks' generators have drifted
-(dropout on smaller slices, other randomness). Each new epoch (``iter()``) draws anew, as the original did.
+the original run, whether or not the script seeds. Rank 0's generator state travels with the batches and
+the other ranks take it, so after the sampler's draws every rank's generator is where the original
+process's was; dropout draws the global batch's mask on every rank (``losses.py``), so it never makes the
+generators drift apart. Each new epoch (``iter()``) draws anew, as the original did.
 
 Two ways to get there, by what the loader is:
 
@@ -24,7 +26,9 @@ Two ways to get there, by what the loader is:
   batches): rank 0 iterates the original and sends each rank its span of every collated batch
   (``slicing.py``), like DataParallel's scatter. Rank 0 then does all the loading, as the original did.
 
-With each batch the twin publishes the rank's share, which makes gradients exact (``ddp.py``). In a
+With each batch the twin publishes the rank's share, which makes gradients exact (``ddp.py``), and watches
+torch's loss functions until the next batch is asked for, which makes losses that are not means over the
+rank's rows exact (``losses.py``). In a
 world of one ``distribute_loader`` returns the loader itself.
 """
 
@@ -37,9 +41,11 @@ from collections.abc import Iterable, Iterator
 from itertools import islice
 from typing import Any, TypeVar
 
+import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
+from mgpu_runtime.distributed.losses import watching
 from mgpu_runtime.distributed.process_group import rank, setup, world_size
 from mgpu_runtime.distributed.share import Share, publish, share_spans
 from mgpu_runtime.distributed.slicing import batch_rows, take_rows
@@ -97,7 +103,8 @@ class _LoaderTwin(ABC):
         try:
             for batch, share in self._batches_and_shares():
                 publish(share)
-                yield batch
+                with watching():  # the batch's losses are made global until the next batch is asked for
+                    yield batch
         finally:
             publish(None)
 
@@ -136,7 +143,7 @@ class _ShardedBatchSampler(Sampler[list[Any]]):
         self.handed_out.clear()
         for indices in _shared_from_rank_zero(self._batch_sampler):
             start, stop = share_spans(len(indices), world_size())[rank()]
-            self.handed_out.append(Share(stop - start, len(indices)))
+            self.handed_out.append(Share(stop - start, len(indices), start))
             # An empty span still loads one sample, cut to zero rows later, for a batch of the right structure.
             yield indices[start:stop] if stop > start else indices[:1]
 
@@ -150,26 +157,43 @@ class _ScatteredLoader(_LoaderTwin):
             dist.scatter_object_list(received, pieces, src=0)
             if received[0] is None:
                 return
-            yield received[0]
+            piece, share, generator_state = received[0]
+            if batches is None:
+                torch.set_rng_state(generator_state)  # as in _shared_from_rank_zero
+            yield piece, share
 
 
-def _pieces(batch: Any) -> list[tuple[Any, Share] | None]:
-    """Every rank's span of ``batch`` with its share; after the last batch (None), None for every rank."""
+def _pieces(batch: Any) -> list[tuple[Any, Share, torch.Tensor] | None]:
+    """Every rank's span of ``batch`` with its share and rank 0's generator state; after the last batch
+    (None), None for every rank."""
     if batch is None:
         return [None] * world_size()
     rows = batch_rows(batch)
+    state = torch.get_rng_state()
     return [
-        (take_rows(batch, start, stop, rows), Share(stop - start, rows))
+        (take_rows(batch, start, stop, rows), Share(stop - start, rows, start), state)
         for start, stop in share_spans(rows, world_size())
     ]
 
 
 def _shared_from_rank_zero(items: Iterable[T]) -> Iterator[T]:
-    """The items of ``items``, iterated on rank 0 only and broadcast to every rank in chunks."""
+    """The items of ``items``, iterated on rank 0 only and broadcast to every rank in chunks.
+
+    With each chunk goes rank 0's global generator state, which the other ranks take: only rank 0 drew the
+    sampler's randomness, and every other draw of the run is the same on every rank (``randomness.py``), so
+    every rank's generator stays where the original process's was.
+    """
     iterator = iter(items) if rank() == 0 else None
     while True:
-        chunk = [list(islice(iterator, _INDEX_BATCHES_PER_BROADCAST)) if iterator is not None else None]
+        chunk = [
+            (list(islice(iterator, _INDEX_BATCHES_PER_BROADCAST)), torch.get_rng_state())
+            if iterator is not None
+            else None
+        ]
         dist.broadcast_object_list(chunk, src=0)
-        yield from chunk[0]
-        if len(chunk[0]) < _INDEX_BATCHES_PER_BROADCAST:
+        items_now, generator_state = chunk[0]
+        if iterator is None:
+            torch.set_rng_state(generator_state)
+        yield from items_now
+        if len(items_now) < _INDEX_BATCHES_PER_BROADCAST:
             return

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mgpu_runtime.distributed import lockstep, safety
+from mgpu_runtime.distributed.losses import inside_model
 from mgpu_runtime.distributed.process_group import device, setup, world_size
 from mgpu_runtime.distributed.share import gradient_weight
 
@@ -92,7 +93,8 @@ class DistributedDataParallel(_TorchDDP):
             safety.note_forward(inputs, kwargs)
             if torch.is_grad_enabled():
                 lockstep.note_forward()
-        return super().forward(*inputs, **kwargs)
+        with inside_model():  # the model's own sums are not loss terms (losses.py)
+            return super().forward(*inputs, **kwargs)
 
 
 class FrozenModule(nn.Module):

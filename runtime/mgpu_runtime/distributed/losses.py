@@ -1,42 +1,66 @@
-"""``DistributedCriterion``: a loss whose value is the global batch's and whose gradient is the original's.
+"""Losses whose value is the global batch's and whose gradient is the original's.
 
-The original computed one loss over the global batch of ``B`` rows. Each rank here sees its span of
-``b_r`` rows, and the DDP hook (``ddp.py``) sums the ranks' gradients weighted by ``w_r = b_r / B``. The
-wrapped criterion splits the loss into a numerator and a denominator summed over ranks, all-reduces both
-once (a two-number collective), and returns
+The original computed each loss over the global batch. Each rank here sees its span of ``b_r`` of the
+``B`` rows, and the DDP hook (``ddp.py``) sums the ranks' gradients weighted by ``w_r = b_r / B``, which is
+exact for a mean over the rank's rows and for nothing else. A mean over tokens, valid rows or elements
+weighs by what it averaged over, and a sum by nothing at all. So a loss is split into a numerator and a
+denominator summed over ranks (one two-number collective), and the rank returns
 
-    value     = (sum of numerators) / (sum of denominators)        the global loss, for logging parity
+    value     = (sum of numerators) / (sum of denominators)        the global loss, on every rank
     gradient  = of numerator_r / (sum of denominators * w_r)        so that the weighted sum is the original's
 
-How a criterion splits (the same rules as the balanced ``DataParallelCriterion``):
+Because the value is the global one, whatever the script computes from it (a weighted sum of several
+losses, a square, a log) has the original's gradient too.
 
-* ``CrossEntropyLoss`` / ``NLLLoss`` with ``reduction='mean'`` and class-index targets: the summed loss over
-  the total weight of the targets (the count of non-ignored targets without ``weight``). Exact with
-  ``weight``, ``ignore_index`` and ``label_smoothing``, and with ranks whose targets are all ignored.
-* ``reduction='sum'``: numerators only, summed (not divided by the world size).
-* ``reduction='none'``: returned as the criterion computes it; the script reduces it, and a mean over the
-  rank's rows is then exact through the hook's weighting.
-* Anything else (other ``'mean'`` losses, ``KLDivLoss(reduction='batchmean')``, ``CTCLoss``, any callable)
-  is taken to be a mean over the rank's rows: numerator ``loss * b_r``, denominator ``b_r``. Exact for
-  losses averaged over samples, or over elements when every row has as many (MSE, L1, BCE, soft-target
-  cross-entropy ...).
+Two ways a loss gets there:
 
-``b_r`` and ``B`` come from the distributed loader's current batch; without one every rank counts
-equally. A rank with no rows contributes zero to both sums and a zero gradient. In a world of one the
-wrapper is the criterion itself.
+* **Watched** (``watching``): while a batch of the distributed loader is out (``data.py`` enters the watch
+  for each batch it yields, until the next is asked for), every call of a torch loss function that
+  ``mgpu_runtime.losses`` knows (``F.cross_entropy``, ``F.nll_loss``, ``F.mse_loss``, ``F.l1_loss``,
+  the BCEs ..., also through their ``nn`` modules, in the loop, in a loss function or inside the model's
+  ``forward``) with ``reduction='mean'``/``'batchmean'``/``'sum'`` is made global this way: cross-entropy
+  over the weight of its non-ignored targets, element-wise losses over their elements, sums summed.
+  ``reduction='none'`` is left to the script. Outside the model's forward, so are full reductions
+  (``torch.sum(x)``, ``x.mean()``, no ``dim``) of a tensor that requires grad and holds the rank's rows:
+  the penalty of a loss function, the sum of a ``reduction='none'`` loss (``mgpu_runtime.losses``).
+* **``DistributedCriterion(criterion)``**, the codemod's wrapper: a criterion whose computation went through
+  a watched function is already global; any other (a callable that reduces by its own arithmetic) is taken
+  to be a mean over the rank's rows (numerator ``loss * b_r``, denominator ``b_r``), or a sum when its
+  ``reduction`` says so. With no distributed batch out (data left whole: every rank computed the same
+  global loss) it is the criterion itself, and so is it in a world of one.
+
+The watch also draws dropout as the original did: one mask for the global batch, of which the rank keeps
+its rows (``mgpu_runtime.randomness``), so masks are the original's and every rank's generator advances as
+the original process's did (the loader keeps the ranks' generators in step with rank 0's, ``data.py``).
+
+Every watched call is a collective, so every rank must make the same loss calls in the same order, as DDP
+already requires of forward and backward. A rank with no rows contributes zero to both sums and a zero
+gradient.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from mgpu_runtime.distributed.process_group import setup, world_size
 from mgpu_runtime.distributed.share import current_share, gradient_weight
-from mgpu_runtime.losses import class_index_sum_and_weight, is_class_index_mean
+from mgpu_runtime.losses import (
+    FULL_REDUCTIONS,
+    WATCHED,
+    LossParts,
+    loss_parts,
+    reduction_parts,
+)
+from mgpu_runtime.randomness import DRAWS, apply_mask, dropout_call, global_mask
+
 
 class DistributedCriterion(nn.Module):
     """Wraps a criterion (module or function) at construction: ``criterion = DistributedCriterion(criterion)``."""
@@ -47,34 +71,98 @@ class DistributedCriterion(nn.Module):
         self.criterion = criterion
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if world_size() == 1 or getattr(self.criterion, "reduction", None) == "none":
+        reduction = getattr(self.criterion, "reduction", None)
+        if world_size() == 1 or current_share() is None or reduction == "none":
             return self.criterion(*args, **kwargs)
-        numerator, denominator = self._numerator_and_denominator(args, kwargs)
-        # At least float32: a half-precision sum of token counts overflows at 65504.
-        dtype = torch.promote_types(numerator.dtype, torch.float32)
-        totals = torch.stack([numerator.detach().to(dtype), denominator.to(dtype)])
-        dist.all_reduce(totals)
-        total_numerator, total_denominator = totals.unbind()
-        weight = gradient_weight(world_size())
-        if weight == 0.0:
-            # No rows here: a zero that still reaches the parameters, so DDP's backward runs on every rank.
-            contribution = torch.nan_to_num(numerator) * 0.0
-        else:
-            contribution = numerator / (total_denominator * weight)
-        value = total_numerator / total_denominator
-        # Exactly the global value on every rank (x - x is exactly 0), with the contribution's gradient.
-        return value + (contribution - contribution.detach())
+        with watching() as watch:
+            before = watch.calls
+            loss = self.criterion(*args, **kwargs)
+            if watch.calls > before:
+                return loss
+        if reduction == "sum":
+            return global_loss(LossParts(loss, None))
+        rows = current_share().rows
+        return global_loss(LossParts(loss * rows if rows else torch.nan_to_num(loss) * 0.0, torch.tensor(rows)))
 
-    def _numerator_and_denominator(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if is_class_index_mean(self.criterion, args, kwargs):
-            return class_index_sum_and_weight(self.criterion, *args)
-        loss = self.criterion(*args, **kwargs)
-        if getattr(self.criterion, "reduction", None) == "sum":
-            # Each rank's sum counts once; only rank 0's "1" makes the summed denominators 1.
-            return loss, torch.tensor(float(dist.get_rank() == 0), device=loss.device)
+
+def global_loss(parts: LossParts) -> torch.Tensor:
+    """The global loss of this rank's ``parts`` (see the module doc): one collective."""
+    numerator = parts.numerator
+    denominator = parts.denominator
+    if denominator is None:  # a sum: each rank's counts once; only rank 0's "1" makes the denominators sum to 1
+        denominator = torch.tensor(float(dist.get_rank() == 0))
+    # At least float32: a half-precision sum of token counts overflows at 65504.
+    dtype = torch.promote_types(numerator.dtype, torch.float32)
+    totals = torch.stack([numerator.detach().to(dtype), denominator.to(numerator.device, dtype)])
+    dist.all_reduce(totals)
+    total_numerator, total_denominator = totals.unbind()
+    weight = gradient_weight(world_size())
+    if weight == 0.0:
+        # No rows here: a zero that still reaches the parameters, so DDP's backward runs on every rank.
+        contribution = torch.nan_to_num(numerator) * 0.0
+    else:
+        contribution = numerator / (total_denominator.to(numerator.dtype) * weight)
+    value = (total_numerator / total_denominator).to(numerator.dtype)
+    # Exactly the global value on every rank (x - x is exactly 0), with the contribution's gradient.
+    return value + (contribution - contribution.detach())
+
+
+class _GlobalLosses(TorchFunctionMode):
+    """Makes each watched loss call of this thread global (see the module doc) and counts them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+        self.model_depth = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
         share = current_share()
-        rows = share.rows if share is not None else 1
-        numerator = loss * rows if rows else torch.nan_to_num(loss) * 0.0
-        return numerator, torch.tensor(float(rows), device=loss.device)
+        parts = None
+        if share is not None and func in DRAWS:
+            call = dropout_call(args, kwargs, share.rows)
+            if call is not None:
+                source, p, inplace = call
+                mask = global_mask(source, share.total, p)[share.start : share.start + share.rows]
+                return apply_mask(source, mask, inplace)
+        elif share is not None and func in WATCHED:
+            parts = loss_parts(func, args, kwargs)
+        elif share is not None and func in FULL_REDUCTIONS and not self.model_depth:
+            parts = reduction_parts(func, args, kwargs, share.rows)
+        if parts is None:
+            return func(*args, **kwargs)
+        self.calls += 1
+        return global_loss(parts)
+
+
+_active = threading.local()
+
+
+@contextlib.contextmanager
+def watching() -> Iterator[_GlobalLosses]:
+    """Watch this thread's loss calls (see the module doc); re-entering keeps the watch already active."""
+    active = getattr(_active, "mode", None)
+    if active is not None or world_size() == 1:
+        yield active or _GlobalLosses()
+        return
+    mode = _GlobalLosses()
+    _active.mode = mode
+    try:
+        with mode:
+            yield mode
+    finally:
+        _active.mode = None
+
+
+@contextlib.contextmanager
+def inside_model() -> Iterator[None]:
+    """The wrapped model's forward: its full reductions are the model's computation, not loss terms."""
+    mode = getattr(_active, "mode", None)
+    if mode is None:
+        yield
+        return
+    mode.model_depth += 1
+    try:
+        yield
+    finally:
+        mode.model_depth -= 1

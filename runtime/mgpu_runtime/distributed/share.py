@@ -5,31 +5,37 @@ this rank holds; the gradient reduction (``ddp.py``) and ``DistributedCriterion`
 A rank's local loss is a mean over its own rows, so its gradient counts in the global one with the weight
 ``rows / total``: equal weights (DDP's plain average) would over-count the ranks of a short last batch.
 
-Rows are assigned as ``torch.tensor_split`` assigns them: contiguous spans in the original order, sizes
-differing by at most one, the larger spans first; a batch smaller than the world leaves the last ranks
-empty (weight 0), never padded with repeated samples.
+Rows are assigned as ``torch.chunk`` (DataParallel's scatter) assigns them: contiguous spans in the
+original order, of ``ceil(B / W)`` rows but the last (``structure.chunk_sizes``), so every rank holds the
+rows the DataParallel original's GPU of that index held (the same BatchNorm statistics, no 1-row span
+where DataParallel had none); the ranks past the last chunk are empty (weight 0), never padded with
+repeated samples.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
+
+from mgpu_runtime.structure import chunk_sizes
 
 
 @dataclass(frozen=True)
 class Share:
-    """``rows`` of the global batch's ``total`` rows belong to this rank."""
+    """``rows`` of the global batch's ``total`` rows, from row ``start`` on, belong to this rank."""
 
     rows: int
     total: int
+    start: int = 0
 
 
 _current: Share | None = None
 
 
 def share_spans(total: int, parts: int) -> list[tuple[int, int]]:
-    """``[start, stop)`` of each of ``parts`` ranks' rows of a ``total``-row batch, as ``tensor_split`` cuts it."""
-    base, extra = divmod(total, parts)
-    stops = [(index + 1) * base + min(index + 1, extra) for index in range(parts)]
+    """``[start, stop)`` of each of ``parts`` ranks' rows of a ``total``-row batch, as ``torch.chunk`` cuts it."""
+    sizes = chunk_sizes(total, parts)
+    stops = list(accumulate(sizes + [0] * (parts - len(sizes))))
     return list(zip([0, *stops[:-1]], stops))
 
 

@@ -1,0 +1,127 @@
+"""MGP140: a loss divided by a count of the batch's tokens or rows gets the count of the global batch (``--to ddp``)."""
+
+from __future__ import annotations
+
+
+import libcst as cst
+
+from mgpu_migrate.analysis.entrypoint import distributed_program
+from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.criterion_wrap import wrap_in_runtime
+from mgpu_migrate.rules.syntax import RUNTIME
+
+GLOBAL_COUNT = "MGP140"
+# Methods that count (a full reduction with no argument), and what may follow them without changing the count.
+_COUNTS = frozenset({"sum", "numel", "count_nonzero", "nelement"})
+_CONVERSIONS = frozenset({"item", "float", "double", "long", "int", "detach", "cpu"})
+_BUILTIN_CONVERSIONS = frozenset({"int", "float"})
+
+
+class GlobalCount(Rule):
+    """
+    ## What it does
+    Where a loss on the model's outputs is divided by a count computed from the batch
+    (``criterion(out, tgt) / ntokens`` after ``ntokens = tgt.ne(PAD).sum()``, as fairseq and OpenNMT
+    normalise a summed token loss), the count is summed over the processes:
+    ``ntokens = mgpu_runtime.reduce_sum(tgt.ne(PAD).sum())``, at its assignment or inline.
+
+    ## Why is this bad?
+    Under DDP each process holds its span of the batch, so a count computed from the batch is the
+    process's own. The runtime makes the loss the global batch's (a sum summed over processes), and a
+    global sum divided by a local count is about W times too large, with a gradient to match. With the count
+    of the global batch, the quotient and its gradient are the original's.
+
+    ## Example
+    ```python
+    ntokens = target.ne(PAD).sum()
+    loss = criterion(output, target) / ntokens
+    ```
+
+    ## Use instead
+    ```python
+    ntokens = mgpu_runtime.reduce_sum(target.ne(PAD).sum())
+    loss = criterion(output, target) / ntokens
+    ```
+
+    ## Fix safety
+    Safe: in a world of one ``reduce_sum`` returns its input. Every other use of the count (logging,
+    throughput) then sees the global batch's count, which is what the original counted.
+    """
+
+    CODE = GLOBAL_COUNT
+    DESCRIPTION = "a count that divides a loss is summed over the processes"
+    TARGETS = (DDP,)
+    EXAMPLES = (
+        Example(
+            "import torch.nn as nn\n\nmodel = nn.DataParallel(model)\ncriterion = nn.CrossEntropyLoss(reduction='sum')\n"
+            "for x, y in loader:\n    ntokens = y.ne(0).sum()\n    loss = criterion(model(x), y) / ntokens\n",
+            "import torch.nn as nn\nimport mgpu_runtime\n\n"
+            "model = mgpu_runtime.DistributedDataParallel(model)\n"
+            "criterion = mgpu_runtime.DistributedCriterion(nn.CrossEntropyLoss(reduction='sum'))\n"
+            "for x, y in loader:\n"
+            "    ntokens = mgpu_runtime.reduce_sum(y.ne(0).sum())\n    loss = criterion(model(x), y) / ntokens\n",
+            DDP,
+            ("MGP101", "MGP102", "MGP140"),
+        ),
+    )
+
+    def apply(self) -> None:
+        if not distributed_program(self.analysis, self.edits.replacements).migrates:
+            return
+        done: set[cst.CSTNode] = set()
+        for loss in self.analysis.losses.calls:
+            division = self.analysis.tree.parent(loss.call)
+            if not (
+                isinstance(division, cst.BinaryOperation)
+                and isinstance(division.operator, cst.Divide)
+                and division.left is loss.call
+            ):
+                continue
+            count = self._count(division.right, division)
+            if count is None or count in done or not self.rewrite_allowed(count):
+                continue
+            done.add(count)
+            self.edits.replace(count, wrap_in_runtime("reduce_sum"))
+            self.edits.need_import(RUNTIME)
+            self.rewrote(
+                count,
+                f"`{self.analysis.module.code_for_node(count)}` divides a loss: summed over the processes "
+                "(mgpu_runtime.reduce_sum), the count of the global batch",
+            )
+
+    def _count(self, divisor: cst.BaseExpression, division: cst.CSTNode) -> cst.BaseExpression | None:
+        """The count expression behind ``divisor``: inline, or the value of its one assignment in the scope."""
+        if _is_count(divisor):
+            return divisor
+        if not isinstance(divisor, cst.Name):
+            return None
+        function = self.analysis.tree.function(division)
+        assigned = [
+            node.value
+            for node in self.analysis.tree.nodes(cst.Assign)
+            if self.analysis.tree.function(node) is function
+            and len(node.targets) == 1
+            and isinstance(node.targets[0].target, cst.Name)
+            and node.targets[0].target.value == divisor.value
+        ]
+        return assigned[0] if len(assigned) == 1 and _is_count(assigned[0]) else None
+
+
+def _is_count(expr: cst.BaseExpression) -> bool:
+    """``x.sum()``, ``x.ne(PAD).sum().item()``, ``int(mask.sum())``, ``torch.sum(mask)`` ...: a count of a tensor."""
+    while isinstance(expr, cst.Call):
+        func = expr.func
+        if isinstance(func, cst.Name) and func.value in _BUILTIN_CONVERSIONS and len(expr.args) == 1:
+            expr = expr.args[0].value
+            continue
+        if not isinstance(func, cst.Attribute):
+            return False
+        method = func.attr.value
+        if method in _CONVERSIONS and not expr.args:
+            expr = func.value
+            continue
+        if method in _COUNTS:
+            on_torch = isinstance(func.value, cst.Name) and func.value.value == "torch"
+            return len(expr.args) == (1 if on_torch else 0)
+        return False
+    return False
