@@ -11,6 +11,7 @@ from mgpu_migrate import __version__
 from mgpu_migrate.config import ConfigError, load_settings
 from mgpu_migrate.engine import TARGETS, migrate_source
 from mgpu_migrate.options import Options
+from mgpu_migrate.output import DOCUMENT_FORMATS, FORMATS, Run, render, text
 from mgpu_migrate.report import CHANGED, FAILED, FileOutcome, outcome_of, process_files, summary
 
 EXIT_OK, EXIT_WOULD_CHANGE, EXIT_ERROR = 0, 1, 2
@@ -39,7 +40,8 @@ def _explain(code: str) -> None:
             click.echo(f"- {review_code}: {meaning}")
 
 
-def _process_stdin(target: str, check: bool, diff: bool, filename: str, options: Options) -> FileOutcome:
+def _process_stdin(target: str, check: bool, diff: bool, filename: str, options: Options, document: bool) -> FileOutcome:
+    """Migrate stdin. Stdout carries the code, or the diff (unless the report is a document there)."""
     from mgpu_migrate.diagnostics import READ_ERROR, Diagnostic
     from mgpu_migrate.files import source_file
 
@@ -48,13 +50,14 @@ def _process_stdin(target: str, check: bool, diff: bool, filename: str, options:
         stdin = source_file(filename, data)
         source = stdin.text
     except (SyntaxError, UnicodeDecodeError, LookupError) as error:
-        sys.stdout.buffer.write(data)
+        if not document:
+            sys.stdout.buffer.write(data)
         return FileOutcome(filename, FAILED, [Diagnostic(filename, 1, 1, READ_ERROR, f"cannot read: {error}")])
     result = migrate_source(source, target, filename, options)
-    outcome = outcome_of(result, want_diff=diff)
-    if diff:
+    outcome = outcome_of(result, want_diff=diff or document)
+    if diff and not document:
         sys.stdout.write(outcome.diff)
-    elif not check:
+    elif not (check or diff):
         sys.stdout.buffer.write(result.output.encode(stdin.encoding))
     return outcome
 
@@ -80,15 +83,31 @@ def _process_stdin(target: str, check: bool, diff: bool, filename: str, options:
     "Default: [tool.mgpu-migrate] sync-bn, else off.",
 )
 @click.option("--stdin-filename", default="<stdin>", show_default=True, help="Name used for '-' in diagnostics.")
+@click.option(
+    "--output-format",
+    type=click.Choice(FORMATS),
+    default="text",
+    show_default=True,
+    help="text: diagnostics on stderr; json (schema: mgpu_migrate/schemas/report-v1.json), github (workflow "
+    "annotations) or sarif (2.1.0): one report on stdout.",
+)
+@click.option(
+    "--fail-on",
+    type=click.Choice(["change", "review"]),
+    default="change",
+    show_default=True,
+    help="change: exit 1 when --check/--diff find files that would change; review: also exit 1 (in any mode) "
+    "when a site is left for a person (MGP2xx).",
+)
 @click.option("--explain", metavar="CODE", help="Explain a diagnostic code and exit.")
 @click.version_option(__version__, prog_name="mgpu-migrate")
-def main(paths, target, diff, check, quiet, jobs, sync_bn, stdin_filename, explain):
+def main(paths, target, diff, check, quiet, jobs, sync_bn, stdin_filename, output_format, fail_on, explain):
     """Rewrite PyTorch scripts that use nn.DataParallel.
 
     PATH is a file or a directory (walked for *.py); '-' reads stdin and writes stdout.
 
-    Exit codes: 0 done or nothing to do; 1 --check/--diff found files that would change;
-    2 a usage error, or a file that could not be processed.
+    Exit codes: 0 done or nothing to do; 1 --check/--diff found files that would change (or, with
+    --fail-on review, a site is left for a person); 2 a usage error, or a file that could not be processed.
     """
     if explain:
         _explain(explain)
@@ -97,6 +116,9 @@ def main(paths, target, diff, check, quiet, jobs, sync_bn, stdin_filename, expla
         raise click.UsageError("give at least one PATH (a file, a directory, or '-' for stdin)")
     if "-" in paths and len(paths) > 1:
         raise click.UsageError("'-' (stdin) cannot be combined with other paths")
+    document = output_format in DOCUMENT_FORMATS
+    if document and paths == ("-",) and not (check or diff):
+        raise click.UsageError(f"--output-format {output_format} with '-' needs --check or --diff (stdout would carry the code)")
     try:
         settings = load_settings(list(paths))
     except ConfigError as error:
@@ -110,30 +132,39 @@ def main(paths, target, diff, check, quiet, jobs, sync_bn, stdin_filename, expla
 
     options = Options(sync_bn=settings.sync_bn if sync_bn is None else sync_bn)
     if paths == ("-",):
-        outcomes = [_process_stdin(target, check, diff, stdin_filename, options)]
-        missing: list[str] = []
+        outcomes = [_process_stdin(target, check, diff, stdin_filename, options, document)]
+        mode = "stdin"
     else:
         from mgpu_migrate.files import discover
 
         found, missing = discover(list(paths), settings.excluded)
         write = not (check or diff)
-        outcomes = process_files(found, target, write, diff, jobs, options)
-        for outcome in outcomes:
-            if outcome.diff:
+        outcomes = process_files(found, target, write, diff or document, jobs, options)
+        if diff and not document:
+            for outcome in outcomes:
                 click.echo(outcome.diff, nl=False)
+        outcomes += [_missing(path) for path in missing]
+        mode = "write" if write else "diff" if diff else "check"
 
-    diagnostics = sorted(d for outcome in outcomes for d in outcome.diagnostics)
-    for path in missing:
-        click.echo(f"{path}:1:1: MGP001 cannot read: no such file or directory", err=True)
-    for diagnostic in diagnostics:
-        if quiet and diagnostic.is_rewrite:
-            continue
-        click.echo(diagnostic.format(), err=True)
+    run = Run(target, mode, outcomes)
+    colour = False if os.environ.get("NO_COLOR") else None
+    if output_format == "text":
+        click.echo(text.render(run, quiet), err=True, nl=False, color=colour)
+    else:
+        click.echo(render(output_format, run), nl=False)
     if not quiet:
         click.echo(summary(outcomes, target, dry_run=check or diff), err=True)
 
-    if missing or any(outcome.status == FAILED for outcome in outcomes):
+    if any(outcome.status == FAILED for outcome in outcomes):
         sys.exit(EXIT_ERROR)
     if (check or diff) and any(outcome.status == CHANGED for outcome in outcomes):
         sys.exit(EXIT_WOULD_CHANGE)
+    if fail_on == "review" and any(diagnostic.needs_review for diagnostic in run.diagnostics):
+        sys.exit(EXIT_WOULD_CHANGE)
     sys.exit(EXIT_OK)
+
+
+def _missing(path: str) -> FileOutcome:
+    from mgpu_migrate.diagnostics import READ_ERROR, Diagnostic
+
+    return FileOutcome(path, FAILED, [Diagnostic(path, 1, 1, READ_ERROR, "cannot read: no such file or directory")])

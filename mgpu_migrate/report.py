@@ -11,6 +11,7 @@ from mgpu_migrate import files
 from mgpu_migrate.diagnostics import INTERNAL_ERROR, READ_ERROR, Diagnostic
 from mgpu_migrate.engine import MigrationResult, might_need_migration, migrate_source
 from mgpu_migrate.options import DEFAULT_OPTIONS, Options
+from mgpu_migrate.output import display_path
 
 UNCHANGED, CHANGED, FAILED = "unchanged", "changed", "failed"
 
@@ -25,6 +26,7 @@ class FileOutcome:
 
 def unified_diff(before: str, after: str, path: str) -> str:
     lines = []
+    path = display_path(path)  # `git apply` rejects a/./x.py
     old, new = (path, path) if path.startswith("/") else (f"a/{path}", f"b/{path}")
     for line in difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True), old, new):
         lines.append(line)
