@@ -11,7 +11,7 @@ from mgpu_migrate import __version__
 from mgpu_migrate.config import ConfigError, load_settings
 from mgpu_migrate.engine import TARGETS, migrate_source
 from mgpu_migrate.options import Options
-from mgpu_migrate.output import DOCUMENT_FORMATS, FORMATS, Run, render, text
+from mgpu_migrate.output import DOCUMENT_FORMATS, FORMATS, Run, markers, render, text
 from mgpu_migrate.report import CHANGED, FAILED, FileOutcome, outcome_of, process_files, summary
 
 EXIT_OK, EXIT_WOULD_CHANGE, EXIT_ERROR = 0, 1, 2
@@ -54,7 +54,7 @@ def _process_stdin(target: str, check: bool, diff: bool, filename: str, options:
             sys.stdout.buffer.write(data)
         return FileOutcome(filename, FAILED, [Diagnostic(filename, 1, 1, READ_ERROR, f"cannot read: {error}")])
     result = migrate_source(source, target, filename, options)
-    outcome = outcome_of(result, want_diff=diff or document)
+    outcome = markers.review_notes(outcome_of(result, want_diff=diff or document), result, written=False)
     if diff and not document:
         sys.stdout.write(outcome.diff)
     elif not (check or diff):
@@ -99,9 +99,24 @@ def _process_stdin(target: str, check: bool, diff: bool, filename: str, options:
     help="change: exit 1 when --check/--diff find files that would change; review: also exit 1 (in any mode) "
     "when a site is left for a person (MGP2xx).",
 )
+@click.option(
+    "--report",
+    "report_path",
+    type=click.Path(dir_okay=False),
+    help="Also write a markdown report to this file: each change, every site left for a person, how to launch.",
+)
+@click.option(
+    "--add-markers",
+    is_flag=True,
+    help="Write a '# mgpu-migrate: review CODE' comment above each site left for a person; later runs report "
+    "it again until the comment is removed.",
+)
 @click.option("--explain", metavar="CODE", help="Explain a diagnostic code and exit.")
 @click.version_option(__version__, prog_name="mgpu-migrate")
-def main(paths, target, diff, check, quiet, jobs, sync_bn, stdin_filename, output_format, fail_on, explain):
+def main(
+    paths, target, diff, check, quiet, jobs, sync_bn, stdin_filename, output_format, fail_on, report_path, add_markers,
+    explain,
+):
     """Rewrite PyTorch scripts that use nn.DataParallel.
 
     PATH is a file or a directory (walked for *.py); '-' reads stdin and writes stdout.
@@ -119,6 +134,8 @@ def main(paths, target, diff, check, quiet, jobs, sync_bn, stdin_filename, outpu
     document = output_format in DOCUMENT_FORMATS
     if document and paths == ("-",) and not (check or diff):
         raise click.UsageError(f"--output-format {output_format} with '-' needs --check or --diff (stdout would carry the code)")
+    if add_markers and (check or diff or paths == ("-",)):
+        raise click.UsageError("--add-markers writes files: it cannot be combined with --check, --diff or '-'")
     try:
         settings = load_settings(list(paths))
     except ConfigError as error:
@@ -139,10 +156,12 @@ def main(paths, target, diff, check, quiet, jobs, sync_bn, stdin_filename, outpu
 
         found, missing = discover(list(paths), settings.excluded)
         write = not (check or diff)
-        outcomes = process_files(found, target, write, diff or document, jobs, options)
+        outcomes = process_files(found, target, write, diff or document or bool(report_path), jobs, options)
         if diff and not document:
             for outcome in outcomes:
                 click.echo(outcome.diff, nl=False)
+        if add_markers:
+            outcomes = [_mark(outcome) for outcome in outcomes]
         outcomes += [_missing(path) for path in missing]
         mode = "write" if write else "diff" if diff else "check"
 
@@ -154,6 +173,15 @@ def main(paths, target, diff, check, quiet, jobs, sync_bn, stdin_filename, outpu
         click.echo(render(output_format, run), nl=False)
     if not quiet:
         click.echo(summary(outcomes, target, dry_run=check or diff), err=True)
+    if report_path:
+        from mgpu_migrate.output import markdown
+
+        try:
+            with open(report_path, "w", encoding="utf-8") as handle:
+                handle.write(markdown.render(run))
+        except OSError as error:
+            click.echo(f"mgpu-migrate: cannot write the report {report_path}: {error.strerror or error}", err=True)
+            sys.exit(EXIT_ERROR)
 
     if any(outcome.status == FAILED for outcome in outcomes):
         sys.exit(EXIT_ERROR)
@@ -162,6 +190,25 @@ def main(paths, target, diff, check, quiet, jobs, sync_bn, stdin_filename, outpu
     if fail_on == "review" and any(diagnostic.needs_review for diagnostic in run.diagnostics):
         sys.exit(EXIT_WOULD_CHANGE)
     sys.exit(EXIT_OK)
+
+
+def _mark(outcome: FileOutcome) -> FileOutcome:
+    """The outcome of a file with review markers added (it is written again only when one is new)."""
+    from dataclasses import replace
+
+    from mgpu_migrate import files
+
+    if outcome.status == FAILED or not any(d.needs_review for d in outcome.diagnostics):
+        return outcome
+    try:
+        source = files.source_file(outcome.path, files.read_bytes(outcome.path))
+        text, diagnostics, added = markers.add_markers(outcome.path, source.text, outcome.diagnostics)
+        if added:
+            files.write_atomically(outcome.path, text, source.encoding)
+    except (OSError, SyntaxError, UnicodeError, LookupError) as error:
+        click.echo(f"{outcome.path}: no review markers added: {getattr(error, 'strerror', None) or error}", err=True)
+        return outcome
+    return replace(outcome, diagnostics=diagnostics)
 
 
 def _missing(path: str) -> FileOutcome:

@@ -11,7 +11,7 @@ from mgpu_migrate import files
 from mgpu_migrate.diagnostics import INTERNAL_ERROR, READ_ERROR, Diagnostic
 from mgpu_migrate.engine import MigrationResult, might_need_migration, migrate_source
 from mgpu_migrate.options import DEFAULT_OPTIONS, Options
-from mgpu_migrate.output import display_path
+from mgpu_migrate.output import display_path, markers
 
 UNCHANGED, CHANGED, FAILED = "unchanged", "changed", "failed"
 
@@ -48,7 +48,7 @@ def screen(path: str) -> FileOutcome | files.SourceFile:
     try:
         data = files.read_bytes(path)
         if not might_need_migration(data):
-            return FileOutcome(path, UNCHANGED)
+            return FileOutcome(path, UNCHANGED, markers.marked_in_bytes(path, data))
         return files.source_file(path, data)
     except (OSError, SyntaxError) as error:
         return _failed(path, READ_ERROR, f"cannot read: {getattr(error, 'strerror', None) or error}")
@@ -79,7 +79,7 @@ def migrate_file(
             files.write_atomically(path, result.output, source_file.encoding)
         except (OSError, UnicodeEncodeError) as error:
             return _failed(path, READ_ERROR, f"cannot write: {getattr(error, 'strerror', None) or error}")
-    return outcome_of(result, want_diff)
+    return markers.review_notes(outcome_of(result, want_diff), result, written=write and result.changed)
 
 
 # Starting the workers costs about as much as migrating a file or two; below this many files per

@@ -43,8 +43,12 @@ def _text_diagnostics(project, *args):
 
 
 @pytest.mark.parametrize("mode", [(), ("--check",), ("--diff",)])
-def test_json_matches_its_schema_and_the_text_output(project, mode):
-    expected = _text_diagnostics(project, ".", "--to", "ddp", "--check")
+def test_json_matches_its_schema_and_the_text_output(project, mode, tmp_path_factory):
+    import shutil
+
+    twin = tmp_path_factory.mktemp("twin") / "project"
+    shutil.copytree(project, twin)
+    expected = _text_diagnostics(twin, ".", "--to", "ddp", *mode)  # in place: positions in the new files
     result = run_cli(".", "--to", "ddp", "--output-format", "json", *mode, cwd=project)
     assert result.returncode == 2, result.stderr  # broken.py
     report = json.loads(result.stdout)
