@@ -8,7 +8,7 @@ import sys
 import click
 
 from mgpu_migrate import __version__
-from mgpu_migrate.config import ConfigError, load_settings
+from mgpu_migrate.config import ConfigError, Resolver, codes_option
 from mgpu_migrate.engine import TARGETS, migrate_source
 from mgpu_migrate.options import Options
 from mgpu_migrate.output import DOCUMENT_FORMATS, FORMATS, Run, markers, render, text
@@ -111,11 +111,20 @@ def _process_stdin(target: str, check: bool, diff: bool, filename: str, options:
     help="Write a '# mgpu-migrate: review CODE' comment above each site left for a person; later runs report "
     "it again until the comment is removed.",
 )
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, exists=True),
+    help="Settings for every file from this file (a pyproject.toml, or the [tool.mgpu-migrate] keys alone), "
+    "instead of each file's nearest pyproject.toml.",
+)
+@click.option("--select", "select_codes", metavar="CODES", help="Report only these sites for a person (codes or prefixes, comma-separated).")
+@click.option("--ignore", "ignore_codes", metavar="CODES", help="Do not report these sites for a person (codes or prefixes, comma-separated).")
 @click.option("--explain", metavar="CODE", help="Explain a diagnostic code and exit.")
 @click.version_option(__version__, prog_name="mgpu-migrate")
 def main(
     paths, target, diff, check, quiet, jobs, sync_bn, stdin_filename, output_format, fail_on, report_path, add_markers,
-    explain,
+    config_file, select_codes, ignore_codes, explain,
 ):
     """Rewrite PyTorch scripts that use nn.DataParallel.
 
@@ -137,42 +146,34 @@ def main(
     if add_markers and (check or diff or paths == ("-",)):
         raise click.UsageError("--add-markers writes files: it cannot be combined with --check, --diff or '-'")
     try:
-        settings = load_settings(list(paths))
+        choices = Choices(Resolver(config_file), target, sync_bn, select_codes, ignore_codes)
+        if paths == ("-",):
+            name = stdin_filename if stdin_filename != "<stdin>" else os.path.join(os.getcwd(), "-")
+            file_target, options = choices.migration(name)
+            outcomes = [_process_stdin(file_target, check, diff, stdin_filename, options, document)]
+            mode, targets = "stdin", {file_target}
+        else:
+            write = not (check or diff)
+            outcomes, targets = _process_paths(paths, choices, write, diff or document or bool(report_path), jobs, quiet)
+            if diff and not document:
+                for outcome in outcomes:
+                    click.echo(outcome.diff, nl=False)
+            mode = "write" if write else "diff" if diff else "check"
+        outcomes = [choices.reported(outcome) for outcome in outcomes]
     except ConfigError as error:
         raise click.UsageError(str(error)) from error
-    if target is None:
-        target = settings.to
-        if target not in TARGETS:
-            raise click.UsageError(
-                "choose a target with --to [balanced|ddp] (or set to = \"ddp\" under [tool.mgpu-migrate] in pyproject.toml)"
-            )
+    if add_markers:
+        outcomes = [_mark(outcome) for outcome in outcomes]
 
-    options = Options(sync_bn=settings.sync_bn if sync_bn is None else sync_bn)
-    if paths == ("-",):
-        outcomes = [_process_stdin(target, check, diff, stdin_filename, options, document)]
-        mode = "stdin"
-    else:
-        from mgpu_migrate.files import discover
-
-        found, missing = discover(list(paths), settings.excluded)
-        write = not (check or diff)
-        outcomes = process_files(found, target, write, diff or document or bool(report_path), jobs, options)
-        if diff and not document:
-            for outcome in outcomes:
-                click.echo(outcome.diff, nl=False)
-        if add_markers:
-            outcomes = [_mark(outcome) for outcome in outcomes]
-        outcomes += [_missing(path) for path in missing]
-        mode = "write" if write else "diff" if diff else "check"
-
-    run = Run(target, mode, outcomes)
+    target_name = ",".join(sorted(targets))
+    run = Run(target_name, mode, outcomes)
     colour = False if os.environ.get("NO_COLOR") else None
     if output_format == "text":
         click.echo(text.render(run, quiet), err=True, nl=False, color=colour)
     else:
         click.echo(render(output_format, run), nl=False)
     if not quiet:
-        click.echo(summary(outcomes, target, dry_run=check or diff), err=True)
+        click.echo(summary(outcomes, target_name.replace(",", " and "), dry_run=check or diff), err=True)
     if report_path:
         from mgpu_migrate.output import markdown
 
@@ -190,6 +191,84 @@ def main(
     if fail_on == "review" and any(diagnostic.needs_review for diagnostic in run.diagnostics):
         sys.exit(EXIT_WOULD_CHANGE)
     sys.exit(EXIT_OK)
+
+
+class Choices:
+    """What each file is migrated with: the command line's choices over the file's own settings."""
+
+    def __init__(self, resolver: Resolver, target, sync_bn, select_codes, ignore_codes) -> None:
+        self.resolver = resolver
+        self.target, self.sync_bn = target, sync_bn
+        self.select = codes_option(select_codes, "--select")
+        self.ignore = codes_option(ignore_codes, "--ignore")
+
+    def migration(self, path: str) -> tuple[str, Options]:
+        settings = self.resolver.for_path(path)
+        target = self.target or settings.to
+        if target is None:
+            raise click.UsageError(
+                "choose a target with --to [balanced|ddp] (or set to = \"ddp\" under [tool.mgpu-migrate] in pyproject.toml)"
+            )
+        return target, Options(sync_bn=settings.sync_bn if self.sync_bn is None else self.sync_bn)
+
+    def reported(self, outcome: FileOutcome) -> FileOutcome:
+        """The outcome without the sites for a person that ``select``/``ignore`` leave out."""
+        from dataclasses import replace
+
+        settings = self.resolver.for_path(outcome.path)
+        settings = replace(settings, select=self.select or settings.select, ignore=settings.ignore + self.ignore)
+        kept = [d for d in outcome.diagnostics if settings.reports(d.code)]
+        return outcome if len(kept) == len(outcome.diagnostics) else replace(outcome, diagnostics=kept)
+
+    def excluded(self, named: set[str]):
+        from mgpu_migrate.gitignore import GitIgnore
+
+        git = GitIgnore()
+
+        def excluded(path: str) -> bool:
+            if self.resolver.excluded(path):
+                return True
+            # What git ignores is left out of walked directories; a file named explicitly is still processed.
+            return path not in named and self.resolver.for_path(path).respect_gitignore and git.ignored(path)
+
+        return excluded
+
+
+def _is_python(path: str) -> bool:
+    """A file to migrate when named explicitly: ``*.py``/``*.pyi``, or a script without a suffix whose first
+    line runs Python (as pre-commit's ``types: [python]`` passes them)."""
+    if path.endswith((".py", ".pyi")) or os.path.isdir(path) or not os.path.lexists(path):
+        return True
+    if os.path.splitext(os.path.basename(path))[1]:
+        return False
+    try:
+        with open(path, "rb") as handle:
+            first = handle.readline(200)
+    except OSError:
+        return True  # reading it again reports why it cannot be read
+    return first.startswith(b"#!") and b"python" in first
+
+
+def _process_paths(paths, choices: Choices, write: bool, want_diff: bool, jobs: int, quiet: bool):
+    from mgpu_migrate.files import discover
+
+    named = [path for path in paths if _is_python(path)]
+    for path in paths:
+        if path not in named and not quiet:
+            click.echo(f"{path}: skipped: not a Python file", err=True)
+    found, missing = discover(named, choices.excluded(set(named)))
+    # Files are migrated in groups of the same target and options (sub-projects may choose differently).
+    groups: dict[tuple[str, Options], list[int]] = {}
+    for index, path in enumerate(found):
+        groups.setdefault(choices.migration(path), []).append(index)
+    if not found:
+        groups.setdefault(choices.migration(named[0] if named else os.getcwd()), [])
+    outcomes: list[FileOutcome] = [None] * len(found)  # type: ignore[list-item]
+    for (group_target, options), indexes in groups.items():
+        migrated = process_files([found[i] for i in indexes], group_target, write, want_diff, jobs, options)
+        for index, outcome in zip(indexes, migrated):
+            outcomes[index] = outcome
+    return outcomes + [_missing(path) for path in missing], {group_target for group_target, _ in groups}
 
 
 def _mark(outcome: FileOutcome) -> FileOutcome:
