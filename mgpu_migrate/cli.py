@@ -12,6 +12,7 @@ from mgpu_migrate.config import ConfigError, Resolver, codes_option
 from mgpu_migrate.engine import TARGETS, migrate_source
 from mgpu_migrate.options import Options
 from mgpu_migrate.output import DOCUMENT_FORMATS, FORMATS, Run, markers, render, text
+from mgpu_migrate.output.terminal import Progress
 from mgpu_migrate.report import CHANGED, FAILED, FileOutcome, outcome_of, process_files, summary
 
 EXIT_OK, EXIT_WOULD_CHANGE, EXIT_ERROR = 0, 1, 2
@@ -264,10 +265,15 @@ def _process_paths(paths, choices: Choices, write: bool, want_diff: bool, jobs: 
     if not found:
         groups.setdefault(choices.migration(named[0] if named else os.getcwd()), [])
     outcomes: list[FileOutcome] = [None] * len(found)  # type: ignore[list-item]
-    for (group_target, options), indexes in groups.items():
-        migrated = process_files([found[i] for i in indexes], group_target, write, want_diff, jobs, options)
-        for index, outcome in zip(indexes, migrated):
-            outcomes[index] = outcome
+    progress = Progress(enabled=not quiet)
+    try:
+        for (group_target, options), indexes in groups.items():
+            group = [found[i] for i in indexes]
+            migrated = process_files(group, group_target, write, want_diff, jobs, options, progress)
+            for index, outcome in zip(indexes, migrated):
+                outcomes[index] = outcome
+    finally:
+        progress.close()
     return outcomes + [_missing(path) for path in missing], {group_target for group_target, _ in groups}
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -88,27 +89,40 @@ MIN_FILES_PER_WORKER = 2
 
 
 def process_files(
-    paths: Sequence[str], target: str, write: bool, want_diff: bool, jobs: int, options: Options = DEFAULT_OPTIONS
+    paths: Sequence[str],
+    target: str,
+    write: bool,
+    want_diff: bool,
+    jobs: int,
+    options: Options = DEFAULT_OPTIONS,
+    progress: Callable[[int, int], None] = lambda done, total: None,
 ) -> list[FileOutcome]:
     """Migrate many files, on up to ``jobs`` processes; the outcomes come back in the order of ``paths``.
 
     Files are screened here first, so worker processes start only when enough files need the parser.
+    ``progress(done, total)`` hears of each file the parser has finished.
     """
     outcomes = [screen(path) for path in paths]
     todo = [index for index, outcome in enumerate(outcomes) if isinstance(outcome, files.SourceFile)]
     migrate = functools.partial(migrate_file, target=target, write=write, want_diff=want_diff, options=options)
     workers = min(jobs, len(todo) // MIN_FILES_PER_WORKER)
     run = _map_in_processes if workers > 1 else _map_here
-    for index, outcome in zip(todo, run(migrate, [outcomes[index] for index in todo], workers)):
+    finished = itertools.count(1)
+
+    def ticked(outcome: FileOutcome) -> FileOutcome:
+        progress(next(finished), len(todo))
+        return outcome
+
+    for index, outcome in zip(todo, run(migrate, [outcomes[index] for index in todo], workers, ticked)):
         outcomes[index] = outcome
     return outcomes
 
 
-def _map_here(migrate: Callable, source_files: list, workers: int) -> list[FileOutcome]:
-    return [migrate(source_file) for source_file in source_files]
+def _map_here(migrate: Callable, source_files: list, workers: int, ticked: Callable) -> list[FileOutcome]:
+    return [ticked(migrate(source_file)) for source_file in source_files]
 
 
-def _map_in_processes(migrate: Callable, source_files: list, workers: int) -> list[FileOutcome]:
+def _map_in_processes(migrate: Callable, source_files: list, workers: int, ticked: Callable) -> list[FileOutcome]:
     # Imported here: multiprocessing is a start-up cost a run over a few files never needs.
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
@@ -122,7 +136,7 @@ def _map_in_processes(migrate: Callable, source_files: list, workers: int) -> li
         outcomes = []
         for source_file, future in zip(source_files, futures):
             try:
-                outcomes.append(future.result())
+                outcomes.append(ticked(future.result()))
             except BrokenProcessPool:
                 # A worker died (killed for memory, say). Its files were never written: say so, go on.
                 message = "internal error: the process migrating this file stopped; file left unchanged, please report"
