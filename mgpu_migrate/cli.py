@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from mgpu_migrate import __version__
+from mgpu_migrate import __version__, notebook
 from mgpu_migrate.config import ConfigError, Resolver, codes_option
 from mgpu_migrate.engine import TARGETS, migrate_source
 from mgpu_migrate.options import Options
@@ -238,7 +238,7 @@ class Choices:
 def _is_python(path: str) -> bool:
     """A file to migrate when named explicitly: ``*.py``/``*.pyi``, or a script without a suffix whose first
     line runs Python (as pre-commit's ``types: [python]`` passes them)."""
-    if path.endswith((".py", ".pyi")) or os.path.isdir(path) or not os.path.lexists(path):
+    if path.endswith((".py", ".pyi", notebook.SUFFIX)) or os.path.isdir(path) or not os.path.lexists(path):
         return True
     if os.path.splitext(os.path.basename(path))[1]:
         return False
@@ -257,7 +257,7 @@ def _process_paths(paths, choices: Choices, write: bool, want_diff: bool, jobs: 
     for path in paths:
         if path not in named and not quiet:
             click.echo(f"{path}: skipped: not a Python file", err=True)
-    found, missing = discover(named, choices.excluded(set(named)))
+    found, missing = discover(named, choices.excluded(set(named)), suffixes=(".py", notebook.SUFFIX))
     # Files are migrated in groups of the same target and options (sub-projects may choose differently).
     groups: dict[tuple[str, Options], list[int]] = {}
     for index, path in enumerate(found):
@@ -268,10 +268,12 @@ def _process_paths(paths, choices: Choices, write: bool, want_diff: bool, jobs: 
     progress = Progress(enabled=not quiet)
     try:
         for (group_target, options), indexes in groups.items():
-            group = [found[i] for i in indexes]
-            migrated = process_files(group, group_target, write, want_diff, jobs, options, progress)
-            for index, outcome in zip(indexes, migrated):
+            scripts = [index for index in indexes if not found[index].endswith(notebook.SUFFIX)]
+            migrated = process_files([found[i] for i in scripts], group_target, write, want_diff, jobs, options, progress)
+            for index, outcome in zip(scripts, migrated):
                 outcomes[index] = outcome
+            for index in set(indexes) - set(scripts):
+                outcomes[index] = notebook.migrate_notebook(found[index], group_target, write, want_diff, options)
     finally:
         progress.close()
     return outcomes + [_missing(path) for path in missing], {group_target for group_target, _ in groups}
@@ -283,7 +285,7 @@ def _mark(outcome: FileOutcome) -> FileOutcome:
 
     from mgpu_migrate import files
 
-    if outcome.status == FAILED or not any(d.needs_review for d in outcome.diagnostics):
+    if outcome.status == FAILED or outcome.path.endswith(notebook.SUFFIX) or not any(d.needs_review for d in outcome.diagnostics):
         return outcome
     try:
         source = files.source_file(outcome.path, files.read_bytes(outcome.path))

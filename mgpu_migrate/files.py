@@ -20,10 +20,13 @@ def _skip_directory(directory: Path) -> bool:
     return directory.name.startswith(".") or directory.name in _SKIPPED_DIRECTORIES or (directory / "pyvenv.cfg").exists()
 
 
-def discover(paths: list[str], excluded: Callable[[str], bool] = lambda path: False) -> tuple[list[str], list[str]]:
+def discover(
+    paths: list[str], excluded: Callable[[str], bool] = lambda path: False, suffixes: tuple[str, ...] = (".py",)
+) -> tuple[list[str], list[str]]:
     """Expand files and directories into Python files, each real file once, in a stable order.
 
-    ``excluded`` says which files and directories to leave out (the settings' ``exclude`` patterns); it
+    Walked directories give the files whose names end in one of ``suffixes``. ``excluded`` says which files
+    and directories to leave out (the settings' ``exclude`` patterns); it
     applies to named paths too. Returns the files and the paths that do not exist.
     """
     found: list[str] = []
@@ -46,7 +49,7 @@ def discover(paths: list[str], excluded: Callable[[str], bool] = lambda path: Fa
                 )
                 for name in sorted(files):
                     candidate = os.path.join(root, name)
-                    if name.endswith(".py") and not os.path.isdir(candidate):
+                    if name.endswith(suffixes) and not os.path.isdir(candidate):
                         add(candidate)
         elif os.path.lexists(path):
             add(path)

@@ -8,6 +8,7 @@ reads the code registry for the help text SARIF carries.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,12 @@ def display_path(path: str) -> str:
     """A path as review tools expect it: relative ones without a leading ``./`` (``git apply`` and GitHub
     annotations want ``x.py``, not ``./x.py``), absolute ones as they are."""
     return path if os.path.isabs(path) or path.startswith("<") else os.path.normpath(path)
+
+
+def split_cell(path: str) -> tuple[str, int | None]:
+    """A notebook diagnostic's path (``nb.ipynb:cell 3``) as the file and the cell; others have no cell."""
+    match = re.fullmatch(r"(.*\.ipynb):cell (\d+)", path)
+    return (match[1], int(match[2])) if match else (path, None)
 
 
 @dataclass(frozen=True)

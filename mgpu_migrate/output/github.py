@@ -5,7 +5,7 @@ Sites left for a person are warnings, files that could not be processed errors, 
 
 from __future__ import annotations
 
-from mgpu_migrate.output import ERROR, REVIEW, Run, display_path, kind_of
+from mgpu_migrate.output import ERROR, REVIEW, Run, display_path, kind_of, split_cell
 
 _LEVELS = {REVIEW: "warning", ERROR: "error"}
 
@@ -24,13 +24,14 @@ def render(run: Run) -> str:
     lines = []
     for diagnostic in run.diagnostics:
         level = _LEVELS.get(kind_of(diagnostic), "notice")
-        properties = {
-            "file": display_path(diagnostic.path),
-            "line": str(diagnostic.line),
-            "col": str(diagnostic.col),
-            "title": f"mgpu-migrate {diagnostic.code}",
-        }
+        path, cell = split_cell(diagnostic.path)
+        properties = {"file": display_path(path), "line": str(diagnostic.line), "col": str(diagnostic.col)}
+        where = ""
+        if cell is not None:  # a line of the notebook's JSON would mean nothing: the annotation is the file's
+            properties = {"file": properties["file"]}
+            where = f"cell {cell}, line {diagnostic.line}: "
+        properties["title"] = f"mgpu-migrate {diagnostic.code}"
         listed = ",".join(f"{key}={_escape_property(value)}" for key, value in properties.items())
-        message = f"{diagnostic.code} {diagnostic.message} (mgpu-migrate --explain {diagnostic.code})"
+        message = f"{where}{diagnostic.code} {diagnostic.message} (mgpu-migrate --explain {diagnostic.code})"
         lines.append(f"::{level} {listed}::{_escape_data(message)}\n")
     return "".join(lines)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from mgpu_migrate import __version__
-from mgpu_migrate.output import Run, display_path, kind_of
+from mgpu_migrate.output import Run, display_path, kind_of, split_cell
 from mgpu_migrate.report import CHANGED
 
 SCHEMA_VERSION = 1
@@ -22,17 +22,14 @@ def document(run: Run) -> dict:
             continue
         fix = {"diff": outcome.diff, "applied": run.applied} if outcome.diff else None
         files.append({"path": display_path(outcome.path), "status": outcome.status, "fix": fix})
-    diagnostics = [
-        {
-            "path": display_path(diagnostic.path),
-            "line": diagnostic.line,
-            "column": diagnostic.col,
-            "code": diagnostic.code,
-            "kind": kind_of(diagnostic),
-            "message": diagnostic.message,
-        }
-        for diagnostic in run.diagnostics
-    ]
+    diagnostics = []
+    for diagnostic in run.diagnostics:
+        path, cell = split_cell(diagnostic.path)
+        entry = {"path": display_path(path), "line": diagnostic.line, "column": diagnostic.col}
+        if cell is not None:
+            entry["cell"] = cell
+        entry.update(code=diagnostic.code, kind=kind_of(diagnostic), message=diagnostic.message)
+        diagnostics.append(entry)
     counts = {status: sum(o.status == status for o in run.outcomes) for status in ("changed", "unchanged", "failed")}
     return {
         "$schema": SCHEMA_ID,

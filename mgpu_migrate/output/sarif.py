@@ -12,7 +12,7 @@ import urllib.parse
 from pathlib import Path
 
 from mgpu_migrate import __version__
-from mgpu_migrate.output import ERROR, REVIEW, Run, code_help, display_path, kind_of
+from mgpu_migrate.output import ERROR, REVIEW, Run, code_help, display_path, kind_of, split_cell
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 _LEVELS = {REVIEW: "warning", ERROR: "error"}
@@ -45,23 +45,23 @@ def document(run: Run) -> dict:
     levels = {d.code: _LEVELS.get(kind_of(d), "note") for d in diagnostics}
     codes = sorted(levels)
     index = {code: position for position, code in enumerate(codes)}
-    results = [
-        {
+    results = []
+    for d in diagnostics:
+        path, cell = split_cell(d.path)
+        physical = {"artifactLocation": _location(path)}
+        if cell is None:
+            physical["region"] = {"startLine": d.line, "startColumn": d.col}
+        prefix = "" if cell is None else f"cell {cell}, line {d.line}, column {d.col}: "
+        result = {
             "ruleId": d.code,
             "ruleIndex": index[d.code],
             "level": levels[d.code],
-            "message": {"text": d.message},
-            "locations": [
-                {
-                    "physicalLocation": {
-                        "artifactLocation": _location(d.path),
-                        "region": {"startLine": d.line, "startColumn": d.col},
-                    }
-                }
-            ],
+            "message": {"text": prefix + d.message},
+            "locations": [{"physicalLocation": physical}],
         }
-        for d in diagnostics
-    ]
+        if cell is not None:
+            result["properties"] = {"cell": cell, "line": d.line, "column": d.col}
+        results.append(result)
     root = Path(os.getcwd()).as_uri() + "/"
     return {
         "$schema": SARIF_SCHEMA,
