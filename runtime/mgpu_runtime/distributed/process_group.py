@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.hooks import RemovableHandle
 
-from mgpu_runtime.distributed import safety
+from mgpu_runtime.distributed import rank_output, safety
 from mgpu_runtime.distributed.environment import (
     SLURM,
     TORCHRUN,
@@ -77,6 +77,7 @@ def setup() -> None:
         )
     safety_net = safety.install() if environment.world_size > 1 else None
     _membership = _Membership(environment, device, owns_process_group, safety_net)
+    rank_output.apply(environment)
 
 
 def teardown() -> None:
