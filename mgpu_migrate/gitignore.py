@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import TYPE_CHECKING
 
-import pathspec
+if TYPE_CHECKING:
+    import pathspec
 
 
 class GitIgnore:
@@ -22,6 +24,8 @@ class GitIgnore:
 
     @functools.lru_cache(maxsize=None)
     def _spec(self, path: str) -> pathspec.GitIgnoreSpec | None:
+        import pathspec  # only in a git work tree with ignore files
+
         try:
             with open(path, encoding="utf-8", errors="surrogateescape") as handle:
                 return pathspec.GitIgnoreSpec.from_lines(handle.read().splitlines())
