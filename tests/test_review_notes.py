@@ -111,3 +111,16 @@ def test_report_lists_changes_sites_and_how_to_launch(tmp_path):
     dry = (tmp_path / "dry.md").read_text()
     assert "1 file would be migrated" in dry and "## Files that would change" in dry
     assert "- line 14: `model = nn.DataParallel(model)  # use every GPU`" in dry
+
+
+def test_a_marker_never_moves_a_shebang_or_coding_cookie(tmp_path):
+    from mgpu_migrate.diagnostics import Diagnostic
+    from mgpu_migrate.output.markers import add_markers, marked
+
+    text = "#!/usr/bin/env python\n# -*- coding: latin-1 -*-\n\nimport torch\nm = torch.nn.DataParallel(m, dim=1)\n"
+    site = Diagnostic("a.py", 1, 1, "MGP232", "left as it is")
+    new_text, (moved,), added = add_markers("a.py", text, [site])
+    lines = new_text.splitlines()
+    assert added == 1 and lines[:3] == text.splitlines()[:3]
+    assert lines[3] == "# mgpu-migrate: review MGP232 -- left as it is" and lines[4] == "import torch"
+    assert [d.line for d in marked("a.py", new_text)] == [5]

@@ -16,7 +16,8 @@ def moved_to_new_lines(diagnostics: list[Diagnostic], before: str, after: str) -
     import added above it); a removed line to the line now in its place.
     """
     old, new = LINE_BREAK.split(before), LINE_BREAK.split(after)
-    blocks = difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
+    # autojunk (the default) keeps this linear on huge files with many repeated lines (blank lines, `return`).
+    blocks = difflib.SequenceMatcher(None, old, new).get_opcodes()
 
     def moved(line: int) -> int:
         index = line - 1

@@ -92,8 +92,10 @@ def add_markers(path: str, text: str, diagnostics: list[Diagnostic]) -> tuple[st
         return text, diagnostics, 0
     wanted: dict[int, list[Diagnostic]] = {}
     for diagnostic in diagnostics:
-        start = starts.get(diagnostic.line, diagnostic.line)
-        if diagnostic.needs_review and (start, diagnostic.code) not in already:
+        # A position on a comment line (a shebang, a coding cookie) marks the first statement below it, so
+        # those lines stay where Python looks for them.
+        start = starts.get(diagnostic.line) or next((line for line in sorted(starts) if line > diagnostic.line), None)
+        if start is not None and diagnostic.needs_review and (start, diagnostic.code) not in already:
             if all(d.code != diagnostic.code for d in wanted.get(start, [])):
                 wanted.setdefault(start, []).append(diagnostic)
     if not wanted:
