@@ -3,11 +3,14 @@ files named explicitly that are not Python, and diffs that ``git apply`` takes."
 
 from __future__ import annotations
 
+import json
 import subprocess
 
+import jsonschema
 import pytest
 
 from tests.cli_helpers import DP_SCRIPT, run_cli
+from tests.test_output_formats import REPORT_SCHEMA
 
 TWO_SITES = "import torch\nm = torch.nn.DataParallel(m)\nn = torch.nn.DataParallel(n, dim=1)\n"
 
@@ -67,7 +70,14 @@ def test_sub_projects_named_together_and_from_inside(nested):
     # Named together (as pre-commit passes them), each file still gets its own project's settings.
     result = run_cli("--check", "--output-format", "json", "pkg/model.py", "vision/net.py", "vision/gen_net.py", cwd=nested)
     assert result.returncode == 1, result.stderr
-    assert b'"target": "balanced,ddp"' in result.stdout
+    report = json.loads(result.stdout)
+    jsonschema.Draft202012Validator(REPORT_SCHEMA).validate(report)
+    assert report["target"] == "balanced,ddp"
+    markdown = run_cli("--check", "--report", "r.md", "pkg/model.py", "vision/net.py", cwd=nested)
+    assert markdown.returncode == 1
+    report_text = (nested / "r.md").read_text()
+    assert report_text.startswith("# mgpu-migrate: migration to balanced and ddp")
+    assert "`--to balanced`: One process" in report_text and "`--to ddp`: One process per GPU" in report_text
     assert b"vision/gen_net.py" not in result.stdout
     inside = run_cli("--check", "old.py", cwd=nested / "pkg" / "legacy")
     assert inside.returncode == 0 and b"0 files would be migrated" in inside.stderr

@@ -80,7 +80,7 @@ def render(run: Run) -> str:
     review = [d for d in run.diagnostics if kind_of(d) == "review"]
     verb = "migrated" if run.applied else "would be migrated"
     out = [
-        f"# mgpu-migrate: migration to {run.target}\n\n",
+        f"# mgpu-migrate: migration to {run.target.replace(',', ' and ')}\n\n",
         f"{len(changed)} file{'s' * (len(changed) != 1)} {verb}, {len(failed)} failed; "
         f"{len(review)} site{'s' * (len(review) != 1)} left for a person.\n",
     ]
@@ -104,5 +104,6 @@ def render(run: Run) -> str:
             for d in o.diagnostics
             if kind_of(d) == "error"
         )
-    out.append(f"\n## How to launch the result\n\n{LAUNCH[run.target]}\n")
+    launch = "\n\n".join(f"`--to {target}`: {LAUNCH[target]}" for target in run.target.split(","))
+    out.append(f"\n## How to launch the result\n\n{launch}\n")
     return "".join(out)
