@@ -11,7 +11,7 @@ from mgpu_migrate import __version__, notebook
 from mgpu_migrate.config import ConfigError, Resolver, codes_option
 from mgpu_migrate.engine import TARGETS, migrate_source
 from mgpu_migrate.options import Options
-from mgpu_migrate.output import DOCUMENT_FORMATS, FORMATS, Run, markers, render, text
+from mgpu_migrate.output import DOCUMENT_FORMATS, FORMATS, TEXT_FORMATS, Run, markers, render, text
 from mgpu_migrate.output.terminal import Progress
 from mgpu_migrate.report import CHANGED, FAILED, FileOutcome, outcome_of, process_files, summary
 
@@ -89,7 +89,7 @@ def _process_stdin(target: str, check: bool, diff: bool, filename: str, options:
     type=click.Choice(FORMATS),
     default="text",
     show_default=True,
-    help="text: diagnostics on stderr; json (schema: mgpu_migrate/schemas/report-v1.json), github (workflow "
+    help="text (or concise): diagnostics on stderr; full: with the line of code and a caret; json (schema: mgpu_migrate/schemas/report-v1.json), github (workflow "
     "annotations) or sarif (2.1.0): one report on stdout.",
 )
 @click.option(
@@ -169,8 +169,8 @@ def main(
     target_name = ",".join(sorted(targets))
     run = Run(target_name, mode, outcomes)
     colour = False if os.environ.get("NO_COLOR") else None
-    if output_format == "text":
-        click.echo(text.render(run, quiet), err=True, nl=False, color=colour)
+    if output_format in TEXT_FORMATS:
+        click.echo(text.render(run, quiet, full=output_format == "full"), err=True, nl=False, color=colour)
     else:
         click.echo(render(output_format, run), nl=False)
     if not quiet:

@@ -169,3 +169,21 @@ def test_fail_on_review_blocks_on_sites_left_for_a_person(project):
     # A file that cannot be processed is still 2.
     (project / "broken.py").write_text(BROKEN_SCRIPT)
     assert run_cli(".", "--to", "ddp", "--check", "--fail-on", "review", cwd=project).returncode == 2
+
+
+def test_full_text_shows_the_line_of_code_as_it_now_is(tmp_path):
+    (tmp_path / "train.py").write_text(DP_SCRIPT)
+    (tmp_path / "dim.py").write_text(REVIEW_SCRIPT)
+    result = run_cli("train.py", "dim.py", "--to", "balanced", "--output-format", "full", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.decode().splitlines()
+    at = lines.index("train.py:4:9: MGP101 DataParallel replaced with mgpu_runtime.DataParallelModel")
+    # The rewritten file's line 4, with the caret under column 9.
+    assert lines[at + 1] == "    4 | model = mgpu_runtime.DataParallelModel(model)"
+    assert lines[at + 2] == "      |         ^"
+    assert lines[at + 3] == "      = help: mgpu-migrate --explain MGP101"
+    (tmp_path / "dim.py").write_text(REVIEW_SCRIPT)  # balanced rewrote it
+    concise = run_cli("dim.py", "--to", "ddp", "--output-format", "concise", cwd=tmp_path)
+    assert concise.stderr.decode().splitlines()[0] == (
+        "dim.py:2:5: MGP201 DataParallel with dim != 0 has no DistributedDataParallel equivalent; not rewritten"
+    )

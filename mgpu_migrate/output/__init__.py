@@ -17,7 +17,8 @@ from mgpu_migrate.diagnostics import Diagnostic
 if TYPE_CHECKING:  # report.py imports the markers from this package
     from mgpu_migrate.report import FileOutcome
 
-FORMATS = ("text", "json", "github", "sarif")
+FORMATS = ("text", "concise", "full", "json", "github", "sarif")
+TEXT_FORMATS = ("text", "concise", "full")
 # The formats that are one document on stdout (so stdout cannot also carry code or a diff).
 DOCUMENT_FORMATS = ("json", "sarif")
 
