@@ -1,4 +1,4 @@
-"""The ``mgpu-migrate`` command line. Importing it never imports torch."""
+"""The ``mgpu-migrate`` command line (design §1). Importing it never imports torch."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ import sys
 
 import click
 
-from mgpu_migrate import __version__
-from mgpu_migrate.config import ConfigError, load_settings, parse_size
+from mgpu_migrate import __version__, notebook
+from mgpu_migrate.config import ConfigError, Resolver, codes_option, parse_size
 from mgpu_migrate.engine import TARGETS, migrate_source
 from mgpu_migrate.options import Options
+from mgpu_migrate.output import DOCUMENT_FORMATS, FORMATS, TEXT_FORMATS, Run, markers, render, text
+from mgpu_migrate.output.terminal import Progress
 from mgpu_migrate.report import (
     CHANGED,
     DEFAULT_MAX_FILE_SIZE,
@@ -46,7 +48,8 @@ def _explain(code: str) -> None:
     click.echo(info.page, nl=False)
 
 
-def _process_stdin(target: str, check: bool, diff: bool, filename: str, options: Options) -> FileOutcome:
+def _process_stdin(target: str, check: bool, diff: bool, filename: str, options: Options, document: bool) -> FileOutcome:
+    """Migrate stdin. Stdout carries the code, or the diff (unless the report is a document there)."""
     from mgpu_migrate.diagnostics import READ_ERROR, Diagnostic
     from mgpu_migrate.files import source_file
 
@@ -55,13 +58,14 @@ def _process_stdin(target: str, check: bool, diff: bool, filename: str, options:
         stdin = source_file(filename, data)
         source = stdin.text
     except (SyntaxError, UnicodeDecodeError, LookupError) as error:
-        sys.stdout.buffer.write(data)
+        if not document:
+            sys.stdout.buffer.write(data)
         return FileOutcome(filename, FAILED, [Diagnostic(filename, 1, 1, READ_ERROR, f"cannot read: {error}")])
     result = migrate_source(source, target, filename, options)
-    outcome = outcome_of(result, want_diff=diff)
-    if diff:
+    outcome = markers.review_notes(outcome_of(result, want_diff=diff or document), result, written=False)
+    if diff and not document:
         sys.stdout.write(outcome.diff)
-    elif not check:
+    elif not (check or diff):
         sys.stdout.buffer.write(result.output.encode(stdin.encoding))
     return outcome
 
@@ -94,6 +98,43 @@ def _process_stdin(target: str, check: bool, diff: bool, filename: str, options:
 )
 @click.option("--stdin-filename", default="<stdin>", show_default=True, help="Name used for '-' in diagnostics.")
 @click.option(
+    "--output-format",
+    type=click.Choice(FORMATS),
+    default="text",
+    show_default=True,
+    help="text (or concise): diagnostics on stderr; full: with the line of code and a caret; json (schema: mgpu_migrate/schemas/report-v1.json), github (workflow "
+    "annotations) or sarif (2.1.0): one report on stdout.",
+)
+@click.option(
+    "--fail-on",
+    type=click.Choice(["change", "review"]),
+    default="change",
+    show_default=True,
+    help="change: exit 1 when --check/--diff find files that would change; review: also exit 1 (in any mode) "
+    "when a site is left for a person (MGP2xx).",
+)
+@click.option(
+    "--report",
+    "report_path",
+    type=click.Path(dir_okay=False),
+    help="Also write a markdown report to this file: each change, every site left for a person, how to launch.",
+)
+@click.option(
+    "--add-markers",
+    is_flag=True,
+    help="Write a '# mgpu-migrate: review CODE' comment above each site left for a person; later runs report "
+    "it again until the comment is removed.",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, exists=True),
+    help="Settings for every file from this file (a pyproject.toml, or the [tool.mgpu-migrate] keys alone), "
+    "instead of each file's nearest pyproject.toml.",
+)
+@click.option("--select", "select_codes", metavar="CODES", help="Report only these sites for a person (codes or prefixes, comma-separated).")
+@click.option("--ignore", "ignore_codes", metavar="CODES", help="Do not report these sites for a person (codes or prefixes, comma-separated).")
+@click.option(
     "--explain",
     metavar="CODE",
     is_flag=False,
@@ -102,13 +143,16 @@ def _process_stdin(target: str, check: bool, diff: bool, filename: str, options:
 )
 @click.option("--list-codes", is_flag=True, help="List every diagnostic code (code, kind, summary) and exit.")
 @click.version_option(__version__, prog_name="mgpu-migrate")
-def main(paths, target, diff, check, quiet, jobs, sync_bn, max_file_size, stdin_filename, explain, list_codes):
+def main(
+    paths, target, diff, check, quiet, jobs, sync_bn, max_file_size, stdin_filename, output_format, fail_on, report_path, add_markers,
+    config_file, select_codes, ignore_codes, explain, list_codes,
+):
     """Rewrite PyTorch scripts that use nn.DataParallel.
 
     PATH is a file or a directory (walked for *.py); '-' reads stdin and writes stdout.
 
-    Exit codes: 0 done or nothing to do; 1 --check/--diff found files that would change;
-    2 a usage error, or a file that could not be processed.
+    Exit codes: 0 done or nothing to do; 1 --check/--diff found files that would change (or, with
+    --fail-on review, a site is left for a person); 2 a usage error, or a file that could not be processed.
     """
     if explain is not None or list_codes:
         _explain(explain or "")
@@ -117,51 +161,181 @@ def main(paths, target, diff, check, quiet, jobs, sync_bn, max_file_size, stdin_
         raise click.UsageError("give at least one PATH (a file, a directory, or '-' for stdin)")
     if "-" in paths and len(paths) > 1:
         raise click.UsageError("'-' (stdin) cannot be combined with other paths")
+    document = output_format in DOCUMENT_FORMATS
+    if document and paths == ("-",) and not (check or diff):
+        raise click.UsageError(f"--output-format {output_format} with '-' needs --check or --diff (stdout would carry the code)")
+    if add_markers and (check or diff or paths == ("-",)):
+        raise click.UsageError("--add-markers writes files: it cannot be combined with --check, --diff or '-'")
     try:
-        settings = load_settings(list(paths))
+        choices = Choices(Resolver(config_file), target, sync_bn, select_codes, ignore_codes, max_file_size)
+        if paths == ("-",):
+            name = stdin_filename if stdin_filename != "<stdin>" else os.path.join(os.getcwd(), "-")
+            file_target, options = choices.migration(name)
+            outcomes = [_process_stdin(file_target, check, diff, stdin_filename, options, document)]
+            mode, targets = "stdin", {file_target}
+        else:
+            write = not (check or diff)
+            outcomes, targets = _process_paths(paths, choices, write, diff or document or bool(report_path), jobs, quiet)
+            if diff and not document:
+                for outcome in outcomes:
+                    click.echo(outcome.diff, nl=False)
+            mode = "write" if write else "diff" if diff else "check"
+        outcomes = [choices.reported(outcome) for outcome in outcomes]
     except ConfigError as error:
         raise click.UsageError(str(error)) from error
-    if target is None:
-        target = settings.to
-        if target not in TARGETS:
-            raise click.UsageError(
-                "choose a target with --to [balanced|ddp] (or set to = \"ddp\" under [tool.mgpu-migrate] in pyproject.toml)"
-            )
+    if add_markers:
+        outcomes = [_mark(outcome) for outcome in outcomes]
 
-    options = Options(sync_bn=settings.sync_bn if sync_bn is None else sync_bn)
-    try:
-        size_limit = parse_size(max_file_size) if max_file_size is not None else settings.max_file_size
-    except ValueError:
-        raise click.BadParameter(f"{max_file_size!r} is not a size (bytes, or like 5MB)", param_hint="--max-file-size")
-    if size_limit is None:
-        size_limit = DEFAULT_MAX_FILE_SIZE
-    if paths == ("-",):
-        outcomes = [_process_stdin(target, check, diff, stdin_filename, options)]
-        missing: list[str] = []
+    target_name = ",".join(sorted(targets))
+    run = Run(target_name, mode, outcomes)
+    colour = False if os.environ.get("NO_COLOR") else None
+    if output_format in TEXT_FORMATS:
+        click.echo(text.render(run, quiet, full=output_format == "full"), err=True, nl=False, color=colour)
     else:
-        from mgpu_migrate.files import discover
-
-        outside: list[str] = []
-        found, missing = discover(list(paths), settings.excluded, outside)
-        write = not (check or diff)
-        outcomes = process_files(found, target, write, diff, jobs, options, size_limit)
-        outcomes += [outside_tree(path) for path in outside]
-        for outcome in outcomes:
-            if outcome.diff:
-                click.echo(outcome.diff, nl=False)
-
-    diagnostics = sorted(d for outcome in outcomes for d in outcome.diagnostics)
-    for path in missing:
-        click.echo(f"{path}:1:1: MGP001 cannot read: no such file or directory", err=True)
-    for diagnostic in diagnostics:
-        if quiet and diagnostic.is_rewrite:
-            continue
-        click.echo(diagnostic.format(), err=True)
+        click.echo(render(output_format, run), nl=False)
     if not quiet:
-        click.echo(summary(outcomes, target, dry_run=check or diff), err=True)
+        click.echo(summary(outcomes, target_name.replace(",", " and "), dry_run=check or diff), err=True)
+    if report_path:
+        from mgpu_migrate.output import markdown
 
-    if missing or any(outcome.status == FAILED for outcome in outcomes):
+        try:
+            with open(report_path, "w", encoding="utf-8") as handle:
+                handle.write(markdown.render(run))
+        except OSError as error:
+            click.echo(f"mgpu-migrate: cannot write the report {report_path}: {error.strerror or error}", err=True)
+            sys.exit(EXIT_ERROR)
+
+    if any(outcome.status == FAILED for outcome in outcomes):
         sys.exit(EXIT_ERROR)
     if (check or diff) and any(outcome.status == CHANGED for outcome in outcomes):
         sys.exit(EXIT_WOULD_CHANGE)
+    if fail_on == "review" and any(diagnostic.needs_review for diagnostic in run.diagnostics):
+        sys.exit(EXIT_WOULD_CHANGE)
     sys.exit(EXIT_OK)
+
+
+class Choices:
+    """What each file is migrated with: the command line's choices over the file's own settings."""
+
+    def __init__(self, resolver: Resolver, target, sync_bn, select_codes, ignore_codes, max_file_size=None) -> None:
+        self.resolver = resolver
+        self.target, self.sync_bn = target, sync_bn
+        try:
+            self.max_file_size = parse_size(max_file_size) if max_file_size is not None else None
+        except ValueError:
+            raise click.BadParameter(f"{max_file_size!r} is not a size (bytes, or like 5MB)", param_hint="--max-file-size")
+        self.select = codes_option(select_codes, "--select")
+        self.ignore = codes_option(ignore_codes, "--ignore")
+
+    def migration(self, path: str) -> tuple[str, Options]:
+        settings = self.resolver.for_path(path)
+        target = self.target or settings.to
+        if target is None:
+            raise click.UsageError(
+                "choose a target with --to [balanced|ddp] (or set to = \"ddp\" under [tool.mgpu-migrate] in pyproject.toml)"
+            )
+        return target, Options(sync_bn=settings.sync_bn if self.sync_bn is None else self.sync_bn)
+
+    def size_limit(self, path: str) -> int:
+        """Bytes over which a file is left (0: no limit): the command line's, the file's settings', the default."""
+        if self.max_file_size is not None:
+            return self.max_file_size
+        configured = self.resolver.for_path(path).max_file_size
+        return DEFAULT_MAX_FILE_SIZE if configured is None else configured
+
+    def reported(self, outcome: FileOutcome) -> FileOutcome:
+        """The outcome without the sites for a person that ``select``/``ignore`` leave out."""
+        from dataclasses import replace
+
+        settings = self.resolver.for_path(outcome.path)
+        settings = replace(settings, select=self.select or settings.select, ignore=settings.ignore + self.ignore)
+        kept = [d for d in outcome.diagnostics if settings.reports(d.code)]
+        return outcome if len(kept) == len(outcome.diagnostics) else replace(outcome, diagnostics=kept)
+
+    def excluded(self, named: set[str]):
+        from mgpu_migrate.gitignore import GitIgnore
+
+        git = GitIgnore()
+
+        def excluded(path: str) -> bool:
+            if self.resolver.excluded(path):
+                return True
+            # What git ignores is left out of walked directories; a file named explicitly is still processed.
+            return path not in named and self.resolver.for_path(path).respect_gitignore and git.ignored(path)
+
+        return excluded
+
+
+def _is_python(path: str) -> bool:
+    """A file to migrate when named explicitly: ``*.py``/``*.pyi``, or a script without a suffix whose first
+    line runs Python (as pre-commit's ``types: [python]`` passes them)."""
+    if path.endswith((".py", ".pyi", notebook.SUFFIX)) or os.path.isdir(path) or not os.path.lexists(path):
+        return True
+    if os.path.splitext(os.path.basename(path))[1]:
+        return False
+    try:
+        with open(path, "rb") as handle:
+            first = handle.readline(200)
+    except OSError:
+        return True  # reading it again reports why it cannot be read
+    return first.startswith(b"#!") and b"python" in first
+
+
+def _process_paths(paths, choices: Choices, write: bool, want_diff: bool, jobs: int, quiet: bool):
+    from mgpu_migrate.files import discover
+
+    named = [path for path in paths if _is_python(path)]
+    for path in paths:
+        if path not in named and not quiet:
+            click.echo(f"{path}: skipped: not a Python file", err=True)
+    outside: list[str] = []
+    found, missing = discover(named, choices.excluded(set(named)), outside, suffixes=(".py", notebook.SUFFIX))
+    # Files are migrated in groups of the same target, options and size limit (sub-projects may choose
+    # differently).
+    groups: dict[tuple[str, Options, int], list[int]] = {}
+    for index, path in enumerate(found):
+        groups.setdefault((*choices.migration(path), choices.size_limit(path)), []).append(index)
+    if not found:
+        first = named[0] if named else os.getcwd()
+        groups.setdefault((*choices.migration(first), choices.size_limit(first)), [])
+    outcomes: list[FileOutcome] = [None] * len(found)  # type: ignore[list-item]
+    progress = Progress(enabled=not quiet)
+    try:
+        for (group_target, options, size_limit), indexes in groups.items():
+            scripts = [index for index in indexes if not found[index].endswith(notebook.SUFFIX)]
+            migrated = process_files(
+                [found[i] for i in scripts], group_target, write, want_diff, jobs, options, progress, size_limit
+            )
+            for index, outcome in zip(scripts, migrated):
+                outcomes[index] = outcome
+            for index in set(indexes) - set(scripts):
+                outcomes[index] = notebook.migrate_notebook(found[index], group_target, write, want_diff, options)
+    finally:
+        progress.close()
+    outcomes += [outside_tree(path) for path in outside] + [_missing(path) for path in missing]
+    return outcomes, {group_target for group_target, _, _ in groups}
+
+
+def _mark(outcome: FileOutcome) -> FileOutcome:
+    """The outcome of a file with review markers added (it is written again only when one is new)."""
+    from dataclasses import replace
+
+    from mgpu_migrate import files
+
+    if outcome.status == FAILED or outcome.path.endswith(notebook.SUFFIX) or not any(d.needs_review for d in outcome.diagnostics):
+        return outcome
+    try:
+        source = files.source_file(outcome.path, *files.read(outcome.path))
+        text, diagnostics, added = markers.add_markers(outcome.path, source.text, outcome.diagnostics)
+        if added:
+            files.write_atomically(outcome.path, text, source.encoding, read_as=source)
+    except (OSError, SyntaxError, UnicodeError, LookupError) as error:
+        click.echo(f"{outcome.path}: no review markers added: {getattr(error, 'strerror', None) or error}", err=True)
+        return outcome
+    return replace(outcome, diagnostics=diagnostics)
+
+
+def _missing(path: str) -> FileOutcome:
+    from mgpu_migrate.diagnostics import READ_ERROR, Diagnostic
+
+    return FileOutcome(path, FAILED, [Diagnostic(path, 1, 1, READ_ERROR, "cannot read: no such file or directory")])

@@ -20,7 +20,7 @@ import inspect
 import re
 from dataclasses import dataclass
 
-from mgpu_migrate.diagnostics import INTERNAL_ERROR, PARSE_ERROR, READ_ERROR
+from mgpu_migrate.diagnostics import FILE_CHANGED, INTERNAL_ERROR, OUTSIDE_TREE, PARSE_ERROR, READ_ERROR, TOO_LARGE
 
 ERROR, REWRITE, REVIEW = "error", "rewrite", "review"
 
@@ -61,6 +61,29 @@ _ERROR_PAGES = {
         "writes such a file, and goes on with the others.",
         "Please report it with the file (or a reduction of it). Until then, migrate the file by hand or silence "
         "the site with `# noqa`.",
+    ),
+    FILE_CHANGED: (
+        "file-changed",
+        "the file changed on disk while the tool ran; it was not written",
+        "Between reading the file and replacing it, its size, modification time or content changed (an editor "
+        "saved it, or another mgpu-migrate run wrote it). Writing the migration would have lost that edit, so "
+        "the file keeps what is on disk now.",
+        "Run the tool again on the file: it reads the new content. The exit status of this run is 2.",
+    ),
+    OUTSIDE_TREE: (
+        "outside-tree",
+        "a symlink in a walked directory leads out of it; skipped",
+        "A directory walk found a symbolic link to a file outside the directory given on the command line. "
+        "Rewriting it would change a file nobody named (as black, the tool skips such links).",
+        "Name the link's target on the command line to migrate it, or leave it as it is.",
+    ),
+    TOO_LARGE: (
+        "too-large",
+        "the file is over the size limit; not parsed, left as it is",
+        "A file that mentions DataParallel is larger than `max-file-size` (default 2MB). Generated files of that "
+        "size take minutes and gigabytes to analyse, so the tool leaves them.",
+        "Raise the limit for the run (`--max-file-size 20MB`, or `max-file-size` in `[tool.mgpu-migrate]`; 0 "
+        "for no limit), or exclude the file.",
     ),
 }
 

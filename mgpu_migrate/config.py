@@ -1,8 +1,12 @@
-"""Settings from ``[tool.mgpu-migrate]`` in the nearest pyproject.toml.
+"""Settings from ``[tool.mgpu-migrate]``, found for each file as ruff and black find theirs.
 
-Keys: ``to`` (the target when ``--to`` is not given), ``sync-bn`` (the default of ``--sync-bn``),
-``exclude`` (glob patterns, relative to the pyproject.toml's directory, of files and directories never
-migrated: also when named on the command line, so a pre-commit hook honours them too) and ``max-file-size``
+A file's settings come from the nearest ``pyproject.toml`` above it that has a ``[tool.mgpu-migrate]`` table
+(one without the table is passed over), or from ``--config FILE`` for every file. Keys: ``to`` (the target
+when ``--to`` is not given), ``sync-bn`` (the default of ``--sync-bn``), ``exclude`` and ``extend-exclude``
+(glob patterns, relative to the settings file's directory, of files and directories never migrated: also
+when named on the command line, so a pre-commit hook honours them too), ``select``/``ignore`` (which sites
+left for a person are reported, by code or prefix: ``MGP2``, ``MGP24``, ``MGP248``) and
+``respect-gitignore`` (default true: a walked directory leaves out what git ignores) and ``max-file-size``
 (the default of ``--max-file-size``: bytes, or a size such as ``"5MB"``; 0 for no limit).
 """
 
@@ -19,6 +23,11 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on older interpreters only
     import tomli as tomllib
 
+from mgpu_migrate.engine import TARGETS
+
+KEYS = ("to", "sync-bn", "exclude", "extend-exclude", "select", "ignore", "respect-gitignore", "max-file-size")
+_CODE_PREFIX = re.compile(r"MGP\d{0,3}")
+
 
 class ConfigError(Exception):
     pass
@@ -31,8 +40,21 @@ class Settings:
     to: str | None = None
     sync_bn: bool = False
     exclude: tuple[str, ...] = ()
+    select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    respect_gitignore: bool = True
     max_file_size: int | None = None
     """Bytes; None: the tool's default."""
+    source: str | None = None
+    """The settings file, for messages."""
+
+    def reports(self, code: str) -> bool:
+        """Whether a site for a person with ``code`` is reported (``select``, then ``ignore``, by prefix)."""
+        if not code.startswith("MGP2"):
+            return True
+        if self.select and not any(code.startswith(prefix) for prefix in self.select):
+            return False
+        return not any(code.startswith(prefix) for prefix in self.ignore)
 
     def excluded(self, path: str) -> bool:
         """Whether ``path`` (a file or directory) or a directory above it matches an ``exclude`` pattern."""
@@ -100,56 +122,123 @@ def parse_size(value: int | str) -> int:
     return int(number * _SIZE_UNITS[unit])
 
 
-def find_pyproject(start: str) -> str | None:
-    directory = os.path.abspath(start)
-    if not os.path.isdir(directory):
-        directory = os.path.dirname(directory)
-    while True:
+def _size_setting(table: dict, where: str) -> int | None:
+    if "max-file-size" not in table:
+        return None
+    try:
+        return parse_size(table["max-file-size"])
+    except ValueError:
+        raise ConfigError(f'{where}: max-file-size must be a size in bytes or like "5MB" (0: no limit)') from None
+
+
+def _codes(value: object, key: str, where: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(code, str) for code in value):
+        raise ConfigError(f'{where}: {key} must be a list of codes or prefixes, e.g. ["MGP248"] or ["MGP24"]')
+    codes = tuple(code.strip().upper() for code in value)
+    for code in codes:
+        if not _CODE_PREFIX.fullmatch(code):
+            raise ConfigError(f"{where}: {key}: {code!r} is not a code or a prefix of one (MGP2, MGP24, MGP248)")
+        if code[3:4] in ("0", "1"):
+            kind = "a rewrite" if code[3] == "1" else "a file that cannot be processed"
+            raise ConfigError(
+                f"{where}: {key}: {code} is {kind}, always reported; select and ignore choose among the sites "
+                "left for a person (MGP2xx). To leave one site as it is, put `# noqa: CODE` on its line"
+            )
+    return codes
+
+
+def codes_option(value: str | None, option: str) -> tuple[str, ...]:
+    """``--select``/``--ignore`` as given on the command line: codes or prefixes, comma-separated."""
+    return _codes([code for code in value.split(",") if code.strip()], option, "command line") if value else ()
+
+
+def check_target(to: object, where: str) -> None:
+    if to is not None and to not in TARGETS:
+        if not isinstance(to, str):
+            raise ConfigError(f'{where}: to must be a string ("balanced" or "ddp")')
+        raise ConfigError(f"{where}: unknown target {to!r} (expected balanced or ddp)")
+
+
+def settings_from_table(table: object, source: str) -> Settings:
+    """Settings from one ``[tool.mgpu-migrate]`` table (or a standalone settings file's top level)."""
+    where = f"{source}: [tool.mgpu-migrate]" if os.path.basename(source) == "pyproject.toml" else source
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must be a table")
+    unknown = set(table) - set(KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys: {', '.join(sorted(unknown))} (known: {', '.join(KEYS)})")
+    to, sync_bn, respect_gitignore = table.get("to"), table.get("sync-bn", False), table.get("respect-gitignore", True)
+    check_target(to, where)
+    if not isinstance(sync_bn, bool):
+        raise ConfigError(f"{where}: sync-bn must be true or false")
+    if not isinstance(respect_gitignore, bool):
+        raise ConfigError(f"{where}: respect-gitignore must be true or false")
+    patterns = []
+    for key in ("exclude", "extend-exclude"):
+        value = table.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(pattern, str) and pattern.strip() for pattern in value):
+            raise ConfigError(f'{where}: {key} must be a list of glob patterns, e.g. ["legacy/"]')
+        patterns += value
+    return Settings(
+        root=os.path.dirname(os.path.abspath(source)),
+        to=to,
+        sync_bn=sync_bn,
+        exclude=tuple(patterns),
+        select=_codes(table.get("select", []), "select", where),
+        ignore=_codes(table.get("ignore", []), "ignore", where),
+        respect_gitignore=respect_gitignore,
+        max_file_size=_size_setting(table, where),
+        source=source,
+    )
+
+
+def _read_toml(path: str) -> dict:
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise ConfigError(f"{path}: {getattr(error, 'strerror', None) or error}") from error
+
+
+def read_settings_file(path: str) -> Settings:
+    """``--config FILE``: a pyproject.toml (its ``[tool.mgpu-migrate]`` table) or a file of those keys alone."""
+    data = _read_toml(path)
+    if os.path.basename(path) == "pyproject.toml":
+        table = data.get("tool", {}).get("mgpu-migrate")
+        if table is None:
+            raise ConfigError(f"{path}: no [tool.mgpu-migrate] table")
+        return settings_from_table(table, path)
+    return settings_from_table(data.get("tool", {}).get("mgpu-migrate", data), path)
+
+
+class Resolver:
+    """Each path's settings: ``--config``'s for all, or the nearest pyproject.toml with the table (cached per
+    directory, so a tree of thousands of files reads each pyproject.toml once)."""
+
+    def __init__(self, config_file: str | None = None) -> None:
+        self.fixed = read_settings_file(config_file) if config_file else None
+
+    def for_path(self, path: str) -> Settings:
+        if self.fixed is not None:
+            return self.fixed
+        directory = os.path.abspath(path)
+        if not os.path.isdir(directory):
+            directory = os.path.dirname(directory)
+        return self._for_directory(directory)
+
+    @functools.lru_cache(maxsize=None)
+    def _for_directory(self, directory: str) -> Settings:
         candidate = os.path.join(directory, "pyproject.toml")
         if os.path.isfile(candidate):
-            return candidate
+            table = _read_toml(candidate).get("tool", {}).get("mgpu-migrate")
+            if table is not None:
+                return settings_from_table(table, candidate)
         parent = os.path.dirname(directory)
-        if parent == directory:
-            return None
-        directory = parent
+        return Settings() if parent == directory else self._for_directory(parent)
 
-
-def load_settings(paths: list[str]) -> Settings:
-    """The ``[tool.mgpu-migrate]`` settings that govern ``paths`` (found from their common directory)."""
-    real = [os.path.abspath(p) for p in paths if p != "-"] or [os.getcwd()]
-    common = os.path.commonpath(real)
-    pyproject = find_pyproject(common)
-    if pyproject is None:
-        return Settings()
-    try:
-        with open(pyproject, "rb") as handle:
-            data = tomllib.load(handle)
-    except (OSError, tomllib.TOMLDecodeError) as error:
-        raise ConfigError(f"{pyproject}: {error}") from error
-    table = data.get("tool", {}).get("mgpu-migrate", {})
-    if not isinstance(table, dict):
-        raise ConfigError(f"{pyproject}: [tool.mgpu-migrate] must be a table")
-    unknown = set(table) - {"to", "sync-bn", "exclude", "max-file-size"}
-    if unknown:
-        raise ConfigError(
-            f"{pyproject}: unknown [tool.mgpu-migrate] keys: {', '.join(sorted(unknown))} "
-            "(known: to, sync-bn, exclude, max-file-size)"
-        )
-    to, sync_bn, exclude = table.get("to"), table.get("sync-bn", False), table.get("exclude", [])
-    if to is not None and not isinstance(to, str):
-        raise ConfigError(f'{pyproject}: [tool.mgpu-migrate] to must be a string ("balanced" or "ddp")')
-    if not isinstance(sync_bn, bool):
-        raise ConfigError(f"{pyproject}: [tool.mgpu-migrate] sync-bn must be true or false")
-    if not isinstance(exclude, list) or not all(isinstance(pattern, str) and pattern.strip() for pattern in exclude):
-        raise ConfigError(f'{pyproject}: [tool.mgpu-migrate] exclude must be a list of glob patterns, e.g. ["legacy/"]')
-    max_file_size = None
-    if "max-file-size" in table:
-        try:
-            max_file_size = parse_size(table["max-file-size"])
-        except ValueError:
-            raise ConfigError(
-                f'{pyproject}: [tool.mgpu-migrate] max-file-size must be a size in bytes or like "5MB" (0: no limit)'
-            ) from None
-    return Settings(
-        root=os.path.dirname(pyproject), to=to, sync_bn=sync_bn, exclude=tuple(exclude), max_file_size=max_file_size
-    )
+    def excluded(self, path: str) -> bool:
+        """Excluded by the settings where ``path`` is listed (its directory's) or by its own (a directory's)."""
+        listed_in = self.for_path(os.path.dirname(os.path.abspath(path)))
+        return listed_in.excluded(path) or self.for_path(path).excluded(path)

@@ -33,11 +33,14 @@ def _skip_directory(directory: Path) -> bool:
 
 
 def discover(
-    paths: list[str], excluded: Callable[[str], bool] = lambda path: False, outside: list[str] | None = None
+    paths: list[str],
+    excluded: Callable[[str], bool] = lambda path: False,
+    outside: list[str] | None = None,
+    suffixes: tuple[str, ...] = (".py",),
 ) -> tuple[list[str], list[str]]:
     """Expand files and directories into Python files, each real file once, in a stable order.
 
-    ``excluded`` says which files and directories to leave out (the settings' ``exclude`` patterns); it
+    Walked directories give the files whose names end in one of ``suffixes``. ``excluded`` says which files and directories to leave out (the settings' ``exclude`` patterns); it
     applies to named paths too. Returns the files and the paths that do not exist. A symlink found in a walked
     directory that leads out of it is skipped (as black does: a rewrite would change a file nobody named),
     and appended to ``outside``.
@@ -63,7 +66,7 @@ def discover(
                 )
                 for name in sorted(files):
                     candidate = os.path.join(root, name)
-                    if not name.endswith(".py") or os.path.isdir(candidate):
+                    if not name.endswith(suffixes) or os.path.isdir(candidate):
                         continue
                     if os.path.islink(candidate) and not _inside(os.path.realpath(candidate), boundary):
                         if outside is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
+import itertools
 import os
 import signal
 import sys
@@ -16,6 +17,7 @@ from mgpu_migrate import files
 from mgpu_migrate.diagnostics import FILE_CHANGED, INTERNAL_ERROR, OUTSIDE_TREE, READ_ERROR, TOO_LARGE, Diagnostic
 from mgpu_migrate.engine import MigrationResult, might_need_migration, migrate_source
 from mgpu_migrate.options import DEFAULT_OPTIONS, Options
+from mgpu_migrate.output import display_path, markers
 
 UNCHANGED, CHANGED, FAILED = "unchanged", "changed", "failed"
 
@@ -30,6 +32,7 @@ class FileOutcome:
 
 def unified_diff(before: str, after: str, path: str) -> str:
     lines = []
+    path = display_path(path)  # `git apply` rejects a/./x.py
     old, new = (path, path) if path.startswith("/") else (f"a/{path}", f"b/{path}")
     for line in difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True), old, new):
         lines.append(line)
@@ -56,7 +59,7 @@ def screen(path: str, max_file_size: int = DEFAULT_MAX_FILE_SIZE) -> FileOutcome
     try:
         data, stamp = files.read(path)
         if not might_need_migration(data):
-            return FileOutcome(path, UNCHANGED)
+            return FileOutcome(path, UNCHANGED, markers.marked_in_bytes(path, data))
         if max_file_size and len(data) > max_file_size:
             message = (
                 f"not migrated: {_size(len(data))} is over the {_size(max_file_size)} limit "
@@ -79,6 +82,11 @@ def outside_tree(path: str) -> FileOutcome:
     """A symlink that ``files.discover`` skipped: it leads out of the directory it was found in."""
     message = f"skipped: a symlink to {os.path.realpath(path)}, outside the directory walked"
     return FileOutcome(path, UNCHANGED, [Diagnostic(path, 1, 1, OUTSIDE_TREE, message)])
+
+
+def changed_on_disk(path: str) -> FileOutcome:
+    """A file edited (or migrated by another run) between its read and its write: it is not written."""
+    return _failed(path, FILE_CHANGED, "changed on disk while mgpu-migrate ran (an edit, or another run): not written; run again")
 
 
 def outcome_of(result: MigrationResult, want_diff: bool) -> FileOutcome:
@@ -105,11 +113,10 @@ def migrate_file(
         try:
             files.write_atomically(path, result.output, source_file.encoding, read_as=source_file)
         except files.FileChanged:
-            message = "changed on disk while mgpu-migrate ran (an edit, or another run): not written; run again"
-            return _failed(path, FILE_CHANGED, message)
+            return changed_on_disk(path)
         except (OSError, UnicodeEncodeError) as error:
             return _failed(path, READ_ERROR, f"cannot write: {getattr(error, 'strerror', None) or error}")
-    return outcome_of(result, want_diff)
+    return markers.review_notes(outcome_of(result, want_diff), result, written=write and result.changed)
 
 
 # Starting the workers costs about as much as migrating a file or two; below this many files per
@@ -124,19 +131,27 @@ def process_files(
     want_diff: bool,
     jobs: int,
     options: Options = DEFAULT_OPTIONS,
+    progress: Callable[[int, int], None] = lambda done, total: None,
     max_file_size: int = DEFAULT_MAX_FILE_SIZE,
 ) -> list[FileOutcome]:
     """Migrate many files, on up to ``jobs`` processes; the outcomes come back in the order of ``paths``.
 
     Files are screened here first, so worker processes start only when enough files need the parser.
+    ``progress(done, total)`` hears of each file the parser has finished.
     """
     outcomes = [screen(path, max_file_size) for path in paths]
     todo = [index for index, outcome in enumerate(outcomes) if isinstance(outcome, files.SourceFile)]
     migrate = functools.partial(migrate_file, target=target, write=write, want_diff=want_diff, options=options)
     workers = min(jobs, len(todo) // MIN_FILES_PER_WORKER)
     run = _map_in_processes if workers > 1 else _map_here
+    finished = itertools.count(1)
+
+    def ticked(outcome: FileOutcome) -> FileOutcome:
+        progress(next(finished), len(todo))
+        return outcome
+
     with _terminate_as_interrupt():
-        for index, outcome in zip(todo, run(migrate, [outcomes[index] for index in todo], workers)):
+        for index, outcome in zip(todo, run(migrate, [outcomes[index] for index in todo], workers, ticked)):
             outcomes[index] = outcome
     return outcomes
 
@@ -154,11 +169,11 @@ def _terminate_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
-def _map_here(migrate: Callable, source_files: list, workers: int) -> list[FileOutcome]:
-    return [migrate(source_file) for source_file in source_files]
+def _map_here(migrate: Callable, source_files: list, workers: int, ticked: Callable) -> list[FileOutcome]:
+    return [ticked(migrate(source_file)) for source_file in source_files]
 
 
-def _map_in_processes(migrate: Callable, source_files: list, workers: int) -> list[FileOutcome]:
+def _map_in_processes(migrate: Callable, source_files: list, workers: int, ticked: Callable) -> list[FileOutcome]:
     # Imported here: multiprocessing is a start-up cost a run over a few files never needs.
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
@@ -177,7 +192,7 @@ def _map_in_processes(migrate: Callable, source_files: list, workers: int) -> li
                 futures = [pool.submit(_in_worker, migrate, source_file) for source_file in source_files]
             for source_file, future in zip(source_files, futures):
                 try:
-                    outcomes.append(future.result())
+                    outcomes.append(ticked(future.result()))
                 except BrokenProcessPool:
                     # A worker died (killed for memory, say). Its files were never written: say so, go on.
                     message = "internal error: the process migrating this file stopped; file left unchanged, please report"

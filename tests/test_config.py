@@ -1,4 +1,4 @@
-"""``[tool.mgpu-migrate]`` in pyproject.toml: ``to``, ``sync-bn`` and ``exclude``, through the command line."""
+"""``[tool.mgpu-migrate]`` in pyproject.toml: ``to``, ``sync-bn``, ``exclude``, and their errors, through the command line."""
 
 from __future__ import annotations
 
@@ -62,7 +62,10 @@ def test_exclude_skips_walked_and_named_files(tmp_path):
         ("sync-bn = 1\n", b"sync-bn must be true or false"),
         ('exclude = "legacy"\n', b"exclude must be a list of glob patterns"),
         ("to = 3\n", b"to must be a string"),
-        ('too = "ddp"\n', b"unknown [tool.mgpu-migrate] keys: too (known: to, sync-bn, exclude, max-file-size)"),
+        ('too = "ddp"\n', b"[tool.mgpu-migrate]: unknown keys: too (known: to, sync-bn, exclude, extend-exclude,"),
+        ('to = "dpp"\n', b"[tool.mgpu-migrate]: unknown target 'dpp' (expected balanced or ddp)"),
+        ('ignore = ["MGP101"]\n', b"ignore: MGP101 is a rewrite, always reported; select and ignore choose among"),
+        ('select = ["XYZ1"]\n', b"select: 'XYZ1' is not a code or a prefix of one"),
     ],
 )
 def test_bad_settings_are_usage_errors_that_name_the_key(tmp_path, settings, message):

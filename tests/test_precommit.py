@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from tests.cli_helpers import DP_SCRIPT
+from tests.cli_helpers import DP_SCRIPT, command
 from tests.fixture_cases import ROOT
 
 pytestmark = pytest.mark.slow
@@ -40,7 +40,8 @@ def snapshot_of_this_repository(destination):
     return git("rev-parse", "HEAD", cwd=destination)
 
 
-def test_hook_rewrites_then_passes(tmp_path, monkeypatch):
+def user_repository(tmp_path, monkeypatch, hook_id):
+    """A user's git repository whose .pre-commit-config.yaml uses ``hook_id`` from a snapshot of this one."""
     for key, value in ENV.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("PRE_COMMIT_HOME", str(tmp_path / "cache"))
@@ -52,22 +53,51 @@ def test_hook_rewrites_then_passes(tmp_path, monkeypatch):
     user.mkdir()
     git("init", "-q", cwd=user)
     (user / ".pre-commit-config.yaml").write_text(
-        f"repos:\n- repo: {hook_repo}\n  rev: {revision}\n  hooks:\n  - id: mgpu-migrate\n    args: [--to, ddp]\n"
+        f"repos:\n- repo: {hook_repo}\n  rev: {revision}\n  hooks:\n  - id: {hook_id}\n    args: [--to, ddp]\n"
     )
+    return user
+
+
+def run_hooks(user):
+    return subprocess.run(
+        ["pre-commit", "run", "--all-files"], cwd=user, capture_output=True, text=True, timeout=900,
+        env={**os.environ},
+    )
+
+
+def test_hook_rewrites_then_passes(tmp_path, monkeypatch):
+    user = user_repository(tmp_path, monkeypatch, "mgpu-migrate")
     (user / "train.py").write_text(DP_SCRIPT)
     (user / "README.txt").write_text("nn.DataParallel is mentioned here but this is not Python\n")
     git("add", "-A", cwd=user)
 
-    def run_hooks():
-        return subprocess.run(
-            ["pre-commit", "run", "--all-files"], cwd=user, capture_output=True, text=True, timeout=900,
-            env={**os.environ},
-        )
-
-    first = run_hooks()
+    first = run_hooks(user)
     assert first.returncode == 1, first.stdout + first.stderr
     assert "files were modified by this hook" in first.stdout
     assert "mgpu_runtime.DistributedDataParallel(model)" in (user / "train.py").read_text()
     assert (user / "README.txt").read_text().startswith("nn.DataParallel")
-    second = run_hooks()
+    second = run_hooks(user)
     assert second.returncode == 0, second.stdout + second.stderr
+
+
+def test_check_hook_writes_nothing_and_blocks_on_review_sites(tmp_path, monkeypatch):
+    user = user_repository(tmp_path, monkeypatch, "mgpu-migrate-check")
+    (user / "train.py").write_text(DP_SCRIPT)
+    git("add", "-A", cwd=user)
+
+    would_change = run_hooks(user)
+    assert would_change.returncode == 1, would_change.stdout + would_change.stderr
+    assert (user / "train.py").read_text() == DP_SCRIPT
+    assert "1 file would be migrated to ddp" in would_change.stdout
+
+    subprocess.run([*command(), "--to", "ddp", "train.py"], cwd=user, check=True, capture_output=True, timeout=120)
+    git("add", "-A", cwd=user)
+    assert run_hooks(user).returncode == 0
+
+    # A file --to ddp leaves as it is does not change, yet a person must look at it: the check fails.
+    (user / "kept.py").write_text("import torch\nm = torch.nn.DataParallel(m, dim=1)\n")
+    git("add", "-A", cwd=user)
+    needs_review = run_hooks(user)
+    assert needs_review.returncode == 1, needs_review.stdout + needs_review.stderr
+    assert "kept.py:2:5: MGP201" in needs_review.stdout
+    assert (user / "kept.py").read_text() == "import torch\nm = torch.nn.DataParallel(m, dim=1)\n"

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mgpu_migrate.analysis.entrypoint import distributed_program
-from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 from mgpu_migrate.rules.criterion_wrap import wrap_in_runtime
 from mgpu_migrate.rules.syntax import RUNTIME
 
@@ -49,6 +48,7 @@ class GlobalCount(Rule):
     """
 
     CODE = GLOBAL_COUNT
+    PHASE = PROGRAM
     DESCRIPTION = "a count that divides a loss is summed over the processes"
     TARGETS = (DDP,)
     EXAMPLES = (
@@ -66,7 +66,7 @@ class GlobalCount(Rule):
     )
 
     def apply(self) -> None:
-        if not distributed_program(self.analysis, self.edits.replacements).migrates:
+        if not self.program.migrates:
             return
         done: set[cst.CSTNode] = set()
         for loss in self.analysis.losses.calls:

@@ -123,7 +123,7 @@ def test_a_directory_named_like_a_python_file_is_walked(tmp_path):
     (tmp_path / "x.py").mkdir()
     (tmp_path / "x.py" / "train.py").write_text(DP_SCRIPT)
     stderr = migrate(tmp_path, "x.py")
-    assert "x.py/train.py:3:9: MGP101" in stderr
+    assert "x.py/train.py:4:9: MGP101" in stderr
     assert REWRITTEN in (tmp_path / "x.py" / "train.py").read_bytes()
 
 
@@ -140,7 +140,7 @@ def test_a_huge_generated_file_with_one_site(tmp_path, lines):
     (tmp_path / "huge.py").write_text(source)
     stderr = migrate(tmp_path, "huge.py")
     after = (tmp_path / "huge.py").read_text()
-    assert "huge.py:3:9: MGP101" in stderr
+    assert "huge.py:4:9: MGP101" in stderr
     assert after.count("\n") == source.count("\n") + 1  # the runtime import
     assert after.replace("mgpu_runtime.DistributedDataParallel", "nn.DataParallel").replace(
         "import mgpu_runtime\n", ""

@@ -4,7 +4,8 @@ Modules, one idea each: ``environment`` (where this process sits, read from torc
 ``launch`` (relaunching a plain ``python train.py`` under torchrun), ``process_group`` (setup, device,
 backend, teardown), ``ddp`` (the DDP wrapper and its exact gradient reduction), ``share`` (this rank's share
 of the current global batch), ``data`` and ``slicing`` (the distributed twin of a DataLoader), ``losses``
-(``DistributedCriterion``), ``io`` (``save``/``load``), ``metrics`` (reductions across ranks) and
+(``DistributedCriterion``), ``io`` (``save``/``load``), ``metrics`` (reductions across ranks), ``rank_output``
+(``MGPU_LOG``, ``print_once``) and
 ``safety`` (the first step of a multi-process run: drifted weights, differing whole batches, an unwrapped
 model). See ``runtime/README_distributed.md``.
 """
@@ -14,6 +15,7 @@ from mgpu_runtime.distributed.ddp import DistributedDataParallel
 from mgpu_runtime.distributed.io import load, save
 from mgpu_runtime.distributed.losses import DistributedCriterion
 from mgpu_runtime.distributed.metrics import reduce_mean, reduce_sum
+from mgpu_runtime.distributed.rank_output import print_once
 from mgpu_runtime.distributed.process_group import (
     barrier,
     device,
@@ -35,6 +37,7 @@ __all__ = [
     "load",
     "local_rank",
     "node_rank",
+    "print_once",
     "rank",
     "reduce_mean",
     "reduce_sum",

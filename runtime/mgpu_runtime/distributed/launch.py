@@ -65,6 +65,21 @@ def torchrun_command(process_count: int, interpreter: str, original_argv: Sequen
     ]
 
 
+def relaunch_notice(process_count: int, environ: Mapping[str, str]) -> str:
+    """The one line said before relaunching: how many processes, on which devices, and how to choose."""
+    if torch.cuda.is_available():
+        visible = environ.get("CUDA_VISIBLE_DEVICES")
+        devices = f"GPUs {visible}" if visible else f"GPUs 0-{torch.cuda.device_count() - 1}"
+        devices += f" ({torch.cuda.device_count()} visible)" if process_count != torch.cuda.device_count() else ""
+    else:
+        devices = "the CPU (gloo)"
+    how = f"{NPROC_VARIABLE}={process_count}" if environ.get(NPROC_VARIABLE) else "one per visible GPU"
+    return (
+        f"mgpu_runtime: relaunching under torchrun as {process_count} processes on {devices} ({how}); "
+        f"{NPROC_VARIABLE}=N chooses N, {NPROC_VARIABLE}=1 keeps one process, MGPU_LOG=rank0|prefix tidies the output"
+    )
+
+
 def relaunch_if_requested() -> None:
     """Exec torchrun when a plainly started script wants more than one process; return when it wants one."""
     process_count = requested_process_count(os.environ)
@@ -83,6 +98,7 @@ def relaunch_if_requested() -> None:
         )
         return
     command = torchrun_command(process_count, sys.executable, getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
+    print(relaunch_notice(process_count, os.environ), file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, command, {**os.environ, RELAUNCHED_VARIABLE: "1"})

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.hooks import RemovableHandle
 
-from mgpu_runtime.distributed import lockstep, safety
+from mgpu_runtime.distributed import lockstep, rank_output, safety
 from mgpu_runtime.distributed.environment import (
     SLURM,
     TORCHRUN,
@@ -87,6 +87,7 @@ def setup() -> None:
         safety_net = safety.install()
         lockstep.start(environment.rank, environment.world_size, environment.master_addr, environment.master_port)
     _membership = _Membership(environment, device, owns_process_group, safety_net)
+    rank_output.apply(environment)
 
 
 def teardown() -> None:

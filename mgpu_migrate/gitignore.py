@@ -1,0 +1,57 @@
+"""What git ignores, for walked directories: the ``.gitignore`` files of the work tree and ``.git/info/exclude``.
+
+As ruff does, only inside a git work tree; patterns follow git's rules (via ``pathspec``): a deeper
+``.gitignore`` overrides a shallower one, and within a file the last matching pattern wins (``!`` re-includes).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pathspec
+
+
+class GitIgnore:
+    @functools.lru_cache(maxsize=None)
+    def _work_tree(self, directory: str) -> str | None:
+        if os.path.exists(os.path.join(directory, ".git")):
+            return directory
+        parent = os.path.dirname(directory)
+        return None if parent == directory else self._work_tree(parent)
+
+    @functools.lru_cache(maxsize=None)
+    def _spec(self, path: str) -> pathspec.GitIgnoreSpec | None:
+        import pathspec  # only in a git work tree with ignore files
+
+        try:
+            with open(path, encoding="utf-8", errors="surrogateescape") as handle:
+                return pathspec.GitIgnoreSpec.from_lines(handle.read().splitlines())
+        except OSError:
+            return None
+
+    def ignored(self, path: str) -> bool:
+        absolute = os.path.abspath(path)
+        work_tree = self._work_tree(os.path.dirname(absolute))
+        if work_tree is None:
+            return False
+        suffix = "/" if os.path.isdir(absolute) else ""
+        # From the lowest precedence to the highest: info/exclude, then each directory's .gitignore downwards.
+        directories = [work_tree]
+        relative_parent = os.path.relpath(os.path.dirname(absolute), work_tree)
+        if relative_parent != os.curdir:
+            for part in relative_parent.split(os.sep):
+                directories.append(os.path.join(directories[-1], part))
+        sources = [(work_tree, os.path.join(work_tree, ".git", "info", "exclude"))]
+        sources += [(directory, os.path.join(directory, ".gitignore")) for directory in directories]
+        verdict = False
+        for base, source in sources:
+            spec = self._spec(source)
+            if spec is not None:
+                relative = os.path.relpath(absolute, base).replace(os.sep, "/") + suffix
+                included = spec.check_file(relative).include
+                if included is not None:
+                    verdict = included
+        return verdict

@@ -1,0 +1,68 @@
+"""What each process prints: every rank's lines as they are, rank-prefixed, or the main process's alone.
+
+``MGPU_LOG`` chooses, for a job of several processes (a single process is never changed):
+
+* ``all`` (the default): every rank prints every line, as torchrun leaves it.
+* ``prefix``: each line of stdout and stderr starts with ``[rank N]``, so interleaved lines can be told apart.
+* ``rank0``: only the main process's stdout is kept; every rank's stderr still shows (warnings, tracebacks).
+
+``print_once`` prints on the main process only, whatever ``MGPU_LOG`` says: for training logs that would
+otherwise appear once per process.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TextIO
+
+from mgpu_runtime.distributed.environment import LaunchEnvironment, LaunchEnvironmentError
+
+LOG_VARIABLE = "MGPU_LOG"
+MODES = ("all", "prefix", "rank0")
+
+
+class _Prefixed:
+    """A text stream that starts every line written to it with a prefix."""
+
+    def __init__(self, stream: TextIO, prefix: str) -> None:
+        self._stream = stream
+        self._prefix = prefix
+        self._at_line_start = True
+
+    def write(self, text: str) -> int:
+        pieces = []
+        for line in text.splitlines(keepends=True):
+            if self._at_line_start:
+                pieces.append(self._prefix)
+            pieces.append(line)
+            self._at_line_start = line.endswith("\n")
+        self._stream.write("".join(pieces))
+        return len(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def apply(environment: LaunchEnvironment) -> None:
+    """Arrange this process's output as ``MGPU_LOG`` asks (called once, by ``setup()``)."""
+    mode = os.environ.get(LOG_VARIABLE, "").strip().lower() or "all"
+    if mode not in MODES:
+        raise LaunchEnvironmentError(f"{LOG_VARIABLE}={mode!r}: expected one of {', '.join(MODES)}")
+    if environment.world_size == 1 or mode == "all":
+        return
+    if mode == "prefix":
+        prefix = f"[rank {environment.rank}] "
+        sys.stdout = _Prefixed(sys.stdout, prefix)
+        sys.stderr = _Prefixed(sys.stderr, prefix)
+    elif environment.rank != 0:
+        sys.stdout.flush()
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 -- held for the life of the process
+
+
+def print_once(*values, **options) -> None:
+    """``print`` on the main process (rank 0) only; in a single process, always."""
+    from mgpu_runtime.distributed.process_group import is_main_process
+
+    if is_main_process():
+        print(*values, **options)

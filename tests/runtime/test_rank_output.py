@@ -1,0 +1,69 @@
+"""What a job of several processes prints: the relaunch notice, MGPU_LOG=all|prefix|rank0 and print_once,
+under real torchrun launches on CPU (gloo)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = """\
+import mgpu_runtime
+
+mgpu_runtime.setup()
+print(f"hello from {mgpu_runtime.rank()}", flush=True)
+mgpu_runtime.print_once("logged once", flush=True)
+"""
+
+
+def _environment(**extra: str) -> dict[str, str]:
+    launcher = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}
+    kept = {k: v for k, v in os.environ.items() if k not in launcher and not k.startswith(("SLURM_", "MGPU_", "TORCHELASTIC_"))}
+    return {**kept, "CUDA_VISIBLE_DEVICES": "", **extra}
+
+
+def _run(tmp_path, command: list[str], **extra: str) -> subprocess.CompletedProcess:
+    (tmp_path / "job.py").write_text(SCRIPT)
+    return subprocess.run(command, cwd=tmp_path, env=_environment(**extra), capture_output=True, text=True, timeout=240)
+
+
+def _torchrun(tmp_path, **extra: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "job.py"]
+    result = _run(tmp_path, command, **extra)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_plain_start_relaunches_with_one_line_on_stderr(tmp_path):
+    result = _run(tmp_path, [sys.executable, "job.py"], MGPU_NPROC="2")
+    assert result.returncode == 0, result.stderr
+    notices = [line for line in result.stderr.splitlines() if line.startswith("mgpu_runtime: relaunching")]
+    assert notices == [
+        "mgpu_runtime: relaunching under torchrun as 2 processes on the CPU (gloo) (MGPU_NPROC=2); MGPU_NPROC=N "
+        "chooses N, MGPU_NPROC=1 keeps one process, MGPU_LOG=rank0|prefix tidies the output"
+    ]
+    assert sorted(line for line in result.stdout.splitlines() if line.startswith("hello")) == ["hello from 0", "hello from 1"]
+    single = _run(tmp_path, [sys.executable, "job.py"], MGPU_NPROC="1")
+    assert "relaunching" not in single.stderr and single.stdout.splitlines() == ["hello from 0", "logged once"]
+
+
+def test_every_rank_prints_by_default_and_print_once_prints_once(tmp_path):
+    lines = _torchrun(tmp_path).stdout.splitlines()
+    assert sorted(line for line in lines if line.startswith("hello")) == ["hello from 0", "hello from 1"]
+    assert lines.count("logged once") == 1
+
+
+def test_prefix_names_the_rank_of_each_line(tmp_path):
+    lines = _torchrun(tmp_path, MGPU_LOG="prefix").stdout.splitlines()
+    assert sorted(lines) == ["[rank 0] hello from 0", "[rank 0] logged once", "[rank 1] hello from 1"]
+
+
+def test_rank0_keeps_the_main_process_output_only(tmp_path):
+    assert _torchrun(tmp_path, MGPU_LOG="rank0").stdout.splitlines() == ["hello from 0", "logged once"]
+    bad = _run(tmp_path, [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "job.py"],
+               MGPU_LOG="loud")
+    assert bad.returncode != 0 and "MGPU_LOG='loud': expected one of all, prefix, rank0" in bad.stderr

@@ -1,0 +1,145 @@
+"""Jupyter notebooks: code cells migrated as one program, everything else kept, positions as cell:line:col."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import jsonschema
+import pytest
+
+from tests.cli_helpers import run_cli
+from tests.fixture_cases import ROOT
+
+SETUP_CELL = ["%matplotlib inline\n", "import torch\n", "import torch.nn as nn\n", "!echo installing"]
+TRAIN_CELL = [
+    "torch.manual_seed(0)\n",
+    "model = nn.Linear(4, 2)\n",
+    "model = nn.DataParallel(model)\n",
+    "criterion = nn.MSELoss()\n",
+    "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n",
+    "for step in range(3):\n",
+    "    x, y = torch.randn(6, 4), torch.randn(6, 2)\n",
+    "    loss = criterion(model(x), y)\n",
+    "    optimizer.zero_grad()\n",
+    "    loss.backward()\n",
+    "    optimizer.step()\n",
+    "%time model(torch.ones(1, 4))\n",
+    "print('weights', model.module.weight.sum().item())",
+]
+BASH_CELL = ["%%bash\n", "echo nn.DataParallel stays as it is\n"]
+
+
+def notebook() -> dict:
+    return {
+        "cells": [
+            {"cell_type": "markdown", "metadata": {}, "source": ["# Training with `nn.DataParallel` (é)\n"]},
+            {
+                "cell_type": "code",
+                "execution_count": 1,
+                "metadata": {"tags": ["setup"]},
+                "outputs": [{"name": "stdout", "output_type": "stream", "text": ["installing\n"]}],
+                "source": SETUP_CELL,
+            },
+            {"cell_type": "code", "execution_count": 2, "metadata": {}, "outputs": [], "source": BASH_CELL},
+            {"cell_type": "code", "execution_count": 3, "metadata": {"collapsed": False}, "outputs": [], "source": TRAIN_CELL},
+        ],
+        "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+
+
+def write_notebook(path, content: dict) -> None:
+    # As Jupyter writes it: one space of indent, non-ASCII kept, a final newline.
+    path.write_text(json.dumps(content, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def test_round_trip_keeps_all_but_the_code_and_is_idempotent(tmp_path):
+    path = tmp_path / "train.ipynb"
+    write_notebook(path, notebook())
+    result = run_cli(".", "--to", "balanced", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    after = json.loads(path.read_text(encoding="utf-8"))
+    before = notebook()
+    # Only the code cells' sources changed; the cell magic's cell, outputs, metadata and layout are kept.
+    for old, new in zip(before["cells"], after["cells"]):
+        assert {k: v for k, v in old.items() if k != "source"} == {k: v for k, v in new.items() if k != "source"}
+    assert after["metadata"] == before["metadata"] and after["cells"][0] == before["cells"][0]
+    assert after["cells"][2] == before["cells"][2]
+    setup, train = after["cells"][1]["source"], after["cells"][3]["source"]
+    assert setup == ["import mgpu_runtime\n", *SETUP_CELL]
+    assert "model = mgpu_runtime.DataParallelModel(model)\n" in train
+    assert "%time model(torch.ones(1, 4))\n" in train and train[-1] == TRAIN_CELL[-1]
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith('{\n "cells": [\n') and "(é)" in text and text.endswith("}\n")
+    # Diagnostics name the cell and the line within it, in the notebook as written.
+    (line,) = [line for line in result.stderr.decode().splitlines() if "MGP101" in line]
+    assert line.startswith("./train.ipynb:cell 4:3:9: MGP101 ")
+    assert train[2].startswith("model = mgpu_runtime.DataParallelModel")
+    # A second run changes nothing.
+    again = run_cli("train.ipynb", "--to", "balanced", "--check", cwd=tmp_path)
+    assert again.returncode == 0 and path.read_text(encoding="utf-8") == text
+
+
+def test_untouched_notebooks_are_byte_identical_and_bad_ones_fail(tmp_path):
+    plain = copy.deepcopy(notebook())
+    plain["cells"][3]["source"] = ["print('no wrapper here')"]
+    write_notebook(tmp_path / "plain.ipynb", plain)
+    before = (tmp_path / "plain.ipynb").read_bytes()
+    (tmp_path / "broken.ipynb").write_text('{"cells": [ "DataParallel"')
+    result = run_cli(".", "--to", "ddp", cwd=tmp_path)
+    assert result.returncode == 2
+    assert (tmp_path / "plain.ipynb").read_bytes() == before
+    assert b"./broken.ipynb:1:1: MGP001 cannot read: not a Jupyter notebook" in result.stderr
+    assert (tmp_path / "broken.ipynb").read_text() == '{"cells": [ "DataParallel"'
+
+
+def test_notebook_diff_applies_and_json_names_the_cell(tmp_path):
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    write_notebook(tmp_path / "train.ipynb", notebook())
+    diff = run_cli("train.ipynb", "--to", "balanced", "--diff", cwd=tmp_path)
+    assert diff.returncode == 1
+    subprocess.run(["git", "apply", "-"], cwd=tmp_path, input=diff.stdout, check=True)
+    assert "DataParallelModel" in (tmp_path / "train.ipynb").read_text()
+    write_notebook(tmp_path / "train.ipynb", notebook())
+    report = json.loads(run_cli("train.ipynb", "--to", "balanced", "--check", "--output-format", "json", cwd=tmp_path).stdout)
+    schema = json.loads((ROOT / "mgpu_migrate" / "schemas" / "report-v1.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(report)
+    (entry,) = [d for d in report["diagnostics"] if d["code"] == "MGP101"]
+    assert (entry["path"], entry["cell"], entry["line"], entry["column"]) == ("train.ipynb", 4, 3, 9)
+
+
+def _kernel_code(path) -> str:
+    """The code cells, in order, as a kernel would run them (magics aside), in float64."""
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    lines = [
+        line
+        for cell in cells
+        if cell["cell_type"] == "code" and not cell["source"][0].startswith("%%")
+        for line in "".join(cell["source"]).splitlines(keepends=True)
+        if not line.lstrip().startswith(("%", "!"))
+    ]
+    return "import torch\ntorch.set_default_dtype(torch.float64)\n" + "".join(lines)
+
+
+@pytest.mark.slow
+def test_migrated_notebook_trains_as_the_original_on_cpu_replicas(tmp_path):
+    original = tmp_path / "original.ipynb"
+    write_notebook(original, notebook())
+    write_notebook(tmp_path / "train.ipynb", notebook())
+    assert run_cli("train.ipynb", "--to", "balanced", cwd=tmp_path).returncode == 0
+
+    def weights(path, replicas: str) -> float:
+        env = {**os.environ, "MGPU_CPU_REPLICAS": replicas}
+        ran = subprocess.run([sys.executable, "-c", _kernel_code(path)], env=env, capture_output=True, text=True,
+                             timeout=300, cwd=tmp_path)
+        assert ran.returncode == 0, ran.stderr
+        return float(ran.stdout.split()[-1])
+
+    reference = weights(original, "1")
+    assert weights(tmp_path / "train.ipynb", "2") == pytest.approx(reference, abs=1e-9)
+    assert weights(tmp_path / "train.ipynb", "3") == pytest.approx(reference, abs=1e-9)
