@@ -111,7 +111,12 @@ def test_report_lists_changes_sites_and_how_to_launch(tmp_path):
     run_cli("fresh.py", "--to", "ddp", "--check", "--report", "dry.md", cwd=tmp_path)
     dry = (tmp_path / "dry.md").read_text()
     assert "1 file would be migrated" in dry and "## Files that would change" in dry
-    assert "- line 14: `model = nn.DataParallel(model)  # use every GPU`" in dry
+    wrap_line = next(
+        number
+        for number, line in enumerate((tmp_path / "fresh.py").read_text().splitlines(), start=1)
+        if line == "model = nn.DataParallel(model)  # use every GPU"
+    )
+    assert f"- line {wrap_line}: `model = nn.DataParallel(model)  # use every GPU`" in dry
 
 
 def test_a_marker_never_moves_a_shebang_or_coding_cookie(tmp_path):
