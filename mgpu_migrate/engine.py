@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from mgpu_migrate.diagnostics import INTERNAL_ERROR, Diagnostic
+from mgpu_migrate.diagnostics import INTERNAL_ERROR, Diagnostic, error_summary
 from mgpu_migrate.options import DEFAULT_OPTIONS, Options
 
 TARGETS = ("balanced", "ddp")
@@ -57,5 +57,5 @@ def migrate_source(
     try:
         return run_pipeline(source, target, path, options)
     except Exception as error:  # noqa: BLE001 -- the last guard: one odd file must never stop a run
-        message = f"internal error ({type(error).__name__}: {error}); file left unchanged, please report"
+        message = f"internal error ({error_summary(error)}); file left unchanged, please report"
         return MigrationResult(path, source, source, error=Diagnostic(path, 1, 1, INTERNAL_ERROR, message))

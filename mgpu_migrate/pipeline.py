@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mgpu_migrate.analysis import FileAnalysis
-from mgpu_migrate.diagnostics import INTERNAL_ERROR, PARSE_ERROR, Diagnostic
+from mgpu_migrate.diagnostics import INTERNAL_ERROR, PARSE_ERROR, Diagnostic, error_summary
 from mgpu_migrate.edits import Edits, apply
 from mgpu_migrate.engine import MigrationResult
 from mgpu_migrate.imports import add_import, name_uses, remove_orphaned
@@ -44,7 +44,7 @@ def run_pipeline(source: str, target: str, path: str, options: Options = DEFAULT
     except RecursionError:
         message = "file too deeply nested to analyse; file left unchanged"
     except Exception as error:  # noqa: BLE001 -- one odd file must never stop the run or lose data
-        message = f"internal error ({type(error).__name__}: {error}); file left unchanged, please report"
+        message = f"internal error ({error_summary(error)}); file left unchanged, please report"
     return MigrationResult(path, source, source, error=Diagnostic(path, 1, 1, INTERNAL_ERROR, message))
 
 
