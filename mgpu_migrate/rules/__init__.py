@@ -12,12 +12,16 @@ from mgpu_migrate.rules.checkpoint_load import CheckpointLoad
 from mgpu_migrate.rules.checkpoint_save import CheckpointSave
 from mgpu_migrate.rules.criterion_wrap import CriterionWrap
 from mgpu_migrate.rules.data_parallel_subclass import DataParallelSubclass
+from mgpu_migrate.rules.device_selection import CHOSEN_DEVICES, DeviceSelection
 from mgpu_migrate.rules.encoding_pair import EncodingPair
-from mgpu_migrate.rules.entry_point import EntryPointSetup
+from mgpu_migrate.rules.entry_point import OWN_DISTRIBUTED_PATH, EntryPointSetup
 from mgpu_migrate.rules.explicit_device import ExplicitDevice
 from mgpu_migrate.rules.functional_data_parallel import FunctionalDataParallel
 from mgpu_migrate.rules.functional_loss import FunctionalLoss
 from mgpu_migrate.rules.local_rank_argument import LocalRankArgument
+from mgpu_migrate.rules.per_rank_steps import PER_RANK_STEP, PerRankSteps
+from mgpu_migrate.rules.project_training import TRAINED_ELSEWHERE, ProjectTraining
+from mgpu_migrate.rules.project_wrappers import HAND_WRITTEN, PROJECT_DATA_PARALLEL, ProjectWrappers
 from mgpu_migrate.rules.main_process_collective import MainProcessCollective
 from mgpu_migrate.rules.process_randomness import ProcessRandomness
 from mgpu_migrate.rules.progress_bar import ProgressBar
@@ -56,6 +60,18 @@ RULES: tuple[type[Rule], ...] = (
     SharedFiles,
     # Both targets: checks for a wrapper recognize the new ones.
     WrapperCheck,
+    # What the file alone does not show: the project's own wrappers and training code, GPUs chosen by id,
+    # decisions each process would take alone.
+    ProjectWrappers,
+    ProjectTraining,
+    DeviceSelection,
+    PerRankSteps,
+)
+
+# Diagnostics that leave a file as it is under --to ddp (once every rule has run: ``settle``).
+FILE_VERDICTS = (
+    INFERENCE_ONLY, BATCH_COUPLED, SWITCHED_OFF, OWN_DISTRIBUTED_PATH,
+    PROJECT_DATA_PARALLEL, HAND_WRITTEN, TRAINED_ELSEWHERE, CHOSEN_DEVICES, PER_RANK_STEP,
 )
 
 
@@ -74,12 +90,11 @@ def settle(target: str, analysis: FileAnalysis, edits: Edits) -> None:
         edits.discard_rewrites()
     else:
         # An evaluation script (DataParallel serves it better), a loss that compares the rows of a batch with
-        # each other, a wrap switched off by a flag: what was said about the distributed program it would have
+        # each other, a wrap switched off by a flag, a file with its own distributed path: what was said about the distributed program it would have
         # become no longer applies.
-        for verdict in (INFERENCE_ONLY, BATCH_COUPLED, SWITCHED_OFF):
-            if any(diagnostic.code == verdict for diagnostic in edits.diagnostics):
-                edits.discard_rewrites(keep={verdict, *WrapperSwap.REVIEW_CODES})
-                return
+        found = {diagnostic.code for diagnostic in edits.diagnostics} & set(FILE_VERDICTS)
+        if found:
+            edits.discard_rewrites(keep={*found, *WrapperSwap.REVIEW_CODES})
 
 
 def rules_for(target: str) -> list[type[Rule]]:

@@ -8,6 +8,9 @@ from mgpu_migrate.analysis.entrypoint import distributed_program
 from mgpu_migrate.rules.base import DDP, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_call
 
+# The file is left as it is when this is reported (rules.settle).
+OWN_DISTRIBUTED_PATH = "MGP231"
+
 
 class EntryPointSetup(Rule):
     """
@@ -19,7 +22,8 @@ class EntryPointSetup(Rule):
 
     It also decides whether the file becomes a distributed program at all: a file that already sets up
     distributed training itself (``init_process_group``, torch's or apex's ``DistributedDataParallel``,
-    ``DistributedSampler``, ``mp.spawn``) only has its DataParallel fallback migrated (MGP231); a file that
+    ``DistributedSampler``, ``mp.spawn``) is left as it is, its DataParallel fallback too (MGP231: processes
+    relaunched from the fallback would not provably take the file's own path with the same global batch); a file that
     keeps a DataParallel wrap (``dim != 0``, ``# noqa``, part of a model: MGP250) is left as it is, its other
     wraps included (MGP232): ``--to ddp`` migrates a file entirely or not at all.
 
@@ -52,7 +56,7 @@ class EntryPointSetup(Rule):
     CODE = "MGP120"
     REVIEW_CODES = {
         "MGP230": "the file trains, but no place that runs first was found for mgpu_runtime.setup()",
-        "MGP231": "the file already runs distributed training of its own; only its DataParallel fallback is migrated",
+        OWN_DISTRIBUTED_PATH: "the file runs distributed training of its own: its DataParallel fallback is left as it is",
         "MGP232": "the file keeps a DataParallel wrap, so it is left as it is: --to ddp migrates a file entirely or not at all",
     }
     DESCRIPTION = "mgpu_runtime.setup() inserted where the program starts"
@@ -111,11 +115,9 @@ class EntryPointSetup(Rule):
             "import torch.distributed as dist\nimport torch.nn as nn\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n\n"
             "if args.distributed:\n    dist.init_process_group('nccl')\n    model = DDP(model)\nelse:\n"
             "    model = nn.DataParallel(model)\n",
-            "import torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
-            "import mgpu_runtime\n\nif args.distributed:\n    dist.init_process_group('nccl')\n    model = DDP(model)\nelse:\n"
-            "    model = mgpu_runtime.DistributedDataParallel(model)\n",
+            None,
             DDP,
-            ("MGP101", "MGP231"),
+            ("MGP231",),
         ),
     )
 
@@ -128,11 +130,10 @@ class EntryPointSetup(Rule):
             line, _ = self.analysis.position(program.existing[0])
             self.left(
                 first,
-                "MGP231",
-                f"this file sets up distributed training itself (line {line}): only the DataParallel fallback is "
-                "migrated, its data and checkpoints are left as they are; started plainly on several GPUs, the "
-                "fallback relaunches the script under torchrun: check that it then takes its own distributed path "
-                "(reads LOCAL_RANK or WORLD_SIZE from the environment)",
+                OWN_DISTRIBUTED_PATH,
+                f"this file sets up distributed training itself (line {line}): its DataParallel fallback is left, "
+                "since processes relaunched from it would not provably take that path with the same global batch; "
+                "launch the file's own distributed path instead (torchrun with the flags it reads)",
             )
             return
         if program.kept:

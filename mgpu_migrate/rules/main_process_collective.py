@@ -80,14 +80,12 @@ class MainProcessCollective(Rule):
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
-            "import torch.nn as nn\nmodel = DDP(model) if args.distributed else nn.DataParallel(model)\n"
+            "import torch.distributed as dist\nimport torch.nn as nn\nmodel = nn.DataParallel(model)\n"
             "if dist.get_rank() == 0:\n    dist.barrier()\n    evaluate(model)\n",
-            "import torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
-            "import mgpu_runtime\nmodel = DDP(model) if args.distributed else mgpu_runtime.DistributedDataParallel(model)\n"
+            "import torch.distributed as dist\nimport mgpu_runtime\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
             "if dist.get_rank() == 0:\n    dist.barrier()\n    evaluate(model)\n",
             DDP,
-            ("MGP101", "MGP231", "MGP249"),
+            ("MGP101", "MGP249", "MGP262"),
         ),
         Example(
             "import torch.nn as nn\nmodel = nn.DataParallel(model)\nif args.local_rank in [-1, 0]:\n"

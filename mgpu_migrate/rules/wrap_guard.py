@@ -93,7 +93,7 @@ class WrapGuard(Rule):
         ),
         Example(
             "import torch.nn as nn\n\n\ndef init_net(net, gpu_ids):\n    if len(gpu_ids) > 0:\n        net.to(gpu_ids[0])\n"
-            "        net = nn.DataParallel(net, gpu_ids)\n    return net\n",
+            "        net = nn.DataParallel(net)\n    return net\n",
             "import mgpu_runtime\n\n\ndef init_net(net, gpu_ids):\n    if len(gpu_ids) > 0:\n        net.to(gpu_ids[0])\n"
             "        net = mgpu_runtime.DistributedDataParallel(net)\n    return net\n",
             DDP,

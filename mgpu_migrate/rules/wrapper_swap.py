@@ -99,7 +99,7 @@ class WrapperSwap(Rule):
             "from torch.nn import DataParallel as DP\nnet = DP(net, [0, 1], 0)\n",
             "import mgpu_runtime\nnet = mgpu_runtime.DistributedDataParallel(net)\n",
             DDP,
-            ("MGP101",),
+            ("MGP101", "MGP150"),
         ),
         Example(
             "import torch\nmodel = torch.nn.DataParallel(model, dim=1)\n",

@@ -1,0 +1,86 @@
+"""MGP285: the model is trained in another module of the project, whose data the tool cannot split from here."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from mgpu_migrate.analysis.entrypoint import distributed_program
+from mgpu_migrate.analysis.project import project_of
+from mgpu_migrate.rules.base import DDP, Example, Rule
+
+TRAINED_ELSEWHERE = "MGP285"
+
+
+class ProjectTraining(Rule):
+    """
+    ## What it does
+    When a file wraps a model but runs no backward pass itself, follows the model into the project's own
+    modules: a call here that hands it to a function or class of another module (``Trainer(model,
+    criterion)`` from ``reid/trainers.py``, ``scan_train(loader, model, ...)`` from ``utils/train_utils.py``)
+    whose code, or a project class it derives from, runs the backward pass. The file is then left as it is,
+    and the diagnostic names the definition that trains.
+
+    ## Why is this bad?
+    The training step, its loss and the loop over the data are in that module: the tool cannot tell from
+    here how the batches are drawn, whether the loss compares rows of the batch (batch-hard triplets, OHEM),
+    or what is saved and logged there. Migrating the wrap alone gives a program whose every process trains
+    on whole batches, which the runtime stops at its first step, or that trains differently.
+
+    ## Example
+    ```python
+    from reid.trainers import Trainer   # Trainer.train(...) runs loss.backward()
+    model = nn.DataParallel(model).cuda()
+    trainer = Trainer(model, criterion)
+    ```
+
+    ## Use instead
+    Migrate with ``--to balanced`` (one process, exact for every loss), or migrate the training module
+    by hand: split its loader with ``mgpu_runtime.distribute_loader`` and make its loss exact.
+
+    ## Fix safety
+    Nothing is rewritten, in the whole file: ``--to ddp`` migrates a file entirely or not at all.
+    """
+
+    CODE = TRAINED_ELSEWHERE
+    REVIEW_CODES = {TRAINED_ELSEWHERE: "the model is trained in another module of the project: file left as it is"}
+    DESCRIPTION = "models handed to the project's training code in other modules keep the file off DDP"
+    TARGETS = (DDP,)
+    EXAMPLES = (
+        Example(
+            "import torch.nn as nn\n\nmodel = nn.DataParallel(model)\nfor x in loader:\n    model(x).sum().backward()\n",
+            "import mgpu_runtime\n\nmgpu_runtime.setup()\n\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
+            "for x in loader:\n    model(x).sum().backward()\n",
+            DDP,
+            ("MGP101", "MGP120", "MGP236"),
+        ),
+    )
+
+    def apply(self) -> None:
+        program = distributed_program(self.analysis, self.edits.replacements)
+        project = project_of(self.analysis.path)
+        if project is None or not program.migrates:
+            return
+        if any(self.analysis.loaders.is_backward(call) for call in self.analysis.calls):
+            return
+        for call in self.analysis.calls:
+            if not self._passes_model(call):
+                continue
+            qualified = self.analysis.resolve(call.func)
+            found = project.find(qualified) if qualified else None
+            trainer = project.trains(found) if found is not None else None
+            if trainer is None:
+                continue
+            where = f"{trainer.where.rpartition(':')[0]}:{project.backward_line(trainer)}"
+            self.left(
+                program.wraps[0],
+                TRAINED_ELSEWHERE,
+                f"the model is trained in `{found.name}` (line {self.analysis.position(call)[0]}; backward at {where}), "
+                "another module, whose data and loss the tool does not migrate from here: the file is left as it is "
+                "(--to balanced keeps one process; or migrate that module by hand)",
+            )
+            return
+
+    def _passes_model(self, call: cst.Call) -> bool:
+        scope = self.analysis.values.scope_of(call)
+        models = self.analysis.models
+        return any(models.model_sites(arg.value, scope) for arg in call.args)
