@@ -16,12 +16,13 @@ TARGETS = ("balanced", "ddp")
 
 # Every migration site spells one of these as the start of a name somewhere in the file: torch's
 # `DataParallel`, PyTorch-Encoding's `DataParallelModel`/`DataParallelCriterion`, the functional
-# `data_parallel`, and `apex` (whose DDP is a site for its import); a file that already calls
-# `mgpu_runtime` is read again, so a partly migrated file is finished. Names that merely end in them,
-# `DistributedDataParallel`, `FullyShardedDataParallel`, `fully_sharded_data_parallel`, are not sites.
-_SITE_HINT = re.compile(rb"\b(?:DataParallel|data_parallel|apex\b|mgpu_runtime\b)")
+# `data_parallel`, torch's `parallel_apply` (DataParallel written by hand), and `apex` (whose DDP is a
+# site for its import); a file that already calls `mgpu_runtime` is read again, so a partly migrated file
+# is finished. Names that merely end in them, `DistributedDataParallel`, `FullyShardedDataParallel`,
+# `fully_sharded_data_parallel`, are not sites.
+_SITE_HINT = re.compile(rb"\b(?:DataParallel|data_parallel|parallel_apply\b|apex\b|mgpu_runtime\b)")
 # Plain substring searches are ~10x faster than the alternation, and rule out almost every file first.
-_SITE_WORDS = (b"DataParallel", b"data_parallel", b"apex", b"mgpu_runtime")
+_SITE_WORDS = (b"DataParallel", b"data_parallel", b"parallel_apply", b"apex", b"mgpu_runtime")
 
 
 def might_need_migration(source: bytes | str) -> bool:
