@@ -81,15 +81,13 @@ class PerRankSteps(Rule):
             found = self._per_rank_decision(call)
             if found is not None:
                 node, what = found
-                line = self.analysis.position(node)[0]
                 text = self.analysis.module.code_for_node(node.test if isinstance(node, cst.If) else node).strip()
                 text = text.splitlines()[0]
                 self.left(
-                    call,
+                    node,
                     PER_RANK_STEP,
-                    f"`{text[:60]}` (line {line}) {what} from this process's own rows: under DDP each process would "
-                    "decide alone and the gradient reductions of different steps would pair up; the file is left as "
-                    "it is (make the decision the same on every process, then migrate)",
+                    f"`{text[:60]}` {what}: under DDP each process would decide alone and the gradient reductions of "
+                    "different steps would pair up; the file is left as it is (make it the same on every process)",
                 )
                 return
 
@@ -111,16 +109,16 @@ class PerRankSteps(Rule):
         statement = tree.statement(backward)
         for node in path:
             if isinstance(node, cst.Try) and any(_leaves_or_passes(handler.body) for handler in node.handlers):
-                return node, "skips the step when it fails, which each process judges"
+                return node, "skips the step on the process where it fails, and only there"
         for before in loop.body.body:
             if before is statement or backward in _descendants(before):
                 for node in path:
                     if isinstance(node, cst.If) and node is not loop and self._per_rank(node.test, tainted):
-                        return node, "decides whether to run the backward pass"
+                        return node, "decides from this process's own rows whether to run the backward pass"
                 return None
             for branch in contains(before, lambda n: isinstance(n, cst.If)):
                 if _leaves(branch) and self._per_rank(branch.test, tainted):
-                    return branch, "decides whether to skip the step"
+                    return branch, "decides from this process's own rows whether to skip the step"
             tainted |= self._assigned_from(before, tainted)
         return None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mgpu_migrate.analysis import names
-from mgpu_migrate.analysis.project import Found, Project, project_of
+from mgpu_migrate.analysis.project import Project, project_of
 from mgpu_migrate.rules.base import BALANCED, DDP, Example, Rule
 
 PROJECT_DATA_PARALLEL = "MGP280"
@@ -24,7 +24,8 @@ class ProjectWrappers(Rule):
     (a CornerNet-style ``DataParallel(chunk_sizes=...)``, YOLACT's ``CustomDataParallel``, a vendored
     sync-BN ``DataParallelWithCallback``, a copy of PyTorch-Encoding's pair), or a function that replicates
     the model and applies the copies by hand (``replicate`` + ``parallel_apply``), called here or defined here.
-    Under ``--to ddp`` the file is then left as it is.
+    Under ``--to ddp`` the file is then left as it is (under ``--to balanced`` a subclass is rebased on the
+    runtime's wrapper in its own file, or MGP210 says there why not).
 
     ## Why is this bad?
     Such a wrapper scatters, gathers or reduces its own way (uneven chunk sizes, dropped remainders, losses
@@ -102,8 +103,8 @@ class ProjectWrappers(Rule):
         found = project.find(qualified)
         if found is None:
             return
-        base = project.data_parallel_base(found)
-        if base is not None:
+        # Under --to balanced the subclass's own file rebases it on the runtime's wrapper, or says why not.
+        if self.target == DDP and project.data_parallel_base(found) is not None:
             self.left(
                 call,
                 PROJECT_DATA_PARALLEL,
@@ -112,12 +113,9 @@ class ProjectWrappers(Rule):
                 "it by hand",
             )
         elif project.hand_written_data_parallel(found):
-            self._hand_written_elsewhere(call, found)
-
-    def _hand_written_elsewhere(self, call: cst.Call, found: Found) -> None:
-        self.left(
-            call,
-            HAND_WRITTEN,
-            f"`{found.name}` ({found.where}) is DataParallel written by hand (replicate, then parallel_apply): "
-            "not migrated; use nn.DataParallel instead of it (then run the tool again) or migrate by hand",
-        )
+            self.left(
+                call,
+                HAND_WRITTEN,
+                f"`{found.name}` ({found.where}) is DataParallel written by hand (replicate, then parallel_apply): "
+                "not migrated; use nn.DataParallel instead of it (then run the tool again) or migrate by hand",
+            )
