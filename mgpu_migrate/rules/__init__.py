@@ -11,7 +11,7 @@ from mgpu_migrate.rules.batch_coupling import BATCH_COUPLED, BatchCoupling
 from mgpu_migrate.rules.checkpoint_load import CheckpointLoad
 from mgpu_migrate.rules.checkpoint_save import CheckpointSave
 from mgpu_migrate.rules.criterion_wrap import CriterionWrap
-from mgpu_migrate.rules.data_parallel_subclass import DataParallelSubclass
+from mgpu_migrate.rules.data_parallel_subclass import SUBCLASS_KEPT, DataParallelSubclass
 from mgpu_migrate.rules.device_selection import CHOSEN_DEVICES, DeviceSelection
 from mgpu_migrate.rules.encoding_pair import EncodingPair
 from mgpu_migrate.rules.entry_point import OWN_DISTRIBUTED_PATH, EntryPointSetup
@@ -69,8 +69,10 @@ RULES: tuple[type[Rule], ...] = (
 )
 
 # Diagnostics that leave a file as it is under --to ddp (once every rule has run: ``settle``).
+# A file defining a DataParallel subclass (MGP210) is DataParallel's machinery (a vendored sync-BN's
+# replication callback): its checks for a wrapper guard that machinery, and a DDP model passing them breaks it.
 FILE_VERDICTS = (
-    INFERENCE_ONLY, BATCH_COUPLED, SWITCHED_OFF, OWN_DISTRIBUTED_PATH,
+    INFERENCE_ONLY, BATCH_COUPLED, SWITCHED_OFF, OWN_DISTRIBUTED_PATH, SUBCLASS_KEPT,
     PROJECT_DATA_PARALLEL, HAND_WRITTEN, TRAINED_ELSEWHERE, CHOSEN_DEVICES, PER_RANK_STEP,
 )
 

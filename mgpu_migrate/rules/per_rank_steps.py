@@ -111,7 +111,7 @@ class PerRankSteps(Rule):
             if isinstance(node, cst.Try) and any(_leaves_or_passes(handler.body) for handler in node.handlers):
                 return node, "skips the step on the process where it fails, and only there"
         for before in loop.body.body:
-            if before is statement or backward in _descendants(before):
+            if before is statement or before in path:
                 for node in path:
                     if isinstance(node, cst.If) and node is not loop and self._per_rank(node.test, tainted):
                         return node, "decides from this process's own rows whether to run the backward pass"
@@ -159,10 +159,6 @@ def _loop_targets(loop: cst.For | cst.While) -> set[str]:
     ):
         target = target.elements[1].value
     return {node.value for node in contains(target, lambda n: isinstance(n, cst.Name))}
-
-
-def _descendants(node: cst.CSTNode) -> list[cst.CSTNode]:
-    return contains(node, lambda n: isinstance(n, cst.Call))
 
 
 def _leaves(branch: cst.If) -> bool:
