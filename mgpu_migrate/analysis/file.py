@@ -12,6 +12,7 @@ from mgpu_migrate.analysis.loaders import LoaderFlow
 from mgpu_migrate.analysis.losses import LossFlow
 from mgpu_migrate.analysis.models import ModelFlow
 from mgpu_migrate.analysis.positions import Positions
+from mgpu_migrate.analysis.project import encoding_pair_modules
 from mgpu_migrate.analysis.scopes import FlowIndex
 from mgpu_migrate.analysis.tree import Tree
 from mgpu_migrate.analysis.walk import walk
@@ -32,6 +33,7 @@ class FileAnalysis:
     def bindings(self) -> names.Bindings:
         collector = names.BindingCollector()
         walk(self.module, collector)
+        collector.bindings.encoding_modules = encoding_pair_modules(self.path, collector.bindings.imported)
         return collector.bindings
 
     def resolve(self, node: cst.BaseExpression) -> str | None:

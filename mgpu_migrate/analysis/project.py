@@ -32,6 +32,8 @@ _TORCH_DATA_PARALLEL = {names.DATA_PARALLEL, "torch.nn.parallel.data_parallel.Da
 _REPLICATE = {"torch.nn.parallel.replicate", "torch.nn.parallel.replicate.replicate"}
 _PARALLEL_APPLY = {"torch.nn.parallel.parallel_apply", "torch.nn.parallel.parallel_apply.parallel_apply"}
 
+_ENCODING_NAMES = (".DataParallelModel", ".DataParallelCriterion")
+
 Definition = Union[ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef]
 
 
@@ -177,6 +179,39 @@ class Project:
             for call in _calls(found.node)
             if isinstance(call.func, ast.Attribute) and call.func.attr == "backward"
         )
+
+
+def encoding_pair_modules(path: str, imported: dict[str, set[str]]) -> frozenset[str]:
+    """The modules a file imports ``DataParallelModel`` or ``DataParallelCriterion`` from that hold a copy of
+    PyTorch-Encoding's pair: both classes derive from torch's DataParallel, and the model's ``gather`` returns
+    the per-device outputs as they are (what makes it Encoding's: the criterion takes them ungathered)."""
+    wanted = {origin for origins in imported.values() for origin in origins if origin.endswith(_ENCODING_NAMES)}
+    project = project_of(path) if wanted else None
+    if project is None:
+        return frozenset()
+    found = set()
+    for origin in wanted:
+        module = origin.rpartition(".")[0]
+        model, criterion = (project.find(f"{module}.{name}") for name in ("DataParallelModel", "DataParallelCriterion"))
+        if (
+            model is not None
+            and criterion is not None
+            and project.data_parallel_base(model)
+            and project.data_parallel_base(criterion)
+            and _returns_its_argument(model.node, "gather")
+        ):
+            found.add(module)
+    return frozenset(found)
+
+
+def _returns_its_argument(cls: ast.ClassDef, method: str) -> bool:
+    """Whether ``cls.method(self, outputs, ...)`` is ``return outputs``."""
+    for node in cls.body:
+        if isinstance(node, ast.FunctionDef) and node.name == method and len(node.args.args) >= 2:
+            returned = [statement for statement in node.body if isinstance(statement, ast.Return)]
+            first = node.args.args[1].arg
+            return any(isinstance(r.value, ast.Name) and r.value.id == first for r in returned)
+    return False
 
 
 def project_of(path: str) -> Optional[Project]:

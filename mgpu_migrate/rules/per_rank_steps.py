@@ -105,7 +105,9 @@ class PerRankSteps(Rule):
             child = ancestor
         if loop is None:
             return None
-        tainted = _loop_targets(loop)
+        # A loop that counts (`for iteration in range(n)`) binds the same values on every process.
+        counts = isinstance(loop, cst.For) and self.analysis.loaders.counts(loop)
+        tainted = set() if counts else _loop_targets(loop)
         statement = tree.statement(backward)
         for node in path:
             if isinstance(node, cst.Try) and any(_leaves_or_passes(handler.body) for handler in node.handlers):

@@ -78,3 +78,16 @@ def test_an_internal_error_is_one_line():
     error = ValueError("SimpleStatementLine(\n    body=[\n        Expr(\n" + "x\n" * 200 + ") is not in list")
     text = error_summary(error)
     assert "\n" not in text and len(text) <= 120 and text.startswith("ValueError: SimpleStatementLine(")
+
+
+def test_a_pair_that_gathers_is_not_encodings(tmp_path):
+    """Only a pair whose model leaves the outputs on their devices is taken for PyTorch-Encoding's."""
+    (tmp_path / "setup.py").write_text("")
+    source = (REID.parent / "segmentation" / "utils" / "encoding.py").read_text()
+    (tmp_path / "mine.py").write_text(source.replace("return outputs", "return super().gather(outputs, output_device)"))
+    script = tmp_path / "train.py"
+    script.write_text("from mine import DataParallelModel, DataParallelCriterion\n\nmodel = DataParallelModel(net)\n")
+    assert project.encoding_pair_modules(str(script), {"DataParallelModel": {"mine.DataParallelModel"}}) == frozenset()
+    (tmp_path / "mine.py").write_text(source)
+    project._project.cache_clear()  # a new run
+    assert project.encoding_pair_modules(str(script), {"DataParallelModel": {"mine.DataParallelModel"}}) == {"mine"}
