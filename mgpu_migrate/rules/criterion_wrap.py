@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mgpu_migrate.analysis.batch import scaled_by_row_count
+from mgpu_migrate.analysis.entrypoint import distributed_program
 from mgpu_migrate.analysis.losses import (
     CUSTOM,
     PARALLEL,
@@ -245,6 +246,10 @@ class CriterionWrap(Rule):
 
     def _wrap_ddp(self, criterion: Criterion, wrapped: set[cst.CSTNode]) -> None:
         if not any(becomes_ddp(call.direct | call.transformed) for call in criterion.calls):
+            return
+        # A file with a distributed path of its own (init_process_group, DistributedSampler) keeps its losses as
+        # that path has them; so does a second run after apex's DDP became the runtime's (idempotence).
+        if distributed_program(self.analysis, self.edits.replacements).existing:
             return
         # `criterion(out, y) / x.size(0)` with reduction="sum" everywhere: a mean over the process's rows.
         per_row = bool(criterion.calls) and all(
