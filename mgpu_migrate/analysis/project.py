@@ -33,6 +33,9 @@ _REPLICATE = {"torch.nn.parallel.replicate", "torch.nn.parallel.replicate.replic
 _PARALLEL_APPLY = {"torch.nn.parallel.parallel_apply", "torch.nn.parallel.parallel_apply.parallel_apply"}
 
 _ENCODING_NAMES = (".DataParallelModel", ".DataParallelCriterion")
+_UNEVEN_LOSS_OPERATIONS = frozenset(
+    {"topk", "sort", "argsort", "kthvalue", "cdist", "masked_select", "nonzero", "ignore_index"}
+)
 
 Definition = Union[ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef]
 
@@ -171,6 +174,33 @@ class Project:
                     trained = self.trains(definition, depth + 1)
                     if trained is not None:
                         return trained
+        return None
+
+    def uneven_loss(self, found: Found, depth: int = 0) -> Optional[tuple[int, str]]:
+        """For a loss class (its methods, and those of the project classes it derives from): the line and the
+        name of the first operation whose result a mean over each process's rows cannot reproduce: ranking or
+        comparing the rows (``topk``, ``sort``, ``cdist``: OHEM, hard mining), or a mean over a number of
+        elements that varies with the data (``masked_select``, ``ignore_index``, ``nonzero``)."""
+        if not isinstance(found.node, ast.ClassDef) or depth > _MAX_DEPTH:
+            return None
+        uses = []
+        for node in ast.walk(found.node):
+            name = None
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            elif isinstance(node, ast.keyword):
+                name = node.arg
+            if name in _UNEVEN_LOSS_OPERATIONS:
+                uses.append((getattr(node, "lineno", None) or node.value.lineno, name))
+        if uses:
+            return min(uses)
+        for base in found.node.bases:
+            _, definition = self.resolve_in(found, base, depth)
+            if definition is not None and definition.node is not found.node:
+                inherited = self.uneven_loss(definition, depth + 1)
+                if inherited is not None:
+                    return inherited
         return None
 
     def backward_line(self, found: Found) -> int:

@@ -91,3 +91,22 @@ def test_a_pair_that_gathers_is_not_encodings(tmp_path):
     (tmp_path / "mine.py").write_text(source)
     project._project.cache_clear()  # a new run
     assert project.encoding_pair_modules(str(script), {"DataParallelModel": {"mine.DataParallelModel"}}) == {"mine"}
+
+
+def test_the_ohem_loss_left_by_mgp287_would_change_under_ddp():
+    """Why MGP287 leaves the file: each of 2 or 3 processes keeping its own hardest pixels, averaged, is not the
+    loss of the batch (float64, the fixture project's own loss class)."""
+    import importlib.util
+
+    torch = __import__("pytest").importorskip("torch")
+    spec = importlib.util.spec_from_file_location("ohem", REID.parent / "segmentation" / "utils" / "loss.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    criterion = module.OhemCrossEntropy(keep=50)
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(7, 5, 4, 4, dtype=torch.float64, generator=generator)
+    labels = torch.randint(0, 5, (7, 4, 4), generator=generator)
+    whole = criterion(logits, labels)
+    for processes in (2, 3):
+        shares = [criterion(x, y) for x, y in zip(logits.tensor_split(processes), labels.tensor_split(processes))]
+        assert abs(float(sum(shares) / processes - whole)) > 1e-3
