@@ -21,7 +21,7 @@ from mgpu_migrate.rules.functional_loss import FunctionalLoss
 from mgpu_migrate.rules.local_rank_argument import LocalRankArgument
 from mgpu_migrate.rules.per_rank_steps import PER_RANK_STEP, PerRankSteps
 from mgpu_migrate.rules.project_losses import UNEVEN_LOSS, ProjectLosses
-from mgpu_migrate.rules.project_training import TRAINED_ELSEWHERE, ProjectTraining
+from mgpu_migrate.rules.project_training import EVALUATED_ELSEWHERE, TRAINED_ELSEWHERE, ProjectTraining
 from mgpu_migrate.rules.project_wrappers import HAND_WRITTEN, PROJECT_DATA_PARALLEL, ProjectWrappers
 from mgpu_migrate.rules.main_process_collective import MainProcessCollective
 from mgpu_migrate.rules.process_randomness import ProcessRandomness
@@ -75,7 +75,7 @@ RULES: tuple[type[Rule], ...] = (
 # replication callback): its checks for a wrapper guard that machinery, and a DDP model passing them breaks it.
 FILE_VERDICTS = (
     INFERENCE_ONLY, BATCH_COUPLED, SWITCHED_OFF, OWN_DISTRIBUTED_PATH, SUBCLASS_KEPT,
-    PROJECT_DATA_PARALLEL, HAND_WRITTEN, TRAINED_ELSEWHERE, UNEVEN_LOSS, CHOSEN_DEVICES, PER_RANK_STEP,
+    PROJECT_DATA_PARALLEL, HAND_WRITTEN, TRAINED_ELSEWHERE, EVALUATED_ELSEWHERE, UNEVEN_LOSS, CHOSEN_DEVICES, PER_RANK_STEP,
 )
 
 

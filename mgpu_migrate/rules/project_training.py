@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import builtins
+
 import libcst as cst
 
 from mgpu_migrate.analysis.entrypoint import distributed_program
 from mgpu_migrate.analysis.project import project_of
+from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.rules.base import DDP, Example, Rule
 
 TRAINED_ELSEWHERE = "MGP285"
+EVALUATED_ELSEWHERE = "MGP286"
+_BUILTINS = frozenset(dir(builtins))
 
 
 class ProjectTraining(Rule):
@@ -18,7 +23,9 @@ class ProjectTraining(Rule):
     modules: a call here that hands it to a function or class of another module (``Trainer(model,
     criterion)`` from ``reid/trainers.py``, ``scan_train(loader, model, ...)`` from ``utils/train_utils.py``)
     whose code, or a project class it derives from, runs the backward pass. The file is then left as it is,
-    and the diagnostic names the definition that trains.
+    and the diagnostic names the definition that trains (MGP285). When the model only goes to project code
+    that runs no backward pass (``fill_memory_bank(loader, model, bank)``), and no optimizer is made here,
+    the file evaluates: it is left as DataParallel (MGP286).
 
     ## Why is this bad?
     The training step, its loss and the loop over the data are in that module: the tool cannot tell from
@@ -42,7 +49,10 @@ class ProjectTraining(Rule):
     """
 
     CODE = TRAINED_ELSEWHERE
-    REVIEW_CODES = {TRAINED_ELSEWHERE: "the model is trained in another module of the project: file left as it is"}
+    REVIEW_CODES = {
+        TRAINED_ELSEWHERE: "the model is trained in another module of the project: file left as it is",
+        EVALUATED_ELSEWHERE: "the model is only evaluated, here and in the project's code it goes to: file left as it is",
+    }
     DESCRIPTION = "models handed to the project's training code in other modules keep the file off DDP"
     TARGETS = (DDP,)
     EXAMPLES = (
@@ -62,6 +72,8 @@ class ProjectTraining(Rule):
             return
         if any(self.analysis.loaders.is_backward(call) for call in self.analysis.calls):
             return
+        evaluated = []  # the project's functions that get the model and do not train it
+        unknown = False  # a call out of sight (a library's) gets the model
         for call in self.analysis.calls:
             if not self._passes_model(call):
                 continue
@@ -69,6 +81,10 @@ class ProjectTraining(Rule):
             found = project.find(qualified) if qualified else None
             trainer = project.trains(found) if found is not None else None
             if trainer is None:
+                if found is not None:
+                    evaluated.append(found)
+                elif not self._stays_here(call, qualified):
+                    unknown = True
                 continue
             where = f"{trainer.where.rpartition(':')[0]}:{project.backward_line(trainer)}"
             self.left(
@@ -79,6 +95,38 @@ class ProjectTraining(Rule):
                 "(--to balanced keeps one process; or migrate that module by hand)",
             )
             return
+        if evaluated and not unknown and not self._trains_anywhere(program.wraps):
+            self.left(
+                program.wraps[0],
+                EVALUATED_ELSEWHERE,
+                f"the model is only evaluated: it goes to `{evaluated[0].name}` ({evaluated[0].where}) of the project, "
+                "which runs no backward pass, and no optimizer is made here; DataParallel serves evaluation better "
+                "than one process per GPU: the file is left as it is",
+            )
+
+    def _stays_here(self, call: cst.Call, qualified) -> bool:
+        """A call that cannot train the model out of sight: a function of this file (which runs no backward
+        pass), torch's, or a builtin."""
+        if qualified is None:
+            bindings = self.analysis.bindings
+            name = call.func.value if isinstance(call.func, cst.Name) else None
+            return name in bindings.local or (name in _BUILTINS and name not in bindings.imported)
+        return qualified.startswith(("torch.", "builtins.")) or "." not in qualified
+
+    def _trains_anywhere(self, wraps) -> bool:
+        """An optimizer made here, or a wrap inside a function that hands the model to its caller."""
+        if any((self.analysis.resolve(call.func) or "").startswith("torch.optim.") for call in self.analysis.calls):
+            return True
+        models = self.analysis.models
+        for wrap in wraps:
+            function = self.analysis.tree.function(wrap)
+            if function is None:
+                continue
+            scope = self.analysis.values.scope_of(wrap)
+            for returned in contains(function, lambda n: isinstance(n, cst.Return)):
+                if returned.value is not None and models.model_sites(returned.value, scope):
+                    return True
+        return False
 
     def _passes_model(self, call: cst.Call) -> bool:
         scope = self.analysis.values.scope_of(call)
