@@ -305,9 +305,18 @@ def _read(path: str, package: str) -> Optional[ProjectModule]:
     return _parsed(path, package, stamp)
 
 
+def modules_read() -> list[str]:
+    """The project modules read so far in this process (for benchmarks/real_projects.py)."""
+    return sorted(_READ)
+
+
+_READ: set[str] = set()
+
+
 @lru_cache(maxsize=512)
 def _parsed(path: str, package: str, stamp: int) -> Optional[ProjectModule]:
     """One project module, read once per run (and again only if it changed on disk)."""
+    _READ.add(path)
     try:
         with open(path, "rb") as handle:
             tree = ast.parse(handle.read(), path)

@@ -8,6 +8,7 @@ from mgpu_migrate.analysis.entrypoint import distributed_program
 from mgpu_migrate.edits import Edits
 from mgpu_migrate.rules.base import DDP, TARGETS, Rule
 from mgpu_migrate.rules.batch_coupling import BATCH_COUPLED, BatchCoupling
+from mgpu_migrate.rules.batch_mixing import ROWS_MIXED, BatchMixing
 from mgpu_migrate.rules.checkpoint_load import CheckpointLoad
 from mgpu_migrate.rules.checkpoint_save import CheckpointSave
 from mgpu_migrate.rules.criterion_wrap import CriterionWrap
@@ -68,6 +69,7 @@ RULES: tuple[type[Rule], ...] = (
     ProjectLosses,
     DeviceSelection,
     PerRankSteps,
+    BatchMixing,
 )
 
 # Diagnostics that leave a file as it is under --to ddp (once every rule has run: ``settle``).
@@ -75,7 +77,8 @@ RULES: tuple[type[Rule], ...] = (
 # replication callback): its checks for a wrapper guard that machinery, and a DDP model passing them breaks it.
 FILE_VERDICTS = (
     INFERENCE_ONLY, BATCH_COUPLED, SWITCHED_OFF, OWN_DISTRIBUTED_PATH, SUBCLASS_KEPT,
-    PROJECT_DATA_PARALLEL, HAND_WRITTEN, TRAINED_ELSEWHERE, EVALUATED_ELSEWHERE, UNEVEN_LOSS, CHOSEN_DEVICES, PER_RANK_STEP,
+    PROJECT_DATA_PARALLEL, HAND_WRITTEN, TRAINED_ELSEWHERE, EVALUATED_ELSEWHERE, UNEVEN_LOSS, CHOSEN_DEVICES,
+    PER_RANK_STEP, ROWS_MIXED,
 )
 
 
@@ -90,12 +93,12 @@ def settle(target: str, analysis: FileAnalysis, edits: Edits) -> None:
     if target != DDP:
         return
     program = distributed_program(analysis, edits.replacements)
-    if program.kept and not program.existing:  # its isinstance checks and criteria too stay as they are
+    if program.kept:  # its isinstance checks and criteria too stay as they are (its own distributed path too)
         edits.discard_rewrites()
     else:
         # An evaluation script (DataParallel serves it better), a loss that compares the rows of a batch with
-        # each other, a wrap switched off by a flag, a file with its own distributed path: what was said about the distributed program it would have
-        # become no longer applies.
+        # each other, a wrap switched off by a flag, a file with its own distributed path (FILE_VERDICTS): what
+        # was said about the distributed program it would have become no longer applies.
         found = {diagnostic.code for diagnostic in edits.diagnostics} & set(FILE_VERDICTS)
         if found:
             edits.discard_rewrites(keep={*found, *WrapperSwap.REVIEW_CODES})
