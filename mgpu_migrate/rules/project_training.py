@@ -9,6 +9,7 @@ import libcst as cst
 from mgpu_migrate.analysis.entrypoint import distributed_program
 from mgpu_migrate.analysis.project import project_of
 from mgpu_migrate.analysis.tree import contains
+from mgpu_migrate.rules.remote_training import INFERENCE_ONLY
 from mgpu_migrate.rules.base import DDP, Example, Rule
 
 TRAINED_ELSEWHERE = "MGP285"
@@ -24,8 +25,8 @@ class ProjectTraining(Rule):
     criterion)`` from ``reid/trainers.py``, ``scan_train(loader, model, ...)`` from ``utils/train_utils.py``)
     whose code, or a project class it derives from, runs the backward pass. The file is then left as it is,
     and the diagnostic names the definition that trains (MGP285). When the model only goes to project code
-    that runs no backward pass (``fill_memory_bank(loader, model, bank)``), and no optimizer is made here,
-    the file evaluates: it is left as DataParallel (MGP286).
+    that runs no backward pass (``fill_memory_bank(loader, model, bank)``) or to this file's functions, and
+    no optimizer is made here, the file evaluates: it is left as DataParallel (MGP286).
 
     ## Why is this bad?
     The training step, its loss and the loop over the data are in that module: the tool cannot tell from
@@ -74,6 +75,7 @@ class ProjectTraining(Rule):
             return
         evaluated = []  # the project's functions that get the model and do not train it
         unknown = False  # a call out of sight (a library's) gets the model
+        passed = False
         for call in self.analysis.calls:
             if not self._passes_model(call):
                 continue
@@ -85,6 +87,8 @@ class ProjectTraining(Rule):
                     evaluated.append(found)
                 elif not self._stays_here(call, qualified):
                     unknown = True
+                # The model goes somewhere: the project's code or this file's functions (not torch's, a builtin's).
+                passed = passed or found is not None or qualified is None
                 continue
             where = f"{trainer.where.rpartition(':')[0]}:{project.backward_line(trainer)}"
             self.left(
@@ -95,13 +99,20 @@ class ProjectTraining(Rule):
                 "(--to balanced keeps one process; or migrate that module by hand)",
             )
             return
-        if evaluated and not unknown and not self._trains_anywhere(program.wraps):
+        # The model runs (in this file, or in the project's code it goes to), and nothing can train it; an
+        # evaluation script that MGP263 already leaves needs no second word.
+        runs = bool(evaluated) or bool(self.analysis.models.model_calls())
+        if any(diagnostic.code == INFERENCE_ONLY for diagnostic in self.edits.diagnostics):
+            return
+        if passed and runs and not unknown and not self._trains_anywhere(program.wraps):
+            where = (
+                f"`{evaluated[0].name}` ({evaluated[0].where}) of the project" if evaluated else "this file's functions"
+            )
             self.left(
                 program.wraps[0],
                 EVALUATED_ELSEWHERE,
-                f"the model is only evaluated: it goes to `{evaluated[0].name}` ({evaluated[0].where}) of the project, "
-                "which runs no backward pass, and no optimizer is made here; DataParallel serves evaluation better "
-                "than one process per GPU: the file is left as it is",
+                f"the model is only evaluated: it goes to {where}, which run no backward pass, and no optimizer is "
+                "made here; DataParallel serves evaluation better than one process per GPU: the file is left as it is",
             )
 
     def _stays_here(self, call: cst.Call, qualified) -> bool:
