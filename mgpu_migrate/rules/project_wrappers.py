@@ -78,6 +78,12 @@ class ProjectWrappers(Rule):
         for call in self.analysis.calls:
             qualified = self.analysis.resolve(call.func)
             if qualified is None:
+                # A name imported two ways (`try: from jactorch... import X` / `except: from .replicate import X`):
+                # the project's own copy is one of them.
+                if project is not None and isinstance(call.func, cst.Name):
+                    for origin in sorted(self.analysis.bindings.imported.get(call.func.value, ())):
+                        if origin.split(".")[0].lstrip(".") not in _KNOWN_TOPS and self._project_call(project, call, origin):
+                            break
                 continue
             if qualified in _REPLICATE and not replicated and self._applies_in_same_function(call):
                 replicated = True
@@ -97,12 +103,13 @@ class ProjectWrappers(Rule):
             for other in self.analysis.calls
         )
 
-    def _project_call(self, project: Project, call: cst.Call, qualified: str) -> None:
+    def _project_call(self, project: Project, call: cst.Call, qualified: str) -> bool:
+        """Report a call of the project's own DataParallel; whether it was one."""
         if qualified in names.MIGRATED_NAMES or self.analysis.bindings.canonical(qualified) in names.MIGRATED_NAMES:
-            return  # a vendored copy the tool recognizes and migrates itself
+            return False  # a vendored copy the tool recognizes and migrates itself
         found = project.find(qualified)
         if found is None:
-            return
+            return False
         # Under --to balanced the subclass's own file rebases it on the runtime's wrapper, or says why not.
         if self.target == DDP and project.data_parallel_base(found) is not None:
             self.left(
@@ -112,10 +119,13 @@ class ProjectWrappers(Rule):
                 f"gathers its own way: not migrated; use nn.DataParallel here (then run the tool again) or migrate "
                 "it by hand",
             )
-        elif project.hand_written_data_parallel(found):
+            return True
+        if project.hand_written_data_parallel(found):
             self.left(
                 call,
                 HAND_WRITTEN,
                 f"`{found.name}` ({found.where}) is DataParallel written by hand (replicate, then parallel_apply): "
                 "not migrated; use nn.DataParallel instead of it (then run the tool again) or migrate by hand",
             )
+            return True
+        return False
