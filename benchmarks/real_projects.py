@@ -28,10 +28,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mgpu_migrate.diagnostics import INTERNAL_ERROR, PARSE_ERROR  # noqa: E402
-from mgpu_migrate.engine import might_need_migration  # noqa: E402
-from mgpu_migrate.files import discover  # noqa: E402
-from mgpu_migrate.report import CHANGED, process_files  # noqa: E402
+from mgpu_migrate.diagnostics import INTERNAL_ERROR, PARSE_ERROR
+from mgpu_migrate.engine import might_need_migration
+from mgpu_migrate.files import discover
+from mgpu_migrate.report import CHANGED, process_files
 
 TARGETS = ("balanced", "ddp")
 

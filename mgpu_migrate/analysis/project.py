@@ -18,8 +18,8 @@ from __future__ import annotations
 import ast
 import os
 from dataclasses import dataclass, field
-from functools import lru_cache
-from typing import Optional, Union
+from functools import cache, lru_cache
+from typing import Union
 
 from mgpu_migrate.analysis import names
 
@@ -49,7 +49,7 @@ class ProjectModule:
     imports: dict[str, str] = field(default_factory=dict)  # local name -> qualified name it is imported as
     definitions: dict[str, Definition] = field(default_factory=dict)
 
-    def qualified(self, node: ast.expr) -> Optional[str]:
+    def qualified(self, node: ast.expr) -> str | None:
         """The qualified name of a dotted expression through this module's imports (``nn.DataParallel`` ->
         ``torch.nn.DataParallel``); a module-level definition gives ``.NAME`` (this module's own)."""
         parts = []
@@ -94,15 +94,15 @@ class Project:
         if self.root is not None:
             bases.append(self.root)
         self.bases = tuple(dict.fromkeys(bases))
-        self._found: dict[tuple[str, int], Optional[Found]] = {}
+        self._found: dict[tuple[str, int], Found | None] = {}
 
-    def find(self, qualified: str, depth: int = 0) -> Optional[Found]:
+    def find(self, qualified: str, depth: int = 0) -> Found | None:
         key = (qualified, depth)
         if key not in self._found:
             self._found[key] = self._find(qualified, depth)
         return self._found[key]
 
-    def _find(self, qualified: str, depth: int) -> Optional[Found]:
+    def _find(self, qualified: str, depth: int) -> Found | None:
         """The project's definition that ``qualified`` (``pkg.module.Name``, as the file imports it) names,
         following re-exports (``from .encoding import DataParallelModel`` in a package's ``__init__``)."""
         if qualified.startswith("."):  # relative to the file itself: `from .parallel import X` -> `.parallel.X`
@@ -124,7 +124,7 @@ class Project:
             return self._in_module(module, name, depth)
         return None
 
-    def _in_module(self, module: ProjectModule, name: str, depth: int) -> Optional[Found]:
+    def _in_module(self, module: ProjectModule, name: str, depth: int) -> Found | None:
         if name in module.definitions:
             return Found(module, module.definitions[name])
         if name in module.imports:
@@ -132,7 +132,7 @@ class Project:
             return self.find(imported, depth + 1) if imported != f"{module.package}.{name}" else None
         return None
 
-    def resolve_in(self, found: Found, node: ast.expr, depth: int = 0) -> tuple[Optional[str], Optional[Found]]:
+    def resolve_in(self, found: Found, node: ast.expr, depth: int = 0) -> tuple[str | None, Found | None]:
         """What a name used inside a project definition is: its qualified name, and its project definition."""
         qualified = found.module.qualified(node)
         if qualified is None:
@@ -142,7 +142,7 @@ class Project:
         return qualified, self.find(qualified, depth + 1)
 
     # -- facts -------------------------------------------------------------------------------------------
-    def data_parallel_base(self, found: Found, depth: int = 0) -> Optional[str]:
+    def data_parallel_base(self, found: Found, depth: int = 0) -> str | None:
         """For a class deriving from torch's DataParallel (directly or through project classes), the
         qualified name of torch's class; None otherwise."""
         if not isinstance(found.node, ast.ClassDef) or depth > _MAX_DEPTH:
@@ -162,53 +162,57 @@ class Project:
         called = {found.module.qualified(call.func) for call in _calls(found.node)}
         return bool(called & _REPLICATE) and bool(called & _PARALLEL_APPLY)
 
-    def trains(self, found: Found, depth: int = 0) -> Optional[Found]:
+    def trains(self, found: Found) -> Found | None:
         """The definition holding a backward pass: this one (a function, or a class with such a method) or a
         project class it derives from (a ``Trainer`` whose ``BaseTrainer`` holds the loop)."""
-        if any(isinstance(call.func, ast.Attribute) and call.func.attr == "backward" for call in _calls(found.node)):
-            return found
-        if isinstance(found.node, ast.ClassDef) and depth <= _MAX_DEPTH:
-            for base in found.node.bases:
-                _, definition = self.resolve_in(found, base, depth)
-                if definition is not None and definition.node is not found.node:
-                    trained = self.trains(definition, depth + 1)
-                    if trained is not None:
-                        return trained
-        return None
+        return self._in_class_or_bases(found, lambda definition: definition if _backward_lines(definition) else None)
 
-    def uneven_loss(self, found: Found, depth: int = 0) -> Optional[tuple[int, str]]:
+    def uneven_loss(self, found: Found) -> tuple[int, str] | None:
         """For a loss class (its methods, and those of the project classes it derives from): the line and the
         name of the first operation whose result a mean over each process's rows cannot reproduce: ranking or
         comparing the rows (``topk``, ``sort``, ``cdist``: OHEM, hard mining), or a mean over a number of
         elements that varies with the data (``masked_select``, ``ignore_index``, ``nonzero``)."""
-        if not isinstance(found.node, ast.ClassDef) or depth > _MAX_DEPTH:
+        if not isinstance(found.node, ast.ClassDef):
             return None
-        uses = []
-        for node in ast.walk(found.node):
-            name = None
-            if isinstance(node, ast.Call):
-                func = node.func
-                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-            elif isinstance(node, ast.keyword):
-                name = node.arg
-            if name in _UNEVEN_LOSS_OPERATIONS:
-                uses.append((getattr(node, "lineno", None) or node.value.lineno, name))
-        if uses:
-            return min(uses)
+        return self._in_class_or_bases(found, _uneven_operation)
+
+    def _in_class_or_bases(self, found: Found, fact, depth: int = 0):
+        """``fact`` of a definition, or else of the first project class it derives from that has it."""
+        result = fact(found)
+        if result is not None or not isinstance(found.node, ast.ClassDef) or depth > _MAX_DEPTH:
+            return result
         for base in found.node.bases:
             _, definition = self.resolve_in(found, base, depth)
             if definition is not None and definition.node is not found.node:
-                inherited = self.uneven_loss(definition, depth + 1)
+                inherited = self._in_class_or_bases(definition, fact, depth + 1)
                 if inherited is not None:
                     return inherited
         return None
 
     def backward_line(self, found: Found) -> int:
-        return next(
-            call.lineno
-            for call in _calls(found.node)
-            if isinstance(call.func, ast.Attribute) and call.func.attr == "backward"
-        )
+        return _backward_lines(found)[0]
+
+
+def _backward_lines(found: Found) -> list[int]:
+    return [
+        call.lineno
+        for call in _calls(found.node)
+        if isinstance(call.func, ast.Attribute) and call.func.attr == "backward"
+    ]
+
+
+def _uneven_operation(found: Found) -> tuple[int, str] | None:
+    uses = []
+    for node in ast.walk(found.node):
+        name = None
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        elif isinstance(node, ast.keyword):
+            name = node.arg
+        if name in _UNEVEN_LOSS_OPERATIONS:
+            uses.append((getattr(node, "lineno", None) or node.value.lineno, name))
+    return min(uses) if uses else None
 
 
 def encoding_pair_modules(path: str, imported: dict[str, set[str]]) -> frozenset[str]:
@@ -244,7 +248,7 @@ def _returns_its_argument(cls: ast.ClassDef, method: str) -> bool:
     return False
 
 
-def project_of(path: str) -> Optional[Project]:
+def project_of(path: str) -> Project | None:
     """The project of a file on disk (None for text that is no file: stdin, a string)."""
     return _project(os.path.abspath(path)) if os.path.isfile(path) else None
 
@@ -258,13 +262,13 @@ def _calls(node: ast.AST) -> list[ast.Call]:
     return [child for child in ast.walk(node) if isinstance(child, ast.Call)]
 
 
-def find_root(directory: str) -> Optional[str]:
+def find_root(directory: str) -> str | None:
     """The nearest directory at or above ``directory`` holding a project marker."""
     return _find_root(os.path.abspath(directory))
 
 
-@lru_cache(maxsize=None)
-def _find_root(directory: str) -> Optional[str]:
+@cache
+def _find_root(directory: str) -> str | None:
     current = directory
     for _ in range(_MAX_LEVELS):
         if any(os.path.exists(os.path.join(current, marker)) for marker in _ROOT_MARKERS):
@@ -287,7 +291,7 @@ def _above_package(directory: str) -> str:
     return current
 
 
-def _module_at(base: str, module_name: str) -> Optional[ProjectModule]:
+def _module_at(base: str, module_name: str) -> ProjectModule | None:
     """The module ``module_name`` under the base directory ``base``: ``a/b.py`` or ``a/b/__init__.py``."""
     relative = os.path.join(base, *module_name.split("."))
     for path in (relative + ".py", os.path.join(relative, "__init__.py")):
@@ -297,7 +301,7 @@ def _module_at(base: str, module_name: str) -> Optional[ProjectModule]:
     return None
 
 
-def _read(path: str, package: str) -> Optional[ProjectModule]:
+def _read(path: str, package: str) -> ProjectModule | None:
     try:
         stamp = os.stat(path).st_mtime_ns
     except OSError:
@@ -314,7 +318,7 @@ _READ: set[str] = set()
 
 
 @lru_cache(maxsize=512)
-def _parsed(path: str, package: str, stamp: int) -> Optional[ProjectModule]:
+def _parsed(path: str, package: str, stamp: int) -> ProjectModule | None:
     """One project module, read once per run (and again only if it changed on disk)."""
     _READ.add(path)
     try:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import libcst as cst
 
 from mgpu_migrate.analysis import names
@@ -87,7 +85,7 @@ class DeviceSelection(Rule):
                     f"process runs per visible GPU, so launch that many (`torchrun --nproc_per_node=N`)",
                 )
 
-    def _first_n(self, value: cst.BaseExpression) -> Optional[cst.BaseExpression]:
+    def _first_n(self, value: cst.BaseExpression) -> cst.BaseExpression | None:
         """N for ``range(N)``, ``list(range(N))``, ``[i for i in range(N)]``, ``[0, 1, ..., N - 1]``."""
         if isinstance(value, (cst.List, cst.Tuple)) and value.elements and all(
             isinstance(element.value, cst.Integer) and element.value.evaluated_value == index

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import libcst as cst
 
 from mgpu_migrate.analysis.entrypoint import distributed_program
@@ -91,9 +89,9 @@ class PerRankSteps(Rule):
                 )
                 return
 
-    def _per_rank_decision(self, backward: cst.Call) -> Optional[tuple[cst.CSTNode, str]]:
+    def _per_rank_decision(self, backward: cst.Call) -> tuple[cst.CSTNode, str] | None:
         tree = self.analysis.tree
-        loop, child = None, backward
+        loop = None
         path = []
         for ancestor in tree.ancestors(backward):
             if isinstance(ancestor, _SCOPES):
@@ -102,7 +100,6 @@ class PerRankSteps(Rule):
             if isinstance(ancestor, _LOOPS):
                 loop = ancestor
                 break
-            child = ancestor
         if loop is None:
             return None
         # A loop that counts (`for iteration in range(n)`) binds the same values on every process.
@@ -172,11 +169,10 @@ def _leaves(branch: cst.If) -> bool:
 def _leaves_or_passes(block: cst.BaseSuite, passes: bool = True) -> bool:
     kinds = (*_LEAVES, cst.Pass) if passes else _LEAVES
     found = contains(block, lambda n: isinstance(n, (*kinds, *_LOOPS)))
-    inner_loops = [n for n in found if isinstance(n, _LOOPS)]
-    for node in found:
-        if isinstance(node, _LOOPS):
-            continue
-        if isinstance(node, (cst.Continue, cst.Break)) and any(node in contains(loop, lambda n: n is node) for loop in inner_loops):
-            continue
-        return True
-    return False
+    # A `continue` or `break` of a loop inside the block leaves that loop, not the step.
+    inside_loops = {id(n) for loop in found if isinstance(loop, _LOOPS) for n in contains(loop, lambda n: True)}
+    return any(
+        not isinstance(node, _LOOPS)
+        and not (isinstance(node, (cst.Continue, cst.Break)) and id(node) in inside_loops)
+        for node in found
+    )

@@ -9,8 +9,8 @@ import libcst as cst
 from mgpu_migrate.analysis.entrypoint import distributed_program
 from mgpu_migrate.analysis.project import project_of
 from mgpu_migrate.analysis.tree import contains
-from mgpu_migrate.rules.remote_training import INFERENCE_ONLY
 from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.remote_training import INFERENCE_ONLY
 
 TRAINED_ELSEWHERE = "MGP285"
 EVALUATED_ELSEWHERE = "MGP286"
