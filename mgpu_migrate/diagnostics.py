@@ -20,6 +20,14 @@ TOO_LARGE = "MGP006"
 """A file with DataParallel in it is over the size limit (``max-file-size``): not parsed, left as it is."""
 
 
+def error_summary(error: BaseException) -> str:
+    """``Type: first line of the message``, at most 120 characters: a diagnostic stays one line even when the
+    exception's text holds a node's repr (LibCST's ``list.index`` errors print the whole node)."""
+    lines = str(error).strip().splitlines()
+    text = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
 @dataclass(frozen=True, order=True)
 class Diagnostic:
     path: str

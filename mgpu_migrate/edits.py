@@ -43,7 +43,8 @@ class Edits:
             self.imports.append(module)
 
     def report(self, line: int, col: int, code: str, message: str) -> None:
-        self.diagnostics.append(Diagnostic(self.path, line, col, code, message))
+        # One line, whatever code a message quotes (a call spread over several lines).
+        self.diagnostics.append(Diagnostic(self.path, line, col, code, " ".join(message.split())))
 
     @property
     def empty(self) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from mgpu_migrate.diagnostics import INTERNAL_ERROR, Diagnostic, shorten
+from mgpu_migrate.diagnostics import INTERNAL_ERROR, Diagnostic, error_summary
 from mgpu_migrate.options import DEFAULT_OPTIONS, TARGETS, Options
 from mgpu_migrate.results import MigrationResult
 
@@ -16,7 +16,8 @@ __all__ = ["TARGETS", "MigrationResult", "might_need_migration", "migrate_source
 
 # Every migration site spells one of these somewhere in the file: torch's `DataParallel` (also as the base of
 # a subclass), PyTorch-Encoding's `DataParallelModel`/`DataParallelCriterion`, the functional
-# `data_parallel` itself (not `data_parallel_size`), and apex's parallel package (`apex.parallel`,
+# `data_parallel` itself (not `data_parallel_size`), torch's `parallel_apply` (DataParallel written by hand),
+# and apex's parallel package (`apex.parallel`,
 # `from apex import parallel`, or apex under another name), whose DistributedDataParallel is a site; a file
 # that already calls `mgpu_runtime` is read again, so a partly migrated file is finished. Names that merely
 # end or start with them (`DistributedDataParallel`, `get_data_parallel_group`, `DataParallelConfig`) and apex's
@@ -27,6 +28,7 @@ __all__ = ["TARGETS", "MigrationResult", "might_need_migration", "migrate_source
 _SITE_PATTERNS = {
     b"DataParallel": (re.compile(rb"DataParallel(?<!\wDataParallel)(?:Model|Criterion)?\b"),),
     b"data_parallel": (re.compile(rb"data_parallel(?<!\wdata_parallel)\b"),),
+    b"parallel_apply": (re.compile(rb"parallel_apply(?<!\wparallel_apply)\b"),),
     b"mgpu_runtime": (re.compile(rb"mgpu_runtime(?<!\wmgpu_runtime)\b"),),
     b"apex": (
         re.compile(rb"apex(?<!\wapex)\s*\.\s*parallel\b"),
@@ -58,5 +60,5 @@ def migrate_source(
     try:
         return run_pipeline(source, target, path, options)
     except Exception as error:  # noqa: BLE001 -- the last guard: one odd file must never stop a run
-        message = f"internal error ({type(error).__name__}: {shorten(str(error), 60)}); file left unchanged, please report"
+        message = f"internal error ({error_summary(error)}); file left unchanged, please report"
         return MigrationResult(path, source, source, error=Diagnostic(path, 1, 1, INTERNAL_ERROR, message))

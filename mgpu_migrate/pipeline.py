@@ -10,7 +10,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mgpu_migrate.analysis import FileAnalysis
-from mgpu_migrate.diagnostics import INTERNAL_ERROR, PARSE_ERROR, Diagnostic, shorten
+from mgpu_migrate.diagnostics import INTERNAL_ERROR, PARSE_ERROR, Diagnostic, error_summary, shorten
 from mgpu_migrate.edits import Edits, apply
 from mgpu_migrate.imports import add_import, name_uses, remove_orphaned
 from mgpu_migrate.options import DEFAULT_OPTIONS, Options
@@ -54,7 +54,7 @@ def run_pipeline(
     except RecursionError:
         message = "file too deeply nested to analyse; file left unchanged"
     except Exception as error:  # noqa: BLE001 -- one odd file must never stop the run or lose data
-        message = f"internal error ({type(error).__name__}: {shorten(str(error), 60)}); file left unchanged, please report"
+        message = f"internal error ({error_summary(error)}); file left unchanged, please report"
     return MigrationResult(path, source, source, error=Diagnostic(path, 1, 1, INTERNAL_ERROR, message))
 
 

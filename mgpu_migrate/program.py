@@ -64,8 +64,14 @@ class Program:
 
     @property
     def left_whole(self) -> bool:
-        """A wrap stays DataParallel in a file without a distributed set-up of its own: nothing is rewritten."""
-        return bool(self.kept) and not self.existing
+        """A wrap stays DataParallel: nothing is rewritten (also in a file with a distributed set-up of its own,
+        whose fallback the relaunched processes would not provably leave for that set-up)."""
+        return bool(self.kept)
+
+
+def existing_setup(analysis: FileAnalysis) -> tuple[cst.Call, ...]:
+    """The calls of the file's own distributed set-up (``init_process_group``, torch's or apex's DDP ...)."""
+    return tuple(call for call in analysis.calls if analysis.resolve(call.func) in _EXISTING_DISTRIBUTED)
 
 
 def decide(analysis: FileAnalysis, rewritten: Collection[cst.CSTNode]) -> Program:
@@ -75,7 +81,7 @@ def decide(analysis: FileAnalysis, rewritten: Collection[cst.CSTNode]) -> Progra
         if site.kind == RUNTIME:
             continue
         (wraps if site.call in rewritten else kept).append(site.call)
-    existing = tuple(call for call in analysis.calls if analysis.resolve(call.func) in _EXISTING_DISTRIBUTED)
+    existing = existing_setup(analysis)
     already = any(analysis.resolve(call.func) == RUNTIME_SETUP for call in analysis.calls)
     return Program(tuple(wraps), tuple(kept), existing, already)
 

@@ -12,6 +12,7 @@ from mgpu_migrate.analysis.loaders import LoaderFlow
 from mgpu_migrate.analysis.losses import LossFlow
 from mgpu_migrate.analysis.models import ModelFlow
 from mgpu_migrate.analysis.positions import Positions
+from mgpu_migrate.analysis.project import encoding_pair_modules
 from mgpu_migrate.analysis.scopes import FlowCollector, FlowIndex
 from mgpu_migrate.analysis.tree import Tree
 from mgpu_migrate.analysis.values import Values
@@ -33,6 +34,8 @@ class FileAnalysis:
         # every file that reaches the parser asks for all three (its wraps' models follow values).
         bindings, flow = names.BindingCollector(), FlowCollector(self.module)
         tree = Tree(self.module, bindings, flow)
+        # PyTorch-Encoding's pair is recognised in the project's own copies of it too (analysis/project.py).
+        bindings.bindings.encoding_modules = encoding_pair_modules(self.path, bindings.bindings.imported)
         return tree, bindings.bindings, FlowIndex(flow)
 
     @cached_property

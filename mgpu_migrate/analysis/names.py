@@ -96,6 +96,9 @@ class Bindings:
     # Whether a `parallel` module of the user's own may be a vendored copy of PyTorch-Encoding's: set once the
     # whole file is read (``imports_torch_only``).
     vendored_encoding: bool = False
+    # Modules of the project that hold a copy of PyTorch-Encoding's pair under another name
+    # (``utils.encoding``), recognized by reading them (``analysis.project``).
+    encoding_modules: frozenset[str] = frozenset()
 
     def imports_torch_only(self) -> bool:
         """Whether the file imports PyTorch (``torch`` or a package named after it: ``torchvision`` ...) and no
@@ -107,6 +110,9 @@ class Bindings:
     def canonical(self, qualified: str) -> str:
         """``canonical`` for a name of this file (its own ``parallel`` module is PyTorch-Encoding's only in a
         PyTorch file)."""
+        module, _, name = qualified.rpartition(".")
+        if name in _ENCODING_NAMES and module in self.encoding_modules:
+            return _ENCODING_NAMES[name]
         return canonical(qualified, self.vendored_encoding)
 
     def qualified_name(self, name: str) -> str | None:

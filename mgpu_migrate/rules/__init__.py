@@ -7,10 +7,12 @@ from __future__ import annotations
 from mgpu_migrate.rules.apex_ddp import ApexDDP
 from mgpu_migrate.rules.base import TARGETS, Rule
 from mgpu_migrate.rules.batch_coupling import BatchCoupling
+from mgpu_migrate.rules.batch_mixing import BatchMixing
 from mgpu_migrate.rules.checkpoint_load import CheckpointLoad
 from mgpu_migrate.rules.checkpoint_save import CheckpointSave
 from mgpu_migrate.rules.criterion_wrap import CriterionWrap
 from mgpu_migrate.rules.data_parallel_subclass import DataParallelSubclass
+from mgpu_migrate.rules.device_selection import DeviceSelection
 from mgpu_migrate.rules.encoding_pair import EncodingPair
 from mgpu_migrate.rules.entry_point import EntryPointSetup
 from mgpu_migrate.rules.explicit_device import ExplicitDevice
@@ -19,8 +21,12 @@ from mgpu_migrate.rules.functional_loss import FunctionalLoss
 from mgpu_migrate.rules.global_count import GlobalCount
 from mgpu_migrate.rules.local_rank_argument import LocalRankArgument
 from mgpu_migrate.rules.main_process_collective import MainProcessCollective
+from mgpu_migrate.rules.per_rank_steps import PerRankSteps
 from mgpu_migrate.rules.process_randomness import ProcessRandomness
 from mgpu_migrate.rules.progress_bar import ProgressBar
+from mgpu_migrate.rules.project_losses import ProjectLosses
+from mgpu_migrate.rules.project_training import ProjectTraining
+from mgpu_migrate.rules.project_wrappers import ProjectWrappers
 from mgpu_migrate.rules.remote_training import RemoteTraining
 from mgpu_migrate.rules.shared_files import SharedFiles
 from mgpu_migrate.rules.sync_batchnorm import SyncBatchNorm
@@ -37,7 +43,7 @@ RULES: tuple[type[Rule], ...] = (
     FunctionalDataParallel,
     CriterionWrap,
     FunctionalLoss,
-    # --to ddp: the rest of a distributed program.
+    # --to ddp: apex's wrapper (a wrap rule), then the rest of a distributed program (program rules and a check).
     ApexDDP,
     EntryPointSetup,
     LocalRankArgument,
@@ -55,8 +61,16 @@ RULES: tuple[type[Rule], ...] = (
     MainProcessCollective,
     ProcessRandomness,
     SharedFiles,
-    # Both targets: checks for a wrapper recognize the new ones.
+    # Both targets (a check): checks for a wrapper recognize the new ones.
     WrapperCheck,
+    # What the file alone does not show: the project's own wrappers and training code (analysis/project.py),
+    # GPUs chosen by id, decisions each process would take alone, rows mixed across the batch.
+    ProjectWrappers,
+    ProjectTraining,
+    ProjectLosses,
+    DeviceSelection,
+    PerRankSteps,
+    BatchMixing,
 )
 
 
@@ -74,13 +88,4 @@ def vetoes(target: str) -> frozenset[str]:
 WRAP_REVIEW_CODES = frozenset(WrapperSwap.REVIEW_CODES)
 
 
-def rule_for_code(code: str) -> type[Rule] | None:
-    """The rule that rewrites with ``code`` or reports it for review."""
-    code = code.upper()
-    for rule in RULES:
-        if rule.CODE == code or code in rule.REVIEW_CODES:
-            return rule
-    return None
-
-
-__all__ = ["RULES", "TARGETS", "WRAP_REVIEW_CODES", "Rule", "rule_for_code", "rules_for", "vetoes"]
+__all__ = ["RULES", "TARGETS", "WRAP_REVIEW_CODES", "Rule", "rules_for", "vetoes"]

@@ -159,11 +159,17 @@ class CheckpointSave(Rule):
         ``if mgpu_runtime.is_main_process():``, then every process waits (unless the save sits under an ``if``
         each process decides for itself). Any other shape is left with MGP240."""
         tree = self.analysis.tree
-        save_statement, move_statement = tree.statement(call), tree.statement(mover)
-        body = list(tree.parent(save_statement).body)
-        simple = all(
-            isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
-            for statement in (save_statement, move_statement)
+        save_statement = tree.statement(call)
+        block = tree.parent(save_statement)
+        body = list(block.body)
+        # The statement of the save's block that holds the move: the move itself, or an `if` around it
+        # (pytorch/examples' `if is_best: shutil.copyfile(filename, 'model_best.pth.tar')`).
+        move_statement = next(node for node in (mover, *tree.ancestors(mover)) if tree.parent(node) is block)
+        simple = all(self._single(statement) for statement in (save_statement, move_statement)) or (
+            self._single(save_statement)
+            and isinstance(move_statement, cst.If)
+            and move_statement.orelse is None
+            and all(self._single(statement) for statement in move_statement.body.body)
         )
         if not simple or body.index(move_statement) != body.index(save_statement) + 1:
             line, _ = self.analysis.position(mover)
@@ -189,9 +195,14 @@ class CheckpointSave(Rule):
         self.edits.need_import(RUNTIME)
         self.rewrote(
             call,
-            f"saved under a temporary name and moved on the main process only (`if {RUNTIME}.is_main_process():`)"
+            f"saved, then moved, copied or removed (line {self.analysis.position(mover)[0]}), on the main process "
+            f"only (`if {RUNTIME}.is_main_process():`)"
             + (", then every process waits for it" if waits else ""),
         )
+
+    @staticmethod
+    def _single(statement: cst.CSTNode) -> bool:
+        return isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
 
     def _moved_after(self, call: cst.Call, destination) -> cst.CSTNode | None:
         """A later statement of the same block that renames, moves or removes the saved path."""

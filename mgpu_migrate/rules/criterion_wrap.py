@@ -19,6 +19,7 @@ from mgpu_migrate.analysis.losses import (
 from mgpu_migrate.analysis.models import RUNTIME as RUNTIME_SITE
 from mgpu_migrate.analysis.models import TORCH, Sites
 from mgpu_migrate.diagnostics import shorten
+from mgpu_migrate.program import existing_setup
 from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 
@@ -361,6 +362,10 @@ class CriterionWrap(Rule):
 
     def _wrap_ddp(self, criterion: Criterion, wrapped: set[cst.CSTNode]) -> None:
         if not any(becomes_ddp(call.direct | call.transformed) for call in criterion.calls):
+            return
+        # A file with a distributed path of its own (init_process_group, DistributedSampler) keeps its losses as
+        # that path has them; so does a second run after apex's DDP became the runtime's (idempotence).
+        if existing_setup(self.analysis):
             return
         # `criterion(out, y) / x.size(0)` with reduction="sum" everywhere: a mean over the process's rows.
         per_row = bool(criterion.calls) and all(

@@ -63,6 +63,9 @@ class DataParallelSubclass(Rule):
 
     CODE = "MGP106"
     PHASE = WRAPS
+    # Under --to ddp a file defining a DataParallel subclass is DataParallel's machinery (a vendored sync-BN's
+    # replication callback): its checks for a wrapper guard that machinery, and a DDP model passing them breaks it.
+    VETOES = frozenset({DATA_PARALLEL_SUBCLASS_KEPT})
     REVIEW_CODES = {
         DATA_PARALLEL_SUBCLASS_KEPT: "a subclass of DataParallel that overrides its machinery (or any subclass, for --to ddp); "
         "left as it is",

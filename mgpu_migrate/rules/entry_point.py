@@ -7,7 +7,6 @@ import libcst as cst
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_call
 
-
 # The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
 NO_ENTRY_POINT = "MGP230"
 EXISTING_DISTRIBUTED_SETUP = "MGP231"
@@ -24,7 +23,8 @@ class EntryPointSetup(Rule):
 
     It also decides whether the file becomes a distributed program at all: a file that already sets up
     distributed training itself (``init_process_group``, torch's or apex's ``DistributedDataParallel``,
-    ``DistributedSampler``, ``mp.spawn``) only has its DataParallel fallback migrated (MGP231); a file that
+    ``DistributedSampler``, ``mp.spawn``) is left as it is, its DataParallel fallback too (MGP231: processes
+    relaunched from the fallback would not provably take the file's own path with the same global batch); a file that
     keeps a DataParallel wrap (``dim != 0``, ``# noqa``, part of a model: MGP250) is left as it is, its other
     wraps included (MGP232): ``--to ddp`` migrates a file entirely or not at all.
 
@@ -56,9 +56,10 @@ class EntryPointSetup(Rule):
 
     CODE = "MGP120"
     PHASE = PROGRAM
+    VETOES = frozenset({EXISTING_DISTRIBUTED_SETUP})
     REVIEW_CODES = {
         NO_ENTRY_POINT: "the file trains, but no place that runs first was found for mgpu_runtime.setup()",
-        EXISTING_DISTRIBUTED_SETUP: "the file already runs distributed training of its own; only its DataParallel fallback is migrated",
+        EXISTING_DISTRIBUTED_SETUP: "the file runs distributed training of its own: its DataParallel fallback is left as it is",
         FILE_KEEPS_A_WRAP: "the file keeps a DataParallel wrap, so it is left as it is: --to ddp migrates a file entirely or not at all",
     }
     DESCRIPTION = "mgpu_runtime.setup() inserted where the program starts"
@@ -214,19 +215,9 @@ class EntryPointSetup(Rule):
             else:
                 model = nn.DataParallel(model)
             """,
-            """
-            import torch.distributed as dist
-            from torch.nn.parallel import DistributedDataParallel as DDP
-            import mgpu_runtime
-
-            if args.distributed:
-                dist.init_process_group('nccl')
-                model = DDP(model)
-            else:
-                model = mgpu_runtime.DistributedDataParallel(model)
-            """,
+            None,
             DDP,
-            ("MGP101", "MGP231"),
+            ("MGP231",),
         ),
     )
 
@@ -240,8 +231,8 @@ class EntryPointSetup(Rule):
             self.left(
                 first,
                 EXISTING_DISTRIBUTED_SETUP,
-                f"this file sets up distributed training itself (line {line}): only the DataParallel fallback is "
-                "migrated",
+                f"this file sets up distributed training itself (line {line}): its DataParallel fallback is left; "
+                "launch its own distributed path",
             )
             return
         if program.kept:

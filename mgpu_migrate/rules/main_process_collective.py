@@ -87,18 +87,16 @@ class MainProcessCollective(Rule):
         Example(
             """
             import torch.distributed as dist
-            from torch.nn.parallel import DistributedDataParallel as DDP
             import torch.nn as nn
-            model = DDP(model) if args.distributed else nn.DataParallel(model)
+            model = nn.DataParallel(model)
             if dist.get_rank() == 0:
                 dist.barrier()
                 evaluate(model)
             """,
             """
             import torch.distributed as dist
-            from torch.nn.parallel import DistributedDataParallel as DDP
             import mgpu_runtime
-            model = DDP(model) if args.distributed else mgpu_runtime.DistributedDataParallel(model)
+            model = mgpu_runtime.DistributedDataParallel(model)
             if dist.get_rank() == 0:
                 dist.barrier()
                 evaluate(model)

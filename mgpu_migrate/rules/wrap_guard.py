@@ -135,7 +135,7 @@ class WrapGuard(Rule):
             def init_net(net, gpu_ids):
                 if len(gpu_ids) > 0:
                     net.to(gpu_ids[0])
-                    net = nn.DataParallel(net, gpu_ids)
+                    net = nn.DataParallel(net)
                 return net
             """,
             """

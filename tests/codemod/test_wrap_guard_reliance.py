@@ -40,7 +40,7 @@ def test_guard_whose_body_needs_the_condition_is_left(body, reason):
     "body",
     [
         # The ids and the count go with the wrap's device_ids, which the rewrite drops.
-        "if len(gpu_ids) > 1:\n    model = nn.DataParallel(model, device_ids=gpu_ids, output_device=gpu_ids[0])",
+        "if len(gpu_ids) > 1:\n    model = nn.DataParallel(model, device_ids=gpu_ids, output_device=gpu_ids[0])  # noqa: MGP283",
         "if n_gpu > 1:\n    model = nn.DataParallel(model, list(range(n_gpu)))",
         # Only shown, or a device the condition does not test.
         "if n_gpu > 1:\n    print('using', n_gpu, 'GPUs')\n    logging.info('%d GPUs', n_gpu)\n    model = nn.DataParallel(model)",

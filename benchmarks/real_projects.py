@@ -1,0 +1,170 @@
+"""Both targets over every project of the real-project corpus, as a maintainer would first try the tool.
+
+For each project directory of the corpus (``<owner>__<repo>/``, listed in its ``MANIFEST.tsv``) and each
+target, the tool runs as ``mgpu-migrate PROJECT --to TARGET --diff`` would (in this process, one file at a
+time, nothing written) and this records: the DataParallel sites the manifest lists, the files that hold a
+site hint, the files rewritten, the rewrites made (MGP1xx), the sites left for review (MGP2xx, by code), the
+files that could not be parsed (MGP002, expected for Python 2 code), the tool errors (MGP003, or an exception
+escaping the tool) and the time. The diffs and the diagnostics go to ``--keep DIR`` for review.
+
+    python benchmarks/real_projects.py [CORPUS] [--keep DIR] [--json FILE] [--only NAME,...]
+
+CORPUS defaults to ``../shared/corpus`` relative to the repository. Prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import collections
+import csv
+import json
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mgpu_migrate.diagnostics import INTERNAL_ERROR, PARSE_ERROR
+from mgpu_migrate.engine import might_need_migration
+from mgpu_migrate.files import discover
+from mgpu_migrate.report import CHANGED, process_files
+
+TARGETS = ("balanced", "ddp")
+
+
+@dataclass
+class ProjectRun:
+    project: str
+    target: str
+    manifest_sites: int
+    hinted_files: int
+    files_rewritten: int = 0
+    rewrites: int = 0
+    left: dict[str, int] = field(default_factory=dict)
+    parse_errors: int = 0
+    tool_errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def left_total(self) -> int:
+        return sum(self.left.values())
+
+
+def manifest(corpus: Path) -> list[dict[str, str]]:
+    with open(corpus / "MANIFEST.tsv", newline="") as handle:
+        return list(csv.DictReader(handle, delimiter="\t"))
+
+
+def site_count(dp_sites: str) -> int:
+    """``path:line,line; path:line`` -> the number of lines listed."""
+    return sum(len(group.split(":", 1)[1].split(",")) for group in dp_sites.split("; ") if ":" in group)
+
+
+def run_project(corpus: Path, row: dict[str, str], target: str, keep: Path | None) -> ProjectRun:
+    directory = corpus / row["dir"]
+    found, _ = discover([str(directory)])
+    hinted = sum(might_need_migration(Path(path).read_bytes()) for path in found)
+    run = ProjectRun(row["dir"], target, site_count(row["dp_sites"]), hinted)
+    start = time.perf_counter()
+    try:
+        outcomes = process_files(found, target, write=False, want_diff=True, jobs=1)
+    except Exception:  # noqa: BLE001 -- a crash of the tool is what this benchmark is for
+        run.seconds = time.perf_counter() - start
+        run.tool_errors.append("crash: " + traceback.format_exc().strip().splitlines()[-1])
+        return run
+    run.seconds = time.perf_counter() - start
+    left: collections.Counter[str] = collections.Counter()
+    lines = []
+    diffs = []
+    for outcome in outcomes:
+        run.files_rewritten += outcome.status == CHANGED
+        for diagnostic in outcome.diagnostics:
+            text = diagnostic.format().replace(str(corpus) + "/", "")
+            lines.append(text)
+            if diagnostic.code == INTERNAL_ERROR:
+                run.tool_errors.append(text)
+            elif diagnostic.code == PARSE_ERROR:
+                run.parse_errors += 1
+            elif diagnostic.is_rewrite:
+                run.rewrites += 1
+            elif diagnostic.needs_review:
+                left[diagnostic.code] += 1
+        if outcome.diff:
+            diffs.append(outcome.diff.replace(str(corpus) + "/", ""))
+    run.left = dict(sorted(left.items()))
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        (keep / f"{row['dir']}.{target}.diff").write_text("".join(diffs))
+        (keep / f"{row['dir']}.{target}.diagnostics").write_text("\n".join(sorted(lines)) + ("\n" if lines else ""))
+    return run
+
+
+def markdown(runs: list[ProjectRun]) -> str:
+    out = [
+        "| project | target | manifest sites | hinted files | rewritten | rewrites | left (codes) | unparsable | tool errors | time |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        codes = ", ".join(f"{code}x{count}" if count > 1 else code for code, count in run.left.items()) or "-"
+        out.append(
+            f"| {run.project} | {run.target} | {run.manifest_sites} | {run.hinted_files} | {run.files_rewritten} | "
+            f"{run.rewrites} | {run.left_total}: {codes} | {run.parse_errors} | {len(run.tool_errors)} | "
+            f"{run.seconds:.2f} s |"
+        )
+    for target in TARGETS:
+        mine = [run for run in runs if run.target == target]
+        if not mine:
+            continue
+        out.append(
+            f"\n{target}: {len(mine)} projects, {sum(r.files_rewritten for r in mine)} files rewritten in "
+            f"{sum(r.files_rewritten > 0 for r in mine)} projects, {sum(r.rewrites for r in mine)} rewrites, "
+            f"{sum(r.left_total for r in mine)} sites left, {sum(len(r.tool_errors) for r in mine)} tool errors, "
+            f"{sum(r.seconds for r in mine):.1f} s"
+        )
+    errors = [f"- {run.project} ({run.target}): {error}" for run in runs for error in run.tool_errors]
+    if errors:
+        out.append("\nTool errors:\n" + "\n".join(errors))
+    return "\n".join(out)
+
+
+def project_reading() -> str:
+    """What project reading cost over the run: the modules it read (each once), and the time to parse them."""
+    from mgpu_migrate.analysis import project
+
+    paths = project.modules_read()
+    start = time.perf_counter()
+    for path in paths:
+        try:
+            ast.parse(Path(path).read_bytes())
+        except (SyntaxError, ValueError):
+            pass
+    seconds = time.perf_counter() - start
+    return f"project reading: {len(paths)} modules read, once each; parsing them all again takes {seconds * 1000:.0f} ms"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("corpus", nargs="?", default=str(ROOT.parent / "shared" / "corpus"))
+    parser.add_argument("--keep", type=Path, help="write each project's diff and diagnostics here")
+    parser.add_argument("--json", type=Path, help="write the numbers as JSON here")
+    parser.add_argument("--only", help="comma-separated project directories")
+    parser.add_argument("--to", choices=TARGETS, action="append", help="a target (default: both)")
+    args = parser.parse_args()
+    corpus = Path(args.corpus).resolve()
+    rows = manifest(corpus)
+    if args.only:
+        wanted = set(args.only.split(","))
+        rows = [row for row in rows if row["dir"] in wanted]
+    runs = [run_project(corpus, row, target, args.keep) for row in rows for target in (args.to or TARGETS)]
+    if args.json:
+        args.json.write_text(json.dumps([asdict(run) for run in runs], indent=1) + "\n")
+    print(markdown(runs))
+    print("\n" + project_reading())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,354 @@
+"""Project reading: the project's own modules that a migrated file imports, and what their definitions are.
+
+Real training code spreads over modules: the wrapper class in ``utils/``, the trainer in ``reid/trainers.py``,
+a vendored copy of DataParallel. A rule asks about a name the file imports (``utils.encoding.DataParallelModel``)
+and gets the definition it names in the project, with the facts rules need: a subclass of torch's DataParallel,
+a hand-written one (``replicate`` + ``parallel_apply``), a function or class that runs a backward pass.
+
+Only the modules that are asked about are read, with Python's own parser (``ast``, ~20x faster than LibCST),
+once per run and file (cached by path and modification time), so a pre-commit run over a few changed files
+reads only what they import and a big tree costs nothing for files that never ask. The project is found
+from the file's location on disk: the nearest directory above it holding ``pyproject.toml``, ``setup.py``,
+``setup.cfg`` or ``.git``. Imports resolve as Python would resolve them for the file run as a script (its
+own directory first), from the project root, and from the directory above the file's package.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from dataclasses import dataclass, field
+from functools import cache, lru_cache
+from typing import Union
+
+from mgpu_migrate.analysis import names
+
+_ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
+# How far above a file its project root is looked for, and how deep a chain of definitions is followed.
+_MAX_LEVELS = 12
+_MAX_DEPTH = 6
+_TORCH_DATA_PARALLEL = {names.DATA_PARALLEL, "torch.nn.parallel.data_parallel.DataParallel"}
+# torch's pieces of DataParallel: a function calling both is DataParallel written by hand.
+_REPLICATE = {"torch.nn.parallel.replicate", "torch.nn.parallel.replicate.replicate"}
+_PARALLEL_APPLY = {"torch.nn.parallel.parallel_apply", "torch.nn.parallel.parallel_apply.parallel_apply"}
+
+_ENCODING_NAMES = (".DataParallelModel", ".DataParallelCriterion")
+_UNEVEN_LOSS_OPERATIONS = frozenset(
+    {"topk", "sort", "argsort", "kthvalue", "cdist", "masked_select", "nonzero", "ignore_index"}
+)
+
+Definition = Union[ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef]
+
+
+@dataclass
+class ProjectModule:
+    """One module of the project, read with ``ast``: its imports and top-level definitions."""
+
+    path: str
+    package: str  # the dotted package the module sits in ("" at a base directory), for relative imports
+    imports: dict[str, str] = field(default_factory=dict)  # local name -> qualified name it is imported as
+    definitions: dict[str, Definition] = field(default_factory=dict)
+
+    def qualified(self, node: ast.expr) -> str | None:
+        """The qualified name of a dotted expression through this module's imports (``nn.DataParallel`` ->
+        ``torch.nn.DataParallel``); a module-level definition gives ``.NAME`` (this module's own)."""
+        parts = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if not isinstance(node, ast.Name):
+            return None
+        head = node.id
+        parts.reverse()
+        if head in self.imports:
+            return names.canonical(".".join([self.imports[head], *parts]))
+        if head in self.definitions and not parts:
+            return "." + head
+        return None
+
+
+@dataclass(frozen=True)
+class Found:
+    """A definition in the project: which module, which node, and where (for diagnostics)."""
+
+    module: ProjectModule
+    node: Definition
+
+    @property
+    def where(self) -> str:
+        return f"{os.path.relpath(self.module.path)}:{self.node.lineno}"
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+
+class Project:
+    """The project one file belongs to, as seen from that file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = os.path.abspath(path)
+        directory = os.path.dirname(self.path)
+        self.root = find_root(directory)
+        bases = [directory, _above_package(directory)]
+        if self.root is not None:
+            bases.append(self.root)
+        self.bases = tuple(dict.fromkeys(bases))
+        self._found: dict[tuple[str, int], Found | None] = {}
+
+    def find(self, qualified: str, depth: int = 0) -> Found | None:
+        key = (qualified, depth)
+        if key not in self._found:
+            self._found[key] = self._find(qualified, depth)
+        return self._found[key]
+
+    def _find(self, qualified: str, depth: int) -> Found | None:
+        """The project's definition that ``qualified`` (``pkg.module.Name``, as the file imports it) names,
+        following re-exports (``from .encoding import DataParallelModel`` in a package's ``__init__``)."""
+        if qualified.startswith("."):  # relative to the file itself: `from .parallel import X` -> `.parallel.X`
+            level = len(qualified) - len(qualified.lstrip("."))
+            base = os.path.dirname(self.path)
+            for _ in range(level - 1):
+                base = os.path.dirname(base)
+            bases: tuple[str, ...] = (base,)
+            qualified = qualified[level:]
+        else:
+            bases = self.bases
+        module_name, _, name = qualified.rpartition(".")
+        if not module_name or not name or depth > _MAX_DEPTH:
+            return None
+        for base in bases:
+            module = _module_at(base, module_name)
+            if module is None:
+                continue
+            return self._in_module(module, name, depth)
+        return None
+
+    def _in_module(self, module: ProjectModule, name: str, depth: int) -> Found | None:
+        if name in module.definitions:
+            return Found(module, module.definitions[name])
+        if name in module.imports:
+            imported = module.imports[name]
+            return self.find(imported, depth + 1) if imported != f"{module.package}.{name}" else None
+        return None
+
+    def resolve_in(self, found: Found, node: ast.expr, depth: int = 0) -> tuple[str | None, Found | None]:
+        """What a name used inside a project definition is: its qualified name, and its project definition."""
+        qualified = found.module.qualified(node)
+        if qualified is None:
+            return None, None
+        if qualified.startswith("."):
+            return qualified, Found(found.module, found.module.definitions[qualified[1:]])
+        return qualified, self.find(qualified, depth + 1)
+
+    # -- facts -------------------------------------------------------------------------------------------
+    def data_parallel_base(self, found: Found, depth: int = 0) -> str | None:
+        """For a class deriving from torch's DataParallel (directly or through project classes), the
+        qualified name of torch's class; None otherwise."""
+        if not isinstance(found.node, ast.ClassDef) or depth > _MAX_DEPTH:
+            return None
+        for base in found.node.bases:
+            qualified, definition = self.resolve_in(found, base, depth)
+            if qualified in _TORCH_DATA_PARALLEL:
+                return qualified
+            if definition is not None and definition.node is not found.node:
+                inherited = self.data_parallel_base(definition, depth + 1)
+                if inherited:
+                    return inherited
+        return None
+
+    def hand_written_data_parallel(self, found: Found) -> bool:
+        """A function (or a class's method) that calls both torch's ``replicate`` and ``parallel_apply``."""
+        called = {found.module.qualified(call.func) for call in _calls(found.node)}
+        return bool(called & _REPLICATE) and bool(called & _PARALLEL_APPLY)
+
+    def trains(self, found: Found) -> Found | None:
+        """The definition holding a backward pass: this one (a function, or a class with such a method) or a
+        project class it derives from (a ``Trainer`` whose ``BaseTrainer`` holds the loop)."""
+        return self._in_class_or_bases(found, lambda definition: definition if _backward_lines(definition) else None)
+
+    def uneven_loss(self, found: Found) -> tuple[int, str] | None:
+        """For a loss class (its methods, and those of the project classes it derives from): the line and the
+        name of the first operation whose result a mean over each process's rows cannot reproduce: ranking or
+        comparing the rows (``topk``, ``sort``, ``cdist``: OHEM, hard mining), or a mean over a number of
+        elements that varies with the data (``masked_select``, ``ignore_index``, ``nonzero``)."""
+        if not isinstance(found.node, ast.ClassDef):
+            return None
+        return self._in_class_or_bases(found, _uneven_operation)
+
+    def _in_class_or_bases(self, found: Found, fact, depth: int = 0):
+        """``fact`` of a definition, or else of the first project class it derives from that has it."""
+        result = fact(found)
+        if result is not None or not isinstance(found.node, ast.ClassDef) or depth > _MAX_DEPTH:
+            return result
+        for base in found.node.bases:
+            _, definition = self.resolve_in(found, base, depth)
+            if definition is not None and definition.node is not found.node:
+                inherited = self._in_class_or_bases(definition, fact, depth + 1)
+                if inherited is not None:
+                    return inherited
+        return None
+
+    def backward_line(self, found: Found) -> int:
+        return _backward_lines(found)[0]
+
+
+def _backward_lines(found: Found) -> list[int]:
+    return [
+        call.lineno
+        for call in _calls(found.node)
+        if isinstance(call.func, ast.Attribute) and call.func.attr == "backward"
+    ]
+
+
+def _uneven_operation(found: Found) -> tuple[int, str] | None:
+    uses = []
+    for node in ast.walk(found.node):
+        name = None
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        elif isinstance(node, ast.keyword):
+            name = node.arg
+        if name in _UNEVEN_LOSS_OPERATIONS:
+            uses.append((getattr(node, "lineno", None) or node.value.lineno, name))
+    return min(uses) if uses else None
+
+
+def encoding_pair_modules(path: str, imported: dict[str, set[str]]) -> frozenset[str]:
+    """The modules a file imports ``DataParallelModel`` or ``DataParallelCriterion`` from that hold a copy of
+    PyTorch-Encoding's pair: both classes derive from torch's DataParallel, and the model's ``gather`` returns
+    the per-device outputs as they are (what makes it Encoding's: the criterion takes them ungathered)."""
+    wanted = {origin for origins in imported.values() for origin in origins if origin.endswith(_ENCODING_NAMES)}
+    project = project_of(path) if wanted else None
+    if project is None:
+        return frozenset()
+    found = set()
+    for origin in wanted:
+        module = origin.rpartition(".")[0]
+        model, criterion = (project.find(f"{module}.{name}") for name in ("DataParallelModel", "DataParallelCriterion"))
+        if (
+            model is not None
+            and criterion is not None
+            and project.data_parallel_base(model)
+            and project.data_parallel_base(criterion)
+            and _returns_its_argument(model.node, "gather")
+        ):
+            found.add(module)
+    return frozenset(found)
+
+
+def _returns_its_argument(cls: ast.ClassDef, method: str) -> bool:
+    """Whether ``cls.method(self, outputs, ...)`` is ``return outputs``."""
+    for node in cls.body:
+        if isinstance(node, ast.FunctionDef) and node.name == method and len(node.args.args) >= 2:
+            returned = [statement for statement in node.body if isinstance(statement, ast.Return)]
+            first = node.args.args[1].arg
+            return any(isinstance(r.value, ast.Name) and r.value.id == first for r in returned)
+    return False
+
+
+def project_of(path: str) -> Project | None:
+    """The project of a file on disk (None for text that is no file: stdin, a string)."""
+    return _project(os.path.abspath(path)) if os.path.isfile(path) else None
+
+
+@lru_cache(maxsize=256)
+def _project(path: str) -> Project:
+    return Project(path)
+
+
+def _calls(node: ast.AST) -> list[ast.Call]:
+    return [child for child in ast.walk(node) if isinstance(child, ast.Call)]
+
+
+def find_root(directory: str) -> str | None:
+    """The nearest directory at or above ``directory`` holding a project marker."""
+    return _find_root(os.path.abspath(directory))
+
+
+@cache
+def _find_root(directory: str) -> str | None:
+    current = directory
+    for _ in range(_MAX_LEVELS):
+        if any(os.path.exists(os.path.join(current, marker)) for marker in _ROOT_MARKERS):
+            return current
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        current = parent
+    return None
+
+
+def _above_package(directory: str) -> str:
+    """The directory above the package a directory belongs to (itself when it is no package), where
+    ``import pkg.sub`` resolves when the project is run from its top."""
+    current = directory
+    for _ in range(_MAX_LEVELS):
+        if not os.path.exists(os.path.join(current, "__init__.py")):
+            return current
+        current = os.path.dirname(current)
+    return current
+
+
+def _module_at(base: str, module_name: str) -> ProjectModule | None:
+    """The module ``module_name`` under the base directory ``base``: ``a/b.py`` or ``a/b/__init__.py``."""
+    relative = os.path.join(base, *module_name.split("."))
+    for path in (relative + ".py", os.path.join(relative, "__init__.py")):
+        if os.path.isfile(path):
+            package = module_name if path.endswith("__init__.py") else module_name.rpartition(".")[0]
+            return _read(path, package)
+    return None
+
+
+def _read(path: str, package: str) -> ProjectModule | None:
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+    return _parsed(path, package, stamp)
+
+
+def modules_read() -> list[str]:
+    """The project modules read so far in this process (for benchmarks/real_projects.py)."""
+    return sorted(_READ)
+
+
+_READ: set[str] = set()
+
+
+@lru_cache(maxsize=512)
+def _parsed(path: str, package: str, stamp: int) -> ProjectModule | None:
+    """One project module, read once per run (and again only if it changed on disk)."""
+    _READ.add(path)
+    try:
+        with open(path, "rb") as handle:
+            tree = ast.parse(handle.read(), path)
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return None  # Python 2 code, a broken file: nothing is known about it
+    module = ProjectModule(path, package)
+    for statement in tree.body:
+        if isinstance(statement, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            module.definitions[statement.name] = statement
+        elif isinstance(statement, ast.Import):
+            for alias in statement.names:
+                if alias.asname:
+                    module.imports[alias.asname] = alias.name
+                else:
+                    top = alias.name.split(".")[0]
+                    module.imports[top] = top
+        elif isinstance(statement, ast.ImportFrom):
+            source = _absolute(statement.module or "", statement.level, package)
+            for alias in statement.names:
+                if alias.name != "*":
+                    module.imports[alias.asname or alias.name] = f"{source}.{alias.name}" if source else alias.name
+    return module
+
+
+def _absolute(module: str, level: int, package: str) -> str:
+    """``from ..x import y`` inside ``package`` -> the absolute module ``x`` is."""
+    if not level:
+        return module
+    parts = package.split(".") if package else []
+    parts = parts[: len(parts) - (level - 1)] if level > 1 else parts
+    return ".".join([*parts, module] if module else parts)

@@ -1,0 +1,113 @@
+"""MGP150/MGP283: the GPUs a DataParallel's ``device_ids`` chose, under one process per GPU (``--to ddp``)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from mgpu_migrate.analysis import names
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
+from mgpu_migrate.rules.syntax import argument
+
+CHOSEN_DEVICES = "MGP283"
+_DEVICE_COUNT = "torch.cuda.device_count"
+
+
+class DeviceSelection(Rule):
+    """
+    ## What it does
+    Looks at the ``device_ids`` of each DataParallel that becomes ``DistributedDataParallel``, which drops
+    them (a process owns one GPU). Every visible GPU (``range(torch.cuda.device_count())``) needs nothing.
+    The first N (``range(args.ngpu)``, ``list(range(n))``, ``[0, 1]``) is said (MGP150): launch N processes to keep that
+    choice. Named GPUs (``[2, 3]``, ``args.gpus``, a list built from a flag) leave the file as it is (MGP283).
+
+    ## Why is this bad?
+    Under DDP one process runs per visible GPU: a user who chose 2 of a machine's 8 GPUs would get 8
+    processes, on GPUs other jobs may be using, without a word.
+
+    ## Example
+    ```python
+    model = nn.DataParallel(model, device_ids=args.gpus)
+    ```
+
+    ## Use instead
+    Choose the GPUs when launching, drop ``device_ids``, then migrate:
+    ``CUDA_VISIBLE_DEVICES=2,3 torchrun --standalone --nproc_per_node=2 train.py``.
+
+    ## Fix safety
+    MGP150 is a note on a rewrite that is exact for any number of processes (the same global batch, split
+    more or fewer ways). With MGP283 nothing is rewritten, in the whole file.
+    """
+
+    CODE = "MGP150"
+    PHASE = PROGRAM
+    VETOES = frozenset({CHOSEN_DEVICES})
+    REVIEW_CODES = {CHOSEN_DEVICES: "device_ids names the GPUs to use: under DDP every visible GPU would run a process"}
+    DESCRIPTION = "DataParallel's choice of GPUs said (the first N) or kept by leaving the file (named GPUs)"
+    TARGETS = (DDP,)
+    EXAMPLES = (
+        Example(
+            "import torch.nn as nn\n\nmodel = nn.DataParallel(model, device_ids=args.gpus)\n",
+            None,
+            DDP,
+            (CHOSEN_DEVICES,),
+        ),
+        Example(
+            "import torch.nn as nn\n\nmodel = nn.DataParallel(model, device_ids=range(args.ngpu))\n",
+            "import mgpu_runtime\n\nmodel = mgpu_runtime.DistributedDataParallel(model)\n",
+            DDP,
+            ("MGP101", "MGP150"),
+        ),
+    )
+
+    def apply(self) -> None:
+        program = self.program
+        if not program.migrates:
+            return
+        for call in program.wraps:
+            if self.analysis.resolve(call.func) != names.DATA_PARALLEL:
+                continue
+            chosen = argument(call, "device_ids", 1)
+            if chosen is None or _is_none(chosen.value):
+                continue
+            text = self.analysis.module.code_for_node(chosen.value)
+            count = self._first_n(chosen.value)
+            if count is None:
+                self.left(
+                    call,
+                    CHOSEN_DEVICES,
+                    f"`device_ids={text}` names the GPUs to use, and under DDP every visible GPU would run a process: "
+                    "the file is left as it is; choose them with CUDA_VISIBLE_DEVICES when launching "
+                    "(`torchrun --nproc_per_node=N`), drop device_ids, then migrate",
+                )
+            elif not self._all_devices(count):
+                self.rewrote(
+                    call,
+                    f"`device_ids={text}` (the first {self.analysis.module.code_for_node(count)} GPUs) dropped: one "
+                    f"process runs per visible GPU, so launch that many (`torchrun --nproc_per_node=N`)",
+                )
+
+    def _first_n(self, value: cst.BaseExpression) -> cst.BaseExpression | None:
+        """N for ``range(N)``, ``list(range(N))``, ``[i for i in range(N)]``, ``[0, 1, ..., N - 1]``."""
+        if isinstance(value, (cst.List, cst.Tuple)) and value.elements and all(
+            isinstance(element.value, cst.Integer) and element.value.evaluated_value == index
+            for index, element in enumerate(value.elements)
+        ):
+            return cst.Integer(str(len(value.elements)))
+        if isinstance(value, cst.ListComp) and isinstance(value.for_in.iter, cst.Call):
+            value = value.for_in.iter
+        if _called(value, "list") and len(value.args) == 1:
+            value = value.args[0].value
+        if _called(value, "range") and len(value.args) == 1:
+            return value.args[0].value
+        return None
+
+    def _all_devices(self, count: cst.BaseExpression) -> bool:
+        return isinstance(count, cst.Call) and self.analysis.resolve(count.func) == _DEVICE_COUNT
+
+
+def _called(value: cst.BaseExpression, builtin: str) -> bool:
+    return isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == builtin
+
+
+def _is_none(value: cst.BaseExpression) -> bool:
+    return isinstance(value, cst.Name) and value.value == "None"

@@ -1,0 +1,179 @@
+"""MGP282: a training step each process would skip (or not) on its own keeps the file off DDP (``--to ddp``)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from mgpu_migrate.analysis.tree import contains
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
+
+PER_RANK_STEP = "MGP282"
+_LOOPS = (cst.For, cst.While)
+_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+# A `raise` stops the run on that process, loudly: not a silent drift.
+_LEAVES = (cst.Continue, cst.Break, cst.Return)
+
+
+class PerRankSteps(Rule):
+    """
+    ## What it does
+    Reports a decision inside a training loop, before its backward pass, that each process would take from
+    its own share of the batch: ``if labels.numel() == 0: continue``, ``if bool(loss == 0): continue``,
+    ``if torch.isnan(loss.item()): break``, a backward pass under such an ``if``, or a step inside
+    ``try: ... except ...: continue``. The file is then left as it is.
+
+    ## Why is this bad?
+    DataParallel took the decision once, for the whole batch. Under DDP each process decides on its own rows:
+    one skips while the others run their backward pass, so the gradient reductions of different steps pair
+    up. Training drifts without an error (or hangs at the end), and no rewrite of the ``if`` alone can say
+    what the original meant for a batch some processes would skip and others not.
+
+    ## Example
+    ```python
+    for images, labels in loader:
+        if labels.numel() == 0:
+            continue
+        loss = criterion(model(images), labels)
+        loss.backward()
+    ```
+
+    ## Use instead
+    Make the decision the same on every process (``skip = mgpu_runtime.reduce_sum(torch.tensor(float(cond)))
+    > 0``, skipping when any process would), then migrate the file.
+
+    ## Fix safety
+    Nothing is rewritten, in the whole file: ``--to ddp`` migrates a file entirely or not at all.
+    """
+
+    CODE = PER_RANK_STEP
+    PHASE = PROGRAM
+    VETOES = frozenset({PER_RANK_STEP})
+    REVIEW_CODES = {
+        PER_RANK_STEP: "each process would decide alone, from its own rows, whether to take a training step",
+    }
+    DESCRIPTION = "per-process decisions before the backward pass keep the file off DDP"
+    TARGETS = (DDP,)
+    EXAMPLES = (
+        Example(
+            "import torch.nn as nn\n\nmodel = nn.DataParallel(model)\nfor x, y in loader:\n"
+            "    if y.numel() == 0:\n        continue\n    loss = model(x).sum()\n    loss.backward()\n",
+            None,
+            DDP,
+            (PER_RANK_STEP,),
+        ),
+        Example(
+            "import torch.nn as nn\n\nmodel = nn.DataParallel(model)\nfor i, (x, y) in enumerate(loader):\n"
+            "    if i < start:\n        continue\n    loss = model(x).sum()\n    loss.backward()\n",
+            "import mgpu_runtime\n\nmgpu_runtime.setup()\n\nmodel = mgpu_runtime.DistributedDataParallel(model)\nfor i, (x, y) in "
+            "enumerate(loader):\n    if i < start:\n        continue\n    loss = model(x).sum()\n    loss.backward()\n",
+            DDP,
+            ("MGP101", "MGP120", "MGP236"),
+        ),
+    )
+
+    def apply(self) -> None:
+        if not self.program.migrates:
+            return
+        for call in self.analysis.calls:
+            if not self.analysis.loaders.is_backward(call):
+                continue
+            found = self._per_rank_decision(call)
+            if found is not None:
+                node, what = found
+                text = self.analysis.module.code_for_node(node.test if isinstance(node, cst.If) else node).strip()
+                text = text.splitlines()[0]
+                self.left(
+                    node,
+                    PER_RANK_STEP,
+                    f"`{text[:60]}` {what}: under DDP each process would decide alone and the gradient reductions of "
+                    "different steps would pair up; the file is left as it is (make it the same on every process)",
+                )
+                return
+
+    def _per_rank_decision(self, backward: cst.Call) -> tuple[cst.CSTNode, str] | None:
+        tree = self.analysis.tree
+        loop = None
+        path = []
+        for ancestor in tree.ancestors(backward):
+            if isinstance(ancestor, _SCOPES):
+                return None
+            path.append(ancestor)
+            if isinstance(ancestor, _LOOPS):
+                loop = ancestor
+                break
+        if loop is None:
+            return None
+        # A loop that counts (`for iteration in range(n)`) binds the same values on every process.
+        counts = isinstance(loop, cst.For) and self.analysis.loaders.counts(loop)
+        tainted = set() if counts else _loop_targets(loop)
+        statement = tree.statement(backward)
+        for node in path:
+            if isinstance(node, cst.Try) and any(_leaves_or_passes(handler.body) for handler in node.handlers):
+                return node, "skips the step on the process where it fails, and only there"
+        for before in loop.body.body:
+            if before is statement or before in path:
+                for node in path:
+                    if isinstance(node, cst.If) and node is not loop and self._per_rank(node.test, tainted):
+                        return node, "decides from this process's own rows whether to run the backward pass"
+                return None
+            for branch in contains(before, lambda n: isinstance(n, cst.If)):
+                if _leaves(branch) and self._per_rank(branch.test, tainted):
+                    return branch, "decides from this process's own rows whether to skip the step"
+            tainted |= self._assigned_from(before, tainted)
+        return None
+
+    def _per_rank(self, test: cst.BaseExpression, tainted: set[str]) -> bool:
+        """Whether a condition reads the batch or what the model made of it (``.item()`` of a loss)."""
+        for node in contains(test, lambda n: isinstance(n, (cst.Name, cst.Attribute))):
+            if isinstance(node, cst.Attribute) and node.attr.value == "item":
+                return True
+            if isinstance(node, cst.Name) and node.value in tainted:
+                return True
+        scope = self.analysis.values.scope_of(test)
+        return bool(self.analysis.models.derived_sites(test, scope))
+
+    def _assigned_from(self, statement: cst.CSTNode, tainted: set[str]) -> set[str]:
+        found = set()
+        for assign in contains(statement, lambda n: isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign))):
+            value = assign.value
+            if value is None or not self._per_rank(value, tainted):
+                continue
+            targets = [t.target for t in assign.targets] if isinstance(assign, cst.Assign) else [assign.target]
+            for target in targets:
+                found |= {n.value for n in contains(target, lambda n: isinstance(n, cst.Name))}
+        return found
+
+
+def _loop_targets(loop: cst.For | cst.While) -> set[str]:
+    """The names a ``for`` loop binds from its data (not the counter of ``enumerate``)."""
+    if not isinstance(loop, cst.For):
+        return set()
+    target = loop.target
+    iterable = loop.iter
+    if (
+        isinstance(iterable, cst.Call)
+        and isinstance(iterable.func, cst.Name)
+        and iterable.func.value == "enumerate"
+        and isinstance(target, cst.Tuple)
+        and len(target.elements) == 2
+    ):
+        target = target.elements[1].value
+    return {node.value for node in contains(target, lambda n: isinstance(n, cst.Name))}
+
+
+def _leaves(branch: cst.If) -> bool:
+    """Whether the body of an ``if`` leaves the step (``continue``, ``break``, ``return``), outside
+    any loop of its own."""
+    return _leaves_or_passes(branch.body, passes=False)
+
+
+def _leaves_or_passes(block: cst.BaseSuite, passes: bool = True) -> bool:
+    kinds = (*_LEAVES, cst.Pass) if passes else _LEAVES
+    found = contains(block, lambda n: isinstance(n, (*kinds, *_LOOPS)))
+    # A `continue` or `break` of a loop inside the block leaves that loop, not the step.
+    inside_loops = {id(n) for loop in found if isinstance(loop, _LOOPS) for n in contains(loop, lambda n: True)}
+    return any(
+        not isinstance(node, _LOOPS)
+        and not (isinstance(node, (cst.Continue, cst.Break)) and id(node) in inside_loops)
+        for node in found
+    )

@@ -1,0 +1,113 @@
+"""MGP287: a loss class of the project that no per-process mean reproduces keeps the file off DDP."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from mgpu_migrate.analysis.models import MODULE_METHODS_RETURNING_SELF
+from mgpu_migrate.analysis.project import project_of
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
+
+UNEVEN_LOSS = "MGP287"
+
+
+class ProjectLosses(Rule):
+    """
+    ## What it does
+    Reads the class of each criterion that is not one of torch's losses when the project defines it in
+    another module (``from utils.loss import MixSoftmaxCrossEntropyOHEMLoss``, ``from model import
+    FastSpeech2Loss``). When its code ranks or compares the rows of the batch (``topk``, ``sort``, ``cdist``:
+    OHEM, hard mining) or averages over a number of elements that varies with the data (``masked_select``,
+    ``ignore_index``, ``nonzero``), the file is left as it is, and the diagnostic names that line.
+
+    ## Why is this bad?
+    Under DDP each process computes the loss on its own rows and the gradients are averaged with equal
+    weights. That is the original's loss only for a mean over rows with equal shares. OHEM would keep the
+    hardest pixels of each process instead of the batch's; a mean over the valid frames or pixels of each
+    process, averaged, weighs a process with few of them as much as one with many. Training changes
+    without an error. The runtime's ``DistributedCriterion`` makes torch's losses exact; it cannot know
+    what a class of the project divides by.
+
+    ## Example
+    ```python
+    from utils.loss import MixSoftmaxCrossEntropyOHEMLoss   # its forward keeps the top-k pixel losses
+    criterion = MixSoftmaxCrossEntropyOHEMLoss(ignore_index=-1)
+    ```
+
+    ## Use instead
+    ``--to balanced`` (one process: the loss sees the whole batch), or rewrite the loss to return a sum and
+    a count that the processes add up, then migrate by hand.
+
+    ## Fix safety
+    Nothing is rewritten, in the whole file: ``--to ddp`` migrates a file entirely or not at all.
+    """
+
+    CODE = UNEVEN_LOSS
+    PHASE = PROGRAM
+    VETOES = frozenset({UNEVEN_LOSS})
+    REVIEW_CODES = {UNEVEN_LOSS: "a loss class of the project that a mean over each process's rows cannot reproduce"}
+    DESCRIPTION = "the project's loss classes that rank rows or average over masks keep the file off DDP"
+    TARGETS = (DDP,)
+    EXAMPLES = (
+        Example(
+            "import torch.nn as nn\n\nmodel = nn.DataParallel(model)\ncriterion = nn.MSELoss()\nfor x, y in loader:\n"
+            "    criterion(model(x), y).backward()\n",
+            "import torch.nn as nn\nimport mgpu_runtime\n\nmgpu_runtime.setup()\n\n"
+            "model = mgpu_runtime.DistributedDataParallel(model)\ncriterion = nn.MSELoss()\n"
+            "for x, y in loader:\n    criterion(model(x), y).backward()\n",
+            DDP,
+            ("MGP101", "MGP120", "MGP235"),
+        ),
+    )
+
+    def apply(self) -> None:
+        project = project_of(self.analysis.path)
+        if project is None or not self.program.migrates:
+            return
+        for construction in self._loss_constructions():
+            qualified = self.analysis.resolve(construction.func)
+            found = project.find(qualified) if qualified else None
+            uneven = project.uneven_loss(found) if found is not None else None
+            if uneven is None:
+                continue
+            line, operation = uneven
+            self.left(
+                construction,
+                UNEVEN_LOSS,
+                f"`{found.name}` ({found.where.rpartition(':')[0]}:{line}: `{operation}`) ranks the rows of the batch "
+                "or averages over a count that varies with them: under DDP each process's mean, averaged, is "
+                "another loss; the file is left as it is (--to balanced is exact for it)",
+            )
+            return
+
+    def _loss_constructions(self) -> list[cst.Call]:
+        """The calls that build what the model's outputs are given to: the criteria the loss analysis found
+        (through a wrapper around them, ``DataParallelCriterion(criterion)``), and any object called with an
+        output (``Loss(batch, output)``)."""
+        found: list[cst.Call] = []
+        values = self.analysis.values
+        for criterion in self.analysis.losses.criteria:
+            for construction in criterion.constructions:
+                if construction.loss_class is not None:
+                    continue
+                found.append(construction.core)
+                if construction.core.args:
+                    inner = construction.core.args[0].value
+                    found += [_constructor(v) for v in values.of(inner, values.scope_of(inner)) if isinstance(v, cst.Call)]
+        models = self.analysis.models
+        for call in self.analysis.calls:
+            if not isinstance(call.func, cst.Name):
+                continue
+            scope = values.scope_of(call)
+            if any(models.derived_sites(arg.value, scope) for arg in call.args):
+                found += [_constructor(v) for v in values.of(call.func, scope) if isinstance(v, cst.Call)]
+        return found
+
+
+def _constructor(call: cst.Call) -> cst.Call:
+    """``Loss(...)`` in ``Loss(...).to(device)`` or ``Loss(...).cuda()``."""
+    while isinstance(call.func, cst.Attribute) and isinstance(call.func.value, cst.Call) and (
+        call.func.attr.value in MODULE_METHODS_RETURNING_SELF
+    ):
+        call = call.func.value
+    return call

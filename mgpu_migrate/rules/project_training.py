@@ -1,0 +1,146 @@
+"""MGP285: the model is trained in another module of the project, whose data the tool cannot split from here."""
+
+from __future__ import annotations
+
+import builtins
+
+import libcst as cst
+
+from mgpu_migrate.analysis.project import project_of
+from mgpu_migrate.analysis.tree import contains
+from mgpu_migrate.rules.base import CHECKS, DDP, Example, Rule
+from mgpu_migrate.rules.remote_training import INFERENCE_ONLY
+
+TRAINED_ELSEWHERE = "MGP285"
+EVALUATED_ELSEWHERE = "MGP286"
+_BUILTINS = frozenset(dir(builtins))
+
+
+class ProjectTraining(Rule):
+    """
+    ## What it does
+    When a file wraps a model but runs no backward pass itself, follows the model into the project's own
+    modules: a call here that hands it to a function or class of another module (``Trainer(model,
+    criterion)`` from ``reid/trainers.py``, ``scan_train(loader, model, ...)`` from ``utils/train_utils.py``)
+    whose code, or a project class it derives from, runs the backward pass. The file is then left as it is,
+    and the diagnostic names the definition that trains (MGP285). When the model only goes to project code
+    that runs no backward pass (``fill_memory_bank(loader, model, bank)``) or to this file's functions, and
+    no optimizer is made here, the file evaluates: it is left as DataParallel (MGP286).
+
+    ## Why is this bad?
+    The training step, its loss and the loop over the data are in that module: the tool cannot tell from
+    here how the batches are drawn, whether the loss compares rows of the batch (batch-hard triplets, OHEM),
+    or what is saved and logged there. Migrating the wrap alone gives a program whose every process trains
+    on whole batches, which the runtime stops at its first step, or that trains differently.
+
+    ## Example
+    ```python
+    from reid.trainers import Trainer   # Trainer.train(...) runs loss.backward()
+    model = nn.DataParallel(model).cuda()
+    trainer = Trainer(model, criterion)
+    ```
+
+    ## Use instead
+    Migrate with ``--to balanced`` (one process, exact for every loss), or migrate the training module
+    by hand: split its loader with ``mgpu_runtime.distribute_loader`` and make its loss exact.
+
+    ## Fix safety
+    Nothing is rewritten, in the whole file: ``--to ddp`` migrates a file entirely or not at all.
+    """
+
+    CODE = TRAINED_ELSEWHERE
+    PHASE = CHECKS
+    VETOES = frozenset({TRAINED_ELSEWHERE, EVALUATED_ELSEWHERE})
+    REVIEW_CODES = {
+        TRAINED_ELSEWHERE: "the model is trained in another module of the project: file left as it is",
+        EVALUATED_ELSEWHERE: "the model is only evaluated, here and in the project's code it goes to: file left as it is",
+    }
+    DESCRIPTION = "models handed to the project's training code in other modules keep the file off DDP"
+    TARGETS = (DDP,)
+    EXAMPLES = (
+        Example(
+            "import torch.nn as nn\n\nmodel = nn.DataParallel(model)\nfor x in loader:\n    model(x).sum().backward()\n",
+            "import mgpu_runtime\n\nmgpu_runtime.setup()\n\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
+            "for x in loader:\n    model(x).sum().backward()\n",
+            DDP,
+            ("MGP101", "MGP120", "MGP236"),
+        ),
+    )
+
+    def apply(self) -> None:
+        program = self.program
+        project = project_of(self.analysis.path)
+        if project is None or not program.migrates:
+            return
+        if any(self.analysis.loaders.is_backward(call) for call in self.analysis.calls):
+            return
+        evaluated = []  # the project's functions that get the model and do not train it
+        unknown = False  # a call out of sight (a library's) gets the model
+        passed = False
+        for call in self.analysis.calls:
+            if not self._passes_model(call):
+                continue
+            qualified = self.analysis.resolve(call.func)
+            found = project.find(qualified) if qualified else None
+            trainer = project.trains(found) if found is not None else None
+            if trainer is None:
+                if found is not None:
+                    evaluated.append(found)
+                elif not self._stays_here(call, qualified):
+                    unknown = True
+                # The model goes somewhere: the project's code or this file's functions (not torch's, a builtin's).
+                passed = passed or found is not None or qualified is None
+                continue
+            where = f"{trainer.where.rpartition(':')[0]}:{project.backward_line(trainer)}"
+            self.left(
+                program.wraps[0],
+                TRAINED_ELSEWHERE,
+                f"the model is trained in `{found.name}` (line {self.analysis.position(call)[0]}; backward at {where}), "
+                "another module, whose data and loss the tool does not migrate from here: the file is left as it is "
+                "(--to balanced keeps one process; or migrate that module by hand)",
+            )
+            return
+        # The model runs (in this file, or in the project's code it goes to), and nothing can train it; an
+        # evaluation script that MGP263 already leaves needs no second word.
+        runs = bool(evaluated) or bool(self.analysis.models.model_calls())
+        if any(diagnostic.code == INFERENCE_ONLY for diagnostic in self.edits.diagnostics):
+            return
+        if passed and runs and not unknown and not self._trains_anywhere(program.wraps):
+            where = (
+                f"`{evaluated[0].name}` ({evaluated[0].where}) of the project" if evaluated else "this file's functions"
+            )
+            self.left(
+                program.wraps[0],
+                EVALUATED_ELSEWHERE,
+                f"the model is only evaluated: it goes to {where}, which run no backward pass, and no optimizer is "
+                "made here; DataParallel serves evaluation better than one process per GPU: the file is left as it is",
+            )
+
+    def _stays_here(self, call: cst.Call, qualified) -> bool:
+        """A call that cannot train the model out of sight: a function of this file (which runs no backward
+        pass), torch's, or a builtin."""
+        if qualified is None:
+            bindings = self.analysis.bindings
+            name = call.func.value if isinstance(call.func, cst.Name) else None
+            return name in bindings.local or (name in _BUILTINS and name not in bindings.imported)
+        return qualified.startswith(("torch.", "builtins.")) or "." not in qualified
+
+    def _trains_anywhere(self, wraps) -> bool:
+        """An optimizer made here, or a wrap inside a function that hands the model to its caller."""
+        if any((self.analysis.resolve(call.func) or "").startswith("torch.optim.") for call in self.analysis.calls):
+            return True
+        models = self.analysis.models
+        for wrap in wraps:
+            function = self.analysis.tree.function(wrap)
+            if function is None:
+                continue
+            scope = self.analysis.values.scope_of(wrap)
+            for returned in contains(function, lambda n: isinstance(n, cst.Return)):
+                if returned.value is not None and models.model_sites(returned.value, scope):
+                    return True
+        return False
+
+    def _passes_model(self, call: cst.Call) -> bool:
+        scope = self.analysis.values.scope_of(call)
+        models = self.analysis.models
+        return any(models.model_sites(arg.value, scope) for arg in call.args)

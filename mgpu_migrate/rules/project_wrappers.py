@@ -1,0 +1,133 @@
+"""MGP280/MGP281: the project's own DataParallel (a subclass in another module, or one written by hand)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from mgpu_migrate.analysis import names
+from mgpu_migrate.analysis.project import Project, project_of
+from mgpu_migrate.rules.base import BALANCED, CHECKS, DDP, Example, Rule
+
+PROJECT_DATA_PARALLEL = "MGP280"
+HAND_WRITTEN = "MGP281"
+_REPLICATE = frozenset({"torch.nn.parallel.replicate", "torch.nn.parallel.replicate.replicate"})
+_PARALLEL_APPLY = frozenset({"torch.nn.parallel.parallel_apply", "torch.nn.parallel.parallel_apply.parallel_apply"})
+# Names the tool itself knows: never looked up in the project.
+_KNOWN_TOPS = frozenset({"torch", "mgpu_runtime", "apex", "encoding", "builtins", "os", "sys", "numpy", "math"})
+
+
+class ProjectWrappers(Rule):
+    """
+    ## What it does
+    Reports each call of the project's own DataParallel, found by reading the module the file imports it
+    from (``from utils.utils import CustomDataParallel``): a class deriving from torch's ``DataParallel``
+    (a CornerNet-style ``DataParallel(chunk_sizes=...)``, YOLACT's ``CustomDataParallel``, a vendored
+    sync-BN ``DataParallelWithCallback``, a copy of PyTorch-Encoding's pair), or a function that replicates
+    the model and applies the copies by hand (``replicate`` + ``parallel_apply``), called here or defined here.
+    Under ``--to ddp`` the file is then left as it is (under ``--to balanced`` a subclass is rebased on the
+    runtime's wrapper in its own file, or MGP210 says there why not).
+
+    ## Why is this bad?
+    Such a wrapper scatters, gathers or reduces its own way (uneven chunk sizes, dropped remainders, losses
+    computed per device and averaged with equal weights), which no runtime wrapper reproduces by its name;
+    before, the tool left it without a word, and the rest of the file was migrated around it.
+
+    ## Example
+    ```python
+    from utils.utils import CustomDataParallel   # class CustomDataParallel(nn.DataParallel) in utils/utils.py
+    model = CustomDataParallel(model, num_gpus)
+    ```
+
+    ## Use instead
+    Replace the wrapper with ``nn.DataParallel`` where its own scatter and gather are not needed, then run
+    the tool again; otherwise migrate it by hand.
+
+    ## Fix safety
+    Nothing is rewritten (under ``--to ddp``, in the whole file: a file migrates entirely or not at all).
+    """
+
+    CODE = PROJECT_DATA_PARALLEL
+    PHASE = CHECKS
+    VETOES = frozenset({PROJECT_DATA_PARALLEL, HAND_WRITTEN})
+    REVIEW_CODES = {
+        PROJECT_DATA_PARALLEL: "a DataParallel subclass of the project's own, defined in another module: not migrated",
+        HAND_WRITTEN: "DataParallel written by hand (replicate + parallel_apply): not migrated",
+    }
+    DESCRIPTION = "the project's own DataParallel classes and hand-written replicate/parallel_apply reported"
+    TARGETS = (BALANCED, DDP)
+    EXAMPLES = (
+        Example(
+            "from torch.nn.parallel import replicate, parallel_apply\n\n\n"
+            "def forward(module, inputs, devices):  # DataParallel by hand\n    replicas = replicate(module, devices)\n"
+            "    return parallel_apply(replicas, inputs)\n",
+            None,
+            BALANCED,
+            (HAND_WRITTEN,),
+        ),
+        Example(
+            "from torch.nn.parallel import replicate, parallel_apply\n\n\n"
+            "def forward(module, inputs, devices):  # DataParallel by hand\n    replicas = replicate(module, devices)\n"
+            "    return parallel_apply(replicas, inputs)\n",
+            None,
+            DDP,
+            (HAND_WRITTEN,),
+        ),
+    )
+
+    def apply(self) -> None:
+        project = project_of(self.analysis.path)
+        replicated = False
+        for call in self.analysis.calls:
+            qualified = self.analysis.resolve(call.func)
+            if qualified is None:
+                # A name imported two ways (`try: from jactorch... import X` / `except: from .replicate import X`):
+                # the project's own copy is one of them.
+                if project is not None and isinstance(call.func, cst.Name):
+                    for origin in sorted(self.analysis.bindings.imported.get(call.func.value, ())):
+                        if origin.split(".")[0].lstrip(".") not in _KNOWN_TOPS and self._project_call(project, call, origin):
+                            break
+                continue
+            if qualified in _REPLICATE and not replicated and self._applies_in_same_function(call):
+                replicated = True
+                self.left(
+                    call,
+                    HAND_WRITTEN,
+                    "DataParallel written by hand (replicate, then parallel_apply): not migrated; the tool only "
+                    "rewrites torch's DataParallel, so use nn.DataParallel here (then run it again) or migrate by hand",
+                )
+            elif project is not None and qualified.split(".")[0].lstrip(".") not in _KNOWN_TOPS:
+                self._project_call(project, call, qualified)
+
+    def _applies_in_same_function(self, call: cst.Call) -> bool:
+        function = self.analysis.tree.function(call)
+        return any(
+            self.analysis.resolve(other.func) in _PARALLEL_APPLY and self.analysis.tree.function(other) is function
+            for other in self.analysis.calls
+        )
+
+    def _project_call(self, project: Project, call: cst.Call, qualified: str) -> bool:
+        """Report a call of the project's own DataParallel; whether it was one."""
+        if qualified in names.MIGRATED_NAMES or self.analysis.bindings.canonical(qualified) in names.MIGRATED_NAMES:
+            return False  # a vendored copy the tool recognizes and migrates itself
+        found = project.find(qualified)
+        if found is None:
+            return False
+        # Under --to balanced the subclass's own file rebases it on the runtime's wrapper, or says why not.
+        if self.target == DDP and project.data_parallel_base(found) is not None:
+            self.left(
+                call,
+                PROJECT_DATA_PARALLEL,
+                f"`{found.name}` ({found.where}) is the project's own subclass of DataParallel, which scatters or "
+                f"gathers its own way: not migrated; use nn.DataParallel here (then run the tool again) or migrate "
+                "it by hand",
+            )
+            return True
+        if project.hand_written_data_parallel(found):
+            self.left(
+                call,
+                HAND_WRITTEN,
+                f"`{found.name}` ({found.where}) is DataParallel written by hand (replicate, then parallel_apply): "
+                "not migrated; use nn.DataParallel instead of it (then run the tool again) or migrate by hand",
+            )
+            return True
+        return False

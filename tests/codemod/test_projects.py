@@ -1,0 +1,112 @@
+"""Project reading: what a file imports from the project's own modules, as a user's runs see it.
+
+The golden outputs of ``fixtures/projects/`` are checked with every other fixture (tests/codemod/test_fixtures.py);
+these tests cover how a project is found and read: a pre-commit run that passes only the changed files, text
+that is no file, modules that cannot be parsed, and that each module is read once per run.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+from mgpu_migrate.analysis import project
+from mgpu_migrate.diagnostics import error_summary
+from mgpu_migrate.engine import migrate_source
+from tests.cli_helpers import run_cli
+from tests.fixture_cases import FIXTURES
+
+REID = FIXTURES / "projects" / "reid"
+
+
+def codes(result) -> list[str]:
+    return [diagnostic.code for diagnostic in result.diagnostics]
+
+
+def test_only_the_changed_file_is_passed(tmp_path):
+    """pre-commit passes the changed files only: the trainer in lib/ is still read, the file still left."""
+    copy = tmp_path / "reid"
+    shutil.copytree(REID, copy, ignore=shutil.ignore_patterns("*.ddp.*", "*.balanced.*"))
+    before = (copy / "train.py").read_bytes()
+    done = run_cli("train.py", "--to", "ddp", cwd=copy)
+    stderr = done.stderr.decode()
+    assert done.returncode == 0, stderr
+    assert "train.py:10:13: MGP285" in stderr and "lib/trainers.py:13" in stderr
+    assert (copy / "train.py").read_bytes() == before
+
+
+def test_text_that_is_no_file_reads_no_project():
+    source = (REID / "detect.py").read_text()
+    result = migrate_source(source, "ddp", "<stdin>")
+    assert "MGP280" not in codes(result)
+    assert project.project_of("<stdin>") is None
+
+
+def test_a_module_that_does_not_parse_is_unknown(tmp_path):
+    """A Python 2 module in the project (as in several real ones) tells nothing; the file is still migrated."""
+    (tmp_path / "setup.py").write_text("")
+    (tmp_path / "legacy.py").write_text("print 'python 2'\nclass Wrapper(object): pass\n")
+    script = tmp_path / "train.py"
+    script.write_text("import torch.nn as nn\nfrom legacy import Wrapper\n\nmodel = Wrapper(nn.DataParallel(net))\n")
+    result = migrate_source(script.read_text(), "ddp", str(script))
+    assert result.error is None and "MGP101" in codes(result)
+
+
+def test_each_module_is_read_once(tmp_path):
+    copy = tmp_path / "reid"
+    shutil.copytree(REID, copy)
+    project._parsed.cache_clear()
+    for name in ("train.py", "detect.py", "tacotron.py", "train.py"):
+        path = copy / name
+        migrate_source(path.read_text(), "ddp", str(path))
+    read = project._parsed.cache_info()
+    # lib/__init__.py, lib/parallel.py and lib/trainers.py: each parsed once, however many files ask.
+    assert read.misses == 3 and read.hits > 0
+
+
+def test_the_root_is_the_nearest_marker(tmp_path):
+    (tmp_path / ".git").mkdir()
+    inner = tmp_path / "src" / "pkg"
+    inner.mkdir(parents=True)
+    assert project.find_root(str(inner)) == str(tmp_path)
+    (tmp_path / "src" / "pyproject.toml").write_text("")
+    project._find_root.cache_clear()
+    assert project.find_root(str(inner)) == str(tmp_path / "src")
+
+
+def test_an_internal_error_is_one_line():
+    """MGP003 names the exception's first line, never LibCST's node dump."""
+    error = ValueError("SimpleStatementLine(\n    body=[\n        Expr(\n" + "x\n" * 200 + ") is not in list")
+    text = error_summary(error)
+    assert "\n" not in text and len(text) <= 120 and text.startswith("ValueError: SimpleStatementLine(")
+
+
+def test_a_pair_that_gathers_is_not_encodings(tmp_path):
+    """Only a pair whose model leaves the outputs on their devices is taken for PyTorch-Encoding's."""
+    (tmp_path / "setup.py").write_text("")
+    source = (REID.parent / "segmentation" / "utils" / "encoding.py").read_text()
+    (tmp_path / "mine.py").write_text(source.replace("return outputs", "return super().gather(outputs, output_device)"))
+    script = tmp_path / "train.py"
+    script.write_text("from mine import DataParallelModel, DataParallelCriterion\n\nmodel = DataParallelModel(net)\n")
+    assert project.encoding_pair_modules(str(script), {"DataParallelModel": {"mine.DataParallelModel"}}) == frozenset()
+    (tmp_path / "mine.py").write_text(source)
+    project._project.cache_clear()  # a new run
+    assert project.encoding_pair_modules(str(script), {"DataParallelModel": {"mine.DataParallelModel"}}) == {"mine"}
+
+
+def test_the_ohem_loss_left_by_mgp287_would_change_under_ddp():
+    """Why MGP287 leaves the file: each of 2 or 3 processes keeping its own hardest pixels, averaged, is not the
+    loss of the batch (float64, the fixture project's own loss class)."""
+    import importlib.util
+
+    torch = __import__("pytest").importorskip("torch")
+    spec = importlib.util.spec_from_file_location("ohem", REID.parent / "segmentation" / "utils" / "loss.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    criterion = module.OhemCrossEntropy(keep=50)
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(7, 5, 4, 4, dtype=torch.float64, generator=generator)
+    labels = torch.randint(0, 5, (7, 4, 4), generator=generator)
+    whole = criterion(logits, labels)
+    for processes in (2, 3):
+        shares = [criterion(x, y) for x, y in zip(logits.tensor_split(processes), labels.tensor_split(processes))]
+        assert abs(float(sum(shares) / processes - whole)) > 1e-3
