@@ -375,6 +375,69 @@ _REVIEW_PAGES = {
         "original's. The file is left as it is.",
         "Use `--to balanced`, which keeps one process and is exact for such losses.",
     ),
+    "MGP280": (
+        "project-data-parallel",
+        "The wrap is the project's own subclass of DataParallel, defined in another module of the project (a "
+        "CornerNet-style `DataParallel(chunk_sizes=...)`, a vendored sync-BN wrapper). It scatters, gathers or "
+        "replicates its own way, which neither the balanced runtime nor DistributedDataParallel reproduces. "
+        "Under --to ddp the whole file is left as it is.",
+        "Use `nn.DataParallel` at this site if the subclass adds nothing the training needs, then run the tool "
+        "again; otherwise migrate the subclass's callers by hand.",
+    ),
+    "MGP281": (
+        "hand-written-data-parallel",
+        "The model is run over devices by hand (`replicate`, `scatter`, `parallel_apply`, `gather`), in this "
+        "file or in a project helper it calls. The tool rewrites torch's DataParallel, not its pieces. Under "
+        "--to ddp the whole file is left as it is.",
+        "Replace the hand-written helper with `nn.DataParallel(model)`, then run the tool again; or migrate "
+        "by hand.",
+    ),
+    "MGP282": (
+        "per-process-step",
+        "A statement before `backward` decides from the batch whether to take the training step (`if "
+        "loss == 0: continue`, `if labels.numel() == 0: continue`, a `try: ... except: continue` around the "
+        "step). Under DDP each process would decide alone from its own rows: one process skips while another "
+        "reduces its gradients, the reductions of different steps pair up, and training drifts without an "
+        "error. The file is left as it is.",
+        "Make the decision the same on every process (from the whole batch, or agreed across processes), or "
+        "remove it; then run the tool again. `--to balanced` keeps one process and is exact.",
+    ),
+    "MGP283": (
+        "chosen-devices",
+        "`device_ids` names the GPUs DataParallel uses (`device_ids=args.gpus`). Under DDP every visible GPU "
+        "runs one process, so a user who picked 2 of 8 GPUs would get 8 processes. The file is left as it is.",
+        "Choose the GPUs when launching (`CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc_per_node=2 ...`), drop "
+        "`device_ids` from the wrap, then run the tool again.",
+    ),
+    "MGP285": (
+        "trained-elsewhere",
+        "The model wrapped here is trained in another module of the project (a `Trainer` class that calls "
+        "`backward`). Its data, loss and saves are there, and a migration of the wrap alone would give every "
+        "process whole batches and the same checkpoint files. The file is left as it is.",
+        "Migrate the module that trains the model together with this one, or use `--to balanced`, which keeps "
+        "one process.",
+    ),
+    "MGP286": (
+        "evaluated-elsewhere",
+        "The model wrapped here only goes to evaluation code of the project (no backward pass, no optimizer). "
+        "DataParallel serves evaluation better than one process per GPU, which would each evaluate the whole "
+        "data set. The file is left as it is.",
+        "Nothing, unless the project trains the model elsewhere: then migrate that module.",
+    ),
+    "MGP287": (
+        "uneven-project-loss",
+        "A loss class of the project ranks the rows of the batch (`topk`, `sort`: OHEM) or averages over a "
+        "count that varies with them (`masked_select`, `ignore_index`). Under DDP each process's loss over its "
+        "own rows, averaged, is another loss than the original's. The file is left as it is.",
+        "Use `--to balanced`, which keeps the whole batch in one process and is exact for such losses.",
+    ),
+    "MGP288": (
+        "rows-mixed",
+        "The training loop pairs rows of the batch with other rows by a random permutation (mixup, CutMix: "
+        "`torch.randperm(batch_size)`). Under DDP each process would mix only its own rows, another "
+        "augmentation and another loss. The file is left as it is.",
+        "Use `--to balanced`, which keeps the whole batch in one process.",
+    ),
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 
 ROWS_MIXED = "MGP288"
@@ -64,9 +65,8 @@ class BatchMixing(Rule):
             self.left(
                 call,
                 ROWS_MIXED,
-                f"`{self.analysis.module.code_for_node(call)}` pairs rows of the batch with other rows: under DDP each "
-                "process would mix only its own rows (another augmentation and loss); the file is left as it is "
-                "(--to balanced keeps the whole batch)",
+                f"`{shorten(self.analysis.module.code_for_node(call))}` pairs rows of the batch with other rows: under DDP "
+                "each process would mix only its own; file left as it is",
             )
             return
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mgpu_migrate.analysis import names
+from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 from mgpu_migrate.rules.syntax import argument
 
@@ -75,9 +76,8 @@ class DeviceSelection(Rule):
                 self.left(
                     call,
                     CHOSEN_DEVICES,
-                    f"`device_ids={text}` names the GPUs to use, and under DDP every visible GPU would run a process: "
-                    "the file is left as it is; choose them with CUDA_VISIBLE_DEVICES when launching "
-                    "(`torchrun --nproc_per_node=N`), drop device_ids, then migrate",
+                    f"`device_ids={shorten(text)}` names the GPUs to use (under DDP every visible GPU runs a process): "
+                    "file left as it is",
                 )
             elif not self._all_devices(count):
                 self.rewrote(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mgpu_migrate.analysis.tree import contains
+from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 
 PER_RANK_STEP = "MGP282"
@@ -64,10 +65,10 @@ class PerRankSteps(Rule):
         Example(
             "import torch.nn as nn\n\nmodel = nn.DataParallel(model)\nfor i, (x, y) in enumerate(loader):\n"
             "    if i < start:\n        continue\n    loss = model(x).sum()\n    loss.backward()\n",
-            "import mgpu_runtime\n\nmgpu_runtime.setup()\n\nmodel = mgpu_runtime.DistributedDataParallel(model)\nfor i, (x, y) in "
+            "import mgpu_runtime\n\nmodel = mgpu_runtime.DistributedDataParallel(model)\nfor i, (x, y) in "
             "enumerate(loader):\n    if i < start:\n        continue\n    loss = model(x).sum()\n    loss.backward()\n",
             DDP,
-            ("MGP101", "MGP120", "MGP236"),
+            ("MGP101",),
         ),
     )
 
@@ -85,8 +86,7 @@ class PerRankSteps(Rule):
                 self.left(
                     node,
                     PER_RANK_STEP,
-                    f"`{text[:60]}` {what}: under DDP each process would decide alone and the gradient reductions of "
-                    "different steps would pair up; the file is left as it is (make it the same on every process)",
+                    f"`{shorten(text)}` {what}: under DDP each process would decide alone; file left as it is",
                 )
                 return
 

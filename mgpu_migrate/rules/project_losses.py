@@ -52,11 +52,11 @@ class ProjectLosses(Rule):
         Example(
             "import torch.nn as nn\n\nmodel = nn.DataParallel(model)\ncriterion = nn.MSELoss()\nfor x, y in loader:\n"
             "    criterion(model(x), y).backward()\n",
-            "import torch.nn as nn\nimport mgpu_runtime\n\nmgpu_runtime.setup()\n\n"
+            "import torch.nn as nn\nimport mgpu_runtime\n\n"
             "model = mgpu_runtime.DistributedDataParallel(model)\ncriterion = nn.MSELoss()\n"
             "for x, y in loader:\n    criterion(model(x), y).backward()\n",
             DDP,
-            ("MGP101", "MGP120", "MGP235"),
+            ("MGP101",),
         ),
     )
 
@@ -74,9 +74,8 @@ class ProjectLosses(Rule):
             self.left(
                 construction,
                 UNEVEN_LOSS,
-                f"`{found.name}` ({found.where.rpartition(':')[0]}:{line}: `{operation}`) ranks the rows of the batch "
-                "or averages over a count that varies with them: under DDP each process's mean, averaged, is "
-                "another loss; the file is left as it is (--to balanced is exact for it)",
+                f"`{found.name}` ({found.where.rpartition(':')[0]}:{line}: `{operation}`) ranks the batch's rows or "
+                "averages over a count that varies with them: file left as it is",
             )
             return
 

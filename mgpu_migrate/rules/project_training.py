@@ -95,9 +95,8 @@ class ProjectTraining(Rule):
             self.left(
                 program.wraps[0],
                 TRAINED_ELSEWHERE,
-                f"the model is trained in `{found.name}` (line {self.analysis.position(call)[0]}; backward at {where}), "
-                "another module, whose data and loss the tool does not migrate from here: the file is left as it is "
-                "(--to balanced keeps one process; or migrate that module by hand)",
+                f"the model is trained in `{found.name}` (line {self.analysis.position(call)[0]}; backward at {where}) "
+                "of another module: file left as it is",
             )
             return
         # The model runs (in this file, or in the project's code it goes to), and nothing can train it; an
@@ -112,8 +111,7 @@ class ProjectTraining(Rule):
             self.left(
                 program.wraps[0],
                 EVALUATED_ELSEWHERE,
-                f"the model is only evaluated: it goes to {where}, which run no backward pass, and no optimizer is "
-                "made here; DataParallel serves evaluation better than one process per GPU: the file is left as it is",
+                f"the model is only evaluated (it goes to {where}, no backward pass, no optimizer): file left as it is",
             )
 
     def _stays_here(self, call: cst.Call, qualified) -> bool:

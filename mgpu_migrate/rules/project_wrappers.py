@@ -92,8 +92,8 @@ class ProjectWrappers(Rule):
                 self.left(
                     call,
                     HAND_WRITTEN,
-                    "DataParallel written by hand (replicate, then parallel_apply): not migrated; the tool only "
-                    "rewrites torch's DataParallel, so use nn.DataParallel here (then run it again) or migrate by hand",
+                    "DataParallel written by hand (replicate, then parallel_apply): not migrated; use nn.DataParallel "
+                    "here, then run the tool again",
                 )
             elif project is not None and qualified.split(".")[0].lstrip(".") not in _KNOWN_TOPS:
                 self._project_call(project, call, qualified)
@@ -117,17 +117,16 @@ class ProjectWrappers(Rule):
             self.left(
                 call,
                 PROJECT_DATA_PARALLEL,
-                f"`{found.name}` ({found.where}) is the project's own subclass of DataParallel, which scatters or "
-                f"gathers its own way: not migrated; use nn.DataParallel here (then run the tool again) or migrate "
-                "it by hand",
+                f"`{found.name}` ({found.where}) is the project's own DataParallel subclass: not migrated; use "
+                "nn.DataParallel here, then run the tool again",
             )
             return True
         if project.hand_written_data_parallel(found):
             self.left(
                 call,
                 HAND_WRITTEN,
-                f"`{found.name}` ({found.where}) is DataParallel written by hand (replicate, then parallel_apply): "
-                "not migrated; use nn.DataParallel instead of it (then run the tool again) or migrate by hand",
+                f"`{found.name}` ({found.where}) is DataParallel written by hand: not migrated; use nn.DataParallel "
+                "instead, then run the tool again",
             )
             return True
         return False

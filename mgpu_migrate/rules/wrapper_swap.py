@@ -120,7 +120,7 @@ class WrapperSwap(Rule):
             net = mgpu_runtime.DistributedDataParallel(net)
             """,
             DDP,
-            ("MGP101", "MGP150"),
+            ("MGP101",),
         ),
         Example(
             """
