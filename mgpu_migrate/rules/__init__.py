@@ -36,7 +36,7 @@ RULES: tuple[type[Rule], ...] = (
     FunctionalDataParallel,
     CriterionWrap,
     FunctionalLoss,
-    # --to ddp: the rest of a distributed program.
+    # --to ddp: apex's wrapper (a wrap rule), then the rest of a distributed program (program rules and a check).
     ApexDDP,
     EntryPointSetup,
     LocalRankArgument,
@@ -53,7 +53,7 @@ RULES: tuple[type[Rule], ...] = (
     MainProcessCollective,
     ProcessRandomness,
     SharedFiles,
-    # Both targets: checks for a wrapper recognize the new ones.
+    # Both targets (a check): checks for a wrapper recognize the new ones.
     WrapperCheck,
 )
 
@@ -72,13 +72,4 @@ def vetoes(target: str) -> frozenset[str]:
 WRAP_REVIEW_CODES = frozenset(WrapperSwap.REVIEW_CODES)
 
 
-def rule_for_code(code: str) -> type[Rule] | None:
-    """The rule that rewrites with ``code`` or reports it for review."""
-    code = code.upper()
-    for rule in RULES:
-        if rule.CODE == code or code in rule.REVIEW_CODES:
-            return rule
-    return None
-
-
-__all__ = ["RULES", "TARGETS", "WRAP_REVIEW_CODES", "Rule", "rule_for_code", "rules_for", "vetoes"]
+__all__ = ["RULES", "TARGETS", "WRAP_REVIEW_CODES", "Rule", "rules_for", "vetoes"]
