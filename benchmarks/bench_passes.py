@@ -27,7 +27,9 @@ from bench_tree import build_dp_scripts  # noqa: E402
 from mgpu_migrate.analysis import FileAnalysis  # noqa: E402
 from mgpu_migrate.edits import Edits  # noqa: E402
 from mgpu_migrate.pipeline import run_pipeline  # noqa: E402
+from mgpu_migrate.program import decide  # noqa: E402
 from mgpu_migrate.rules import rules_for  # noqa: E402
+from mgpu_migrate.rules.base import CHECKS, PROGRAM, WRAPS  # noqa: E402
 
 
 def analyses() -> list[str]:
@@ -50,8 +52,13 @@ def measure(sources: list[str], target: str) -> dict[str, float]:
         for name in analyses():
             clock(f"analysis: {name}", lambda: getattr(analysis, name))
         edits = Edits("bench.py")
-        for rule in rules_for(target):
+        for rule in rules_for(target, WRAPS):
             clock(f"rule: {rule.__name__}", lambda: rule(target, analysis, edits).apply())
+        program = clock("program verdict", lambda: decide(analysis, edits.replacements))
+        for phase in (PROGRAM, CHECKS):
+            rewritten = frozenset(edits.replacements)
+            for rule in rules_for(target, phase):
+                clock(f"rule: {rule.__name__}", lambda: rule(target, analysis, edits, program=program, rewritten=rewritten).apply())
     return spent
 
 
@@ -68,7 +75,7 @@ def main() -> int:
     measure(sources[:5], args.target)  # warm up imports and caches
     spent = measure(sources, args.target)
     parse = spent["parse"]
-    pieces = sum(value for name, value in spent.items() if name.startswith(("parse", "analysis", "rule")))
+    pieces = sum(value for name, value in spent.items() if name.startswith(("parse", "analysis", "rule", "program")))
     spent["the rest: edits, imports, checks"] = spent["total (run_pipeline)"] - pieces
     print(f"{len(sources)} files, --to {args.target}; parse: {parse:.3f} s\n")
     print("| piece | seconds | x parse |\n|---|---|---|")

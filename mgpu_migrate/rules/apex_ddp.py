@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mgpu_migrate.analysis import names
+from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, WRAPS, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 
@@ -174,8 +175,7 @@ class ApexDDP(Rule):
                 self.left(
                     call,
                     APEX_NUMERICS_DROPPED,
-                    f"dropped {', '.join(numeric)}: the runtime reduces gradients in their own precision, divided "
-                    "once; check the training still converges as before",
+                    f"dropped {shorten(', '.join(numeric), 60)}: check that the training still converges as before",
                 )
         for call in self.analysis.ambiguous_calls(names.APEX_DDP):
             self.left(

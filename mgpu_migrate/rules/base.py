@@ -104,3 +104,7 @@ class Rule(ABC):
             return
         line, col = self.analysis.position(node)
         self.edits.report(line, col, code, message)
+
+
+# The targets are re-exported for the rules, which name them beside the phases.
+__all__ = ["BALANCED", "CHECKS", "DDP", "PHASES", "PROGRAM", "TARGETS", "WRAPS", "Example", "Rule"]

@@ -1,6 +1,7 @@
 """The registry of codes: every code a rule declares or the tool emits is registered and has its own page,
 and every diagnostic is one short line."""
 
+import functools
 import re
 
 import pytest
@@ -20,16 +21,14 @@ SECTIONS = {
 }
 
 
-def _every_run():
-    """Every fixture and every rule example, migrated as the tool runs them."""
-    for case in cases():
-        yield case.id, migrate_source(case.source.read_text(), case.target, str(case.source))
+@functools.cache
+def every_run():
+    """Every fixture and every rule example, migrated as the tool runs them (once, when a test first asks)."""
+    runs = [(case.id, migrate_source(case.source.read_text(), case.target, str(case.source))) for case in cases()]
     for rule in RULES:
         for index, example in enumerate(rule.EXAMPLES):
-            yield f"{rule.__name__}-{index}", migrate_source(example.before, example.target, "example.py", example.options)
-
-
-RUNS = list(_every_run())
+            runs.append((f"{rule.__name__}-{index}", migrate_source(example.before, example.target, "example.py", example.options)))
+    return runs
 
 
 def test_every_declared_code_is_registered_to_its_rule():
@@ -42,7 +41,7 @@ def test_every_declared_code_is_registered_to_its_rule():
 
 
 def test_every_emitted_code_is_registered():
-    emitted = {d.code for _, result in RUNS for d in [*result.diagnostics, *filter(None, [result.error])]}
+    emitted = {d.code for _, result in every_run() for d in [*result.diagnostics, *filter(None, [result.error])]}
     assert emitted - set(CODES) == set()
 
 
@@ -85,7 +84,7 @@ def test_explain_an_unknown_code_is_a_usage_error():
 def test_every_diagnostic_is_one_short_line():
     too_long = [
         f"{name}: {d.code} ({len(d.message)}) {d.message}"
-        for name, result in RUNS
+        for name, result in every_run()
         for d in result.diagnostics
         if len(d.message) > MAX_MESSAGE or "\n" in d.message or "\r" in d.message
     ]
