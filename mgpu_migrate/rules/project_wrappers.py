@@ -118,7 +118,7 @@ class ProjectWrappers(Rule):
                 call,
                 PROJECT_DATA_PARALLEL,
                 f"`{found.name}` ({found.where}) is the project's own DataParallel subclass: not migrated; use "
-                "nn.DataParallel here, then run the tool again",
+                "nn.DataParallel here",
             )
             return True
         if project.hand_written_data_parallel(found):
