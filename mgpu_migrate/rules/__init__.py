@@ -31,6 +31,7 @@ from mgpu_migrate.rules.remote_training import RemoteTraining
 from mgpu_migrate.rules.shared_files import SharedFiles
 from mgpu_migrate.rules.sync_batchnorm import SyncBatchNorm
 from mgpu_migrate.rules.training_data import TrainingData
+from mgpu_migrate.rules.unsplit_data import UnsplitData
 from mgpu_migrate.rules.unused_parameters import UnusedParameters
 from mgpu_migrate.rules.wrap_guard import WrapGuard
 from mgpu_migrate.rules.wrapper_check import WrapperCheck
@@ -71,6 +72,7 @@ RULES: tuple[type[Rule], ...] = (
     DeviceSelection,
     PerRankSteps,
     BatchMixing,
+    UnsplitData,
 )
 
 
