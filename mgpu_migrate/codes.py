@@ -431,6 +431,16 @@ _REVIEW_PAGES = {
         "own rows, averaged, is another loss than the original's. The file is left as it is.",
         "Use `--to balanced`, which keeps the whole batch in one process and is exact for such losses.",
     ),
+    "MGP289": (
+        "unsplit-data",
+        "The file trains (a backward pass) and builds a `DataLoader`, but no loader of it reaches the training "
+        "loop in a way the tool follows (a `while` loop over `next(iter(loader))` in a step function, a "
+        "generator helper), so none was split across the processes. The file is migrated: every process trains "
+        "on whole batches, which is correct when they draw the same ones (the runtime's first-step check stops "
+        "the run when they differ), but no faster than one process.",
+        "Pass the training loader through `mgpu_runtime.distribute_loader(...)` where it is built, so each "
+        "process reads its share of every batch.",
+    ),
     "MGP288": (
         "rows-mixed",
         "The training loop pairs rows of the batch with other rows by a random permutation (mixup, CutMix: "

@@ -69,14 +69,16 @@ class ProjectModule:
 
 @dataclass(frozen=True)
 class Found:
-    """A definition in the project: which module, which node, and where (for diagnostics)."""
+    """A definition in the project: which module, which node, and where (for diagnostics), as seen from the
+    directory of the file that uses it (``seen_from``): `lib/trainers.py:13` reads the same from any cwd."""
 
     module: ProjectModule
     node: Definition
+    seen_from: str
 
     @property
     def where(self) -> str:
-        return f"{os.path.relpath(self.module.path)}:{self.node.lineno}"
+        return f"{os.path.relpath(self.module.path, self.seen_from)}:{self.node.lineno}"
 
     @property
     def name(self) -> str:
@@ -126,7 +128,7 @@ class Project:
 
     def _in_module(self, module: ProjectModule, name: str, depth: int) -> Found | None:
         if name in module.definitions:
-            return Found(module, module.definitions[name])
+            return Found(module, module.definitions[name], os.path.dirname(self.path))
         if name in module.imports:
             imported = module.imports[name]
             return self.find(imported, depth + 1) if imported != f"{module.package}.{name}" else None
@@ -138,7 +140,7 @@ class Project:
         if qualified is None:
             return None, None
         if qualified.startswith("."):
-            return qualified, Found(found.module, found.module.definitions[qualified[1:]])
+            return qualified, Found(found.module, found.module.definitions[qualified[1:]], found.seen_from)
         return qualified, self.find(qualified, depth + 1)
 
     # -- facts -------------------------------------------------------------------------------------------

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from mgpu_migrate.analysis.entrypoint import distributed_program
-from mgpu_migrate.rules.base import DDP, Example, Rule
+from mgpu_migrate.rules.base import CHECKS, DDP, Example, Rule
 
 UNSPLIT = "MGP289"
 # What the data rules say when they split a loader or say why not.
@@ -37,6 +36,8 @@ class UnsplitData(Rule):
     """
 
     CODE = UNSPLIT
+    # A check: it reviews what the program rules said about the file's loaders.
+    PHASE = CHECKS
     REVIEW_CODES = {UNSPLIT: "the file trains, but no loader of it is split across the processes"}
     DESCRIPTION = "a training file whose data no rule split says so"
     TARGETS = (DDP,)
@@ -53,7 +54,7 @@ class UnsplitData(Rule):
     )
 
     def apply(self) -> None:
-        if not distributed_program(self.analysis, self.edits.replacements).migrates:
+        if not self.program.migrates:
             return
         if any(diagnostic.code in _SAID for diagnostic in self.edits.diagnostics):
             return
@@ -65,7 +66,6 @@ class UnsplitData(Rule):
         self.left(
             backward,
             UNSPLIT,
-            f"no loader of this file (DataLoader at line {lines}) is split across the processes: the tool does not "
-            "follow the data to this backward pass, so each process trains on whole batches; pass the training "
-            "loader through mgpu_runtime.distribute_loader(...) where it is built",
+            f"no loader of this file (DataLoader at line {lines}) is split across the processes: each process trains "
+            "on whole batches (correct but no faster)",
         )
