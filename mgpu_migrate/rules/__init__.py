@@ -20,6 +20,7 @@ from mgpu_migrate.rules.functional_loss import FunctionalLoss
 from mgpu_migrate.rules.global_count import GlobalCount
 from mgpu_migrate.rules.local_rank_argument import LocalRankArgument
 from mgpu_migrate.rules.main_process_collective import MainProcessCollective
+from mgpu_migrate.rules.mixed_rows import MIXED_ROWS, MixedRows
 from mgpu_migrate.rules.process_randomness import ProcessRandomness
 from mgpu_migrate.rules.progress_bar import ProgressBar
 from mgpu_migrate.rules.remote_training import INFERENCE_ONLY, RemoteTraining
@@ -47,6 +48,7 @@ RULES: tuple[type[Rule], ...] = (
     RemoteTraining,
     BatchCoupling,
     GlobalCount,
+    MixedRows,
     CheckpointSave,
     CheckpointLoad,
     ProgressBar,
@@ -78,7 +80,7 @@ def settle(target: str, analysis: FileAnalysis, edits: Edits) -> None:
         # An evaluation script (DataParallel serves it better), a loss that compares the rows of a batch with
         # each other, a wrap switched off by a flag: what was said about the distributed program it would have
         # become no longer applies.
-        for verdict in (INFERENCE_ONLY, BATCH_COUPLED, SWITCHED_OFF):
+        for verdict in (INFERENCE_ONLY, BATCH_COUPLED, MIXED_ROWS, SWITCHED_OFF):
             if any(diagnostic.code == verdict for diagnostic in edits.diagnostics):
                 edits.discard_rewrites(keep={verdict, *WrapperSwap.REVIEW_CODES})
                 return

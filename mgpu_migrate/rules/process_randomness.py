@@ -150,11 +150,11 @@ class ProcessRandomness(Rule):
         if not call.args or call.args[0].keyword is not None:
             return False
         first = call.args[0].value
-        if _rows_of_a_tensor(first):
+        if rows_of_a_tensor(first):
             return True
         values = self.analysis.values
         assigned = values.of(first, values.scope_of(call)) if isinstance(first, cst.Name) else []
-        return bool(assigned) and all(_rows_of_a_tensor(value) for value in assigned)
+        return bool(assigned) and all(rows_of_a_tensor(value) for value in assigned)
 
     def _filled_per_row(self, tensor: cst.BaseExpression, fill: cst.Call) -> bool:
         # `torch.empty(b, nz).normal_()`, `z.normal_()` where z was made with the batch's size.
@@ -167,10 +167,12 @@ class ProcessRandomness(Rule):
         )
 
 
-def _rows_of_a_tensor(expr: cst.BaseExpression) -> bool:
-    """``x.size(0)``, ``x.shape[0]`` or ``len(x)``."""
+def rows_of_a_tensor(expr: cst.BaseExpression) -> bool:
+    """``x.size(0)``, ``x.shape[0]``, ``x.size()[0]`` or ``len(x)``."""
     if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value == "len":
         return True
+    if isinstance(expr, cst.Subscript) and isinstance(expr.value, cst.Call) and not expr.value.args:
+        expr = cst.Subscript(value=cst.Attribute(value=expr.value.func, attr=cst.Name("shape")), slice=expr.slice)
     if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "size":
         return len(expr.args) == 1 and isinstance(expr.args[0].value, cst.Integer) and expr.args[0].value.value == "0"
     return (
