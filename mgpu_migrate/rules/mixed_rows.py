@@ -16,7 +16,8 @@ class MixedRows(Rule):
     """
     ## What it does
     Reports a random permutation of the batch's rows (``torch.randperm(x.size(0))``, also through a name
-    assigned the batch's size, as mixup, cutmix and manifold-mixup helpers draw it). The file is then left
+    assigned the batch's size, as mixup, cutmix and manifold-mixup helpers draw it; not
+    ``torch.randperm(len(dataset))``, a shuffle of the data). The file is then left
     as it is.
 
     ## Why is this bad?
@@ -65,7 +66,7 @@ class MixedRows(Rule):
                 continue
             size = call.args[0].value
             assigned = values.of(size, values.scope_of(call)) if isinstance(size, cst.Name) else []
-            if not (rows_of_a_tensor(size) or (assigned and all(rows_of_a_tensor(value) for value in assigned))):
+            if not (_batch_rows(size) or (assigned and all(_batch_rows(value) for value in assigned))):
                 continue
             code = self.analysis.module.code_for_node(call)
             self.left(
@@ -75,3 +76,9 @@ class MixedRows(Rule):
                 "process would mix only its own rows, another batch than the original's; the file is left as it is "
                 "(--to balanced keeps one process and is exact)",
             )
+
+
+def _batch_rows(expr: cst.BaseExpression) -> bool:
+    """``x.size(0)``, ``x.shape[0]``: a batch's rows. ``len(dataset)`` is a shuffle of the data, not of a batch."""
+    is_len = isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value == "len"
+    return rows_of_a_tensor(expr) and not is_len
