@@ -24,6 +24,7 @@ from mgpu_migrate.rules.mixed_rows import MIXED_ROWS, MixedRows
 from mgpu_migrate.rules.process_randomness import ProcessRandomness
 from mgpu_migrate.rules.progress_bar import ProgressBar
 from mgpu_migrate.rules.remote_training import INFERENCE_ONLY, RemoteTraining
+from mgpu_migrate.rules.replication_callback import REPLICATION_CALLBACK, ReplicationCallback
 from mgpu_migrate.rules.shared_files import SharedFiles
 from mgpu_migrate.rules.sync_batchnorm import SyncBatchNorm
 from mgpu_migrate.rules.training_data import TrainingData
@@ -49,6 +50,7 @@ RULES: tuple[type[Rule], ...] = (
     BatchCoupling,
     GlobalCount,
     MixedRows,
+    ReplicationCallback,
     CheckpointSave,
     CheckpointLoad,
     ProgressBar,
@@ -80,7 +82,7 @@ def settle(target: str, analysis: FileAnalysis, edits: Edits) -> None:
         # An evaluation script (DataParallel serves it better), a loss that compares the rows of a batch with
         # each other, a wrap switched off by a flag: what was said about the distributed program it would have
         # become no longer applies.
-        for verdict in (INFERENCE_ONLY, BATCH_COUPLED, MIXED_ROWS, SWITCHED_OFF):
+        for verdict in (INFERENCE_ONLY, BATCH_COUPLED, MIXED_ROWS, REPLICATION_CALLBACK, SWITCHED_OFF):
             if any(diagnostic.code == verdict for diagnostic in edits.diagnostics):
                 edits.discard_rewrites(keep={verdict, *WrapperSwap.REVIEW_CODES})
                 return
