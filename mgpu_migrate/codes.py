@@ -441,12 +441,22 @@ _REVIEW_PAGES = {
         "Pass the training loader through `mgpu_runtime.distribute_loader(...)` where it is built, so each "
         "process reads its share of every batch.",
     ),
-    "MGP288": (
-        "rows-mixed",
-        "The training loop pairs rows of the batch with other rows by a random permutation (mixup, CutMix: "
-        "`torch.randperm(batch_size)`). Under DDP each process would mix only its own rows, another "
-        "augmentation and another loss. The file is left as it is.",
-        "Use `--to balanced`, which keeps the whole batch in one process.",
+    "MGP265": (
+        "mixed-rows",
+        "The training loop permutes the rows of the batch (mixup, CutMix: `index = torch.randperm(x.size(0))`, "
+        "then `lam * x + (1 - lam) * x[index]`). Under DDP each process holds only its rows, so it would mix "
+        "only those: another augmentation and another loss, which no split of the data can make the original's "
+        "without moving rows between processes. The file is left as it is.",
+        "Use `--to balanced`, which keeps the whole batch in one process and is exact for it.",
+    ),
+    "MGP266": (
+        "replication-callback",
+        "The file uses the Synchronized-BatchNorm package's replication callbacks (`patch_replication_callback`, "
+        "`DataParallelWithCallback`, `__data_parallel_replicate__`): they synchronise BatchNorm statistics across "
+        "the replicas DataParallel makes. DDP makes no replicas, so the callback would never run (BatchNorm per "
+        "process) or fail an assertion at start-up. The file is left as it is.",
+        "Use `--to balanced` (its replicate calls `__data_parallel_replicate__`), or replace the package's "
+        "BatchNorm with `nn.BatchNorm2d` and migrate with `--to ddp --sync-bn`.",
     ),
 }
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 from mgpu_migrate.rules.apex_ddp import ApexDDP
 from mgpu_migrate.rules.base import TARGETS, Rule
 from mgpu_migrate.rules.batch_coupling import BatchCoupling
-from mgpu_migrate.rules.batch_mixing import BatchMixing
 from mgpu_migrate.rules.checkpoint_load import CheckpointLoad
 from mgpu_migrate.rules.checkpoint_save import CheckpointSave
 from mgpu_migrate.rules.criterion_wrap import CriterionWrap
@@ -22,12 +21,14 @@ from mgpu_migrate.rules.global_count import GlobalCount
 from mgpu_migrate.rules.local_rank_argument import LocalRankArgument
 from mgpu_migrate.rules.main_process_collective import MainProcessCollective
 from mgpu_migrate.rules.per_rank_steps import PerRankSteps
+from mgpu_migrate.rules.mixed_rows import MixedRows
 from mgpu_migrate.rules.process_randomness import ProcessRandomness
 from mgpu_migrate.rules.progress_bar import ProgressBar
 from mgpu_migrate.rules.project_losses import ProjectLosses
 from mgpu_migrate.rules.project_training import ProjectTraining
 from mgpu_migrate.rules.project_wrappers import ProjectWrappers
 from mgpu_migrate.rules.remote_training import RemoteTraining
+from mgpu_migrate.rules.replication_callback import ReplicationCallback
 from mgpu_migrate.rules.shared_files import SharedFiles
 from mgpu_migrate.rules.sync_batchnorm import SyncBatchNorm
 from mgpu_migrate.rules.training_data import TrainingData
@@ -53,6 +54,8 @@ RULES: tuple[type[Rule], ...] = (
     RemoteTraining,
     BatchCoupling,
     GlobalCount,
+    MixedRows,
+    ReplicationCallback,
     CheckpointSave,
     CheckpointLoad,
     ProgressBar,
@@ -65,13 +68,12 @@ RULES: tuple[type[Rule], ...] = (
     # Both targets (a check): checks for a wrapper recognize the new ones.
     WrapperCheck,
     # What the file alone does not show: the project's own wrappers and training code (analysis/project.py),
-    # GPUs chosen by id, decisions each process would take alone, rows mixed across the batch.
+    # GPUs chosen by id, decisions each process would take alone.
     ProjectWrappers,
     ProjectTraining,
     ProjectLosses,
     DeviceSelection,
     PerRankSteps,
-    BatchMixing,
     UnsplitData,
 )
 

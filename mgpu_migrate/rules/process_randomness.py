@@ -29,6 +29,8 @@ _SEEDS = frozenset(
 _SIZED_DRAWS = frozenset(f"torch.{name}" for name in ("randn", "rand", "randint", "normal", "empty"))
 # Draws shaped like a tensor of the batch.
 _LIKE_DRAWS = frozenset(f"torch.{name}" for name in ("randn_like", "rand_like", "randint_like", "bernoulli", "poisson"))
+# Draws the runtime makes for the global batch and slices per process when sized by the batch's rows.
+_SLICED_BY_RUNTIME = frozenset({"torch.randn", "torch.rand", "torch.randn_like", "torch.rand_like"})
 # In-place fills of a tensor (``z.normal_()``), by method name.
 _FILLS = frozenset({"normal_", "uniform_", "bernoulli_", "exponential_", "geometric_", "cauchy_", "log_normal_", "random_"})
 
@@ -50,7 +52,9 @@ class ProcessRandomness(Rule):
     generator. Seeded alike, the generators give every process the same numbers, so rows on different
     processes share them: a GAN trained on 8 GPUs sees 8 copies of one process's latent vectors each
     step, where the original drew one vector per row. (Unseeded processes draw different numbers, as
-    the original's rows did.)
+    the original's rows did.) Not reported: ``torch.randn``/``rand`` sized by a tensor's rows
+    (``real.size(0)``, ``len(x)``, a name assigned only those) and ``randn_like``/``rand_like``, which the
+    runtime draws for the global batch and slices per process, exactly as the original drew them.
 
     ## Example
     ```python
@@ -89,7 +93,7 @@ class ProcessRandomness(Rule):
             torch.manual_seed(0)
             netG = nn.DataParallel(netG)
             for real in DataLoader(images, batch_size=64, shuffle=True):
-                noise = torch.randn(real.size(0), 100)
+                noise = torch.randn(args.batch_size, 100)
                 loss = (netD(netG(noise)) - 1).pow(2).mean()
                 loss.backward()
             """,
@@ -103,7 +107,7 @@ class ProcessRandomness(Rule):
             torch.manual_seed(0)
             netG = mgpu_runtime.DistributedDataParallel(netG)
             for real in mgpu_runtime.distribute_loader(DataLoader(images, batch_size=64, shuffle=True)):
-                noise = torch.randn(real.size(0), 100)
+                noise = torch.randn(args.batch_size, 100)
                 loss = (netD(netG(noise)) - 1).pow(2).mean()
                 loss.backward()
             """,
@@ -145,6 +149,8 @@ class ProcessRandomness(Rule):
 
     def _draws_per_row(self, call: cst.Call) -> bool:
         qualified = self.analysis.resolve(call.func)
+        if qualified in _SLICED_BY_RUNTIME and self._sized_by_the_loops_rows(qualified, call):
+            return False
         if qualified in _LIKE_DRAWS:
             return True
         if qualified in _SIZED_DRAWS:
@@ -156,6 +162,20 @@ class ProcessRandomness(Rule):
             and self._filled_per_row(call.func.value, call)
         )
 
+    def _sized_by_the_loops_rows(self, qualified: str, call: cst.Call) -> bool:
+        """A draw the runtime makes for the global batch and slices (mgpu_runtime/randomness.py): shaped like a
+        tensor, or sized by a tensor's rows (``x.size(0)``, ``len(x)``, a name assigned only such values)."""
+        if qualified.endswith("_like"):
+            return True
+        if not call.args or call.args[0].keyword is not None:
+            return False
+        first = call.args[0].value
+        if rows_of_a_tensor(first):
+            return True
+        values = self.analysis.values
+        assigned = values.of(first, values.scope_of(call)) if isinstance(first, cst.Name) else []
+        return bool(assigned) and all(rows_of_a_tensor(value) for value in assigned)
+
     def _filled_per_row(self, tensor: cst.BaseExpression, fill: cst.Call) -> bool:
         # `torch.empty(b, nz).normal_()`, `z.normal_()` where z was made with the batch's size.
         if isinstance(tensor, cst.Call):
@@ -165,6 +185,25 @@ class ProcessRandomness(Rule):
             isinstance(value, cst.Call) and any(_mentions_batch_size(arg.value) for arg in value.args)
             for value in values.of(tensor, values.scope_of(fill))
         )
+
+
+def rows_of_a_tensor(expr: cst.BaseExpression) -> bool:
+    """``x.size(0)``, ``x.shape[0]``, ``x.size()[0]`` or ``len(x)``."""
+    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value == "len":
+        return True
+    if isinstance(expr, cst.Subscript) and isinstance(expr.value, cst.Call) and not expr.value.args:
+        expr = cst.Subscript(value=cst.Attribute(value=expr.value.func, attr=cst.Name("shape")), slice=expr.slice)
+    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "size":
+        return len(expr.args) == 1 and isinstance(expr.args[0].value, cst.Integer) and expr.args[0].value.value == "0"
+    return (
+        isinstance(expr, cst.Subscript)
+        and isinstance(expr.value, cst.Attribute)
+        and expr.value.attr.value == "shape"
+        and len(expr.slice) == 1
+        and isinstance(expr.slice[0].slice, cst.Index)
+        and isinstance(expr.slice[0].slice.value, cst.Integer)
+        and expr.slice[0].slice.value.value == "0"
+    )
 
 
 def _mentions_batch_size(expr: cst.BaseExpression) -> bool:

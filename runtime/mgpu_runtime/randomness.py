@@ -6,16 +6,24 @@ its own shape would get other masks and leave the generator elsewhere than the o
 draws (the next epoch's shuffle, the next layer's mask) would differ too. ``sliced_dropout`` draws the
 global batch's mask exactly as ``F.dropout`` draws it and keeps the piece's rows: the masks are the
 original's, and the generator advances as the original's did.
+
+Random numbers drawn per row of the batch (``torch.randn(b_size, nz)`` for a GAN's noise, after
+``b_size = real.size(0)``; ``torch.randn_like(std)`` in a VAE's reparameterisation) are the same: a draw
+whose first dimension is the piece's rows is made for the global batch's rows and sliced (``per_row_draw``).
+A draw of another shape is left as it is.
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
+_SIZED = frozenset({torch.randn, torch.rand})
+_SHAPED_LIKE = frozenset({torch.randn_like, torch.rand_like})
+PER_ROW: frozenset = _SIZED | _SHAPED_LIKE
 DRAWS: frozenset = frozenset({F.dropout})
 _SIGNATURE = inspect.signature(F.dropout)
 
@@ -45,3 +53,21 @@ def global_mask(like: torch.Tensor, total: int, p: float, device: torch.device |
 
 def apply_mask(source: torch.Tensor, mask: torch.Tensor, inplace: bool) -> torch.Tensor:
     return source.mul_(mask) if inplace else source * mask
+
+
+def per_row_draw(
+    function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], rows: int
+) -> Callable[[int], torch.Tensor] | None:
+    """For a ``randn``/``rand`` (``_like``) call whose first dimension is the piece's ``rows``: the same draw
+    for a batch of a given number of rows; None for any other call."""
+    if function in _SIZED:
+        size = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)) else args
+        if not size or "size" in kwargs or not all(isinstance(extent, int) for extent in size) or size[0] != rows:
+            return None
+        return lambda total: function(total, *size[1:], **kwargs)
+    if function in _SHAPED_LIKE and args and isinstance(args[0], torch.Tensor):
+        like = args[0]
+        if like.dim() == 0 or like.shape[0] != rows:
+            return None
+        return lambda total: function(like.new_empty((total, *like.shape[1:])), *args[1:], **kwargs)
+    return None

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from mgpu_migrate.engine import migrate_source
+from mgpu_migrate.options import Options
 from tests.fixture_cases import FIXTURES, ROOT
 
 torch = pytest.importorskip("torch")
@@ -42,6 +44,9 @@ TOLERANCE = 1e-9
 # process normalises over the whole batch, DataParallel on N GPUs over each chunk. Their reference is the
 # balanced migration on N CPU replicas, which is DataParallel's split; DDP on N processes must match it.
 PER_DEVICE = {"batchnorm_last_batch"}
+# ... and migrated with --sync-bn, the same script normalises over the global batch: exactly the original,
+# also as one process on a CPU (torch's SyncBatchNorm refuses CPU tensors; the runtime's runs there).
+SYNC_BN = "batchnorm_last_batch"
 TIMEOUT_S = 400
 # Variables of a launcher or of the runtime that an outer job (or a developer's shell) may have set.
 _LAUNCH_VARIABLES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}
@@ -122,11 +127,16 @@ def test_ddp_migrations_train_like_the_originals(tmp_path: Path) -> None:
         for name in sorted(PER_DEVICE)
         for replicas in WORLD_SIZES
     ]
+    synchronized = tmp_path / f"{SYNC_BN}.sync-bn.ddp.py"
+    migrated = migrate_source((FIXTURES / "scripts" / f"{SYNC_BN}.py").read_text(), "ddp", "x.py", Options(sync_bn=True))
+    synchronized.write_text(migrated.output)
+    in_turn.append((str(synchronized), str(tmp_path / "sync-bn-python.pt")))
     runs = {"the originals and `python NAME.ddp.py`": _start([sys.executable, "-c", _IN_TURN, json.dumps(in_turn)])}
     driver = tmp_path / "in_turn.py"
     driver.write_text(_IN_TURN)
     for processes in WORLD_SIZES:
         scripts = [(f"{name}.ddp.py", str(tmp_path / f"{name}-torchrun{processes}.pt")) for name in SCRIPTS]
+        scripts.append((str(synchronized), str(tmp_path / f"sync-bn-torchrun{processes}.pt")))
         runs[f"torchrun --nproc_per_node={processes}"] = _start(
             [
                 sys.executable,
@@ -156,6 +166,12 @@ def test_ddp_migrations_train_like_the_originals(tmp_path: Path) -> None:
             print(f"{name} ({run}): max weight difference {difference:.3g}")
             if difference > TOLERANCE:
                 differences.append(f"{name} ({run}): max weight difference {difference:.3g}")
+    original = _weights(tmp_path / f"{SYNC_BN}-original.pt")
+    for run in (*(f"torchrun{processes}" for processes in WORLD_SIZES), "python"):
+        difference = _difference(original, _weights(tmp_path / f"sync-bn-{run}.pt"))
+        print(f"{SYNC_BN} --sync-bn ({run}): max weight difference {difference:.3g}")
+        if difference > TOLERANCE:
+            differences.append(f"{SYNC_BN} --sync-bn ({run}): max weight difference {difference:.3g}")
     assert not differences, "\n".join(differences)
 
 

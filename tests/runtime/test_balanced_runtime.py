@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from mgpu_runtime.balanced import DataParallelCriterion, DataParallelModel
+from mgpu_runtime.balanced import DataParallelCriterion, DataParallelModel, gather
 from mgpu_runtime.balanced.devices import resolve_devices
 from tests.runtime.conftest_balanced import Classifier, features, labels, max_abs_diff, use_cpu_replicas
 
@@ -265,3 +265,25 @@ def test_training_on_three_replicas_ends_with_the_bare_models_weights(three_repl
     for name, parameter in twin.named_parameters():
         assert max_abs_diff(parameter, dict(bare.named_parameters())[name]) <= 1e-6, name
     assert max_abs_diff(twin.head.weight, Classifier().head.weight) > 1e-2  # it did train
+
+
+def test_replication_callbacks_of_synchronized_batch_norm_are_honoured(three_replicas):
+    """The Synchronized-BatchNorm package's hook: each copy learns its number and shares a context per module."""
+
+    class Synchronized(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(5, 5).double()
+
+        def __data_parallel_replicate__(self, context, copy_id):
+            self.copy_id = copy_id
+            context.seen = [*getattr(context, "seen", []), copy_id]
+            self.context = context
+
+        def forward(self, x):
+            return self.linear(x) * 0 + self.copy_id
+
+    model = DataParallelModel(Synchronized())
+    output = model(features(6))
+    assert gather(output)[:, 0].tolist() == [0, 0, 1, 1, 2, 2]
+    assert model.module.context.seen == [0, 1, 2]

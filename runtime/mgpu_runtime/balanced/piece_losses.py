@@ -9,8 +9,8 @@ of numerators over the sum of denominators (or the sum of sums): exactly the uns
 the script computed further (``loss + 0.1 * penalty``) is unmarked and falls back to the mean weighted by
 rows, which is exact for per-row means only.
 
-The replicas of a forward also share their dropout draws: the ``k``-th dropout call of any replica is
-answered from the ``k``-th mask drawn for the whole batch (by whichever replica gets there first, under a
+The replicas of a forward also share their random draws: the ``k``-th dropout or per-row draw
+(``torch.randn_like(std)``) of any replica is answered from the ``k``-th one drawn for the whole batch (by whichever replica gets there first, under a
 lock), of which each replica keeps its rows (``mgpu_runtime.randomness``). The masks are then the unsplit
 forward's, drawn in its order, so the generator advances as the original's did and two identical runs
 agree, however the replica threads interleave.
@@ -26,7 +26,16 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from mgpu_runtime.losses import WATCHED, LossParts, loss_parts
-from mgpu_runtime.randomness import DRAWS, apply_mask, dropout_call, global_mask
+from mgpu_runtime.randomness import (
+    DRAWS,
+    PER_ROW,
+    apply_mask,
+    dropout_call,
+    global_mask,
+    per_row_draw,
+)
+
+_FACTORIES = (torch.randn, torch.rand)
 
 _PARTS = "_mgpu_loss_parts"
 
@@ -37,17 +46,22 @@ class SharedDraws:
     def __init__(self, sizes: Sequence[int], device: torch.device) -> None:
         self.sizes = list(sizes)
         self.starts = [sum(self.sizes[:index]) for index in range(len(self.sizes))]
-        self._device = device
+        self.device = device
         self._masks: list[torch.Tensor] = []
         self._lock = threading.Lock()
 
-    def mask(self, index: int, replica: int, like: torch.Tensor, p: float) -> torch.Tensor:
+    def slice(
+        self, index: int, replica: int, draw: Callable[[], torch.Tensor], device: torch.device | None
+    ) -> torch.Tensor:
+        """Replica ``replica``'s rows of the forward's ``index``-th draw, made by ``draw`` if no replica has yet,
+        on ``device`` (None: where it was drawn)."""
         with self._lock:
             while len(self._masks) <= index:
-                self._masks.append(global_mask(like, sum(self.sizes), p, self._device))
-            mask = self._masks[index]
+                self._masks.append(draw())
+            drawn = self._masks[index]
         start = self.starts[replica]
-        return mask[start : start + self.sizes[replica]].to(like.device)
+        rows = drawn[start : start + self.sizes[replica]]
+        return rows if device is None else rows.to(device)
 
 
 class _MarkedLosses(TorchFunctionMode):
@@ -55,16 +69,28 @@ class _MarkedLosses(TorchFunctionMode):
         super().__init__()
         self._draws = draws
         self._replica = replica
-        self._dropouts = 0
+        self._draw_calls = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self._draws is not None and func in DRAWS:
-            call = dropout_call(args, kwargs, self._draws.sizes[self._replica])
+        draws = self._draws
+        if draws is not None and func in DRAWS:
+            call = dropout_call(args, kwargs, draws.sizes[self._replica])
             if call is not None:
                 source, p, inplace = call
-                self._dropouts += 1
-                return apply_mask(source, self._draws.mask(self._dropouts - 1, self._replica, source, p), inplace)
+                self._draw_calls += 1
+                total, device = sum(draws.sizes), draws.device
+                mask = draws.slice(
+                    self._draw_calls - 1, self._replica, lambda: global_mask(source, total, p, device), source.device
+                )
+                return apply_mask(source, mask, inplace)
+        if draws is not None and func in PER_ROW:
+            draw = per_row_draw(func, args, kwargs, draws.sizes[self._replica])
+            if draw is not None:
+                self._draw_calls += 1
+                total = sum(draws.sizes)
+                device = kwargs.get("device") if func in _FACTORIES else args[0].device
+                return draws.slice(self._draw_calls - 1, self._replica, lambda: draw(total), device)
         parts = loss_parts(func, args, kwargs) if func in WATCHED else None
         if parts is None:
             return func(*args, **kwargs)

@@ -10,6 +10,12 @@ A replica is a shallow copy of every submodule (``Module._replicate_for_data_par
 Buffers follow ``nn.DataParallel``'s rule: the first replica shares the originals, so running statistics
 updated in its forward persist; the others get copies, so concurrent in-place updates never race.
 torch's ``replicate`` cannot be used: it only broadcasts to CUDA devices and always copies.
+
+After replicating, every module that defines ``__data_parallel_replicate__(ctx, copy_id)`` is told its copy
+number with a context shared by the copies of that module, as the Synchronized-BatchNorm package's
+``DataParallelWithCallback``/``patch_replication_callback`` arrange around ``nn.DataParallel.replicate``:
+its BatchNorm then synchronises its statistics across the replica threads instead of silently becoming
+per-replica BatchNorm.
 """
 
 from __future__ import annotations
@@ -26,7 +32,22 @@ def replicate(module: nn.Module, devices: Sequence[torch.device]) -> list[nn.Mod
     replicas = [module] if devices[0] == home else []
     for device in devices[len(replicas) :]:
         replicas.append(_replica(module, device, home))
+    _run_replication_callbacks(replicas)
     return replicas
+
+
+class _CallbackContext:
+    """What the copies of one module share in ``__data_parallel_replicate__`` (attributes they set)."""
+
+
+def _run_replication_callbacks(replicas: Sequence[nn.Module]) -> None:
+    if len(replicas) < 2 or not any(hasattr(m, "__data_parallel_replicate__") for m in replicas[0].modules()):
+        return
+    contexts = [_CallbackContext() for _ in replicas[0].modules()]
+    for copy_id, replica in enumerate(replicas):
+        for context, module in zip(contexts, replica.modules()):
+            if hasattr(module, "__data_parallel_replicate__"):
+                module.__data_parallel_replicate__(context, copy_id)
 
 
 def _replica(module: nn.Module, device: torch.device, home: torch.device) -> nn.Module:

@@ -18,7 +18,11 @@ Two ways to get there, by what the loader is:
 * A plain ``DataLoader`` over a map-style dataset (the common case): rank 0 runs the original batch
   sampler and broadcasts its index batches (a few dozen at a time); every rank loads only its span of each,
   with the original dataset, ``collate_fn``, workers, pinning and worker seeding, so data loading is
-  divided among the ranks rather than repeated. ``collate_fn`` sees the rank's span of samples. A rank
+  divided among the ranks rather than repeated. With the default collate (slice-invariant: collating a
+  span gives the span of the collated batch) ``collate_fn`` sees the rank's span of samples; a
+  ``collate_fn`` of the script's own may pad to the batch's longest sample or otherwise depend on the whole
+  batch, so every rank loads and collates the whole global batch and keeps its span of rows, which is what
+  DataParallel scattered. A rank
   whose span is empty loads the batch's first sample and cuts it to zero rows, so it still has a batch of
   the right structure to run forward and backward on. Batches are kept in order (``in_order=True``), which
   keeping ranks aligned requires.
@@ -43,7 +47,7 @@ from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, IterableDataset, Sampler
+from torch.utils.data import DataLoader, IterableDataset, Sampler, default_collate
 
 from mgpu_runtime.distributed.losses import watching
 from mgpu_runtime.distributed.process_group import rank, setup, world_size
@@ -116,7 +120,10 @@ class _LoaderTwin(ABC):
 class _IndexShardedLoader(_LoaderTwin):
     def __init__(self, loader: DataLoader) -> None:
         super().__init__(loader)
-        self._shards = _ShardedBatchSampler(loader.batch_sampler)
+        # A collate_fn of the script's own may not be slice-invariant (padding to the batch's longest sample,
+        # per-batch normalisation): it collates the whole global batch, of which the rank keeps its rows.
+        self._whole_batches = loader.collate_fn is not default_collate
+        self._shards = _ShardedBatchSampler(loader.batch_sampler, self._whole_batches)
         settings = {name: getattr(loader, name) for name in _KEPT_LOADER_SETTINGS if name in _LOADER_PARAMETERS}
         if "in_order" in _LOADER_PARAMETERS:
             settings["in_order"] = True
@@ -125,14 +132,19 @@ class _IndexShardedLoader(_LoaderTwin):
     def _batches_and_shares(self) -> Iterator[tuple[Any, Share]]:
         for batch in self._local:
             share = self._shards.handed_out.popleft()
-            yield (batch if share.rows else take_rows(batch, 0, 0, batch_rows(batch))), share
+            if self._whole_batches:
+                batch = take_rows(batch, share.start, share.start + share.rows, batch_rows(batch))
+            elif not share.rows:
+                batch = take_rows(batch, 0, 0, batch_rows(batch))
+            yield batch, share
 
 
 class _ShardedBatchSampler(Sampler[list[Any]]):
     """The original batch sampler's batches, drawn on rank 0, cut down to this rank's span of indices."""
 
-    def __init__(self, batch_sampler: Iterable[list[Any]]) -> None:
+    def __init__(self, batch_sampler: Iterable[list[Any]], whole: bool) -> None:
         self._batch_sampler = batch_sampler
+        self._whole = whole
         self.handed_out: deque[Share] = deque()
         """The share of each index batch handed to the DataLoader and not yet yielded (it prefetches)."""
 
@@ -144,8 +156,11 @@ class _ShardedBatchSampler(Sampler[list[Any]]):
         for indices in _shared_from_rank_zero(self._batch_sampler):
             start, stop = share_spans(len(indices), world_size())[rank()]
             self.handed_out.append(Share(stop - start, len(indices), start))
-            # An empty span still loads one sample, cut to zero rows later, for a batch of the right structure.
-            yield indices[start:stop] if stop > start else indices[:1]
+            if self._whole:
+                yield indices
+            else:
+                # An empty span still loads one sample, cut to zero rows later, for a batch of the right structure.
+                yield indices[start:stop] if stop > start else indices[:1]
 
 
 class _ScatteredLoader(_LoaderTwin):

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mgpu_runtime.distributed import lockstep, safety
+from mgpu_runtime.distributed import lockstep, safety, sync_batchnorm
 from mgpu_runtime.distributed.losses import inside_model
 from mgpu_runtime.distributed.process_group import device, setup, world_size
 from mgpu_runtime.distributed.share import gradient_weight
@@ -75,6 +75,8 @@ class DistributedDataParallel(_TorchDDP):
         if processes == 1 and not {"broadcast_buffers", "forward_sync_buffers"} & kwargs.keys():
             # Nobody to copy buffers to; on a GPU each forward would otherwise round-trip them through gloo.
             kwargs[_BUFFER_SYNC_ARGUMENT] = False
+        if local.type == "cpu":
+            sync_batchnorm.run_on_cpu(module)  # torch's SyncBatchNorm refuses CPU tensors
         super().__init__(
             module.to(local),
             device_ids=[local.index] if local.type == "cuda" else None,

@@ -30,7 +30,8 @@ Two ways a loss gets there:
   global loss) it is the criterion itself, and so is it in a world of one.
 
 The watch also draws dropout as the original did: one mask for the global batch, of which the rank keeps
-its rows (``mgpu_runtime.randomness``), so masks are the original's and every rank's generator advances as
+its rows, and so random numbers drawn per row (``torch.randn(b_size, nz)``, ``torch.randn_like(std)``,
+``mgpu_runtime.randomness``), so masks are the original's and every rank's generator advances as
 the original process's did (the loader keeps the ranks' generators in step with rank 0's, ``data.py``).
 
 Every watched call is a collective, so every rank must make the same loss calls in the same order, as DDP
@@ -59,7 +60,14 @@ from mgpu_runtime.losses import (
     loss_parts,
     reduction_parts,
 )
-from mgpu_runtime.randomness import DRAWS, apply_mask, dropout_call, global_mask
+from mgpu_runtime.randomness import (
+    DRAWS,
+    PER_ROW,
+    apply_mask,
+    dropout_call,
+    global_mask,
+    per_row_draw,
+)
 
 
 class DistributedCriterion(nn.Module):
@@ -125,6 +133,10 @@ class _GlobalLosses(TorchFunctionMode):
                 source, p, inplace = call
                 mask = global_mask(source, share.total, p)[share.start : share.start + share.rows]
                 return apply_mask(source, mask, inplace)
+        elif share is not None and func in PER_ROW:
+            draw = per_row_draw(func, args, kwargs, share.rows)
+            if draw is not None:
+                return draw(share.total)[share.start : share.start + share.rows]
         elif share is not None and func in WATCHED:
             parts = loss_parts(func, args, kwargs)
         elif share is not None and func in FULL_REDUCTIONS and not self.model_depth:

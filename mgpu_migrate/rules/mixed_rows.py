@@ -1,0 +1,85 @@
+"""MGP265: a permutation of the batch's rows (mixup, cutmix) keeps the file off DDP (``--to ddp``)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from mgpu_migrate.diagnostics import shorten
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
+from mgpu_migrate.rules.process_randomness import rows_of_a_tensor
+
+# The file is left as it is when this is reported (rules.settle).
+MIXED_ROWS = "MGP265"
+
+
+class MixedRows(Rule):
+    """
+    ## What it does
+    Reports a random permutation of the batch's rows (``torch.randperm(x.size(0))``, also through a name
+    assigned the batch's size, as mixup, cutmix and manifold-mixup helpers draw it; not
+    ``torch.randperm(len(dataset))``, a shuffle of the data). The file is then left
+    as it is.
+
+    ## Why is this bad?
+    The permutation pairs each row with another row of the whole batch. Under DDP each process holds its own
+    rows, so it can only pair them with each other: other pairs, another mixed batch, another loss than the
+    original's, and no weighting of the gradients can restore it. ``--to balanced`` keeps one process, mixes
+    the whole batch as before, and is exact.
+
+    ## Example
+    ```python
+    index = torch.randperm(x.size(0))
+    mixed = lam * x + (1 - lam) * x[index]
+    ```
+
+    ## Use instead
+    Migrate the file with ``--to balanced``, or gather the batch from every process before mixing it
+    (``torch.distributed.nn.all_gather``), then migrate it by hand.
+
+    ## Fix safety
+    Nothing is rewritten, in the whole file: ``--to ddp`` migrates a file entirely or not at all.
+    """
+
+    CODE = MIXED_ROWS
+    PHASE = PROGRAM
+    VETOES = frozenset({MIXED_ROWS})
+    REVIEW_CODES = {
+        MIXED_ROWS: "the rows of a batch are permuted and mixed: under DDP only within each process",
+    }
+    DESCRIPTION = "a permutation of the batch's rows (mixup) keeps the file off DDP"
+    TARGETS = (DDP,)
+    EXAMPLES = (
+        Example(
+            "import torch\nimport torch.nn as nn\n\nmodel = nn.DataParallel(model)\nfor x, y in loader:\n"
+            "    index = torch.randperm(x.size(0))\n    x = 0.7 * x + 0.3 * x[index]\n"
+            "    loss = criterion(model(x), y)\n    loss.backward()\n",
+            None,
+            DDP,
+            ("MGP265",),
+        ),
+    )
+
+    def apply(self) -> None:
+        if not self.program.migrates:
+            return
+        values = self.analysis.values
+        for call in self.analysis.calls_to("torch.randperm"):
+            if not call.args:
+                continue
+            size = call.args[0].value
+            assigned = values.of(size, values.scope_of(call)) if isinstance(size, cst.Name) else []
+            if not (_batch_rows(size) or (assigned and all(_batch_rows(value) for value in assigned))):
+                continue
+            code = self.analysis.module.code_for_node(call)
+            self.left(
+                call,
+                MIXED_ROWS,
+                f"`{shorten(code)}` permutes the rows of the batch: under DDP each process would mix only its own; "
+                "file left as it is",
+            )
+
+
+def _batch_rows(expr: cst.BaseExpression) -> bool:
+    """``x.size(0)``, ``x.shape[0]``: a batch's rows. ``len(dataset)`` is a shuffle of the data, not of a batch."""
+    is_len = isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value == "len"
+    return rows_of_a_tensor(expr) and not is_len
