@@ -74,6 +74,8 @@ class DistributedDataParallel(_TorchDDP):
         if processes == 1 and not {"broadcast_buffers", "forward_sync_buffers"} & kwargs.keys():
             # Nobody to copy buffers to; on a GPU each forward would otherwise round-trip them through gloo.
             kwargs[_BUFFER_SYNC_ARGUMENT] = False
+        if processes > 1:
+            kwargs = {**lockstep.bucket_arguments(_TorchDDP.__init__, kwargs), **kwargs}
         super().__init__(
             module.to(local),
             device_ids=[local.index] if local.type == "cuda" else None,

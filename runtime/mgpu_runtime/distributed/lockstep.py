@@ -20,6 +20,7 @@ other collectives (a barrier, the loader, a criterion) are explained by the proc
 from __future__ import annotations
 
 import datetime
+import inspect
 import os
 import sys
 import threading
@@ -117,6 +118,22 @@ def all_reduce(buffer: torch.Tensor, bucket_index: int) -> torch.futures.Future:
         return result
 
     return dist.all_reduce(sent, async_op=True).get_future().then(finished)
+
+
+# Torch's default first bucket holds up to 1 MB of the last gradients; a first bucket of one parameter
+# (usually the last layer's bias) makes the carrier a few elements, whose copy costs nothing.
+_FIRST_BUCKET_MB = 1e-6
+_BUCKET_MB = 25
+
+
+def bucket_arguments(ddp_init: Callable, given: dict) -> dict:
+    """DDP arguments that make the smallest bucket tiny, unless the script chose its own buckets (or this torch
+    cannot take per-bucket sizes)."""
+    if {"bucket_cap_mb", "bucket_cap_mb_list"} & given.keys() or not enabled():
+        return {}
+    if "bucket_cap_mb_list" not in inspect.signature(ddp_init).parameters:
+        return {}
+    return {"bucket_cap_mb_list": [_FIRST_BUCKET_MB, _BUCKET_MB]}
 
 
 _bucket_sizes: dict[int, int] = {}
