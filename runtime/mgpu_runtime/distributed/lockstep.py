@@ -69,7 +69,8 @@ def start(rank: int, world_size: int, master_addr: str | None, master_port: int 
             client = dist.TCPStore(
                 master_addr, master_port, is_master=False, timeout=datetime.timedelta(seconds=10), wait_for_workers=False
             )
-            _store = dist.PrefixStore("mgpu_runtime", client)
+            # Per attempt: an elastic restart must not read the notes of the attempt before it.
+            _store = dist.PrefixStore(f"mgpu_runtime/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", client)
         except (RuntimeError, dist.DistStoreError):
             _store = None  # no explanations then, but the job runs
     if _store is not None:
