@@ -222,7 +222,7 @@ def explain(failure: BaseException, where: str) -> str:
     if others is None:
         whom = "the other ranks' progress is unknown (the job's store cannot be reached; rank 0 may have exited)"
     else:
-        whom = "; ".join(others) or "every rank was where this one was"
+        whom = "; ".join(others) or "it has no peers"
     return (
         f"mgpu_runtime: rank {_rank} waited in vain at {where} ({type(failure).__name__}: {first[:200]}). {whom}. "
         f"A rank that is alive but behind is somewhere the others are not (another collective, or {_CAUSES}); "
@@ -241,22 +241,26 @@ def _peers() -> list[str] | None:
         exited = {rank: _read(f"exited/{rank}") for rank in range(_world) if rank != _rank}
     except (RuntimeError, dist.DistStoreError):
         return None
-    lines = []
+    states: dict[str, list[int]] = {}
     for rank in range(_world):
         if rank == _rank:
             continue
         if exited[rank] is not None:
             count, how = exited[rank].split(" ", 1)
-            lines.append(f"rank {rank} exited at step {count} ({how})")
+            state = f"exited at step {count} ({how})"
         elif second.get(rank) is None:
-            lines.append(f"rank {rank} never reported (it did not start, or died before its first beat)")
+            state = "never reported (did not start, or died before its first beat)"
         else:
             _, steps, reduced = second[rank]
-            if first.get(rank) == second[rank]:
-                lines.append(f"rank {rank} is not responding (killed, or stuck outside Python), {_where(steps, reduced)}")
-            elif (steps, reduced) != (_steps, _reduced):
-                lines.append(f"rank {rank} is alive, {_where(steps, reduced)}")
-    return lines
+            alive = first.get(rank) != second[rank]
+            state = f"{{is_}} {'alive' if alive else 'not responding (killed, or stuck outside Python)'}, {_where(steps, reduced)}"
+        states.setdefault(state, []).append(rank)
+    return [f"{_ranks(ranks)} {state.format(is_='is' if len(ranks) == 1 else 'are')}" for state, ranks in states.items()]
+
+
+def _ranks(ranks: list[int]) -> str:
+    shown = ", ".join(map(str, ranks[:8])) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
+    return f"rank{'s' if len(ranks) > 1 else ''} {shown}"
 
 
 def _where(steps: int, reduced: int) -> str:
