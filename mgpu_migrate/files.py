@@ -158,9 +158,9 @@ def write_atomically(path: str, text: str, encoding: str, read_as: SourceFile | 
             handle.flush()
             os.fsync(handle.fileno())
             created = os.fstat(handle.fileno())
-            if (created.st_uid, created.st_gid) != (status.st_uid, status.st_gid):
-                os.fchown(handle.fileno(), status.st_uid, status.st_gid)
-            os.fchmod(handle.fileno(), stat.S_IMODE(status.st_mode))  # after chown, which clears set-id bits
+        if hasattr(os, "chown") and (created.st_uid, created.st_gid) != (status.st_uid, status.st_gid):
+            os.chown(temporary, status.st_uid, status.st_gid)
+        os.chmod(temporary, stat.S_IMODE(status.st_mode))  # after chown, which clears set-id bits
         if read_as is not None:
             with open(target, "rb") as current:
                 _check_unchanged(current, read_as)

@@ -35,7 +35,7 @@ def test_an_edit_made_during_a_run_is_kept_and_the_file_refused(tmp_path):
     _, stderr = run.communicate(timeout=120)
     assert last.read_text() == DP_SCRIPT + "step = 149\n" + EDIT
     assert run.returncode == 2
-    assert f"train_149.py:1:1: MGP004 changed on disk while mgpu-migrate ran".encode() in stderr
+    assert b"train_149.py:1:1: MGP004 changed on disk while mgpu-migrate ran" in stderr
     assert b"mgpu-migrate: 149 files migrated" in stderr
     assert "mgpu_runtime" in (tmp_path / "train_148.py").read_text()
 
@@ -116,7 +116,7 @@ def _rewrite_as_nobody(tmp_path):
     os.chown(path, 1234, 1234)
     os.chmod(path, 0o666)
     inode = os.stat(path).st_ino
-    result = subprocess.run([sys.executable, "-c", AS_NOBODY, str(path)], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", AS_NOBODY, str(path)], capture_output=True, text=True, timeout=120, check=False)
     assert result.stdout.startswith("changed"), result.stdout + result.stderr
     status = os.stat(path)
     assert "mgpu_runtime" in path.read_text()

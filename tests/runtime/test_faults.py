@@ -3,7 +3,10 @@ that skips a backward (the lockstep check), a rank that stalls past MGPU_TIMEOUT
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pathlib
+import signal
 import subprocess
 import sys
 import time
@@ -23,7 +26,7 @@ def _job(*arguments: str, **environment: str) -> tuple[int, str, float]:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT), *arguments]
     started = time.monotonic()
     result = subprocess.run(
-        command, env=_clean_environment(**environment), capture_output=True, text=True, timeout=JOB_TIMEOUT
+        command, env=_clean_environment(**environment), capture_output=True, text=True, timeout=JOB_TIMEOUT, check=False
     )
     return result.returncode, result.stdout + result.stderr, time.monotonic() - started
 
@@ -59,7 +62,7 @@ def test_a_rank_that_skips_a_backward_is_named_by_the_lockstep_check():
 def test_without_the_lockstep_check_the_skip_goes_unnoticed_until_the_end():
     """What the check prevents: every step after the skip averages gradients of different batches, and the run
     notices only when one rank runs out of batches first."""
-    returncode, output, _ = _job("skip_backward", MGPU_LOCKSTEP="0")
+    _, output, _ = _job("skip_backward", MGPU_LOCKSTEP="0")
     assert "LockstepError" not in output
     assert "done 1" in output
 
@@ -72,6 +75,43 @@ def test_a_stalled_rank_times_out_after_mgpu_timeout_naming_it():
     assert "Timed out" in output
     assert "rank 1 is alive, at step 4 but not in its gradient reduction" in output
     assert seconds < 55, f"the job took {seconds:.0f}s; rank 1 sleeps 60s, the timeout is 5s"
+
+
+@pytest.mark.slow
+def test_a_timeout_in_another_collective_is_explained_after_the_traceback():
+    returncode, output, seconds = _job("stall_barrier", MGPU_TIMEOUT="5")
+    assert returncode != 0 and seconds < 55
+    assert "mgpu_runtime: rank 0 waited in vain at a collective at step 4" in output
+    assert "rank 1 is alive, at step 4 but not in its gradient reduction" in output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_ctrl_c_or_sigterm_stops_every_rank_at_once(signal_number):
+    """Rank 1 sleeps and rank 0 waits for it in a reduction; the signal (to the process group for Ctrl-C, as a
+    terminal sends it; to torchrun for SIGTERM, as SLURM does) ends the whole job."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT), "stall"]
+    job = subprocess.Popen(
+        command, env=_clean_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while job.stdout.readline().strip() != "started":
+            assert time.monotonic() < deadline and job.poll() is None, "the job did not start"
+        time.sleep(1)
+        signalled = time.monotonic()
+        if signal_number == signal.SIGINT:
+            os.killpg(job.pid, signal.SIGINT)
+        else:
+            job.send_signal(signal.SIGTERM)
+        job.communicate(timeout=40)
+        assert time.monotonic() - signalled < 40
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+        job.communicate()
+    assert job.returncode != 0
 
 
 def test_the_timeout_is_mgpu_timeout_seconds():

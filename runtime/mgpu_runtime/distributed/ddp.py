@@ -11,7 +11,8 @@ all behave as torch's. What differs is how gradients are combined (a DDP communi
   gradient is zeroed, which also discards the NaN of a mean over no rows). ``DistributedCriterion`` scales
   its loss to fit this rule, so sums and weighted cross-entropy come out exact too (``losses.py``).
 * The reduction also carries the lockstep check (``lockstep.py``): ranks that reduce different steps'
-  gradients, or a collective that times out, stop with a message naming the ranks.
+  gradients, or a collective that times out, stop with a message naming the ranks. For it, DDP's first
+  bucket is made one parameter (``bucket_cap_mb_list``) unless the script sets its own bucket sizes.
 * One process: no communication at all. The gradient is already the whole batch's.
 
 With more than one process the wrapper also feeds the safety net (``safety.py``): at the first training
@@ -77,6 +78,8 @@ class DistributedDataParallel(_TorchDDP):
             kwargs[_BUFFER_SYNC_ARGUMENT] = False
         if local.type == "cpu":
             sync_batchnorm.run_on_cpu(module)  # torch's SyncBatchNorm refuses CPU tensors
+        if processes > 1:
+            kwargs = {**lockstep.bucket_arguments(_TorchDDP.__init__, kwargs), **kwargs}
         super().__init__(
             module.to(local),
             device_ids=[local.index] if local.type == "cuda" else None,

@@ -70,7 +70,7 @@ def _save_atomically(obj: Any, path: str, **kwargs: Any) -> None:
                 fcntl.flock(stream.fileno(), fcntl.LOCK_EX)  # held until closed: "being written"
             torch.save(obj, stream, **kwargs)
             stream.flush()
-            os.fchmod(stream.fileno(), mode)
+            os.chmod(temporary, mode)
             os.fsync(stream.fileno())  # the data is on disk before the name points at it
             os.replace(temporary, path)
         _fsync_directory(directory)

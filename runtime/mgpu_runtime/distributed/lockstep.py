@@ -20,6 +20,7 @@ other collectives (a barrier, the loader, a criterion) are explained by the proc
 from __future__ import annotations
 
 import datetime
+import inspect
 import os
 import sys
 import threading
@@ -68,7 +69,8 @@ def start(rank: int, world_size: int, master_addr: str | None, master_port: int 
             client = dist.TCPStore(
                 master_addr, master_port, is_master=False, timeout=datetime.timedelta(seconds=10), wait_for_workers=False
             )
-            _store = dist.PrefixStore("mgpu_runtime", client)
+            # Per attempt: an elastic restart must not read the notes of the attempt before it.
+            _store = dist.PrefixStore(f"mgpu_runtime/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", client)
         except (RuntimeError, dist.DistStoreError):
             _store = None  # no explanations then, but the job runs
     if _store is not None:
@@ -117,6 +119,22 @@ def all_reduce(buffer: torch.Tensor, bucket_index: int) -> torch.futures.Future:
         return result
 
     return dist.all_reduce(sent, async_op=True).get_future().then(finished)
+
+
+# Torch's default first bucket holds up to 1 MB of the last gradients; a first bucket of one parameter
+# (usually the last layer's bias) makes the carrier a few elements, whose copy costs nothing.
+_FIRST_BUCKET_MB = 1e-6
+_BUCKET_MB = 25
+
+
+def bucket_arguments(ddp_init: Callable, given: dict) -> dict:
+    """DDP arguments that make the smallest bucket tiny, unless the script chose its own buckets (or this torch
+    cannot take per-bucket sizes)."""
+    if {"bucket_cap_mb", "bucket_cap_mb_list"} & given.keys() or not enabled():
+        return {}
+    if "bucket_cap_mb_list" not in inspect.signature(ddp_init).parameters:
+        return {}
+    return {"bucket_cap_mb_list": [_FIRST_BUCKET_MB, _BUCKET_MB]}
 
 
 _bucket_sizes: dict[int, int] = {}
@@ -204,7 +222,7 @@ def explain(failure: BaseException, where: str) -> str:
     if others is None:
         whom = "the other ranks' progress is unknown (the job's store cannot be reached; rank 0 may have exited)"
     else:
-        whom = "; ".join(others) or "every rank was where this one was"
+        whom = "; ".join(others) or "it has no peers"
     return (
         f"mgpu_runtime: rank {_rank} waited in vain at {where} ({type(failure).__name__}: {first[:200]}). {whom}. "
         f"A rank that is alive but behind is somewhere the others are not (another collective, or {_CAUSES}); "
@@ -223,22 +241,26 @@ def _peers() -> list[str] | None:
         exited = {rank: _read(f"exited/{rank}") for rank in range(_world) if rank != _rank}
     except (RuntimeError, dist.DistStoreError):
         return None
-    lines = []
+    states: dict[str, list[int]] = {}
     for rank in range(_world):
         if rank == _rank:
             continue
         if exited[rank] is not None:
             count, how = exited[rank].split(" ", 1)
-            lines.append(f"rank {rank} exited at step {count} ({how})")
+            state = f"exited at step {count} ({how})"
         elif second.get(rank) is None:
-            lines.append(f"rank {rank} never reported (it did not start, or died before its first beat)")
+            state = "never reported (did not start, or died before its first beat)"
         else:
             _, steps, reduced = second[rank]
-            if first.get(rank) == second[rank]:
-                lines.append(f"rank {rank} is not responding (killed, or stuck outside Python), {_where(steps, reduced)}")
-            elif (steps, reduced) != (_steps, _reduced):
-                lines.append(f"rank {rank} is alive, {_where(steps, reduced)}")
-    return lines
+            alive = first.get(rank) != second[rank]
+            state = f"{{is_}} {'alive' if alive else 'not responding (killed, or stuck outside Python)'}, {_where(steps, reduced)}"
+        states.setdefault(state, []).append(rank)
+    return [f"{_ranks(ranks)} {state.format(is_='is' if len(ranks) == 1 else 'are')}" for state, ranks in states.items()]
+
+
+def _ranks(ranks: list[int]) -> str:
+    shown = ", ".join(map(str, ranks[:8])) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
+    return f"rank{'s' if len(ranks) > 1 else ''} {shown}"
 
 
 def _where(steps: int, reduced: int) -> str:

@@ -3,9 +3,10 @@
     python faults.py exit_early      rank 1 calls sys.exit(0) (sys.exit(int(CODE)) with a second argument)
     python faults.py skip_backward   rank 1 skips the backward of step 3 (`continue`), then goes on
     python faults.py stall           rank 1 sleeps 60 s before its backward (the others wait in the reduction)
+    python faults.py stall_barrier   rank 1 sleeps 60 s before a barrier (the others wait in the barrier)
     python faults.py healthy         nobody misbehaves
 
-Prints "done <rank>" when a rank finishes its loop.
+Prints "started" (rank 0, at step 3) and "done <rank>" when a rank finishes its loop.
 """
 
 from __future__ import annotations
@@ -28,13 +29,17 @@ def main(mode: str) -> None:
         x = torch.randn(6, 4)
         optimizer.zero_grad()
         loss = model(x).square().mean()
+        if step == 3 and mgpu_runtime.rank() == 0:
+            print("started", flush=True)
         if mgpu_runtime.rank() == 1 and step == 3:
             if mode == "exit_early":
                 sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
             if mode == "skip_backward":
                 continue
-            if mode == "stall":
+            if mode.startswith("stall"):
                 time.sleep(60)
+        if mode == "stall_barrier" and step == 3:
+            mgpu_runtime.barrier()
         loss.backward()
         optimizer.step()
     print("done", mgpu_runtime.rank(), flush=True)
