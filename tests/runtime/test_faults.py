@@ -71,8 +71,9 @@ def test_without_the_lockstep_check_the_skip_goes_unnoticed_until_the_end():
 def test_a_stalled_rank_times_out_after_mgpu_timeout_naming_it():
     returncode, output, seconds = _job("stall", MGPU_TIMEOUT="5")
     assert returncode != 0
+    # torch's own wording of the failure varies with timing (a timeout, or the peer's connection closed): the
+    # runtime's explanation is what the user reads.
     assert "rank 0 waited in vain at the gradient reduction of step 4 (RuntimeError:" in output
-    assert "Timed out" in output
     assert "rank 1 is alive, at step 4 but not in its gradient reduction" in output
     assert seconds < 55, f"the job took {seconds:.0f}s; rank 1 sleeps 60s, the timeout is 5s"
 

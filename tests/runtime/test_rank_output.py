@@ -34,6 +34,10 @@ def _run(tmp_path, command: list[str], **extra: str) -> subprocess.CompletedProc
 def _torchrun(tmp_path, **extra: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "job.py"]
     result = _run(tmp_path, command, **extra)
+    if result.returncode != 0 and "connectFullMesh failed" in result.stderr:
+        # gloo's mesh set-up, before any line of the script runs, occasionally loses a connection on a loaded
+        # two-core machine; what is tested here (how ranks print) starts after it.
+        result = _run(tmp_path, command, **extra)
     assert result.returncode == 0, result.stderr
     return result
 
