@@ -23,7 +23,7 @@ SECTIONS = {
 def _every_run():
     """Every fixture and every rule example, migrated as the tool runs them."""
     for case in cases():
-        yield case.id, migrate_source(case.source.read_text(), case.target, str(case.source))
+        yield case.id, migrate_source(case.source.read_text(), case.target, str(case.source), case.options)
     for rule in RULES:
         for index, example in enumerate(rule.EXAMPLES):
             yield f"{rule.__name__}-{index}", migrate_source(example.before, example.target, "example.py", example.options)
