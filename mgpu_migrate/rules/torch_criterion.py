@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mgpu_migrate.analysis.losses import CLASS_INDEX_LOSSES, class_parameters, reduction_of
+from mgpu_migrate.analysis.losses import (
+    CLASS_INDEX_LOSSES,
+    class_parameters,
+    reduction_of,
+)
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, TORCH_STYLE, Example
 from mgpu_migrate.rules.criterion_wrap import CriterionWrap

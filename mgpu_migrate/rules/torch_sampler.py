@@ -10,7 +10,13 @@ from mgpu_migrate.analysis.loaders import LoaderTrace
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, TORCH_STYLE, Example
 from mgpu_migrate.rules.syntax import argument, has_star_args, parse, with_keyword
-from mgpu_migrate.rules.torch_style import DATA_ORDER, GLOBAL_BATCH, NO_TORCH_FORM, TORCH_OPTIONS, statement
+from mgpu_migrate.rules.torch_style import (
+    DATA_ORDER,
+    GLOBAL_BATCH,
+    NO_TORCH_FORM,
+    TORCH_OPTIONS,
+    statement,
+)
 from mgpu_migrate.rules.training_data import TrainingData
 
 # DataLoader(dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None, ...)

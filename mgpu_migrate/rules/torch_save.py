@@ -6,7 +6,12 @@ import libcst as cst
 
 from mgpu_migrate.rules.base import DDP, TORCH_STYLE, Example
 from mgpu_migrate.rules.checkpoint_save import CheckpointSave
-from mgpu_migrate.rules.torch_style import DIST_IMPORT, NO_TORCH_FORM, TORCH_OPTIONS, statement
+from mgpu_migrate.rules.torch_style import (
+    DIST_IMPORT,
+    NO_TORCH_FORM,
+    TORCH_OPTIONS,
+    statement,
+)
 
 
 class TorchCheckpointSave(CheckpointSave):
