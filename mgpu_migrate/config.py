@@ -26,7 +26,7 @@ else:  # pragma: no cover - exercised on older interpreters only
 from mgpu_migrate.engine import TARGETS
 from mgpu_migrate.options import RUNTIME_STYLE, STYLES
 
-KEYS = ("to", "sync-bn", "style", "exclude", "extend-exclude", "select", "ignore", "respect-gitignore", "max-file-size")
+KEYS = ("to", "sync-bn", "exclude", "extend-exclude", "select", "ignore", "respect-gitignore", "max-file-size", "style")
 _CODE_PREFIX = re.compile(r"MGP\d{0,3}")
 
 

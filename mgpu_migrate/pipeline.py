@@ -19,7 +19,7 @@ from mgpu_migrate.results import MigrationResult
 from mgpu_migrate.rules import WRAP_REVIEW_CODES, rules_for, vetoes
 from mgpu_migrate.rules.base import CHECKS, DDP, PROGRAM, WRAPS, Rule
 from mgpu_migrate.rules.syntax import RUNTIME
-from mgpu_migrate.rules.torch_style import NEEDS_RUNTIME
+from mgpu_migrate.rules.torch_style import NEEDS_RUNTIME, TORCH_NOTES
 
 
 def _parse_error(path: str, source: str, error: Exception) -> Diagnostic:
@@ -82,6 +82,9 @@ def plan(analysis: FileAnalysis, target: str, options: Options, only: tuple[type
         settle(program, edits, vetoes(target), WRAP_REVIEW_CODES)
     if style == TORCH_STYLE and needs_runtime and not edits.empty:
         _leave_for_runtime(edits, *needs_runtime[0])
+    if style == TORCH_STYLE and edits.empty:
+        # What the torch rules said about the program the file would have become: it stays as it was.
+        edits.diagnostics = [d for d in edits.diagnostics if d.code not in TORCH_NOTES]
     return edits
 
 

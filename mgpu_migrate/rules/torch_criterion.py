@@ -6,6 +6,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis.losses import (
     CLASS_INDEX_LOSSES,
+    LOSS_PARAMETERS,
     class_parameters,
     reduction_of,
 )
@@ -16,6 +17,8 @@ from mgpu_migrate.rules.torch_style import LOSS_SCALE, NO_TORCH_FORM, TORCH_OPTI
 
 # Options of a class-index loss that keep its mean over rows (the targets' weights are all one).
 _ROW_MEAN_OPTIONS = {"reduction", "label_smoothing"}
+# The functional class-index losses, wherever they are called (in the loop, a loss function, a forward).
+_FUNCTIONAL = {f"torch.nn.functional.{name}" for name in ("cross_entropy", "nll_loss")}
 
 
 class TorchCriterion(CriterionWrap):
@@ -27,7 +30,8 @@ class TorchCriterion(CriterionWrap):
     ``1/world_size`` of the original's, and a cross-entropy or NLL mean is a mean over the targets not
     ignored, exact only if no target equals ``ignore_index`` (-100). A criterion whose mean is weighted by its
     targets (``weight=``, ``ignore_index=``) or whose reduction the code does not show has no plain form: the
-    file is left whole (MGP296).
+    file is left whole (MGP296). A call of ``F.cross_entropy``/``F.nll_loss`` with a mean, anywhere in the file
+    (also inside a model's ``forward``), is reported the same way as a cross-entropy criterion's mean.
 
     ## Why is this bad?
     Each process computes the loss over its own share of the batch and DDP averages the gradients: that is the
@@ -87,6 +91,23 @@ class TorchCriterion(CriterionWrap):
             TORCH_OPTIONS,
         ),
     )
+
+    def apply(self) -> None:
+        super().apply()
+        code = self.analysis.module.code_for_node
+        for call in self.analysis.calls:
+            name = self.analysis.resolve(call.func)
+            if name not in _FUNCTIONAL:
+                continue
+            parameters = LOSS_PARAMETERS[name.rpartition(".")[2]]
+            positional = [arg for arg in call.args if arg.keyword is None]
+            if len(positional) < 2 or reduction_of(call.args[2:], parameters) != "mean":
+                continue
+            self.left(
+                call,
+                LOSS_SCALE,
+                f"`{shorten(code(call.func), 30)}` means over each process's targets not ignored: not the original's if some are",
+            )
 
     def _wrap(self, criterion, constructions: list, wrapped: set[cst.CSTNode], wrapper: str, how: str) -> None:
         for construction in constructions:

@@ -25,6 +25,8 @@ NO_TORCH_FORM = "MGP296"
 LOSS_SCALE = "MGP297"
 DATA_ORDER = "MGP298"
 GLOBAL_BATCH = "MGP299"
+# Notes on the distributed program a file becomes: void when it is left as it is.
+TORCH_NOTES = frozenset({LOSS_SCALE, DATA_ORDER, GLOBAL_BATCH})
 
 
 def statement(code: str) -> cst.BaseStatement:

@@ -151,3 +151,20 @@ def test_style_torch_trains_like_the_original_under_torchrun(tmp_path):
     # The shuffled flat script is not exact (MGP298, MGP299), but trains and is saved by rank 0 alone.
     flat_weights = _torch_weights(tmp_path / "flat.pt")
     assert all(torch.isfinite(tensor).all() for tensor in flat_weights.values())
+
+
+def test_notes_on_the_program_go_when_the_file_is_left_whole():
+    """A wrap that stays (dim=1) leaves the file: no word on the DDP program it did not become."""
+    from mgpu_migrate.engine import migrate_source
+    from mgpu_migrate.options import TORCH_STYLE, Options
+
+    source = (
+        "import torch.nn as nn\n"
+        "a = nn.DataParallel(nn.Linear(2, 2), dim=1)\n"
+        "model = nn.DataParallel(nn.Linear(2, 2))\n"
+        "criterion = nn.CrossEntropyLoss()\n"
+        "criterion(model(x), y).backward()\n"
+    )
+    result = migrate_source(source, "ddp", "left.py", Options(style=TORCH_STYLE))
+    assert result.output == source
+    assert {d.code for d in result.diagnostics} == {"MGP201", "MGP232"}
