@@ -71,17 +71,7 @@ class TorchSetup(EntryPointSetup):
     DESCRIPTION = "process group set up from the torchrun environment, and destroyed at the end (--style torch)"
     EXAMPLES = (
         Example(
-            """
-            import torch.nn as nn
-
-
-            def main():
-                model = nn.DataParallel(nn.Linear(2, 2))
-
-
-            if __name__ == "__main__":
-                main()
-            """,
+            EntryPointSetup.EXAMPLES[1].before,  # the default style's main block, in this style
             """
             import torch.nn as nn
             import torch
