@@ -58,7 +58,8 @@ class TorchSetup(EntryPointSetup):
     launcher that sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and ``MASTER_ADDR``: unlike the runtime it does
     not relaunch a plain ``python train.py``. A rewrite that only the runtime makes (an explicit device, a
     loss weighted by its targets, a loader the tool cannot rebuild) leaves the whole file as it is, with
-    MGP295 or MGP296: the default style migrates it.
+    MGP295 or MGP296: the default style migrates it. So does a file that trains but has no place that runs
+    first (no main block, no ``main()``): torch's wrapper needs the process group before it is built (MGP296).
     """
 
     CODE = "MGP161"
@@ -108,7 +109,20 @@ class TorchSetup(EntryPointSetup):
             ("MGP296",),
             TORCH_OPTIONS,
         ),
+        Example(EntryPointSetup.EXAMPLES[5].before, None, DDP, ("MGP296",), TORCH_OPTIONS),  # trains, no entry point
     )
+
+    def apply(self) -> None:
+        super().apply()
+        program = self.program
+        if (
+            program.migrates
+            and not program.already_set_up
+            and self.analysis.entry_point is None
+            and self.analysis.loaders.training_loops
+        ):
+            # The runtime's wrapper would set up when built; torch's needs the process group before.
+            self.left(program.wraps[0], NO_TORCH_FORM, "it trains, but has no main block or main() for init_process_group; file left")
 
     def _set_up(self, entry: EntryPoint) -> None:
         if dist_taken(self.analysis):
