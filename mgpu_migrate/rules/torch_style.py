@@ -34,6 +34,32 @@ def statement(code: str) -> cst.BaseStatement:
 
 
 def dist_taken(analysis: FileAnalysis) -> bool:
-    """Whether the file binds ``dist`` to anything but ``torch.distributed`` (the scaffold's calls need it)."""
+    """Whether ``dist`` may mean anything but ``torch.distributed`` where the scaffold uses it: the file binds
+    it otherwise, uses a ``dist`` a star import may bind, or star-imports after the place of the new import."""
     bound = analysis.bindings
-    return DIST in bound.local or bound.imported.get(DIST, {DIST_MODULE}) != {DIST_MODULE} or bool(bound.star_modules)
+    if DIST in bound.local or bound.imported.get(DIST, {DIST_MODULE}) != {DIST_MODULE}:
+        return True
+    if not bound.star_modules:
+        return False
+    if DIST not in bound.imported and any(name.value == DIST for name in analysis.tree.nodes(cst.Name)):
+        return True
+    first_imports = _first_import_run(analysis.module)
+    stars = [node for node in analysis.tree.nodes(cst.ImportFrom) if isinstance(node.names, cst.ImportStar)]
+    return any(analysis.tree.statement(star) not in first_imports for star in stars)
+
+
+def _first_import_run(module: cst.Module) -> set[cst.CSTNode]:
+    """The top-level import lines the new imports go after (``imports.add_import``)."""
+    run = set()
+    for line in module.body:
+        is_import = isinstance(line, cst.SimpleStatementLine) and all(
+            isinstance(small, (cst.Import, cst.ImportFrom)) for small in line.body
+        )
+        docstring = isinstance(line, cst.SimpleStatementLine) and isinstance(
+            getattr(line.body[0], "value", None), (cst.SimpleString, cst.ConcatenatedString)
+        )
+        if is_import:
+            run.add(line)
+        elif not (docstring and not run):
+            break
+    return run
