@@ -10,7 +10,7 @@ import click
 from mgpu_migrate import __version__, notebook
 from mgpu_migrate.config import ConfigError, Resolver, codes_option, parse_size
 from mgpu_migrate.engine import TARGETS, migrate_source
-from mgpu_migrate.options import Options
+from mgpu_migrate.options import DDP, STYLES, TORCH_STYLE, Options
 from mgpu_migrate.output import DOCUMENT_FORMATS, FORMATS, TEXT_FORMATS, Run, markers, render, text
 from mgpu_migrate.output.terminal import Progress
 from mgpu_migrate.report import (
@@ -91,6 +91,14 @@ def _process_stdin(target: str, check: bool, diff: bool, filename: str, options:
     "Default: [tool.mgpu-migrate] sync-bn, else off.",
 )
 @click.option(
+    "--style",
+    type=click.Choice(STYLES),
+    default=None,
+    help="With --to ddp: 'runtime' calls the bundled mgpu_runtime; 'torch' writes plain PyTorch (init_process_group, "
+    "DistributedSampler, torch's DistributedDataParallel) and leaves a file it cannot write so. "
+    "Default: [tool.mgpu-migrate] style, else runtime.",
+)
+@click.option(
     "--max-file-size",
     metavar="SIZE",
     help="Leave files larger than this (e.g. 5MB; 0: no limit) with MGP006. "
@@ -144,7 +152,7 @@ def _process_stdin(target: str, check: bool, diff: bool, filename: str, options:
 @click.option("--list-codes", is_flag=True, help="List every diagnostic code (code, kind, summary) and exit.")
 @click.version_option(__version__, prog_name="mgpu-migrate")
 def main(
-    paths, target, diff, check, quiet, jobs, sync_bn, max_file_size, stdin_filename, output_format, fail_on, report_path, add_markers,
+    paths, target, diff, check, quiet, jobs, sync_bn, style, max_file_size, stdin_filename, output_format, fail_on, report_path, add_markers,
     config_file, select_codes, ignore_codes, explain, list_codes,
 ):
     """Rewrite PyTorch scripts that use nn.DataParallel.
@@ -167,7 +175,7 @@ def main(
     if add_markers and (check or diff or paths == ("-",)):
         raise click.UsageError("--add-markers writes files: it cannot be combined with --check, --diff or '-'")
     try:
-        choices = Choices(Resolver(config_file), target, sync_bn, select_codes, ignore_codes, max_file_size)
+        choices = Choices(Resolver(config_file), target, sync_bn, select_codes, ignore_codes, max_file_size, style)
         if paths == ("-",):
             name = stdin_filename if stdin_filename != "<stdin>" else os.path.join(os.getcwd(), "-")
             file_target, options = choices.migration(name)
@@ -217,9 +225,9 @@ def main(
 class Choices:
     """What each file is migrated with: the command line's choices over the file's own settings."""
 
-    def __init__(self, resolver: Resolver, target, sync_bn, select_codes, ignore_codes, max_file_size=None) -> None:
+    def __init__(self, resolver: Resolver, target, sync_bn, select_codes, ignore_codes, max_file_size=None, style=None) -> None:
         self.resolver = resolver
-        self.target, self.sync_bn = target, sync_bn
+        self.target, self.sync_bn, self.style = target, sync_bn, style
         try:
             self.max_file_size = parse_size(max_file_size) if max_file_size is not None else None
         except ValueError:
@@ -234,7 +242,10 @@ class Choices:
             raise click.UsageError(
                 "choose a target with --to [balanced|ddp] (or set to = \"ddp\" under [tool.mgpu-migrate] in pyproject.toml)"
             )
-        return target, Options(sync_bn=settings.sync_bn if self.sync_bn is None else self.sync_bn)
+        style = settings.style if self.style is None else self.style
+        if style == TORCH_STYLE and target != DDP:
+            raise click.UsageError(f"--style torch is a style of --to ddp, not of --to {target}")
+        return target, Options(sync_bn=settings.sync_bn if self.sync_bn is None else self.sync_bn, style=style)
 
     def size_limit(self, path: str) -> int:
         """Bytes over which a file is left (0: no limit): the command line's, the file's settings', the default."""

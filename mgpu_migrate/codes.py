@@ -458,6 +458,46 @@ _REVIEW_PAGES = {
         "Use `--to balanced` (its replicate calls `__data_parallel_replicate__`), or replace the package's "
         "BatchNorm with `nn.BatchNorm2d` and migrate with `--to ddp --sync-bn`.",
     ),
+    # --style torch (the plain-PyTorch scaffold).
+    "MGP295": (
+        "torch-style-needs-runtime",
+        "A rewrite this file needs (named in the message by its code) is made only through `mgpu_runtime` (an "
+        "explicit device, a loss computed per device, a count summed over processes ...). `--style torch` writes "
+        "no runtime call, and a file half migrated would train differently, so the file is left as it is.",
+        "Migrate it with the default style (`--to ddp`), or make that part plain first and run again.",
+    ),
+    "MGP296": (
+        "no-torch-form",
+        "The site has no textbook form the tool can write exactly: a loader without `batch_size`, with its own "
+        "sampler or shared with evaluation, a shuffled loader with no `for epoch in range(...)` around its "
+        "training loop for `set_epoch`, a loss weighted by its targets (`weight=`, `ignore_index=`), a save "
+        "inside an expression, or the name `dist` already taken. The file is left as it is.",
+        "Migrate it with the default style, whose runtime handles these, or write that part by hand.",
+    ),
+    "MGP297": (
+        "ddp-loss-scale",
+        "DDP averages the processes' gradients. For a mean over rows on equal shares that is the original's "
+        "gradient; a `reduction='sum'` loss then steps 1/world_size as far, and a cross-entropy or NLL mean is "
+        "over the targets not ignored in each process, which differs when some targets are `ignore_index`.",
+        "For a sum, multiply the learning rate (or the loss) by `dist.get_world_size()`; for ignored targets, "
+        "sum the loss and the count of kept targets over processes (`dist.all_reduce`) or use the default style.",
+    ),
+    "MGP298": (
+        "distributed-sampler-order",
+        "`DistributedSampler(shuffle=True)` permutes the dataset with its own generator (`seed` + epoch) and "
+        "deals it out to the processes in turn: the batches are not the ones the original's loader drew.",
+        "Nothing, if a different shuffle is fine (it usually is). For the original's exact batches use the "
+        "default style, whose loader keeps the original sampler's order.",
+    ),
+    "MGP299": (
+        "global-batch-divides",
+        "Each process reads `batch_size // world_size` rows a step: the global batch is the original's only when "
+        "the batch size divides by the number of processes. `DistributedSampler` gives every process the same "
+        "number of samples by repeating some when `len(dataset)` does not divide, so such an epoch sees a few "
+        "samples twice (and the last, smaller batch is split the same way).",
+        "Pick a batch size and process count that divide, or pass `drop_last=True` to the sampler to drop the "
+        "tail instead of repeating it; the default style is exact for any sizes.",
+    ),
 }
 
 

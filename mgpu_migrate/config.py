@@ -2,7 +2,7 @@
 
 A file's settings come from the nearest ``pyproject.toml`` above it that has a ``[tool.mgpu-migrate]`` table
 (one without the table is passed over), or from ``--config FILE`` for every file. Keys: ``to`` (the target
-when ``--to`` is not given), ``sync-bn`` (the default of ``--sync-bn``), ``exclude`` and ``extend-exclude``
+when ``--to`` is not given), ``sync-bn`` (the default of ``--sync-bn``), ``style`` (of ``--style``), ``exclude`` and ``extend-exclude``
 (glob patterns, relative to the settings file's directory, of files and directories never migrated: also
 when named on the command line, so a pre-commit hook honours them too), ``select``/``ignore`` (which sites
 left for a person are reported, by code or prefix: ``MGP2``, ``MGP24``, ``MGP248``) and
@@ -24,8 +24,9 @@ else:  # pragma: no cover - exercised on older interpreters only
     import tomli as tomllib
 
 from mgpu_migrate.engine import TARGETS
+from mgpu_migrate.options import RUNTIME_STYLE, STYLES
 
-KEYS = ("to", "sync-bn", "exclude", "extend-exclude", "select", "ignore", "respect-gitignore", "max-file-size")
+KEYS = ("to", "sync-bn", "exclude", "extend-exclude", "select", "ignore", "respect-gitignore", "max-file-size", "style")
 _CODE_PREFIX = re.compile(r"MGP\d{0,3}")
 
 
@@ -39,6 +40,7 @@ class Settings:
     """The directory of the pyproject.toml the settings came from; exclude patterns are relative to it."""
     to: str | None = None
     sync_bn: bool = False
+    style: str = RUNTIME_STYLE
     exclude: tuple[str, ...] = ()
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
@@ -173,6 +175,9 @@ def settings_from_table(table: object, source: str) -> Settings:
     check_target(to, where)
     if not isinstance(sync_bn, bool):
         raise ConfigError(f"{where}: sync-bn must be true or false")
+    style = table.get("style", RUNTIME_STYLE)
+    if style not in STYLES:
+        raise ConfigError(f"{where}: style must be one of {', '.join(STYLES)}")
     if not isinstance(respect_gitignore, bool):
         raise ConfigError(f"{where}: respect-gitignore must be true or false")
     patterns = []
@@ -185,6 +190,7 @@ def settings_from_table(table: object, source: str) -> Settings:
         root=os.path.dirname(os.path.abspath(source)),
         to=to,
         sync_bn=sync_bn,
+        style=style,
         exclude=tuple(patterns),
         select=_codes(table.get("select", []), "select", where),
         ignore=_codes(table.get("ignore", []), "ignore", where),

@@ -67,12 +67,17 @@ def has_import(module: cst.Module, name: str) -> bool:
     for statement in module.body:
         if _is_import_line(statement):
             for small in statement.body:
-                if isinstance(small, cst.Import) and any(
-                    alias.asname is None and cst.helpers.get_full_name_for_node(alias.name) == name
-                    for alias in small.names
-                ):
+                if isinstance(small, cst.Import) and any(_spelled(alias) == name for alias in small.names):
                     return True
     return False
+
+
+def _spelled(alias: cst.ImportAlias) -> str | None:
+    """``torch`` for ``import torch``, ``torch.distributed as dist`` for ``import torch.distributed as dist``."""
+    full = cst.helpers.get_full_name_for_node(alias.name)
+    if alias.asname is None or not isinstance(alias.asname.name, cst.Name):
+        return full
+    return f"{full} as {alias.asname.name.value}"
 
 
 def add_import(module: cst.Module, name: str) -> cst.Module:

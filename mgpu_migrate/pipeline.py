@@ -13,11 +13,13 @@ from mgpu_migrate.analysis import FileAnalysis
 from mgpu_migrate.diagnostics import INTERNAL_ERROR, PARSE_ERROR, Diagnostic, error_summary, shorten
 from mgpu_migrate.edits import Edits, apply
 from mgpu_migrate.imports import add_import, name_uses, remove_orphaned
-from mgpu_migrate.options import DEFAULT_OPTIONS, Options
+from mgpu_migrate.options import DEFAULT_OPTIONS, RUNTIME_STYLE, TORCH_STYLE, Options
 from mgpu_migrate.program import decide, settle
 from mgpu_migrate.results import MigrationResult
 from mgpu_migrate.rules import WRAP_REVIEW_CODES, rules_for, vetoes
-from mgpu_migrate.rules.base import CHECKS, DDP, PROGRAM, WRAPS
+from mgpu_migrate.rules.base import CHECKS, DDP, PROGRAM, WRAPS, Rule
+from mgpu_migrate.rules.syntax import RUNTIME
+from mgpu_migrate.rules.torch_style import NEEDS_RUNTIME, TORCH_NOTES
 
 
 def _parse_error(path: str, source: str, error: Exception) -> Diagnostic:
@@ -65,18 +67,48 @@ def plan(analysis: FileAnalysis, target: str, options: Options, only: tuple[type
     (a check reviews the program the earlier phases made).
     """
     edits = Edits(analysis.path)
-    for rule in rules_for(target, WRAPS):
-        rule(target, analysis, edits, options).apply()
+    style = options.style if target == DDP else RUNTIME_STYLE
+    needs_runtime: list[tuple[type[Rule], int]] = []
+    for rule in rules_for(target, WRAPS, style):
+        _run(rule(target, analysis, edits, options), needs_runtime)
     program = decide(analysis, edits.replacements)
     whole_program = only is None or any(rule.PHASE == CHECKS for rule in only)
     for phase in (PROGRAM, CHECKS):
         rewritten = frozenset(edits.replacements)
-        for rule in rules_for(target, phase):
+        for rule in rules_for(target, phase, style):
             if rule in (only or ()) or (whole_program and (only is None or phase == PROGRAM)):
-                rule(target, analysis, edits, options, program, rewritten).apply()
+                _run(rule(target, analysis, edits, options, program, rewritten), needs_runtime)
     if target == DDP:
         settle(program, edits, vetoes(target), WRAP_REVIEW_CODES)
+    if style == TORCH_STYLE and needs_runtime and not edits.empty:
+        _leave_for_runtime(edits, *needs_runtime[0])
+    if style == TORCH_STYLE and edits.empty:
+        # What the torch rules said about the program the file would have become: it stays as it was.
+        edits.diagnostics = [d for d in edits.diagnostics if d.code not in TORCH_NOTES]
     return edits
+
+
+def _run(rule: Rule, needs_runtime: list[tuple[type[Rule], int]]) -> None:
+    """Apply one rule; note the first that asks for the runtime (and its first diagnostic's index)."""
+    asked, first = RUNTIME in rule.edits.imports, len(rule.edits.diagnostics)
+    rule.apply()
+    if not asked and RUNTIME in rule.edits.imports:
+        needs_runtime.append((type(rule), first))
+
+
+def _leave_for_runtime(edits: Edits, rule: type[Rule], first: int) -> None:
+    """``--style torch``: a rewrite that only the runtime can make leaves the whole file as it is (MGP295)."""
+    said = [d for d in edits.diagnostics[first:] if d.is_rewrite] or edits.diagnostics[first:] or edits.diagnostics
+    where = said[0] if said else None
+    # As for a veto (``program.settle``): what was said about the program the file would have become goes.
+    edits.discard_rewrites(keep=WRAP_REVIEW_CODES)
+    edits.report(
+        where.line if where else 1,
+        where.col if where else 1,
+        NEEDS_RUNTIME,
+        f"--style torch has no plain-PyTorch form for {rule.CODE} ({shorten(rule.DESCRIPTION, 70)}): file left as it "
+        "is; use the default style",
+    )
 
 
 def _migrate(

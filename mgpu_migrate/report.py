@@ -259,8 +259,8 @@ def summary(outcomes: list[FileOutcome], target: str, dry_run: bool) -> str:
         f"{plural(review, 'site')} left for a manual look"
     )
     if target == "ddp" and changed and not dry_run:
-        text += (
-            "\nLaunch a migrated script with `torchrun --standalone --nproc_per_node=gpu SCRIPT.py`; "
-            "plain `python SCRIPT.py` also uses every visible GPU."
-        )
+        text += "\nLaunch a migrated script with `torchrun --standalone --nproc_per_node=gpu SCRIPT.py`; "
+        # MGP161 (TorchSetup): a --style torch set-up, which needs the launcher (no relaunch of its own).
+        torch_style = any(d.code == "MGP161" for o in outcomes if o.status == CHANGED for d in o.diagnostics)
+        text += "--style torch needs it." if torch_style else "plain `python SCRIPT.py` also uses every visible GPU."
     return text

@@ -31,6 +31,11 @@ from mgpu_migrate.rules.remote_training import RemoteTraining
 from mgpu_migrate.rules.replication_callback import ReplicationCallback
 from mgpu_migrate.rules.shared_files import SharedFiles
 from mgpu_migrate.rules.sync_batchnorm import SyncBatchNorm
+from mgpu_migrate.rules.torch_criterion import TorchCriterion
+from mgpu_migrate.rules.torch_sampler import TorchTrainingData
+from mgpu_migrate.rules.torch_save import TorchCheckpointSave
+from mgpu_migrate.rules.torch_setup import TorchSetup
+from mgpu_migrate.rules.torch_wrapper import TorchWrapperSwap
 from mgpu_migrate.rules.training_data import TrainingData
 from mgpu_migrate.rules.unsplit_data import UnsplitData
 from mgpu_migrate.rules.unused_parameters import UnusedParameters
@@ -40,23 +45,29 @@ from mgpu_migrate.rules.wrapper_swap import WrapperSwap
 
 RULES: tuple[type[Rule], ...] = (
     WrapperSwap,
+    TorchWrapperSwap,
     DataParallelSubclass,
     EncodingPair,
     FunctionalDataParallel,
     CriterionWrap,
+    TorchCriterion,
     FunctionalLoss,
+    # (each Torch* rule is its default's twin under --style torch: plain PyTorch, no runtime)
     # --to ddp: apex's wrapper (a wrap rule), then the rest of a distributed program (program rules and a check).
     ApexDDP,
     EntryPointSetup,
+    TorchSetup,
     LocalRankArgument,
     WrapGuard,
     TrainingData,
+    TorchTrainingData,
     RemoteTraining,
     BatchCoupling,
     GlobalCount,
     MixedRows,
     ReplicationCallback,
     CheckpointSave,
+    TorchCheckpointSave,
     CheckpointLoad,
     ProgressBar,
     ExplicitDevice,
@@ -78,9 +89,14 @@ RULES: tuple[type[Rule], ...] = (
 )
 
 
-def rules_for(target: str, phase: str | None = None) -> list[type[Rule]]:
-    """The rules that run for ``target`` (in ``phase`` only, when given), in the order of ``RULES``."""
-    return [rule for rule in RULES if target in rule.TARGETS and phase in (None, rule.PHASE)]
+def rules_for(target: str, phase: str | None = None, style: str | None = None) -> list[type[Rule]]:
+    """The rules that run for ``target`` (in ``phase`` only, and under ``style`` only, when given), in the order
+    of ``RULES``."""
+    return [
+        rule
+        for rule in RULES
+        if target in rule.TARGETS and phase in (None, rule.PHASE) and style in (None, *rule.STYLES)
+    ]
 
 
 def vetoes(target: str) -> frozenset[str]:

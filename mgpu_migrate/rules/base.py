@@ -19,7 +19,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis import FileAnalysis
 from mgpu_migrate.edits import Edits
-from mgpu_migrate.options import BALANCED, DDP, DEFAULT_OPTIONS, TARGETS, Options
+from mgpu_migrate.options import BALANCED, DDP, DEFAULT_OPTIONS, RUNTIME_STYLE, STYLES, TARGETS, TORCH_STYLE, Options
 from mgpu_migrate.program import Program
 
 WRAPS, PROGRAM, CHECKS = "wraps", "program", "checks"
@@ -65,6 +65,8 @@ class Rule(ABC):
     VETOES: ClassVar[frozenset[str]] = frozenset()
     DESCRIPTION: ClassVar[str]
     TARGETS: ClassVar[tuple[str, ...]] = TARGETS
+    # The ``--style`` values it runs under (a ``--to ddp`` rule that writes runtime calls has a torch twin).
+    STYLES: ClassVar[tuple[str, ...]] = STYLES
     EXAMPLES: ClassVar[tuple[Example, ...]] = ()
 
     def __init__(

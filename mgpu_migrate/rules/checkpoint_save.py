@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mgpu_migrate.analysis.guards import under_main_process_block
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Rule
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.rules.syntax import RUNTIME, argument, runtime_attr, runtime_call, with_keyword
 
@@ -50,6 +50,7 @@ class CheckpointSave(Rule):
 
     CODE = "MGP123"
     PHASE = PROGRAM
+    STYLES = (RUNTIME_STYLE,)
     REVIEW_CODES = {
         SAVE_ON_EVERY_PROCESS: "a save every process still runs: into a file object or buffer, or save_pretrained",
     }
@@ -113,17 +114,7 @@ class CheckpointSave(Rule):
                 continue
             if not self.rewrite_allowed(call):
                 continue
-            decided = self._decided_per_process(call)
-            self.edits.replace(call, lambda updated, decided=decided: self._to_runtime_save(updated, decided))
-            self.edits.need_import(RUNTIME)
-            if decided is None:
-                self.rewrote(call, f"{RUNTIME}.save: written once, by the main process, atomically")
-            else:
-                self.rewrote(
-                    call,
-                    f"{RUNTIME}.save(..., wait=False): written once, by the main process; no process waits, as the "
-                    f"`if` at line {self.analysis.position(decided)[0]} is judged per process",
-                )
+            self._save_once(call, self._decided_per_process(call))
         for call in self.analysis.calls:
             if (
                 isinstance(call.func, cst.Attribute)
@@ -135,6 +126,19 @@ class CheckpointSave(Rule):
                     SAVE_ON_EVERY_PROCESS,
                     "save_pretrained runs on every process",
                 )
+
+    def _save_once(self, call: cst.Call, decided: cst.If | None) -> None:
+        """Make ``torch.save`` write once (``decided``: an ``if`` around it that each process judges alone)."""
+        self.edits.replace(call, lambda updated, decided=decided: self._to_runtime_save(updated, decided))
+        self.edits.need_import(RUNTIME)
+        if decided is None:
+            self.rewrote(call, f"{RUNTIME}.save: written once, by the main process, atomically")
+        else:
+            self.rewrote(
+                call,
+                f"{RUNTIME}.save(..., wait=False): written once, by the main process; no process waits, as the "
+                f"`if` at line {self.analysis.position(decided)[0]} is judged per process",
+            )
 
     @staticmethod
     def _to_runtime_save(call: cst.Call, decided) -> cst.Call:

@@ -20,7 +20,7 @@ from mgpu_migrate.analysis.models import RUNTIME as RUNTIME_SITE
 from mgpu_migrate.analysis.models import TORCH, Sites
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.program import existing_setup
-from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Rule
+from mgpu_migrate.rules.base import BALANCED, DDP, RUNTIME_STYLE, WRAPS, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 
 
@@ -102,6 +102,7 @@ class CriterionWrap(Rule):
 
     CODE = "MGP102"
     PHASE = WRAPS
+    STYLES = (RUNTIME_STYLE,)
     REVIEW_CODES = {
         CRITERION_USED_OTHERWISE: "the criterion is used other than by calling it (attribute read, passed to code outside the "
         "file); not wrapped, its loss is computed on the gathered output",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
+from mgpu_migrate.analysis.entrypoint import EntryPoint
+from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_call
 
 # The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
@@ -56,6 +57,7 @@ class EntryPointSetup(Rule):
 
     CODE = "MGP120"
     PHASE = PROGRAM
+    STYLES = (RUNTIME_STYLE,)
     VETOES = frozenset({EXISTING_DISTRIBUTED_SETUP})
     REVIEW_CODES = {
         NO_ENTRY_POINT: "the file trains, but no place that runs first was found for mgpu_runtime.setup()",
@@ -259,6 +261,10 @@ class EntryPointSetup(Rule):
             return
         if not self.rewrite_allowed(entry.anchor):
             return
+        self._set_up(entry)
+
+    def _set_up(self, entry: EntryPoint) -> None:
+        """Insert the set-up at the entry point."""
         self.edits.need_import(RUNTIME)
         statement = cst.SimpleStatementLine([cst.Expr(runtime_call("setup"))])
         if entry.after:

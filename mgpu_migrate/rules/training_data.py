@@ -10,7 +10,7 @@ from mgpu_migrate.analysis.batch import is_row_count
 from mgpu_migrate.analysis.loaders import LOADER, LoaderTrace
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, argument, runtime_call
 
 # torch's own samplers draw from the generator the runtime keeps in step; others may not.
@@ -84,6 +84,7 @@ class TrainingData(Rule):
 
     CODE = "MGP122"
     PHASE = PROGRAM
+    STYLES = (RUNTIME_STYLE,)
     REVIEW_CODES = {
         EVALUATION_LOADER_WHOLE: "an evaluation loader left whole: every process evaluates all of it",
         TRAINING_DATA_NOT_FOLLOWED: "training data the tool cannot follow to a DataLoader, or cannot tell is trained on: not split",
@@ -174,7 +175,7 @@ class TrainingData(Rule):
                 point = self._wrap_point(trace, summed)
                 if point not in wrapped and self.rewrite_allowed(point):
                     wrapped.add(point)
-                    self._distribute(point, trace.origin)
+                    self._distribute(point, trace.origin, trace)
         for trace in flow.traces:
             if not trace.training and trace.kind == LOADER and flow.feeds(trace.origin) == {False}:
                 self._report_once(
@@ -215,7 +216,7 @@ class TrainingData(Rule):
                 return step
         return trace.path[0]
 
-    def _distribute(self, point: cst.BaseExpression, origin: cst.Call) -> None:
+    def _distribute(self, point: cst.BaseExpression, origin: cst.Call, trace: LoaderTrace) -> None:
         self.edits.replace(point, lambda expr: runtime_call("distribute_loader", expr))
         self.edits.need_import(RUNTIME)
         self.rewrote(point, f"training data split across processes with {RUNTIME}.distribute_loader")

@@ -7,7 +7,7 @@ import libcst as cst
 from mgpu_migrate.analysis import names
 from mgpu_migrate.analysis.tree import is_zero
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Rule
+from mgpu_migrate.rules.base import BALANCED, DDP, RUNTIME_STYLE, WRAPS, Example, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, keep_arguments, runtime_attr
 
 # nn.DataParallel(module, device_ids=None, output_device=None, dim=0): positions of each parameter.
@@ -87,6 +87,7 @@ class WrapperSwap(Rule):
 
     CODE = "MGP101"
     PHASE = WRAPS
+    STYLES = (RUNTIME_STYLE,)
     REVIEW_CODES = {
         DIM_NOT_ZERO: "DataParallel with dim != 0 has no DistributedDataParallel equivalent",
         AMBIGUOUS_DATA_PARALLEL_NAME: "the name is bound both to torch's DataParallel and to something else in this file",
@@ -209,8 +210,7 @@ class WrapperSwap(Rule):
                 self.edits.replace(call.func, lambda _: runtime_attr("DataParallelModel"))
             elif not self._swap_for_ddp(call):
                 continue
-            self.edits.need_import(RUNTIME)
-            self.rewrote(call, f"DataParallel replaced with {RUNTIME}.{self._wrapper_name()}")
+            self._announce(call)
         for call in self.analysis.ambiguous_calls(names.DATA_PARALLEL):
             self.left(call, AMBIGUOUS_DATA_PARALLEL_NAME, "this name is bound to torch's DataParallel and to something else; not rewritten")
         for call, sources in self.analysis.unknown_star_calls(_DATA_PARALLEL_NAMES):
@@ -256,8 +256,14 @@ class WrapperSwap(Rule):
         trainers = [*loaders.training_loops, *(call for call in self.analysis.calls if loaders.is_backward(call))]
         return any(first <= self.analysis.position(node)[0] <= last for node in trainers)
 
-    def _wrapper_name(self) -> str:
-        return "DataParallelModel" if self.target == BALANCED else "DistributedDataParallel"
+    def _announce(self, call: cst.Call) -> None:
+        self.edits.need_import(RUNTIME)
+        wrapper = "DataParallelModel" if self.target == BALANCED else "DistributedDataParallel"
+        self.rewrote(call, f"DataParallel replaced with {RUNTIME}.{wrapper}")
+
+    def _ddp_wrapper(self, call: cst.Call, args: list[cst.Arg]) -> cst.Call:
+        """The DDP wrap that replaces ``call`` (the DataParallel call, its kept ``args``)."""
+        return call.with_changes(func=runtime_attr("DistributedDataParallel"), args=args)
 
     def _swap_for_ddp(self, call: cst.Call) -> bool:
         site = self.analysis.models.site_of(call)
@@ -299,7 +305,7 @@ class WrapperSwap(Rule):
             kept.append(index)
 
         def swap(updated: cst.Call) -> cst.Call:
-            return updated.with_changes(func=runtime_attr("DistributedDataParallel"), args=keep_arguments(updated, kept))
+            return self._ddp_wrapper(updated, keep_arguments(updated, kept))
 
         self.edits.replace(call, swap)
         return True

@@ -24,7 +24,7 @@ SECTIONS = {
 @functools.cache
 def every_run():
     """Every fixture and every rule example, migrated as the tool runs them (once, when a test first asks)."""
-    runs = [(case.id, migrate_source(case.source.read_text(), case.target, str(case.source))) for case in cases()]
+    runs = [(case.id, migrate_source(case.source.read_text(), case.target, str(case.source), case.options)) for case in cases()]
     for rule in RULES:
         for index, example in enumerate(rule.EXAMPLES):
             runs.append((f"{rule.__name__}-{index}", migrate_source(example.before, example.target, "example.py", example.options)))

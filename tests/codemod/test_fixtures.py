@@ -13,7 +13,7 @@ def diagnostic_lines(result):
 @pytest.mark.parametrize("case", cases(), ids=lambda case: case.id)
 def test_fixture(case, update_fixtures):
     source = case.source.read_text()
-    result = migrate_source(source, case.target, str(case.source))
+    result = migrate_source(source, case.target, str(case.source), case.options)
     assert result.error is None, result.error.format()
     lines = diagnostic_lines(result)
     if update_fixtures:
@@ -29,7 +29,7 @@ def test_fixture(case, update_fixtures):
 
 @pytest.mark.parametrize("case", cases(), ids=lambda case: case.id)
 def test_fixture_second_run_changes_nothing(case):
-    once = migrate_source(case.source.read_text(), case.target, str(case.source)).output
-    twice = migrate_source(once, case.target, str(case.source))
+    once = migrate_source(case.source.read_text(), case.target, str(case.source), case.options).output
+    twice = migrate_source(once, case.target, str(case.source), case.options)
     assert twice.output == once
     assert not [d for d in twice.diagnostics if d.is_rewrite]
