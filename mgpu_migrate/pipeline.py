@@ -106,7 +106,7 @@ def _leave_for_runtime(edits: Edits, rule: type[Rule], first: int) -> None:
         where.line if where else 1,
         where.col if where else 1,
         NEEDS_RUNTIME,
-        f"--style torch has no plain-PyTorch form for {rule.CODE} ({shorten(rule.DESCRIPTION, 70)}): file left as it "
+        f"--style torch has no plain-PyTorch form for {rule.CODE} ({shorten(rule.DESCRIPTION, 50)}): file left as it "
         "is; use the default style",
     )
 

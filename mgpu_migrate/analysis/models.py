@@ -28,6 +28,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis import names
 from mgpu_migrate.analysis.scopes import FlowIndex, Function, Place, Scope, item_place
+from mgpu_migrate.analysis.tree import item_target
 
 # Methods of nn.Module that return the module itself: ``nn.DataParallel(model).cuda()`` is the wrapper.
 MODULE_METHODS_RETURNING_SELF = frozenset(
@@ -352,15 +353,7 @@ class ModelFlow:
 
     def _loop(self, target: cst.BaseExpression, iterable: cst.BaseExpression, scope: Scope) -> bool:
         items = self.container_sites(iterable, scope)
-        if (
-            isinstance(iterable, cst.Call)
-            and isinstance(iterable.func, cst.Name)
-            and iterable.func.value == "enumerate"
-            and isinstance(target, cst.Tuple)
-            and len(target.elements) == 2
-        ):
-            target = target.elements[1].value
-        place = self.index.place_of(target, scope)
+        place = self.index.place_of(item_target(target, iterable), scope)
         return _add(self.wrapped, place, items) if place else False
 
     def _bind_arguments(self, call: cst.Call, scope: Scope) -> bool:

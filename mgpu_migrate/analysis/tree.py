@@ -152,3 +152,16 @@ _DEFINITIONS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 def is_zero(node: Optional[cst.BaseExpression]) -> bool:
     """The literal ``0``."""
     return isinstance(node, cst.Integer) and node.evaluated_value == 0
+
+
+def item_target(target: cst.BaseExpression, iterable: cst.BaseExpression) -> cst.BaseExpression:
+    """What a ``for`` loop binds to the items of its iterable: ``batch`` in ``for i, batch in enumerate(x)``."""
+    if (
+        isinstance(iterable, cst.Call)
+        and isinstance(iterable.func, cst.Name)
+        and iterable.func.value == "enumerate"
+        and isinstance(target, cst.Tuple)
+        and len(target.elements) == 2
+    ):
+        return target.elements[1].value
+    return target

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mgpu_migrate.analysis.tree import contains
+from mgpu_migrate.analysis.tree import contains, item_target
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 
@@ -148,16 +148,7 @@ def _loop_targets(loop: cst.For | cst.While) -> set[str]:
     """The names a ``for`` loop binds from its data (not the counter of ``enumerate``)."""
     if not isinstance(loop, cst.For):
         return set()
-    target = loop.target
-    iterable = loop.iter
-    if (
-        isinstance(iterable, cst.Call)
-        and isinstance(iterable.func, cst.Name)
-        and iterable.func.value == "enumerate"
-        and isinstance(target, cst.Tuple)
-        and len(target.elements) == 2
-    ):
-        target = target.elements[1].value
+    target = item_target(loop.target, loop.iter)
     return {node.value for node in contains(target, lambda n: isinstance(n, cst.Name))}
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from mgpu_migrate.rules.base import CHECKS, DDP, Example, Rule
 
 UNSPLIT = "MGP289"
-# What the data rules say when they split a loader or say why not.
-_SAID = frozenset({"MGP122", "MGP235", "MGP236", "MGP262"})
+# What the data rules say when they split a loader or say why not (MGP162, MGP296: the torch style's).
+_SAID = frozenset({"MGP122", "MGP235", "MGP236", "MGP262", "MGP162", "MGP296"})
 _LOADERS = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 
 
