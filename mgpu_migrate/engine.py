@@ -19,15 +19,24 @@ __all__ = ["TARGETS", "MigrationResult", "might_need_migration", "migrate_source
 # `data_parallel` itself (not `data_parallel_size`), torch's `parallel_apply` (DataParallel written by hand),
 # and apex's parallel package (`apex.parallel`,
 # `from apex import parallel`, or apex under another name), whose DistributedDataParallel is a site; a file
-# that already calls `mgpu_runtime` is read again, so a partly migrated file is finished. Names that merely
-# end or start with them (`DistributedDataParallel`, `get_data_parallel_group`, `DataParallelConfig`) and apex's
-# other packages (`from apex.normalization import FusedLayerNorm`, `from apex import amp`) are not sites.
+# that already calls `mgpu_runtime` is read again, so a partly migrated file is finished. A name that starts
+# with `DataParallel` or `data_parallel` is read where it is called (`DataParallelWithCallback(model)`, a
+# project's `data_parallel_workaround(model, x)`): project copies of DataParallel go by such names, and a site
+# left must be said. Names that merely end in them (`DistributedDataParallel`, `get_data_parallel_group`),
+# other uses of such names (`data_parallel_size = ...`) and apex's other packages (`from apex.normalization
+# import FusedLayerNorm`, `from apex import amp`) are not sites.
 # Each pattern opens with the word it needs (checked first, as a plain substring search: ~10x faster than a
 # regular expression, and it rules out almost every file), so the regular expression engine only scans
 # for that literal; the look-behind after it stands for the word boundary before it.
 _SITE_PATTERNS = {
-    b"DataParallel": (re.compile(rb"DataParallel(?<!\wDataParallel)(?:Model|Criterion)?\b"),),
-    b"data_parallel": (re.compile(rb"data_parallel(?<!\wdata_parallel)\b"),),
+    b"DataParallel": (
+        re.compile(rb"DataParallel(?<!\wDataParallel)(?:Model|Criterion)?\b"),
+        re.compile(rb"DataParallel(?<!\wDataParallel)\w*\s*\("),
+    ),
+    b"data_parallel": (
+        re.compile(rb"data_parallel(?<!\wdata_parallel)\b"),
+        re.compile(rb"data_parallel(?<!\wdata_parallel)\w*\s*\("),
+    ),
     b"parallel_apply": (re.compile(rb"parallel_apply(?<!\wparallel_apply)\b"),),
     b"mgpu_runtime": (re.compile(rb"mgpu_runtime(?<!\wmgpu_runtime)\b"),),
     b"apex": (

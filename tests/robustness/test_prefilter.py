@@ -28,6 +28,10 @@ from tests.robustness.shapes import SITES
         "import apex as ax\nmodel = ax.parallel.DistributedDataParallel(model)",
         "class MyDataParallel(nn.DataParallel):\n    pass",
         "wrapper = getattr(nn, 'DataParallel')",
+        # A project's own copies of DataParallel, called by names that start with the words (first-order-model,
+        # WaveRNN): the project reading names them (MGP280, MGP281).
+        "generator = DataParallelWithCallback(generator, device_ids=[0])",
+        "y = data_parallel_workaround(model, x)",
         "import mgpu_runtime\nmodel = mgpu_runtime.DistributedDataParallel(model)",
     ],
 )
