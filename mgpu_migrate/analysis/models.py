@@ -147,7 +147,9 @@ class ModelFlow:
     def _data_parallel_subclasses(self) -> set[cst.ClassDef]:
         """Classes of this file (outside functions) deriving, directly or through each other, from torch's
         ``DataParallel``."""
-        classes = _classes_outside_functions(self.analysis.module)
+        # The parent map's classes, in source order (LibCST's ``children`` would rebuild every node it passes).
+        tree = self.analysis.tree
+        classes = [cls for cls in tree.nodes(cst.ClassDef) if tree.function(cls) is None]
         by_name = {cls.name.value: cls for cls in classes}
         found: set[cst.ClassDef] = set()
         changed = True
@@ -553,17 +555,6 @@ def _operands(expr: cst.CSTNode) -> list[cst.CSTNode]:
                               cst.ComparisonTarget, cst.DictElement, cst.StarredDictElement, cst.CompFor,
                               cst.CompIf, cst.FormattedStringExpression))
     ]
-
-
-def _classes_outside_functions(node: cst.CSTNode) -> list[cst.ClassDef]:
-    found = []
-    for child in node.children:
-        if isinstance(child, (cst.FunctionDef, cst.Lambda, cst.BaseExpression, cst.SimpleStatementLine)):
-            continue
-        if isinstance(child, cst.ClassDef):
-            found.append(child)
-        found.extend(_classes_outside_functions(child))
-    return found
 
 
 def _add(facts: dict, key, sites: Sites) -> bool:
