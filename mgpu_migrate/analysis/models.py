@@ -22,6 +22,7 @@ from __future__ import annotations
 import builtins
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import partial
 from typing import Optional
 
 import libcst as cst
@@ -113,6 +114,10 @@ class ModelFlow:
         self._returns_model: dict[Function, Sites] = defaultdict(frozenset)
         self._returns_outputs: dict[Function, Sites] = defaultdict(frozenset)
         self._returns_derived: dict[Function, Sites] = defaultdict(frozenset)
+        # While the facts propagate: the facts each step reads, and the step at which each fact last grew.
+        self._reads: list[tuple[int, object]] | None = None
+        self._grown: dict[tuple[int, object], int] = {}
+        self._step = 0
         # DataParallel calls that wrap something certainly not a module (an optimizer ...), with what it is:
         # they parallelize nothing, so they are no wrap sites; the wrapper rule leaves them for review.
         self.not_modules: dict[cst.Call, str] = {}
@@ -208,10 +213,10 @@ class ModelFlow:
             if isinstance(func, cst.Attribute) and func.attr.value in MODULE_METHODS_RETURNING_SELF:
                 return self.model_sites(func.value, scope)
             callee = self.index.callee(expr, scope)
-            return self._returns_model[callee[0]] if callee else frozenset()
+            return self._fact(self._returns_model, callee[0]) if callee else frozenset()
         if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)):
             place = self.index.place_of(expr, scope)
-            return self.wrapped.get(place, frozenset()) if place else frozenset()
+            return self._fact(self.wrapped, place) if place else frozenset()
         if isinstance(expr, cst.IfExp):
             return self.model_sites(expr.body, scope) | self.model_sites(expr.orelse, scope)
         if isinstance(expr, cst.BooleanOperation):
@@ -241,7 +246,7 @@ class ModelFlow:
             return self.container_sites(expr.args[0].value, scope)
         if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)):
             place = self.index.place_of(expr, scope)
-            return self.wrapped.get(item_place(place), frozenset()) if place else frozenset()
+            return self._fact(self.wrapped, item_place(place)) if place else frozenset()
         return frozenset()
 
     def output_sites(self, expr: cst.BaseExpression, scope: Scope) -> Sites:
@@ -255,7 +260,7 @@ class ModelFlow:
                 func = func.value
             found = self.model_sites(func, scope)
             callee = self.index.callee(expr, scope)
-            return found | self._returns_outputs[callee[0]] if callee else found
+            return found | self._fact(self._returns_outputs, callee[0]) if callee else found
         if isinstance(expr, cst.Subscript):
             return self.output_sites(expr.value, scope) | self._place_fact(self.outputs, expr, scope)
         if isinstance(expr, cst.Attribute):
@@ -281,7 +286,7 @@ class ModelFlow:
         if isinstance(expr, cst.Call):
             callee = self.index.callee(expr, scope)
             if callee is not None:
-                return found | self._returns_derived[callee[0]]
+                return found | self._fact(self._returns_derived, callee[0])
             func = expr.func
             if isinstance(func, cst.Attribute) and not self._is_torch(func):
                 receiver = self.derived_sites(func.value, scope)
@@ -300,7 +305,25 @@ class ModelFlow:
 
     def _place_fact(self, facts: dict[Place, Sites], expr: cst.BaseExpression, scope: Scope) -> Sites:
         place = self.index.place_of(expr, scope)
-        return facts.get(place, frozenset()) if place else frozenset()
+        return self._fact(facts, place) if place else frozenset()
+
+    def _fact(self, facts: dict, key) -> Sites:
+        """What ``facts`` (one of the fact tables) holds for ``key``: every fact is read here."""
+        if self._reads is not None:
+            self._reads.append((id(facts), key))
+        return facts.get(key, frozenset())
+
+    def _add(self, facts: dict, key, sites: Sites) -> bool:
+        """Add ``sites`` to what ``facts`` holds for ``key``; whether that grew."""
+        if not sites:
+            return False
+        before = facts.get(key, frozenset())
+        after = before | sites
+        if after == before:
+            return False
+        facts[key] = after
+        self._grown[id(facts), key] = self._step
+        return True
 
     def _is_torch(self, func: cst.BaseExpression) -> bool:
         qualified = self.analysis.resolve(func)
@@ -312,20 +335,36 @@ class ModelFlow:
     # -- propagation -------------------------------------------------------------------------------
     def _propagate(self) -> None:
         index = self.index
+        steps = [
+            *(partial(self._assign, assignment.target, assignment.value, assignment.scope) for assignment in index.assignments),
+            *(partial(self._loop, loop.target, loop.iterable, loop.scope) for loop in index.loops),
+            *(partial(self._bind_arguments, call, scope) for call, scope in index.calls),
+            *(partial(self._return, function, value, scope) for function, value, scope in index.returns),
+        ]
+        # A step computes its facts from the facts it reads: one none of whose reads grew since it last ran would
+        # compute what it added then, and add nothing. It is skipped; each round adds what a full round would.
+        last_run: list[int] = [-1] * len(steps)
+        reads: list[list[tuple[int, object]]] = [[] for _ in steps]
+        grown = self._grown
         for _ in range(50):  # a fixpoint; the bound only guards against a bug, real files need a handful
             changed = False
-            for assignment in index.assignments:
-                changed |= self._assign(assignment.target, assignment.value, assignment.scope)
-            for loop in index.loops:
-                changed |= self._loop(loop.target, loop.iterable, loop.scope)
-            for call, scope in index.calls:
-                changed |= self._bind_arguments(call, scope)
-            for function, value, scope in index.returns:
-                changed |= _add(self._returns_model, function, self.model_sites(value, scope))
-                changed |= _add(self._returns_outputs, function, self.output_sites(value, scope))
-                changed |= _add(self._returns_derived, function, self.derived_sites(value, scope))
+            for number, step in enumerate(steps):
+                ran = last_run[number]
+                if ran >= 0 and all(grown.get(key, -1) < ran for key in reads[number]):
+                    continue
+                self._step += 1
+                last_run[number] = self._step
+                self._reads = reads[number] = []
+                changed |= step()
+            self._reads = None
             if not changed:
                 return
+
+    def _return(self, function: Function, value: cst.BaseExpression, scope: Scope) -> bool:
+        changed = self._add(self._returns_model, function, self.model_sites(value, scope))
+        changed |= self._add(self._returns_outputs, function, self.output_sites(value, scope))
+        changed |= self._add(self._returns_derived, function, self.derived_sites(value, scope))
+        return changed
 
     def _assign(self, target: cst.BaseExpression, value: cst.BaseExpression, scope: Scope) -> bool:
         if isinstance(target, (cst.Tuple, cst.List)):
@@ -339,17 +378,17 @@ class ModelFlow:
             items = self.container_sites(value, scope)
             changed = False
             for place in self.index.assigned_places(target, scope):
-                changed |= _add(self.outputs, place, parts)
-                changed |= _add(self.derived, place, derived)
-                changed |= _add(self.wrapped, place, items)
+                changed |= self._add(self.outputs, place, parts)
+                changed |= self._add(self.derived, place, derived)
+                changed |= self._add(self.wrapped, place, items)
             return changed
         place = self.index.place_of(target, scope)
         if place is None:
             return False
-        changed = _add(self.wrapped, place, self.model_sites(value, scope))
-        changed |= _add(self.wrapped, item_place(place), self.container_sites(value, scope))
-        changed |= _add(self.outputs, place, self.output_sites(value, scope))
-        changed |= _add(self.derived, place, self.derived_sites(value, scope))
+        changed = self._add(self.wrapped, place, self.model_sites(value, scope))
+        changed |= self._add(self.wrapped, item_place(place), self.container_sites(value, scope))
+        changed |= self._add(self.outputs, place, self.output_sites(value, scope))
+        changed |= self._add(self.derived, place, self.derived_sites(value, scope))
         return changed
 
     def _loop(self, target: cst.BaseExpression, iterable: cst.BaseExpression, scope: Scope) -> bool:
@@ -363,7 +402,7 @@ class ModelFlow:
         ):
             target = target.elements[1].value
         place = self.index.place_of(target, scope)
-        return _add(self.wrapped, place, items) if place else False
+        return self._add(self.wrapped, place, items) if place else False
 
     def _bind_arguments(self, call: cst.Call, scope: Scope) -> bool:
         callee = self.index.callee(call, scope)
@@ -375,10 +414,10 @@ class ModelFlow:
             place = self.index.parameter_place(function, call, position, implicit)
             if place is None:
                 continue
-            changed |= _add(self.wrapped, place, self.model_sites(arg.value, scope))
-            changed |= _add(self.wrapped, item_place(place), self.container_sites(arg.value, scope))
-            changed |= _add(self.outputs, place, self.output_sites(arg.value, scope))
-            changed |= _add(self.derived, place, self.derived_sites(arg.value, scope))
+            changed |= self._add(self.wrapped, place, self.model_sites(arg.value, scope))
+            changed |= self._add(self.wrapped, item_place(place), self.container_sites(arg.value, scope))
+            changed |= self._add(self.outputs, place, self.output_sites(arg.value, scope))
+            changed |= self._add(self.derived, place, self.derived_sites(arg.value, scope))
         return changed
 
     # -- results for rules ------------------------------------------------------------------------
@@ -555,14 +594,3 @@ def _operands(expr: cst.CSTNode) -> list[cst.CSTNode]:
                               cst.ComparisonTarget, cst.DictElement, cst.StarredDictElement, cst.CompFor,
                               cst.CompIf, cst.FormattedStringExpression))
     ]
-
-
-def _add(facts: dict, key, sites: Sites) -> bool:
-    if not sites:
-        return False
-    before = facts.get(key, frozenset())
-    after = before | sites
-    if after == before:
-        return False
-    facts[key] = after
-    return True
