@@ -203,71 +203,74 @@ class ModelFlow:
         return self._site_by_call.get(call)
 
     # -- what an expression holds -----------------------------------------------------------------
+    # These run for every expression of every step of the propagation: node kinds are told apart by their type
+    # (LibCST's concrete node classes have no subclasses), since a failing ``isinstance`` against one of its
+    # node classes goes through the abstract-base-class check and costs several type comparisons.
     def model_sites(self, expr: cst.BaseExpression, scope: Scope) -> Sites:
         """The wrap sites whose model ``expr`` evaluates to."""
-        if isinstance(expr, cst.Call):
+        if type(expr) is cst.Call:
             site = self._site_by_call.get(expr)
             if site is not None:
                 return frozenset() if site.kind == FUNCTIONAL else frozenset({site})
             func = expr.func
-            if isinstance(func, cst.Attribute) and func.attr.value in MODULE_METHODS_RETURNING_SELF:
+            if type(func) is cst.Attribute and func.attr.value in MODULE_METHODS_RETURNING_SELF:
                 return self.model_sites(func.value, scope)
             callee = self.index.callee(expr, scope)
             return self._fact(self._returns_model, callee[0]) if callee else frozenset()
-        if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)):
+        if type(expr) in (cst.Name, cst.Attribute, cst.Subscript):
             place = self.index.place_of(expr, scope)
             return self._fact(self.wrapped, place) if place else frozenset()
-        if isinstance(expr, cst.IfExp):
+        if type(expr) is cst.IfExp:
             return self.model_sites(expr.body, scope) | self.model_sites(expr.orelse, scope)
-        if isinstance(expr, cst.BooleanOperation):
+        if type(expr) is cst.BooleanOperation:
             return self.model_sites(expr.left, scope) | self.model_sites(expr.right, scope)
         return frozenset()
 
     def container_sites(self, expr: cst.BaseExpression, scope: Scope) -> Sites:
         """The wrap sites whose models are items of the container ``expr`` evaluates to."""
-        if isinstance(expr, (cst.List, cst.Tuple, cst.Set)):
+        if type(expr) in (cst.List, cst.Tuple, cst.Set):
             found: Sites = frozenset()
             for element in expr.elements:
-                if isinstance(element, cst.StarredElement):
+                if type(element) is cst.StarredElement:
                     found |= self.container_sites(element.value, scope)
                 else:
                     found |= self.model_sites(element.value, scope)
             return found
-        if isinstance(expr, (cst.ListComp, cst.GeneratorExp, cst.SetComp)):
+        if type(expr) in (cst.ListComp, cst.GeneratorExp, cst.SetComp):
             return self.model_sites(expr.elt, scope)
-        if isinstance(expr, cst.DictComp):
+        if type(expr) is cst.DictComp:
             return self.model_sites(expr.value, scope)
-        if isinstance(expr, cst.Dict):
+        if type(expr) is cst.Dict:
             return frozenset().union(
-                *(self.model_sites(e.value, scope) for e in expr.elements if isinstance(e, cst.DictElement))
+                *(self.model_sites(e.value, scope) for e in expr.elements if type(e) is cst.DictElement)
             )
-        if isinstance(expr, cst.Call) and expr.args and not expr.args[0].keyword:
+        if type(expr) is cst.Call and expr.args and not expr.args[0].keyword:
             # nn.ModuleList([...]), nn.ModuleDict({...}), list(...), tuple(...)
             return self.container_sites(expr.args[0].value, scope)
-        if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)):
+        if type(expr) in (cst.Name, cst.Attribute, cst.Subscript):
             place = self.index.place_of(expr, scope)
             return self._fact(self.wrapped, item_place(place)) if place else frozenset()
         return frozenset()
 
     def output_sites(self, expr: cst.BaseExpression, scope: Scope) -> Sites:
         """The wrap sites of which ``expr`` is the output, or a part of it, as the model returned it."""
-        if isinstance(expr, cst.Call):
+        if type(expr) is cst.Call:
             site = self._site_by_call.get(expr)
             if site is not None:
                 return frozenset({site}) if site.kind == FUNCTIONAL else frozenset()
             func = expr.func
-            if isinstance(func, cst.Attribute) and func.attr.value == "forward":
+            if type(func) is cst.Attribute and func.attr.value == "forward":
                 func = func.value
             found = self.model_sites(func, scope)
             callee = self.index.callee(expr, scope)
             return found | self._fact(self._returns_outputs, callee[0]) if callee else found
-        if isinstance(expr, cst.Subscript):
+        if type(expr) is cst.Subscript:
             return self.output_sites(expr.value, scope) | self._place_fact(self.outputs, expr, scope)
-        if isinstance(expr, cst.Attribute):
+        if type(expr) is cst.Attribute:
             if expr.attr.value in TENSOR_METADATA:
                 return frozenset()
             return self.output_sites(expr.value, scope) | self._place_fact(self.outputs, expr, scope)
-        if isinstance(expr, cst.Name):
+        if type(expr) is cst.Name:
             return self._place_fact(self.outputs, expr, scope)
         return frozenset()
 
@@ -275,20 +278,20 @@ class ModelFlow:
         """The wrap sites whose outputs ``expr`` is computed from, through operators, subscripts, methods of
         those values, and torch or builtin functions. A value that goes through any other call (a loss
         function, a metric) is not counted: what that call returns is not known here."""
-        if isinstance(expr, cst.Attribute) and expr.attr.value in TENSOR_DESCRIPTION:
+        if type(expr) is cst.Attribute and expr.attr.value in TENSOR_DESCRIPTION:
             return frozenset()
         if isinstance(expr, cst.BaseExpression):
             found = self.output_sites(expr, scope)
         else:
             found = frozenset()
-        if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)):
+        if type(expr) in (cst.Name, cst.Attribute, cst.Subscript):
             found |= self._place_fact(self.derived, expr, scope)
-        if isinstance(expr, cst.Call):
+        if type(expr) is cst.Call:
             callee = self.index.callee(expr, scope)
             if callee is not None:
                 return found | self._fact(self._returns_derived, callee[0])
             func = expr.func
-            if isinstance(func, cst.Attribute) and not self._is_torch(func):
+            if type(func) is cst.Attribute and not self._is_torch(func):
                 receiver = self.derived_sites(func.value, scope)
                 if not receiver:
                     return found
@@ -564,29 +567,29 @@ def _operands(expr: cst.CSTNode) -> list[cst.CSTNode]:
     generic ``children`` walks the whole node, whitespace included, and dominates the analysis otherwise)."""
     if isinstance(expr, _LEAVES):
         return []
-    if isinstance(expr, cst.Attribute):
+    if type(expr) is cst.Attribute:
         return [expr.value]
-    if isinstance(expr, cst.Subscript):
+    if type(expr) is cst.Subscript:
         parts: list[cst.CSTNode] = [expr.value]
         for element in expr.slice:
             index = element.slice
-            if isinstance(index, cst.Index):
+            if type(index) is cst.Index:
                 parts.append(index.value)
             else:
                 parts.extend(bound for bound in (index.lower, index.upper, index.step) if bound is not None)
         return parts
-    if isinstance(expr, (cst.BinaryOperation, cst.BooleanOperation)):
+    if type(expr) in (cst.BinaryOperation, cst.BooleanOperation):
         return [expr.left, expr.right]
-    if isinstance(expr, cst.UnaryOperation):
+    if type(expr) is cst.UnaryOperation:
         return [expr.expression]
-    if isinstance(expr, cst.Comparison):
+    if type(expr) is cst.Comparison:
         return [expr.left, *(target.comparator for target in expr.comparisons)]
-    if isinstance(expr, cst.IfExp):
+    if type(expr) is cst.IfExp:
         return [expr.test, expr.body, expr.orelse]
-    if isinstance(expr, (cst.Tuple, cst.List, cst.Set)):
+    if type(expr) in (cst.Tuple, cst.List, cst.Set):
         return [element.value for element in expr.elements]
-    if isinstance(expr, (cst.Await, cst.NamedExpr)):
-        return [expr.expression if isinstance(expr, cst.Await) else expr.value]
+    if type(expr) in (cst.Await, cst.NamedExpr):
+        return [expr.expression if type(expr) is cst.Await else expr.value]
     return [
         child
         for child in expr.children
