@@ -339,7 +339,7 @@ class ModelFlow:
     def _propagate(self) -> None:
         index = self.index
         steps = [
-            *(partial(self._assign, assignment.target, assignment.value, assignment.scope) for assignment in index.assignments),
+            *(partial(self._assign, step.target, step.value, step.scope) for step in index.assignments),
             *(partial(self._loop, loop.target, loop.iterable, loop.scope) for loop in index.loops),
             *(partial(self._bind_arguments, call, scope) for call, scope in index.calls),
             *(partial(self._return, function, value, scope) for function, value, scope in index.returns),

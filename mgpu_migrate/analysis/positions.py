@@ -8,7 +8,9 @@ node (sitting in a block) is generated alone, with the indentation of the blocks
 up in the source text. Found once, that is its place (LibCST reproduces the code of a statement as it
 was written); found twice or not at all, the statement around it is tried, and in the end the module
 is generated from its start, one top-level statement at a time, as far as the node. A diagnosed file
-thus generates a few statements instead of everything before its last diagnosis. An offset becomes a
+thus generates a few statements instead of everything before its last diagnosis. (Where LibCST drops a
+line continuation before a statement, the place found in the source is the statement's real one, which
+a count from the module's start would miss by the characters dropped.) An offset becomes a
 line and column through a table of the source's line starts. The ranges are PositionProvider's own
 (syntactic: a statement's leading comments and blank lines are not part of it); tests/robustness
 compares the two over real and generated files.
@@ -121,7 +123,9 @@ class Positions:
             return False
         state = _OffsetState(self._module)
         blocks = [node for node in self._tree.ancestors(statement) if isinstance(node, cst.IndentedBlock)]
-        state.indent_tokens = [state.default_indent if block.indent is None else block.indent for block in reversed(blocks)]
+        state.indent_tokens = [
+            state.default_indent if block.indent is None else block.indent for block in reversed(blocks)
+        ]
         statement._codegen(state)
         code = "".join(state.tokens)
         start = self._text.find(code)
