@@ -311,7 +311,8 @@ class ModelFlow:
         return self._fact(facts, place) if place else frozenset()
 
     def _fact(self, facts: dict, key) -> Sites:
-        """What ``facts`` (one of the fact tables) holds for ``key``: every fact is read here."""
+        """What ``facts`` (one of the fact tables) holds for ``key``. Every query reads the tables through here,
+        so the propagation knows what each of its steps read."""
         if self._reads is not None:
             self._reads.append((id(facts), key))
         return facts.get(key, frozenset())
