@@ -135,9 +135,9 @@ class FileAnalysis:
 
     @cached_property
     def _positions(self) -> Positions:
-        # Only a file with a diagnostic or a `# noqa` asks, and only as far as the node asked about (then the
-        # pipeline's round trip and output for a file that changes).
-        return Positions(self.module, self.source)
+        # Only a file with a diagnostic or a `# noqa` asks, and only for the statements that hold the nodes asked
+        # about (then the pipeline's round trip and output for a file that changes).
+        return Positions(self.module, self.source, self.tree)
 
     def code(self, module: cst.Module | None = None) -> str:
         """``module.code`` of the parsed module (by default) or of one rebuilt from it; the top-level statements

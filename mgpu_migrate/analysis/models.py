@@ -22,6 +22,7 @@ from __future__ import annotations
 import builtins
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import partial
 from typing import Optional
 
 import libcst as cst
@@ -114,6 +115,10 @@ class ModelFlow:
         self._returns_model: dict[Function, Sites] = defaultdict(frozenset)
         self._returns_outputs: dict[Function, Sites] = defaultdict(frozenset)
         self._returns_derived: dict[Function, Sites] = defaultdict(frozenset)
+        # While the facts propagate: the facts each step reads, and the step at which each fact last grew.
+        self._reads: list[tuple[int, object]] | None = None
+        self._grown: dict[tuple[int, object], int] = {}
+        self._step = 0
         # DataParallel calls that wrap something certainly not a module (an optimizer ...), with what it is:
         # they parallelize nothing, so they are no wrap sites; the wrapper rule leaves them for review.
         self.not_modules: dict[cst.Call, str] = {}
@@ -148,7 +153,9 @@ class ModelFlow:
     def _data_parallel_subclasses(self) -> set[cst.ClassDef]:
         """Classes of this file (outside functions) deriving, directly or through each other, from torch's
         ``DataParallel``."""
-        classes = _classes_outside_functions(self.analysis.module)
+        # The parent map's classes, in source order (LibCST's ``children`` would rebuild every node it passes).
+        tree = self.analysis.tree
+        classes = [cls for cls in tree.nodes(cst.ClassDef) if tree.function(cls) is None]
         by_name = {cls.name.value: cls for cls in classes}
         found: set[cst.ClassDef] = set()
         changed = True
@@ -197,71 +204,74 @@ class ModelFlow:
         return self._site_by_call.get(call)
 
     # -- what an expression holds -----------------------------------------------------------------
+    # These run for every expression of every step of the propagation: node kinds are told apart by their type
+    # (LibCST's concrete node classes have no subclasses), since a failing ``isinstance`` against one of its
+    # node classes goes through the abstract-base-class check and costs several type comparisons.
     def model_sites(self, expr: cst.BaseExpression, scope: Scope) -> Sites:
         """The wrap sites whose model ``expr`` evaluates to."""
-        if isinstance(expr, cst.Call):
+        if type(expr) is cst.Call:
             site = self._site_by_call.get(expr)
             if site is not None:
                 return frozenset() if site.kind == FUNCTIONAL else frozenset({site})
             func = expr.func
-            if isinstance(func, cst.Attribute) and func.attr.value in MODULE_METHODS_RETURNING_SELF:
+            if type(func) is cst.Attribute and func.attr.value in MODULE_METHODS_RETURNING_SELF:
                 return self.model_sites(func.value, scope)
             callee = self.index.callee(expr, scope)
-            return self._returns_model[callee[0]] if callee else frozenset()
-        if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)):
+            return self._fact(self._returns_model, callee[0]) if callee else frozenset()
+        if type(expr) in (cst.Name, cst.Attribute, cst.Subscript):
             place = self.index.place_of(expr, scope)
-            return self.wrapped.get(place, frozenset()) if place else frozenset()
-        if isinstance(expr, cst.IfExp):
+            return self._fact(self.wrapped, place) if place else frozenset()
+        if type(expr) is cst.IfExp:
             return self.model_sites(expr.body, scope) | self.model_sites(expr.orelse, scope)
-        if isinstance(expr, cst.BooleanOperation):
+        if type(expr) is cst.BooleanOperation:
             return self.model_sites(expr.left, scope) | self.model_sites(expr.right, scope)
         return frozenset()
 
     def container_sites(self, expr: cst.BaseExpression, scope: Scope) -> Sites:
         """The wrap sites whose models are items of the container ``expr`` evaluates to."""
-        if isinstance(expr, (cst.List, cst.Tuple, cst.Set)):
+        if type(expr) in (cst.List, cst.Tuple, cst.Set):
             found: Sites = frozenset()
             for element in expr.elements:
-                if isinstance(element, cst.StarredElement):
+                if type(element) is cst.StarredElement:
                     found |= self.container_sites(element.value, scope)
                 else:
                     found |= self.model_sites(element.value, scope)
             return found
-        if isinstance(expr, (cst.ListComp, cst.GeneratorExp, cst.SetComp)):
+        if type(expr) in (cst.ListComp, cst.GeneratorExp, cst.SetComp):
             return self.model_sites(expr.elt, scope)
-        if isinstance(expr, cst.DictComp):
+        if type(expr) is cst.DictComp:
             return self.model_sites(expr.value, scope)
-        if isinstance(expr, cst.Dict):
+        if type(expr) is cst.Dict:
             return frozenset().union(
-                *(self.model_sites(e.value, scope) for e in expr.elements if isinstance(e, cst.DictElement))
+                *(self.model_sites(e.value, scope) for e in expr.elements if type(e) is cst.DictElement)
             )
-        if isinstance(expr, cst.Call) and expr.args and not expr.args[0].keyword:
+        if type(expr) is cst.Call and expr.args and not expr.args[0].keyword:
             # nn.ModuleList([...]), nn.ModuleDict({...}), list(...), tuple(...)
             return self.container_sites(expr.args[0].value, scope)
-        if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)):
+        if type(expr) in (cst.Name, cst.Attribute, cst.Subscript):
             place = self.index.place_of(expr, scope)
-            return self.wrapped.get(item_place(place), frozenset()) if place else frozenset()
+            return self._fact(self.wrapped, item_place(place)) if place else frozenset()
         return frozenset()
 
     def output_sites(self, expr: cst.BaseExpression, scope: Scope) -> Sites:
         """The wrap sites of which ``expr`` is the output, or a part of it, as the model returned it."""
-        if isinstance(expr, cst.Call):
+        if type(expr) is cst.Call:
             site = self._site_by_call.get(expr)
             if site is not None:
                 return frozenset({site}) if site.kind == FUNCTIONAL else frozenset()
             func = expr.func
-            if isinstance(func, cst.Attribute) and func.attr.value == "forward":
+            if type(func) is cst.Attribute and func.attr.value == "forward":
                 func = func.value
             found = self.model_sites(func, scope)
             callee = self.index.callee(expr, scope)
-            return found | self._returns_outputs[callee[0]] if callee else found
-        if isinstance(expr, cst.Subscript):
+            return found | self._fact(self._returns_outputs, callee[0]) if callee else found
+        if type(expr) is cst.Subscript:
             return self.output_sites(expr.value, scope) | self._place_fact(self.outputs, expr, scope)
-        if isinstance(expr, cst.Attribute):
+        if type(expr) is cst.Attribute:
             if expr.attr.value in TENSOR_METADATA:
                 return frozenset()
             return self.output_sites(expr.value, scope) | self._place_fact(self.outputs, expr, scope)
-        if isinstance(expr, cst.Name):
+        if type(expr) is cst.Name:
             return self._place_fact(self.outputs, expr, scope)
         return frozenset()
 
@@ -269,20 +279,20 @@ class ModelFlow:
         """The wrap sites whose outputs ``expr`` is computed from, through operators, subscripts, methods of
         those values, and torch or builtin functions. A value that goes through any other call (a loss
         function, a metric) is not counted: what that call returns is not known here."""
-        if isinstance(expr, cst.Attribute) and expr.attr.value in TENSOR_DESCRIPTION:
+        if type(expr) is cst.Attribute and expr.attr.value in TENSOR_DESCRIPTION:
             return frozenset()
         if isinstance(expr, cst.BaseExpression):
             found = self.output_sites(expr, scope)
         else:
             found = frozenset()
-        if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)):
+        if type(expr) in (cst.Name, cst.Attribute, cst.Subscript):
             found |= self._place_fact(self.derived, expr, scope)
-        if isinstance(expr, cst.Call):
+        if type(expr) is cst.Call:
             callee = self.index.callee(expr, scope)
             if callee is not None:
-                return found | self._returns_derived[callee[0]]
+                return found | self._fact(self._returns_derived, callee[0])
             func = expr.func
-            if isinstance(func, cst.Attribute) and not self._is_torch(func):
+            if type(func) is cst.Attribute and not self._is_torch(func):
                 receiver = self.derived_sites(func.value, scope)
                 if not receiver:
                     return found
@@ -299,7 +309,26 @@ class ModelFlow:
 
     def _place_fact(self, facts: dict[Place, Sites], expr: cst.BaseExpression, scope: Scope) -> Sites:
         place = self.index.place_of(expr, scope)
-        return facts.get(place, frozenset()) if place else frozenset()
+        return self._fact(facts, place) if place else frozenset()
+
+    def _fact(self, facts: dict, key) -> Sites:
+        """What ``facts`` (one of the fact tables) holds for ``key``. Every query reads the tables through here,
+        so the propagation knows what each of its steps read."""
+        if self._reads is not None:
+            self._reads.append((id(facts), key))
+        return facts.get(key, frozenset())
+
+    def _add(self, facts: dict, key, sites: Sites) -> bool:
+        """Add ``sites`` to what ``facts`` holds for ``key``; whether that grew."""
+        if not sites:
+            return False
+        before = facts.get(key, frozenset())
+        after = before | sites
+        if after == before:
+            return False
+        facts[key] = after
+        self._grown[id(facts), key] = self._step
+        return True
 
     def _is_torch(self, func: cst.BaseExpression) -> bool:
         qualified = self.analysis.resolve(func)
@@ -311,20 +340,36 @@ class ModelFlow:
     # -- propagation -------------------------------------------------------------------------------
     def _propagate(self) -> None:
         index = self.index
+        steps = [
+            *(partial(self._assign, step.target, step.value, step.scope) for step in index.assignments),
+            *(partial(self._loop, loop.target, loop.iterable, loop.scope) for loop in index.loops),
+            *(partial(self._bind_arguments, call, scope) for call, scope in index.calls),
+            *(partial(self._return, function, value, scope) for function, value, scope in index.returns),
+        ]
+        # A step computes its facts from the facts it reads: one none of whose reads grew since it last ran would
+        # compute what it added then, and add nothing. It is skipped; each round adds what a full round would.
+        last_run: list[int] = [-1] * len(steps)
+        reads: list[list[tuple[int, object]]] = [[] for _ in steps]
+        grown = self._grown
         for _ in range(50):  # a fixpoint; the bound only guards against a bug, real files need a handful
             changed = False
-            for assignment in index.assignments:
-                changed |= self._assign(assignment.target, assignment.value, assignment.scope)
-            for loop in index.loops:
-                changed |= self._loop(loop.target, loop.iterable, loop.scope)
-            for call, scope in index.calls:
-                changed |= self._bind_arguments(call, scope)
-            for function, value, scope in index.returns:
-                changed |= _add(self._returns_model, function, self.model_sites(value, scope))
-                changed |= _add(self._returns_outputs, function, self.output_sites(value, scope))
-                changed |= _add(self._returns_derived, function, self.derived_sites(value, scope))
+            for number, step in enumerate(steps):
+                ran = last_run[number]
+                if ran >= 0 and all(grown.get(key, -1) < ran for key in reads[number]):
+                    continue
+                self._step += 1
+                last_run[number] = self._step
+                self._reads = reads[number] = []
+                changed |= step()
+            self._reads = None
             if not changed:
                 return
+
+    def _return(self, function: Function, value: cst.BaseExpression, scope: Scope) -> bool:
+        changed = self._add(self._returns_model, function, self.model_sites(value, scope))
+        changed |= self._add(self._returns_outputs, function, self.output_sites(value, scope))
+        changed |= self._add(self._returns_derived, function, self.derived_sites(value, scope))
+        return changed
 
     def _assign(self, target: cst.BaseExpression, value: cst.BaseExpression, scope: Scope) -> bool:
         if isinstance(target, (cst.Tuple, cst.List)):
@@ -338,23 +383,23 @@ class ModelFlow:
             items = self.container_sites(value, scope)
             changed = False
             for place in self.index.assigned_places(target, scope):
-                changed |= _add(self.outputs, place, parts)
-                changed |= _add(self.derived, place, derived)
-                changed |= _add(self.wrapped, place, items)
+                changed |= self._add(self.outputs, place, parts)
+                changed |= self._add(self.derived, place, derived)
+                changed |= self._add(self.wrapped, place, items)
             return changed
         place = self.index.place_of(target, scope)
         if place is None:
             return False
-        changed = _add(self.wrapped, place, self.model_sites(value, scope))
-        changed |= _add(self.wrapped, item_place(place), self.container_sites(value, scope))
-        changed |= _add(self.outputs, place, self.output_sites(value, scope))
-        changed |= _add(self.derived, place, self.derived_sites(value, scope))
+        changed = self._add(self.wrapped, place, self.model_sites(value, scope))
+        changed |= self._add(self.wrapped, item_place(place), self.container_sites(value, scope))
+        changed |= self._add(self.outputs, place, self.output_sites(value, scope))
+        changed |= self._add(self.derived, place, self.derived_sites(value, scope))
         return changed
 
     def _loop(self, target: cst.BaseExpression, iterable: cst.BaseExpression, scope: Scope) -> bool:
         items = self.container_sites(iterable, scope)
         place = self.index.place_of(item_target(target, iterable), scope)
-        return _add(self.wrapped, place, items) if place else False
+        return self._add(self.wrapped, place, items) if place else False
 
     def _bind_arguments(self, call: cst.Call, scope: Scope) -> bool:
         callee = self.index.callee(call, scope)
@@ -366,10 +411,10 @@ class ModelFlow:
             place = self.index.parameter_place(function, call, position, implicit)
             if place is None:
                 continue
-            changed |= _add(self.wrapped, place, self.model_sites(arg.value, scope))
-            changed |= _add(self.wrapped, item_place(place), self.container_sites(arg.value, scope))
-            changed |= _add(self.outputs, place, self.output_sites(arg.value, scope))
-            changed |= _add(self.derived, place, self.derived_sites(arg.value, scope))
+            changed |= self._add(self.wrapped, place, self.model_sites(arg.value, scope))
+            changed |= self._add(self.wrapped, item_place(place), self.container_sites(arg.value, scope))
+            changed |= self._add(self.outputs, place, self.output_sites(arg.value, scope))
+            changed |= self._add(self.derived, place, self.derived_sites(arg.value, scope))
         return changed
 
     # -- results for rules ------------------------------------------------------------------------
@@ -516,29 +561,29 @@ def _operands(expr: cst.CSTNode) -> list[cst.CSTNode]:
     generic ``children`` walks the whole node, whitespace included, and dominates the analysis otherwise)."""
     if isinstance(expr, _LEAVES):
         return []
-    if isinstance(expr, cst.Attribute):
+    if type(expr) is cst.Attribute:
         return [expr.value]
-    if isinstance(expr, cst.Subscript):
+    if type(expr) is cst.Subscript:
         parts: list[cst.CSTNode] = [expr.value]
         for element in expr.slice:
             index = element.slice
-            if isinstance(index, cst.Index):
+            if type(index) is cst.Index:
                 parts.append(index.value)
             else:
                 parts.extend(bound for bound in (index.lower, index.upper, index.step) if bound is not None)
         return parts
-    if isinstance(expr, (cst.BinaryOperation, cst.BooleanOperation)):
+    if type(expr) in (cst.BinaryOperation, cst.BooleanOperation):
         return [expr.left, expr.right]
-    if isinstance(expr, cst.UnaryOperation):
+    if type(expr) is cst.UnaryOperation:
         return [expr.expression]
-    if isinstance(expr, cst.Comparison):
+    if type(expr) is cst.Comparison:
         return [expr.left, *(target.comparator for target in expr.comparisons)]
-    if isinstance(expr, cst.IfExp):
+    if type(expr) is cst.IfExp:
         return [expr.test, expr.body, expr.orelse]
-    if isinstance(expr, (cst.Tuple, cst.List, cst.Set)):
+    if type(expr) in (cst.Tuple, cst.List, cst.Set):
         return [element.value for element in expr.elements]
-    if isinstance(expr, (cst.Await, cst.NamedExpr)):
-        return [expr.expression if isinstance(expr, cst.Await) else expr.value]
+    if type(expr) in (cst.Await, cst.NamedExpr):
+        return [expr.expression if type(expr) is cst.Await else expr.value]
     return [
         child
         for child in expr.children
@@ -546,25 +591,3 @@ def _operands(expr: cst.CSTNode) -> list[cst.CSTNode]:
                               cst.ComparisonTarget, cst.DictElement, cst.StarredDictElement, cst.CompFor,
                               cst.CompIf, cst.FormattedStringExpression))
     ]
-
-
-def _classes_outside_functions(node: cst.CSTNode) -> list[cst.ClassDef]:
-    found = []
-    for child in node.children:
-        if isinstance(child, (cst.FunctionDef, cst.Lambda, cst.BaseExpression, cst.SimpleStatementLine)):
-            continue
-        if isinstance(child, cst.ClassDef):
-            found.append(child)
-        found.extend(_classes_outside_functions(child))
-    return found
-
-
-def _add(facts: dict, key, sites: Sites) -> bool:
-    if not sites:
-        return False
-    before = facts.get(key, frozenset())
-    after = before | sites
-    if after == before:
-        return False
-    facts[key] = after
-    return True

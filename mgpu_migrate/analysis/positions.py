@@ -1,17 +1,23 @@
-"""Where a node sits in the source, computed only as far into the file as someone asks.
+"""Where a node sits in the source, computed from the statement that holds it, not from the file before it.
 
 LibCST's ``PositionProvider`` regenerates the whole module while splitting every token into lines and
 building two position objects per node: about 2x the parse, on every file that gets a diagnostic.
-Here the same regeneration only counts characters (0.3x the parse for a whole file), one top-level
-statement at a time, and stops at the statement that holds the node asked about; an offset becomes a
-line and column through a table of the source's line starts, which is exact wherever LibCST reproduces
-the source (it may not after the last statement; see the round-trip check in pipeline.py). The ranges
-are PositionProvider's own (syntactic: a statement's leading comments and blank lines are not part of
-it); tests/robustness compares the two over real and generated files.
+Here a regeneration that only counts characters gives each node's offset within its statement, and
+the statement's offset is where its code stands in the source: the innermost statement that holds the
+node (sitting in a block) is generated alone, with the indentation of the blocks around it, and looked
+up in the source text. Found once, that is its place (LibCST reproduces the code of a statement as it
+was written); found twice or not at all, the statement around it is tried, and in the end the module
+is generated from its start, one top-level statement at a time, as far as the node. A diagnosed file
+thus generates a few statements instead of everything before its last diagnosis. (Where LibCST drops a
+line continuation before a statement, the place found in the source is the statement's real one, which
+a count from the module's start would miss by the characters dropped.) An offset becomes a
+line and column through a table of the source's line starts. The ranges are PositionProvider's own
+(syntactic: a statement's leading comments and blank lines are not part of it); tests/robustness
+compares the two over real and generated files.
 
-The same pass keeps the text it generates, statement by statement, so the pipeline's round-trip check and
-its output (``code``) generate only what positions did not: the statements after the last node asked about,
-and in the output the statements a rewrite rebuilt.
+The top-level statements generated whole (looked up, or on the way from the module's start, or for the
+pipeline's round-trip check) keep their text, so the output generates only the statements a rewrite
+rebuilt (``code``).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import libcst as cst
 # The codegen state is not public API, but it is the one hook PositionProvider itself is built on.
 from libcst._nodes.internal import CodegenState
 
+from mgpu_migrate.analysis.tree import Tree
 from mgpu_migrate.diagnostics import LINE_BREAK
 
 
@@ -81,15 +88,20 @@ class _OffsetState(CodegenState):
 class Positions:
     """Start and end (line, 0-based column) of the nodes of one parsed module, as PositionProvider gives them."""
 
-    def __init__(self, module: cst.Module, source: str) -> None:
+    def __init__(self, module: cst.Module, source: str, tree: Tree | None = None) -> None:
         self._module = module
-        self._source = source
+        # The text the offsets count in: without a trailing newline, LibCST generates the last newline, then
+        # drops it from the module's code; nodes may end on the line after it.
+        self._text = source if module.has_trailing_newline else source + module.default_newline
+        self._tree = tree if tree is not None else Tree(module)
+        # Every node placed so far, by offset; also the state of the generation from the module's start.
         self._state = _OffsetState(module)
         self._pending = self._generate()
         self._line_starts: list[int] | None = None
-        # Where the tokens of each top-level statement (and blank or comment line) generated so far lie in the
-        # state's tokens.
-        self._token_ranges: dict[cst.CSTNode, tuple[int, int]] = {}
+        # The tokens of each top-level statement (and blank or comment line) generated whole so far.
+        self._tokens: dict[cst.CSTNode, list[str]] = {}
+        # Statements whose code is not in the source exactly once: not looked up again for their other nodes.
+        self._not_found: set[cst.BaseStatement] = set()
 
     def _generate(self) -> Iterator[bool]:
         # Module._codegen, cut at each top-level statement so the caller can stop early.
@@ -98,28 +110,50 @@ class Positions:
         for statement in (*module.header, *module.body, *module.footer):
             first = len(state.tokens)
             statement._codegen(state)
-            self._token_ranges[statement] = first, len(state.tokens)
+            self._tokens.setdefault(statement, state.tokens[first:])
             yield True
         if module.has_trailing_newline and state.offset == 0:
             state.add_token(state.default_newline)
-        # Without a trailing newline, LibCST drops the last newline token but not the position it reached.
         state.after_codegen(module)
+
+    def _look_up(self, statement: cst.BaseStatement) -> bool:
+        """Generate ``statement`` alone and place its nodes where its code stands in the source, if it stands
+        there once (twice: which one is not known here; not at all: LibCST did not reproduce it)."""
+        if statement in self._not_found:
+            return False
+        state = _OffsetState(self._module)
+        blocks = [node for node in self._tree.ancestors(statement) if isinstance(node, cst.IndentedBlock)]
+        state.indent_tokens = [
+            state.default_indent if block.indent is None else block.indent for block in reversed(blocks)
+        ]
+        statement._codegen(state)
+        code = "".join(state.tokens)
+        start = self._text.find(code)
+        if start < 0 or self._text.find(code, start + 1) >= 0:
+            self._not_found.add(statement)
+            return False
+        spans = self._state.spans
+        for node, (begin, end) in state.spans.items():
+            spans[node] = (begin + start, end + start)
+        if not blocks:
+            self._tokens[statement] = state.tokens
+        return True
 
     def _offsets(self, node: cst.CSTNode) -> tuple[int, int]:
         spans = self._state.spans
-        while node not in spans and next(self._pending, False):
-            pass
         if node not in spans:
-            raise KeyError(f"{type(node).__name__} node is not part of this module")
+            statement = self._tree.statement(node)
+            while statement is not None and not self._look_up(statement):
+                statement = self._tree.statement(self._tree.parent(statement))
+            while node not in spans and next(self._pending, False):
+                pass
+            if node not in spans:
+                raise KeyError(f"{type(node).__name__} node is not part of this module")
         return spans[node]
 
     def _line_column(self, offset: int) -> tuple[int, int]:
         if self._line_starts is None:
-            text = self._source
-            if not self._module.has_trailing_newline:
-                # The last newline is generated, then dropped from the text: nodes may end on the line after it.
-                text += self._module.default_newline
-            self._line_starts = [0, *(match.end() for match in LINE_BREAK.finditer(text))]
+            self._line_starts = [0, *(match.end() for match in LINE_BREAK.finditer(self._text))]
         line = bisect.bisect_right(self._line_starts, offset)
         return line, offset - self._line_starts[line - 1]
 
@@ -136,19 +170,16 @@ class Positions:
         original = self._module
         if (module.default_indent, module.default_newline) != (original.default_indent, original.default_newline):
             return module.code
-        if module is original:
-            for _ in self._pending:
-                pass
-        generated = self._state.tokens
         tokens: list[str] = []
         for statement in (*module.header, *module.body, *module.footer):
-            known = self._token_ranges.get(statement)
-            if known is not None:
-                tokens += generated[known[0]:known[1]]
-            else:
+            known = self._tokens.get(statement)
+            if known is None:
                 state = CodegenState(default_indent=module.default_indent, default_newline=module.default_newline)
                 statement._codegen(state)
-                tokens += state.tokens
+                known = state.tokens
+                if module is original:
+                    self._tokens[statement] = known
+            tokens += known
         # The end of Module._codegen_impl.
         if module.has_trailing_newline:
             if not tokens:

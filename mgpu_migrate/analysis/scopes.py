@@ -129,7 +129,8 @@ class FlowIndex:
     # -- places --------------------------------------------------------------------------------
     def place_of(self, node: cst.BaseExpression, scope: Scope) -> Optional[Place]:
         """The place a reference expression reads or writes; None for anything else."""
-        if isinstance(node, cst.Name):
+        # By type, not isinstance: see ModelFlow's queries, which ask this for every expression they meet.
+        if type(node) is cst.Name:
             owner = scope.lookup(node.value)
             if owner.self_name == node.value and owner.owner is not None:
                 return owner.owner, "self"
@@ -137,10 +138,10 @@ class FlowIndex:
             if instance_of is not None:
                 return instance_of, "self"
             return owner, node.value
-        if isinstance(node, cst.Attribute):
+        if type(node) is cst.Attribute:
             base = self.place_of(node.value, scope)
             return (base[0], f"{base[1]}.{node.attr.value}") if base else None
-        if isinstance(node, cst.Subscript):
+        if type(node) is cst.Subscript:
             base = self.place_of(node.value, scope)
             return item_place(base) if base else None
         return None
@@ -176,7 +177,7 @@ class FlowIndex:
     def callee(self, call: cst.Call, scope: Scope) -> Optional[tuple[Function, int]]:
         """The function of this file a call runs, and how many leading parameters it binds implicitly."""
         func = call.func
-        if isinstance(func, cst.Name):
+        if type(func) is cst.Name:
             owner = scope.lookup(func.value)
             if func.value in owner.functions:
                 return owner.functions[func.value], 0
@@ -184,7 +185,7 @@ class FlowIndex:
                 init = self.scopes[owner.classes[func.value]].functions.get("__init__")
                 return (init, 1) if init is not None else None
             return None
-        if isinstance(func, cst.Attribute):
+        if type(func) is cst.Attribute:
             base = self.place_of(func.value, scope)
             if base is not None and base[1] == "self":
                 method = base[0].functions.get(func.attr.value)
