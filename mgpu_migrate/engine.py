@@ -35,7 +35,8 @@ _SITE_PATTERNS = {
     ),
     b"data_parallel": (
         re.compile(rb"data_parallel(?<!\wdata_parallel)\b"),
-        re.compile(rb"data_parallel(?<!\wdata_parallel)\w*\s*\("),
+        # Not the process-group vocabulary of model-parallel frameworks (Megatron's data_parallel_size(...)).
+        re.compile(rb"data_parallel(?<!\wdata_parallel)(?!_(?:size|group|rank|world_size|sharding)\w*)\w*\s*\("),
     ),
     b"parallel_apply": (re.compile(rb"parallel_apply(?<!\wparallel_apply)\b"),),
     b"mgpu_runtime": (re.compile(rb"mgpu_runtime(?<!\wmgpu_runtime)\b"),),

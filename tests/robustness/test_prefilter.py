@@ -56,6 +56,7 @@ def test_every_spelling_of_a_site_passes(source):
         "from apex.parallel_state import x",
         # Megatron-style names that contain the words but are no site.
         "data_parallel_size = get_data_parallel_world_size()\ngroup = mpu.get_data_parallel_group()",
+        "setup(data_parallel_size(), data_parallel_group(with_context=True), data_parallel_sharding_strategy(x))",
         "class DataParallelInferenceCoordinator:\n    pass",
         "",
     ],
