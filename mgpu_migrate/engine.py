@@ -19,20 +19,17 @@ __all__ = ["TARGETS", "MigrationResult", "might_need_migration", "migrate_source
 # `data_parallel` itself (not `data_parallel_size`), torch's `parallel_apply` (DataParallel written by hand),
 # and apex's parallel package (`apex.parallel`,
 # `from apex import parallel`, or apex under another name), whose DistributedDataParallel is a site; a file
-# that already calls `mgpu_runtime` is read again, so a partly migrated file is finished. A name that starts
-# with `DataParallel` or `data_parallel` is read where it is called (`DataParallelWithCallback(model)`, a
-# project's `data_parallel_workaround(model, x)`): project copies of DataParallel go by such names, and a site
-# left must be said. Names that merely end in them (`DistributedDataParallel`, `get_data_parallel_group`),
-# other uses of such names (`data_parallel_size = ...`) and apex's other packages (`from apex.normalization
-# import FusedLayerNorm`, `from apex import amp`) are not sites.
+# that already calls `mgpu_runtime` is read again, so a partly migrated file is finished. The sync-BN package's
+# `DataParallelWithCallback` is read too, and a name that starts with `data_parallel` where it is called (a
+# project's `data_parallel_workaround(model, x)`): they are copies of DataParallel, and a site left must be
+# said. Names that merely end in the words (`DistributedDataParallel`, `get_data_parallel_group`), other names
+# that start with them (`DataParallelBuffer`, `data_parallel_size(...)`) and apex's other packages
+# (`from apex.normalization import FusedLayerNorm`, `from apex import amp`) are not sites.
 # Each pattern opens with the word it needs (checked first, as a plain substring search: ~10x faster than a
 # regular expression, and it rules out almost every file), so the regular expression engine only scans
 # for that literal; the look-behind after it stands for the word boundary before it.
 _SITE_PATTERNS = {
-    b"DataParallel": (
-        re.compile(rb"DataParallel(?<!\wDataParallel)(?:Model|Criterion)?\b"),
-        re.compile(rb"DataParallel(?<!\wDataParallel)\w*\s*\("),
-    ),
+    b"DataParallel": (re.compile(rb"DataParallel(?<!\wDataParallel)(?:Model|Criterion|WithCallback)?\b"),),
     b"data_parallel": (
         re.compile(rb"data_parallel(?<!\wdata_parallel)\b"),
         # Not the process-group vocabulary of model-parallel frameworks (Megatron's data_parallel_size(...)).

@@ -58,6 +58,7 @@ def test_every_spelling_of_a_site_passes(source):
         "data_parallel_size = get_data_parallel_world_size()\ngroup = mpu.get_data_parallel_group()",
         "setup(data_parallel_size(), data_parallel_group(with_context=True), data_parallel_sharding_strategy(x))",
         "class DataParallelInferenceCoordinator:\n    pass",
+        "buffer = DataParallelBuffer(ddp_config, params)",
         "",
     ],
 )
