@@ -53,7 +53,9 @@ def test_a_rank_that_skips_a_backward_is_named_by_the_lockstep_check():
     returncode, output, _ = _job("skip_backward")
     assert returncode != 0
     message = "LockstepError: mgpu_runtime: the ranks reduced gradients of different steps (rank 0 at step 4, rank 1 at step 5)"
-    assert output.count(message) == 2  # every rank stops, with the same words
+    # Each rank raises the same words; once the first has failed, torchrun stops the other, which on a loaded
+    # machine may be before it prints.
+    assert output.count(message) >= 1
     assert "rank 1 skipped a backward" in output and "a `continue`" in output
     assert "done" not in output
 
