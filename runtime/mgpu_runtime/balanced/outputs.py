@@ -36,6 +36,7 @@ import torch
 
 from mgpu_runtime.balanced.devices import Devices
 from mgpu_runtime.balanced.piece_losses import combine_marked
+from mgpu_runtime.device_losses import mark_device_losses
 from mgpu_runtime.structure import children, holds_tensor, rebuild
 
 
@@ -292,7 +293,8 @@ def _combine(values: Sequence[Any], sizes: Sequence[int], dim: int, device: torc
             return torch.cat(moved, dim)
         if first.is_floating_point() or first.is_complex():
             marked = combine_marked(values, device)
-            return _weighted_mean(moved, sizes) if marked is None else marked
+            # DataParallel gathered these as a vector of per-device losses: the combined loss stands for it.
+            return mark_device_losses(_weighted_mean(moved, sizes) if marked is None else marked)
         return torch.stack(moved).sum()
     parts = children(first)
     if parts is None:

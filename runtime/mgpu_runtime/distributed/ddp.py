@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mgpu_runtime.device_losses import mark_device_losses
 from mgpu_runtime.distributed import lockstep, safety, sync_batchnorm
 from mgpu_runtime.distributed.losses import inside_model
 from mgpu_runtime.distributed.process_group import device, setup, world_size
@@ -99,7 +100,9 @@ class DistributedDataParallel(_TorchDDP):
             if torch.is_grad_enabled():
                 lockstep.note_forward()
         with inside_model():  # the model's own sums are not loss terms (losses.py)
-            return super().forward(*inputs, **kwargs)
+            output = super().forward(*inputs, **kwargs)
+        # DataParallel gathered a loss computed in forward as a vector of per-device losses (device_losses.py).
+        return mark_device_losses(output) if self._checks_processes else output
 
 
 class FrozenModule(nn.Module):
