@@ -57,12 +57,18 @@ def mark_device_losses(output: Any) -> Any:
 
 
 def _marked(tensor: torch.Tensor) -> torch.Tensor:
-    if tensor.dim() == 0 and tensor.is_floating_point() and type(tensor) is torch.Tensor:
+    if (
+        tensor.dim() == 0
+        and tensor.is_floating_point()
+        and type(tensor) is torch.Tensor
+    ):
         return tensor.as_subclass(DeviceLosses)
     return tensor
 
 
-def _summed_gradient(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _summed_gradient(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``backward``'s arguments with a gradient of N per-device values turned into their sum."""
     in_kwargs = "gradient" in kwargs
     gradient = kwargs["gradient"] if in_kwargs else (args[1] if len(args) > 1 else None)

@@ -9,16 +9,20 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from mgpu_runtime.device_losses import DeviceLosses, mark_device_losses  # noqa: E402
+from mgpu_runtime.device_losses import DeviceLosses, mark_device_losses
 
 
 def _loss(weight: torch.Tensor) -> torch.Tensor:
-    return mark_device_losses((weight * torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)).mean())
+    return mark_device_losses(
+        (weight * torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)).mean()
+    )
 
 
 def test_a_gradient_of_equal_per_device_values_is_their_sum() -> None:
     weight = torch.ones(3, dtype=torch.float64, requires_grad=True)
-    loss = 1.0 / 3 * _loss(weight)  # espnet: loss = 1. / ngpu * model(x); loss.backward(loss.new_ones(ngpu))
+    loss = (
+        1.0 / 3 * _loss(weight)
+    )  # espnet: loss = 1. / ngpu * model(x); loss.backward(loss.new_ones(ngpu))
     assert type(loss) is DeviceLosses
     loss.backward(loss.new_ones(3))
     plain = torch.ones(3, dtype=torch.float64, requires_grad=True)
