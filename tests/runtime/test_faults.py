@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -86,6 +87,32 @@ def test_a_timeout_in_another_collective_is_explained_after_the_traceback():
     assert returncode != 0 and seconds < 55
     assert "mgpu_runtime: rank 0 waited in vain at a collective at step 4" in output
     assert "rank 1 is alive, at step 4 but not in its gradient reduction" in output
+
+
+@pytest.mark.slow
+def test_a_loss_computed_on_one_rank_only_is_named_in_seconds():
+    """Without the check the ranks wait for MGPU_TIMEOUT (300 s by default) in collectives that never meet.
+    Timed from the step where it happens: a loaded machine takes longer than that to start the job."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT), "rank0_loss"]
+    job = subprocess.Popen(command, env=_clean_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        while not lines or lines[-1].strip() != "started":
+            lines.append(job.stdout.readline())
+            assert lines[-1] or job.poll() is None, "".join(lines)
+        started = time.monotonic()
+        output = "".join(lines) + job.communicate(timeout=JOB_TIMEOUT)[0]
+        seconds = time.monotonic() - started
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
+    assert job.returncode != 0 and "done" not in output
+    assert "mgpu_runtime: the ranks wait in collectives that can never meet (rank " in output
+    # Whichever rank sees it first says it (torchrun then stops the other), naming both.
+    assert re.search(r"rank 0 at step 4 after 5( loss reductions)?, in its loss reduction of l1_loss at faults\.py:\d+", output)
+    assert re.search(r"rank 1 at step 4 after 4( loss reductions)?, in its gradient reduction of step 4 at faults\.py:", output)
+    assert seconds < 15, f"the job ended {seconds:.0f}s after the mismatch"
 
 
 @pytest.mark.slow

@@ -15,17 +15,27 @@ says which ranks did not arrive and where they were: each rank publishes its cou
 second from a background thread (a heartbeat: alive and behind, or silent, i.e. dead or stuck outside
 Python), and a rank that leaves writes a note at exit. The gradient reduction explains its own failures;
 other collectives (a barrier, the loader, a criterion) are explained by the process's excepthook.
+
+A watched loss (``losses.py``) is a collective too, and one computed on some ranks only (``if rank == 0:``,
+an ``if`` on the rank's own batch) would pair with another collective of the others: a wait until the
+timeout, or worse, sums of unrelated tensors. So each rank also counts its loss reductions and marks where it
+is blocked (a loss reduction, or its gradient reduction); the heartbeat publishes both, and a rank blocked for two
+beats compares itself with the peers that are blocked too. Blocked ranks whose steps or loss counts differ
+can never meet: each says so, naming the ranks and the statements they wait in, and exits at once
+(``os._exit(1)``: its own collective would never return), seconds after the mismatch instead of
+``MGPU_TIMEOUT``. A rank that is computing, not blocked, is never judged: it may be on its way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import inspect
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -50,6 +60,14 @@ _steps = 0
 """Training forwards of the wrapped model on this rank: the step it is at."""
 _reduced = 0
 """The step whose gradient reduction this rank last started (so a peer can tell "still computing" apart)."""
+_losses = 0
+"""Watched-loss reductions this rank has entered (every rank must make the same ones)."""
+_blocked: tuple[str, int] | None = None
+"""The loss reduction this rank waits in for its peers, and the waiting thread."""
+_buckets = 0
+"""Gradient buckets sent and not yet reduced: while any is, this rank waits in its gradient reduction."""
+_bucket_thread = 0
+_bucket_lock = threading.Lock()
 _store: dist.Store | None = None
 _rank = 0
 _world = 1
@@ -92,6 +110,82 @@ def note_forward() -> None:
     _steps += 1
 
 
+@contextlib.contextmanager
+def loss_reduction(what: str) -> Iterator[None]:
+    """This rank waits for its peers in a reduction of the loss ``what`` (counted by ``loss_counts``)."""
+    global _blocked
+    _blocked = (f"its loss reduction of {what}", threading.get_ident())
+    try:
+        yield
+    finally:
+        _blocked = None
+
+
+def loss_counts(like: torch.Tensor) -> torch.Tensor:
+    """``world_size`` elements for a loss reduction to carry, this rank's count of loss reductions in its slot:
+    after the sum every rank sees whether all made the same ones (``check_loss_counts``)."""
+    global _losses
+    _losses += 1
+    return _slot(like) * (_losses % _exact_integers(like.dtype))
+
+
+def check_loss_counts(counts: torch.Tensor, what: str) -> None:
+    """After a loss reduction: every rank's count is this one's, or the reduction met another collective (a loss
+    computed on some ranks only). Read at once on the CPU; on a GPU at the next gradient reduction (reading it
+    here would synchronise the device at every loss)."""
+    global _pending_losses
+    if counts.device.type != "cpu":
+        _pending_losses = (counts, what, _steps)
+        return
+    _check_loss_counts(counts, what, _steps, _caller())
+
+
+_pending_losses: tuple[torch.Tensor, str, int] | None = None
+
+
+def _check_loss_counts(counts: torch.Tensor, what: str, step: int, where: str) -> None:
+    values = counts.tolist()
+    expected = _losses % _exact_integers(counts.dtype)
+    if all(value == expected for value in values) or not enabled():
+        return
+    listing = ", ".join(
+        f"rank {rank} after {round(value)}" if value == round(value) and value >= 0 else f"rank {rank} in another collective"
+        for rank, value in enumerate(values)
+    )
+    raise LockstepError(
+        f"mgpu_runtime: rank {_rank}'s loss reduction {_losses} ({what}{where}, step {step}) met other collectives than "
+        f"the same loss reduction of every rank (loss reductions made: {listing}). A watched loss (a torch loss "
+        f"function while a batch of the distributed loader is out) is a collective: usually one computed on some "
+        f"ranks only (`if rank == 0:`, an `if` on the rank's own loss or batch). Make every rank make the same loss "
+        f"calls. {LOCKSTEP_VARIABLE}=0 switches this check off."
+    )
+
+
+def _caller() -> str:
+    """`` at FILE:LINE``, the script's statement on this thread's stack (past torch's and the runtime's frames)."""
+    return _statement(sys._getframe())
+
+
+def _statement(frame) -> str:
+    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARIES):
+        frame = frame.f_back
+    return "" if frame is None else f" at {os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def _blocked_in() -> tuple[str, int] | None:
+    if _blocked is None and _buckets:
+        return (f"its gradient reduction of step {_steps}", _bucket_thread)
+    return _blocked
+
+
+def _bucket_sent(change: int) -> None:
+    global _buckets, _bucket_thread
+    with _bucket_lock:
+        _buckets += change
+    if change > 0:
+        _bucket_thread = threading.get_ident()
+
+
 def all_reduce(buffer: torch.Tensor, bucket_index: int) -> torch.futures.Future:
     """Sum ``buffer`` over ranks (a DDP bucket); one bucket of each backward carries the lockstep counts."""
     global _reduced
@@ -113,11 +207,14 @@ def all_reduce(buffer: torch.Tensor, bucket_index: int) -> torch.futures.Future:
             result = future.value()[0]
         except Exception as failure:  # re-raised, saying who did not arrive
             raise CollectiveFailed(explain(failure, f"the gradient reduction of step {step}")) from failure
+        finally:
+            _bucket_sent(-1)
         if marked:
             _check_later(result[size:], step)
             return result[:size]
         return result
 
+    _bucket_sent(+1)
     return dist.all_reduce(sent, async_op=True).get_future().then(finished)
 
 
@@ -164,7 +261,11 @@ def _check_later(counts: torch.Tensor, step: int) -> None:
 
 
 def _check_pending() -> None:
-    global _pending
+    global _pending, _pending_losses
+    if _pending_losses is not None:
+        counts, what, step = _pending_losses
+        _pending_losses = None
+        _check_loss_counts(counts, what, step, "")
     if _pending is not None:
         counts, step = _pending
         _pending = None
@@ -274,7 +375,7 @@ def _progress() -> dict[int, tuple[int, int, int]]:
     for rank in range(_world):
         value = _read(f"progress/{rank}")
         if value is not None:
-            beat, steps, reduced = value.split()
+            beat, steps, reduced = value.split(" ", 3)[:3]
             found[rank] = (int(beat), int(steps), int(reduced))
     return found
 
@@ -296,9 +397,58 @@ def _publish(key: str, value: str) -> None:
 
 def _heartbeat() -> None:
     beat = 0
+    stalled, last = 0, None
     while not _stop.wait(_HEARTBEAT_S if beat else 0.0):
         beat += 1
-        _publish(f"progress/{_rank}", f"{beat} {_steps} {_reduced}")
+        state = (_steps, _losses, _blocked_in())
+        stalled = stalled + 1 if state == last and state[2] is not None else 0
+        last = state
+        where = _blocked_at() if stalled else "-"
+        _publish(f"progress/{_rank}", f"{beat} {_steps} {_reduced} {_losses} {where}")
+        if stalled >= 2 and enabled():
+            _stop_if_apart(state, where)
+
+
+def _blocked_at() -> str:
+    """What this rank waits in, and the script's statement that got it there (from the waiting thread's stack)."""
+    blocked_now = _blocked_in()
+    if blocked_now is None:
+        return "-"
+    where, thread = blocked_now
+    return where + _statement(sys._current_frames().get(thread))
+
+
+_LIBRARIES = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+
+
+def _stop_if_apart(state: tuple, where: str) -> None:
+    """Blocked ranks that made different steps or loss reductions can never meet: say so and end this rank."""
+    try:
+        peers = {rank: _read(f"progress/{rank}") for rank in range(_world) if rank != _rank}
+    except (RuntimeError, dist.DistStoreError):
+        return
+    apart = {}
+    for rank, value in peers.items():
+        if value is None:
+            continue
+        _, steps, _, losses, peer_where = value.split(" ", 4)
+        if peer_where != "-" and (int(steps), int(losses)) != (_steps, _losses):
+            apart[rank] = (int(steps), int(losses), peer_where)
+    if not apart or (_steps, _losses, _blocked_in()) != state:
+        return
+    listing = "; ".join(
+        [f"rank {_rank} at step {_steps} after {_losses} loss reductions, in {where}"]
+        + [f"rank {rank} at step {steps} after {losses}, in {peer}" for rank, (steps, losses, peer) in apart.items()]
+    )
+    print(
+        f"mgpu_runtime: the ranks wait in collectives that can never meet ({listing}). A watched loss (a torch loss "
+        f"function while a batch of the distributed loader is out) is a collective: usually one computed on some "
+        f"ranks only (`if rank == 0:`, an `if` on the rank's own loss or batch) or {_CAUSES}. Make every rank make "
+        f"the same loss calls. {LOCKSTEP_VARIABLE}=0 switches this check off.",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(1)
 
 
 def _explaining_hook(previous: Callable, kind: type, value: BaseException, traceback) -> None:

@@ -51,6 +51,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from mgpu_runtime.distributed import lockstep
 from mgpu_runtime.distributed.process_group import setup, world_size
 from mgpu_runtime.distributed.share import current_share, gradient_weight
 from mgpu_runtime.losses import (
@@ -87,14 +88,15 @@ class DistributedCriterion(nn.Module):
             loss = self.criterion(*args, **kwargs)
             if watch.calls > before:
                 return loss
+        what = type(self.criterion).__name__ if isinstance(self.criterion, nn.Module) else _name(self.criterion)
         if reduction == "sum":
-            return global_loss(LossParts(loss, None))
+            return global_loss(LossParts(loss, None), what)
         rows = current_share().rows
-        return global_loss(LossParts(loss * rows if rows else torch.nan_to_num(loss) * 0.0, torch.tensor(rows)))
+        return global_loss(LossParts(loss * rows if rows else torch.nan_to_num(loss) * 0.0, torch.tensor(rows)), what)
 
 
-def global_loss(parts: LossParts) -> torch.Tensor:
-    """The global loss of this rank's ``parts`` (see the module doc): one collective."""
+def global_loss(parts: LossParts, what: str) -> torch.Tensor:
+    """The global loss of this rank's ``parts`` (see the module doc): one collective, reducing the loss ``what``."""
     numerator = parts.numerator
     denominator = parts.denominator
     if denominator is None:  # a sum: each rank's counts once; only rank 0's "1" makes the denominators sum to 1
@@ -102,8 +104,13 @@ def global_loss(parts: LossParts) -> torch.Tensor:
     # At least float32: a half-precision sum of token counts overflows at 65504.
     dtype = torch.promote_types(numerator.dtype, torch.float32)
     totals = torch.stack([numerator.detach().to(dtype), denominator.to(numerator.device, dtype)])
-    dist.all_reduce(totals)
-    total_numerator, total_denominator = totals.unbind()
+    # Each rank's count of loss reductions rides along: a loss some ranks skip is named, not summed with
+    # another collective's tensor or waited for until the timeout (lockstep.py).
+    totals = torch.cat([totals, lockstep.loss_counts(totals)])
+    with lockstep.loss_reduction(what):
+        dist.all_reduce(totals)
+    lockstep.check_loss_counts(totals[2:], what)
+    total_numerator, total_denominator = totals[:2].unbind()
     weight = gradient_weight(world_size())
     if weight == 0.0:
         # No rows here: a zero that still reaches the parameters, so DDP's backward runs on every rank.
@@ -144,7 +151,11 @@ class _GlobalLosses(TorchFunctionMode):
         if parts is None:
             return func(*args, **kwargs)
         self.calls += 1
-        return global_loss(parts)
+        return global_loss(parts, _name(func))
+
+
+def _name(function: Callable[..., Any]) -> str:
+    return getattr(function, "__qualname__", None) or type(function).__name__
 
 
 _active = threading.local()

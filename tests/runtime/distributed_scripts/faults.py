@@ -4,6 +4,7 @@
     python faults.py skip_backward   rank 1 skips the backward of step 3 (`continue`), then goes on
     python faults.py stall           rank 1 sleeps 60 s before its backward (the others wait in the reduction)
     python faults.py stall_barrier   rank 1 sleeps 60 s before a barrier (the others wait in the barrier)
+    python faults.py rank0_loss      batches of the distributed loader; rank 0 alone computes an extra loss at step 3
     python faults.py healthy         nobody misbehaves
 
 Prints "started" (rank 0, at step 3) and "done <rank>" when a rank finishes its loop.
@@ -16,6 +17,7 @@ import time
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 import mgpu_runtime
 
@@ -25,6 +27,9 @@ def main(mode: str) -> None:
     torch.manual_seed(0)
     model = mgpu_runtime.DistributedDataParallel(nn.Linear(4, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if mode == "rank0_loss":
+        _loss_on_rank_0()
+        return
     for step in range(8):
         x = torch.randn(6, 4)
         optimizer.zero_grad()
@@ -40,6 +45,24 @@ def main(mode: str) -> None:
                 time.sleep(60)
         if mode == "stall_barrier" and step == 3:
             mgpu_runtime.barrier()
+        loss.backward()
+        optimizer.step()
+    print("done", mgpu_runtime.rank(), flush=True)
+
+
+def _loss_on_rank_0() -> None:
+    # Sizes for which gloo does not notice the mismatch itself (it aborts on some): the ranks would wait.
+    torch.set_default_dtype(torch.float64)
+    model = mgpu_runtime.DistributedDataParallel(nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = TensorDataset(torch.randn(48, 4), torch.randn(48, 1))
+    for step, (x, y) in enumerate(mgpu_runtime.distribute_loader(DataLoader(data, batch_size=6))):
+        optimizer.zero_grad()
+        output = model(x)
+        loss = nn.functional.mse_loss(output, y)
+        if step == 3 and mgpu_runtime.rank() == 0:
+            print("started", flush=True)
+            loss = loss + 0.1 * nn.functional.l1_loss(output, y)  # a watched loss on rank 0 only
         loss.backward()
         optimizer.step()
     print("done", mgpu_runtime.rank(), flush=True)
