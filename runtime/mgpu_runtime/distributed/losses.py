@@ -42,6 +42,7 @@ gradient.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any, Callable
@@ -159,13 +160,16 @@ def _name(function: Callable[..., Any]) -> str:
 
 
 _active = threading.local()
+WATCH_VARIABLE = "MGPU_LOSS_WATCH"
+"""``MGPU_LOSS_WATCH=0``: no watch (read at each batch). Losses stay the rank's own, weighted by its rows (exact
+for per-row means only), dropout and per-row draws the rank's own; ``DistributedCriterion`` still combines by rows."""
 
 
 @contextlib.contextmanager
 def watching() -> Iterator[_GlobalLosses]:
     """Watch this thread's loss calls (see the module doc); re-entering keeps the watch already active."""
     active = getattr(_active, "mode", None)
-    if active is not None or world_size() == 1:
+    if active is not None or world_size() == 1 or os.environ.get(WATCH_VARIABLE, "").strip() == "0":
         yield active or _GlobalLosses()
         return
     mode = _GlobalLosses()
