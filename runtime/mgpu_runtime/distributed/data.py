@@ -8,8 +8,9 @@ original's: the number of global batches.
 
 Randomness is drawn once, on rank 0, as the original process would have drawn it, and shared: a sampler
 that shuffles from the global generator draws on rank 0 at the same moment and from the same state as in
-the original run, whether or not the script seeds. Rank 0's generator state travels with the batches and
-the other ranks take it, so after the sampler's draws every rank's generator is where the original
+the original run, whether or not the script seeds. Rank 0's generator states (CPU, and CUDA on a GPU:
+``generators.py``) travel with the batches and the other ranks take them, so after the sampler's draws
+every rank's generator is where the original
 process's was; dropout draws the global batch's mask on every rank (``losses.py``), so it never makes the
 generators drift apart. Each new epoch (``iter()``) draws anew, as the original did.
 
@@ -49,6 +50,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, Sampler, default_collate
 
+from mgpu_runtime.distributed.generators import generator_states, take_generator_states
 from mgpu_runtime.distributed.losses import watching
 from mgpu_runtime.distributed.process_group import rank, setup, world_size
 from mgpu_runtime.distributed.share import Share, publish, share_spans
@@ -174,17 +176,17 @@ class _ScatteredLoader(_LoaderTwin):
                 return
             piece, share, generator_state = received[0]
             if batches is None:
-                torch.set_rng_state(generator_state)  # as in _shared_from_rank_zero
+                take_generator_states(generator_state)  # as in _shared_from_rank_zero
             yield piece, share
 
 
-def _pieces(batch: Any) -> list[tuple[Any, Share, torch.Tensor] | None]:
-    """Every rank's span of ``batch`` with its share and rank 0's generator state; after the last batch
+def _pieces(batch: Any) -> list[tuple[Any, Share, Any] | None]:
+    """Every rank's span of ``batch`` with its share and rank 0's generator states; after the last batch
     (None), None for every rank."""
     if batch is None:
         return [None] * world_size()
     rows = batch_rows(batch)
-    state = torch.get_rng_state()
+    state = generator_states()
     return [
         (take_rows(batch, start, stop, rows), Share(stop - start, rows, start), state)
         for start, stop in share_spans(rows, world_size())
@@ -201,14 +203,14 @@ def _shared_from_rank_zero(items: Iterable[T]) -> Iterator[T]:
     iterator = iter(items) if rank() == 0 else None
     while True:
         chunk = [
-            (list(islice(iterator, _INDEX_BATCHES_PER_BROADCAST)), torch.get_rng_state())
+            (list(islice(iterator, _INDEX_BATCHES_PER_BROADCAST)), generator_states())
             if iterator is not None
             else None
         ]
         dist.broadcast_object_list(chunk, src=0)
         items_now, generator_state = chunk[0]
         if iterator is None:
-            torch.set_rng_state(generator_state)
+            take_generator_states(generator_state)
         yield from items_now
         if len(items_now) < _INDEX_BATCHES_PER_BROADCAST:
             return
