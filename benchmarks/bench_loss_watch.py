@@ -1,6 +1,6 @@
 """The loss watch's cost on a CPU training step (issue 12): interleaved blocks with it on and off.
 
-    python benchmarks/bench_loss_watch.py [--processes 2] [--blocks 40] [--steps 5] [--same]
+    python benchmarks/bench_loss_watch.py [--processes 2] [--blocks 40] [--steps 5] [--dropout 0.1] [--same]
 
 Starts one torchrun job (gloo, CPU) training a small token tagger (embedding, two transformer encoder layers
 of width 64 with dropout, a token-mean cross-entropy with ``ignore_index``, as HF-style token tasks compute
@@ -11,6 +11,8 @@ The job alternates blocks of steps with ``MGPU_LOSS_WATCH`` unset and set to 0 (
 rank switches at the same step), each pair in a random order, and prints the median step time of each side
 and the difference. ``--same`` keeps the watch on in both sides: the difference it prints is the
 benchmark's own bias. A step is the next batch of the loader, a forward, the loss, a backward and an Adam step.
+``--dropout 0`` leaves out the global dropout masks, which cost each rank the draws of the whole batch's mask:
+what remains is the watch's dispatch of every torch call and the loss's collective.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ WORKER = "--worker"
 BATCH, LENGTH, VOCAB = 32, 24, 500
 
 
-def worker(blocks: int, steps: int, same: bool) -> None:
+def worker(blocks: int, steps: int, dropout: float, same: bool) -> None:
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
@@ -38,7 +40,7 @@ def worker(blocks: int, steps: int, same: bool) -> None:
         def __init__(self) -> None:
             super().__init__()
             self.embed = nn.Embedding(VOCAB, 64)
-            layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.1, batch_first=True)
+            layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=dropout, batch_first=True)
             self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
             self.head = nn.Linear(64, 9)
 
@@ -79,7 +81,7 @@ def worker(blocks: int, steps: int, same: bool) -> None:
         timings[side].append((time.perf_counter() - started) / steps)
     if mgpu_runtime.is_main_process():
         on, off = statistics.median(timings["on"]), statistics.median(timings["off"])
-        label = "A/A (both sides on)" if same else "loss watch on / off"
+        label = ("A/A (both sides on)" if same else "loss watch on / off") + f", dropout {dropout}"
         print(f"{label}, step time, median of {blocks} blocks of {steps} steps: {on * 1e3:.3f} ms / "
               f"{off * 1e3:.3f} ms, difference {100 * (on - off) / off:+.2f}%")
 
@@ -89,15 +91,17 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--blocks", type=int, default=40)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--dropout", type=float, default=0.1)
     parser.add_argument("--same", action="store_true", help="A/A run: the watch on in both sides (the bias)")
     parser.add_argument(WORKER, action="store_true", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.worker:
-        worker(arguments.blocks, arguments.steps, arguments.same)
+        worker(arguments.blocks, arguments.steps, arguments.dropout, arguments.same)
         return
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={arguments.processes}",
         __file__, WORKER, "--blocks", str(arguments.blocks), "--steps", str(arguments.steps),
+        "--dropout", str(arguments.dropout),
         *(["--same"] if arguments.same else []),
     ]
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -94,7 +94,17 @@ _REVIEW_PAGES = {
         "dim-not-zero",
         "`DistributedDataParallel` splits the data by giving each process its own batches; it has no `dim` to "
         "scatter one batch along. A `dim != 0` wrap means the batch is not along the first dimension.",
-        "Keep DataParallel for this model, or make the batch dimension the first one and drop `dim`.",
+        "Keep DataParallel for this model, or make the batch dimension the first one and drop `dim`. With one "
+        "device per process `dim` does not matter to the model; what matters is that each process gets its rows "
+        "of every batch, and `distribute_loader` cuts the first dimension. For a sequence-first model "
+        "(`nn.GRU(...)` without `batch_first`, batches `(time, batch, ...)`) the exact manual migration is: let "
+        "the loader yield batch-first tensors (drop the `collate_fn` that stacks along dim 1, or stack along "
+        "dim 0), wrap it in `mgpu_runtime.distribute_loader(...)`, wrap the model in "
+        "`mgpu_runtime.DistributedDataParallel(model)` without `dim`, and turn each batch sequence-first in the "
+        "loop (`source, target = source.transpose(0, 1), target.transpose(0, 1)`). Each rank then holds the "
+        "columns DataParallel's GPU of that index held, and the loss watch makes a token-mean loss over them "
+        "exact. Splitting a whole batch by hand (`source.chunk(world_size(), dim=1)[rank()]`) is exact only "
+        "when every rank gets the same number of rows and tokens: the runtime then knows no shares.",
     ),
     "MGP202": (
         "ambiguous-data-parallel-name",

@@ -49,7 +49,8 @@ COLLECTIVE_IN_MAIN_PROCESS_BLOCK = "MGP249"
 class MainProcessCollective(Rule):
     """
     ## What it does
-    Reports a collective (``dist.all_reduce``, ``dist.barrier``, ``mgpu_runtime.save``, ``reduce_sum`` ...),
+    Reports a collective (``dist.all_reduce``, ``dist.barrier``, ``mgpu_runtime.save``, ``reduce_sum`` ...,
+    and a loss on the model's outputs in the training loop, which the runtime makes global with one),
     a forward pass of the DDP-wrapped model, or a call that is handed that model, inside a block that only
     the main process runs (``if args.local_rank in [-1, 0]:``, ``if dist.get_rank() == 0:``,
     ``if mgpu_runtime.is_main_process():``). It rewrites nothing.
@@ -120,15 +121,46 @@ class MainProcessCollective(Rule):
             DDP,
             ("MGP101",),
         ),
+        Example(
+            """
+            import torch.nn as nn
+            import torch.nn.functional as F
+            from torch.utils.data import DataLoader
+            model = nn.DataParallel(model)
+            for x, y in DataLoader(data, batch_size=8):
+                out = model(x)
+                if args.local_rank in [-1, 0]:
+                    print(F.l1_loss(out, y).item())
+                F.mse_loss(out, y).backward()
+            """,
+            """
+            import torch.nn.functional as F
+            from torch.utils.data import DataLoader
+            import mgpu_runtime
+            model = mgpu_runtime.DistributedDataParallel(model)
+            for x, y in DataLoader(data, batch_size=8):
+                out = model(x)
+                if args.local_rank in [-1, 0]:
+                    print(F.l1_loss(out, y).item())
+                F.mse_loss(out, y).backward()
+            """,
+            DDP,
+            ("MGP101", "MGP249"),
+        ),
     )
 
     def apply(self) -> None:
         if not self.program.wraps:
             return
+        # A loss on the outputs in a training loop: the runtime's loss watch makes it a collective (losses.py).
+        loss_calls = {loss.call for loss in self.analysis.losses.calls}
+        loops = set(self.analysis.loaders.training_loops)
         for block in main_process_blocks(self.analysis):
             condition = self.analysis.module.code_for_node(block.test)
             for call in contains(block.body, lambda node: isinstance(node, cst.Call)):
                 found = self._waits_for_others(call)
+                if found is None and call in loss_calls and any(node in loops for node in self.analysis.tree.ancestors(call)):
+                    found = "a loss of the batch (a collective, made global)", "compute it on every process"
                 if found is not None:
                     what, fix = found
                     self.left(

@@ -123,6 +123,9 @@ def global_loss(parts: LossParts, what: str) -> torch.Tensor:
     return value + (contribution - contribution.detach())
 
 
+_SEEN = DRAWS | PER_ROW | WATCHED | FULL_REDUCTIONS
+
+
 class _GlobalLosses(TorchFunctionMode):
     """Makes each watched loss call of this thread global (see the module doc) and counts them."""
 
@@ -133,6 +136,8 @@ class _GlobalLosses(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func not in _SEEN:  # nearly every call: the fast path (the mode's own dispatch costs far more)
+            return func(*args, **kwargs)
         share = current_share()
         parts = None
         if share is not None and func in DRAWS:
