@@ -13,14 +13,8 @@ forward, a backward (the gradient reduction, where the check rides) and an SGD s
 from __future__ import annotations
 
 import argparse
-import os
-import random
-import statistics
-import subprocess
-import sys
-import time
 
-WORKER = "--worker"
+from interleaved import WORKER, launch, run_blocks
 
 
 def worker(blocks: int, steps: int, same: bool) -> None:
@@ -43,28 +37,8 @@ def worker(blocks: int, steps: int, same: bool) -> None:
         criterion(model(x), y).backward()
         optimizer.step()
 
-    for _ in range(steps):  # warm-up
-        step()
-    timings: dict[str, list[float]] = {"on": [], "off": []}
-    # Each pair of blocks in a random order (the same on every rank): a fixed order lines one side up with
-    # periodic work (the heartbeat, the collector), which an A/A run (--same) showed to be worth 5%.
-    order = random.Random(0)
-    sides = [side for _ in range(blocks) for side in order.sample(["on", "off"], 2)]
-    for side in sides:
-        if side == "on" or same:
-            os.environ.pop("MGPU_LOCKSTEP", None)
-        else:
-            os.environ["MGPU_LOCKSTEP"] = "0"
-        mgpu_runtime.barrier()
-        started = time.perf_counter()
-        for _ in range(steps):
-            step()
-        timings[side].append((time.perf_counter() - started) / steps)
-    if mgpu_runtime.is_main_process():
-        on, off = statistics.median(timings["on"]), statistics.median(timings["off"])
-        label = "A/A (both sides on)" if same else "lockstep on / off"
-        print(f"{label}, step time, median of {blocks} blocks of {steps} steps: {on * 1e3:.3f} ms / "
-              f"{off * 1e3:.3f} ms, difference {100 * (on - off) / off:+.2f}%")
+    label = "A/A (both sides on)" if same else "lockstep on / off"
+    run_blocks(step, "MGPU_LOCKSTEP", blocks, steps, same, label)
 
 
 def main() -> None:
@@ -78,14 +52,8 @@ def main() -> None:
     if arguments.worker:
         worker(arguments.blocks, arguments.steps, arguments.same)
         return
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={arguments.processes}",
-        __file__, WORKER, "--blocks", str(arguments.blocks), "--steps", str(arguments.steps),
-        *(["--same"] if arguments.same else []),
-    ]
-    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
-    environment.pop("MGPU_LOCKSTEP", None)
-    subprocess.run(command, env=environment, check=True, timeout=1800)
+    worker_arguments = ["--blocks", str(arguments.blocks), "--steps", str(arguments.steps)]
+    launch(__file__, arguments.processes, [*worker_arguments, *(["--same"] if arguments.same else [])], "MGPU_LOCKSTEP")
 
 
 if __name__ == "__main__":

@@ -18,14 +18,8 @@ what remains is the watch's dispatch of every torch call and the loss's collecti
 from __future__ import annotations
 
 import argparse
-import os
-import random
-import statistics
-import subprocess
-import sys
-import time
 
-WORKER = "--worker"
+from interleaved import WORKER, launch, run_blocks
 BATCH, LENGTH, VOCAB = 32, 24, 500
 
 
@@ -63,27 +57,8 @@ def worker(blocks: int, steps: int, dropout: float, same: bool) -> None:
         criterion(model(x).flatten(0, 1), y.flatten()).backward()
         optimizer.step()
 
-    for _ in range(steps):  # warm-up
-        step()
-    timings: dict[str, list[float]] = {"on": [], "off": []}
-    # Each pair of blocks in a random order (the same on every rank), as in bench_lockstep.py.
-    order = random.Random(0)
-    sides = [side for _ in range(blocks) for side in order.sample(["on", "off"], 2)]
-    for side in sides:
-        if side == "on" or same:
-            os.environ.pop("MGPU_LOSS_WATCH", None)
-        else:
-            os.environ["MGPU_LOSS_WATCH"] = "0"
-        mgpu_runtime.barrier()
-        started = time.perf_counter()
-        for _ in range(steps):
-            step()
-        timings[side].append((time.perf_counter() - started) / steps)
-    if mgpu_runtime.is_main_process():
-        on, off = statistics.median(timings["on"]), statistics.median(timings["off"])
-        label = ("A/A (both sides on)" if same else "loss watch on / off") + f", dropout {dropout}"
-        print(f"{label}, step time, median of {blocks} blocks of {steps} steps: {on * 1e3:.3f} ms / "
-              f"{off * 1e3:.3f} ms, difference {100 * (on - off) / off:+.2f}%")
+    label = ("A/A (both sides on)" if same else "loss watch on / off") + f", dropout {dropout}"
+    run_blocks(step, "MGPU_LOSS_WATCH", blocks, steps, same, label)
 
 
 def main() -> None:
@@ -98,16 +73,8 @@ def main() -> None:
     if arguments.worker:
         worker(arguments.blocks, arguments.steps, arguments.dropout, arguments.same)
         return
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={arguments.processes}",
-        __file__, WORKER, "--blocks", str(arguments.blocks), "--steps", str(arguments.steps),
-        "--dropout", str(arguments.dropout),
-        *(["--same"] if arguments.same else []),
-    ]
-    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
-    environment.pop("MGPU_LOSS_WATCH", None)
-    subprocess.run(command, env=environment, check=True, timeout=1800)
-
+    worker_arguments = ["--blocks", str(arguments.blocks), "--steps", str(arguments.steps), "--dropout", str(arguments.dropout)]
+    launch(__file__, arguments.processes, [*worker_arguments, *(["--same"] if arguments.same else [])], "MGPU_LOSS_WATCH")
 
 if __name__ == "__main__":
     main()
