@@ -53,7 +53,10 @@ def mark_device_losses(output: Any) -> Any:
     parts = children(output)
     if parts is None:
         return output
-    return rebuild(output, [mark_device_losses(part) for part in parts])
+    marked = [mark_device_losses(part) for part in parts]
+    if all(new is old for new, old in zip(marked, parts)):
+        return output  # nothing to mark: the model's own object, not a rebuilt copy
+    return rebuild(output, marked)
 
 
 def _marked(tensor: torch.Tensor) -> torch.Tensor:

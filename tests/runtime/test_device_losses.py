@@ -52,3 +52,15 @@ def test_only_scalars_are_marked_and_copies_are_plain_tensors() -> None:
     saved.seek(0)
     loaded = torch.load(saved, weights_only=True)["loss"]
     assert type(loaded) is torch.Tensor and loaded.item() == loss.item()
+
+
+def test_outputs_without_a_loss_are_returned_as_they_are() -> None:
+    class Output(dict):
+        def __init__(self, logits, extra):  # a constructor that a rebuild could not call
+            super().__init__(logits=logits)
+            self.extra = extra
+
+    output = Output(torch.ones(2, 3), "kept")
+    assert mark_device_losses(output) is output
+    marked = mark_device_losses((torch.ones(2), torch.tensor(1.5)))
+    assert type(marked) is tuple and type(marked[1]) is DeviceLosses and type(marked[0]) is torch.Tensor
