@@ -30,7 +30,7 @@ _SIZED_DRAWS = frozenset(f"torch.{name}" for name in ("randn", "rand", "randint"
 # Draws shaped like a tensor of the batch.
 _LIKE_DRAWS = frozenset(f"torch.{name}" for name in ("randn_like", "rand_like", "randint_like", "bernoulli", "poisson"))
 # Draws the runtime makes for the global batch and slices per process when sized by the batch's rows.
-_SLICED_BY_RUNTIME = frozenset({"torch.randn", "torch.rand", "torch.randn_like", "torch.rand_like"})
+_SLICED_BY_RUNTIME = frozenset({"torch.randn", "torch.rand", "torch.randn_like", "torch.rand_like", "torch.randint"})
 # In-place fills of a tensor (``z.normal_()``), by method name.
 _FILLS = frozenset({"normal_", "uniform_", "bernoulli_", "exponential_", "geometric_", "cauchy_", "log_normal_", "random_"})
 
@@ -53,8 +53,9 @@ class ProcessRandomness(Rule):
     processes share them: a GAN trained on 8 GPUs sees 8 copies of one process's latent vectors each
     step, where the original drew one vector per row. (Unseeded processes draw different numbers, as
     the original's rows did.) Not reported: ``torch.randn``/``rand`` sized by a tensor's rows
-    (``real.size(0)``, ``len(x)``, a name assigned only those) and ``randn_like``/``rand_like``, which the
-    runtime draws for the global batch and slices per process, exactly as the original drew them.
+    (``real.size(0)``, ``len(x)``, a name assigned only those), ``randint`` whose size starts so
+    (``torch.randint(0, n, (x.shape[0],))``) and ``randn_like``/``rand_like``, which the runtime draws for the
+    global batch and slices per process, exactly as the original drew them.
 
     ## Example
     ```python
@@ -167,9 +168,12 @@ class ProcessRandomness(Rule):
         tensor, or sized by a tensor's rows (``x.size(0)``, ``len(x)``, a name assigned only such values)."""
         if qualified.endswith("_like"):
             return True
-        if not call.args or call.args[0].keyword is not None:
+        if qualified == "torch.randint":
+            first = _randint_rows(call)
+        else:
+            first = call.args[0].value if call.args and call.args[0].keyword is None else None
+        if first is None:
             return False
-        first = call.args[0].value
         if rows_of_a_tensor(first):
             return True
         values = self.analysis.values
@@ -185,6 +189,16 @@ class ProcessRandomness(Rule):
             isinstance(value, cst.Call) and any(_mentions_batch_size(arg.value) for arg in value.args)
             for value in values.of(tensor, values.scope_of(fill))
         )
+
+
+def _randint_rows(call: cst.Call) -> cst.BaseExpression | None:
+    """The first extent of ``torch.randint([low,] high, (rows, ...))``'s size (also ``size=``)."""
+    sizes = [arg.value for arg in call.args if arg.keyword is not None and arg.keyword.value == "size"]
+    positional = [arg.value for arg in call.args if arg.keyword is None]
+    size = sizes[0] if sizes else (positional[-1] if len(positional) in (2, 3) else None)
+    if isinstance(size, (cst.Tuple, cst.List)) and size.elements:
+        return size.elements[0].value
+    return None
 
 
 def rows_of_a_tensor(expr: cst.BaseExpression) -> bool:
