@@ -5,7 +5,7 @@ Codes are stable (users silence them with ``# noqa: CODE``, scripts grep for the
 * ``MGP0xx`` (kind ``error``): the file itself could not be processed; it is left byte-identical.
 * ``MGP1xx`` (kind ``rewrite``): a rewrite the tool made. Its page is the owning rule's doc (What it does /
   Why is this bad? / Example / Use instead / Fix safety).
-* ``MGP2xx`` (kind ``review``): a site left as it was, for a person to look at. Its page says what the tool
+* ``MGP2xx`` and ``MGP3xx`` (kind ``review``): a site left as it was, for a person to look at. Its page says what the tool
   found, why it left the site, and what to do.
 
 A rule declares its codes in one place: ``CODE`` (its rewrite, or its main review code) and ``REVIEW_CODES``
@@ -457,6 +457,27 @@ _REVIEW_PAGES = {
         "process) or fail an assertion at start-up. The file is left as it is.",
         "Use `--to balanced` (its replicate calls `__data_parallel_replicate__`), or replace the package's "
         "BatchNorm with `nn.BatchNorm2d` and migrate with `--to ddp --sync-bn`.",
+    ),
+    "MGP310": (
+        "numpy-draws-per-row",
+        "The training loop, or a function or method of the project it calls (the message names the draw's "
+        "line), draws from numpy's or Python's generator for the batch's rows (a mixup lambda per pair of rows, "
+        "`np.random.beta(a, a, len(x))`). The original drew once for the whole batch; under DDP each process "
+        "would draw for its own rows from its own generator (seeded alike: every process gets the first rows' "
+        "numbers). The runtime keeps torch's generators in step and slices torch's per-row draws, not numpy's. "
+        "The file is left as it is.",
+        "Use `--to balanced` (one process draws for the whole batch), or draw with torch for the batch's rows "
+        "(`torch.rand(len(x))`, transformed as needed), which the runtime makes the original's, then migrate.",
+    ),
+    "MGP311": (
+        "repeated-rows-draw",
+        "A function of the project that the training loop calls draws torch random numbers for copies of the "
+        "batch laid end to end (`dup = x.expand(n, *x.shape).reshape(-1, ...)`, then `torch.randn_like(dup)`: "
+        "sliced score matching's particles). The runtime makes a per-row draw the original's by drawing it for "
+        "the global batch and keeping the process's rows; a process's rows of a repeated batch are no "
+        "contiguous piece of that draw. The file is left as it is.",
+        "Use `--to balanced`, or draw per copy (`torch.randn_like(x)` once per particle, then concatenate), "
+        "which the runtime slices, then migrate.",
     ),
     # --style torch (the plain-PyTorch scaffold).
     "MGP295": (

@@ -155,7 +155,7 @@ class ProcessRandomness(Rule):
         if qualified in _LIKE_DRAWS:
             return True
         if qualified in _SIZED_DRAWS:
-            return qualified != "torch.empty" and any(_mentions_batch_size(arg.value) for arg in call.args)
+            return qualified != "torch.empty" and any(mentions_batch_size(arg.value) for arg in call.args)
         return (
             isinstance(call.func, cst.Attribute)
             and call.func.attr.value in _FILLS
@@ -183,10 +183,10 @@ class ProcessRandomness(Rule):
     def _filled_per_row(self, tensor: cst.BaseExpression, fill: cst.Call) -> bool:
         # `torch.empty(b, nz).normal_()`, `z.normal_()` where z was made with the batch's size.
         if isinstance(tensor, cst.Call):
-            return any(_mentions_batch_size(arg.value) for arg in tensor.args)
+            return any(mentions_batch_size(arg.value) for arg in tensor.args)
         values = self.analysis.values
         return any(
-            isinstance(value, cst.Call) and any(_mentions_batch_size(arg.value) for arg in value.args)
+            isinstance(value, cst.Call) and any(mentions_batch_size(arg.value) for arg in value.args)
             for value in values.of(tensor, values.scope_of(fill))
         )
 
@@ -220,7 +220,7 @@ def rows_of_a_tensor(expr: cst.BaseExpression) -> bool:
     )
 
 
-def _mentions_batch_size(expr: cst.BaseExpression) -> bool:
+def mentions_batch_size(expr: cst.BaseExpression) -> bool:
     """``x.size(0)``, ``x.shape[0]``, ``len(x)``, ``batch_size`` ...: an argument that names a batch's size."""
     for node in contains(expr, lambda n: isinstance(n, (cst.Name, cst.Attribute))):
         name = node.value if isinstance(node, cst.Name) else node.attr.value

@@ -110,3 +110,33 @@ def test_the_ohem_loss_left_by_mgp287_would_change_under_ddp():
     for processes in (2, 3):
         shares = [criterion(x, y) for x, y in zip(logits.tensor_split(processes), labels.tensor_split(processes))]
         assert abs(float(sum(shares) / processes - whole)) > 1e-3
+
+
+AUDIO = REID.parent / "audio_mixup"
+
+
+def test_a_directory_the_script_puts_on_sys_path_is_read(tmp_path):
+    """audioset_tagging_cnn's `sys.path.insert(1, os.path.join(sys.path[0], '../utils'))`, then `from utilities import
+    Mixup`: the import resolves there (and only with that line)."""
+    assert project.project_of(str(AUDIO / "pytorch" / "main.py")).find("utilities.Mixup").where == "../utils/utilities.py:6"
+    copy = tmp_path / "audio_mixup"
+    shutil.copytree(AUDIO, copy)
+    script = copy / "pytorch" / "main.py"
+    script.write_text(script.read_text().replace('sys.path.insert(1, os.path.join(sys.path[0], "../utils"))\n', ""))
+    assert project.project_of(str(script)).find("utilities.Mixup") is None
+
+
+def test_the_mixup_lambdas_left_by_mgp310_would_change_under_ddp():
+    """Why MGP310 leaves the file: processes drawing their own rows' coefficients from generators seeded alike get
+    the first rows' coefficients, not the batch's (the fixture project's own Mixup, 2 and 3 processes)."""
+    import importlib.util
+
+    import numpy as np
+
+    spec = importlib.util.spec_from_file_location("utilities", AUDIO / "utils" / "utilities.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    whole = module.Mixup(mixup_alpha=1.0).get_lambda(batch_size=12)
+    for processes in (2, 3):
+        shares = [module.Mixup(mixup_alpha=1.0).get_lambda(len(rows)) for rows in np.array_split(np.arange(12), processes)]
+        assert np.abs(np.concatenate(shares) - whole).max() > 1e-3
