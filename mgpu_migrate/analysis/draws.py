@@ -56,6 +56,7 @@ def numpy_draw(qualified: str | None) -> bool:
 
 
 def names_a_size(words: list[str]) -> bool:
+    """Words of an expression (its names and attributes) that name a batch's size: ``len(x)``, ``batch_size``."""
     return any(word in SIZE_WORDS or "batch" in word.lower() for word in words)
 
 

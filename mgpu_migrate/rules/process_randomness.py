@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from mgpu_migrate.analysis.draws import names_a_size
 from mgpu_migrate.analysis.loaders import DISTRIBUTED
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
@@ -222,8 +223,5 @@ def rows_of_a_tensor(expr: cst.BaseExpression) -> bool:
 
 def mentions_batch_size(expr: cst.BaseExpression) -> bool:
     """``x.size(0)``, ``x.shape[0]``, ``len(x)``, ``batch_size`` ...: an argument that names a batch's size."""
-    for node in contains(expr, lambda n: isinstance(n, (cst.Name, cst.Attribute))):
-        name = node.value if isinstance(node, cst.Name) else node.attr.value
-        if name in ("size", "shape", "len") or "batch" in name.lower() or name in ("bs", "b_size", "n_batch"):
-            return True
-    return False
+    nodes = contains(expr, lambda n: isinstance(n, (cst.Name, cst.Attribute)))
+    return names_a_size([node.value if isinstance(node, cst.Name) else node.attr.value for node in nodes])
