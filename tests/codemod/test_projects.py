@@ -140,3 +140,18 @@ def test_the_mixup_lambdas_left_by_mgp310_would_change_under_ddp():
     for processes in (2, 3):
         shares = [module.Mixup(mixup_alpha=1.0).get_lambda(len(rows)) for rows in np.array_split(np.arange(12), processes)]
         assert np.abs(np.concatenate(shares) - whole).max() > 1e-3
+
+
+def test_the_particles_left_by_mgp311_would_change_under_ddp():
+    """Why MGP311 leaves the file: a process's rows of the original's draw for 2 copies of the batch are rows
+    `i` and `B + i` of it; the process itself draws a prefix of 2 * its rows (generators in step, as the runtime
+    keeps them), so no process gets the original's numbers."""
+    torch = __import__("pytest").importorskip("torch")
+    batch, copies = 6, 2
+    torch.manual_seed(0)
+    whole = torch.randn(copies * batch, 3, dtype=torch.float64).view(copies, batch, 3)
+    for processes in (2, 3):
+        for span in torch.arange(batch).tensor_split(processes):
+            torch.manual_seed(0)
+            drawn = torch.randn(copies * len(span), 3, dtype=torch.float64).view(copies, len(span), 3)
+            assert (drawn - whole[:, span]).abs().max() > 1e-3
