@@ -342,10 +342,14 @@ _REVIEW_PAGES = {
     ),
     "MGP260": (
         "per-row-randomness",
-        "A seeded script draws random numbers for each row of the batch in its training loop. After the "
-        "migration every process draws them for its own rows, and the processes, seeded alike, draw the same "
-        "ones.",
-        "Seed each process differently, e.g. with `seed + mgpu_runtime.rank()`.",
+        "The training loop draws random numbers for each row of the batch in a way the runtime does not draw "
+        "for the global batch (an in-place `normal_()` fill, `torch.bernoulli`, a size that is the batch's but "
+        "not its rows first). The runtime keeps every process's torch generator where the original's was, "
+        "seeded or not, so every process would draw the first rows' numbers for its own rows. The file is left "
+        "as it is.",
+        "Draw with `torch.randn`/`rand(x.size(0), ...)`, `randn_like`/`rand_like(x)` or "
+        "`torch.randint(low, high, (x.size(0), ...))`, which the runtime draws for the global batch and slices, "
+        "then migrate; or use `--to balanced`.",
     ),
     "MGP261": (
         "file-written-by-every-process",

@@ -9,7 +9,7 @@ from mgpu_migrate.analysis.project import project_of
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
-from mgpu_migrate.rules.process_randomness import mentions_batch_size
+from mgpu_migrate.rules.process_randomness import mentions_batch_size, split_training_loops
 
 # The file is left as it is when either is reported (rules.settle).
 NUMPY_DRAWS = "MGP310"
@@ -79,18 +79,10 @@ class UnsyncedDraws(Rule):
     def apply(self) -> None:
         if not self.program.migrates:
             return
-        for loop in self._split_training_loops():
+        for loop in split_training_loops(self.analysis):
             for call in contains(loop.body, lambda node: isinstance(node, cst.Call)):
                 if self._report(call):
                     return
-
-    def _split_training_loops(self) -> list[cst.For]:
-        """Training loops over a loader (split by MGP122) or over data already distributed."""
-        loops = []
-        for trace in self.analysis.loaders.traces:
-            if trace.training and trace.origin is not None and trace.loop not in loops:
-                loops.append(trace.loop)
-        return loops
 
     def _report(self, call: cst.Call) -> bool:
         code = shorten(self.analysis.module.code_for_node(call), 30)
