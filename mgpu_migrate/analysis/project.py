@@ -134,6 +134,11 @@ class Project:
             return self.find(imported, depth + 1) if imported != f"{module.package}.{name}" else None
         return None
 
+    def own(self, name: str) -> Found | None:
+        """A top-level definition of the file itself (a loss function beside the training loop)."""
+        module = _read(self.path, "")
+        return self._in_module(module, name, 0) if module is not None else None
+
     def resolve_in(self, found: Found, node: ast.expr, depth: int = 0) -> tuple[str | None, Found | None]:
         """What a name used inside a project definition is: its qualified name, and its project definition."""
         qualified = found.module.qualified(node)

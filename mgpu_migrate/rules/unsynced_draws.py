@@ -128,10 +128,12 @@ class UnsyncedDraws(Rule):
         )
 
     def _project_draws(self, call: cst.Call, project):
-        """The draws of the project function called, or of the project class's method called on an object
-        this file made (``Mixup(...).get_lambda``)."""
+        """The draws of the project function called (this file's own too), or of the project class's method
+        called on an object this file made (``Mixup(...).get_lambda``)."""
         qualified = self.analysis.resolve(call.func)
         found = project.find(qualified) if qualified else None
+        if found is None and isinstance(call.func, cst.Name) and call.func.value in self.analysis.bindings.local:
+            found = project.own(call.func.value)
         if found is not None:
             return project_draws(project, found)
         func = call.func
