@@ -42,8 +42,9 @@ GENERATOR_DRAWS = frozenset(
 # Torch draws shaped like a tensor, and the operations that lay copies of a batch's rows end to end.
 TORCH_LIKE_DRAWS = frozenset(f"torch.{name}" for name in ("randn_like", "rand_like", "randint_like"))
 REPEATS = frozenset({"expand", "repeat", "repeat_interleave", "cat", "stack", "tile"})
-# Words of an expression that names a batch's size.
-SIZE_WORDS = frozenset({"size", "shape", "len", "bs", "b_size", "n_batch"})
+# Names that hold a batch's number of rows, and the words of an expression that name a batch's size.
+ROW_COUNTS = frozenset({"bs", "b_size", "n_batch"})
+SIZE_WORDS = frozenset({"size", "shape", "len"}) | ROW_COUNTS
 
 
 def numpy_draw(qualified: str | None) -> bool:
@@ -60,15 +61,22 @@ def names_a_size(words: list[str]) -> bool:
     return any(word in SIZE_WORDS or "batch" in word.lower() for word in words)
 
 
+def names_rows(word: str) -> bool:
+    """A name (or keyword) that holds a batch's number of rows: ``batch_size``, ``bs``."""
+    return word in ROW_COUNTS or "batch" in word.lower()
+
+
 @dataclass(frozen=True)
 class ProjectDraw:
     """A draw in a project function: where (``../utils/utilities.py:133``), its code, and whether it is
-    numpy's/Python's (else torch's, for repeated rows); ``sized`` when its arguments name a size."""
+    numpy's/Python's (else torch's, for repeated rows); ``sized`` when it draws one number per row, ``shared``
+    when from the module's global generator (not a generator object of the class's own)."""
 
     where: str
     code: str
     numpy: bool
     sized: bool
+    shared: bool = False
 
 
 def project_draws(project: Project, found: Found, method: str | None = None) -> list[ProjectDraw]:
@@ -96,8 +104,8 @@ def project_draws(project: Project, found: Found, method: str | None = None) -> 
             and func.value.attr in generators
         )
         if numpy_draw(qualified) or on_generator:
-            sized = names_a_size(_words(call.args) + _words(call.keywords))
-            found_draws.append(ProjectDraw(f"{path}:{call.lineno}", ast.unparse(call), True, sized))
+            sized = any(_counts_rows(node) for node in [*call.args, *(keyword.value for keyword in call.keywords)])
+            found_draws.append(ProjectDraw(f"{path}:{call.lineno}", ast.unparse(call), True, sized, not on_generator))
         elif (
             qualified in TORCH_LIKE_DRAWS
             and call.args
@@ -157,14 +165,19 @@ def _repeated_names(function: ast.AST) -> set[str]:
     return found
 
 
-def _words(nodes: list[ast.AST]) -> list[str]:
-    words = []
-    for node in nodes:
-        for child in ast.walk(node):
-            if isinstance(child, ast.Name):
-                words.append(child.id)
-            elif isinstance(child, ast.Attribute):
-                words.append(child.attr)
-            elif isinstance(child, ast.keyword) and child.arg:
-                words.append(child.arg)
-    return words
+def _counts_rows(node: ast.expr) -> bool:
+    """``len(x)``, ``x.size(0)``, ``x.shape[0]`` or a name holding a batch's rows, anywhere in ``node``: a draw
+    of one number per row (not ``np.random.randint(W)``, a box in an image of ``x.size()``)."""
+    for child in ast.walk(node):
+        if isinstance(child, ast.Name) and names_rows(child.id):
+            return True
+        if isinstance(child, ast.Call) and isinstance(child.func, ast.Name) and child.func.id == "len":
+            return True
+        first = child.args[0] if isinstance(child, ast.Call) and len(child.args) == 1 else None
+        if isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute) and child.func.attr == "size":
+            if isinstance(first, ast.Constant) and first.value == 0:
+                return True
+        if isinstance(child, ast.Subscript) and isinstance(child.value, ast.Attribute) and child.value.attr == "shape":
+            if isinstance(child.slice, ast.Constant) and child.slice.value == 0:
+                return True
+    return False

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mgpu_migrate.analysis.draws import GENERATOR_DRAWS, GENERATORS, numpy_draw, project_draws
+from mgpu_migrate.analysis.draws import GENERATOR_DRAWS, GENERATORS, names_rows, numpy_draw, project_draws
 from mgpu_migrate.analysis.project import project_of
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
-from mgpu_migrate.rules.process_randomness import mentions_batch_size, split_training_loops
+from mgpu_migrate.rules.process_randomness import rows_of_a_tensor, split_training_loops
 
 # The file is left as it is when either is reported (rules.settle).
 NUMPY_DRAWS = "MGP310"
+_NUMPY_SEEDS = frozenset({"numpy.random.seed", "random.seed"})
 REPEATED_ROWS_DRAW = "MGP311"
 
 
@@ -36,8 +37,10 @@ class UnsyncedDraws(Rule):
     lambda, a noise vector), and the generators drift apart when the shares differ. The runtime draws
     torch's per-row randomness for the global batch and keeps each process's rows of it, and keeps torch's
     generators in step; it cannot do that for numpy's or Python's generators, nor slice a draw for repeated
-    rows, whose process rows are not one contiguous piece of it. Draws that are not sized by the batch (one
-    ``np.random.beta(a, a)`` per step) are not reported: every process seeded alike draws the original's.
+    rows, whose process rows are not one contiguous piece of it. A draw once per step for the whole batch
+    (``lam = np.random.beta(a, a)``) is reported only when the file does not seed numpy's or Python's generator
+    (``np.random.seed``, ``random.seed``): seeded alike, every process draws the original's number; unseeded,
+    each process would mix its rows with a coefficient of its own.
 
     ## Example
     ```python
@@ -86,7 +89,7 @@ class UnsyncedDraws(Rule):
 
     def _report(self, call: cst.Call) -> bool:
         code = shorten(self.analysis.module.code_for_node(call), 30)
-        if self._draws_here(call) and any(mentions_batch_size(arg.value) for arg in call.args):
+        if self._draws_here(call) and self._passes_rows(call):
             self.left(
                 call,
                 NUMPY_DRAWS,
@@ -94,9 +97,17 @@ class UnsyncedDraws(Rule):
                 "file left as it is",
             )
             return True
+        if self._draws_here(call) and not self._seeds_numpy():
+            self.left(
+                call,
+                NUMPY_DRAWS,
+                f"`{code}` draws from numpy's or Python's generator, not seeded in this file: each process would "
+                "draw its own for its rows; file left",
+            )
+            return True
         project = project_of(self.analysis.path)
         for draw in self._project_draws(call, project) if project is not None else ():
-            if draw.numpy and (draw.sized or any(mentions_batch_size(arg.value) for arg in call.args)):
+            if draw.numpy and (draw.sized or self._passes_rows(call) or (draw.shared and not self._seeds_numpy())):
                 self.left(
                     call,
                     NUMPY_DRAWS,
@@ -111,6 +122,22 @@ class UnsyncedDraws(Rule):
                     f"the call draws `{shorten(draw.code, 32)}` ({draw.where}) for repeated rows of the batch: "
                     "no process's share of it is sliceable; file left",
                 )
+                return True
+        return False
+
+    def _seeds_numpy(self) -> bool:
+        """``np.random.seed(...)`` or ``random.seed(...)`` in this file: every process then draws, once per step,
+        the number the original drew for the whole batch."""
+        return any(self.analysis.resolve(call.func) in _NUMPY_SEEDS for call in self.analysis.calls)
+
+    def _passes_rows(self, call: cst.Call) -> bool:
+        """An argument that is the batch's number of rows: ``batch_size=len(x)``, ``x.size(0)``, ``bs``."""
+        for arg in call.args:
+            if arg.keyword is not None and names_rows(arg.keyword.value):
+                return True
+            rows = contains(arg.value, lambda node: isinstance(node, (cst.Call, cst.Subscript)) and rows_of_a_tensor(node))
+            names = contains(arg.value, lambda node: isinstance(node, cst.Name) and names_rows(node.value))
+            if rows or names:
                 return True
         return False
 
