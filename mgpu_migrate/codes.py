@@ -466,12 +466,14 @@ _REVIEW_PAGES = {
         "numpy-draws-per-row",
         "The training loop, or a function or method of the project it calls (the message names the draw's "
         "line), draws from numpy's or Python's generator for the batch's rows (a mixup lambda per pair of rows, "
-        "`np.random.beta(a, a, len(x))`). The original drew once for the whole batch; under DDP each process "
-        "would draw for its own rows from its own generator (seeded alike: every process gets the first rows' "
-        "numbers). The runtime keeps torch's generators in step and slices torch's per-row draws, not numpy's. "
-        "The file is left as it is.",
+        "`np.random.beta(a, a, len(x))`), or once a step in a file that seeds neither generator (CutMix's "
+        "`np.random.rand(1)`). The original drew once for the whole batch; under DDP each process would draw "
+        "for its own rows from its own generator (seeded alike: every process gets the first rows' numbers; "
+        "unseeded: a coefficient or decision of its own). The runtime keeps torch's generators in step and "
+        "slices torch's per-row draws, not numpy's. The file is left as it is.",
         "Use `--to balanced` (one process draws for the whole batch), or draw with torch for the batch's rows "
-        "(`torch.rand(len(x))`, transformed as needed), which the runtime makes the original's, then migrate.",
+        "(`torch.rand(len(x))`, transformed as needed), which the runtime makes the original's, or seed numpy "
+        "alike in every process for a draw once a step, then migrate.",
     ),
     "MGP311": (
         "repeated-rows-draw",

@@ -62,7 +62,7 @@ class UnsyncedDraws(Rule):
     PHASE = PROGRAM
     VETOES = frozenset({NUMPY_DRAWS, REPEATED_ROWS_DRAW})
     REVIEW_CODES = {
-        NUMPY_DRAWS: "numpy's or Python's generator draws for the batch's rows in training: under DDP each process for its own",
+        NUMPY_DRAWS: "numpy's or Python's generator draws for the batch in training (per row, or unseeded): each process its own",
         REPEATED_ROWS_DRAW: "a torch draw for repeated rows of the batch in training: the runtime cannot slice it per process",
     }
     DESCRIPTION = "draws for the batch that the runtime cannot make the original's keep the file off DDP"
