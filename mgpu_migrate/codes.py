@@ -5,7 +5,7 @@ Codes are stable (users silence them with ``# noqa: CODE``, scripts grep for the
 * ``MGP0xx`` (kind ``error``): the file itself could not be processed; it is left byte-identical.
 * ``MGP1xx`` (kind ``rewrite``): a rewrite the tool made. Its page is the owning rule's doc (What it does /
   Why is this bad? / Example / Use instead / Fix safety).
-* ``MGP2xx`` (kind ``review``): a site left as it was, for a person to look at. Its page says what the tool
+* ``MGP2xx`` and ``MGP3xx`` (kind ``review``): a site left as it was, for a person to look at. Its page says what the tool
   found, why it left the site, and what to do.
 
 A rule declares its codes in one place: ``CODE`` (its rewrite, or its main review code) and ``REVIEW_CODES``
@@ -352,10 +352,14 @@ _REVIEW_PAGES = {
     ),
     "MGP260": (
         "per-row-randomness",
-        "A seeded script draws random numbers for each row of the batch in its training loop. After the "
-        "migration every process draws them for its own rows, and the processes, seeded alike, draw the same "
-        "ones.",
-        "Seed each process differently, e.g. with `seed + mgpu_runtime.rank()`.",
+        "The training loop draws random numbers for each row of the batch in a way the runtime does not draw "
+        "for the global batch (an in-place `normal_()` fill, `torch.bernoulli`, a size that is the batch's but "
+        "not its rows first). The runtime keeps every process's torch generator where the original's was, "
+        "seeded or not, so every process would draw the first rows' numbers for its own rows. The file is left "
+        "as it is.",
+        "Draw with `torch.randn`/`rand(x.size(0), ...)`, `randn_like`/`rand_like(x)` or "
+        "`torch.randint(low, high, (x.size(0), ...))`, which the runtime draws for the global batch and slices, "
+        "then migrate; or use `--to balanced`.",
     ),
     "MGP261": (
         "file-written-by-every-process",
@@ -467,6 +471,29 @@ _REVIEW_PAGES = {
         "process) or fail an assertion at start-up. The file is left as it is.",
         "Use `--to balanced` (its replicate calls `__data_parallel_replicate__`), or replace the package's "
         "BatchNorm with `nn.BatchNorm2d` and migrate with `--to ddp --sync-bn`.",
+    ),
+    "MGP310": (
+        "numpy-draws-per-row",
+        "The training loop, or a function or method of the project it calls (the message names the draw's "
+        "line), draws from numpy's or Python's generator for the batch's rows (a mixup lambda per pair of rows, "
+        "`np.random.beta(a, a, len(x))`), or once a step in a file that seeds neither generator (CutMix's "
+        "`np.random.rand(1)`). The original drew once for the whole batch; under DDP each process would draw "
+        "for its own rows from its own generator (seeded alike: every process gets the first rows' numbers; "
+        "unseeded: a coefficient or decision of its own). The runtime keeps torch's generators in step and "
+        "slices torch's per-row draws, not numpy's. The file is left as it is.",
+        "Use `--to balanced` (one process draws for the whole batch), or draw with torch for the batch's rows "
+        "(`torch.rand(len(x))`, transformed as needed), which the runtime makes the original's, or seed numpy "
+        "alike in every process for a draw once a step, then migrate.",
+    ),
+    "MGP311": (
+        "repeated-rows-draw",
+        "A function of the project that the training loop calls draws torch random numbers for copies of the "
+        "batch laid end to end (`dup = x.expand(n, *x.shape).reshape(-1, ...)`, then `torch.randn_like(dup)`: "
+        "sliced score matching's particles). The runtime makes a per-row draw the original's by drawing it for "
+        "the global batch and keeping the process's rows; a process's rows of a repeated batch are no "
+        "contiguous piece of that draw. The file is left as it is.",
+        "Use `--to balanced`, or draw per copy (`torch.randn_like(x)` once per particle, then concatenate), "
+        "which the runtime slices, then migrate.",
     ),
     # --style torch (the plain-PyTorch scaffold).
     "MGP295": (

@@ -23,6 +23,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on older interpreters only
     import tomli as tomllib
 
+from mgpu_migrate.diagnostics import REVIEW_PREFIXES
 from mgpu_migrate.engine import TARGETS
 from mgpu_migrate.options import RUNTIME_STYLE, STYLES
 
@@ -52,7 +53,7 @@ class Settings:
 
     def reports(self, code: str) -> bool:
         """Whether a site for a person with ``code`` is reported (``select``, then ``ignore``, by prefix)."""
-        if not code.startswith("MGP2"):
+        if not code.startswith(REVIEW_PREFIXES):
             return True
         if self.select and not any(code.startswith(prefix) for prefix in self.select):
             return False

@@ -92,7 +92,7 @@ class Project:
         self.path = os.path.abspath(path)
         directory = os.path.dirname(self.path)
         self.root = find_root(directory)
-        bases = [directory, _above_package(directory)]
+        bases = [directory, _above_package(directory), *_script_paths(self.path)]
         if self.root is not None:
             bases.append(self.root)
         self.bases = tuple(dict.fromkeys(bases))
@@ -133,6 +133,11 @@ class Project:
             imported = module.imports[name]
             return self.find(imported, depth + 1) if imported != f"{module.package}.{name}" else None
         return None
+
+    def own(self, name: str) -> Found | None:
+        """A top-level definition of the file itself (a loss function beside the training loop)."""
+        module = _read(self.path, "")
+        return self._in_module(module, name, 0) if module is not None else None
 
     def resolve_in(self, found: Found, node: ast.expr, depth: int = 0) -> tuple[str | None, Found | None]:
         """What a name used inside a project definition is: its qualified name, and its project definition."""
@@ -280,6 +285,60 @@ def _find_root(directory: str) -> str | None:
             return None
         current = parent
     return None
+
+
+def _script_paths(path: str) -> list[str]:
+    """The directories a script puts on ``sys.path`` relative to its own (``sys.path.insert(1,
+    os.path.join(sys.path[0], '../utils'))``, ``os.path.dirname(__file__)``), where its imports resolve too.
+    Only module-level statements, and only when the text mentions ``sys.path`` (most files are not parsed)."""
+    try:
+        with open(path, "rb") as handle:
+            source = handle.read()
+    except OSError:
+        return []
+    if b"sys.path" not in source:
+        return []
+    try:
+        tree = ast.parse(source, path)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    found = []
+    for statement in tree.body:
+        call = statement.value if isinstance(statement, ast.Expr) else None
+        if not (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr in ("insert", "append")
+            and ast.unparse(call.func.value) == "sys.path"
+            and call.args
+        ):
+            continue
+        parts = _joined_from_script_directory(call.args[-1])
+        if parts is not None:
+            found.append(os.path.normpath(os.path.join(os.path.dirname(path), *parts)))
+    return found
+
+
+_SCRIPT_DIRECTORY = frozenset(
+    {
+        "sys.path[0]",
+        "os.path.dirname(__file__)",
+        "os.path.dirname(os.path.abspath(__file__))",
+        "os.path.dirname(os.path.realpath(__file__))",
+    }
+)
+
+
+def _joined_from_script_directory(node: ast.expr) -> list[str] | None:
+    """``os.path.join(<the script's directory>, 'a', 'b')`` -> ``['a', 'b']``; None for anything else."""
+    if not (isinstance(node, ast.Call) and ast.unparse(node.func) == "os.path.join" and node.args):
+        return None
+    if ast.unparse(node.args[0]) not in _SCRIPT_DIRECTORY:
+        return None
+    rest = node.args[1:]
+    if not all(isinstance(part, ast.Constant) and isinstance(part.value, str) for part in rest):
+        return None
+    return [part.value for part in rest]
 
 
 def _above_package(directory: str) -> str:

@@ -38,6 +38,7 @@ from mgpu_migrate.rules.torch_setup import TorchSetup
 from mgpu_migrate.rules.torch_wrapper import TorchWrapperSwap
 from mgpu_migrate.rules.training_data import TrainingData
 from mgpu_migrate.rules.unsplit_data import UnsplitData
+from mgpu_migrate.rules.unsynced_draws import UnsyncedDraws
 from mgpu_migrate.rules.unused_parameters import UnusedParameters
 from mgpu_migrate.rules.wrap_guard import WrapGuard
 from mgpu_migrate.rules.wrapper_check import WrapperCheck
@@ -65,6 +66,7 @@ RULES: tuple[type[Rule], ...] = (
     BatchCoupling,
     GlobalCount,
     MixedRows,
+    UnsyncedDraws,
     ReplicationCallback,
     CheckpointSave,
     TorchCheckpointSave,

@@ -9,6 +9,7 @@ from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
 
 # The file is left as it is when this is reported (a veto, program.settle).
 INFERENCE_ONLY = "MGP263"
+_NO_GRADIENTS = frozenset({"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad"})
 
 
 # The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
@@ -127,14 +128,33 @@ class RemoteTraining(Rule):
             "this file only evaluates (no backward pass, no optimizer): left as DataParallel, which splits each batch",
         )
 
+    def _run_without_gradients(self, sites) -> set:
+        """The sites whose every forward call runs under ``torch.no_grad()`` / ``inference_mode()``: their outputs
+        hold no graph, so no code they go to (``np.argsort``, a plot) can train the model through them."""
+        calls: dict = {}
+        for call, _, found in self.analysis.models.model_calls():
+            for site in found & sites:
+                calls.setdefault(site, []).append(call)
+        return {site for site, forwards in calls.items() if all(self._without_gradients(call) for call in forwards)}
+
+    def _without_gradients(self, node: cst.CSTNode) -> bool:
+        for ancestor in self.analysis.tree.ancestors(node):
+            if isinstance(ancestor, cst.With) and any(
+                isinstance(item.item, cst.Call) and self.analysis.resolve(item.item.func) in _NO_GRADIENTS
+                for item in ancestor.items
+            ):
+                return True
+        return False
+
     def _only_evaluates(self, program, escapes) -> bool:
         """The model runs in this file, nothing here trains (no backward pass, no optimizer built), and no
         wrapped model goes to code elsewhere."""
         models = self.analysis.models
         sites = {models.site_of(wrap) for wrap in program.wraps} - {None}
         outputs_escape = models.output_escapes()
-        if any(escapes.get(site) or outputs_escape.get(site) for site in sites):
-            return False  # the model or its outputs go to code that may train them
+        graphless = self._run_without_gradients(sites)
+        if any(escapes.get(site) or (outputs_escape.get(site) and site not in graphless) for site in sites):
+            return False  # the model or its outputs (with their graph) go to code that may train them
         index = models.index
         if any(
             not index.call_sites(function) and models.derived_sites(value, scope) & sites

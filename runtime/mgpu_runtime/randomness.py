@@ -9,8 +9,9 @@ original's, and the generator advances as the original's did.
 
 Random numbers drawn per row of the batch (``torch.randn(b_size, nz)`` for a GAN's noise, after
 ``b_size = real.size(0)``; ``torch.randn_like(std)`` in a VAE's reparameterisation) are the same: a draw
-whose first dimension is the piece's rows is made for the global batch's rows and sliced (``per_row_draw``).
-A draw of another shape is left as it is.
+whose first dimension is the piece's rows is made for the global batch's rows and sliced (``per_row_draw``),
+and so are integers drawn per row (``torch.randint(0, n, (x.shape[0],))``, a noise level per sample). A draw
+of another shape is left as it is.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 
 _SIZED = frozenset({torch.randn, torch.rand})
 _SHAPED_LIKE = frozenset({torch.randn_like, torch.rand_like})
-PER_ROW: frozenset = _SIZED | _SHAPED_LIKE
+PER_ROW: frozenset = _SIZED | _SHAPED_LIKE | {torch.randint}
 DRAWS: frozenset = frozenset({F.dropout})
 _SIGNATURE = inspect.signature(F.dropout)
 
@@ -58,8 +59,10 @@ def apply_mask(source: torch.Tensor, mask: torch.Tensor, inplace: bool) -> torch
 def per_row_draw(
     function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], rows: int
 ) -> Callable[[int], torch.Tensor] | None:
-    """For a ``randn``/``rand`` (``_like``) call whose first dimension is the piece's ``rows``: the same draw
-    for a batch of a given number of rows; None for any other call."""
+    """For a ``randn``/``rand`` (``_like``) or ``randint`` call whose first dimension is the piece's ``rows``:
+    the same draw for a batch of a given number of rows; None for any other call."""
+    if function is torch.randint:
+        return _integers_per_row(args, kwargs, rows)
     if function in _SIZED:
         size = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)) else args
         if not size or "size" in kwargs or not all(isinstance(extent, int) for extent in size) or size[0] != rows:
@@ -71,3 +74,21 @@ def per_row_draw(
             return None
         return lambda total: function(like.new_empty((total, *like.shape[1:])), *args[1:], **kwargs)
     return None
+
+
+def _integers_per_row(args: tuple[Any, ...], kwargs: dict[str, Any], rows: int) -> Callable[[int], torch.Tensor] | None:
+    """``torch.randint([low,] high, size)`` (``size`` also by keyword) whose first dimension is ``rows``."""
+    rest = dict(kwargs)
+    if "size" in rest:
+        bounds, size = args, rest.pop("size")
+    elif args:
+        bounds, size = args[:-1], args[-1]
+    else:
+        return None
+    if "low" in rest or "high" in rest or len(bounds) not in (1, 2) or not all(isinstance(b, int) for b in bounds):
+        return None
+    if not isinstance(size, (tuple, list, torch.Size)) or not size or not all(isinstance(e, int) for e in size):
+        return None
+    if size[0] != rows:
+        return None
+    return lambda total: torch.randint(*bounds, (total, *size[1:]), **rest)

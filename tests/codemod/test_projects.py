@@ -110,3 +110,48 @@ def test_the_ohem_loss_left_by_mgp287_would_change_under_ddp():
     for processes in (2, 3):
         shares = [criterion(x, y) for x, y in zip(logits.tensor_split(processes), labels.tensor_split(processes))]
         assert abs(float(sum(shares) / processes - whole)) > 1e-3
+
+
+AUDIO = REID.parent / "audio_mixup"
+
+
+def test_a_directory_the_script_puts_on_sys_path_is_read(tmp_path):
+    """audioset_tagging_cnn's `sys.path.insert(1, os.path.join(sys.path[0], '../utils'))`, then `from utilities import
+    Mixup`: the import resolves there (and only with that line)."""
+    assert project.project_of(str(AUDIO / "pytorch" / "main.py")).find("utilities.Mixup").where == "../utils/utilities.py:6"
+    copy = tmp_path / "audio_mixup"
+    shutil.copytree(AUDIO, copy)
+    script = copy / "pytorch" / "main.py"
+    script.write_text(script.read_text().replace('sys.path.insert(1, os.path.join(sys.path[0], "../utils"))\n', ""))
+    assert project.project_of(str(script)).find("utilities.Mixup") is None
+
+
+def test_the_mixup_lambdas_left_by_mgp310_would_change_under_ddp():
+    """Why MGP310 leaves the file: processes drawing their own rows' coefficients from generators seeded alike get
+    the first rows' coefficients, not the batch's (the fixture project's own Mixup, 2 and 3 processes)."""
+    import importlib.util
+
+    import numpy as np
+
+    spec = importlib.util.spec_from_file_location("utilities", AUDIO / "utils" / "utilities.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    whole = module.Mixup(mixup_alpha=1.0).get_lambda(batch_size=12)
+    for processes in (2, 3):
+        shares = [module.Mixup(mixup_alpha=1.0).get_lambda(len(rows)) for rows in np.array_split(np.arange(12), processes)]
+        assert np.abs(np.concatenate(shares) - whole).max() > 1e-3
+
+
+def test_the_particles_left_by_mgp311_would_change_under_ddp():
+    """Why MGP311 leaves the file: a process's rows of the original's draw for 2 copies of the batch are rows
+    `i` and `B + i` of it; the process itself draws a prefix of 2 * its rows (generators in step, as the runtime
+    keeps them), so no process gets the original's numbers."""
+    torch = __import__("pytest").importorskip("torch")
+    batch, copies = 6, 2
+    torch.manual_seed(0)
+    whole = torch.randn(copies * batch, 3, dtype=torch.float64).view(copies, batch, 3)
+    for processes in (2, 3):
+        for span in torch.arange(batch).tensor_split(processes):
+            torch.manual_seed(0)
+            drawn = torch.randn(copies * len(span), 3, dtype=torch.float64).view(copies, len(span), 3)
+            assert (drawn - whole[:, span]).abs().max() > 1e-3

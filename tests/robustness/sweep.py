@@ -34,7 +34,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis import FileAnalysis
 from mgpu_migrate.analysis.names import DATA_PARALLEL, DATA_PARALLEL_FUNCTION
-from mgpu_migrate.diagnostics import PARSE_ERROR
+from mgpu_migrate.diagnostics import PARSE_ERROR, REVIEW_PREFIXES
 from mgpu_migrate.engine import might_need_migration, migrate_source
 from mgpu_migrate.files import source_file
 from mgpu_migrate.options import TARGETS
@@ -160,7 +160,7 @@ def sweep_tree(files: list[tuple[str, Path]], target: str, workdir: Path, jobs: 
         by_path.setdefault(os.path.relpath(match["path"], root), Counter())[match["code"]] += 1
     codes = sum(by_path.values(), Counter())
     tally.rewrites = sum(count for code, count in codes.items() if code.startswith("MGP1"))
-    tally.review = sum(count for code, count in codes.items() if code.startswith("MGP2"))
+    tally.review = sum(count for code, count in codes.items() if code.startswith(REVIEW_PREFIXES))
     tally.sites = tally.rewrites + tally.review
     tally.parse_errors = codes["MGP002"]
     if returncode not in (0, 2) or (returncode == 2) != bool(codes["MGP001"] + codes["MGP002"] + codes["MGP003"]):

@@ -198,3 +198,28 @@ def test_a_loss_splits_into_what_it_averaged_over(function, target, options):
         torch.testing.assert_close(numerator, expected)
     else:
         torch.testing.assert_close(numerator / sum(part.denominator for part in parts), expected)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [((0, 4, (3,)), {}), ((4, (3, 2)), {}), ((1, 9), {"size": (3,), "dtype": torch.int32})],
+)
+def test_integers_drawn_per_row_are_the_global_draws_rows(args, kwargs):
+    """``torch.randint([low,] high, (rows, ...))`` for a piece of 3 rows is drawn as the 5-row global batch's."""
+    from mgpu_runtime.randomness import per_row_draw
+
+    draw = per_row_draw(torch.randint, args, kwargs, 3)
+    torch.manual_seed(5)
+    drawn = draw(5)
+    torch.manual_seed(5)
+    size = kwargs.get("size", args[-1])
+    bounds = args if "size" in kwargs else args[:-1]
+    expected = torch.randint(*bounds, (5, *size[1:]), **{k: v for k, v in kwargs.items() if k != "size"})
+    assert torch.equal(drawn, expected)
+
+
+@pytest.mark.parametrize(("args", "kwargs"), [((0, 4, (6,)), {}), ((0, 4, 3), {}), ((0, 4, (3,)), {"high": 2})])
+def test_integers_of_another_shape_are_not_sliced(args, kwargs):
+    from mgpu_runtime.randomness import per_row_draw
+
+    assert per_row_draw(torch.randint, args, kwargs, 3) is None

@@ -1,0 +1,175 @@
+"""MGP310, MGP311: random draws for the batch that the runtime cannot make the original's keep the file off DDP."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from mgpu_migrate.analysis.draws import GENERATOR_DRAWS, GENERATORS, names_rows, numpy_draw, project_draws
+from mgpu_migrate.analysis.project import project_of
+from mgpu_migrate.analysis.tree import contains
+from mgpu_migrate.diagnostics import shorten
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
+from mgpu_migrate.rules.process_randomness import rows_of_a_tensor, split_training_loops
+
+# The file is left as it is when either is reported (rules.settle).
+NUMPY_DRAWS = "MGP310"
+_NUMPY_SEEDS = frozenset({"numpy.random.seed", "random.seed"})
+REPEATED_ROWS_DRAW = "MGP311"
+
+
+class UnsyncedDraws(Rule):
+    """
+    ## What it does
+    Reads each training loop whose data is split across processes, and the project's functions and methods
+    it calls (in other modules too: ``Mixup.get_lambda`` in ``utils/utilities.py``), for random draws made
+    for the batch that the runtime cannot make the original's:
+
+    * numpy's or Python's generator drawing for the batch's rows (``np.random.beta(a, a, len(x))``, a
+      ``RandomState`` method called with the batch's size) (MGP310);
+    * a torch draw shaped like copies of the batch laid end to end (``torch.randn_like(dup)`` after
+      ``dup = x.expand(n, *x.shape).reshape(-1, ...)``) (MGP311).
+
+    The file is then left as it is.
+
+    ## Why is this bad?
+    The original drew these numbers once for the whole batch. Under DDP each process draws them for its
+    own rows from its own generator: seeded alike, every process gets the first rows' numbers (a mixup
+    lambda, a noise vector), and the generators drift apart when the shares differ. The runtime draws
+    torch's per-row randomness for the global batch and keeps each process's rows of it, and keeps torch's
+    generators in step; it cannot do that for numpy's or Python's generators, nor slice a draw for repeated
+    rows, whose process rows are not one contiguous piece of it. A draw once per step for the whole batch
+    (``lam = np.random.beta(a, a)``) is reported only when the file does not seed numpy's or Python's generator
+    (``np.random.seed``, ``random.seed``): seeded alike, every process draws the original's number; unseeded,
+    each process would mix its rows with a coefficient of its own.
+
+    ## Example
+    ```python
+    mixup_augmenter = Mixup(mixup_alpha=1.0)    # utils/utilities.py: np.random.RandomState(...).beta(...)
+    for batch in train_loader:
+        lam = mixup_augmenter.get_lambda(batch_size=len(batch["waveform"]))
+    ```
+
+    ## Use instead
+    ``--to balanced`` (one process draws for the whole batch, as before), or draw with torch's generator for
+    the batch's rows (``torch.distributions.Beta(a, a).sample((len(x),))`` sized by the rows is not sliced
+    either: draw ``torch.rand(len(x))`` and transform it), then migrate.
+
+    ## Fix safety
+    Nothing is rewritten, in the whole file: ``--to ddp`` migrates a file entirely or not at all.
+    """
+
+    CODE = NUMPY_DRAWS
+    PHASE = PROGRAM
+    VETOES = frozenset({NUMPY_DRAWS, REPEATED_ROWS_DRAW})
+    REVIEW_CODES = {
+        NUMPY_DRAWS: "numpy's or Python's generator draws for the batch in training (per row, or unseeded): each process its own",
+        REPEATED_ROWS_DRAW: "a torch draw for repeated rows of the batch in training: the runtime cannot slice it per process",
+    }
+    DESCRIPTION = "draws for the batch that the runtime cannot make the original's keep the file off DDP"
+    TARGETS = (DDP,)
+    EXAMPLES = (
+        Example(
+            "import numpy as np\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader\n\n"
+            "model = nn.DataParallel(model)\nfor x, y in DataLoader(data, batch_size=64, shuffle=True):\n"
+            "    lam = np.random.beta(1.0, 1.0, size=len(x))\n    loss = criterion(model(x), y)\n"
+            "    loss.backward()\n",
+            None,
+            DDP,
+            ("MGP310",),
+        ),
+    )
+
+    def apply(self) -> None:
+        if not self.program.migrates:
+            return
+        for loop in split_training_loops(self.analysis):
+            for call in contains(loop.body, lambda node: isinstance(node, cst.Call)):
+                if self._report(call):
+                    return
+
+    def _report(self, call: cst.Call) -> bool:
+        code = shorten(self.analysis.module.code_for_node(call), 30)
+        if self._draws_here(call) and self._passes_rows(call):
+            self.left(
+                call,
+                NUMPY_DRAWS,
+                f"`{code}` draws from numpy's or Python's generator for the batch's rows: per process under DDP; "
+                "file left as it is",
+            )
+            return True
+        if self._draws_here(call) and not self._seeds_numpy():
+            self.left(
+                call,
+                NUMPY_DRAWS,
+                f"`{code}` draws from numpy's or Python's generator, not seeded in this file: each process would "
+                "draw its own for its rows; file left",
+            )
+            return True
+        project = project_of(self.analysis.path)
+        for draw in self._project_draws(call, project) if project is not None else ():
+            if draw.numpy and (draw.sized or self._passes_rows(call) or (draw.shared and not self._seeds_numpy())):
+                self.left(
+                    call,
+                    NUMPY_DRAWS,
+                    f"`{code}` draws from numpy's or Python's generator ({draw.where}) for the batch: per "
+                    "process under DDP; file left",
+                )
+                return True
+            if not draw.numpy:
+                self.left(
+                    call,
+                    REPEATED_ROWS_DRAW,
+                    f"the call draws `{shorten(draw.code, 32)}` ({draw.where}) for repeated rows of the batch: "
+                    "no process's share of it is sliceable; file left",
+                )
+                return True
+        return False
+
+    def _seeds_numpy(self) -> bool:
+        """``np.random.seed(...)`` or ``random.seed(...)`` in this file: every process then draws, once per step,
+        the number the original drew for the whole batch."""
+        return any(self.analysis.resolve(call.func) in _NUMPY_SEEDS for call in self.analysis.calls)
+
+    def _passes_rows(self, call: cst.Call) -> bool:
+        """An argument that is the batch's number of rows: ``batch_size=len(x)``, ``x.size(0)``, ``bs``."""
+        for arg in call.args:
+            if arg.keyword is not None and names_rows(arg.keyword.value):
+                return True
+            rows = contains(arg.value, lambda node: isinstance(node, (cst.Call, cst.Subscript)) and rows_of_a_tensor(node))
+            names = contains(arg.value, lambda node: isinstance(node, cst.Name) and names_rows(node.value))
+            if rows or names:
+                return True
+        return False
+
+    def _draws_here(self, call: cst.Call) -> bool:
+        """``np.random.X(...)``, ``random.X(...)``, or a draw of a generator object made in this file."""
+        if numpy_draw(self.analysis.resolve(call.func)):
+            return True
+        func = call.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value in GENERATOR_DRAWS):
+            return False
+        values = self.analysis.values
+        return any(
+            isinstance(value, cst.Call) and self.analysis.resolve(value.func) in GENERATORS
+            for value in values.of(func.value, values.scope_of(call))
+        )
+
+    def _project_draws(self, call: cst.Call, project):
+        """The draws of the project function called (this file's own too), or of the project class's method
+        called on an object this file made (``Mixup(...).get_lambda``)."""
+        qualified = self.analysis.resolve(call.func)
+        found = project.find(qualified) if qualified else None
+        if found is None and isinstance(call.func, cst.Name) and call.func.value in self.analysis.bindings.local:
+            found = project.own(call.func.value)
+        if found is not None:
+            return project_draws(project, found)
+        func = call.func
+        if not isinstance(func, cst.Attribute):
+            return []
+        values = self.analysis.values
+        for value in values.of(func.value, values.scope_of(call)):
+            constructor = self.analysis.resolve(value.func) if isinstance(value, cst.Call) else None
+            cls = project.find(constructor) if constructor else None
+            if cls is not None:
+                return project_draws(project, cls, func.attr.value)
+        return []
