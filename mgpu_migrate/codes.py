@@ -434,12 +434,13 @@ _REVIEW_PAGES = {
     "MGP289": (
         "unsplit-data",
         "The file trains (a backward pass) and builds a `DataLoader`, but no loader of it reaches the training "
-        "loop in a way the tool follows (a `while` loop over `next(iter(loader))` in a step function, a "
-        "generator helper), so none was split across the processes. The file is migrated: every process trains "
-        "on whole batches, which is correct when they draw the same ones (the runtime's first-step check stops "
-        "the run when they differ), but no faster than one process.",
-        "Pass the training loader through `mgpu_runtime.distribute_loader(...)` where it is built, so each "
-        "process reads its share of every batch.",
+        "loop in a way the tool follows (a helper of another module, a "
+        "dict of loaders indexed by the phase), so none was split across the processes, and no other diagnostic "
+        "gave a reason that keeps the migration right (a loss summed by hand, MGP236). Every process would train "
+        "on whole batches: correct only when they draw the same ones, and no faster than one process. A file "
+        "whose data is not split gains nothing from DDP, so it is left as it is (the whole file).",
+        "Pass the training loader through `mgpu_runtime.distribute_loader(...)` where it is built (only the one "
+        "that trains) and migrate the file again, or use `--to balanced`, which keeps one process.",
     ),
     "MGP265": (
         "mixed-rows",

@@ -52,7 +52,7 @@ class Settings:
 
     def reports(self, code: str) -> bool:
         """Whether a site for a person with ``code`` is reported (``select``, then ``ignore``, by prefix)."""
-        if not code.startswith("MGP2"):
+        if not code.startswith(("MGP2", "MGP3")):
             return True
         if self.select and not any(code.startswith(prefix) for prefix in self.select):
             return False
