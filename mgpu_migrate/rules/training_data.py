@@ -185,17 +185,17 @@ class TrainingData(Rule):
                 if point not in wrapped and self.rewrite_allowed(point):
                     wrapped.add(point)
                     self._distribute(point, trace.origin, trace)
-        split = {trace.loop for trace in flow.traces if any(step in wrapped for step in trace.path)}
-        for loop in split:
-            for counter in self._sample_counters(loop):
-                if self.rewrite_allowed(counter.value):
-                    self.edits.replace(counter.value, lambda expr: runtime_call("reduce_sum", expr))
-                    self.rewrote(
-                        counter,
-                        f"`{shorten(code(counter.target), 30)}` counts the samples of the global batch (summed over "
-                        "the processes), as the original did",
-                        GLOBAL_COUNT,
-                    )
+        split = dict.fromkeys(trace.loop for trace in flow.traces if any(step in wrapped for step in trace.path))
+        counters = dict.fromkeys(counter for loop in split for counter in self._sample_counters(loop))
+        for counter in counters:
+            if self.rewrite_allowed(counter.value):
+                self.edits.replace(counter.value, lambda expr: runtime_call("reduce_sum", expr))
+                self.rewrote(
+                    counter,
+                    f"`{shorten(code(counter.target), 30)}` counts the samples of the global batch (summed over the "
+                    "processes), as the original did",
+                    GLOBAL_COUNT,
+                )
         for trace in flow.traces:
             if not trace.training and trace.kind == LOADER and flow.feeds(trace.origin) == {False}:
                 self._report_once(
@@ -269,7 +269,11 @@ class TrainingData(Rule):
         tree = self.analysis.tree
         code = self.analysis.module.code_for_node
         regions = [loop.body]
-        regions += [tree.function(call) for call in self.analysis.loaders.backward_calls(loop)]
+        regions += [
+            function
+            for function in (tree.function(call) for call in self.analysis.loaders.backward_calls(loop))
+            if function is not tree.function(loop)
+        ]
         compared = {
             code(node)
             for comparison in contains(self.analysis.module, lambda n: isinstance(n, cst.Comparison), into_functions=True)

@@ -71,7 +71,7 @@ class UnsplitData(Rule):
         backward = next((call for call in self.analysis.calls if self.analysis.loaders.is_backward(call)), None)
         if backward is None or not loaders:
             return
-        lines = ", ".join(str(self.analysis.position(loader)[0]) for loader in loaders[:3])
+        lines = ", ".join(map(str, sorted({self.analysis.position(loader)[0] for loader in loaders})[:3]))
         unfollowed = sorted({diagnostic.line for diagnostic in diagnostics if diagnostic.code == NOT_FOLLOWED})
         why = f" (line {unfollowed[0]}'s loop: data not followed)" if unfollowed else ""
         self.left(
