@@ -237,6 +237,18 @@ _REVIEW_PAGES = {
         "but the loading is not divided among the processes.",
         "Nothing, unless loading is the bottleneck: then shard the dataset by `mgpu_runtime.rank()` yourself.",
     ),
+    "MGP320": (
+        "trained-by-importer",
+        "The wrap is in a function that returns the model (`load_model()`, `build_model()`) or in a class that "
+        "keeps it (`self.model = nn.DataParallel(self.model)` in a wrapper module), and nothing in this file "
+        "trains it: the modules that import this one do (the diagnostic names the first one found, preferring one "
+        "that uses the function or class). Those modules hold the training loop, its loader and its loss, and "
+        "they have no DataParallel of their own, so the tool does not rewrite them: migrating the wrap alone "
+        "would give a program whose every process trains on whole batches.",
+        "Migrate the module that trains: split its loader with `mgpu_runtime.distribute_loader`, make its loss "
+        "exact, and wrap the model there (or migrate this wrap by hand together with it); or use "
+        "`--to balanced`, which keeps one process.",
+    ),
     "MGP240": (
         "save-on-every-process",
         "This save still runs on every process: it writes into a file object or a buffer, or it is "

@@ -110,3 +110,14 @@ def test_the_ohem_loss_left_by_mgp287_would_change_under_ddp():
     for processes in (2, 3):
         shares = [criterion(x, y) for x, y in zip(logits.tensor_split(processes), labels.tensor_split(processes))]
         assert abs(float(sum(shares) / processes - whole)) > 1e-3
+
+
+def test_a_builder_names_the_module_that_imports_it():
+    """Importers are never among a module's imports: a bounded byte search of the project finds them, also when
+    only the builder is passed (a pre-commit run over the changed file)."""
+    builder = FIXTURES / "projects" / "builders" / "models" / "loading.py"
+    result = migrate_source(builder.read_text(), "ddp", str(builder))
+    assert codes(result) == ["MGP320"] and "../train.py:6, which trains" in result.diagnostics[0].message
+    assert result.output == builder.read_text()
+    found = project.importers(str(builder), "load_model")
+    assert [(importer.line, importer.trains) for importer in found] == [(6, True)]
