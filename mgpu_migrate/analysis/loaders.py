@@ -116,6 +116,8 @@ class LoaderFlow:
                 )
             self._ways.setdefault(chosen[0], []).append(chosen[1])
         self.training_loops: list[cst.For] = list(self._ways)
+        # `batches.next()` (Python 2's spelling) calls that draw a training loop's batches from a loader.
+        self.old_draws: list[tuple[cst.Call, tuple[cst.BaseExpression, ...]]] = []
         for node in self.training_loops:
             if not self._over_loader(node):
                 traced[node] = traced[node] + self._drawn_traces(node)
@@ -455,11 +457,11 @@ class LoaderFlow:
                 source = draw.args[0].value if isinstance(draw.func, cst.Name) else draw.func.value
                 function = tree.function(draw)
                 scope = self.index.scopes[function] if function is not None else self.index.module_scope
-                found.extend(
-                    (path, origin, kind)
-                    for path, origin, kind in self._trace(source, scope, (), frozenset())
-                    if origin is not None
-                )
+                for path, origin, kind in self._trace(source, scope, (), frozenset()):
+                    if origin is not None:
+                        found.append((path, origin, kind))
+                        if isinstance(draw.func, cst.Attribute) and draw.func.attr.value == "next":
+                            self.old_draws.append((draw, path))
         return found
 
     def _passes_through(self, loop: cst.For | cst.CompFor) -> bool:

@@ -186,6 +186,16 @@ class TrainingData(Rule):
                     wrapped.add(point)
                     self._distribute(point, trace.origin, trace)
         split = dict.fromkeys(trace.loop for trace in flow.traces if any(step in wrapped for step in trace.path))
+        respelled: set[cst.Call] = set()
+        for draw, path in flow.old_draws:
+            if draw not in respelled and any(step in wrapped for step in path) and self.rewrite_allowed(draw):
+                respelled.add(draw)
+                self.edits.replace(draw, lambda call: cst.Call(cst.Name("next"), [cst.Arg(call.func.value)]))
+                self.rewrote(
+                    draw,
+                    f"`{shorten(code(draw), 30)}` drawn with `next()`: the distributed loader's iterator, like torch's "
+                    "since 1.0, has no Python 2 `.next()`",
+                )
         counters = dict.fromkeys(counter for loop in split for counter in self._sample_counters(loop))
         for counter in counters:
             if self.rewrite_allowed(counter.value):
