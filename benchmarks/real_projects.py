@@ -143,7 +143,16 @@ def project_reading() -> str:
         except (SyntaxError, ValueError):
             pass
     seconds = time.perf_counter() - start
-    return f"project reading: {len(paths)} modules read, once each; parsing them all again takes {seconds * 1000:.0f} ms"
+    trees = project.trees_searched()
+    start = time.perf_counter()
+    for top, _, _ in trees:
+        project._tree.__wrapped__(top)  # the search's reading, again, uncached
+    searching = time.perf_counter() - start
+    return (
+        f"project reading: {len(paths)} modules read, once each; parsing them all again takes {seconds * 1000:.0f} ms\n"
+        f"importer search: {len(trees)} trees, {sum(t[1] for t in trees)} files, {sum(t[2] for t in trees) / 1e6:.2f} MB "
+        f"read once each; reading them again takes {searching * 1000:.0f} ms"
+    )
 
 
 def main() -> None:

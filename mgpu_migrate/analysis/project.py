@@ -293,6 +293,13 @@ def importers(path: str, uses: str) -> list[Importer]:
     return [importer for _, importer in found]
 
 
+def trees_searched() -> list[tuple[str, int, int]]:
+    """The trees searched for importers so far in this process, with their files and bytes (for
+    benchmarks/real_projects.py)."""
+    return sorted((top, len(files), sum(len(data) for _, data in files)) for top, files in _SEARCHED.items())
+
+
+_SEARCHED: dict[str, tuple[tuple[str, bytes], ...]] = {}
 _SEARCH_FILES = 5000
 _SEARCH_BYTES = 1 << 20
 _SKIPPED_DIRECTORIES = frozenset({"node_modules", "site-packages", "__pycache__", "build", "dist"})
@@ -309,7 +316,8 @@ def _tree(top: str) -> tuple[tuple[str, bytes], ...]:
             if not name.endswith(".py"):
                 continue
             if len(files) == _SEARCH_FILES:
-                return tuple(files)
+                _SEARCHED[top] = found = tuple(files)
+                return found
             file = os.path.join(directory, name)
             try:
                 if os.path.getsize(file) <= _SEARCH_BYTES:
@@ -317,7 +325,8 @@ def _tree(top: str) -> tuple[tuple[str, bytes], ...]:
                         files.append((file, handle.read()))
             except OSError:
                 continue
-    return tuple(files)
+    _SEARCHED[top] = found = tuple(files)
+    return found
 
 
 def _import_line(data: bytes, parts: list[str], nearby: bool) -> int:
