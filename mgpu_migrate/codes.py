@@ -446,8 +446,8 @@ _REVIEW_PAGES = {
     "MGP289": (
         "unsplit-data",
         "The file trains (a backward pass) and builds a `DataLoader`, but no loader of it reaches the training "
-        "loop in a way the tool follows (a helper of another module, a "
-        "dict of loaders indexed by the phase), so none was split across the processes, and no other diagnostic "
+        "loop in a way the tool follows (a helper of another module, a dict of loaders indexed by the phase, "
+        "`next(iter(loader))` each step, whose iterator ends before the backward pass), so none was split across the processes, and no other diagnostic "
         "gave a reason that keeps the migration right (a loss summed by hand, MGP236). Every process would train "
         "on whole batches: correct only when they draw the same ones, and no faster than one process. A file "
         "whose data is not split gains nothing from DDP, so it is left as it is (the whole file).",

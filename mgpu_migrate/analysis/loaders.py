@@ -444,7 +444,8 @@ class LoaderFlow:
     def _drawn_traces(self, loop: cst.For) -> list[tuple[tuple, Optional[cst.Call], Optional[str]]]:
         """The ways a training loop that iterates no loader draws its batches: ``next(batches)``,
         ``batches.next()`` in its body or in the function of this file that runs its backward pass
-        (``trainBatch()`` drawing from a module-level ``train_iter = iter(train_loader)``)."""
+        (``trainBatch()`` drawing from a module-level ``train_iter = iter(train_loader)``), from an iterator
+        that outlives the draw."""
         tree = self.analysis.tree
         regions = [loop.body]
         for backward in self.backward_calls(loop):
@@ -455,6 +456,10 @@ class LoaderFlow:
         for region in regions:
             for draw in contains(region, self._is_draw):
                 source = draw.args[0].value if isinstance(draw.func, cst.Name) else draw.func.value
+                if not isinstance(source, (cst.Name, cst.Attribute)):
+                    # `next(iter(loader))`: the iterator ends before the step's backward pass, and with it the
+                    # distributed loader's share of the batch, so such data is not split.
+                    continue
                 function = tree.function(draw)
                 scope = self.index.scopes[function] if function is not None else self.index.module_scope
                 for path, origin, kind in self._trace(source, scope, (), frozenset()):
