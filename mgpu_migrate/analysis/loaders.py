@@ -474,9 +474,8 @@ class LoaderFlow:
         if not isinstance(loop, cst.For):
             return False
         function = self.analysis.tree.function(loop)
-        return any(
-            self.analysis.tree.function(node) is function for node in contains(loop.body, lambda n: isinstance(n, cst.Yield))
-        )
+        yields = contains(loop.body, lambda n: isinstance(n, cst.Yield))
+        return any(self.analysis.tree.function(node) is function for node in yields)
 
     def _is_draw(self, node: cst.CSTNode) -> bool:
         if not isinstance(node, cst.Call):

@@ -284,16 +284,18 @@ class TrainingData(Rule):
             for function in (tree.function(call) for call in self.analysis.loaders.backward_calls(loop))
             if function is not tree.function(loop)
         ]
+        comparisons = contains(self.analysis.module, lambda n: isinstance(n, cst.Comparison), into_functions=True)
         compared = {
             code(node)
-            for comparison in contains(self.analysis.module, lambda n: isinstance(n, cst.Comparison), into_functions=True)
+            for comparison in comparisons
             for node in contains(comparison, lambda n: isinstance(n, (cst.Name, cst.Attribute)))
         }
         found: list[cst.AugAssign] = []
         for region in dict.fromkeys(regions):
             if region is None:
                 continue
-            for node in contains(region, lambda n: isinstance(n, cst.AugAssign) and isinstance(n.operator, cst.AddAssign)):
+            added = contains(region, lambda n: isinstance(n, cst.AugAssign) and isinstance(n.operator, cst.AddAssign))
+            for node in added:
                 if code(node.target) in compared and self._counts_samples(node.value) and node not in found:
                     found.append(node)
         return found

@@ -47,7 +47,9 @@ class UnsplitData(Rule):
     # A check: it reviews what the program rules said about the file's loaders.
     PHASE = CHECKS
     VETOES = frozenset({UNSPLIT})
-    REVIEW_CODES = {UNSPLIT: "the file trains on loaders it builds, but none is split across the processes: file left as it is"}
+    REVIEW_CODES = {
+        UNSPLIT: "the file trains on loaders it builds, but none is split across the processes: file left as it is"
+    }
     DESCRIPTION = "a training file whose data no rule split is left as it is"
     TARGETS = (DDP,)
     EXAMPLES = (
