@@ -460,6 +460,8 @@ class LoaderFlow:
                     # `next(iter(loader))`: the iterator ends before the step's backward pass, and with it the
                     # distributed loader's share of the batch, so such data is not split.
                     continue
+                if self._evaluates(draw, region):
+                    continue
                 function = tree.function(draw)
                 scope = self.index.scopes[function] if function is not None else self.index.module_scope
                 for path, origin, kind in self._trace(source, scope, (), frozenset()):
@@ -468,6 +470,21 @@ class LoaderFlow:
                         if isinstance(draw.func, cst.Attribute) and draw.func.attr.value == "next":
                             self.old_draws.append((draw, path))
         return found
+
+    def _evaluates(self, draw: cst.Call, region: cst.CSTNode) -> bool:
+        """A draw for evaluation inside a training step: under ``torch.no_grad()``, or under an ``if`` (``if
+        step % 100 == 0:``) that runs no backward pass."""
+        for ancestor in self.analysis.tree.ancestors(draw):
+            if ancestor is region:
+                return False
+            if isinstance(ancestor, (cst.If, cst.Else)) and not contains(ancestor, self._is_backward_node):
+                return True
+            if isinstance(ancestor, cst.With) and any(
+                isinstance(item.item, cst.Call) and self.analysis.resolve(item.item.func) == "torch.no_grad"
+                for item in ancestor.items
+            ):
+                return True
+        return False
 
     def _passes_through(self, loop: cst.For | cst.CompFor) -> bool:
         """A loop of a generator that yields in its body (``for batch in loader: yield batch``)."""
