@@ -247,6 +247,18 @@ _REVIEW_PAGES = {
         "but the loading is not divided among the processes.",
         "Nothing, unless loading is the bottleneck: then shard the dataset by `mgpu_runtime.rank()` yourself.",
     ),
+    "MGP320": (
+        "trained-by-importer",
+        "The wrap is in a function that returns the model (`load_model()`, `build_model()`) or in a class that "
+        "keeps it (`self.model = nn.DataParallel(self.model)` in a wrapper module), and nothing in this file "
+        "trains it: the modules that import this one do (the diagnostic names the first one found, preferring one "
+        "that uses the function or class). Those modules hold the training loop, its loader and its loss, and "
+        "they have no DataParallel of their own, so the tool does not rewrite them: migrating the wrap alone "
+        "would give a program whose every process trains on whole batches.",
+        "Migrate the module that trains: split its loader with `mgpu_runtime.distribute_loader`, make its loss "
+        "exact, and wrap the model there (or migrate this wrap by hand together with it); or use "
+        "`--to balanced`, which keeps one process.",
+    ),
     "MGP240": (
         "save-on-every-process",
         "This save still runs on every process: it writes into a file object or a buffer, or it is "
@@ -448,12 +460,13 @@ _REVIEW_PAGES = {
     "MGP289": (
         "unsplit-data",
         "The file trains (a backward pass) and builds a `DataLoader`, but no loader of it reaches the training "
-        "loop in a way the tool follows (a `while` loop over `next(iter(loader))` in a step function, a "
-        "generator helper), so none was split across the processes. The file is migrated: every process trains "
-        "on whole batches, which is correct when they draw the same ones (the runtime's first-step check stops "
-        "the run when they differ), but no faster than one process.",
-        "Pass the training loader through `mgpu_runtime.distribute_loader(...)` where it is built, so each "
-        "process reads its share of every batch.",
+        "loop in a way the tool follows (a helper of another module, a dict of loaders indexed by the phase, "
+        "`next(iter(loader))` each step, whose iterator ends before the backward pass), so none was split across the processes, and no other diagnostic "
+        "gave a reason that keeps the migration right (a loss summed by hand, MGP236). Every process would train "
+        "on whole batches: correct only when they draw the same ones, and no faster than one process. A file "
+        "whose data is not split gains nothing from DDP, so it is left as it is (the whole file).",
+        "Pass the training loader through `mgpu_runtime.distribute_loader(...)` where it is built (only the one "
+        "that trains) and migrate the file again, or use `--to balanced`, which keeps one process.",
     ),
     "MGP265": (
         "mixed-rows",

@@ -102,6 +102,7 @@ class LoaderFlow:
         self.index = index
         self._values = analysis.values
         self._loops = {loop.node: loop for loop in self._for_loops()}
+        self._with_items = self._with_targets()
         self._traced = traced = {node: self._traces_of(loop) for node, loop in self._loops.items()}
         self._ways: dict[cst.For, list[_Way]] = {}
         for chain in self._loop_chains():
@@ -115,8 +116,15 @@ class LoaderFlow:
                 )
             self._ways.setdefault(chosen[0], []).append(chosen[1])
         self.training_loops: list[cst.For] = list(self._ways)
+        # `batches.next()` (Python 2's spelling) calls that draw a training loop's batches from a loader.
+        self.old_draws: list[tuple[cst.Call, tuple[cst.BaseExpression, ...]]] = []
+        for node in self.training_loops:
+            if not self._over_loader(node):
+                traced[node] = traced[node] + self._drawn_traces(node)
         self.traces: list[LoaderTrace] = []
         for node, found in traced.items():
+            if node not in self._ways and self._passes_through(node):
+                continue  # `for batch in loader: yield batch`: its data is that of the loops over the generator
             for path, origin, kind in found:
                 trains, unsure = self._trains(node, path) if node in self._ways else (False, None)
                 if trains or unsure is not None or origin is not None:
@@ -304,6 +312,8 @@ class LoaderFlow:
     # -- following data back -----------------------------------------------------------------------
     def _iterated(self, expr: cst.BaseExpression, scope: Scope) -> list[cst.BaseExpression]:
         """What an iteration wrapper iterates: the loader inside ``enumerate(loader)``, ``tqdm(loader)``."""
+        if isinstance(expr, cst.IfExp):  # `tqdm(loader) if is_train else loader`: both are the loop's data
+            return [*self._iterated(expr.body, scope), *self._iterated(expr.orelse, scope)]
         if not isinstance(expr, cst.Call) or not expr.args:
             return [expr]
         func = expr.func
@@ -336,7 +346,7 @@ class LoaderFlow:
 
     def _trace_value(self, expr, scope, path, seen):
         if isinstance(expr, cst.Call):
-            qualified = self.analysis.resolve(expr.func)
+            qualified = self.analysis.resolve(expr.func) or self._imported_before(expr.func)
             if qualified in DATA_LOADERS:
                 yield path, expr, LOADER
                 return
@@ -345,6 +355,12 @@ class LoaderFlow:
                 return
             callee = self.index.callee(expr, scope)
             if callee is not None and callee[0].name.value != "__init__" and callee[0] not in seen:
+                fed = self._generator_feeds(callee[0], callee[1], expr)
+                if fed is not None:  # `def sample_data(loader): for batch in loader: yield batch`
+                    for argument in fed:
+                        yield from self._trace(argument, scope, path, seen | {callee[0]})
+                    if fed:
+                        return
                 returns = self._values.returns.get(callee[0], [])
                 for value, value_scope in returns:
                     yield from self._trace(value, value_scope, path, seen | {callee[0]})
@@ -365,8 +381,141 @@ class LoaderFlow:
         for argument, call_scope in self._arguments_for(place):
             found = True
             yield from self._trace(argument, call_scope, path, seen)
+        for item, item_scope in self._with_items.get(place, ()):
+            found = True  # `with tqdm(enumerate(loader)) as t: for x, y in t:`
+            yield from self._trace(item, item_scope, path, seen)
         if not found:
             yield path, None, None
+
+    def _generator_feeds(self, function: cst.FunctionDef, implicit: int, call: cst.Call):
+        """For a generator of this file (``recycle(loader)``, ``sample_data(loader)``), the arguments of
+        ``call`` whose items it yields (``for batch in loader: yield batch``, ``yield from loader``); None for
+        a function that is no generator."""
+        yields = [
+            node
+            for node in contains(function.body, lambda n: isinstance(n, cst.Yield))
+            if self.analysis.tree.function(node) is function
+        ]
+        if not yields:
+            return None
+        function_scope = self.index.scopes[function]
+        iterated = []
+        for node in yields:
+            if isinstance(node.value, cst.From):
+                iterated.append(node.value.item)
+            for ancestor in self.analysis.tree.ancestors(node):
+                if ancestor is function:
+                    break
+                if isinstance(ancestor, cst.For):
+                    iterated.append(ancestor.iter)
+        places = {
+            self.index.place_of(inner, function_scope)
+            for expr in iterated
+            for inner in self._iterated(expr, function_scope)
+            if isinstance(inner, cst.Name)
+        }
+        return [
+            arg.value
+            for position, arg in enumerate(call.args)
+            if self.index.parameter_place(function, call, position, implicit) in places
+        ]
+
+    def _imported_before(self, func: cst.BaseExpression) -> Optional[str]:
+        """``data.DataLoader(...)`` where ``data`` is ``torch.utils.data`` and also a name the file stores
+        later (``for ii, data in enumerate(trainloader)``): the module, when the call runs once, at module
+        level, before every store of the name."""
+        if not isinstance(func, cst.Attribute) or not isinstance(func.value, cst.Name):
+            return None
+        head = func.value.value
+        origins = self.analysis.bindings.imported.get(head, ())
+        tree = self.analysis.tree
+        if len(origins) != 1 or tree.function(func) is not None:
+            return None
+        if any(isinstance(node, (cst.For, cst.While)) for node in tree.ancestors(func)):
+            return None
+        line = self.analysis.position(func)[0]
+        place = (self.index.module_scope, head)
+        for node, scope in self.index.stores.items():
+            if isinstance(node, cst.Name) and node.value == head and self.index.place_of(node, scope) == place:
+                if tree.function(node) is not None or self.analysis.position(node)[0] <= line:
+                    return None
+        return self.analysis.bindings.canonical(f"{next(iter(origins))}.{func.attr.value}")
+
+    def _drawn_traces(self, loop: cst.For) -> list[tuple[tuple, Optional[cst.Call], Optional[str]]]:
+        """The ways a training loop that iterates no loader draws its batches: ``next(batches)``,
+        ``batches.next()`` in its body or in the function of this file that runs its backward pass
+        (``trainBatch()`` drawing from a module-level ``train_iter = iter(train_loader)``), from an iterator
+        that outlives the draw."""
+        tree = self.analysis.tree
+        regions = [loop.body]
+        for backward in self.backward_calls(loop):
+            function = tree.function(backward)
+            if function is not None and function is not tree.function(loop) and function not in regions:
+                regions.append(function)
+        found = []
+        for region in regions:
+            for draw in contains(region, self._is_draw):
+                source = draw.args[0].value if isinstance(draw.func, cst.Name) else draw.func.value
+                if not isinstance(source, (cst.Name, cst.Attribute)):
+                    # `next(iter(loader))`: the iterator ends before the step's backward pass, and with it the
+                    # distributed loader's share of the batch, so such data is not split.
+                    continue
+                if self._evaluates(draw, region):
+                    continue
+                function = tree.function(draw)
+                scope = self.index.scopes[function] if function is not None else self.index.module_scope
+                for path, origin, kind in self._trace(source, scope, (), frozenset()):
+                    if origin is not None:
+                        found.append((path, origin, kind))
+                        if isinstance(draw.func, cst.Attribute) and draw.func.attr.value == "next":
+                            self.old_draws.append((draw, path))
+        return found
+
+    def _evaluates(self, draw: cst.Call, region: cst.CSTNode) -> bool:
+        """A draw for evaluation inside a training step: under ``torch.no_grad()``, or under an ``if`` (``if
+        step % 100 == 0:``) that runs no backward pass."""
+        for ancestor in self.analysis.tree.ancestors(draw):
+            if ancestor is region:
+                return False
+            if isinstance(ancestor, (cst.If, cst.Else)) and not contains(ancestor, self._is_backward_node):
+                return True
+            if isinstance(ancestor, cst.With) and any(
+                isinstance(item.item, cst.Call) and self.analysis.resolve(item.item.func) == "torch.no_grad"
+                for item in ancestor.items
+            ):
+                return True
+        return False
+
+    def _passes_through(self, loop: cst.For | cst.CompFor) -> bool:
+        """A loop of a generator that yields in its body (``for batch in loader: yield batch``)."""
+        if not isinstance(loop, cst.For):
+            return False
+        function = self.analysis.tree.function(loop)
+        yields = contains(loop.body, lambda n: isinstance(n, cst.Yield))
+        return any(self.analysis.tree.function(node) is function for node in yields)
+
+    def _is_draw(self, node: cst.CSTNode) -> bool:
+        if not isinstance(node, cst.Call):
+            return False
+        func = node.func
+        if isinstance(func, cst.Name):
+            return func.value == "next" and len(node.args) == 1 and "next" not in self.analysis.bindings.local
+        return isinstance(func, cst.Attribute) and func.attr.value in ("next", "__next__") and not node.args
+
+    def _with_targets(self) -> dict[Place, list[tuple[cst.BaseExpression, Scope]]]:
+        """What each ``with ... as name`` binds: the item's expression (a progress bar around a loader)."""
+        found: dict[Place, list[tuple[cst.BaseExpression, Scope]]] = {}
+        parent = self.analysis.tree.parent
+        for node, scope in self.index.stores.items():
+            if not isinstance(node, cst.Name):
+                continue
+            alias = parent(node)
+            item = parent(alias) if isinstance(alias, cst.AsName) else None
+            if isinstance(item, cst.WithItem):
+                place = self.index.place_of(node, scope)
+                if place is not None:
+                    found.setdefault(place, []).append((item.item, scope))
+        return found
 
     def _arguments_for(self, place: Place) -> list[tuple[cst.BaseExpression, Scope]]:
         """The arguments this file's calls bind to ``place`` when it is a parameter of a function."""

@@ -29,7 +29,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis import names
 from mgpu_migrate.analysis.scopes import FlowIndex, Function, Place, Scope, item_place
-from mgpu_migrate.analysis.tree import item_target
+from mgpu_migrate.analysis.tree import contains, item_target
 
 # Methods of nn.Module that return the module itself: ``nn.DataParallel(model).cuda()`` is the wrapper.
 MODULE_METHODS_RETURNING_SELF = frozenset(
@@ -526,11 +526,46 @@ class ModelFlow:
                 continue
             owner, path = place
             if path.startswith("self.") and owner.is_class and self._is_nn_module(owner.node):
-                return code(target)
+                if self._holds_other_modules(owner.node, target.attr.value):
+                    return code(target)
+                continue  # a wrapper class around the model alone (RCAN's `Model`): the wrap is all it trains
             module = site.module
             if not path.startswith("self.") and module is not None and code(module) == code(target):
                 return code(target)
         return None
+
+    def _holds_other_modules(self, cls: cst.ClassDef, wrapped: str) -> bool:
+        """Whether an ``nn.Module`` class may hold parameters besides its attribute ``wrapped``: another
+        attribute is given a module (``torch.nn``'s, or what an unknown call returns), is called (``self.head(x)``)
+        or asked for its parameters, or the class registers parameters, buffers or modules itself."""
+        resolve = self.analysis.resolve
+        methods = {s.name.value for s in cls.body.body if isinstance(s, cst.FunctionDef)}
+        for node in contains(cls, lambda n: isinstance(n, (cst.Assign, cst.AnnAssign, cst.Call)), into_functions=True):
+            if isinstance(node, cst.Call):
+                func = node.func
+                if isinstance(func, cst.Name) and func.value == "setattr":
+                    return True
+                if not isinstance(func, cst.Attribute):
+                    continue
+                owner = func.value
+                if isinstance(owner, cst.Name) and owner.value == "self":
+                    if func.attr.value.startswith(("register_", "add_module")):
+                        return True
+                    if func.attr.value not in methods | _MODULE_METHODS and func.attr.value != wrapped:
+                        return True  # `self.head(x)`: a module held here
+                elif _is_self_attribute(owner) and owner.attr.value != wrapped and func.attr.value == "parameters":
+                    return True
+                continue
+            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+            for target in targets:
+                if not _is_self_attribute(target) or target.attr.value == wrapped or node.value is None:
+                    continue
+                value = node.value
+                if isinstance(value, cst.Call):
+                    qualified = resolve(value.func) or ""
+                    if qualified.startswith("torch.nn.") or not qualified.startswith("torch."):
+                        return True  # a torch.nn module or parameter, or what an unknown builder returns
+        return False
 
     def _is_layer_container(self, expr: cst.BaseExpression, scope: Scope) -> bool:
         """Whether ``expr`` is bound to ``nn.Sequential(...)``: its items are layers of one model."""
@@ -591,3 +626,17 @@ def _operands(expr: cst.CSTNode) -> list[cst.CSTNode]:
                               cst.ComparisonTarget, cst.DictElement, cst.StarredDictElement, cst.CompFor,
                               cst.CompIf, cst.FormattedStringExpression))
     ]
+
+
+# nn.Module's own methods, which a subclass calls on itself (`self.train()`): no module of its own.
+_MODULE_METHODS = frozenset(
+    {
+        "train", "eval", "parameters", "named_parameters", "buffers", "named_buffers", "children", "modules",
+        "named_modules", "state_dict", "load_state_dict", "to", "cuda", "cpu", "half", "float", "double", "type",
+        "apply", "zero_grad", "forward", "requires_grad_",
+    }
+)
+
+
+def _is_self_attribute(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from typing import Union
@@ -253,6 +254,100 @@ def _returns_its_argument(cls: ast.ClassDef, method: str) -> bool:
             first = node.args.args[1].arg
             return any(isinstance(r.value, ast.Name) and r.value.id == first for r in returned)
     return False
+
+
+@dataclass(frozen=True)
+class Importer:
+    """A module of the project that imports a given one (found by its bytes, not parsed)."""
+
+    path: str
+    line: int
+    trains: bool  # it calls `.backward(` itself
+
+    def where(self, seen_from: str) -> str:
+        return f"{os.path.relpath(self.path, seen_from)}:{self.line}"
+
+
+def importers(path: str, uses: str) -> list[Importer]:
+    """The project's modules that import the module at ``path`` (``from gpt2_training.train_utils import
+    load_model``, ``import model``, ``from . import train_utils``): first those that name ``uses`` (the
+    function or class that holds the wrap), then those that run a backward pass.
+
+    Found by a bounded byte search of the project's tree (at most ``_SEARCH_FILES`` files of at most
+    ``_SEARCH_BYTES`` each, read once per run): a module's importers are never among what it imports, so
+    project reading alone does not see them. Without a project marker the tree searched is the top package's
+    directory (its parent when the file is in no package)."""
+    path = os.path.abspath(path)
+    directory = os.path.dirname(path)
+    top = find_root(directory) or _above_package(directory)
+    if top == directory and not os.path.exists(os.path.join(directory, "__init__.py")):
+        top = os.path.dirname(directory)
+    relative = os.path.relpath(path, top)[: -len(".py")].replace(os.sep, ".")
+    parts = relative.split(".")
+    if parts[-1] == "__init__":
+        parts.pop()
+    if not parts or ".." in relative:
+        return []
+    found = []
+    for other, data in _tree(top):
+        if other != path and parts[-1].encode() in data:
+            line = _import_line(data, parts, os.path.dirname(other) in (directory, os.path.dirname(directory)))
+            if line:
+                found.append((uses.encode() not in data, Importer(other, line, b".backward(" in data)))
+    found.sort(key=lambda entry: (entry[0], not entry[1].trains, entry[1].path))
+    return [importer for _, importer in found]
+
+
+def trees_searched() -> list[tuple[str, int, int]]:
+    """The trees searched for importers so far in this process, with their files and bytes (for
+    benchmarks/real_projects.py)."""
+    return sorted((top, len(files), sum(len(data) for _, data in files)) for top, files in _SEARCHED.items())
+
+
+_SEARCHED: dict[str, tuple[tuple[str, bytes], ...]] = {}
+_SEARCH_FILES = 5000
+_SEARCH_BYTES = 1 << 20
+_SKIPPED_DIRECTORIES = frozenset({"node_modules", "site-packages", "__pycache__", "build", "dist"})
+
+
+@cache
+def _tree(top: str) -> tuple[tuple[str, bytes], ...]:
+    files = []
+    for directory, subdirectories, names_here in os.walk(top):
+        subdirectories[:] = sorted(
+            d for d in subdirectories if not d.startswith(".") and d not in _SKIPPED_DIRECTORIES and "venv" not in d
+        )
+        for name in sorted(names_here):
+            if not name.endswith(".py"):
+                continue
+            if len(files) == _SEARCH_FILES:
+                _SEARCHED[top] = found = tuple(files)
+                return found
+            file = os.path.join(directory, name)
+            try:
+                if os.path.getsize(file) <= _SEARCH_BYTES:
+                    with open(file, "rb") as handle:
+                        files.append((file, handle.read()))
+            except OSError:
+                continue
+    _SEARCHED[top] = found = tuple(files)
+    return found
+
+
+def _import_line(data: bytes, parts: list[str], nearby: bool) -> int:
+    """The line of ``data`` that imports the module ``parts`` names (any dotted suffix of it), or 0."""
+    last = re.escape(parts[-1])
+    patterns = []
+    for start in range(len(parts)):
+        name = r"\.".join(map(re.escape, parts[start:]))
+        patterns.append(rf"import\s+(?:[\w.]+\s*,\s*)*{name}(?![\w.])|from\s+{name}\s+import\b")
+        if start < len(parts) - 1:
+            parent = r"\.".join(map(re.escape, parts[start:-1]))
+            patterns.append(rf"from\s+{parent}\s+import\s+[^#\n]*(?<![\w.]){last}(?![\w.])")
+    if nearby:  # `from .train_utils import x`, `from . import train_utils`
+        patterns.append(rf"from\s+\.+{last}\s+import\b|from\s+\.+\s+import\s+[^#\n]*(?<![\w.]){last}(?![\w.])")
+    match = re.compile(rb"^[ \t]*(?:" + "|".join(patterns).encode() + rb")", re.MULTILINE).search(data)
+    return data.count(b"\n", 0, match.start()) + 1 if match else 0
 
 
 def project_of(path: str) -> Project | None:

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import builtins
+import os
+from typing import Optional
 
 import libcst as cst
 
-from mgpu_migrate.analysis.project import project_of
+from mgpu_migrate.analysis.project import importers, project_of
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.rules.base import CHECKS, DDP, Example, Rule
 from mgpu_migrate.rules.remote_training import INFERENCE_ONLY
 
 TRAINED_ELSEWHERE = "MGP285"
 EVALUATED_ELSEWHERE = "MGP286"
+TRAINED_BY_IMPORTER = "MGP320"
 _BUILTINS = frozenset(dir(builtins))
 
 
@@ -25,7 +28,11 @@ class ProjectTraining(Rule):
     whose code, or a project class it derives from, runs the backward pass. The file is then left as it is,
     and the diagnostic names the definition that trains (MGP285). When the model only goes to project code
     that runs no backward pass (``fill_memory_bank(loader, model, bank)``) or to this file's functions, and
-    no optimizer is made here, the file evaluates: it is left as DataParallel (MGP286).
+    no optimizer is made here, the file evaluates: it is left as DataParallel (MGP286). When the wrap is in
+    a function that returns the model (``load_model()``) or in a class that holds it (``self.model =
+    DataParallel(...)`` in a wrapper ``nn.Module``), the model goes to the modules that import this one, which
+    a bounded byte search of the project finds: the file is left, and the diagnostic names the importer that
+    uses the function or class (MGP320).
 
     ## Why is this bad?
     The training step, its loss and the loop over the data are in that module: the tool cannot tell from
@@ -50,8 +57,9 @@ class ProjectTraining(Rule):
 
     CODE = TRAINED_ELSEWHERE
     PHASE = CHECKS
-    VETOES = frozenset({TRAINED_ELSEWHERE, EVALUATED_ELSEWHERE})
+    VETOES = frozenset({TRAINED_ELSEWHERE, EVALUATED_ELSEWHERE, TRAINED_BY_IMPORTER})
     REVIEW_CODES = {
+        TRAINED_BY_IMPORTER: "the model goes to the modules that import this one, which train it: file left as it is",
         TRAINED_ELSEWHERE: "the model is trained in another module of the project: file left as it is",
         EVALUATED_ELSEWHERE: "the model is only evaluated, here and in the project's code it goes to: file left as it is",
     }
@@ -99,6 +107,18 @@ class ProjectTraining(Rule):
                 "of another module: file left as it is",
             )
             return
+        holder = self._holder(program.wraps[0])
+        found = importers(self.analysis.path, holder.name.value) if holder is not None else []
+        if found:
+            kind = "class" if isinstance(holder, cst.ClassDef) else "function"
+            where = found[0].where(os.path.dirname(os.path.abspath(self.analysis.path)))
+            self.left(
+                program.wraps[0],
+                TRAINED_BY_IMPORTER,
+                f"no training here: the {kind} `{holder.name.value}` hands the model to the modules importing this one "
+                f"({where}{', which trains' if found[0].trains else ''}): migrate there; file left as it is",
+            )
+            return
         # The model runs (in this file, or in the project's code it goes to), and nothing can train it; an
         # evaluation script that MGP263 already leaves needs no second word.
         runs = bool(evaluated) or bool(self.analysis.models.model_calls())
@@ -113,6 +133,25 @@ class ProjectTraining(Rule):
                 EVALUATED_ELSEWHERE,
                 f"the model is only evaluated (it goes to {where}, no backward pass, no optimizer): file left as it is",
             )
+
+    def _holder(self, wrap: cst.Call) -> Optional[cst.FunctionDef | cst.ClassDef]:
+        """The function that returns the wrapped model to its callers, or the class whose method keeps it on
+        ``self``: what the modules importing this one use to get the model."""
+        tree = self.analysis.tree
+        function = tree.function(wrap)
+        if function is None:
+            return None
+        cls = next((node for node in tree.ancestors(function) if isinstance(node, cst.ClassDef)), None)
+        statement = next((node for node in tree.ancestors(wrap) if isinstance(node, cst.Assign)), None)
+        if cls is not None and statement is not None:
+            if any(isinstance(t.target, cst.Attribute) and _is_self_attribute(t.target) for t in statement.targets):
+                return cls
+        models = self.analysis.models
+        scope = self.analysis.values.scope_of(wrap)
+        for returned in contains(function, lambda n: isinstance(n, cst.Return)):
+            if returned.value is not None and models.model_sites(returned.value, scope):
+                return function
+        return None
 
     def _stays_here(self, call: cst.Call, qualified) -> bool:
         """A call that cannot train the model out of sight: a function of this file (which runs no backward
@@ -142,3 +181,7 @@ class ProjectTraining(Rule):
         scope = self.analysis.values.scope_of(call)
         models = self.analysis.models
         return any(models.model_sites(arg.value, scope) for arg in call.args)
+
+
+def _is_self_attribute(target: cst.Attribute) -> bool:
+    return isinstance(target.value, cst.Name) and target.value.value == "self"

@@ -37,6 +37,13 @@ TRAINING_DATA_NOT_FOLLOWED = "MGP235"
 SUMMED_LOSS = "MGP236"
 CUSTOM_SAMPLER = "MGP237"
 ITERABLE_DATASET = "MGP238"
+# GlobalCount's rewrite (MGP140): a count of the batch summed over the processes.
+GLOBAL_COUNT = "MGP140"
+# Calls that count what they are called on (``mask.sum()``, ``x.numel()``), and those that make a mask to count.
+_COUNTING = frozenset({"sum", "count_nonzero", "numel", "nelement"})
+_MASKS = frozenset({"ne", "eq", "gt", "ge", "lt", "le", "bool"})
+_CONVERSIONS = frozenset({"item", "int", "float", "long", "cpu", "detach"})
+_BUILTIN_CONVERSIONS = frozenset({"int", "float"})
 
 
 class TrainingData(Rule):
@@ -162,6 +169,8 @@ class TrainingData(Rule):
             if summed[trace.loop] is not None:
                 self._report_once(reported, trace.loop, SUMMED_LOSS, self._summed_message(summed[trace.loop]))
             elif trace.origin is None:
+                if any(other.loop is trace.loop and other.origin is not None for other in flow.traces):
+                    continue  # the loop draws its batches from a loader the analysis followed
                 data = self._drawn_data(trace)
                 if data is not None:
                     self._report_once(
@@ -176,6 +185,27 @@ class TrainingData(Rule):
                 if point not in wrapped and self.rewrite_allowed(point):
                     wrapped.add(point)
                     self._distribute(point, trace.origin, trace)
+        split = dict.fromkeys(trace.loop for trace in flow.traces if any(step in wrapped for step in trace.path))
+        respelled: set[cst.Call] = set()
+        for draw, path in flow.old_draws:
+            if draw not in respelled and any(step in wrapped for step in path) and self.rewrite_allowed(draw):
+                respelled.add(draw)
+                self.edits.replace(draw, lambda call: cst.Call(cst.Name("next"), [cst.Arg(call.func.value)]))
+                self.rewrote(
+                    draw,
+                    f"`{shorten(code(draw), 30)}` drawn with `next()`: the distributed loader's iterator, like torch's "
+                    "since 1.0, has no Python 2 `.next()`",
+                )
+        counters = dict.fromkeys(counter for loop in split for counter in self._sample_counters(loop))
+        for counter in counters:
+            if self.rewrite_allowed(counter.value):
+                self.edits.replace(counter.value, lambda expr: runtime_call("reduce_sum", expr))
+                self.rewrote(
+                    counter,
+                    f"`{shorten(code(counter.target), 30)}` counts the samples of the global batch (summed over the "
+                    "processes), as the original did",
+                    GLOBAL_COUNT,
+                )
         for trace in flow.traces:
             if not trace.training and trace.kind == LOADER and flow.feeds(trace.origin) == {False}:
                 self._report_once(
@@ -239,6 +269,60 @@ class TrainingData(Rule):
         if node not in reported:
             reported.add(node)
             self.left(node, code, message)
+
+    # -- schedules counted in samples ---------------------------------------------------------------
+    def _sample_counters(self, loop: cst.For) -> list[cst.AugAssign]:
+        """``used_sample += real_image.shape[0]``, ``self.tokens += (y >= 0).sum()`` in a training loop whose
+        data is split (or in the function of this file that runs its backward pass), whose total the file
+        compares with something (a progressive-growing phase, a warm-up ``if``): counted on each process's
+        share, the schedule it drives would run W times slower, and differ between processes."""
+        tree = self.analysis.tree
+        code = self.analysis.module.code_for_node
+        regions = [loop.body]
+        regions += [
+            function
+            for function in (tree.function(call) for call in self.analysis.loaders.backward_calls(loop))
+            if function is not tree.function(loop)
+        ]
+        comparisons = contains(self.analysis.module, lambda n: isinstance(n, cst.Comparison), into_functions=True)
+        compared = {
+            code(node)
+            for comparison in comparisons
+            for node in contains(comparison, lambda n: isinstance(n, (cst.Name, cst.Attribute)))
+        }
+        found: list[cst.AugAssign] = []
+        for region in dict.fromkeys(regions):
+            if region is None:
+                continue
+            added = contains(region, lambda n: isinstance(n, cst.AugAssign) and isinstance(n.operator, cst.AddAssign))
+            for node in added:
+                if code(node.target) in compared and self._counts_samples(node.value) and node not in found:
+                    found.append(node)
+        return found
+
+    def _counts_samples(self, value: cst.BaseExpression) -> bool:
+        while isinstance(value, cst.Call):
+            func = value.func
+            if isinstance(func, cst.Name) and func.value in _BUILTIN_CONVERSIONS and len(value.args) == 1:
+                value = value.args[0].value
+            elif isinstance(func, cst.Attribute) and func.attr.value in _CONVERSIONS and not value.args:
+                value = func.value
+            else:
+                break
+        if is_row_count(self.analysis, value):
+            return True
+        if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Attribute) or value.args:
+            return False
+        counted, receiver = value.func.attr.value, value.func.value
+        if counted in ("numel", "nelement"):
+            return True
+        if counted not in _COUNTING:
+            return False
+        return isinstance(receiver, cst.Comparison) or (
+            isinstance(receiver, cst.Call)
+            and isinstance(receiver.func, cst.Attribute)
+            and receiver.func.attr.value in _MASKS
+        )
 
     # -- sum-reduced losses ------------------------------------------------------------------------
     def _summed_loss(self, loop: cst.For) -> Optional[cst.CSTNode]:

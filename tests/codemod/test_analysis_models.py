@@ -194,19 +194,32 @@ class TestWhereOutputsGo:
     def test_a_sub_module_wrap(self):
         analysis = analyse(
             """
+            import torch
             import torch.nn as nn
             class Net(nn.Module):
                 def __init__(self):
                     self.encoder = nn.DataParallel(Encoder())
+                    self.decoder = nn.Linear(8, 2)
             model.features = nn.DataParallel(model.features)
             class Trainer:
                 def __init__(self, model):
                     self.model = nn.DataParallel(model)
+            class Model(nn.Module):  # RCAN's wrapper: the model is all it holds, so this wraps a whole model
+                def __init__(self, args):
+                    self.scale = args.scale
+                    self.device = torch.device('cuda')
+                    self.model = make_model(args).to(self.device)
+                    self.model = nn.DataParallel(self.model)
+                def forward(self, x):
+                    return self.model(x) if self.training else self.forward_chop(x)
+                def forward_chop(self, x):
+                    return self.model(x)
             """
         )
         assert [analysis.models.is_submodule(site) for site in analysis.models.sites] == [
             "self.encoder",
             "model.features",
+            None,
             None,
         ]
 

@@ -84,8 +84,10 @@ def _weights(path: Path) -> dict:
 
 # Runs scripts one after the other in one interpreter, as `python SCRIPT` would (importing torch once
 # instead of once a script): each as __main__, with its own argv and FIXTURE_OUTPUT.
+# A script's reference cycles (a generator of its own suspended over a loader, whose frame holds the script's
+# globals) are collected before the next script starts, as the end of its process would.
 _IN_TURN = """
-import json, os, runpy, sys
+import gc, json, os, runpy, sys
 for script, output, *replicas in json.loads(sys.argv[-1]):
     os.environ.pop("MGPU_CPU_REPLICAS", None)
     if replicas:
@@ -93,6 +95,7 @@ for script, output, *replicas in json.loads(sys.argv[-1]):
     os.environ["FIXTURE_OUTPUT"] = output
     sys.argv = [script]
     runpy.run_path(script, run_name="__main__")
+    gc.collect()
 """
 
 

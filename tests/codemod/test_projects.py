@@ -155,3 +155,14 @@ def test_the_particles_left_by_mgp311_would_change_under_ddp():
             torch.manual_seed(0)
             drawn = torch.randn(copies * len(span), 3, dtype=torch.float64).view(copies, len(span), 3)
             assert (drawn - whole[:, span]).abs().max() > 1e-3
+
+
+def test_a_builder_names_the_module_that_imports_it():
+    """Importers are never among a module's imports: a bounded byte search of the project finds them, also when
+    only the builder is passed (a pre-commit run over the changed file)."""
+    builder = FIXTURES / "projects" / "builders" / "models" / "loading.py"
+    result = migrate_source(builder.read_text(), "ddp", str(builder))
+    assert codes(result) == ["MGP320"] and "../train.py:6, which trains" in result.diagnostics[0].message
+    assert result.output == builder.read_text()
+    found = project.importers(str(builder), "load_model")
+    assert [(importer.line, importer.trains) for importer in found] == [(6, True)]
