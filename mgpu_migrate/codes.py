@@ -5,7 +5,7 @@ Codes are stable (users silence them with ``# noqa: CODE``, scripts grep for the
 * ``MGP0xx`` (kind ``error``): the file itself could not be processed; it is left byte-identical.
 * ``MGP1xx`` (kind ``rewrite``): a rewrite the tool made. Its page is the owning rule's doc (What it does /
   Why is this bad? / Example / Use instead / Fix safety).
-* ``MGP2xx`` (kind ``review``): a site left as it was, for a person to look at. Its page says what the tool
+* ``MGP2xx``, ``MGP3xx`` (kind ``review``): a site left as it was, for a person to look at. Its page says what the tool
   found, why it left the site, and what to do.
 
 A rule declares its codes in one place: ``CODE`` (its rewrite, or its main review code) and ``REVIEW_CODES``
@@ -346,6 +346,23 @@ _REVIEW_PAGES = {
         "migration every process draws them for its own rows, and the processes, seeded alike, draw the same "
         "ones.",
         "Seed each process differently, e.g. with `seed + mgpu_runtime.rank()`.",
+    ),
+    "MGP330": (
+        "rank-mean-metric",
+        "A training loop whose data is split adds up a mean over this process's rows that is no loss (an accuracy "
+        "`(pred == y).float().mean()`): printed, logged or compared with the best so far, it is the process's "
+        "share of the batch, not the batch's.",
+        "Weigh it by the rows it averaged over: `mgpu_runtime.reduce_mean(value, count=len(y))` is the global "
+        "batch's mean; or count instead (`correct += (pred == y).sum()`), which the tool sums over the processes "
+        "(MGP180).",
+    ),
+    "MGP331": (
+        "rank-count-metric",
+        "Under `--style torch`, a training loop whose data is split adds up a count of this process's rows "
+        "(`correct += pred.eq(y).sum().item()`, `total += y.size(0)`): printed, logged or compared with the best "
+        "so far, it is the process's share of the batch, not the batch's.",
+        "Sum it over the processes before it is read (`dist.all_reduce` of a tensor holding it), or migrate with "
+        "the default style, which sums it with `mgpu_runtime.reduce_sum` (MGP180).",
     ),
     "MGP261": (
         "file-written-by-every-process",
