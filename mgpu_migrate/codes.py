@@ -121,8 +121,10 @@ _REVIEW_PAGES = {
         "loss-out-of-sight",
         "No loss on this model's outputs is computed in this file: the outputs, or the model, go to code the "
         "tool cannot see (a caller, another module), where the loss runs on the gathered output.",
-        "Wrap that criterion in `mgpu_runtime.DataParallelCriterion` where it is built, or leave it: the loss is "
-        "computed on the gathered output, as before.",
+        "Wrap that criterion in `mgpu_runtime.DataParallelCriterion` where it is built if it is a torch loss "
+        "of rows (cross-entropy, MSE ...), or leave it: the loss is computed on the gathered output, as before. "
+        "Leave a loss that compares the rows of a batch (a batch-hard triplet loss, a contrastive or "
+        "Jensen-Shannon loss over the batch): computed per piece it would be another loss, with no error.",
     ),
     "MGP206": (
         "submodule-loss-gathered",
@@ -168,7 +170,10 @@ _REVIEW_PAGES = {
         "A wrapped criterion can also come from code the tool cannot follow (a factory of another module, a "
         "parameter passed from outside the file), so that one is not wrapped.",
         "Wrap it where it is built, in `mgpu_runtime.DataParallelCriterion` (balanced) or "
-        "`mgpu_runtime.DistributedCriterion` (ddp).",
+        "`mgpu_runtime.DistributedCriterion` (ddp), if it is a loss of rows (a torch loss, a mean over the rows). "
+        "Not a loss that compares the rows of a batch (a batch-hard triplet loss, a contrastive or Jensen-Shannon "
+        "loss over the batch): on a piece of the batch it is another loss, with no error; under --to ddp such a "
+        "loss leaves the file (MGP287 for a project's loss class).",
     ),
     "MGP214": (
         "starred-wrap-arguments",
