@@ -369,6 +369,14 @@ _REVIEW_PAGES = {
         "Sum it over the processes before it is read (`dist.all_reduce` of a tensor holding it), or migrate with "
         "the default style, which sums it with `mgpu_runtime.reduce_sum` (MGP180).",
     ),
+    "MGP332": (
+        "writer-on-every-process",
+        "A TensorBoard `SummaryWriter` is built by every process of the distributed run: each writes an event "
+        "file of its own into the log directory, so TensorBoard shows every scalar, image and histogram once per "
+        "process (the values are the same where they are global, such as the runtime's losses).",
+        "Build it on the main process only (`writer = SummaryWriter(...) if mgpu_runtime.is_main_process() else "
+        "None`) and log under `if writer is not None:`, or give each process a directory of its own.",
+    ),
     "MGP261": (
         "file-written-by-every-process",
         "A file is written by every process: all write it at once, so one process's content wins, lines are "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mgpu_migrate.analysis.batch import is_row_count
+from mgpu_migrate.analysis.guards import under_main_process_block
 from mgpu_migrate.analysis.loaders import DISTRIBUTED
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
@@ -17,6 +18,8 @@ GLOBAL_METRIC = "MGP180"
 # The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
 RANK_MEAN_METRIC = "MGP330"
 RANK_COUNT_METRIC = "MGP331"
+WRITER_ON_EVERY_PROCESS = "MGP332"
+_SUMMARY_WRITERS = frozenset({"torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.writer.SummaryWriter", "tensorboardX.SummaryWriter"})
 # What makes a mean a metric of predictions rather than a loss: a comparison of outputs and targets.
 _COMPARING_METHODS = frozenset({"eq", "ne", "argmax", "topk"})
 
@@ -59,6 +62,8 @@ class GlobalMetrics(Rule):
     migration splits are touched: a loader left whole gives every process the whole batch, already the
     original's count. A mean over the rows cannot be summed (MGP330): ``mgpu_runtime.reduce_mean(value,
     count=rows)`` is the batch's. Under ``--style torch`` (no runtime) counts are reported (MGP331), not rewritten.
+    A TensorBoard ``SummaryWriter`` built outside a main-process-only block is reported (MGP332): every process
+    writes an event file of its own into the log directory, and TensorBoard shows each value once per process.
     """
 
     CODE = GLOBAL_METRIC
@@ -67,6 +72,7 @@ class GlobalMetrics(Rule):
     REVIEW_CODES = {
         RANK_MEAN_METRIC: "a running mean over the process's rows (an accuracy): printed or logged, it is the process's share",
         RANK_COUNT_METRIC: "--style torch: a running count of the process's rows: printed or logged, it is the process's share",
+        WRITER_ON_EVERY_PROCESS: "a TensorBoard SummaryWriter built by every process: each value is logged once per process",
     }
     DESCRIPTION = "running counts of a split training loop's rows summed over the processes"
     TARGETS = (DDP,)
@@ -132,6 +138,7 @@ class GlobalMetrics(Rule):
     def apply(self) -> None:
         if not self.program.migrates:
             return
+        self._report_writers()
         code = self.analysis.module.code_for_node
         for loop in self._split_loops():
             bound = _bound_names(loop)
@@ -165,6 +172,16 @@ class GlobalMetrics(Rule):
                         f"`{name}` adds up a mean over this process's rows: printed or logged, it is this process's "
                         f"share; {RUNTIME}.reduce_mean(value, count=rows) is the batch's",
                     )
+
+    def _report_writers(self) -> None:
+        for call in self.analysis.calls:
+            if self.analysis.resolve(call.func) in _SUMMARY_WRITERS and not under_main_process_block(self.analysis, call):
+                self.left(
+                    call,
+                    WRITER_ON_EVERY_PROCESS,
+                    "every process writes a TensorBoard event file of its own here: each value is logged once per "
+                    f"process; build and use it under `if {RUNTIME}.is_main_process():`",
+                )
 
     def _split_loops(self) -> list[cst.For]:
         """The training loops whose data this migration splits (or a runtime loader already split)."""
