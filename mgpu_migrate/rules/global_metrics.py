@@ -179,7 +179,7 @@ class GlobalMetrics(Rule):
                 self.left(
                     call,
                     WRITER_ON_EVERY_PROCESS,
-                    "every process writes a TensorBoard event file of its own here: each value is logged once per "
+                    "every process writes a TensorBoard event file of its own: each value is logged once per "
                     f"process; build and use it under `if {RUNTIME}.is_main_process():`",
                 )
 
