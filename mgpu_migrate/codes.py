@@ -377,6 +377,15 @@ _REVIEW_PAGES = {
         "Build it on the main process only (`writer = SummaryWriter(...) if mgpu_runtime.is_main_process() else "
         "None`) and log under `if writer is not None:`, or give each process a directory of its own.",
     ),
+    "MGP333": (
+        "whole-ddp-pickled",
+        "Under `--style torch`, `torch.save(model, path)` pickles torch's `DistributedDataParallel` itself: "
+        "loading that file needs a process group set up (its unpickling looks for one), while the original's "
+        "file held an `nn.DataParallel` that loads with torch alone, into loader code that goes on with "
+        "`model.module` or `model.eval()`.",
+        "Save what the original saved: `torch.save(torch.nn.DataParallel(model.module), path)`; or migrate "
+        "with the default style, whose wrapper pickles as that DataParallel.",
+    ),
     "MGP261": (
         "file-written-by-every-process",
         "A file is written by every process: all write it at once, so one process's content wins, lines are "
