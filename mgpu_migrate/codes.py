@@ -386,6 +386,14 @@ _REVIEW_PAGES = {
         "Save what the original saved: `torch.save(torch.nn.DataParallel(model.module), path)`; or migrate "
         "with the default style, whose wrapper pickles as that DataParallel.",
     ),
+    "MGP334": (
+        "conditional-count",
+        "A training loop whose data is split adds up a count of this process's rows under an `if` (or a `try`) "
+        "of the loop: printed or logged, it is the process's share. The tool does not sum it there: the test may "
+        "hold on some processes only (`if mask.any():`), and a sum that the others never reach waits forever.",
+        "Sum the count over the processes where every process passes, after the loop "
+        "(`correct = mgpu_runtime.reduce_sum(correct)`), or count unconditionally (a count of zero rows is 0).",
+    ),
     "MGP261": (
         "file-written-by-every-process",
         "A file is written by every process: all write it at once, so one process's content wins, lines are "

@@ -19,6 +19,7 @@ GLOBAL_METRIC = "MGP180"
 RANK_MEAN_METRIC = "MGP330"
 RANK_COUNT_METRIC = "MGP331"
 WRITER_ON_EVERY_PROCESS = "MGP332"
+CONDITIONAL_COUNT = "MGP334"
 _SUMMARY_WRITERS = frozenset({"torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.writer.SummaryWriter", "tensorboardX.SummaryWriter"})
 # What makes a mean a metric of predictions rather than a loss: a comparison of outputs and targets.
 _COMPARING_METHODS = frozenset({"eq", "ne", "argmax", "topk"})
@@ -62,7 +63,8 @@ class GlobalMetrics(Rule):
     migration splits are touched: a loader left whole gives every process the whole batch, already the
     original's count. A mean over the rows cannot be summed (MGP330): ``mgpu_runtime.reduce_mean(value,
     count=rows)`` is the batch's. Under ``--style torch`` (no runtime) counts are reported (MGP331), not rewritten.
-    A TensorBoard ``SummaryWriter`` built outside a main-process-only block is reported (MGP332): every process
+    A count under an ``if`` of the loop is reported (MGP334), not summed: a sum that only the processes whose
+    rows pass the test reach would wait forever for the others. A TensorBoard ``SummaryWriter`` built outside a main-process-only block is reported (MGP332): every process
     writes an event file of its own into the log directory, and TensorBoard shows each value once per process.
     """
 
@@ -73,6 +75,7 @@ class GlobalMetrics(Rule):
         RANK_MEAN_METRIC: "a running mean over the process's rows (an accuracy): printed or logged, it is the process's share",
         RANK_COUNT_METRIC: "--style torch: a running count of the process's rows: printed or logged, it is the process's share",
         WRITER_ON_EVERY_PROCESS: "a TensorBoard SummaryWriter built by every process: each value is logged once per process",
+        CONDITIONAL_COUNT: "a running count of the process's rows under an `if` of the loop: the process's share, not summed",
     }
     DESCRIPTION = "running counts of a split training loop's rows summed over the processes"
     TARGETS = (DDP,)
@@ -157,6 +160,13 @@ class GlobalMetrics(Rule):
                         f"`{name}` adds up a count of this process's rows: printed or logged, it is this process's "
                         "share; sum it over the processes (dist.all_reduce) for the batch's",
                     )
+                elif counts and self._conditional(update, loop):
+                    self.left(
+                        value,
+                        CONDITIONAL_COUNT,
+                        f"`{name}` adds up a count of this process's rows under an `if`: it is this process's share "
+                        f"(a {RUNTIME}.reduce_sum there could wait for processes that skip it)",
+                    )
                 elif counts and self.rewrite_allowed(value):
                     self.edits.replace(value, wrap_in_runtime("reduce_sum"))
                     self.edits.need_import(RUNTIME)
@@ -191,6 +201,15 @@ class GlobalMetrics(Rule):
             if trace.training and split and isinstance(trace.loop, cst.For) and trace.loop not in loops:
                 loops.append(trace.loop)
         return loops
+
+    def _conditional(self, node: cst.CSTNode, loop: cst.For) -> bool:
+        """Whether an ``if`` (or a conditional expression) of ``loop``'s body decides whether ``node`` runs."""
+        for ancestor in self.analysis.tree.ancestors(node):
+            if ancestor is loop:
+                return False
+            if isinstance(ancestor, (cst.If, cst.IfExp, cst.Try)):
+                return True
+        return False
 
     def _loop_of(self, node: cst.CSTNode) -> cst.CSTNode | None:
         """The innermost loop around ``node`` (an evaluation loop inside a training loop is its own)."""
