@@ -141,7 +141,8 @@ class GlobalMetrics(Rule):
     def apply(self) -> None:
         if not self.program.migrates:
             return
-        self._report_writers()
+        torch_style = self.options.style == TORCH_STYLE
+        self._report_writers("dist.get_rank() == 0" if torch_style else f"{RUNTIME}.is_main_process()")
         code = self.analysis.module.code_for_node
         for loop in self._split_loops():
             bound = _bound_names(loop)
@@ -153,7 +154,7 @@ class GlobalMetrics(Rule):
                     continue  # not computed from this step's batch (`total += args.batch_size`)
                 name = shorten(code(update.target), 30)
                 counts = is_count(value) or is_row_count(self.analysis, value)
-                if counts and self.options.style == TORCH_STYLE:
+                if counts and torch_style:
                     self.left(
                         value,
                         RANK_COUNT_METRIC,
@@ -176,21 +177,22 @@ class GlobalMetrics(Rule):
                         f"({RUNTIME}.reduce_sum), the global batch's count, as the original counted",
                     )
                 elif _compared_mean(value):
+                    weighed = "weigh it by its rows and sum" if torch_style else f"{RUNTIME}.reduce_mean(value, count=rows)"
                     self.left(
                         value,
                         RANK_MEAN_METRIC,
                         f"`{name}` adds up a mean over this process's rows: printed or logged, it is this process's "
-                        f"share; {RUNTIME}.reduce_mean(value, count=rows) is the batch's",
+                        f"share; {weighed} for the batch's",
                     )
 
-    def _report_writers(self) -> None:
+    def _report_writers(self, main_process: str) -> None:
         for call in self.analysis.calls:
             if self.analysis.resolve(call.func) in _SUMMARY_WRITERS and not under_main_process_block(self.analysis, call):
                 self.left(
                     call,
                     WRITER_ON_EVERY_PROCESS,
                     "every process writes a TensorBoard event file of its own: each value is logged once per "
-                    f"process; build and use it under `if {RUNTIME}.is_main_process():`",
+                    f"process; build and use it under `if {main_process}:`",
                 )
 
     def _split_loops(self) -> list[cst.For]:
@@ -203,11 +205,11 @@ class GlobalMetrics(Rule):
         return loops
 
     def _conditional(self, node: cst.CSTNode, loop: cst.For) -> bool:
-        """Whether an ``if`` (or a conditional expression) of ``loop``'s body decides whether ``node`` runs."""
+        """Whether an ``if`` (or a ``try``) of ``loop``'s body decides whether ``node`` runs."""
         for ancestor in self.analysis.tree.ancestors(node):
             if ancestor is loop:
                 return False
-            if isinstance(ancestor, (cst.If, cst.IfExp, cst.Try)):
+            if isinstance(ancestor, (cst.If, cst.Try)):
                 return True
         return False
 
