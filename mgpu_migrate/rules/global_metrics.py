@@ -29,7 +29,8 @@ class GlobalMetrics(Rule):
     """
     ## What it does
     In a training loop whose data is split across the processes, a running count of the batch's rows
-    (``correct += pred.eq(y).sum().item()``, ``total += y.size(0)``) adds up the global batch's count:
+    (``correct += pred.eq(y).sum().item()``, ``total += y.size(0)``), or a sum over them
+    (``running_loss += loss.item() * x.size(0)``), adds up the global batch's:
     ``correct += mgpu_runtime.reduce_sum(pred.eq(y).sum().item())``. A running mean over the rows that is not
     a loss (``acc += (pred == y).float().mean()``) is reported (MGP330).
 
@@ -153,7 +154,7 @@ class GlobalMetrics(Rule):
                 if not any(isinstance(n, cst.Name) and n.value in bound for n in contains(value, lambda _: True)):
                     continue  # not computed from this step's batch (`total += args.batch_size`)
                 name = shorten(code(update.target), 30)
-                counts = is_count(value) or is_row_count(self.analysis, value)
+                counts = is_count(value) or is_row_count(self.analysis, value) or self._times_rows(value)
                 if counts and torch_style:
                     self.left(
                         value,
@@ -173,8 +174,8 @@ class GlobalMetrics(Rule):
                     self.edits.need_import(RUNTIME)
                     self.rewrote(
                         value,
-                        f"`{name}` adds up a count of this process's rows: summed over the processes "
-                        f"({RUNTIME}.reduce_sum), the global batch's count, as the original counted",
+                        f"`{name}` adds up a count (or sum) of this process's rows: summed over the processes "
+                        f"({RUNTIME}.reduce_sum), the global batch's, as the original counted",
                     )
                 elif _compared_mean(value):
                     weighed = "weigh it by its rows and sum" if torch_style else f"{RUNTIME}.reduce_mean(value, count=rows)"
@@ -184,6 +185,15 @@ class GlobalMetrics(Rule):
                         f"`{name}` adds up a mean over this process's rows: printed or logged, it is this process's "
                         f"share; {weighed} for the batch's",
                     )
+
+    def _times_rows(self, value: cst.BaseExpression) -> bool:
+        """``loss.item() * x.size(0)``: a mean times the rows it averaged over, the rows' sum. Summed over the
+        processes it is the original's, whether the mean is the global batch's or the process's own."""
+        return (
+            isinstance(value, cst.BinaryOperation)
+            and isinstance(value.operator, cst.Multiply)
+            and (is_row_count(self.analysis, value.left) or is_row_count(self.analysis, value.right))
+        )
 
     def _report_writers(self, main_process: str) -> None:
         for call in self.analysis.calls:
