@@ -8,7 +8,12 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis import names
-from mgpu_migrate.analysis.guards import is_other_processes_condition, main_process_blocks, only_shows
+from mgpu_migrate.analysis.guards import (
+    is_other_processes_condition,
+    main_process_blocks,
+    only_shows,
+    under_main_process_block,
+)
 from mgpu_migrate.analysis.models import MODULE_METHODS_RETURNING_SELF
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
@@ -194,13 +199,10 @@ class MainProcessCollective(Rule):
         which waits for every process), unless a main-process-only block of its own holds it."""
         for call in contains(function.body, lambda n: isinstance(n, cst.Call)):
             qualified = self.analysis.resolve(call.func)
-            if qualified in _COLLECTIVES or qualified == "torch.save":
-                if not any(call in contains(block.body, lambda n: n is call) for block in self._blocks_in(function)):
-                    return qualified
+            waits = qualified in _COLLECTIVES or qualified == "torch.save"
+            if waits and not under_main_process_block(self.analysis, call):
+                return qualified
         return None
-
-    def _blocks_in(self, function: cst.FunctionDef) -> list[cst.If]:
-        return [block for block in main_process_blocks(self.analysis) if self.analysis.tree.function(block) is function]
 
     def _only_reads(self, function: cst.FunctionDef, position: int, arg: cst.Arg) -> bool:
         """Whether ``function`` only reads the model it gets as argument ``position`` (its ``state_dict()``,
