@@ -72,7 +72,8 @@ def _loaded(*folders: Path) -> dict:
     # Without the runtime on the path at all, and blocked should it be installed.
     environment = {name: value for name, value in _environment().items() if name != "PYTHONPATH"}
     done = subprocess.run(
-        [sys.executable, "-c", _LOAD, *map(str, folders)], env=environment, capture_output=True, text=True, timeout=TIMEOUT_S
+        [sys.executable, "-c", _LOAD, *map(str, folders)],
+        env=environment, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
