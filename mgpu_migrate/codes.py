@@ -131,8 +131,10 @@ _REVIEW_PAGES = {
         "loss-out-of-sight",
         "No loss on this model's outputs is computed in this file: the outputs, or the model, go to code the "
         "tool cannot see (a caller, another module), where the loss runs on the gathered output.",
-        "Wrap that criterion in `mgpu_runtime.DataParallelCriterion` where it is built, or leave it: the loss is "
-        "computed on the gathered output, as before.",
+        "Wrap that criterion in `mgpu_runtime.DataParallelCriterion` where it is built if it is a torch loss "
+        "of rows (cross-entropy, MSE ...), or leave it: the loss is computed on the gathered output, as before. "
+        "Leave a loss that compares the rows of a batch (a batch-hard triplet loss, a contrastive or "
+        "Jensen-Shannon loss over the batch): computed per piece it would be another loss, with no error.",
     ),
     "MGP206": (
         "submodule-loss-gathered",
@@ -178,7 +180,10 @@ _REVIEW_PAGES = {
         "A wrapped criterion can also come from code the tool cannot follow (a factory of another module, a "
         "parameter passed from outside the file), so that one is not wrapped.",
         "Wrap it where it is built, in `mgpu_runtime.DataParallelCriterion` (balanced) or "
-        "`mgpu_runtime.DistributedCriterion` (ddp).",
+        "`mgpu_runtime.DistributedCriterion` (ddp), if it is a loss of rows (a torch loss, a mean over the rows). "
+        "Not a loss that compares the rows of a batch (a batch-hard triplet loss, a contrastive or Jensen-Shannon "
+        "loss over the batch): on a piece of the batch it is another loss, with no error; under --to ddp such a "
+        "loss leaves the file (MGP287 for a project's loss class).",
     ),
     "MGP214": (
         "starred-wrap-arguments",
@@ -372,6 +377,48 @@ _REVIEW_PAGES = {
         "Draw with `torch.randn`/`rand(x.size(0), ...)`, `randn_like`/`rand_like(x)` or "
         "`torch.randint(low, high, (x.size(0), ...))`, which the runtime draws for the global batch and slices, "
         "then migrate; or use `--to balanced`.",
+    ),
+    "MGP330": (
+        "rank-mean-metric",
+        "A training loop whose data is split adds up a mean over this process's rows that is no loss (an accuracy "
+        "`(pred == y).float().mean()`): printed, logged or compared with the best so far, it is the process's "
+        "share of the batch, not the batch's.",
+        "Weigh it by the rows it averaged over: `mgpu_runtime.reduce_mean(value, count=len(y))` is the global "
+        "batch's mean; or count instead (`correct += (pred == y).sum()`), which the tool sums over the processes "
+        "(MGP180).",
+    ),
+    "MGP331": (
+        "rank-count-metric",
+        "Under `--style torch`, a training loop whose data is split adds up a count of this process's rows "
+        "(`correct += pred.eq(y).sum().item()`, `total += y.size(0)`): printed, logged or compared with the best "
+        "so far, it is the process's share of the batch, not the batch's.",
+        "Sum it over the processes before it is read (`dist.all_reduce` of a tensor holding it), or migrate with "
+        "the default style, which sums it with `mgpu_runtime.reduce_sum` (MGP180).",
+    ),
+    "MGP332": (
+        "writer-on-every-process",
+        "A TensorBoard `SummaryWriter` is built by every process of the distributed run: each writes an event "
+        "file of its own into the log directory, so TensorBoard shows every scalar, image and histogram once per "
+        "process (the values are the same where they are global, such as the runtime's losses).",
+        "Build it on the main process only (`writer = SummaryWriter(...) if mgpu_runtime.is_main_process() else "
+        "None`) and log under `if writer is not None:`, or give each process a directory of its own.",
+    ),
+    "MGP333": (
+        "whole-ddp-pickled",
+        "Under `--style torch`, `torch.save(model, path)` pickles torch's `DistributedDataParallel` itself: "
+        "loading that file needs a process group set up (its unpickling looks for one), while the original's "
+        "file held an `nn.DataParallel` that loads with torch alone, into loader code that goes on with "
+        "`model.module` or `model.eval()`.",
+        "Save what the original saved: `torch.save(torch.nn.DataParallel(model.module), path)`; or migrate "
+        "with the default style, whose wrapper pickles as that DataParallel.",
+    ),
+    "MGP334": (
+        "conditional-count",
+        "A training loop whose data is split adds up a count of this process's rows under an `if` (or a `try`) "
+        "of the loop: printed or logged, it is the process's share. The tool does not sum it there: the test may "
+        "hold on some processes only (`if mask.any():`), and a sum that the others never reach waits forever.",
+        "Sum the count over the processes where every process passes, after the loop "
+        "(`correct = mgpu_runtime.reduce_sum(correct)`), or count unconditionally (a count of zero rows is 0).",
     ),
     "MGP261": (
         "file-written-by-every-process",

@@ -7,6 +7,8 @@ that verdict; last, ``program.settle`` drops every rewrite of a ``--to ddp`` fil
 
 from __future__ import annotations
 
+import warnings
+
 import libcst as cst
 
 from mgpu_migrate.analysis import FileAnalysis
@@ -36,8 +38,16 @@ def _parse_error(path: str, source: str, error: Exception) -> Diagnostic:
 
 def _parse(source: str) -> cst.Module:
     # libcst accepts some code CPython rejects (and the reverse on new syntax): require both to agree.
-    compile(source, "<source>", "exec", dont_inherit=True)
+    _compile(source, "<source>")
     return cst.parse_module(source)
+
+
+def _compile(code: str, name: str) -> None:
+    """Raise the ``SyntaxError`` that CPython would; its warnings (``"x" is "y"``, invalid escapes) are the
+    user's to see when the script runs, not one line of this tool's output per compile (nor errors under -W)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compile(code, name, "exec", dont_inherit=True)
 
 
 def run_pipeline(
@@ -131,7 +141,7 @@ def _migrate(
     new_module = remove_orphaned(new_module, analysis.bindings, uses_before)
     output = analysis.code(new_module)
     try:
-        compile(output, path, "exec", dont_inherit=True)
+        _compile(output, path)
     except SyntaxError as error:
         message = f"internal error: the rewrite did not parse ({shorten(error.msg, 60)}); file left unchanged, please report"
         return MigrationResult(path, source, source, diagnostics, Diagnostic(path, 1, 1, INTERNAL_ERROR, message))

@@ -2,6 +2,8 @@
 
 import os
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -190,3 +192,17 @@ def test_readme_example_diff_is_what_the_tool_prints():
     printed = run_cli(*command.split()[1:], cwd=ROOT).stdout.decode()
     # Markdown keeps no trailing spaces: compare line by line without them.
     assert [line.rstrip() for line in shown.splitlines()] == [line.rstrip() for line in printed.splitlines()]
+
+
+def test_the_users_syntax_warnings_are_not_printed(tmp_path):
+    """CPython warns about `x is "literal"` when it compiles the file; the tool compiles it (and the rewrite)
+    only to check the syntax, so neither compile prints the warning, nor makes it an error under -W error."""
+    script = tmp_path / "train.py"
+    script.write_text('import os\nimport torch.nn as nn\nif os.name is "nt":\n    pass\nmodel = nn.DataParallel(model)\n')
+    for flags in ([], ["-W", "error"]):
+        result = subprocess.run(
+            [sys.executable, *flags, "-m", "mgpu_migrate", "--to", "ddp", "--diff", str(script)],
+            capture_output=True, text=True, timeout=120, check=False,
+        )
+        assert result.returncode == 1, result.stderr
+        assert "Warning" not in result.stderr and "MGP101" in result.stderr

@@ -106,7 +106,7 @@ def _operands(node: cst.CSTNode) -> list[cst.CSTNode]:
 def _reads(node: cst.CSTNode, ignored: Collection[cst.CSTNode]) -> Iterator[tuple[cst.CSTNode, str]]:
     """The dotted names ``node`` reads, outermost chain only (``self.gpu_ids`` in ``self.gpu_ids[0]``), in
     source order; skipping ``ignored`` nodes, nested definitions and what is only printed or logged."""
-    if node in ignored or isinstance(node, _DEFINITIONS) or _only_shows(node):
+    if node in ignored or isinstance(node, _DEFINITIONS) or only_shows(node):
         return
     dotted = _dotted_name(node)
     if dotted is not None:
@@ -116,7 +116,7 @@ def _reads(node: cst.CSTNode, ignored: Collection[cst.CSTNode]) -> Iterator[tupl
         yield from _reads(child, ignored)
 
 
-def _only_shows(node: cst.CSTNode) -> bool:
+def only_shows(node: cst.CSTNode) -> bool:
     """``print(...)``, ``logger.info(...)``."""
     if not isinstance(node, cst.Call):
         return False
@@ -232,6 +232,21 @@ def is_main_process_condition(test: cst.BaseExpression) -> bool:
         return (is_main_process_condition(left) and _mentions(right, _SINGLE_PROCESS_WORDS)) or (
             is_main_process_condition(right) and _mentions(left, _SINGLE_PROCESS_WORDS)
         )
+    return False
+
+
+def is_other_processes_condition(test: cst.BaseExpression) -> bool:
+    """True for conditions that hold on every process but the main one: ``local_rank not in [-1, 0]``,
+    ``rank != 0``, ``rank > 0``, ``not is_main_process()``."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return is_main_process_condition(test.expression)
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        left, target = test.left, test.comparisons[0]
+        right, operator = target.comparator, target.operator
+        if isinstance(operator, cst.NotIn):
+            return _is_first_ranks(right) and _mentions(left, _RANK_WORDS)
+        if isinstance(operator, (cst.NotEqual, cst.GreaterThan)):
+            return is_zero(right) and _mentions(left, _RANK_WORDS)
     return False
 
 

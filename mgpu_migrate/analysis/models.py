@@ -459,6 +459,23 @@ class ModelFlow:
                     escapes[site].append(Escape(call, f"`{self._callee_text(call)}(...)`"))
         return escapes
 
+    def after_wrap(self, site: WrapSite, escapes: list[Escape]) -> list[Escape]:
+        """``escapes`` without those that run before ``site`` wraps the model: earlier in the same function,
+        outside any loop around the wrap (``print_network(net)`` just before ``net = DataParallel(net)``)."""
+        tree = self.analysis.tree
+        function = tree.function(site.call)
+        wrapped_at = self.analysis.position(site.call)
+        loops = {node for node in tree.ancestors(site.call) if isinstance(node, (cst.For, cst.While))}
+
+        def before(escape: Escape) -> bool:
+            return (
+                tree.function(escape.node) is function
+                and self.analysis.position(escape.node) < wrapped_at
+                and not loops & set(tree.ancestors(escape.node))
+            )
+
+        return [escape for escape in escapes if not before(escape)]
+
     def model_escapes(self) -> dict[WrapSite, list[Escape]]:
         """Where a wrapped model goes to code outside this file: an argument of such a call, or the return
         value of a function nothing in this file calls."""

@@ -18,6 +18,7 @@ from mgpu_migrate.rules.explicit_device import ExplicitDevice
 from mgpu_migrate.rules.functional_data_parallel import FunctionalDataParallel
 from mgpu_migrate.rules.functional_loss import FunctionalLoss
 from mgpu_migrate.rules.global_count import GlobalCount
+from mgpu_migrate.rules.global_metrics import GlobalMetrics
 from mgpu_migrate.rules.local_rank_argument import LocalRankArgument
 from mgpu_migrate.rules.main_process_collective import MainProcessCollective
 from mgpu_migrate.rules.per_rank_steps import PerRankSteps
@@ -88,6 +89,8 @@ RULES: tuple[type[Rule], ...] = (
     DeviceSelection,
     PerRankSteps,
     UnsplitData,
+    # Counts a split training loop adds up from its rows: the global batch's.
+    GlobalMetrics,
 )
 
 

@@ -428,9 +428,10 @@ class CriterionWrap(Rule):
             loss_nodes.add(call.call)
         output_escapes = models.output_escapes()
         model_escapes = models.model_escapes()
+        direct = {site for call in losses.calls for site in call.direct}
         for site in models.sites:
             submodule = models.is_submodule(site)
-            if submodule is not None:
+            if submodule is not None and site not in direct:  # a loss on its own output is wrapped (MGP102)
                 self.left(
                     site.call,
                     SUBMODULE_LOSS_GATHERED,
@@ -441,7 +442,7 @@ class CriterionWrap(Rule):
             if site in covered:
                 continue
             escapes = [e for e in output_escapes.get(site, ()) if e.node not in loss_nodes]
-            escapes += model_escapes.get(site, [])
+            escapes = models.after_wrap(site, escapes + model_escapes.get(site, []))
             if not escapes:
                 continue
             first = min(escapes, key=lambda e: self.analysis.position(e.node))

@@ -91,7 +91,7 @@ class GlobalCount(Rule):
 
     def _count(self, divisor: cst.BaseExpression, division: cst.CSTNode) -> cst.BaseExpression | None:
         """The count expression behind ``divisor``: inline, or the value of its one assignment in the scope."""
-        if _is_count(divisor):
+        if is_count(divisor):
             return divisor
         if not isinstance(divisor, cst.Name):
             return None
@@ -104,10 +104,10 @@ class GlobalCount(Rule):
             and isinstance(node.targets[0].target, cst.Name)
             and node.targets[0].target.value == divisor.value
         ]
-        return assigned[0] if len(assigned) == 1 and _is_count(assigned[0]) else None
+        return assigned[0] if len(assigned) == 1 and is_count(assigned[0]) else None
 
 
-def _is_count(expr: cst.BaseExpression) -> bool:
+def is_count(expr: cst.BaseExpression) -> bool:
     """``x.sum()``, ``x.ne(PAD).sum().item()``, ``int(mask.sum())``, ``torch.sum(mask)`` ...: a count of a tensor."""
     while isinstance(expr, cst.Call):
         func = expr.func

@@ -8,7 +8,12 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis import names
-from mgpu_migrate.analysis.guards import main_process_blocks
+from mgpu_migrate.analysis.guards import (
+    is_other_processes_condition,
+    main_process_blocks,
+    only_shows,
+    under_main_process_block,
+)
 from mgpu_migrate.analysis.models import MODULE_METHODS_RETURNING_SELF
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
@@ -36,6 +41,9 @@ _COLLECTIVES = {
         "scatter_object_list",
     )
 } | {f"{RUNTIME}.{name}" for name in ("barrier", "reduce_sum", "reduce_mean", "save", "distribute_loader")}
+_BARRIERS = {"torch.distributed.barrier", "torch.distributed.monitored_barrier", f"{RUNTIME}.barrier"}
+# What a helper may do with the model without running it (a checkpoint saver reading its weights).
+_READS_ONLY = frozenset({"state_dict", "module", "parameters", "named_parameters", "buffers", "named_buffers"})
 _BUILTINS = frozenset(dir(builtins))
 # Wrappers whose forward takes part in collectives (buffer broadcast, gradient bookkeeping), and the
 # DataParallel spellings this migration turns into one.
@@ -74,7 +82,12 @@ class MainProcessCollective(Rule):
 
     ## Fix safety
     Nothing is rewritten: which fix is right (the bare model, evaluating everywhere, moving the collective
-    out) depends on what the block does.
+    out) depends on what the block does. Not reported: the paired barrier of
+    ``if local_rank not in [-1, 0]: barrier()`` ... ``if local_rank == 0: barrier()`` (the first process
+    prepares something while the others wait, then joins them), the model handed to ``print`` or a logger,
+    and to a function of this file that only reads its weights (``model.state_dict()``). A function of this
+    file that calls a collective is reported at its call (``def save_checkpoint(...)`` with a ``torch.save``,
+    which becomes ``mgpu_runtime.save``, waiting for every process).
     """
 
     CODE = COLLECTIVE_IN_MAIN_PROCESS_BLOCK
@@ -172,17 +185,69 @@ class MainProcessCollective(Rule):
     def _waits_for_others(self, call: cst.Call) -> Optional[tuple[str, str]]:
         """What in ``call`` needs the other processes, and how to fix it."""
         qualified = self.analysis.resolve(call.func)
+        if qualified in _BARRIERS and self._paired_barrier(call):
+            return None
         if qualified in _COLLECTIVES:
             return f"the collective `{qualified}`", "move it out of the block"
         if self._holds_ddp_model(call.func, call):
             return "a forward pass of the DDP model", "call the bare model (`.module`) here"
-        if (qualified or "").startswith("torch.") or self._is_builtin(call.func):
-            return None  # torch.save(model), hasattr(model, ...): nothing runs the model
-        for arg in call.args:
-            if self._holds_ddp_model(arg.value, call):
+        if (qualified or "").startswith("torch.") or self._is_builtin(call.func) or only_shows(call):
+            return None  # torch.save(model), hasattr(model, ...), logger.info(model): nothing runs the model
+        callee = self._callee(call)
+        inner = self._collective_in(callee) if callee is not None else None
+        if inner is not None:
+            name = callee.name.value
+            return f"`{name}` (line {self.analysis.position(callee)[0]}), which calls `{inner}`,", "call it on every process"
+        for position, arg in enumerate(call.args):
+            if self._holds_ddp_model(arg.value, call) and not (callee and self._only_reads(callee, position, arg)):
                 callee = self.analysis.module.code_for_node(call.func)
                 return f"the DDP model handed to `{callee}`, which may run it", "give it the bare model"
         return None
+
+    def _paired_barrier(self, barrier: cst.Call) -> bool:
+        """Whether the function also has a barrier that the other processes run (``if local_rank not in
+        [-1, 0]: barrier()``): the two meet, and nobody waits forever."""
+        tree = self.analysis.tree
+        function = tree.function(barrier)
+        for call in self.analysis.calls:
+            if call is barrier or tree.function(call) is not function:
+                continue
+            if self.analysis.resolve(call.func) in _BARRIERS and any(
+                isinstance(guard, cst.If) and not in_else and is_other_processes_condition(guard.test)
+                for guard, in_else in tree.enclosing_ifs(call)
+            ):
+                return True
+        return False
+
+    def _callee(self, call: cst.Call) -> Optional[cst.FunctionDef]:
+        """The function of this file that ``call`` calls by its name, when there is exactly one."""
+        if not isinstance(call.func, cst.Name):
+            return None
+        defined = [f for f in self.analysis.tree.nodes(cst.FunctionDef) if f.name.value == call.func.value]
+        return defined[0] if len(defined) == 1 else None
+
+    def _collective_in(self, function: cst.FunctionDef) -> Optional[str]:
+        """A collective that ``function`` calls, ``torch.save`` included (``mgpu_runtime.save`` once migrated,
+        which waits for every process), unless a main-process-only block of its own holds it."""
+        for call in contains(function.body, lambda n: isinstance(n, cst.Call)):
+            qualified = self.analysis.resolve(call.func)
+            waits = qualified in _COLLECTIVES or qualified == "torch.save"
+            if waits and not under_main_process_block(self.analysis, call):
+                return qualified
+        return None
+
+    def _only_reads(self, function: cst.FunctionDef, position: int, arg: cst.Arg) -> bool:
+        """Whether ``function`` only reads the model it gets as argument ``position`` (its ``state_dict()``,
+        ``.module``, ``parameters()``)."""
+        if arg.keyword is not None or arg.star or position >= len(function.params.params):
+            return False
+        parameter = function.params.params[position].name.value
+        uses = contains(function.body, lambda n: isinstance(n, cst.Name) and n.value == parameter)
+        return bool(uses) and all(self._read_only_use(use) for use in uses)
+
+    def _read_only_use(self, use: cst.Name) -> bool:
+        parent = self.analysis.tree.parent(use)
+        return isinstance(parent, cst.Attribute) and parent.value is use and parent.attr.value in _READS_ONLY
 
     def _is_builtin(self, func: cst.BaseExpression) -> bool:
         bindings = self.analysis.bindings

@@ -108,7 +108,7 @@ class RemoteTraining(Rule):
             return
         for wrap in program.wraps:  # once per file: the advice is the same for every wrap
             site = self.analysis.models.site_of(wrap)
-            where = escapes.get(site) if site is not None else None
+            where = self.analysis.models.after_wrap(site, escapes.get(site, [])) if site is not None else None
             if not where:
                 continue
             others = len(program.wraps) - 1

@@ -13,6 +13,9 @@ from mgpu_migrate.rules.torch_style import (
     statement,
 )
 
+# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
+WHOLE_DDP_PICKLED = "MGP333"
+
 
 class TorchCheckpointSave(CheckpointSave):
     """
@@ -44,7 +47,9 @@ class TorchCheckpointSave(CheckpointSave):
 
     CODE = "MGP163"
     STYLES = (TORCH_STYLE,)
-    REVIEW_CODES = {}
+    REVIEW_CODES = {
+        WHOLE_DDP_PICKLED: "--style torch: the whole DDP model is pickled: the file loads only where a process group is set up",
+    }
     DESCRIPTION = "torch.save run by rank 0 only (--style torch)"
     EXAMPLES = (
         Example(
@@ -65,7 +70,41 @@ class TorchCheckpointSave(CheckpointSave):
             ("MGP160", "MGP163"),
             TORCH_OPTIONS,
         ),
+        Example(
+            """
+            import torch
+            import torch.nn as nn
+            model = nn.DataParallel(model)
+            torch.save(model, 'model.pth')  # the whole model
+            """,
+            """
+            import torch
+            import torch.distributed as dist
+            model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[torch.cuda.current_device()] if torch.cuda.is_available() else None)
+            if dist.get_rank() == 0:
+                torch.save(model, 'model.pth')  # the whole model
+            """,
+            DDP,
+            ("MGP160", "MGP163", WHOLE_DDP_PICKLED),
+            TORCH_OPTIONS,
+        ),
     )
+
+    def apply(self) -> None:
+        super().apply()
+        if not self.program.migrates:
+            return
+        models = self.analysis.models
+        for call in self.analysis.calls_to("torch.save"):
+            saved = call.args[0].value if call.args and call.args[0].keyword is None and not call.args[0].star else None
+            if saved is None or not models.model_sites(saved, self.analysis.values.scope_of(call)):
+                continue
+            self.left(
+                saved,
+                WHOLE_DDP_PICKLED,
+                "the whole DDP model is pickled: the file loads only where a process group is set up; save "
+                "`torch.nn.DataParallel(model.module)`, as the original did",
+            )
 
     def _save_once(self, call: cst.Call, decided: cst.If | None) -> None:
         line = self.analysis.tree.statement(call)

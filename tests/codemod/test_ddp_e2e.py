@@ -169,6 +169,12 @@ def test_ddp_migrations_train_like_the_originals(tmp_path: Path) -> None:
             print(f"{name} ({run}): max weight difference {difference:.3g}")
             if difference > TOLERANCE:
                 differences.append(f"{name} ({run}): max weight difference {difference:.3g}")
+            # What a script logged and kept beside the weights (losses, counts, accuracies): the original's.
+            metrics = _metrics(tmp_path / f"{name}-original.pt")
+            if metrics is not None:
+                logged = (_metrics(tmp_path / f"{name}-{run}.pt") - metrics).abs().max().item()
+                if logged > TOLERANCE:
+                    differences.append(f"{name} ({run}): logged metrics differ by {logged:.3g}")
     original = _weights(tmp_path / f"{SYNC_BN}-original.pt")
     for run in (*(f"torchrun{processes}" for processes in WORLD_SIZES), "python"):
         difference = _difference(original, _weights(tmp_path / f"sync-bn-{run}.pt"))
@@ -176,6 +182,11 @@ def test_ddp_migrations_train_like_the_originals(tmp_path: Path) -> None:
         if difference > TOLERANCE:
             differences.append(f"{SYNC_BN} --sync-bn ({run}): max weight difference {difference:.3g}")
     assert not differences, "\n".join(differences)
+
+
+def _metrics(path: Path):
+    saved = torch.load(path, map_location="cpu")
+    return saved.get("metrics") if isinstance(saved, dict) else None
 
 
 def _difference(reference: dict, weights: dict) -> float:

@@ -1,5 +1,5 @@
-"""What a job of several processes prints: the relaunch notice, MGPU_LOG=all|prefix|rank0 and print_once,
-under real torchrun launches on CPU (gloo)."""
+"""What a job of several processes prints: the relaunch notice, MGPU_LOG=rank0 (the default)|all|prefix and
+print_once, under real torchrun launches on CPU (gloo)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,15 @@ import pytest
 pytestmark = pytest.mark.slow
 
 SCRIPT = """\
+import logging
+
 import mgpu_runtime
 
 mgpu_runtime.setup()
+logging.basicConfig(level=logging.INFO, format="%(message)s")  # on stderr
 print(f"hello from {mgpu_runtime.rank()}", flush=True)
+logging.info(f"info from {mgpu_runtime.rank()}")
+logging.warning(f"warning from {mgpu_runtime.rank()}")
 mgpu_runtime.print_once("logged once", flush=True)
 """
 
@@ -48,26 +53,42 @@ def test_plain_start_relaunches_with_one_line_on_stderr(tmp_path):
     notices = [line for line in result.stderr.splitlines() if line.startswith("mgpu_runtime: relaunching")]
     assert notices == [
         "mgpu_runtime: relaunching under torchrun as 2 processes on the CPU (gloo) (MGPU_NPROC=2); MGPU_NPROC=N "
-        "chooses N, MGPU_NPROC=1 keeps one process, MGPU_LOG=rank0|prefix tidies the output"
+        "chooses N, MGPU_NPROC=1 keeps one process, MGPU_LOG=all|prefix shows every rank's output"
     ]
-    assert sorted(line for line in result.stdout.splitlines() if line.startswith("hello")) == ["hello from 0", "hello from 1"]
+    # The relaunched job prints as the original did: each line once; warnings come from every rank.
+    assert result.stdout.splitlines() == ["hello from 0", "logged once"]
+    assert _logged(result) == ["info from 0", "warning from 0", "warning from 1"]
     single = _run(tmp_path, [sys.executable, "job.py"], MGPU_NPROC="1")
-    assert "relaunching" not in single.stderr and single.stdout.splitlines() == ["hello from 0", "logged once"]
+    assert "relaunching" not in single.stderr
+    assert single.stdout.splitlines() == ["hello from 0", "logged once"]
+    assert _logged(single) == ["info from 0", "warning from 0"]
 
 
-def test_every_rank_prints_by_default_and_print_once_prints_once(tmp_path):
-    lines = _torchrun(tmp_path).stdout.splitlines()
+def _logged(result: subprocess.CompletedProcess) -> list[str]:
+    return sorted(line for line in result.stderr.splitlines() if line.startswith(("info", "warning")))
+
+
+def test_rank0_by_default_keeps_the_main_process_output_and_every_ranks_warnings(tmp_path):
+    result = _torchrun(tmp_path)
+    assert result.stdout.splitlines() == ["hello from 0", "logged once"]
+    assert _logged(result) == ["info from 0", "warning from 0", "warning from 1"]
+
+
+def test_all_prints_every_ranks_lines_and_print_once_prints_once(tmp_path):
+    result = _torchrun(tmp_path, MGPU_LOG="all")
+    lines = result.stdout.splitlines()
     assert sorted(line for line in lines if line.startswith("hello")) == ["hello from 0", "hello from 1"]
     assert lines.count("logged once") == 1
+    assert _logged(result) == ["info from 0", "info from 1", "warning from 0", "warning from 1"]
 
 
 def test_prefix_names_the_rank_of_each_line(tmp_path):
-    lines = _torchrun(tmp_path, MGPU_LOG="prefix").stdout.splitlines()
-    assert sorted(lines) == ["[rank 0] hello from 0", "[rank 0] logged once", "[rank 1] hello from 1"]
+    result = _torchrun(tmp_path, MGPU_LOG="prefix")
+    assert sorted(result.stdout.splitlines()) == ["[rank 0] hello from 0", "[rank 0] logged once", "[rank 1] hello from 1"]
+    assert "[rank 1] info from 1" in result.stderr.splitlines()
 
 
-def test_rank0_keeps_the_main_process_output_only(tmp_path):
-    assert _torchrun(tmp_path, MGPU_LOG="rank0").stdout.splitlines() == ["hello from 0", "logged once"]
+def test_an_unknown_mode_is_an_error(tmp_path):
     bad = _run(tmp_path, [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "job.py"],
                MGPU_LOG="loud")
     assert bad.returncode != 0 and "MGPU_LOG='loud': expected one of all, prefix, rank0" in bad.stderr

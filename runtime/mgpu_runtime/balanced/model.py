@@ -9,6 +9,7 @@ from torch import nn
 
 from mgpu_runtime.balanced.devices import DeviceId, Devices, resolve_devices
 from mgpu_runtime.balanced.functional import parallel_forward
+from mgpu_runtime.pickling import as_data_parallel
 
 
 class DataParallelModel(nn.DataParallel):
@@ -44,6 +45,11 @@ class DataParallelModel(nn.DataParallel):
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         return parallel_forward(self.module, inputs, kwargs, self._devices, self.dim)
+
+    def __reduce_ex__(self, protocol: int) -> Any:
+        # Without a GPU nn.DataParallel ignores device ids, so CPU replicas' ids do not reach the file.
+        devices = {"device_ids": self.device_ids, "output_device": self.output_device, "dim": self.dim}
+        return as_data_parallel(self.module, **devices)
 
 
 def _device_ids(devices: Devices) -> list[int]:

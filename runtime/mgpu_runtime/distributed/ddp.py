@@ -40,6 +40,7 @@ from mgpu_runtime.distributed import lockstep, safety, sync_batchnorm
 from mgpu_runtime.distributed.losses import inside_model
 from mgpu_runtime.distributed.process_group import device, setup, world_size
 from mgpu_runtime.distributed.share import gradient_weight
+from mgpu_runtime.pickling import as_data_parallel
 
 _TorchDDP = nn.parallel.DistributedDataParallel
 # Renamed in recent torch (broadcast_buffers is deprecated there); the spelling this torch understands.
@@ -90,6 +91,12 @@ class DistributedDataParallel(_TorchDDP):
         self.register_comm_hook(None, _share_weighted_sum if processes > 1 else _keep_local)
         self._checks_processes = processes > 1
         self._aligned = False
+        # What the original's nn.DataParallel was given: a pickle of this wrapper is that DataParallel.
+        listed = None if device_ids is None else list(device_ids)
+        self._data_parallel_arguments = {"device_ids": listed, "output_device": output_device, "dim": dim}
+
+    def __reduce_ex__(self, protocol: int) -> Any:
+        return as_data_parallel(self.module, **self._data_parallel_arguments)
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         if self._checks_processes and self.training:
@@ -116,6 +123,9 @@ class FrozenModule(nn.Module):
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         return self.module(*inputs, **kwargs)
+
+    def __reduce_ex__(self, protocol: int) -> Any:
+        return as_data_parallel(self.module)
 
 
 # The hooks are unannotated: DDP rejects annotations that are not the real types, and here they are strings.

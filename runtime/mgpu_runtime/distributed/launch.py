@@ -76,7 +76,7 @@ def relaunch_notice(process_count: int, environ: Mapping[str, str]) -> str:
     how = f"{NPROC_VARIABLE}={process_count}" if environ.get(NPROC_VARIABLE) else "one per visible GPU"
     return (
         f"mgpu_runtime: relaunching under torchrun as {process_count} processes on {devices} ({how}); "
-        f"{NPROC_VARIABLE}=N chooses N, {NPROC_VARIABLE}=1 keeps one process, MGPU_LOG=rank0|prefix tidies the output"
+        f"{NPROC_VARIABLE}=N chooses N, {NPROC_VARIABLE}=1 keeps one process, MGPU_LOG=all|prefix shows every rank's output"
     )
 
 

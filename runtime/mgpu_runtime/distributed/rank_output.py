@@ -1,17 +1,23 @@
-"""What each process prints: every rank's lines as they are, rank-prefixed, or the main process's alone.
+"""What each process prints: the main process's lines alone, or every rank's, as they are or rank-prefixed.
 
 ``MGPU_LOG`` chooses, for a job of several processes (a single process is never changed):
 
-* ``all`` (the default): every rank prints every line, as torchrun leaves it.
-* ``prefix``: each line of stdout and stderr starts with ``[rank N]``, so interleaved lines can be told apart.
-* ``rank0``: only the main process's stdout is kept; every rank's stderr still shows (warnings, tracebacks).
+* ``rank0`` (the default): the job prints what the original single process printed, each line once. Only
+  the main process's stdout is kept, and the other ranks' ``logging`` below WARNING is switched off
+  (``logging.disable``: a ``logger.info`` goes to stderr, or to a log file every rank would append to).
+  Every rank's stderr still shows: warnings, tracebacks, the runtime's own messages.
+* ``all``: every rank prints every line, as torchrun leaves it.
+* ``prefix``: every rank prints, and each line of stdout and stderr starts with ``[rank N]``.
 
-``print_once`` prints on the main process only, whatever ``MGPU_LOG`` says: for training logs that would
-otherwise appear once per process.
+The values printed are mostly the job's, not the rank's: a loss through ``DistributedCriterion`` or the
+loss watch is the global batch's on every rank, and the codemod sums the counts a training loop accumulates
+from its rows (``correct += mgpu_runtime.reduce_sum(...)``). ``print_once`` prints on the main process only,
+whatever ``MGPU_LOG`` says.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import TextIO
@@ -20,6 +26,7 @@ from mgpu_runtime.distributed.environment import LaunchEnvironment, LaunchEnviro
 
 LOG_VARIABLE = "MGPU_LOG"
 MODES = ("all", "prefix", "rank0")
+DEFAULT_MODE = "rank0"
 
 
 class _Prefixed:
@@ -46,7 +53,7 @@ class _Prefixed:
 
 def apply(environment: LaunchEnvironment) -> None:
     """Arrange this process's output as ``MGPU_LOG`` asks (called once, by ``setup()``)."""
-    mode = os.environ.get(LOG_VARIABLE, "").strip().lower() or "all"
+    mode = os.environ.get(LOG_VARIABLE, "").strip().lower() or DEFAULT_MODE
     if mode not in MODES:
         raise LaunchEnvironmentError(f"{LOG_VARIABLE}={mode!r}: expected one of {', '.join(MODES)}")
     if environment.world_size == 1 or mode == "all":
@@ -58,6 +65,7 @@ def apply(environment: LaunchEnvironment) -> None:
     elif environment.rank != 0:
         sys.stdout.flush()
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 -- held for the life of the process
+        logging.disable(logging.INFO)
 
 
 def print_once(*values, **options) -> None:

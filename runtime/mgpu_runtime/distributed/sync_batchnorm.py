@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mgpu_runtime.distributed.share import gradient_weight
+from mgpu_runtime.pickling import as_class
 
 
 class _SharedStatistics(torch.autograd.Function):
@@ -63,6 +64,9 @@ class CpuSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         if self.track_running_stats:
             self._update_running_statistics(mean.detach(), variance.detach() * rows / (rows - 1))
         return output
+
+    def __reduce_ex__(self, protocol: int):
+        return as_class(self, nn.SyncBatchNorm)  # the layer the original held
 
     @torch.no_grad()
     def _update_running_statistics(self, mean: torch.Tensor, unbiased_variance: torch.Tensor) -> None:

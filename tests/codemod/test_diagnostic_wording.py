@@ -1,0 +1,29 @@
+"""What a diagnostic says, where its code alone (the fixtures' .diagnostics files) cannot tell a wrong
+message from a right one: the call it names, the reason it gives."""
+
+from __future__ import annotations
+
+from mgpu_migrate.engine import migrate_source
+from tests.fixture_cases import FIXTURES
+
+
+def _messages(name: str, target: str, code: str) -> list[str]:
+    source = (FIXTURES / "shapes" / f"{name}.py").read_text()
+    return [d.message for d in migrate_source(source, target, f"{name}.py").diagnostics if d.code == code]
+
+
+def test_calls_before_the_wrap_are_not_where_the_wrapped_model_goes():
+    # print_network(net) and init_weights(net, ...) run on the bare network, before it is wrapped.
+    for target, code in (("balanced", "MGP205"), ("ddp", "MGP262")):
+        (message,) = _messages("escape_before_wrap", target, code)
+        assert "the caller of `define_generator()`" in message, message
+
+
+def test_a_helper_that_saves_under_a_main_process_block_is_named_for_its_save():
+    (message,) = _messages("main_process_pairs", "ddp", "MGP249")
+    assert message.startswith("`save_model` (line 17), which calls `torch.save`, under `if args.local_rank in [-1, 0]:`")
+
+
+def test_a_sub_module_whose_own_output_the_wrapped_criterion_takes_gets_no_contradicting_note():
+    assert _messages("submodule_own_loss", "balanced", "MGP206") == []
+    assert any("DataParallelCriterion" in m for m in _messages("submodule_own_loss", "balanced", "MGP102"))
