@@ -13,6 +13,7 @@ from mgpu_migrate.rules.base import CHECKS, DDP, TORCH_STYLE, Example, Rule
 from mgpu_migrate.rules.criterion_wrap import wrap_in_runtime
 from mgpu_migrate.rules.global_count import is_count
 from mgpu_migrate.rules.syntax import RUNTIME
+from mgpu_migrate.rules.training_data import sample_counters
 
 GLOBAL_METRIC = "MGP180"
 # The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
@@ -147,8 +148,12 @@ class GlobalMetrics(Rule):
         code = self.analysis.module.code_for_node
         for loop in self._split_loops():
             bound = _bound_names(loop)
+            # A sample count the file compares drives a schedule: the data rule sums it (MGP140).
+            schedules = set(sample_counters(self.analysis, loop))
             for update in contains(loop.body, lambda node: isinstance(node, cst.AugAssign)):
                 if not isinstance(update.operator, cst.AddAssign) or self._loop_of(update) is not loop:
+                    continue
+                if update in schedules:
                     continue
                 value = update.value
                 if not any(isinstance(n, cst.Name) and n.value in bound for n in contains(value, lambda _: True)):

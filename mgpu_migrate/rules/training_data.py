@@ -196,7 +196,7 @@ class TrainingData(Rule):
                     f"`{shorten(code(draw), 30)}` drawn with `next()`: the distributed loader's iterator, like torch's "
                     "since 1.0, has no Python 2 `.next()`",
                 )
-        counters = dict.fromkeys(counter for loop in split for counter in self._sample_counters(loop))
+        counters = dict.fromkeys(counter for loop in split for counter in sample_counters(self.analysis, loop))
         for counter in counters:
             if self.rewrite_allowed(counter.value):
                 self.edits.replace(counter.value, lambda expr: runtime_call("reduce_sum", expr))
@@ -269,60 +269,6 @@ class TrainingData(Rule):
         if node not in reported:
             reported.add(node)
             self.left(node, code, message)
-
-    # -- schedules counted in samples ---------------------------------------------------------------
-    def _sample_counters(self, loop: cst.For) -> list[cst.AugAssign]:
-        """``used_sample += real_image.shape[0]``, ``self.tokens += (y >= 0).sum()`` in a training loop whose
-        data is split (or in the function of this file that runs its backward pass), whose total the file
-        compares with something (a progressive-growing phase, a warm-up ``if``): counted on each process's
-        share, the schedule it drives would run W times slower, and differ between processes."""
-        tree = self.analysis.tree
-        code = self.analysis.module.code_for_node
-        regions = [loop.body]
-        regions += [
-            function
-            for function in (tree.function(call) for call in self.analysis.loaders.backward_calls(loop))
-            if function is not tree.function(loop)
-        ]
-        comparisons = contains(self.analysis.module, lambda n: isinstance(n, cst.Comparison), into_functions=True)
-        compared = {
-            code(node)
-            for comparison in comparisons
-            for node in contains(comparison, lambda n: isinstance(n, (cst.Name, cst.Attribute)))
-        }
-        found: list[cst.AugAssign] = []
-        for region in dict.fromkeys(regions):
-            if region is None:
-                continue
-            added = contains(region, lambda n: isinstance(n, cst.AugAssign) and isinstance(n.operator, cst.AddAssign))
-            for node in added:
-                if code(node.target) in compared and self._counts_samples(node.value) and node not in found:
-                    found.append(node)
-        return found
-
-    def _counts_samples(self, value: cst.BaseExpression) -> bool:
-        while isinstance(value, cst.Call):
-            func = value.func
-            if isinstance(func, cst.Name) and func.value in _BUILTIN_CONVERSIONS and len(value.args) == 1:
-                value = value.args[0].value
-            elif isinstance(func, cst.Attribute) and func.attr.value in _CONVERSIONS and not value.args:
-                value = func.value
-            else:
-                break
-        if is_row_count(self.analysis, value):
-            return True
-        if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Attribute) or value.args:
-            return False
-        counted, receiver = value.func.attr.value, value.func.value
-        if counted in ("numel", "nelement"):
-            return True
-        if counted not in _COUNTING:
-            return False
-        return isinstance(receiver, cst.Comparison) or (
-            isinstance(receiver, cst.Call)
-            and isinstance(receiver.func, cst.Attribute)
-            and receiver.func.attr.value in _MASKS
-        )
 
     # -- sum-reduced losses ------------------------------------------------------------------------
     def _summed_loss(self, loop: cst.For) -> Optional[cst.CSTNode]:
@@ -473,3 +419,58 @@ class TrainingData(Rule):
                 ):
                     return arg.value
         return None
+
+
+# -- schedules counted in samples -------------------------------------------------------------------
+def sample_counters(analysis, loop: cst.For) -> list[cst.AugAssign]:
+    """``used_sample += real_image.shape[0]``, ``self.tokens += (y >= 0).sum()`` in a training loop whose
+    data is split (or in the function of this file that runs its backward pass), whose total the file
+    compares with something (a progressive-growing phase, a warm-up ``if``): counted on each process's
+    share, the schedule it drives would run W times slower, and differ between processes."""
+    tree = analysis.tree
+    code = analysis.module.code_for_node
+    regions = [loop.body]
+    regions += [
+        function
+        for function in (tree.function(call) for call in analysis.loaders.backward_calls(loop))
+        if function is not tree.function(loop)
+    ]
+    comparisons = contains(analysis.module, lambda n: isinstance(n, cst.Comparison), into_functions=True)
+    compared = {
+        code(node)
+        for comparison in comparisons
+        for node in contains(comparison, lambda n: isinstance(n, (cst.Name, cst.Attribute)))
+    }
+    found: list[cst.AugAssign] = []
+    for region in dict.fromkeys(regions):
+        if region is None:
+            continue
+        added = contains(region, lambda n: isinstance(n, cst.AugAssign) and isinstance(n.operator, cst.AddAssign))
+        for node in added:
+            if code(node.target) in compared and _counts_samples(analysis, node.value) and node not in found:
+                found.append(node)
+    return found
+
+def _counts_samples(analysis, value: cst.BaseExpression) -> bool:
+    while isinstance(value, cst.Call):
+        func = value.func
+        if isinstance(func, cst.Name) and func.value in _BUILTIN_CONVERSIONS and len(value.args) == 1:
+            value = value.args[0].value
+        elif isinstance(func, cst.Attribute) and func.attr.value in _CONVERSIONS and not value.args:
+            value = func.value
+        else:
+            break
+    if is_row_count(analysis, value):
+        return True
+    if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Attribute) or value.args:
+        return False
+    counted, receiver = value.func.attr.value, value.func.value
+    if counted in ("numel", "nelement"):
+        return True
+    if counted not in _COUNTING:
+        return False
+    return isinstance(receiver, cst.Comparison) or (
+        isinstance(receiver, cst.Call)
+        and isinstance(receiver.func, cst.Attribute)
+        and receiver.func.attr.value in _MASKS
+    )
