@@ -32,11 +32,11 @@ class FileAnalysis:
     def _index(self) -> tuple[Tree, names.Bindings, FlowIndex]:
         # One walk of the module collects the parent map, the bindings and the flow index together: almost
         # every file that reaches the parser asks for all three (its wraps' models follow values).
-        bindings, flow = names.BindingCollector(), FlowCollector(self.module)
-        tree = Tree(self.module, bindings, flow)
+        flow = FlowCollector(self.module)
+        tree = Tree(self.module, flow)
         # PyTorch-Encoding's pair is recognised in the project's own copies of it too (analysis/project.py).
-        bindings.bindings.encoding_modules = encoding_pair_modules(self.path, bindings.bindings.imported)
-        return tree, bindings.bindings, FlowIndex(flow)
+        flow.bindings.encoding_modules = encoding_pair_modules(self.path, flow.bindings.imported)
+        return tree, flow.bindings, FlowIndex(flow)
 
     @cached_property
     def bindings(self) -> names.Bindings:
