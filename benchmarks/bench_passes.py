@@ -33,7 +33,8 @@ from mgpu_migrate.rules.base import CHECKS, PROGRAM, WRAPS  # noqa: E402
 
 
 def analyses() -> list[str]:
-    return [name for name, value in vars(FileAnalysis).items() if isinstance(value, functools.cached_property)]
+    classes = reversed(FileAnalysis.__mro__)  # the shared index (ParsedFile) first, then what is built on it
+    return [name for cls in classes for name, value in vars(cls).items() if isinstance(value, functools.cached_property)]
 
 
 def measure(sources: list[str], target: str) -> dict[str, float]:

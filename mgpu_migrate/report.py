@@ -10,7 +10,6 @@ import os
 import signal
 import sys
 import threading
-from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from mgpu_migrate import files
@@ -18,16 +17,7 @@ from mgpu_migrate.diagnostics import FILE_CHANGED, INTERNAL_ERROR, OUTSIDE_TREE,
 from mgpu_migrate.engine import MigrationResult, might_need_migration, migrate_source
 from mgpu_migrate.options import DEFAULT_OPTIONS, Options
 from mgpu_migrate.output import display_path, markers
-
-UNCHANGED, CHANGED, FAILED = "unchanged", "changed", "failed"
-
-
-@dataclass
-class FileOutcome:
-    path: str
-    status: str
-    diagnostics: list[Diagnostic] = field(default_factory=list)
-    diff: str = ""
+from mgpu_migrate.results import CHANGED, FAILED, UNCHANGED, FileOutcome
 
 
 def unified_diff(before: str, after: str, path: str) -> str:
