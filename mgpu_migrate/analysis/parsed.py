@@ -73,9 +73,18 @@ class ParsedFile:
         statement the order is the tree's fields', e.g. a decorator's calls after its function's)."""
         return self.tree.nodes(cst.Call)
 
+    @cached_property
+    def _calls_by_callee(self) -> dict[str | None, list[cst.Call]]:
+        # Rules ask for the calls of one name or another a dozen times a file: each call is resolved once.
+        found: dict[str | None, list[cst.Call]] = {}
+        for call in self.calls:
+            found.setdefault(self.resolve(call.func), []).append(call)
+        return found
+
     def calls_to(self, qualified: str) -> list[cst.Call]:
-        """Calls whose callee resolves to ``qualified`` (a canonical name from ``analysis.names``)."""
-        return [call for call in self.calls if self.resolve(call.func) == qualified]
+        """Calls whose callee resolves to ``qualified`` (a canonical name from ``analysis.names``), in the order
+        of ``calls``."""
+        return list(self._calls_by_callee.get(qualified, ()))
 
     def ambiguous_calls(self, qualified: str) -> list[cst.Call]:
         """Calls whose callee would be ``qualified`` through one binding but the name has others too."""
