@@ -11,7 +11,7 @@ from tests.cli_helpers import DP_SCRIPT, PLAIN_SCRIPT, run_cli
 
 # Enough source for the six scripts to be worth a second process (report.BYTES_PER_WORKER beside the
 # largest), as a long module docstring: one token, so the tests do not parse any more code for it.
-DOCUMENTED = '"""' + "What this training script does, at length. " * 500 + '"""\n' + DP_SCRIPT
+DOCUMENTED = '"""' + "What this training script does, at length. " * 200 + '"""\n' + DP_SCRIPT
 
 
 @pytest.fixture
@@ -86,10 +86,11 @@ def test_a_few_small_files_are_migrated_here_whatever_the_jobs(tmp_path):
 
 def test_the_number_of_workers_follows_the_work_beside_the_largest_file():
     # Megatron-LM's 8 files that reach the parser (of 1,344): one of 114 kB, the rest 79 kB together.
-    assert workers_for([114_374, 35_190, 21_598, 7_439, 4_150, 4_150, 4_062, 2_454], jobs=2) == 1
+    assert workers_for([114_374, 35_190, 21_598, 7_439, 4_150, 4_150, 4_062, 2_454], jobs=2) == 2
+    assert workers_for([114_374, 35_190, 21_598, 7_439, 4_150, 4_150, 4_062, 2_454], jobs=8) == 3
     assert workers_for([], jobs=4) == workers_for([500_000], jobs=4) == 1
-    assert workers_for([40_000] * 8, jobs=2) == 2
-    assert workers_for([40_000] * 8, jobs=8) == 3  # one more for each 100 kB beside the largest file
+    assert workers_for([500_000, 20_000, 5_000], jobs=4) == 1  # nothing much beside the largest
+    assert workers_for([20_000] * 8, jobs=8) == 4  # one more for each 40 kB beside the largest file
     assert workers_for([400_000] * 4, jobs=8) == 2  # and at least MIN_FILES_PER_WORKER files each
     assert workers_for([90] * 300, jobs=2) == 2  # many small files: their fixed costs add up
     assert workers_for([40_000] * 8, jobs=1) == 1
