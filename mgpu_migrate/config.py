@@ -226,14 +226,19 @@ class Resolver:
 
     def __init__(self, config_file: str | None = None) -> None:
         self.fixed = read_settings_file(config_file) if config_file else None
+        # Each path is asked about several times (excluded? its target, size limit, codes): one stat for it.
+        self._by_path: dict[str, Settings] = {}
 
     def for_path(self, path: str) -> Settings:
         if self.fixed is not None:
             return self.fixed
-        directory = os.path.abspath(path)
-        if not os.path.isdir(directory):
-            directory = os.path.dirname(directory)
-        return self._for_directory(directory)
+        found = self._by_path.get(path)
+        if found is None:
+            directory = os.path.abspath(path)
+            if not os.path.isdir(directory):
+                directory = os.path.dirname(directory)
+            found = self._by_path[path] = self._for_directory(directory)
+        return found
 
     @functools.lru_cache(maxsize=None)
     def _for_directory(self, directory: str) -> Settings:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Union
 
 import libcst as cst
@@ -27,6 +27,8 @@ class Edits:
     after: dict[cst.CSTNode, list[cst.BaseStatement]] = field(default_factory=lambda: defaultdict(list))
     imports: list[str] = field(default_factory=list)
     diagnostics: list[Diagnostic] = field(default_factory=list)
+    # The diagnostics reported at a node, not yet placed (``place``), with their nodes.
+    unplaced: list[tuple[Diagnostic, cst.CSTNode]] = field(default_factory=list)
 
     def replace(self, node: cst.CSTNode, replacement: Replacement) -> None:
         self.replacements[node].append(replacement)
@@ -45,6 +47,25 @@ class Edits:
     def report(self, line: int, col: int, code: str, message: str) -> None:
         # One line, whatever code a message quotes (a call spread over several lines).
         self.diagnostics.append(Diagnostic(self.path, line, col, code, " ".join(message.split())))
+
+    def report_at(self, node: cst.CSTNode, code: str, message: str) -> None:
+        """``report`` at a node's start, placed later (``place``): a ``--to ddp`` file that stays as it is drops
+        most of what its rules said, and finding a node's line costs a generation of its statement."""
+        self.report(0, 0, code, message)
+        self.unplaced.append((self.diagnostics[-1], node))
+
+    def place(self, position: Callable[[cst.CSTNode], tuple[int, int]]) -> None:
+        """Give the diagnostics reported at a node that are still here their line and column."""
+        # By identity: equal diagnostics may stand at different nodes (the list keeps every one alive till here).
+        at = {id(diagnostic): node for diagnostic, node in self.unplaced}
+        placed = []
+        for diagnostic in self.diagnostics:
+            node = at.get(id(diagnostic))
+            if node is not None:
+                line, col = position(node)
+                diagnostic = replace(diagnostic, line=line, col=col)
+            placed.append(diagnostic)
+        self.diagnostics, self.unplaced = placed, []
 
     @property
     def empty(self) -> bool:

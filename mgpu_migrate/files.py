@@ -49,8 +49,7 @@ def discover(
     missing: list[str] = []
     seen: set[str] = set()
 
-    def add(path: str) -> None:
-        real = os.path.realpath(path)
+    def add(path: str, real: str) -> None:
         if real not in seen and not excluded(path):
             seen.add(real)
             found.append(path)
@@ -64,17 +63,21 @@ def discover(
                 directories[:] = sorted(
                     d for d in directories if not _skip_directory(Path(root, d)) and not excluded(os.path.join(root, d))
                 )
+                real_root = os.path.realpath(root)  # once per directory: a file that is no symlink is in it
                 for name in sorted(files):
                     candidate = os.path.join(root, name)
                     if not name.endswith(suffixes) or os.path.isdir(candidate):
                         continue
-                    if os.path.islink(candidate) and not _inside(os.path.realpath(candidate), boundary):
-                        if outside is not None:
-                            outside.append(candidate)
-                        continue
-                    add(candidate)
+                    real = os.path.join(real_root, name)
+                    if os.path.islink(candidate):
+                        real = os.path.realpath(candidate)
+                        if not _inside(real, boundary):
+                            if outside is not None:
+                                outside.append(candidate)
+                            continue
+                    add(candidate, real)
         elif os.path.lexists(path):
-            add(path)
+            add(path, os.path.realpath(path))
         else:
             missing.append(path)
     return found, missing

@@ -90,6 +90,7 @@ def plan(analysis: FileAnalysis, target: str, options: Options, only: tuple[type
                 _run(rule(target, analysis, edits, options, program, rewritten), needs_runtime)
     if target == DDP:
         settle(program, edits, vetoes(target), WRAP_REVIEW_CODES)
+    edits.place(analysis.position)
     if style == TORCH_STYLE and needs_runtime and not edits.empty:
         _leave_for_runtime(edits, *needs_runtime[0])
     if style == TORCH_STYLE and edits.empty:

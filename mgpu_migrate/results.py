@@ -1,4 +1,5 @@
-"""What migrating one file gives: the new text and the diagnostics (the engine's output, the file engine's input)."""
+"""What migrating one file gives: the new text and the diagnostics (``MigrationResult``: the engine's output, the
+file engine's input), and what the file engine reports of each file (``FileOutcome``: what the formats print)."""
 
 from __future__ import annotations
 
@@ -19,3 +20,14 @@ class MigrationResult:
     @property
     def changed(self) -> bool:
         return self.error is None and self.output != self.source
+
+
+UNCHANGED, CHANGED, FAILED = "unchanged", "changed", "failed"
+
+
+@dataclass
+class FileOutcome:
+    path: str
+    status: str
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    diff: str = ""

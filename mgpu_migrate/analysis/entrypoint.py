@@ -28,7 +28,7 @@ import libcst as cst
 from mgpu_migrate.analysis.tree import contains
 
 if TYPE_CHECKING:
-    from mgpu_migrate.analysis.file import FileAnalysis
+    from mgpu_migrate.analysis.parsed import ParsedFile
 
 RUNTIME_SETUP = "mgpu_runtime.setup"
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
@@ -103,7 +103,7 @@ def _names_cuda_visible_devices(target: cst.BaseExpression) -> bool:
     )
 
 
-def touches_cuda(analysis: FileAnalysis, statement: cst.CSTNode) -> bool:
+def touches_cuda(analysis: ParsedFile, statement: cst.CSTNode) -> bool:
     """Whether a statement may bind the process to a GPU: ``.cuda()``, ``.to(...)`` a device or a GPU's number,
     a tensor made with ``device=`` one, ``torch.cuda.*``."""
 
@@ -165,7 +165,7 @@ _PARSER_FUNCTIONS = {"parse_args", "get_args", "parse_arguments", "get_arguments
 
 # -- the entry point -------------------------------------------------------------------------------
 def _at_top(
-    analysis: FileAnalysis, body: list[cst.BaseStatement], place: str, skip_docstring: bool
+    analysis: ParsedFile, body: list[cst.BaseStatement], place: str, skip_docstring: bool
 ) -> Optional[EntryPoint]:
     """Setup right after the block's last statement that sets ``CUDA_VISIBLE_DEVICES`` (also inside an ``if``
     or ``with`` there), else at its top, after the command line is parsed (so ``--help`` or a bad argument
@@ -189,7 +189,7 @@ def _at_top(
     return EntryPoint(body[-1], True, place) if body else None
 
 
-def parses_arguments(analysis: FileAnalysis, statement: cst.CSTNode) -> bool:
+def parses_arguments(analysis: ParsedFile, statement: cst.CSTNode) -> bool:
     """A statement that only builds or runs the command-line parser (``args = parser.parse_args()``)."""
     if not isinstance(statement, cst.SimpleStatementLine):
         return False
@@ -207,7 +207,7 @@ def parses_arguments(analysis: FileAnalysis, statement: cst.CSTNode) -> bool:
     return True
 
 
-def _after_imports(analysis: FileAnalysis) -> Optional[EntryPoint]:
+def _after_imports(analysis: ParsedFile) -> Optional[EntryPoint]:
     body = list(analysis.module.body)
     index = 0
     while index < len(body) and (
@@ -223,7 +223,7 @@ def _after_imports(analysis: FileAnalysis) -> Optional[EntryPoint]:
     return EntryPoint(body[-1], True, place) if body else None
 
 
-def _first_called_function(analysis: FileAnalysis, block: cst.If) -> Optional[cst.FunctionDef]:
+def _first_called_function(analysis: ParsedFile, block: cst.If) -> Optional[cst.FunctionDef]:
     """The function of this file that the main block calls first, after parsing the command line: ``main()``,
     ``sys.exit(main(args))``."""
     body = (
@@ -251,7 +251,8 @@ def _top_level_function(module: cst.Module, name: str) -> Optional[cst.FunctionD
     return None
 
 
-def find_entry_point(analysis: FileAnalysis) -> Optional[EntryPoint]:
+def find_entry_point(analysis: ParsedFile, training_loops: list[cst.For]) -> Optional[EntryPoint]:
+    """The place for ``setup()`` (see the module doc); ``training_loops``: the file's (``LoaderFlow``)."""
     module = analysis.module
     main = main_block(module)
     tree = analysis.tree
@@ -261,7 +262,7 @@ def find_entry_point(analysis: FileAnalysis) -> Optional[EntryPoint]:
         if statement is not main and not isinstance(statement, (cst.FunctionDef, cst.ClassDef))
     ]
     trains_at_module_level = any(
-        tree.function(loop) is None and main not in tree.ancestors(loop) for loop in analysis.loaders.training_loops
+        tree.function(loop) is None and main not in tree.ancestors(loop) for loop in training_loops
     )
     if trains_at_module_level or any(touches_cuda(analysis, statement) for statement in module_code):
         return _after_imports(analysis)

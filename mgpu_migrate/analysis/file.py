@@ -4,59 +4,16 @@ from __future__ import annotations
 
 from functools import cached_property
 
-import libcst as cst
-
-from mgpu_migrate.analysis import names
 from mgpu_migrate.analysis.entrypoint import EntryPoint, find_entry_point
 from mgpu_migrate.analysis.loaders import LoaderFlow
 from mgpu_migrate.analysis.losses import LossFlow
 from mgpu_migrate.analysis.models import ModelFlow
-from mgpu_migrate.analysis.positions import Positions
-from mgpu_migrate.analysis.project import encoding_pair_modules
-from mgpu_migrate.analysis.scopes import FlowCollector, FlowIndex
-from mgpu_migrate.analysis.tree import Tree
-from mgpu_migrate.analysis.values import Values
-from mgpu_migrate.diagnostics import noqa_codes
+from mgpu_migrate.analysis.parsed import ParsedFile
 
 
-class FileAnalysis:
-    """Parsed module plus lazily computed facts. Rules read it; they never change it."""
-
-    def __init__(self, path: str, source: str, module: cst.Module) -> None:
-        self.path = path
-        self.source = source
-        self.module = module
-        self._resolved: dict[cst.BaseExpression, str | None] = {}
-
-    @cached_property
-    def _index(self) -> tuple[Tree, names.Bindings, FlowIndex]:
-        # One walk of the module collects the parent map, the bindings and the flow index together: almost
-        # every file that reaches the parser asks for all three (its wraps' models follow values).
-        bindings, flow = names.BindingCollector(), FlowCollector(self.module)
-        tree = Tree(self.module, bindings, flow)
-        # PyTorch-Encoding's pair is recognised in the project's own copies of it too (analysis/project.py).
-        bindings.bindings.encoding_modules = encoding_pair_modules(self.path, bindings.bindings.imported)
-        return tree, bindings.bindings, FlowIndex(flow)
-
-    @cached_property
-    def bindings(self) -> names.Bindings:
-        """What each name of the file is bound to: its imports and aliases, and local definitions."""
-        return self._index[1]
-
-    def resolve(self, node: cst.BaseExpression) -> str | None:
-        """Canonical qualified name of a dotted expression, through imports and aliases; None if unknown."""
-        # Rules ask about the same callees again and again (every call, once per rule): each node is resolved
-        # once. Nodes compare by identity, and the bindings never change after they are collected.
-        try:
-            return self._resolved[node]
-        except KeyError:
-            qualified = self._resolved[node] = names.resolve(self.bindings, node)
-            return qualified
-
-    @cached_property
-    def flow(self) -> FlowIndex:
-        """Scopes, places and the slots of every reference."""
-        return self._index[2]
+class FileAnalysis(ParsedFile):
+    """A parsed file (``ParsedFile``: its index, bindings, values, positions) and the analyses built on it, each
+    computed on first use. Rules read it; they never change it."""
 
     @cached_property
     def models(self) -> ModelFlow:
@@ -69,92 +26,11 @@ class FileAnalysis:
         return LossFlow(self, self.models)
 
     @cached_property
-    def tree(self) -> Tree:
-        """The parent of every node: what statement, block, ``if`` or function holds a node."""
-        return self._index[0]
-
-    @cached_property
     def entry_point(self) -> EntryPoint | None:
         """Where ``mgpu_runtime.setup()`` goes (None: the file has no place that runs first)."""
-        return find_entry_point(self)
-
-    @cached_property
-    def values(self) -> Values:
-        """What names and attributes may hold: the values stored in them, followed back."""
-        return Values(self.flow)
+        return find_entry_point(self, self.loaders.training_loops)
 
     @cached_property
     def loaders(self) -> LoaderFlow:
         """Training and evaluation loops, and the loaders that feed them."""
         return LoaderFlow(self, self.flow)
-
-    @cached_property
-    def calls(self) -> list[cst.Call]:
-        """Every call in the file, statements in source order (from the parent map's walk, so within one
-        statement the order is the tree's fields', e.g. a decorator's calls after its function's)."""
-        return self.tree.nodes(cst.Call)
-
-    def calls_to(self, qualified: str) -> list[cst.Call]:
-        """Calls whose callee resolves to ``qualified`` (a canonical name from ``analysis.names``)."""
-        return [call for call in self.calls if self.resolve(call.func) == qualified]
-
-    def ambiguous_calls(self, qualified: str) -> list[cst.Call]:
-        """Calls whose callee would be ``qualified`` through one binding but the name has others too."""
-        found = []
-        for call in self.calls:
-            head = names.head_name(call.func)
-            if head is None or not self.bindings.is_ambiguous(head):
-                continue
-            dotted = cst.helpers.get_full_name_for_node(call.func) or ""
-            rest = dotted[len(head):]
-            if any(self.bindings.canonical(origin + rest) == qualified for origin in self.bindings.imported[head]):
-                found.append(call)
-        return found
-
-    def unknown_star_calls(self, last_names: frozenset[str]) -> list[tuple[cst.Call, list[str]]]:
-        """Calls spelled ``....NAME(...)`` with NAME in ``last_names`` (``nn.DataParallel(model)``) that resolve
-        to nothing because their leftmost name is bound nowhere in the file, with the star imports it may
-        come from: what they call cannot be told without importing those modules."""
-        if not self.bindings.star_modules:
-            return []
-        found = []
-        for call in self.calls:
-            func = call.func
-            last = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
-            head = names.head_name(func)
-            if last not in last_names or head is None or self.resolve(func) is not None:
-                continue
-            sources = self.bindings.star_sources(head)
-            if sources:
-                found.append((call, sources))
-        return found
-
-    @cached_property
-    def noqa(self) -> dict[int, frozenset[str] | None]:
-        return noqa_codes(self.source)
-
-    @cached_property
-    def _positions(self) -> Positions:
-        # Only a file with a diagnostic or a `# noqa` asks, and only for the statements that hold the nodes asked
-        # about (then the pipeline's round trip and output for a file that changes).
-        return Positions(self.module, self.source, self.tree)
-
-    def code(self, module: cst.Module | None = None) -> str:
-        """``module.code`` of the parsed module (by default) or of one rebuilt from it; the top-level statements
-        whose positions were asked for are not generated again, nor those the rebuilt module shares with it."""
-        return self._positions.code(self.module if module is None else module)
-
-    def position(self, node: cst.CSTNode) -> tuple[int, int]:
-        """1-based line and column of a node's start."""
-        line, column = self._positions.start(node)
-        return line, column + 1
-
-    def silenced(self, node: cst.CSTNode, code: str) -> bool:
-        """True when a ``# noqa`` comment on the node's first or last line covers ``code``."""
-        if not self.noqa:
-            return False
-        for line in {self._positions.start(node)[0], self._positions.end(node)[0]}:
-            codes = self.noqa.get(line, frozenset())
-            if codes is None or code in codes:
-                return True
-        return False

@@ -31,7 +31,7 @@ from mgpu_migrate.analysis.scopes import FlowIndex, Place, Scope
 from mgpu_migrate.analysis.tree import contains
 
 if TYPE_CHECKING:
-    from mgpu_migrate.analysis.file import FileAnalysis
+    from mgpu_migrate.analysis.parsed import ParsedFile
 
 DATA_LOADERS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
 DISTRIBUTE_LOADER = "mgpu_runtime.distribute_loader"
@@ -97,7 +97,7 @@ _UNKNOWN = object()
 
 
 class LoaderFlow:
-    def __init__(self, analysis: FileAnalysis, index: FlowIndex) -> None:
+    def __init__(self, analysis: ParsedFile, index: FlowIndex) -> None:
         self.analysis = analysis
         self.index = index
         self._values = analysis.values

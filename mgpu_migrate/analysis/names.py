@@ -155,17 +155,9 @@ def _relative_prefix(node: cst.ImportFrom) -> str:
     return "." * len(node.relative)
 
 
-class BindingCollector:
-    """Collects bindings in one read-only pass over the tree (``analysis.walk``)."""
-
-    def __init__(self) -> None:
-        self.bindings = Bindings()
-
-    def leave_Module(self, node: cst.Module) -> None:
-        self.bindings.vendored_encoding = self.bindings.imports_torch_only()
-
-    # -- imports -------------------------------------------------------------------------------
-    def visit_Import(self, node: cst.Import) -> None:
+def record_import(bindings: Bindings, node: cst.Import | cst.ImportFrom) -> None:
+    """Add the names an import statement binds to ``bindings`` (the walk of ``scopes.FlowCollector`` calls this)."""
+    if isinstance(node, cst.Import):
         for alias in node.names:
             dotted = _dotted(alias.name)
             if dotted is None:
@@ -174,69 +166,35 @@ class BindingCollector:
                 bound, qualified = alias.asname.name.value, dotted
             else:
                 bound = qualified = dotted.split(".")[0]
-            self._import(bound, qualified, node, alias)
+            _import(bindings, bound, qualified, node, alias)
+        return
+    module = _dotted(node.module) if node.module is not None else ""
+    prefix = _relative_prefix(node) + (module or "")
+    if isinstance(node.names, cst.ImportStar):
+        bindings.star_modules.add(prefix)
+        return
+    for alias in node.names:
+        if not isinstance(alias.name, cst.Name):
+            continue
+        name = alias.name.value
+        bound = alias.asname.name.value if alias.asname and isinstance(alias.asname.name, cst.Name) else name
+        _import(bindings, bound, canonical(f"{prefix}.{name}") if prefix else name, node, alias)
 
-    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
-        module = _dotted(node.module) if node.module is not None else ""
-        prefix = _relative_prefix(node) + (module or "")
-        if isinstance(node.names, cst.ImportStar):
-            self.bindings.star_modules.add(prefix)
-            return
-        for alias in node.names:
-            if not isinstance(alias.name, cst.Name):
-                continue
-            name = alias.name.value
-            bound = alias.asname.name.value if alias.asname and isinstance(alias.asname.name, cst.Name) else name
-            self._import(bound, canonical(f"{prefix}.{name}") if prefix else name, node, alias)
 
-    def _import(self, bound: str, qualified: str, statement: cst.CSTNode, alias: cst.ImportAlias) -> None:
-        self.bindings.imported[bound].add(qualified)
-        self.bindings.import_aliases[bound].append((statement, alias))
+def _import(bindings: Bindings, bound: str, qualified: str, statement: cst.CSTNode, alias: cst.ImportAlias) -> None:
+    bindings.imported[bound].add(qualified)
+    bindings.import_aliases[bound].append((statement, alias))
 
-    # -- local bindings ------------------------------------------------------------------------
-    def _bind_target(self, target: cst.BaseExpression) -> None:
-        if isinstance(target, cst.Name):
-            self.bindings.local.add(target.value)
-        elif isinstance(target, (cst.Tuple, cst.List)):
-            for element in target.elements:
-                self._bind_target(element.value)
-        elif isinstance(target, cst.StarredElement):
-            self._bind_target(target.value)
 
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.bindings.local.add(node.name.value)
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self.bindings.local.add(node.name.value)
-
-    def visit_Param(self, node: cst.Param) -> None:
-        self.bindings.local.add(node.name.value)
-
-    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-        self._bind_target(node.target)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        self._bind_target(node.target)
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self._bind_target(node.target)
-
-    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-        self._bind_target(node.target)
-
-    def visit_For(self, node: cst.For) -> None:
-        self._bind_target(node.target)
-
-    def visit_CompFor(self, node: cst.CompFor) -> None:
-        self._bind_target(node.target)
-
-    def visit_WithItem(self, node: cst.WithItem) -> None:
-        if node.asname is not None:
-            self._bind_target(node.asname.name)
-
-    def visit_ExceptHandler(self, node: cst.ExceptHandler) -> None:
-        if node.name is not None:
-            self._bind_target(node.name.name)
+def names_in_target(target: cst.BaseExpression) -> list[str]:
+    """The names a binding target binds: ``a``, ``b`` and ``c`` in ``a, (b, *c) = ...``."""
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [name for element in target.elements for name in names_in_target(element.value)]
+    if isinstance(target, cst.StarredElement):
+        return names_in_target(target.value)
+    return []
 
 
 def resolve(bindings: Bindings, node: cst.BaseExpression) -> str | None:

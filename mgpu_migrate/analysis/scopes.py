@@ -21,6 +21,7 @@ from typing import Optional, Union
 
 import libcst as cst
 
+from mgpu_migrate.analysis import names
 
 ScopeNode = Union[cst.Module, cst.ClassDef, cst.FunctionDef]
 Function = cst.FunctionDef
@@ -240,14 +241,14 @@ class FlowIndex:
         classes: dict[tuple[Scope, str], set] = defaultdict(set)
         for assignment in self.assignments:
             target, value = assignment.target, assignment.value
-            for name in _names_in_target(target):
+            for name in names.names_in_target(target):
                 key = (assignment.scope.lookup(name), name)
                 cls = None
                 if isinstance(target, cst.Name) and isinstance(value, cst.Call) and isinstance(value.func, cst.Name):
                     cls = assignment.scope.lookup(value.func.value).classes.get(value.func.value)
                 classes[key].add(cls)
         for loop in self.loops:
-            for name in _names_in_target(loop.target):
+            for name in names.names_in_target(loop.target):
                 classes[(loop.scope.lookup(name), name)].add(None)
         return {
             key: self.scopes[next(iter(found))]
@@ -256,24 +257,16 @@ class FlowIndex:
         }
 
 
-def _names_in_target(target: cst.BaseExpression) -> list[str]:
-    if isinstance(target, cst.Name):
-        return [target.value]
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return [name for element in target.elements for name in _names_in_target(element.value)]
-    if isinstance(target, cst.StarredElement):
-        return _names_in_target(target.value)
-    return []
-
-
 def _is_staticmethod(function: Function) -> bool:
     return any(isinstance(d.decorator, cst.Name) and d.decorator.value == "staticmethod" for d in function.decorators)
 
 
 class FlowCollector:
-    """What a ``FlowIndex`` is made of, collected by a read-only walk of the module."""
+    """What a ``FlowIndex`` is made of, collected by a read-only walk of the module, and the file's
+    ``names.Bindings`` (every name it binds, per file rather than per scope) in the same handlers."""
 
     def __init__(self, module: cst.Module) -> None:
+        self.bindings = names.Bindings()
         self.module_scope = Scope(module, None)
         self.scopes: dict[ScopeNode, Scope] = {module: self.module_scope}
         self.stack = [self.module_scope]
@@ -291,8 +284,12 @@ class FlowCollector:
     def scope(self) -> Scope:
         return self.stack[-1]
 
+    def leave_Module(self, node: cst.Module) -> None:
+        self.bindings.vendored_encoding = self.bindings.imports_torch_only()
+
     # -- scopes ----------------------------------------------------------------------------------
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.bindings.local.add(node.name.value)
         outer = self.scope
         outer.bound.add(node.name.value)
         outer.functions[node.name.value] = node
@@ -315,6 +312,7 @@ class FlowCollector:
         self.functions.pop()
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.bindings.local.add(node.name.value)
         outer = self.scope
         outer.bound.add(node.name.value)
         outer.classes[node.name.value] = node
@@ -327,6 +325,8 @@ class FlowCollector:
         self.stack.pop()
 
     def visit_Param(self, node: cst.Param) -> None:
+        # Also a lambda's: the file-wide bindings count it, though it belongs to no scope here.
+        self.bindings.local.add(node.name.value)
         self.not_references.add(node.name)
 
     def visit_Global(self, node: cst.Global) -> None:
@@ -339,6 +339,7 @@ class FlowCollector:
             self.not_references.add(item.name)
 
     def visit_Import(self, node: cst.Import) -> bool:
+        names.record_import(self.bindings, node)
         for alias in node.names:
             bound = alias.asname.name if alias.asname else alias.name
             while isinstance(bound, cst.Attribute):
@@ -348,6 +349,7 @@ class FlowCollector:
         return False
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        names.record_import(self.bindings, node)
         if not isinstance(node.names, cst.ImportStar):
             for alias in node.names:
                 bound = alias.asname.name if alias.asname else alias.name
@@ -356,16 +358,20 @@ class FlowCollector:
         return False
 
     # -- stores ----------------------------------------------------------------------------------
-    def _store(self, target: cst.BaseExpression) -> None:
+    def _store(self, target: cst.BaseExpression, binds: bool = True) -> None:
+        """Record what a statement writes (``binds``: the names it binds are the file's local bindings too, as
+        for everything but ``del``)."""
         if isinstance(target, (cst.Tuple, cst.List)):
             for element in target.elements:
-                self._store(element.value)
+                self._store(element.value, binds)
         elif isinstance(target, cst.StarredElement):
-            self._store(target.value)
+            self._store(target.value, binds)
         else:
             self.stores[target] = self.scope
             if isinstance(target, cst.Name):
                 self.scope.bound.add(target.value)
+                if binds:
+                    self.bindings.local.add(target.value)
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
@@ -402,7 +408,11 @@ class FlowCollector:
         self.slots[node.item] = Slot("with", node)
 
     def visit_Del(self, node: cst.Del) -> None:
-        self._store(node.target)
+        self._store(node.target, binds=False)
+
+    def visit_ExceptHandler(self, node: cst.ExceptHandler) -> None:
+        if node.name is not None:
+            self.bindings.local.update(names.names_in_target(node.name.name))
 
     # -- reads -----------------------------------------------------------------------------------
     def visit_Call(self, node: cst.Call) -> None:

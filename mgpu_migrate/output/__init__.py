@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from mgpu_migrate.diagnostics import Diagnostic
 
-if TYPE_CHECKING:  # report.py imports the markers from this package
-    from mgpu_migrate.report import FileOutcome
+if TYPE_CHECKING:
+    from mgpu_migrate.results import FileOutcome
 
 FORMATS = ("text", "concise", "full", "json", "github", "sarif")
 TEXT_FORMATS = ("text", "concise", "full")

@@ -9,7 +9,7 @@ import json
 
 from mgpu_migrate import __version__
 from mgpu_migrate.output import Run, display_path, kind_of, split_cell
-from mgpu_migrate.report import CHANGED
+from mgpu_migrate.results import CHANGED
 
 SCHEMA_VERSION = 1
 SCHEMA_ID = "https://mgpu-migrate.invalid/schemas/report-v1.json"

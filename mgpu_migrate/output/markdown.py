@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from mgpu_migrate.output import Run, display_path, kind_of
-from mgpu_migrate.report import CHANGED, FAILED
+from mgpu_migrate.results import CHANGED, FAILED
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+(\d+)(?:,\d+)? @@")
 

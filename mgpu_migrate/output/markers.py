@@ -17,8 +17,7 @@ from mgpu_migrate.diagnostics import LINE_BREAK, Diagnostic
 from mgpu_migrate.output.lines import moved_to_new_lines
 
 if TYPE_CHECKING:
-    from mgpu_migrate.engine import MigrationResult
-    from mgpu_migrate.report import FileOutcome
+    from mgpu_migrate.results import FileOutcome, MigrationResult
 
 PREFIX = "# mgpu-migrate: review"
 _MARKER = re.compile(r"^[ \t]*# mgpu-migrate: review (?P<code>MGP\d{3})(?: -- (?P<message>.*?))?[ \t]*$")

@@ -97,15 +97,13 @@ class Rule(ABC):
         return not self.analysis.silenced(node, code or self.CODE)
 
     def rewrote(self, node: cst.CSTNode, message: str, code: str | None = None) -> None:
-        line, col = self.analysis.position(node)
-        self.edits.report(line, col, code or self.CODE, message)
+        self.edits.report_at(node, code or self.CODE, message)
 
     def left(self, node: cst.CSTNode, code: str, message: str) -> None:
         """Report a site this rule did not rewrite, unless a ``# noqa`` silences the code there."""
         if self.analysis.silenced(node, code):
             return
-        line, col = self.analysis.position(node)
-        self.edits.report(line, col, code, message)
+        self.edits.report_at(node, code, message)
 
 
 # The targets are re-exported for the rules, which name them beside the phases.
