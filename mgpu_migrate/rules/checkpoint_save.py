@@ -92,6 +92,30 @@ class CheckpointSave(Rule):
             DDP,
             ("MGP101", "MGP240"),
         ),
+        Example(
+            """
+            import torch
+
+            def save_model(model, path):
+                torch.save(model.state_dict(), path)
+
+            model = torch.nn.DataParallel(model)
+            if args.local_rank in [-1, 0]:
+                save_model(model, 'model.pt')
+            """,
+            """
+            import mgpu_runtime
+
+            def save_model(model, path):
+                mgpu_runtime.save(model.state_dict(), path, wait=False)
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            if args.local_rank in [-1, 0]:
+                save_model(model, 'model.pt')
+            """,
+            DDP,
+            ("MGP123", "MGP101"),
+        ),
     )
 
     def apply(self) -> None:
@@ -114,7 +138,7 @@ class CheckpointSave(Rule):
                 continue
             if not self.rewrite_allowed(call):
                 continue
-            self._save_once(call, self._decided_per_process(call))
+            self._save_once(call, self._decided_per_process(call), self._called_by_main_process_only(call))
         for call in self.analysis.calls:
             if (
                 isinstance(call.func, cst.Attribute)
@@ -127,23 +151,49 @@ class CheckpointSave(Rule):
                     "save_pretrained runs on every process",
                 )
 
-    def _save_once(self, call: cst.Call, decided: cst.If | None) -> None:
-        """Make ``torch.save`` write once (``decided``: an ``if`` around it that each process judges alone)."""
-        self.edits.replace(call, lambda updated, decided=decided: self._to_runtime_save(updated, decided))
+    def _save_once(self, call: cst.Call, decided: cst.If | None, caller: cst.Call | None = None) -> None:
+        """Make ``torch.save`` write once (``decided``: an ``if`` around it that each process judges alone;
+        ``caller``: a call of the save's function that only the main process makes)."""
+        alone = decided is not None or caller is not None
+        self.edits.replace(call, lambda updated, alone=alone: self._to_runtime_save(updated, alone))
         self.edits.need_import(RUNTIME)
-        if decided is None:
-            self.rewrote(call, f"{RUNTIME}.save: written once, by the main process, atomically")
-        else:
+        if decided is not None:
             self.rewrote(
                 call,
                 f"{RUNTIME}.save(..., wait=False): written once, by the main process; no process waits, as the "
                 f"`if` at line {self.analysis.position(decided)[0]} is judged per process",
             )
+        elif caller is not None:
+            self.rewrote(
+                call,
+                f"{RUNTIME}.save(..., wait=False): written once, by the main process; no process waits, as line "
+                f"{self.analysis.position(caller)[0]} calls it on the main process only",
+            )
+        else:
+            self.rewrote(call, f"{RUNTIME}.save: written once, by the main process, atomically")
+
+    def _called_by_main_process_only(self, call: cst.Call) -> cst.Call | None:
+        """A call of the function holding the save, by its name in this file, under a main-process-only
+        block (``if args.local_rank in [-1, 0]: save_model(model, path)``): the other processes never reach
+        the save, so a save that waits for them would wait forever."""
+        function = self.analysis.tree.function(call)
+        if function is None:
+            return None
+        return next(
+            (
+                caller
+                for caller in self.analysis.calls
+                if isinstance(caller.func, cst.Name)
+                and caller.func.value == function.name.value
+                and under_main_process_block(self.analysis, caller)
+            ),
+            None,
+        )
 
     @staticmethod
-    def _to_runtime_save(call: cst.Call, decided) -> cst.Call:
+    def _to_runtime_save(call: cst.Call, alone: bool) -> cst.Call:
         call = call.with_changes(func=runtime_attr("save"))
-        return call if decided is None else with_keyword(call, "wait", cst.Name("False"))
+        return with_keyword(call, "wait", cst.Name("False")) if alone else call
 
     def _decided_per_process(self, call: cst.Call):
         """The innermost ``if`` around the save whose test reads a value computed from the model's outputs

@@ -86,8 +86,8 @@ class MainProcessCollective(Rule):
     ``if local_rank not in [-1, 0]: barrier()`` ... ``if local_rank == 0: barrier()`` (the first process
     prepares something while the others wait, then joins them), the model handed to ``print`` or a logger,
     and to a function of this file that only reads its weights (``model.state_dict()``). A function of this
-    file that calls a collective is reported at its call (``def save_checkpoint(...)`` with a ``torch.save``,
-    which becomes ``mgpu_runtime.save``, waiting for every process).
+    file that calls a collective is reported at its call (``def sync(...)`` with a ``dist.all_reduce``); its
+    ``torch.save`` is not one: called there, it becomes ``mgpu_runtime.save(..., wait=False)`` (MGP123).
     """
 
     CODE = COLLECTIVE_IN_MAIN_PROCESS_BLOCK
@@ -187,7 +187,7 @@ class MainProcessCollective(Rule):
         qualified = self.analysis.resolve(call.func)
         if qualified in _BARRIERS and self._paired_barrier(call):
             return None
-        if qualified in _COLLECTIVES:
+        if qualified in _COLLECTIVES and not _waits_not(call):
             return f"the collective `{qualified}`", "move it out of the block"
         if self._holds_ddp_model(call.func, call):
             return "a forward pass of the DDP model", "call the bare model (`.module`) here"
@@ -227,12 +227,11 @@ class MainProcessCollective(Rule):
         return defined[0] if len(defined) == 1 else None
 
     def _collective_in(self, function: cst.FunctionDef) -> Optional[str]:
-        """A collective that ``function`` calls, ``torch.save`` included (``mgpu_runtime.save`` once migrated,
-        which waits for every process), unless a main-process-only block of its own holds it."""
+        """A collective that ``function`` calls, unless a main-process-only block of its own holds it. Its
+        ``torch.save`` is none: called here, it becomes ``mgpu_runtime.save(..., wait=False)`` (MGP123)."""
         for call in contains(function.body, lambda n: isinstance(n, cst.Call)):
             qualified = self.analysis.resolve(call.func)
-            waits = qualified in _COLLECTIVES or qualified == "torch.save"
-            if waits and not under_main_process_block(self.analysis, call):
+            if qualified in _COLLECTIVES and not _waits_not(call) and not under_main_process_block(self.analysis, call):
                 return qualified
         return None
 
@@ -275,3 +274,11 @@ class MainProcessCollective(Rule):
             if isinstance(value, cst.Call) and self.analysis.resolve(value.func) in _DDP_WRAPPERS:
                 return True
         return False
+
+
+def _waits_not(call: cst.Call) -> bool:
+    """``mgpu_runtime.save(..., wait=False)``: written by the main process, waited for by nobody."""
+    return any(
+        arg.keyword is not None and arg.keyword.value == "wait" and isinstance(arg.value, cst.Name) and arg.value.value == "False"
+        for arg in call.args
+    )
