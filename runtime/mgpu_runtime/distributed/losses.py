@@ -34,6 +34,9 @@ its rows, and so random numbers drawn per row (``torch.randn(b_size, nz)``, ``to
 ``mgpu_runtime.randomness``), so masks are the original's and every rank's generator advances as
 the original process's did (the loader keeps the ranks' generators in step with rank 0's, ``data.py``).
 
+An optimizer's ``step()`` runs unwatched (global step hooks take the mode off the stack for it): its
+arithmetic is neither a loss nor a draw for the rows, and it is half the calls of a CPU step.
+
 Every watched call is a collective, so every rank must make the same loss calls in the same order, as DDP
 already requires of forward and backward. A rank with no rows contributes zero to both sums and a zero
 gradient.
@@ -50,6 +53,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
 
 from mgpu_runtime.distributed import lockstep
@@ -181,9 +185,38 @@ def watching() -> Iterator[_GlobalLosses]:
     _active.mode = mode
     try:
         with mode:
-            yield mode
+            try:
+                yield mode
+            finally:
+                _resume_after_step()  # a step that raised left the watch off the stack
     finally:
         _active.mode = None
+
+
+def _pause_for_step(optimizer, args, kwargs) -> None:
+    """An optimizer's step runs unwatched: its arithmetic on parameters and their gradients is neither a loss
+    nor a draw for the batch's rows (a full sum of a gradient whose first dimension happens to equal the
+    rank's rows is no loss), and a CPU optimizer makes about half the torch calls of a step, each of which the
+    mode's dispatch would slow down."""
+    mode = getattr(_active, "mode", None)
+    depth = torch._C._len_torch_function_stack()
+    if mode is None or getattr(_active, "paused", None) is not None or not depth:
+        return
+    if torch._C._get_function_stack_at(depth - 1) is not mode:
+        return  # another mode entered above the watch: leave the stack as it is
+    torch._C._pop_torch_function_stack()
+    _active.paused = mode
+
+
+def _resume_after_step(*_: Any) -> None:
+    mode = getattr(_active, "paused", None)
+    if mode is not None:
+        _active.paused = None
+        torch._C._push_on_torch_function_stack(mode)
+
+
+register_optimizer_step_pre_hook(_pause_for_step)
+register_optimizer_step_post_hook(_resume_after_step)
 
 
 @contextlib.contextmanager
