@@ -31,9 +31,18 @@ __all__ = ["TARGETS", "MigrationResult", "might_need_migration", "migrate_source
 _SITE_PATTERNS = {
     b"DataParallel": (re.compile(rb"DataParallel(?<!\wDataParallel)(?:Model|Criterion|WithCallback)?\b"),),
     b"data_parallel": (
-        re.compile(rb"data_parallel(?<!\wdata_parallel)\b"),
-        # Not the process-group vocabulary of model-parallel frameworks (Megatron's data_parallel_size(...)).
-        re.compile(rb"data_parallel(?<!\wdata_parallel)(?!_(?:size|group|rank|world_size|sharding)\w*)\w*\s*\("),
+        # torch's functional form or module, reached as an attribute (nn.parallel.data_parallel(...),
+        # import torch.nn.parallel.data_parallel as m) or imported by name; not a keyword argument, a string
+        # key or a docstring word (Megatron's data_parallel=True, 'dl.data_parallel.size', "data_parallel groups").
+        re.compile(rb"\.\s*data_parallel\b(?!\s*\.)"),
+        re.compile(rb"import(?<!\wimport)\s*(?:\([^)]*|(?:[^\n;]|\\\r?\n)*)\bdata_parallel\b"),
+        # Called by a name of its own (a copy: data_parallel_workaround(...)); not the process-group vocabulary
+        # of model-parallel frameworks (Megatron's data_parallel_size(...)), nor a docstring's
+        # "data_parallel (bool): ...".
+        re.compile(
+            rb"data_parallel(?<!\wdata_parallel)(?!_(?:size|group|rank|world_size|sharding)\w*)\w*"
+            rb"(?:\(|\s+\((?![\w.\[\], |]*\)\s*:))"
+        ),
     ),
     b"parallel_apply": (re.compile(rb"parallel_apply(?<!\wparallel_apply)\b"),),
     b"mgpu_runtime": (re.compile(rb"mgpu_runtime(?<!\wmgpu_runtime)\b"),),

@@ -16,6 +16,9 @@ from tests.robustness.shapes import SITES
         "import torch.nn.parallel.data_parallel as dp_module\nmodel = dp_module.DataParallel(model)",
         "out = nn.parallel.data_parallel(model, inputs)",
         "from torch.nn.parallel import data_parallel",
+        "from torch.nn.parallel import (\n    replicate,\n    data_parallel,\n)",
+        "from torch.nn.parallel import replicate, data_parallel as dp",
+        "f = torch.nn.parallel . data_parallel",
         "from encoding.parallel import DataParallelModel, DataParallelCriterion",
         "from .parallel import DataParallelCriterion",
         "from apex.parallel import DistributedDataParallel as DDP",
@@ -32,6 +35,7 @@ from tests.robustness.shapes import SITES
         # WaveRNN): the project reading names them (MGP280, MGP281).
         "generator = DataParallelWithCallback(generator, device_ids=[0])",
         "y = data_parallel_workaround(model, x)",
+        "y = data_parallel_workaround (model, x)",
         "import mgpu_runtime\nmodel = mgpu_runtime.DistributedDataParallel(model)",
     ],
 )
@@ -59,6 +63,11 @@ def test_every_spelling_of_a_site_passes(source):
         "setup(data_parallel_size(), data_parallel_group(with_context=True), data_parallel_sharding_strategy(x))",
         "class DataParallelInferenceCoordinator:\n    pass",
         "buffer = DataParallelBuffer(ddp_config, params)",
+        # The word as a keyword argument, a string key or prose (Megatron's inference and config code).
+        "broadcast_tensor(size, dtype, data_parallel=True)",
+        "checks = [('dl.data_parallel.size', 'data_parallel_size'), (\"data_parallel\", ok)]",
+        '"""8 data_parallel groups"""',
+        '"""Args:\n    data_parallel (bool): across one replica."""',
         "",
     ],
 )
