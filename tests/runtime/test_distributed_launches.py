@@ -238,3 +238,33 @@ def test_weights_changed_after_the_wrap_are_made_rank_0s_at_the_first_training_f
 def test_a_save_only_one_rank_reaches_does_not_wait_for_the_others(tmp_path):
     ranks = _first_step(tmp_path, "divergent_save")  # with the wait, rank 0 would wait forever
     assert torch.equal(torch.load(tmp_path / "best.pt")["weight"], ranks[0]["weights"]["weight"])
+
+
+AUGMENTED = SCRIPT.parent / "augmented.py"
+
+
+@pytest.mark.slow
+def test_random_augmentation_is_the_originals_with_whole_batches(tmp_path):
+    """A dataset that draws per sample: by default each rank loads only its rows, whose draws are not the
+    original's numbers (the test shows they differ); MGPU_WHOLE_BATCHES=1 loads whole batches on every rank,
+    and the float64 weights are the original's (2 processes, uneven last batch)."""
+    original_run = [sys.executable, str(AUGMENTED), str(tmp_path / "original.pt"), "--original"]
+    subprocess.run(original_run, check=True, env=_clean_environment())
+    original = torch.load(tmp_path / "original.pt")
+    differences = {}
+    for whole in ("1", "0"):
+        out = tmp_path / f"whole{whole}.pt"
+        command = _torchrun("--standalone", "--nproc_per_node=2", str(AUGMENTED), str(out))
+        _run_together([(command, _clean_environment(MGPU_WHOLE_BATCHES=whole))])
+        migrated = torch.load(out)
+        differences[whole] = max((migrated[name] - value).abs().max().item() for name, value in original.items())
+    assert differences["1"] < 1e-9, differences
+    assert differences["0"] > 1e-3, differences
+
+
+def test_a_bad_whole_batches_value_names_the_variable(monkeypatch):
+    from mgpu_runtime.distributed.data import whole_batches_asked
+
+    monkeypatch.setenv("MGPU_WHOLE_BATCHES", "yes")
+    with pytest.raises(ValueError, match="MGPU_WHOLE_BATCHES='yes': expected 0 or 1"):
+        whole_batches_asked()

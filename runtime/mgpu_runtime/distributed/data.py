@@ -23,7 +23,9 @@ Two ways to get there, by what the loader is:
   span gives the span of the collated batch) ``collate_fn`` sees the rank's span of samples; a
   ``collate_fn`` of the script's own may pad to the batch's longest sample or otherwise depend on the whole
   batch, so every rank loads and collates the whole global batch and keeps its span of rows, which is what
-  DataParallel scattered. A rank
+  DataParallel scattered. A dataset that draws per sample (random augmentation) draws, on a rank loading
+  its span only, numbers of the original's distribution but not the original's numbers;
+  ``MGPU_WHOLE_BATCHES=1`` loads the whole batch there too, for exactly the original's. A rank
   whose span is empty loads the batch's first sample and cuts it to zero rows, so it still has a batch of
   the right structure to run forward and backward on. Batches are kept in order (``in_order=True``), which
   keeping ranks aligned requires.
@@ -40,6 +42,7 @@ world of one ``distribute_loader`` returns the loader itself.
 from __future__ import annotations
 
 import inspect
+import os
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -74,6 +77,20 @@ _KEPT_LOADER_SETTINGS = (
 _LOADER_PARAMETERS = inspect.signature(DataLoader.__init__).parameters
 
 T = TypeVar("T")
+
+
+WHOLE_BATCHES_VARIABLE = "MGPU_WHOLE_BATCHES"
+"""``MGPU_WHOLE_BATCHES=1``: every rank loads the whole global batch and keeps its rows. A dataset that draws
+random numbers per sample (``transforms.RandomCrop``, a flip in ``__getitem__``) then draws exactly the
+original's numbers, at W times the loading work; by default each rank loads only its rows, whose draws have
+the original's distribution but not its numbers."""
+
+
+def whole_batches_asked() -> bool:
+    value = os.environ.get(WHOLE_BATCHES_VARIABLE, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{WHOLE_BATCHES_VARIABLE}={value!r}: expected 0 or 1")
+    return value == "1"
 
 
 def distribute_loader(loader: Iterable[Any]) -> Iterable[Any]:
@@ -124,7 +141,8 @@ class _IndexShardedLoader(_LoaderTwin):
         super().__init__(loader)
         # A collate_fn of the script's own may not be slice-invariant (padding to the batch's longest sample,
         # per-batch normalisation): it collates the whole global batch, of which the rank keeps its rows.
-        self._whole_batches = loader.collate_fn is not default_collate
+        # So does MGPU_WHOLE_BATCHES=1, for a dataset that draws (random augmentation).
+        self._whole_batches = loader.collate_fn is not default_collate or whole_batches_asked()
         self._shards = _ShardedBatchSampler(loader.batch_sampler, self._whole_batches)
         settings = {name: getattr(loader, name) for name in _KEPT_LOADER_SETTINGS if name in _LOADER_PARAMETERS}
         if "in_order" in _LOADER_PARAMETERS:
