@@ -148,11 +148,12 @@ class GlobalMetrics(Rule):
         code = self.analysis.module.code_for_node
         for loop in self._split_loops():
             bound = _bound_names(loop)
-            # A sample count the file compares drives a schedule: the data rule sums it (MGP140).
-            schedules = set(sample_counters(self.analysis, loop))
+            schedules = None
             for update in contains(loop.body, lambda node: isinstance(node, cst.AugAssign)):
                 if not isinstance(update.operator, cst.AddAssign) or self._loop_of(update) is not loop:
                     continue
+                # A sample count the file compares drives a schedule: the data rule sums it (MGP140).
+                schedules = set(sample_counters(self.analysis, loop)) if schedules is None else schedules
                 if update in schedules:
                     continue
                 value = update.value

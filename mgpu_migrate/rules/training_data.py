@@ -435,21 +435,30 @@ def sample_counters(analysis, loop: cst.For) -> list[cst.AugAssign]:
         for function in (tree.function(call) for call in analysis.loaders.backward_calls(loop))
         if function is not tree.function(loop)
     ]
-    comparisons = contains(analysis.module, lambda n: isinstance(n, cst.Comparison), into_functions=True)
-    compared = {
-        code(node)
-        for comparison in comparisons
-        for node in contains(comparison, lambda n: isinstance(n, (cst.Name, cst.Attribute)))
-    }
     found: list[cst.AugAssign] = []
     for region in dict.fromkeys(regions):
         if region is None:
             continue
         added = contains(region, lambda n: isinstance(n, cst.AugAssign) and isinstance(n.operator, cst.AddAssign))
-        for node in added:
-            if code(node.target) in compared and _counts_samples(analysis, node.value) and node not in found:
-                found.append(node)
-    return found
+        found += [node for node in added if node not in found and _counts_samples(analysis, node.value)]
+    if not found:
+        return found
+    # Which of them the file compares with something: only names ending like a counter are generated.
+    tails = {_tail(node.target) for node in found}
+    compared = {
+        code(node)
+        for comparison in tree.nodes(cst.Comparison)
+        for node in contains(comparison, lambda n: isinstance(n, (cst.Name, cst.Attribute)) and _tail(n) in tails)
+    }
+    return [node for node in found if code(node.target) in compared]
+
+
+def _tail(node: cst.CSTNode) -> str | None:
+    """``used_sample`` of ``used_sample``, ``tokens`` of ``self.tokens``."""
+    if isinstance(node, cst.Name):
+        return node.value
+    return node.attr.value if isinstance(node, cst.Attribute) else None
+
 
 def _counts_samples(analysis, value: cst.BaseExpression) -> bool:
     while isinstance(value, cst.Call):
