@@ -274,7 +274,8 @@ def importers(path: str, uses: str) -> list[Importer]:
     function or class that holds the wrap), then those that run a backward pass.
 
     Found by a bounded byte search of the project's tree (at most ``_SEARCH_FILES`` files of at most
-    ``_SEARCH_BYTES`` each, read once per run): a module's importers are never among what it imports, so
+    ``_SEARCH_BYTES`` each and ``_SEARCH_TOTAL`` in all, read once per run; a folder with a project marker of its
+    own is another project, not searched): a module's importers are never among what it imports, so
     project reading alone does not see them. Without a project marker the tree searched is the top package's
     directory (its parent when the file is in no package)."""
     path = os.path.abspath(path)
@@ -307,20 +308,29 @@ def trees_searched() -> list[tuple[str, int, int]]:
 _SEARCHED: dict[str, tuple[tuple[str, bytes], ...]] = {}
 _SEARCH_FILES = 5000
 _SEARCH_BYTES = 1 << 20
+_SEARCH_TOTAL = 64 << 20
 _SKIPPED_DIRECTORIES = frozenset({"node_modules", "site-packages", "__pycache__", "build", "dist"})
 
 
 @cache
 def _tree(top: str) -> tuple[tuple[str, bytes], ...]:
     files = []
+    total = 0
     for directory, subdirectories, names_here in os.walk(top):
+        # A folder holding a project marker is another project (a tree with no marker of its own may be a
+        # folder of scripts beside whole repositories): its modules do not import this one.
         subdirectories[:] = sorted(
-            d for d in subdirectories if not d.startswith(".") and d not in _SKIPPED_DIRECTORIES and "venv" not in d
+            d
+            for d in subdirectories
+            if not d.startswith(".")
+            and d not in _SKIPPED_DIRECTORIES
+            and "venv" not in d
+            and not any(os.path.exists(os.path.join(directory, d, marker)) for marker in _ROOT_MARKERS)
         )
         for name in sorted(names_here):
             if not name.endswith(".py"):
                 continue
-            if len(files) == _SEARCH_FILES:
+            if len(files) == _SEARCH_FILES or total > _SEARCH_TOTAL:
                 _SEARCHED[top] = found = tuple(files)
                 return found
             file = os.path.join(directory, name)
@@ -328,6 +338,7 @@ def _tree(top: str) -> tuple[tuple[str, bytes], ...]:
                 if os.path.getsize(file) <= _SEARCH_BYTES:
                     with open(file, "rb") as handle:
                         files.append((file, handle.read()))
+                        total += len(files[-1][1])
             except OSError:
                 continue
     _SEARCHED[top] = found = tuple(files)

@@ -7,6 +7,7 @@ that is no file, modules that cannot be parsed, and that each module is read onc
 
 from __future__ import annotations
 
+import os
 import shutil
 
 from mgpu_migrate.analysis import project
@@ -166,3 +167,20 @@ def test_a_builder_names_the_module_that_imports_it():
     assert result.output == builder.read_text()
     found = project.importers(str(builder), "load_model")
     assert [(importer.line, importer.trains) for importer in found] == [(6, True)]
+
+
+def test_the_importer_search_skips_other_projects_beside_a_folder_of_scripts(tmp_path):
+    """A folder of scripts with no project marker is searched from its parent, which may hold whole
+    repositories (a home directory): a folder with a marker of its own is another project, never read."""
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    (scripts / "loading.py").write_text("def load_model():\n    return model\n")
+    (scripts / "train.py").write_text("from loading import load_model\nload_model().backward()\n")
+    other = tmp_path / "other_repo"
+    (other / "pkg").mkdir(parents=True)
+    (other / "pyproject.toml").write_text("")
+    (other / "pkg" / "uses.py").write_text("from loading import load_model\n")
+    found = project.importers(str(scripts / "loading.py"), "load_model")
+    assert [os.path.basename(importer.path) for importer in found] == ["train.py"]
+    searched = {top: files for top, files, _ in project.trees_searched()}
+    assert searched[str(tmp_path)] == 2
