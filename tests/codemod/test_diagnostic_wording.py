@@ -19,9 +19,14 @@ def test_calls_before_the_wrap_are_not_where_the_wrapped_model_goes():
         assert "the caller of `define_generator()`" in message, message
 
 
-def test_a_helper_that_saves_under_a_main_process_block_is_named_for_its_save():
-    (message,) = _messages("main_process_pairs", "ddp", "MGP249")
-    assert message.startswith("`save_model` (line 17), which calls `torch.save`, under `if args.local_rank in [-1, 0]:`")
+def test_a_helper_called_under_a_main_process_block_saves_without_waiting_and_says_why():
+    # Its save would wait for processes that never come: it waits for nobody, and nothing is left to hang.
+    assert _messages("main_process_pairs", "ddp", "MGP249") == []
+    (message,) = _messages("main_process_pairs", "ddp", "MGP123")
+    assert message == (
+        "mgpu_runtime.save(..., wait=False): written once, by the main process; no process waits, "
+        "as line 38 calls it on the main process only"
+    )
 
 
 def test_a_sub_module_whose_own_output_the_wrapped_criterion_takes_gets_no_contradicting_note():
