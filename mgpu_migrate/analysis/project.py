@@ -135,9 +135,10 @@ class Project:
             return self.find(imported, depth + 1) if imported != f"{module.package}.{name}" else None
         return None
 
-    def own(self, name: str) -> Found | None:
-        """A top-level definition of the file itself (a loss function beside the training loop)."""
-        module = _read(self.path, "")
+    def own(self, name: str, source: str) -> Found | None:
+        """A top-level definition of the file itself (a loss function beside the training loop), read from
+        ``source``, the text being migrated (stdin or a notebook's cells are not what the disk holds)."""
+        module = _parsed_text(self.path, source)
         return self._in_module(module, name, 0) if module is not None else None
 
     def resolve_in(self, found: Found, node: ast.expr, depth: int = 0) -> tuple[str | None, Found | None]:
@@ -493,6 +494,19 @@ def _parsed(path: str, package: str, stamp: int) -> ProjectModule | None:
             tree = ast.parse(handle.read(), path)
     except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
         return None  # Python 2 code, a broken file: nothing is known about it
+    return _module_of(tree, path, package)
+
+
+@lru_cache(maxsize=4)
+def _parsed_text(path: str, source: str) -> ProjectModule | None:
+    """The file being migrated, from its text (each rule that asks gets the same one)."""
+    try:
+        return _module_of(ast.parse(source, path), path, "")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def _module_of(tree: ast.Module, path: str, package: str) -> ProjectModule:
     module = ProjectModule(path, package)
     for statement in tree.body:
         if isinstance(statement, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):

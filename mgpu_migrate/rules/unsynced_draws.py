@@ -160,7 +160,7 @@ class UnsyncedDraws(Rule):
         qualified = self.analysis.resolve(call.func)
         found = project.find(qualified) if qualified else None
         if found is None and isinstance(call.func, cst.Name) and call.func.value in self.analysis.bindings.local:
-            found = project.own(call.func.value)
+            found = project.own(call.func.value, self.analysis.source)
         if found is not None:
             return project_draws(project, found)
         func = call.func

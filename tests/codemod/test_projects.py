@@ -184,3 +184,12 @@ def test_the_importer_search_skips_other_projects_beside_a_folder_of_scripts(tmp
     assert [os.path.basename(importer.path) for importer in found] == ["train.py"]
     searched = {top: files for top, files, _ in project.trees_searched()}
     assert searched[str(tmp_path)] == 2
+
+
+def test_the_files_own_functions_are_read_from_the_text_being_migrated(tmp_path):
+    """stdin (`--stdin-filename`) or a notebook's cells are not what the disk holds at that path: the draws of the
+    file's own functions come from the text migrated, here with an empty file on disk under its name."""
+    source = (FIXTURES / "shapes" / "sliced_score_in_file.py").read_text()
+    path = tmp_path / "sliced_score_in_file.py"
+    path.write_text("")
+    assert "MGP311" in codes(migrate_source(source, "ddp", str(path)))
