@@ -34,3 +34,10 @@ class FileAnalysis(ParsedFile):
     def loaders(self) -> LoaderFlow:
         """Training and evaluation loops, and the loaders that feed them."""
         return LoaderFlow(self, self.flow)
+
+    def release(self) -> None:
+        """Drop what was computed. The flows above refer back to this analysis, so until this is called the
+        file's whole tree stays alive in that reference cycle, and every collection of Python's garbage
+        collector walks it again until a full collection frees it; released, the tree is freed as soon as the
+        migration returns. The analysis is not used after it."""
+        self.__dict__.clear()

@@ -96,25 +96,14 @@ class Positions:
         self._tree = tree if tree is not None else Tree(module)
         # Every node placed so far, by offset; also the state of the generation from the module's start.
         self._state = _OffsetState(module)
-        self._pending = self._generate()
         self._line_starts: list[int] | None = None
         # The tokens of each top-level statement (and blank or comment line) generated whole so far.
         self._tokens: dict[cst.CSTNode, list[str]] = {}
+        # Not a method's generator: its frame would hold ``self``, and ``self`` it, a reference cycle that keeps
+        # the whole tree alive after the file is done, until the garbage collector's next full collection.
+        self._pending = _generate(module, self._state, self._tokens)
         # Statements whose code is not in the source exactly once: not looked up again for their other nodes.
         self._not_found: set[cst.BaseStatement] = set()
-
-    def _generate(self) -> Iterator[bool]:
-        # Module._codegen, cut at each top-level statement so the caller can stop early.
-        module, state = self._module, self._state
-        state.before_codegen(module)
-        for statement in (*module.header, *module.body, *module.footer):
-            first = len(state.tokens)
-            statement._codegen(state)
-            self._tokens.setdefault(statement, state.tokens[first:])
-            yield True
-        if module.has_trailing_newline and state.offset == 0:
-            state.add_token(state.default_newline)
-        state.after_codegen(module)
 
     def _look_up(self, statement: cst.BaseStatement) -> bool:
         """Generate ``statement`` alone and place its nodes where its code stands in the source, if it stands
@@ -187,3 +176,17 @@ class Positions:
         elif tokens:
             tokens.pop()
         return "".join(tokens)
+
+
+def _generate(module: cst.Module, state: _OffsetState, tokens: dict[cst.CSTNode, list[str]]) -> Iterator[bool]:
+    """``Module._codegen``, cut at each top-level statement so the caller can stop early; the tokens of each
+    statement go to ``tokens``."""
+    state.before_codegen(module)
+    for statement in (*module.header, *module.body, *module.footer):
+        first = len(state.tokens)
+        statement._codegen(state)
+        tokens.setdefault(statement, state.tokens[first:])
+        yield True
+    if module.has_trailing_newline and state.offset == 0:
+        state.add_token(state.default_newline)
+    state.after_codegen(module)
