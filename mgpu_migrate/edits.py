@@ -97,16 +97,16 @@ class StatementTidier(cst.CSTTransformer):
         self._emptied: set[int] = set()
 
     def tidy(self, node):
-        if isinstance(node, cst.SimpleStatementLine) and not node.body:
+        if type(node) is cst.SimpleStatementLine and not node.body:
             placeholder = node.with_changes(body=[cst.Pass()])
             self._emptied.add(id(placeholder))
             return placeholder
-        if isinstance(node, (cst.Module, cst.IndentedBlock)):
+        if type(node) in (cst.Module, cst.IndentedBlock):
             node = node.with_changes(body=self._without_emptied(node.body))
-        if isinstance(node, cst.IndentedBlock) and not node.body:
+        if type(node) is cst.IndentedBlock and not node.body:
             # A block whose only statement was removed (an import inside `try:`, say) keeps a `pass`.
             return node.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
-        if isinstance(node, cst.SimpleStatementSuite) and not node.body:
+        if type(node) is cst.SimpleStatementSuite and not node.body:
             return node.with_changes(body=[cst.Pass()])
         return node
 

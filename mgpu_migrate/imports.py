@@ -49,25 +49,25 @@ def name_uses(module: cst.Module) -> Counter[str]:
 
 
 def _is_import_line(statement: cst.CSTNode) -> bool:
-    return isinstance(statement, cst.SimpleStatementLine) and all(
-        isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body
+    return type(statement) is cst.SimpleStatementLine and all(
+        type(small) in (cst.Import, cst.ImportFrom) for small in statement.body
     )
 
 
 def _is_docstring_or_future(statement: cst.CSTNode) -> bool:
-    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+    if type(statement) is not cst.SimpleStatementLine or len(statement.body) != 1:
         return False
     small = statement.body[0]
-    if isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString)):
+    if type(small) is cst.Expr and type(small.value) in (cst.SimpleString, cst.ConcatenatedString):
         return True
-    return isinstance(small, cst.ImportFrom) and isinstance(small.module, cst.Name) and small.module.value == "__future__"
+    return type(small) is cst.ImportFrom and type(small.module) is cst.Name and small.module.value == "__future__"
 
 
 def has_import(module: cst.Module, name: str) -> bool:
     for statement in module.body:
         if _is_import_line(statement):
             for small in statement.body:
-                if isinstance(small, cst.Import) and any(_spelled(alias) == name for alias in small.names):
+                if type(small) is cst.Import and any(_spelled(alias) == name for alias in small.names):
                     return True
     return False
 
@@ -75,7 +75,7 @@ def has_import(module: cst.Module, name: str) -> bool:
 def _spelled(alias: cst.ImportAlias) -> str | None:
     """``torch`` for ``import torch``, ``torch.distributed as dist`` for ``import torch.distributed as dist``."""
     full = cst.helpers.get_full_name_for_node(alias.name)
-    if alias.asname is None or not isinstance(alias.asname.name, cst.Name):
+    if alias.asname is None or type(alias.asname.name) is not cst.Name:
         return full
     return f"{full} as {alias.asname.name.value}"
 
@@ -112,8 +112,8 @@ def remove_orphaned(module: cst.Module, bindings: Bindings, uses_before: Counter
 def _find_imports(node: cst.CSTNode, names: set[str], on_path: set[cst.CSTNode]) -> bool:
     """Whether ``node`` holds an import binding one of ``names``; adds the imports that do, and every node
     above them, to ``on_path``. Imports are statements: expressions and other small statements never hold one."""
-    if isinstance(node, (cst.Import, cst.ImportFrom)):
-        holds = not isinstance(node.names, cst.ImportStar) and any(_bound_name(alias) in names for alias in node.names)
+    if type(node) in (cst.Import, cst.ImportFrom):
+        holds = type(node.names) is not cst.ImportStar and any(_bound_name(alias) in names for alias in node.names)
     elif isinstance(node, (cst.BaseExpression, cst.BaseSmallStatement)):
         return False
     else:
@@ -126,7 +126,7 @@ def _find_imports(node: cst.CSTNode, names: set[str], on_path: set[cst.CSTNode])
 
 
 def _bound_name(alias: cst.ImportAlias) -> str | None:
-    if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+    if alias.asname is not None and type(alias.asname.name) is cst.Name:
         return alias.asname.name.value
     full = cst.helpers.get_full_name_for_node(alias.name)
     return full.split(".")[0] if full else None
@@ -146,7 +146,7 @@ class _DropAliases(StatementTidier):
             return cst.RemovalSentinel.REMOVE
         # The last alias never carries a trailing comma unless the import is parenthesized.
         last = kept[-1]
-        if not (isinstance(updated, cst.ImportFrom) and updated.lpar is not None):
+        if not (type(updated) is cst.ImportFrom and updated.lpar is not None):
             kept[-1] = last.with_changes(comma=cst.MaybeSentinel.DEFAULT)
         return updated.with_changes(names=kept)
 
@@ -159,7 +159,7 @@ class _DropAliases(StatementTidier):
         return self._filter(updated_node)
 
     def leave_ImportFrom(self, original_node, updated_node):
-        if isinstance(updated_node.names, cst.ImportStar):
+        if type(updated_node.names) is cst.ImportStar:
             return updated_node
         return self._filter(updated_node)
 

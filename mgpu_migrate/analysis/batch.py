@@ -21,21 +21,21 @@ if TYPE_CHECKING:
 
 def is_row_count(analysis: FileAnalysis, expr: cst.BaseExpression, depth: int = 3) -> bool:
     """``x.size(0)``, ``x.shape[0]``, ``x.size()[0]``, ``len(x)``, or a name bound only to one of them."""
-    if isinstance(expr, cst.Call):
+    if type(expr) is cst.Call:
         func = expr.func
-        if isinstance(func, cst.Attribute) and func.attr.value == "size" and len(expr.args) == 1:
+        if type(func) is cst.Attribute and func.attr.value == "size" and len(expr.args) == 1:
             return is_zero(expr.args[0].value)
-        return isinstance(func, cst.Name) and func.value == "len" and len(expr.args) == 1
-    if isinstance(expr, cst.Subscript) and len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index):
+        return type(func) is cst.Name and func.value == "len" and len(expr.args) == 1
+    if type(expr) is cst.Subscript and len(expr.slice) == 1 and type(expr.slice[0].slice) is cst.Index:
         inner = expr.value
-        shaped = (isinstance(inner, cst.Attribute) and inner.attr.value == "shape") or (
-            isinstance(inner, cst.Call)
-            and isinstance(inner.func, cst.Attribute)
+        shaped = (type(inner) is cst.Attribute and inner.attr.value == "shape") or (
+            type(inner) is cst.Call
+            and type(inner.func) is cst.Attribute
             and inner.func.attr.value == "size"
             and not inner.args
         )
         return shaped and is_zero(expr.slice[0].slice.value)
-    if isinstance(expr, cst.Name) and depth > 0:
+    if type(expr) is cst.Name and depth > 0:
         values = analysis.values
         bound = values.of(expr, values.scope_of(expr))
         return bool(bound) and all(
@@ -49,11 +49,11 @@ def scaled_by_row_count(analysis: FileAnalysis, node: cst.CSTNode, operator: typ
     """Whether ``node`` is the left side of ``node / rows`` (operator ``cst.Divide``) or either side of
     ``node * rows`` (``cst.Multiply``), ``rows`` a row count of the batch."""
     parent = analysis.tree.parent(node)
-    if isinstance(parent, cst.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0].target, cst.Name):
+    if type(parent) is cst.Assign and len(parent.targets) == 1 and type(parent.targets[0].target) is cst.Name:
         # `soft = F.kl_div(...); return soft / x.size(0)`: every later read of the name is scaled.
         uses = _reads(analysis, parent, parent.targets[0].target.value)
         return bool(uses) and all(scaled_by_row_count(analysis, use, operator) for use in uses)
-    if not isinstance(parent, cst.BinaryOperation) or not isinstance(parent.operator, operator):
+    if type(parent) is not cst.BinaryOperation or not isinstance(parent.operator, operator):
         return False
     if operator is cst.Divide:
         return parent.left is node and is_row_count(analysis, parent.right)
@@ -65,12 +65,12 @@ def _reads(analysis: FileAnalysis, assign: cst.Assign, name: str) -> list[cst.Na
     """The reads of ``name`` after ``assign`` in its function (or module), when nothing else assigns it."""
     function = analysis.tree.function(assign)
     body = function.body if function is not None else analysis.module
-    stores = contains(body, lambda n: isinstance(n, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign)))
-    if len([s for s in stores if isinstance(getattr(s, "target", None), cst.Name) and s.target.value == name]) > 1:
+    stores = contains(body, lambda n: type(n) in (cst.AssignTarget, cst.AugAssign, cst.AnnAssign))
+    if len([s for s in stores if type(getattr(s, "target", None)) is cst.Name and s.target.value == name]) > 1:
         return []
     target = assign.targets[0].target
     return [
         node
-        for node in contains(body, lambda n: isinstance(n, cst.Name) and n.value == name)
+        for node in contains(body, lambda n: type(n) is cst.Name and n.value == name)
         if node is not target
     ]

@@ -50,19 +50,19 @@ class EntryPoint:
 # -- statements ------------------------------------------------------------------------------------
 def is_main_guard(statement: cst.CSTNode) -> bool:
     """``if __name__ == "__main__":`` (either way round)."""
-    if not isinstance(statement, cst.If) or not isinstance(statement.test, cst.Comparison):
+    if type(statement) is not cst.If or type(statement.test) is not cst.Comparison:
         return False
     test = statement.test
-    if len(test.comparisons) != 1 or not isinstance(test.comparisons[0].operator, cst.Equal):
+    if len(test.comparisons) != 1 or type(test.comparisons[0].operator) is not cst.Equal:
         return False
     sides = {_literal_or_name(test.left), _literal_or_name(test.comparisons[0].comparator)}
     return sides == {"__name__", "'__main__'"}
 
 
 def _literal_or_name(node: cst.BaseExpression) -> Optional[str]:
-    if isinstance(node, cst.Name):
+    if type(node) is cst.Name:
         return node.value
-    if isinstance(node, cst.SimpleString):
+    if type(node) is cst.SimpleString:
         return repr(node.evaluated_value)
     return None
 
@@ -72,20 +72,20 @@ def main_block(module: cst.Module) -> Optional[cst.If]:
 
 
 def _is_string(node: cst.BaseExpression, value: str) -> bool:
-    return isinstance(node, cst.SimpleString) and node.evaluated_value == value
+    return type(node) is cst.SimpleString and node.evaluated_value == value
 
 
 def sets_cuda_visible_devices(statement: cst.CSTNode) -> bool:
     """``os.environ["CUDA_VISIBLE_DEVICES"] = ...`` or ``os.environ.setdefault("CUDA_VISIBLE_DEVICES", ...)``."""
-    if not isinstance(statement, cst.SimpleStatementLine):
+    if type(statement) is not cst.SimpleStatementLine:
         return False
     for small in statement.body:
-        if isinstance(small, cst.Assign) and any(_names_cuda_visible_devices(t.target) for t in small.targets):
+        if type(small) is cst.Assign and any(_names_cuda_visible_devices(t.target) for t in small.targets):
             return True
-        if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+        if type(small) is cst.Expr and type(small.value) is cst.Call:
             call = small.value
             if (
-                isinstance(call.func, cst.Attribute)
+                type(call.func) is cst.Attribute
                 and call.func.attr.value in ("setdefault", "putenv", "__setitem__")
                 and call.args
                 and _is_string(call.args[0].value, CUDA_VISIBLE_DEVICES)
@@ -96,9 +96,9 @@ def sets_cuda_visible_devices(statement: cst.CSTNode) -> bool:
 
 def _names_cuda_visible_devices(target: cst.BaseExpression) -> bool:
     return (
-        isinstance(target, cst.Subscript)
+        type(target) is cst.Subscript
         and len(target.slice) == 1
-        and isinstance(target.slice[0].slice, cst.Index)
+        and type(target.slice[0].slice) is cst.Index
         and _is_string(target.slice[0].slice.value, CUDA_VISIBLE_DEVICES)
     )
 
@@ -111,14 +111,14 @@ def touches_cuda(analysis: ParsedFile, statement: cst.CSTNode) -> bool:
         return bool(_CUDA_WORDS.search(analysis.module.code_for_node(value))) or _names_gpu_number(value)
 
     def binds(node: cst.CSTNode) -> bool:
-        if not isinstance(node, cst.Call):
+        if type(node) is not cst.Call:
             return False
         # `torch.zeros(n, device="cuda")`, `torch.randn(..., device=0)`: a tensor made on a GPU
         # (`torch.device("cuda")` itself only names one).
         made_on = next((arg.value for arg in node.args if arg.keyword and arg.keyword.value == "device"), None)
         if made_on is not None and names_gpu(made_on) and analysis.resolve(node.func) != "torch.device":
             return True
-        if not isinstance(node.func, cst.Attribute):
+        if type(node.func) is not cst.Attribute:
             return False
         if node.func.attr.value == "cuda":
             return True
@@ -132,23 +132,23 @@ def touches_cuda(analysis: ParsedFile, statement: cst.CSTNode) -> bool:
 
 def _names_gpu_number(value: cst.BaseExpression) -> bool:
     """``0``, ``0 if use_cuda else "cpu"``: a GPU by its number."""
-    if isinstance(value, cst.IfExp):
+    if type(value) is cst.IfExp:
         return _names_gpu_number(value.body) or _names_gpu_number(value.orelse)
-    return isinstance(value, cst.Integer)
+    return type(value) is cst.Integer
 
 
 def _is_docstring(statement: cst.CSTNode) -> bool:
     return (
-        isinstance(statement, cst.SimpleStatementLine)
+        type(statement) is cst.SimpleStatementLine
         and len(statement.body) == 1
-        and isinstance(statement.body[0], cst.Expr)
-        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+        and type(statement.body[0]) is cst.Expr
+        and type(statement.body[0].value) in (cst.SimpleString, cst.ConcatenatedString)
     )
 
 
 def _is_import(statement: cst.CSTNode) -> bool:
-    return isinstance(statement, cst.SimpleStatementLine) and all(
-        isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body
+    return type(statement) is cst.SimpleStatementLine and all(
+        type(small) in (cst.Import, cst.ImportFrom) for small in statement.body
     )
 
 
@@ -175,7 +175,7 @@ def _at_top(
         for statement in body
         if sets_cuda_visible_devices(statement)
         or (
-            isinstance(statement, (cst.If, cst.With, cst.Try))
+            type(statement) in (cst.If, cst.With, cst.Try)
             and contains(statement, sets_cuda_visible_devices)
         )
     ]
@@ -191,16 +191,16 @@ def _at_top(
 
 def parses_arguments(analysis: ParsedFile, statement: cst.CSTNode) -> bool:
     """A statement that only builds or runs the command-line parser (``args = parser.parse_args()``)."""
-    if not isinstance(statement, cst.SimpleStatementLine):
+    if type(statement) is not cst.SimpleStatementLine:
         return False
     for small in statement.body:
-        value = small.value if isinstance(small, (cst.Assign, cst.Expr)) else None
-        if not isinstance(value, cst.Call):
+        value = small.value if type(small) in (cst.Assign, cst.Expr) else None
+        if type(value) is not cst.Call:
             return False
         func = value.func
-        if isinstance(func, cst.Attribute) and func.attr.value in _PARSER_METHODS:
+        if type(func) is cst.Attribute and func.attr.value in _PARSER_METHODS:
             continue
-        if isinstance(func, cst.Name) and func.value in _PARSER_FUNCTIONS:
+        if type(func) is cst.Name and func.value in _PARSER_FUNCTIONS:
             continue
         if analysis.resolve(func) != "argparse.ArgumentParser":
             return False
@@ -228,15 +228,15 @@ def _first_called_function(analysis: ParsedFile, block: cst.If) -> Optional[cst.
     ``sys.exit(main(args))``."""
     body = (
         [s for s in block.body.body if not parses_arguments(analysis, s)]
-        if isinstance(block.body, cst.IndentedBlock)
+        if type(block.body) is cst.IndentedBlock
         else []
     )
-    if not body or not isinstance(body[0], cst.SimpleStatementLine):
+    if not body or type(body[0]) is not cst.SimpleStatementLine:
         return None
     small = body[0].body[0]
-    value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
-    while isinstance(value, cst.Call):
-        if isinstance(value.func, cst.Name):
+    value = small.value if type(small) in (cst.Expr, cst.Assign) else None
+    while type(value) is cst.Call:
+        if type(value.func) is cst.Name:
             function = _top_level_function(analysis.module, value.func.value)
             if function is not None:
                 return function
@@ -246,7 +246,7 @@ def _first_called_function(analysis: ParsedFile, block: cst.If) -> Optional[cst.
 
 def _top_level_function(module: cst.Module, name: str) -> Optional[cst.FunctionDef]:
     for statement in module.body:
-        if isinstance(statement, cst.FunctionDef) and statement.name.value == name:
+        if type(statement) is cst.FunctionDef and statement.name.value == name:
             return statement
     return None
 
@@ -259,7 +259,7 @@ def find_entry_point(analysis: ParsedFile, training_loops: list[cst.For]) -> Opt
     module_code = [
         statement
         for statement in module.body
-        if statement is not main and not isinstance(statement, (cst.FunctionDef, cst.ClassDef))
+        if statement is not main and type(statement) not in (cst.FunctionDef, cst.ClassDef)
     ]
     trains_at_module_level = any(
         tree.function(loop) is None and main not in tree.ancestors(loop) for loop in training_loops
@@ -267,14 +267,14 @@ def find_entry_point(analysis: ParsedFile, training_loops: list[cst.For]) -> Opt
     if trains_at_module_level or any(touches_cuda(analysis, statement) for statement in module_code):
         return _after_imports(analysis)
     if main is not None:
-        if not isinstance(main.body, cst.IndentedBlock):
+        if type(main.body) is not cst.IndentedBlock:
             return None
         function = _first_called_function(analysis, main)
-        if function is not None and isinstance(function.body, cst.IndentedBlock):
+        if function is not None and type(function.body) is cst.IndentedBlock:
             if any(sets_cuda_visible_devices(statement) for statement in function.body.body):
                 return _at_top(analysis, list(function.body.body), f"in {function.name.value}()", skip_docstring=True)
         return _at_top(analysis, list(main.body.body), 'at the top of the `if __name__ == "__main__":` block', False)
     function = _top_level_function(module, "main")
-    if function is not None and isinstance(function.body, cst.IndentedBlock):
+    if function is not None and type(function.body) is cst.IndentedBlock:
         return _at_top(analysis, list(function.body.body), "at the top of main()", skip_docstring=True)
     return None

@@ -47,7 +47,7 @@ _MAIN_PROCESS_NAMES = {
 
 def identifiers(expr: cst.CSTNode) -> Iterator[str]:
     """The names and attribute names an expression reads (``args``, ``n_gpu`` for ``args.n_gpu > 1``)."""
-    if isinstance(expr, cst.Name):
+    if type(expr) is cst.Name:
         yield expr.value
     for child in expr.children:
         yield from identifiers(child)
@@ -82,9 +82,9 @@ class Reliance:
 
 def _dotted_name(node: cst.CSTNode) -> str | None:
     """``args.n_gpu`` for a chain of names and attributes; None for anything else."""
-    if isinstance(node, cst.Name):
+    if type(node) is cst.Name:
         return node.value
-    if isinstance(node, cst.Attribute):
+    if type(node) is cst.Attribute:
         head = _dotted_name(node.value)
         return f"{head}.{node.attr.value}" if head is not None else None
     return None
@@ -93,11 +93,11 @@ def _dotted_name(node: cst.CSTNode) -> str | None:
 def _operands(node: cst.CSTNode) -> list[cst.CSTNode]:
     """The children of ``node`` that are read as values: not an attribute's name, an argument's keyword, or
     the function a call calls (when that is a plain dotted name)."""
-    if isinstance(node, cst.Attribute):
+    if type(node) is cst.Attribute:
         return [node.value]
-    if isinstance(node, cst.Arg):
+    if type(node) is cst.Arg:
         return [node.value]
-    if isinstance(node, cst.Call):
+    if type(node) is cst.Call:
         callee = [] if _dotted_name(node.func) is not None else [node.func]
         return callee + list(node.args)
     return list(node.children)
@@ -118,11 +118,11 @@ def _reads(node: cst.CSTNode, ignored: Collection[cst.CSTNode]) -> Iterator[tupl
 
 def only_shows(node: cst.CSTNode) -> bool:
     """``print(...)``, ``logger.info(...)``."""
-    if not isinstance(node, cst.Call):
+    if type(node) is not cst.Call:
         return False
     func = node.func
-    return (isinstance(func, cst.Name) and func.value == "print") or (
-        isinstance(func, cst.Attribute) and func.attr.value in _LOG_METHODS
+    return (type(func) is cst.Name and func.value == "print") or (
+        type(func) is cst.Attribute and func.attr.value in _LOG_METHODS
     )
 
 
@@ -144,19 +144,19 @@ def _nodes(node: cst.CSTNode, ignored: Collection[cst.CSTNode]) -> Iterator[cst.
 def _needs_gpu(analysis: FileAnalysis, node: cst.CSTNode) -> str | None:
     """Why ``node`` fails without a GPU: ``.cuda()``, a ``torch.cuda`` call that binds or queries a device, an
     assertion about CUDA, a device string naming a GPU."""
-    if isinstance(node, cst.Call):
-        if isinstance(node.func, cst.Attribute) and node.func.attr.value == "cuda":
+    if type(node) is cst.Call:
+        if type(node.func) is cst.Attribute and node.func.attr.value == "cuda":
             return "calls `.cuda()`, which needs a GPU"
         qualified = analysis.resolve(node.func) or ""
         if qualified.startswith("torch.cuda.") and qualified.rsplit(".", 1)[1] not in HARMLESS_CUDA:
             return f"calls `{qualified}`, which needs a GPU"
-    if isinstance(node, cst.Assert) and any(
+    if type(node) is cst.Assert and any(
         (analysis.resolve(call.func) or "").startswith("torch.cuda.")
         for call in _nodes(node.test, ())
-        if isinstance(call, cst.Call)
+        if type(call) is cst.Call
     ):
         return "asserts that CUDA is there"
-    if isinstance(node, cst.SimpleString) and _GPU_STRING.fullmatch(str(node.evaluated_value)):
+    if type(node) is cst.SimpleString and _GPU_STRING.fullmatch(str(node.evaluated_value)):
         return f"names the GPU {node.value}"
     return None
 
@@ -170,7 +170,7 @@ def guard_reliance(
     condition is false. ``ignored`` nodes (the parts of a wrap that its rewrite drops) are not looked at."""
     tested = tested_names(guard.test)
     body = guard.body
-    parts = list(body.body) if isinstance(body, (cst.IndentedBlock, cst.SimpleStatementSuite)) else [body]
+    parts = list(body.body) if type(body) in (cst.IndentedBlock, cst.SimpleStatementSuite) else [body]
     for part in parts:
         for node, dotted in _reads(part, ignored):
             name = next((name for name in tested if dotted == name or dotted.startswith(f"{name}.")), None)
@@ -185,13 +185,13 @@ def guard_reliance(
 
 def _is_first_ranks(node: cst.BaseExpression) -> bool:
     """``[-1, 0]``, ``(0, -1)``, ``{0}``: ranks that mean "main process or no distribution"."""
-    if not isinstance(node, (cst.List, cst.Tuple, cst.Set)) or not node.elements:
+    if type(node) not in (cst.List, cst.Tuple, cst.Set) or not node.elements:
         return False
     for element in node.elements:
         value = element.value
-        negative = isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Minus)
+        negative = type(value) is cst.UnaryOperation and type(value.operator) is cst.Minus
         number = value.expression if negative else value
-        if not isinstance(number, cst.Integer) or (-1 if negative else 1) * number.evaluated_value not in (-1, 0):
+        if type(number) is not cst.Integer or (-1 if negative else 1) * number.evaluated_value not in (-1, 0):
             return False
     return True
 
@@ -201,32 +201,32 @@ def _mentions(expr: cst.CSTNode, words: re.Pattern) -> bool:
 
 
 def _names_main_process(expr: cst.BaseExpression) -> bool:
-    if isinstance(expr, cst.Call):
+    if type(expr) is cst.Call:
         expr = expr.func
-    if isinstance(expr, cst.Attribute):
+    if type(expr) is cst.Attribute:
         return expr.attr.value in _MAIN_PROCESS_NAMES
-    return isinstance(expr, cst.Name) and expr.value in _MAIN_PROCESS_NAMES
+    return type(expr) is cst.Name and expr.value in _MAIN_PROCESS_NAMES
 
 
 def is_main_process_condition(test: cst.BaseExpression) -> bool:
     """True for conditions that hold on the main process only (when there are several)."""
     if _names_main_process(test):
         return True
-    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+    if type(test) is cst.Comparison and len(test.comparisons) == 1:
         left, target = test.left, test.comparisons[0]
         right, operator = target.comparator, target.operator
-        if isinstance(operator, (cst.Equal, cst.LessThanEqual)):
+        if type(operator) in (cst.Equal, cst.LessThanEqual):
             return (is_zero(right) and _mentions(left, _RANK_WORDS)) or (
                 is_zero(left) and _mentions(right, _RANK_WORDS)
             )
-        if isinstance(operator, cst.In):
+        if type(operator) is cst.In:
             return _is_first_ranks(right) and _mentions(left, _RANK_WORDS)
-        if isinstance(operator, cst.LessThan):
-            return isinstance(right, cst.Integer) and right.evaluated_value == 1 and _mentions(left, _RANK_WORDS)
+        if type(operator) is cst.LessThan:
+            return type(right) is cst.Integer and right.evaluated_value == 1 and _mentions(left, _RANK_WORDS)
         return False
-    if isinstance(test, cst.BooleanOperation):
+    if type(test) is cst.BooleanOperation:
         left, right = test.left, test.right
-        if isinstance(test.operator, cst.And):
+        if type(test.operator) is cst.And:
             return is_main_process_condition(left) or is_main_process_condition(right)
         # `local_rank == -1 or get_rank() == 0`: the single-process case, or the main one of many.
         return (is_main_process_condition(left) and _mentions(right, _SINGLE_PROCESS_WORDS)) or (
@@ -238,14 +238,14 @@ def is_main_process_condition(test: cst.BaseExpression) -> bool:
 def is_other_processes_condition(test: cst.BaseExpression) -> bool:
     """True for conditions that hold on every process but the main one: ``local_rank not in [-1, 0]``,
     ``rank != 0``, ``rank > 0``, ``not is_main_process()``."""
-    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+    if type(test) is cst.UnaryOperation and type(test.operator) is cst.Not:
         return is_main_process_condition(test.expression)
-    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+    if type(test) is cst.Comparison and len(test.comparisons) == 1:
         left, target = test.left, test.comparisons[0]
         right, operator = target.comparator, target.operator
-        if isinstance(operator, cst.NotIn):
+        if type(operator) is cst.NotIn:
             return _is_first_ranks(right) and _mentions(left, _RANK_WORDS)
-        if isinstance(operator, (cst.NotEqual, cst.GreaterThan)):
+        if type(operator) in (cst.NotEqual, cst.GreaterThan):
             return is_zero(right) and _mentions(left, _RANK_WORDS)
     return False
 
@@ -258,6 +258,6 @@ def main_process_blocks(analysis: FileAnalysis) -> list[cst.If]:
 def under_main_process_block(analysis: FileAnalysis, node: cst.CSTNode) -> bool:
     """Whether ``node`` sits in the body of a main-process-only ``if`` in its function."""
     return any(
-        isinstance(guard, cst.If) and not in_else and is_main_process_condition(guard.test)
+        type(guard) is cst.If and not in_else and is_main_process_condition(guard.test)
         for guard, in_else in analysis.tree.enclosing_ifs(node)
     )

@@ -136,7 +136,7 @@ class LoaderFlow:
         found = []
         for loop in self.index.loops:
             slot = self.index.slots.get(loop.iterable)
-            if slot is not None and isinstance(slot.parent, (cst.For, cst.CompFor)):
+            if slot is not None and type(slot.parent) in (cst.For, cst.CompFor):
                 found.append(_ForLoop(slot.parent, loop.iterable, loop.scope))
         return found
 
@@ -150,11 +150,11 @@ class LoaderFlow:
         return all(self._is_count(expr) for expr in inner)
 
     def _is_count(self, expr: cst.BaseExpression) -> bool:
-        if isinstance(expr, cst.Integer):
+        if type(expr) is cst.Integer:
             return True
-        if not isinstance(expr, cst.Call):
+        if type(expr) is not cst.Call:
             return False
-        if isinstance(expr.func, cst.Name) and expr.func.value in ("range", "reversed"):
+        if type(expr.func) is cst.Name and expr.func.value in ("range", "reversed"):
             return expr.func.value == "range" or bool(expr.args) and self._is_count(expr.args[0].value)
         return (self.analysis.resolve(expr.func) or "") in ("tqdm.trange", "tqdm.auto.trange", "itertools.count")
 
@@ -169,7 +169,7 @@ class LoaderFlow:
 
     def is_backward(self, call: cst.Call) -> bool:
         func = call.func
-        if isinstance(func, cst.Attribute) and func.attr.value == "backward":
+        if type(func) is cst.Attribute and func.attr.value == "backward":
             return True
         return self.analysis.resolve(func) == "torch.autograd.backward"
 
@@ -182,13 +182,13 @@ class LoaderFlow:
         guards: tuple[_Guard, ...] = ()
         child = node
         for ancestor in tree.ancestors(node):
-            if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            if type(ancestor) in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
                 break
-            if isinstance(ancestor, (cst.If, cst.IfExp)) and child is not ancestor.test:
+            if type(ancestor) in (cst.If, cst.IfExp) and child is not ancestor.test:
                 guard = self._guard(ancestor, child, function)
                 if guard is not None:
                     guards += (guard,)
-            if isinstance(ancestor, cst.For) and child is ancestor.body:
+            if type(ancestor) is cst.For and child is ancestor.body:
                 loops.append((ancestor, _Way(backward, guards, unsure)))
             child = ancestor
         if function is None or function in seen or len(seen) >= _CALL_DEPTH:
@@ -214,28 +214,28 @@ class LoaderFlow:
         if function is None or (other is not None and contains(other, self._is_backward_node)):
             return None
         parameters = set(self.index.parameters(function)) - {"self", "cls"}
-        attributes = {id(a.attr) for a in contains(branch.test, lambda n: isinstance(n, cst.Attribute))}
-        read = {n.value for n in contains(branch.test, lambda n: isinstance(n, cst.Name)) if id(n) not in attributes}
+        attributes = {id(a.attr) for a in contains(branch.test, lambda n: type(n) is cst.Attribute)}
+        read = {n.value for n in contains(branch.test, lambda n: type(n) is cst.Name) if id(n) not in attributes}
         if not read & parameters:
             return None
         return _Guard(branch.test, child is not branch.body, function)
 
     def _is_backward_node(self, node: cst.CSTNode) -> bool:
-        return isinstance(node, cst.Call) and self.is_backward(node)
+        return type(node) is cst.Call and self.is_backward(node)
 
     def _holds(self, guard: _Guard, call: cst.Call, implicit: int) -> Optional[bool]:
         """Whether the guard's test holds for what ``call`` passes (literals only); None when not known."""
         test, negated = guard.test, guard.negated
-        while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        while type(test) is cst.UnaryOperation and type(test.operator) is cst.Not:
             test, negated = test.expression, not negated
-        if isinstance(test, cst.Name):
+        if type(test) is cst.Name:
             value = self._bound(guard.function, test.value, call, implicit)
             held = _UNKNOWN if value is _UNKNOWN else bool(value)
         elif (
-            isinstance(test, cst.Comparison)
-            and isinstance(test.left, cst.Name)
+            type(test) is cst.Comparison
+            and type(test.left) is cst.Name
             and len(test.comparisons) == 1
-            and isinstance(test.comparisons[0].operator, (cst.Equal, cst.NotEqual, cst.Is, cst.IsNot))
+            and type(test.comparisons[0].operator) in (cst.Equal, cst.NotEqual, cst.Is, cst.IsNot)
         ):
             target = test.comparisons[0]
             value = self._bound(guard.function, test.left.value, call, implicit)
@@ -243,7 +243,7 @@ class LoaderFlow:
             if value is _UNKNOWN or other is _UNKNOWN:
                 held = _UNKNOWN
             else:
-                held = (value == other) == isinstance(target.operator, (cst.Equal, cst.Is))
+                held = (value == other) == (type(target.operator) in (cst.Equal, cst.Is))
         else:
             held = _UNKNOWN
         return None if held is _UNKNOWN else held != negated
@@ -312,13 +312,13 @@ class LoaderFlow:
     # -- following data back -----------------------------------------------------------------------
     def _iterated(self, expr: cst.BaseExpression, scope: Scope) -> list[cst.BaseExpression]:
         """What an iteration wrapper iterates: the loader inside ``enumerate(loader)``, ``tqdm(loader)``."""
-        if isinstance(expr, cst.IfExp):  # `tqdm(loader) if is_train else loader`: both are the loop's data
+        if type(expr) is cst.IfExp:  # `tqdm(loader) if is_train else loader`: both are the loop's data
             return [*self._iterated(expr.body, scope), *self._iterated(expr.orelse, scope)]
-        if not isinstance(expr, cst.Call) or not expr.args:
+        if type(expr) is not cst.Call or not expr.args:
             return [expr]
         func = expr.func
         if (
-            isinstance(func, cst.Name)
+            type(func) is cst.Name
             and func.value in ("enumerate", "iter", "zip")
             and func.value not in scope.lookup(func.value).bound
         ):
@@ -345,7 +345,7 @@ class LoaderFlow:
             yield from self._trace_value(inner, scope, path + (inner,), seen)
 
     def _trace_value(self, expr, scope, path, seen):
-        if isinstance(expr, cst.Call):
+        if type(expr) is cst.Call:
             qualified = self.analysis.resolve(expr.func) or self._imported_before(expr.func)
             if qualified in DATA_LOADERS:
                 yield path, expr, LOADER
@@ -368,7 +368,7 @@ class LoaderFlow:
                     return
             yield path, None, None
             return
-        place = self.index.place_of(expr, scope) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+        place = self.index.place_of(expr, scope) if type(expr) in (cst.Name, cst.Attribute) else None
         if place is None or place in seen:
             yield path, None, None
             return
@@ -393,7 +393,7 @@ class LoaderFlow:
         a function that is no generator."""
         yields = [
             node
-            for node in contains(function.body, lambda n: isinstance(n, cst.Yield))
+            for node in contains(function.body, lambda n: type(n) is cst.Yield)
             if self.analysis.tree.function(node) is function
         ]
         if not yields:
@@ -401,18 +401,18 @@ class LoaderFlow:
         function_scope = self.index.scopes[function]
         iterated = []
         for node in yields:
-            if isinstance(node.value, cst.From):
+            if type(node.value) is cst.From:
                 iterated.append(node.value.item)
             for ancestor in self.analysis.tree.ancestors(node):
                 if ancestor is function:
                     break
-                if isinstance(ancestor, cst.For):
+                if type(ancestor) is cst.For:
                     iterated.append(ancestor.iter)
         places = {
             self.index.place_of(inner, function_scope)
             for expr in iterated
             for inner in self._iterated(expr, function_scope)
-            if isinstance(inner, cst.Name)
+            if type(inner) is cst.Name
         }
         return [
             arg.value
@@ -424,19 +424,19 @@ class LoaderFlow:
         """``data.DataLoader(...)`` where ``data`` is ``torch.utils.data`` and also a name the file stores
         later (``for ii, data in enumerate(trainloader)``): the module, when the call runs once, at module
         level, before every store of the name."""
-        if not isinstance(func, cst.Attribute) or not isinstance(func.value, cst.Name):
+        if type(func) is not cst.Attribute or type(func.value) is not cst.Name:
             return None
         head = func.value.value
         origins = self.analysis.bindings.imported.get(head, ())
         tree = self.analysis.tree
         if len(origins) != 1 or tree.function(func) is not None:
             return None
-        if any(isinstance(node, (cst.For, cst.While)) for node in tree.ancestors(func)):
+        if any(type(node) in (cst.For, cst.While) for node in tree.ancestors(func)):
             return None
         line = self.analysis.position(func)[0]
         place = (self.index.module_scope, head)
         for node, scope in self.index.stores.items():
-            if isinstance(node, cst.Name) and node.value == head and self.index.place_of(node, scope) == place:
+            if type(node) is cst.Name and node.value == head and self.index.place_of(node, scope) == place:
                 if tree.function(node) is not None or self.analysis.position(node)[0] <= line:
                     return None
         return self.analysis.bindings.canonical(f"{next(iter(origins))}.{func.attr.value}")
@@ -455,8 +455,8 @@ class LoaderFlow:
         found = []
         for region in regions:
             for draw in contains(region, self._is_draw):
-                source = draw.args[0].value if isinstance(draw.func, cst.Name) else draw.func.value
-                if not isinstance(source, (cst.Name, cst.Attribute)):
+                source = draw.args[0].value if type(draw.func) is cst.Name else draw.func.value
+                if type(source) not in (cst.Name, cst.Attribute):
                     # `next(iter(loader))`: the iterator ends before the step's backward pass, and with it the
                     # distributed loader's share of the batch, so such data is not split.
                     continue
@@ -467,7 +467,7 @@ class LoaderFlow:
                 for path, origin, kind in self._trace(source, scope, (), frozenset()):
                     if origin is not None:
                         found.append((path, origin, kind))
-                        if isinstance(draw.func, cst.Attribute) and draw.func.attr.value == "next":
+                        if type(draw.func) is cst.Attribute and draw.func.attr.value == "next":
                             self.old_draws.append((draw, path))
         return found
 
@@ -477,10 +477,10 @@ class LoaderFlow:
         for ancestor in self.analysis.tree.ancestors(draw):
             if ancestor is region:
                 return False
-            if isinstance(ancestor, (cst.If, cst.Else)) and not contains(ancestor, self._is_backward_node):
+            if type(ancestor) in (cst.If, cst.Else) and not contains(ancestor, self._is_backward_node):
                 return True
-            if isinstance(ancestor, cst.With) and any(
-                isinstance(item.item, cst.Call) and self.analysis.resolve(item.item.func) == "torch.no_grad"
+            if type(ancestor) is cst.With and any(
+                type(item.item) is cst.Call and self.analysis.resolve(item.item.func) == "torch.no_grad"
                 for item in ancestor.items
             ):
                 return True
@@ -488,30 +488,30 @@ class LoaderFlow:
 
     def _passes_through(self, loop: cst.For | cst.CompFor) -> bool:
         """A loop of a generator that yields in its body (``for batch in loader: yield batch``)."""
-        if not isinstance(loop, cst.For):
+        if type(loop) is not cst.For:
             return False
         function = self.analysis.tree.function(loop)
-        yields = contains(loop.body, lambda n: isinstance(n, cst.Yield))
+        yields = contains(loop.body, lambda n: type(n) is cst.Yield)
         return any(self.analysis.tree.function(node) is function for node in yields)
 
     def _is_draw(self, node: cst.CSTNode) -> bool:
-        if not isinstance(node, cst.Call):
+        if type(node) is not cst.Call:
             return False
         func = node.func
-        if isinstance(func, cst.Name):
+        if type(func) is cst.Name:
             return func.value == "next" and len(node.args) == 1 and "next" not in self.analysis.bindings.local
-        return isinstance(func, cst.Attribute) and func.attr.value in ("next", "__next__") and not node.args
+        return type(func) is cst.Attribute and func.attr.value in ("next", "__next__") and not node.args
 
     def _with_targets(self) -> dict[Place, list[tuple[cst.BaseExpression, Scope]]]:
         """What each ``with ... as name`` binds: the item's expression (a progress bar around a loader)."""
         found: dict[Place, list[tuple[cst.BaseExpression, Scope]]] = {}
         parent = self.analysis.tree.parent
         for node, scope in self.index.stores.items():
-            if not isinstance(node, cst.Name):
+            if type(node) is not cst.Name:
                 continue
             alias = parent(node)
-            item = parent(alias) if isinstance(alias, cst.AsName) else None
-            if isinstance(item, cst.WithItem):
+            item = parent(alias) if type(alias) is cst.AsName else None
+            if type(item) is cst.WithItem:
                 place = self.index.place_of(node, scope)
                 if place is not None:
                     found.setdefault(place, []).append((item.item, scope))
@@ -521,7 +521,7 @@ class LoaderFlow:
         """The arguments this file's calls bind to ``place`` when it is a parameter of a function."""
         owner, name = place
         function = owner.node
-        if not isinstance(function, cst.FunctionDef) or name not in self.index.parameters(function):
+        if type(function) is not cst.FunctionDef or name not in self.index.parameters(function):
             return []
         found = []
         for call, call_scope, implicit in self.index.call_sites(function):

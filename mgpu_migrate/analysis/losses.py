@@ -184,12 +184,10 @@ class LossFlow:
         more: list[Place] = []
         index = self.index
         for assignment in index.assignments:
-            if place in index.assigned_places(assignment.target, assignment.scope) and not isinstance(
-                assignment.target, (cst.Tuple, cst.List)
-            ):
+            if place in index.assigned_places(assignment.target, assignment.scope) and type(assignment.target) not in (cst.Tuple, cst.List):
                 more.extend(self._value_source(assignment.value, assignment.scope, criterion))
         scope, name = place
-        function = scope.node if isinstance(scope.node, cst.FunctionDef) else None
+        function = scope.node if type(scope.node) is cst.FunctionDef else None
         if function is not None and name in index.parameters(function):
             sites = index.call_sites(function)
             for call, caller_scope, implicit in sites:
@@ -197,23 +195,23 @@ class LossFlow:
                     if index.parameter_place(function, call, position, implicit) == place:
                         more.extend(self._value_source(arg.value, caller_scope, criterion))
             default = _parameter_default(function, name)
-            if default is not None and not (isinstance(default, cst.Name) and default.value == "None"):
+            if default is not None and not (type(default) is cst.Name and default.value == "None"):
                 more.extend(self._value_source(default, scope.parent or scope, criterion))
             if not sites:
                 criterion.unfollowed.append(Use(function, f"the caller of `{function.name.value}()`"))
         return more
 
     def _value_source(self, value: cst.BaseExpression, scope: Scope, criterion: Criterion) -> list[Place]:
-        if isinstance(value, (cst.IfExp, cst.BooleanOperation)):
-            parts = (value.body, value.orelse) if isinstance(value, cst.IfExp) else (value.left, value.right)
+        if type(value) in (cst.IfExp, cst.BooleanOperation):
+            parts = (value.body, value.orelse) if type(value) is cst.IfExp else (value.left, value.right)
             return [p for part in parts for p in self._value_source(part, scope, criterion)]
         core = _strip_module_methods(value)
-        if isinstance(core, cst.Name) and core.value == "None":
+        if type(core) is cst.Name and core.value == "None":
             return []
-        if isinstance(core, (cst.Name, cst.Attribute, cst.Subscript)):
+        if type(core) in (cst.Name, cst.Attribute, cst.Subscript):
             place = self.index.place_of(core, scope)
             return [place] if place else []
-        if isinstance(core, cst.Call):
+        if type(core) is cst.Call:
             callee = self.index.callee(core, scope)
             if callee is not None and callee[1] == 0:
                 # A factory of this file: what it returns is the source.
@@ -232,7 +230,7 @@ class LossFlow:
         return []
 
     def _construction(self, value: cst.BaseExpression, core: cst.BaseExpression, scope: Scope) -> Optional[Construction]:
-        if not isinstance(core, cst.Call):
+        if type(core) is not cst.Call:
             return None
         qualified = self.analysis.resolve(core.func)
         if qualified in PARALLEL_CRITERIA:
@@ -254,11 +252,11 @@ class LossFlow:
 
     def _is_loss_class(self, func: cst.BaseExpression, scope: Scope) -> bool:
         """A class of this file, or one whose name says it is a loss (``FocalLoss``, ``DiceCriterion``)."""
-        if isinstance(func, cst.Name):
+        if type(func) is cst.Name:
             owner = scope.lookup(func.value)
             if func.value in owner.classes:
                 return True
-        last = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", "")
+        last = func.attr.value if type(func) is cst.Attribute else getattr(func, "value", "")
         return isinstance(last, str) and last[:1].isupper() and last.endswith(("Loss", "Criterion"))
 
     def _uses(self, place: Place, criterion: Criterion) -> list[Place]:
@@ -270,7 +268,7 @@ class LossFlow:
             parent = slot.parent if slot else None
             if kind == "func":
                 continue
-            if kind == "attr" and isinstance(parent, cst.Attribute):
+            if kind == "attr" and type(parent) is cst.Attribute:
                 method = parent.attr.value
                 parent_slot = index.slots.get(parent)
                 if parent_slot is not None and parent_slot.kind == "func" and method in (*MODULE_METHODS_RETURNING_SELF, "forward"):
@@ -279,7 +277,7 @@ class LossFlow:
             elif kind == "assign":
                 for target_place in self._assignment_targets(parent, scope):
                     more.append(target_place)
-            elif kind == "arg" and isinstance(parent, cst.Call):
+            elif kind == "arg" and type(parent) is cst.Call:
                 parameters = index.parameters_receiving(parent, node, scope)
                 if parameters is not None:
                     for param in parameters:
@@ -287,7 +285,7 @@ class LossFlow:
                             more.append(param)
                         else:
                             criterion.misuses.append(Use(parent, "it is passed as `*args`"))
-                elif not (isinstance(parent.func, cst.Name) and parent.func.value in _HARMLESS_BUILTINS):
+                elif not (type(parent.func) is cst.Name and parent.func.value in _HARMLESS_BUILTINS):
                     code = self.analysis.module.code_for_node(parent.func)
                     criterion.misuses.append(Use(parent, f"it is passed to `{code}(...)`"))
             elif kind == "return":
@@ -301,13 +299,13 @@ class LossFlow:
 
     def _assignment_targets(self, statement: cst.CSTNode, scope: Scope) -> list[Place]:
         targets = []
-        if isinstance(statement, cst.Assign):
+        if type(statement) is cst.Assign:
             targets = [t.target for t in statement.targets]
-        elif isinstance(statement, (cst.AnnAssign, cst.NamedExpr)):
+        elif type(statement) in (cst.AnnAssign, cst.NamedExpr):
             targets = [statement.target]
         places = []
         for target in targets:
-            if isinstance(target, (cst.Name, cst.Attribute, cst.Subscript)):
+            if type(target) in (cst.Name, cst.Attribute, cst.Subscript):
                 place = self.index.place_of(target, scope)
                 if place is not None:
                     places.append(place)
@@ -338,11 +336,11 @@ def reduction_of(args: Sequence[cst.Arg], parameters: Optional[tuple[str, ...]])
         else:
             keyword = arg.keyword.value
         if keyword in ("size_average", "reduce"):
-            if isinstance(arg.value, cst.Name) and arg.value.value == "None":
+            if type(arg.value) is cst.Name and arg.value.value == "None":
                 continue  # the legacy options' default
             return None
         if keyword == "reduction":
-            if not isinstance(arg.value, cst.SimpleString):
+            if type(arg.value) is not cst.SimpleString:
                 return None
             reduction = arg.value.evaluated_value
     return reduction
@@ -362,8 +360,8 @@ def exact_under_ddp_without_wrapper(loss_class: str, reduction: Optional[str]) -
 def _strip_module_methods(value: cst.BaseExpression) -> cst.BaseExpression:
     """``nn.CrossEntropyLoss()`` for ``nn.CrossEntropyLoss().cuda()``: the methods return the module itself."""
     while (
-        isinstance(value, cst.Call)
-        and isinstance(value.func, cst.Attribute)
+        type(value) is cst.Call
+        and type(value.func) is cst.Attribute
         and value.func.attr.value in MODULE_METHODS_RETURNING_SELF
     ):
         value = value.func.value
@@ -394,4 +392,4 @@ def _parameter_default(function: cst.FunctionDef, name: str) -> Optional[cst.Bas
 
 
 def _enclosing_function(scope: Scope) -> Optional[cst.FunctionDef]:
-    return scope.node if isinstance(scope.node, cst.FunctionDef) else None
+    return scope.node if type(scope.node) is cst.FunctionDef else None

@@ -144,7 +144,7 @@ class ModelFlow:
     # -- sites -----------------------------------------------------------------------------------
     def _site_kind(self, call: cst.Call, scope: Scope) -> Optional[str]:
         kind = _SITE_KINDS.get(self.analysis.resolve(call.func) or "")
-        if kind is None and isinstance(call.func, cst.Name) and self.subclasses:
+        if kind is None and type(call.func) is cst.Name and self.subclasses:
             owner = scope.lookup(call.func.value)
             if owner.classes.get(call.func.value) in self.subclasses:
                 kind = SUBCLASS
@@ -165,7 +165,7 @@ class ModelFlow:
                 if cls in found:
                     continue
                 for base in cls.bases:
-                    local = by_name.get(base.value.value) if isinstance(base.value, cst.Name) else None
+                    local = by_name.get(base.value.value) if type(base.value) is cst.Name else None
                     if local in found or self.analysis.resolve(base.value) in (names.DATA_PARALLEL, names.RUNTIME_MODEL):
                         found.add(cls)
                         changed = True
@@ -180,9 +180,9 @@ class ModelFlow:
         for kinds, what in _LITERALS:
             if isinstance(expr, kinds):
                 return what
-        if isinstance(expr, cst.Name) and expr.value in _CONSTANTS:
+        if type(expr) is cst.Name and expr.value in _CONSTANTS:
             return _CONSTANTS[expr.value]
-        if isinstance(expr, cst.Call):
+        if type(expr) is cst.Call:
             qualified = self.analysis.resolve(expr.func) or ""
             is_class = qualified.rpartition(".")[2][:1].isupper()
             if qualified.startswith(_SCHEDULERS) and is_class:
@@ -335,7 +335,7 @@ class ModelFlow:
         return qualified is not None and (qualified == "torch" or qualified.startswith("torch."))
 
     def _is_builtin(self, func: cst.BaseExpression, scope: Scope) -> bool:
-        return isinstance(func, cst.Name) and func.value in _BUILTINS and func.value not in scope.lookup(func.value).bound
+        return type(func) is cst.Name and func.value in _BUILTINS and func.value not in scope.lookup(func.value).bound
 
     # -- propagation -------------------------------------------------------------------------------
     def _propagate(self) -> None:
@@ -372,8 +372,8 @@ class ModelFlow:
         return changed
 
     def _assign(self, target: cst.BaseExpression, value: cst.BaseExpression, scope: Scope) -> bool:
-        if isinstance(target, (cst.Tuple, cst.List)):
-            if isinstance(value, (cst.Tuple, cst.List)) and len(value.elements) == len(target.elements):
+        if type(target) in (cst.Tuple, cst.List):
+            if type(value) in (cst.Tuple, cst.List) and len(value.elements) == len(target.elements):
                 return any(
                     [self._assign(t.value, v.value, scope) for t, v in zip(target.elements, value.elements)]
                 )
@@ -435,7 +435,7 @@ class ModelFlow:
         found: Sites = frozenset()
         for call, scope in self.index.calls:
             func = call.func
-            if isinstance(func, cst.Attribute) and func.attr.value == "backward":
+            if type(func) is cst.Attribute and func.attr.value == "backward":
                 found |= self._mentioned_sites(func.value, scope)
             elif self.analysis.resolve(func) == "torch.autograd.backward" and call.args:
                 found |= self._mentioned_sites(call.args[0].value, scope)
@@ -465,7 +465,7 @@ class ModelFlow:
         tree = self.analysis.tree
         function = tree.function(site.call)
         wrapped_at = self.analysis.position(site.call)
-        loops = {node for node in tree.ancestors(site.call) if isinstance(node, (cst.For, cst.While))}
+        loops = {node for node in tree.ancestors(site.call) if type(node) in (cst.For, cst.While)}
 
         def before(escape: Escape) -> bool:
             return (
@@ -500,7 +500,7 @@ class ModelFlow:
             return True
         func = call.func
         # A method of a model or of its outputs (``model.load_state_dict``, ``out.view``) is torch's own.
-        return isinstance(func, cst.Attribute) and bool(
+        return type(func) is cst.Attribute and bool(
             self.model_sites(func.value, scope) or self.derived_sites(func.value, scope)
         )
 
@@ -513,8 +513,8 @@ class ModelFlow:
         for assignment in self.index.assignments:
             value = assignment.value
             while (
-                isinstance(value, cst.Call)
-                and isinstance(value.func, cst.Attribute)
+                type(value) is cst.Call
+                and type(value.func) is cst.Attribute
                 and value.func.attr.value in MODULE_METHODS_RETURNING_SELF
             ):
                 value = value.func.value
@@ -528,7 +528,7 @@ class ModelFlow:
         ``self.encoder = DataParallel(...)`` in an ``nn.Module``'s own methods."""
         code = self.analysis.module.code_for_node
         for target, scope in self.assigned_to(site):
-            if isinstance(target, cst.Subscript):
+            if type(target) is cst.Subscript:
                 # `model[0] = DataParallel(model[0])`: an item of a Sequential wrapped in place (an item of a
                 # plain list of models, `students[i]`, is a whole model).
                 if site.module is not None and code(site.module) == code(target) and self._is_layer_container(
@@ -536,7 +536,7 @@ class ModelFlow:
                 ):
                     return code(target)
                 continue
-            if not isinstance(target, cst.Attribute):
+            if type(target) is not cst.Attribute:
                 continue
             place = self.index.place_of(target, scope)
             if place is None:
@@ -556,16 +556,16 @@ class ModelFlow:
         attribute is given a module (``torch.nn``'s, or what an unknown call returns), is called (``self.head(x)``)
         or asked for its parameters, or the class registers parameters, buffers or modules itself."""
         resolve = self.analysis.resolve
-        methods = {s.name.value for s in cls.body.body if isinstance(s, cst.FunctionDef)}
-        for node in contains(cls, lambda n: isinstance(n, (cst.Assign, cst.AnnAssign, cst.Call)), into_functions=True):
-            if isinstance(node, cst.Call):
+        methods = {s.name.value for s in cls.body.body if type(s) is cst.FunctionDef}
+        for node in contains(cls, lambda n: type(n) in (cst.Assign, cst.AnnAssign, cst.Call), into_functions=True):
+            if type(node) is cst.Call:
                 func = node.func
-                if isinstance(func, cst.Name) and func.value == "setattr":
+                if type(func) is cst.Name and func.value == "setattr":
                     return True
-                if not isinstance(func, cst.Attribute):
+                if type(func) is not cst.Attribute:
                     continue
                 owner = func.value
-                if isinstance(owner, cst.Name) and owner.value == "self":
+                if type(owner) is cst.Name and owner.value == "self":
                     if func.attr.value.startswith(("register_", "add_module")):
                         return True
                     if func.attr.value not in methods | _MODULE_METHODS and func.attr.value != wrapped:
@@ -573,12 +573,12 @@ class ModelFlow:
                 elif _is_self_attribute(owner) and owner.attr.value != wrapped and func.attr.value == "parameters":
                     return True
                 continue
-            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+            targets = [t.target for t in node.targets] if type(node) is cst.Assign else [node.target]
             for target in targets:
                 if not _is_self_attribute(target) or target.attr.value == wrapped or node.value is None:
                     continue
                 value = node.value
-                if isinstance(value, cst.Call):
+                if type(value) is cst.Call:
                     qualified = resolve(value.func) or ""
                     if qualified.startswith("torch.nn.") or not qualified.startswith("torch."):
                         return True  # a torch.nn module or parameter, or what an unknown builder returns
@@ -588,7 +588,7 @@ class ModelFlow:
         """Whether ``expr`` is bound to ``nn.Sequential(...)``: its items are layers of one model."""
         values = self.analysis.values
         return any(
-            isinstance(value, cst.Call) and self.analysis.resolve(value.func) == "torch.nn.Sequential"
+            type(value) is cst.Call and self.analysis.resolve(value.func) == "torch.nn.Sequential"
             for value in values.of(expr, scope)
         )
 
@@ -597,7 +597,7 @@ class ModelFlow:
             qualified = self.analysis.resolve(base.value)
             if qualified == names.TORCH_MODULE or (qualified or "").startswith("torch.nn."):
                 return True
-            if isinstance(base.value, cst.Name) and cls not in seen:
+            if type(base.value) is cst.Name and cls not in seen:
                 owner = self.index.scopes[cls].parent.lookup(base.value.value)
                 parent = owner.classes.get(base.value.value)
                 if parent is not None and self._is_nn_module(parent, seen | {cls}):
@@ -656,4 +656,4 @@ _MODULE_METHODS = frozenset(
 
 
 def _is_self_attribute(node: cst.CSTNode) -> bool:
-    return isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self"
+    return type(node) is cst.Attribute and type(node.value) is cst.Name and node.value.value == "self"

@@ -143,9 +143,9 @@ class Bindings:
 
 
 def _dotted(node: cst.BaseExpression) -> str | None:
-    if isinstance(node, cst.Name):
+    if type(node) is cst.Name:
         return node.value
-    if isinstance(node, cst.Attribute):
+    if type(node) is cst.Attribute:
         base = _dotted(node.value)
         return f"{base}.{node.attr.value}" if base else None
     return None
@@ -157,12 +157,12 @@ def _relative_prefix(node: cst.ImportFrom) -> str:
 
 def record_import(bindings: Bindings, node: cst.Import | cst.ImportFrom) -> None:
     """Add the names an import statement binds to ``bindings`` (the walk of ``scopes.FlowCollector`` calls this)."""
-    if isinstance(node, cst.Import):
+    if type(node) is cst.Import:
         for alias in node.names:
             dotted = _dotted(alias.name)
             if dotted is None:
                 continue
-            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+            if alias.asname is not None and type(alias.asname.name) is cst.Name:
                 bound, qualified = alias.asname.name.value, dotted
             else:
                 bound = qualified = dotted.split(".")[0]
@@ -170,14 +170,14 @@ def record_import(bindings: Bindings, node: cst.Import | cst.ImportFrom) -> None
         return
     module = _dotted(node.module) if node.module is not None else ""
     prefix = _relative_prefix(node) + (module or "")
-    if isinstance(node.names, cst.ImportStar):
+    if type(node.names) is cst.ImportStar:
         bindings.star_modules.add(prefix)
         return
     for alias in node.names:
-        if not isinstance(alias.name, cst.Name):
+        if type(alias.name) is not cst.Name:
             continue
         name = alias.name.value
-        bound = alias.asname.name.value if alias.asname and isinstance(alias.asname.name, cst.Name) else name
+        bound = alias.asname.name.value if alias.asname and type(alias.asname.name) is cst.Name else name
         _import(bindings, bound, canonical(f"{prefix}.{name}") if prefix else name, node, alias)
 
 
@@ -188,11 +188,11 @@ def _import(bindings: Bindings, bound: str, qualified: str, statement: cst.CSTNo
 
 def names_in_target(target: cst.BaseExpression) -> list[str]:
     """The names a binding target binds: ``a``, ``b`` and ``c`` in ``a, (b, *c) = ...``."""
-    if isinstance(target, cst.Name):
+    if type(target) is cst.Name:
         return [target.value]
-    if isinstance(target, (cst.Tuple, cst.List)):
+    if type(target) in (cst.Tuple, cst.List):
         return [name for element in target.elements for name in names_in_target(element.value)]
-    if isinstance(target, cst.StarredElement):
+    if type(target) is cst.StarredElement:
         return names_in_target(target.value)
     return []
 
@@ -211,6 +211,6 @@ def resolve(bindings: Bindings, node: cst.BaseExpression) -> str | None:
 
 def head_name(node: cst.BaseExpression) -> str | None:
     """The leftmost name of a dotted expression (``nn`` for ``nn.parallel.DataParallel``)."""
-    while isinstance(node, cst.Attribute):
+    while type(node) is cst.Attribute:
         node = node.value
-    return node.value if isinstance(node, cst.Name) else None
+    return node.value if type(node) is cst.Name else None

@@ -108,7 +108,7 @@ class ParsedFile:
         found = []
         for call in self.calls:
             func = call.func
-            last = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
+            last = func.attr.value if type(func) is cst.Attribute else getattr(func, "value", None)
             head = names.head_name(func)
             if last not in last_names or head is None or self.resolve(func) is not None:
                 continue

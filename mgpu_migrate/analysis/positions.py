@@ -111,7 +111,7 @@ class Positions:
         if statement in self._not_found:
             return False
         state = _OffsetState(self._module)
-        blocks = [node for node in self._tree.ancestors(statement) if isinstance(node, cst.IndentedBlock)]
+        blocks = [node for node in self._tree.ancestors(statement) if type(node) is cst.IndentedBlock]
         state.indent_tokens = [
             state.default_indent if block.indent is None else block.indent for block in reversed(blocks)
         ]

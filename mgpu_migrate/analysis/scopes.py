@@ -42,7 +42,7 @@ class Scope:
 
     @property
     def is_class(self) -> bool:
-        return isinstance(self.node, cst.ClassDef)
+        return type(self.node) is cst.ClassDef
 
     def lookup(self, name: str) -> Scope:
         """The scope whose binding of ``name`` a read here sees (the module's when none binds it)."""
@@ -97,11 +97,11 @@ class Loop:
 
 def reference_key(node: cst.CSTNode) -> Optional[str]:
     """The last component of a reference's path: ``models[]`` for ``self.models[i]``."""
-    if isinstance(node, cst.Name):
+    if type(node) is cst.Name:
         return node.value
-    if isinstance(node, cst.Attribute):
+    if type(node) is cst.Attribute:
         return node.attr.value
-    if isinstance(node, cst.Subscript):
+    if type(node) is cst.Subscript:
         base = reference_key(node.value)
         return base + "[]" if base else None
     return None
@@ -167,9 +167,9 @@ class FlowIndex:
 
     def assigned_places(self, target: cst.BaseExpression, scope: Scope) -> list[Place]:
         """The places a (possibly unpacked) assignment target writes, flattened."""
-        if isinstance(target, (cst.Tuple, cst.List)):
+        if type(target) in (cst.Tuple, cst.List):
             return [place for element in target.elements for place in self.assigned_places(element.value, scope)]
-        if isinstance(target, cst.StarredElement):
+        if type(target) is cst.StarredElement:
             return self.assigned_places(target.value, scope)
         place = self.place_of(target, scope)
         return [place] if place else []
@@ -244,7 +244,7 @@ class FlowIndex:
             for name in names.names_in_target(target):
                 key = (assignment.scope.lookup(name), name)
                 cls = None
-                if isinstance(target, cst.Name) and isinstance(value, cst.Call) and isinstance(value.func, cst.Name):
+                if type(target) is cst.Name and type(value) is cst.Call and type(value.func) is cst.Name:
                     cls = assignment.scope.lookup(value.func.value).classes.get(value.func.value)
                 classes[key].add(cls)
         for loop in self.loops:
@@ -258,7 +258,7 @@ class FlowIndex:
 
 
 def _is_staticmethod(function: Function) -> bool:
-    return any(isinstance(d.decorator, cst.Name) and d.decorator.value == "staticmethod" for d in function.decorators)
+    return any(type(d.decorator) is cst.Name and d.decorator.value == "staticmethod" for d in function.decorators)
 
 
 class FlowCollector:
@@ -297,7 +297,7 @@ class FlowCollector:
         scope = Scope(node, outer)
         params = node.params
         for param in (*params.posonly_params, *params.params, *params.kwonly_params, params.star_arg, params.star_kwarg):
-            if isinstance(param, cst.Param):
+            if type(param) is cst.Param:
                 scope.params.add(param.name.value)
         scope.bound |= scope.params
         positional = [*params.posonly_params, *params.params]
@@ -342,18 +342,18 @@ class FlowCollector:
         names.record_import(self.bindings, node)
         for alias in node.names:
             bound = alias.asname.name if alias.asname else alias.name
-            while isinstance(bound, cst.Attribute):
+            while type(bound) is cst.Attribute:
                 bound = bound.value
-            if isinstance(bound, cst.Name):
+            if type(bound) is cst.Name:
                 self.scope.bound.add(bound.value)
         return False
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
         names.record_import(self.bindings, node)
-        if not isinstance(node.names, cst.ImportStar):
+        if type(node.names) is not cst.ImportStar:
             for alias in node.names:
                 bound = alias.asname.name if alias.asname else alias.name
-                if isinstance(bound, cst.Name):
+                if type(bound) is cst.Name:
                     self.scope.bound.add(bound.value)
         return False
 
@@ -361,14 +361,14 @@ class FlowCollector:
     def _store(self, target: cst.BaseExpression, binds: bool = True) -> None:
         """Record what a statement writes (``binds``: the names it binds are the file's local bindings too, as
         for everything but ``del``)."""
-        if isinstance(target, (cst.Tuple, cst.List)):
+        if type(target) in (cst.Tuple, cst.List):
             for element in target.elements:
                 self._store(element.value, binds)
-        elif isinstance(target, cst.StarredElement):
+        elif type(target) is cst.StarredElement:
             self._store(target.value, binds)
         else:
             self.stores[target] = self.scope
-            if isinstance(target, cst.Name):
+            if type(target) is cst.Name:
                 self.scope.bound.add(target.value)
                 if binds:
                     self.bindings.local.add(target.value)

@@ -110,7 +110,7 @@ class Tree:
     def function(self, node: cst.CSTNode) -> Optional[cst.FunctionDef]:
         """The innermost function whose body holds ``node`` (None at module level)."""
         for ancestor in self.ancestors(node):
-            if isinstance(ancestor, cst.FunctionDef):
+            if type(ancestor) is cst.FunctionDef:
                 return ancestor
         return None
 
@@ -120,9 +120,9 @@ class Tree:
         under that ``if``."""
         child = node
         for ancestor in self.ancestors(node):
-            if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            if type(ancestor) in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
                 return
-            if isinstance(ancestor, (cst.If, cst.IfExp)) and child is not ancestor.test:
+            if type(ancestor) in (cst.If, cst.IfExp) and child is not ancestor.test:
                 yield ancestor, child is ancestor.orelse
             child = ancestor
 
@@ -151,16 +151,16 @@ _DEFINITIONS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
 def is_zero(node: Optional[cst.BaseExpression]) -> bool:
     """The literal ``0``."""
-    return isinstance(node, cst.Integer) and node.evaluated_value == 0
+    return type(node) is cst.Integer and node.evaluated_value == 0
 
 
 def item_target(target: cst.BaseExpression, iterable: cst.BaseExpression) -> cst.BaseExpression:
     """What a ``for`` loop binds to the items of its iterable: ``batch`` in ``for i, batch in enumerate(x)``."""
     if (
-        isinstance(iterable, cst.Call)
-        and isinstance(iterable.func, cst.Name)
+        type(iterable) is cst.Call
+        and type(iterable.func) is cst.Name
         and iterable.func.value == "enumerate"
-        and isinstance(target, cst.Tuple)
+        and type(target) is cst.Tuple
         and len(target.elements) == 2
     ):
         return target.elements[1].value

@@ -22,7 +22,7 @@ class Values:
         self.stored: dict[Place, list[tuple[cst.BaseExpression, Scope, Optional[int]]]] = defaultdict(list)
         for assignment in index.assignments:
             target, scope = assignment.target, assignment.scope
-            if isinstance(target, (cst.Tuple, cst.List)):
+            if type(target) in (cst.Tuple, cst.List):
                 for position, element in enumerate(target.elements):
                     place = index.place_of(element.value, scope)
                     if place is not None:
@@ -46,18 +46,18 @@ class Values:
         """The part of ``value`` an unpacking assignment stores at ``position`` (all of it when None)."""
         if position is None:
             return [(value, scope)]
-        if isinstance(value, (cst.Tuple, cst.List)):
+        if type(value) in (cst.Tuple, cst.List):
             elements = value.elements
-            if position < len(elements) and not any(isinstance(e, cst.StarredElement) for e in elements):
+            if position < len(elements) and not any(type(e) is cst.StarredElement for e in elements):
                 return [(elements[position].value, scope)]
             return []
-        if isinstance(value, cst.Call):
+        if type(value) is cst.Call:
             callee = self.index.callee(value, scope)
             if callee is not None:
                 return [
                     part
                     for returned, returned_scope in self.returns.get(callee[0], [])
-                    if isinstance(returned, (cst.Tuple, cst.List))
+                    if type(returned) in (cst.Tuple, cst.List)
                     for part in self.element(returned, returned_scope, position)
                 ]
         return []
@@ -68,7 +68,7 @@ class Values:
         """The values stored in the name or attribute ``expr`` reads, when whole-value assignments are the only
         bindings this file makes of it; None when anything else binds it too (a parameter, a loop, ``with``,
         ``del``, an augmented or unpacking assignment, an annotation without a value), or nothing does."""
-        place = self.index.place_of(expr, scope) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+        place = self.index.place_of(expr, scope) if type(expr) in (cst.Name, cst.Attribute) else None
         if place is None or place[1] in place[0].params:
             return None
         stored = self.stored.get(place, [])
@@ -81,9 +81,9 @@ class Values:
     def of(self, expr: cst.BaseExpression, scope: Scope, depth: int = 4) -> list[cst.BaseExpression]:
         """What ``expr`` may evaluate to: the expressions stored in it, followed ``depth`` assignments back,
         and both branches of a ternary; ``expr`` itself when nothing is known."""
-        if isinstance(expr, cst.IfExp):
+        if type(expr) is cst.IfExp:
             return self.of(expr.body, scope, depth) + self.of(expr.orelse, scope, depth)
-        place = self.index.place_of(expr, scope) if isinstance(expr, (cst.Name, cst.Attribute)) else None
+        place = self.index.place_of(expr, scope) if type(expr) in (cst.Name, cst.Attribute) else None
         stored = self.stored.get(place, []) if place is not None and depth > 0 else []
         if not stored:
             return [expr]

@@ -71,7 +71,7 @@ class BatchCoupling(Rule):
     def apply(self) -> None:
         if not self.program.migrates:
             return
-        products = [node for node in self.analysis.tree.nodes(cst.BinaryOperation) if isinstance(node.operator, cst.MatrixMultiply)]
+        products = [node for node in self.analysis.tree.nodes(cst.BinaryOperation) if type(node.operator) is cst.MatrixMultiply]
         for node in [*self.analysis.calls, *products]:
             pair = self._compared_rows(node)
             if pair is None:
@@ -86,7 +86,7 @@ class BatchCoupling(Rule):
 
     def _compared_rows(self, node: cst.CSTNode) -> Optional[tuple[cst.BaseExpression, cst.BaseExpression]]:
         """The two operands when ``node`` is a distance or product of the model's outputs with their transpose."""
-        if isinstance(node, cst.BinaryOperation):
+        if type(node) is cst.BinaryOperation:
             left, right = node.left, node.right  # the callers pass only `@`
             distance = False
         else:
@@ -112,6 +112,6 @@ def _scope_of(analysis, node: cst.CSTNode):
 
 
 def _transposed(expr: cst.BaseExpression) -> bool:
-    if isinstance(expr, cst.Attribute):
+    if type(expr) is cst.Attribute:
         return expr.attr.value in _TRANSPOSES
-    return isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _TRANSPOSES
+    return type(expr) is cst.Call and type(expr.func) is cst.Attribute and expr.func.attr.value in _TRANSPOSES

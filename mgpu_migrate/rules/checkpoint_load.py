@@ -96,7 +96,7 @@ class CheckpointLoad(Rule):
         """Whether what ``call`` loads reaches ``load_state_dict``, directly or through the name it is stored in."""
         tree = self.analysis.tree
         for ancestor in tree.ancestors(call):
-            if isinstance(ancestor, cst.Call) and _is_load_state_dict(ancestor):
+            if type(ancestor) is cst.Call and _is_load_state_dict(ancestor):
                 return True
             if isinstance(ancestor, cst.BaseStatement):
                 break
@@ -104,16 +104,16 @@ class CheckpointLoad(Rule):
         stored = [
             target.target.value
             for small in getattr(statement, "body", ())
-            if isinstance(small, cst.Assign)
+            if type(small) is cst.Assign
             for target in small.targets
-            if isinstance(target.target, cst.Name)
+            if type(target.target) is cst.Name
         ]
         if not stored:
             return False
         scope = tree.function(call) or self.analysis.module
-        uses = contains(scope, lambda node: isinstance(node, cst.Call) and _is_load_state_dict(node))
+        uses = contains(scope, lambda node: type(node) is cst.Call and _is_load_state_dict(node))
         return any(mentions(arg.value, name) for use in uses for arg in use.args for name in stored)
 
 
 def _is_load_state_dict(call: cst.Call) -> bool:
-    return isinstance(call.func, cst.Attribute) and call.func.attr.value == "load_state_dict"
+    return type(call.func) is cst.Attribute and call.func.attr.value == "load_state_dict"

@@ -141,7 +141,7 @@ class CheckpointSave(Rule):
             self._save_once(call, self._decided_per_process(call), self._called_by_main_process_only(call))
         for call in self.analysis.calls:
             if (
-                isinstance(call.func, cst.Attribute)
+                type(call.func) is cst.Attribute
                 and call.func.attr.value == "save_pretrained"
                 and not under_main_process_block(self.analysis, call)
             ):
@@ -183,7 +183,7 @@ class CheckpointSave(Rule):
             (
                 caller
                 for caller in self.analysis.calls
-                if isinstance(caller.func, cst.Name)
+                if type(caller.func) is cst.Name
                 and caller.func.value == function.name.value
                 and under_main_process_block(self.analysis, caller)
             ),
@@ -202,8 +202,8 @@ class CheckpointSave(Rule):
         scope = self.analysis.values.scope_of(call)
         for guard, _ in self.analysis.tree.enclosing_ifs(call):
             if models.derived_sites(guard.test, scope) or any(
-                isinstance(node, cst.Attribute) and node.attr.value == "item"
-                for node in contains(guard.test, lambda n: isinstance(n, cst.Attribute))
+                type(node) is cst.Attribute and node.attr.value == "item"
+                for node in contains(guard.test, lambda n: type(n) is cst.Attribute)
             ):
                 return guard
         return None
@@ -221,7 +221,7 @@ class CheckpointSave(Rule):
         move_statement = next(node for node in (mover, *tree.ancestors(mover)) if tree.parent(node) is block)
         simple = all(self._single(statement) for statement in (save_statement, move_statement)) or (
             self._single(save_statement)
-            and isinstance(move_statement, cst.If)
+            and type(move_statement) is cst.If
             and move_statement.orelse is None
             and all(self._single(statement) for statement in move_statement.body.body)
         )
@@ -256,7 +256,7 @@ class CheckpointSave(Rule):
 
     @staticmethod
     def _single(statement: cst.CSTNode) -> bool:
-        return isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+        return type(statement) is cst.SimpleStatementLine and len(statement.body) == 1
 
     def _moved_after(self, call: cst.Call, destination) -> cst.CSTNode | None:
         """A later statement of the same block that renames, moves or removes the saved path."""
@@ -270,7 +270,7 @@ class CheckpointSave(Rule):
             return None
         path = self.analysis.module.code_for_node(destination.value)
         for later in body[body.index(statement) + 1 :]:
-            for other in contains(later, lambda n: isinstance(n, cst.Call)):
+            for other in contains(later, lambda n: type(n) is cst.Call):
                 if self.analysis.resolve(other.func) in _MOVERS and other.args and (
                     self.analysis.module.code_for_node(other.args[0].value) == path
                 ):
@@ -279,13 +279,13 @@ class CheckpointSave(Rule):
 
     def _is_file_object(self, call: cst.Call, destination: cst.BaseExpression) -> bool:
         """Whether the destination is an open file or a buffer rather than a path."""
-        if isinstance(destination, cst.Name):
+        if type(destination) is cst.Name:
             for ancestor in self.analysis.tree.ancestors(call):
-                if isinstance(ancestor, cst.With):
+                if type(ancestor) is cst.With:
                     for item in ancestor.items:
                         asname = item.asname.name if item.asname else None
                         if (
-                            isinstance(asname, cst.Name)
+                            type(asname) is cst.Name
                             and asname.value == destination.value
                             and self._makes_file(item.item)
                         ):
@@ -294,8 +294,8 @@ class CheckpointSave(Rule):
         return any(self._makes_file(value) for value in values.of(destination, values.scope_of(call)))
 
     def _makes_file(self, expr: cst.BaseExpression) -> bool:
-        if not isinstance(expr, cst.Call):
+        if type(expr) is not cst.Call:
             return False
-        if isinstance(expr.func, cst.Name) and expr.func.value == "open":
+        if type(expr.func) is cst.Name and expr.func.value == "open":
             return True
         return self.analysis.resolve(expr.func) in _FILE_MAKERS

@@ -138,7 +138,7 @@ class DataParallelSubclass(Rule):
         overridden = sorted(
             statement.name.value
             for statement in cls.body.body
-            if isinstance(statement, cst.FunctionDef) and statement.name.value in _MACHINERY
+            if type(statement) is cst.FunctionDef and statement.name.value in _MACHINERY
         )
         attributes = _SelfAttributes()
         cls.body.visit(attributes)

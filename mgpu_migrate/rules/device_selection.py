@@ -88,12 +88,12 @@ class DeviceSelection(Rule):
 
     def _first_n(self, value: cst.BaseExpression) -> cst.BaseExpression | None:
         """N for ``range(N)``, ``list(range(N))``, ``[i for i in range(N)]``, ``[0, 1, ..., N - 1]``."""
-        if isinstance(value, (cst.List, cst.Tuple)) and value.elements and all(
-            isinstance(element.value, cst.Integer) and element.value.evaluated_value == index
+        if type(value) in (cst.List, cst.Tuple) and value.elements and all(
+            type(element.value) is cst.Integer and element.value.evaluated_value == index
             for index, element in enumerate(value.elements)
         ):
             return cst.Integer(str(len(value.elements)))
-        if isinstance(value, cst.ListComp) and isinstance(value.for_in.iter, cst.Call):
+        if type(value) is cst.ListComp and type(value.for_in.iter) is cst.Call:
             value = value.for_in.iter
         if _called(value, "list") and len(value.args) == 1:
             value = value.args[0].value
@@ -102,12 +102,12 @@ class DeviceSelection(Rule):
         return None
 
     def _all_devices(self, count: cst.BaseExpression) -> bool:
-        return isinstance(count, cst.Call) and self.analysis.resolve(count.func) == _DEVICE_COUNT
+        return type(count) is cst.Call and self.analysis.resolve(count.func) == _DEVICE_COUNT
 
 
 def _called(value: cst.BaseExpression, builtin: str) -> bool:
-    return isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == builtin
+    return type(value) is cst.Call and type(value.func) is cst.Name and value.func.value == builtin
 
 
 def _is_none(value: cst.BaseExpression) -> bool:
-    return isinstance(value, cst.Name) and value.value == "None"
+    return type(value) is cst.Name and value.value == "None"

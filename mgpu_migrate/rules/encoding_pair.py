@@ -223,7 +223,7 @@ class EncodingPair(Rule):
         if self.target == DDP:
             for site in sites:
                 dim = _argument(site.call, "dim", 3)
-                if dim is not None and not (isinstance(dim, cst.Integer) and dim.evaluated_value == 0):
+                if dim is not None and not (type(dim) is cst.Integer and dim.evaluated_value == 0):
                     return site.call, "the model is split along `dim` != 0, which DDP cannot do"
         loss_predictions = {call.prediction for call in self.analysis.losses.calls}
         seen: set = set()
@@ -241,10 +241,10 @@ class EncodingPair(Rule):
             return None
         slot = index.slots.get(node)
         kind, parent = (slot.kind, slot.parent) if slot else ("other", None)
-        if kind == "assign" and isinstance(parent, (cst.Assign, cst.AnnAssign)):
-            targets = [t.target for t in parent.targets] if isinstance(parent, cst.Assign) else [parent.target]
+        if kind == "assign" and type(parent) in (cst.Assign, cst.AnnAssign):
+            targets = [t.target for t in parent.targets] if type(parent) is cst.Assign else [parent.target]
             for target in targets:
-                if not isinstance(target, (cst.Name, cst.Attribute)):
+                if type(target) not in (cst.Name, cst.Attribute):
                     return target, "the outputs are unpacked"
                 place = index.place_of(target, scope)
                 if place is not None:
@@ -252,7 +252,7 @@ class EncodingPair(Rule):
                     if blocker is not None:
                         return blocker
             return None
-        if kind == "arg" and isinstance(parent, cst.Call):
+        if kind == "arg" and type(parent) is cst.Call:
             if self._is_default_gather(parent, node):
                 self._gathers.append(parent)
                 return None
@@ -261,7 +261,7 @@ class EncodingPair(Rule):
                     return self._place_uses(place, predictions, seen)
             return parent, f"the outputs are passed to `{self.analysis.module.code_for_node(parent.func)}(...)`"
         if kind == "return":
-            function = scope.node if isinstance(scope.node, cst.FunctionDef) else None
+            function = scope.node if type(scope.node) is cst.FunctionDef else None
             sites = index.call_sites(function) if function is not None else []
             if not sites:
                 return node, "the outputs are returned to code outside this file"
@@ -295,7 +295,7 @@ class EncodingPair(Rule):
                 continue
             value = assignment.value
             regather = (
-                isinstance(value, cst.Call)
+                type(value) is cst.Call
                 and bool(value.args)
                 and index.place_of(value.args[0].value, assignment.scope) == place
                 and self._is_default_gather(value, value.args[0].value)

@@ -135,9 +135,9 @@ class ExplicitDevice(Rule):
                 self._set_device(call)
             elif qualified == "torch.device":
                 self._device_index(call)
-            elif isinstance(func, cst.Attribute) and func.attr.value == "cuda" and qualified is None:
+            elif type(func) is cst.Attribute and func.attr.value == "cuda" and qualified is None:
                 self._cuda_method(call)
-            elif isinstance(func, cst.Attribute) and func.attr.value == "to" and qualified is None:
+            elif type(func) is cst.Attribute and func.attr.value == "to" and qualified is None:
                 self._integer_device(argument(call, "device", 0))
             elif qualified is not None and qualified.startswith("torch."):
                 self._integer_device(keyword(call, "device"))
@@ -148,7 +148,7 @@ class ExplicitDevice(Rule):
         for string in tree.nodes(cst.SimpleString):
             parent = tree.parent(string)
             if isinstance(parent, _NOT_A_DEVICE_PARENTS) or (
-                isinstance(parent, cst.DictElement) and parent.key is string
+                type(parent) is cst.DictElement and parent.key is string
             ):
                 continue
             value = string.evaluated_value
@@ -179,7 +179,7 @@ class ExplicitDevice(Rule):
         """``torch.device("cuda", 0)``, ``torch.device(0)``."""
         if len(call.args) == 1 and not call.args[0].keyword:
             self._integer_device(call.args[0])
-        if len(call.args) != 2 or not isinstance(call.args[0].value, cst.SimpleString):
+        if len(call.args) != 2 or type(call.args[0].value) is not cst.SimpleString:
             return
         if call.args[0].value.evaluated_value != "cuda":
             return
@@ -197,14 +197,14 @@ class ExplicitDevice(Rule):
         if arg is None or arg.star:
             return
         value, quote = arg.value, '"'
-        if isinstance(value, cst.IfExp):
+        if type(value) is cst.IfExp:
             branches = (value.body, value.orelse)
-            numbers = [branch for branch in branches if isinstance(branch, cst.Integer)]
+            numbers = [branch for branch in branches if type(branch) is cst.Integer]
             others = [branch for branch in branches if _is_cpu(branch)]
             if len(numbers) != 1 or len(others) != 1:
                 return
             value, quote = numbers[0], others[0].quote
-        if not isinstance(value, cst.Integer):
+        if type(value) is not cst.Integer:
             return
         if not is_zero(value):
             self._other_gpu(value, self.analysis.module.code_for_node(value))
@@ -244,7 +244,7 @@ class ExplicitDevice(Rule):
             if not sets_cuda_visible_devices(statement):
                 continue
             block = tree.parent(statement)
-            if isinstance(block, cst.Module):
+            if type(block) is cst.Module:
                 continue
             if setup is None:
                 self._before_lazy_setup(statement, program)
@@ -295,8 +295,8 @@ class ExplicitDevice(Rule):
 
 
 def _is_cpu(node: cst.BaseExpression) -> bool:
-    return isinstance(node, cst.SimpleString) and node.evaluated_value == "cpu"
+    return type(node) is cst.SimpleString and node.evaluated_value == "cpu"
 
 
 def _is_first_gpu(node: cst.BaseExpression) -> bool:
-    return isinstance(node, cst.SimpleString) and node.evaluated_value == FIRST_GPU
+    return type(node) is cst.SimpleString and node.evaluated_value == FIRST_GPU

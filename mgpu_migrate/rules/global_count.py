@@ -72,8 +72,8 @@ class GlobalCount(Rule):
         for loss in self.analysis.losses.calls:
             division = self.analysis.tree.parent(loss.call)
             if not (
-                isinstance(division, cst.BinaryOperation)
-                and isinstance(division.operator, cst.Divide)
+                type(division) is cst.BinaryOperation
+                and type(division.operator) is cst.Divide
                 and division.left is loss.call
             ):
                 continue
@@ -93,7 +93,7 @@ class GlobalCount(Rule):
         """The count expression behind ``divisor``: inline, or the value of its one assignment in the scope."""
         if is_count(divisor):
             return divisor
-        if not isinstance(divisor, cst.Name):
+        if type(divisor) is not cst.Name:
             return None
         function = self.analysis.tree.function(division)
         assigned = [
@@ -101,7 +101,7 @@ class GlobalCount(Rule):
             for node in self.analysis.tree.nodes(cst.Assign)
             if self.analysis.tree.function(node) is function
             and len(node.targets) == 1
-            and isinstance(node.targets[0].target, cst.Name)
+            and type(node.targets[0].target) is cst.Name
             and node.targets[0].target.value == divisor.value
         ]
         return assigned[0] if len(assigned) == 1 and is_count(assigned[0]) else None
@@ -109,19 +109,19 @@ class GlobalCount(Rule):
 
 def is_count(expr: cst.BaseExpression) -> bool:
     """``x.sum()``, ``x.ne(PAD).sum().item()``, ``int(mask.sum())``, ``torch.sum(mask)`` ...: a count of a tensor."""
-    while isinstance(expr, cst.Call):
+    while type(expr) is cst.Call:
         func = expr.func
-        if isinstance(func, cst.Name) and func.value in _BUILTIN_CONVERSIONS and len(expr.args) == 1:
+        if type(func) is cst.Name and func.value in _BUILTIN_CONVERSIONS and len(expr.args) == 1:
             expr = expr.args[0].value
             continue
-        if not isinstance(func, cst.Attribute):
+        if type(func) is not cst.Attribute:
             return False
         method = func.attr.value
         if method in _CONVERSIONS and not expr.args:
             expr = func.value
             continue
         if method in _COUNTS:
-            on_torch = isinstance(func.value, cst.Name) and func.value.value == "torch"
+            on_torch = type(func.value) is cst.Name and func.value.value == "torch"
             return len(expr.args) == (1 if on_torch else 0)
         return False
     return False

@@ -149,15 +149,15 @@ class GlobalMetrics(Rule):
         for loop in self._split_loops():
             bound = _bound_names(loop)
             schedules = None
-            for update in contains(loop.body, lambda node: isinstance(node, cst.AugAssign)):
-                if not isinstance(update.operator, cst.AddAssign) or self._loop_of(update) is not loop:
+            for update in contains(loop.body, lambda node: type(node) is cst.AugAssign):
+                if type(update.operator) is not cst.AddAssign or self._loop_of(update) is not loop:
                     continue
                 # A sample count the file compares drives a schedule: the data rule sums it (MGP140).
                 schedules = set(sample_counters(self.analysis, loop)) if schedules is None else schedules
                 if update in schedules:
                     continue
                 value = update.value
-                if not any(isinstance(n, cst.Name) and n.value in bound for n in contains(value, lambda _: True)):
+                if not any(type(n) is cst.Name and n.value in bound for n in contains(value, lambda _: True)):
                     continue  # not computed from this step's batch (`total += args.batch_size`)
                 name = shorten(code(update.target), 30)
                 counts = is_count(value) or is_row_count(self.analysis, value) or self._times_rows(value)
@@ -196,8 +196,8 @@ class GlobalMetrics(Rule):
         """``loss.item() * x.size(0)``: a mean times the rows it averaged over, the rows' sum. Summed over the
         processes it is the original's, whether the mean is the global batch's or the process's own."""
         return (
-            isinstance(value, cst.BinaryOperation)
-            and isinstance(value.operator, cst.Multiply)
+            type(value) is cst.BinaryOperation
+            and type(value.operator) is cst.Multiply
             and (is_row_count(self.analysis, value.left) or is_row_count(self.analysis, value.right))
         )
 
@@ -216,7 +216,7 @@ class GlobalMetrics(Rule):
         loops: list[cst.For] = []
         for trace in self.analysis.loaders.traces:
             split = trace.kind == DISTRIBUTED or any(step in self.rewritten for step in trace.path)
-            if trace.training and split and isinstance(trace.loop, cst.For) and trace.loop not in loops:
+            if trace.training and split and type(trace.loop) is cst.For and trace.loop not in loops:
                 loops.append(trace.loop)
         return loops
 
@@ -225,33 +225,33 @@ class GlobalMetrics(Rule):
         for ancestor in self.analysis.tree.ancestors(node):
             if ancestor is loop:
                 return False
-            if isinstance(ancestor, (cst.If, cst.Try)):
+            if type(ancestor) in (cst.If, cst.Try):
                 return True
         return False
 
     def _loop_of(self, node: cst.CSTNode) -> cst.CSTNode | None:
         """The innermost loop around ``node`` (an evaluation loop inside a training loop is its own)."""
-        return next((a for a in self.analysis.tree.ancestors(node) if isinstance(a, (cst.For, cst.While))), None)
+        return next((a for a in self.analysis.tree.ancestors(node) if type(a) in (cst.For, cst.While)), None)
 
 
 def _bound_names(loop: cst.For) -> set[str]:
     """The names a step of ``loop`` binds: its target and what its body assigns."""
     targets = [loop.target]
     # Not what a step adds to (`correct += ...`): a running total is no value of this step's batch.
-    for node in contains(loop.body, lambda n: isinstance(n, (cst.Assign, cst.AnnAssign))):
-        targets += [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+    for node in contains(loop.body, lambda n: type(n) in (cst.Assign, cst.AnnAssign)):
+        targets += [t.target for t in node.targets] if type(node) is cst.Assign else [node.target]
     return {
         name.value
         for target in targets
-        for name in contains(target, lambda n: isinstance(n, cst.Name))
+        for name in contains(target, lambda n: type(n) is cst.Name)
     }
 
 
 def _compared_mean(value: cst.BaseExpression) -> bool:
     """A full mean (``x.mean()``, ``torch.mean(x)``) of predictions compared with targets."""
-    for call in contains(value, lambda n: isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)):
+    for call in contains(value, lambda n: type(n) is cst.Call and type(n.func) is cst.Attribute):
         func = call.func
-        on_torch = isinstance(func.value, cst.Name) and func.value.value == "torch"
+        on_torch = type(func.value) is cst.Name and func.value.value == "torch"
         if func.attr.value != "mean" or len(call.args) != (1 if on_torch else 0):
             continue
         reduced = call.args[0].value if on_torch else func.value
@@ -261,6 +261,6 @@ def _compared_mean(value: cst.BaseExpression) -> bool:
 
 
 def _compares(node: cst.CSTNode) -> bool:
-    if isinstance(node, cst.Comparison):
+    if type(node) is cst.Comparison:
         return True
-    return isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _COMPARING_METHODS
+    return type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value in _COMPARING_METHODS

@@ -84,10 +84,10 @@ class LocalRankArgument(Rule):
 
     def _declares_local_rank(self, call: cst.Call) -> bool:
         return (
-            isinstance(call.func, cst.Attribute)
+            type(call.func) is cst.Attribute
             and call.func.attr.value == "add_argument"
             and any(
-                isinstance(arg.value, cst.SimpleString) and arg.value.evaluated_value in _OPTIONS
+                type(arg.value) is cst.SimpleString and arg.value.evaluated_value in _OPTIONS
                 for arg in call.args
                 if arg.keyword is None
             )
@@ -103,6 +103,6 @@ class LocalRankArgument(Rule):
 
 
 def _is_integer(node: cst.BaseExpression) -> bool:
-    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+    if type(node) is cst.UnaryOperation and type(node.operator) is cst.Minus:
         node = node.expression
-    return isinstance(node, cst.Integer)
+    return type(node) is cst.Integer

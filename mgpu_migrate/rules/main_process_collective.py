@@ -170,7 +170,7 @@ class MainProcessCollective(Rule):
         loops = set(self.analysis.loaders.training_loops)
         for block in main_process_blocks(self.analysis):
             condition = self.analysis.module.code_for_node(block.test)
-            for call in contains(block.body, lambda node: isinstance(node, cst.Call)):
+            for call in contains(block.body, lambda node: type(node) is cst.Call):
                 found = self._waits_for_others(call)
                 if found is None and call in loss_calls and any(node in loops for node in self.analysis.tree.ancestors(call)):
                     found = "a loss of the batch (a collective, made global)", "compute it on every process"
@@ -213,7 +213,7 @@ class MainProcessCollective(Rule):
             if call is barrier or tree.function(call) is not function:
                 continue
             if self.analysis.resolve(call.func) in _BARRIERS and any(
-                isinstance(guard, cst.If) and not in_else and is_other_processes_condition(guard.test)
+                type(guard) is cst.If and not in_else and is_other_processes_condition(guard.test)
                 for guard, in_else in tree.enclosing_ifs(call)
             ):
                 return True
@@ -221,7 +221,7 @@ class MainProcessCollective(Rule):
 
     def _callee(self, call: cst.Call) -> Optional[cst.FunctionDef]:
         """The function of this file that ``call`` calls by its name, when there is exactly one."""
-        if not isinstance(call.func, cst.Name):
+        if type(call.func) is not cst.Name:
             return None
         defined = [f for f in self.analysis.tree.nodes(cst.FunctionDef) if f.name.value == call.func.value]
         return defined[0] if len(defined) == 1 else None
@@ -229,7 +229,7 @@ class MainProcessCollective(Rule):
     def _collective_in(self, function: cst.FunctionDef) -> Optional[str]:
         """A collective that ``function`` calls, unless a main-process-only block of its own holds it. Its
         ``torch.save`` is none: called here, it becomes ``mgpu_runtime.save(..., wait=False)`` (MGP123)."""
-        for call in contains(function.body, lambda n: isinstance(n, cst.Call)):
+        for call in contains(function.body, lambda n: type(n) is cst.Call):
             qualified = self.analysis.resolve(call.func)
             if qualified in _COLLECTIVES and not _waits_not(call) and not under_main_process_block(self.analysis, call):
                 return qualified
@@ -241,24 +241,24 @@ class MainProcessCollective(Rule):
         if arg.keyword is not None or arg.star or position >= len(function.params.params):
             return False
         parameter = function.params.params[position].name.value
-        uses = contains(function.body, lambda n: isinstance(n, cst.Name) and n.value == parameter)
+        uses = contains(function.body, lambda n: type(n) is cst.Name and n.value == parameter)
         return bool(uses) and all(self._read_only_use(use) for use in uses)
 
     def _read_only_use(self, use: cst.Name) -> bool:
         parent = self.analysis.tree.parent(use)
-        return isinstance(parent, cst.Attribute) and parent.value is use and parent.attr.value in _READS_ONLY
+        return type(parent) is cst.Attribute and parent.value is use and parent.attr.value in _READS_ONLY
 
     def _is_builtin(self, func: cst.BaseExpression) -> bool:
         bindings = self.analysis.bindings
         return (
-            isinstance(func, cst.Name)
+            type(func) is cst.Name
             and func.value in _BUILTINS
             and func.value not in bindings.local
             and func.value not in bindings.imported
         )
 
     def _holds_ddp_model(self, expr: cst.BaseExpression, call: cst.Call) -> bool:
-        if not isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)):
+        if type(expr) not in (cst.Name, cst.Attribute, cst.Subscript):
             return False
         values = self.analysis.values
         scope = values.scope_of(call)
@@ -266,12 +266,12 @@ class MainProcessCollective(Rule):
             return True
         for value in values.of(expr, scope):
             while (
-                isinstance(value, cst.Call)
-                and isinstance(value.func, cst.Attribute)
+                type(value) is cst.Call
+                and type(value.func) is cst.Attribute
                 and value.func.attr.value in MODULE_METHODS_RETURNING_SELF
             ):
                 value = value.func.value
-            if isinstance(value, cst.Call) and self.analysis.resolve(value.func) in _DDP_WRAPPERS:
+            if type(value) is cst.Call and self.analysis.resolve(value.func) in _DDP_WRAPPERS:
                 return True
         return False
 
@@ -279,6 +279,6 @@ class MainProcessCollective(Rule):
 def _waits_not(call: cst.Call) -> bool:
     """``mgpu_runtime.save(..., wait=False)``: written by the main process, waited for by nobody."""
     return any(
-        arg.keyword is not None and arg.keyword.value == "wait" and isinstance(arg.value, cst.Name) and arg.value.value == "False"
+        arg.keyword is not None and arg.keyword.value == "wait" and type(arg.value) is cst.Name and arg.value.value == "False"
         for arg in call.args
     )

@@ -67,7 +67,7 @@ class MixedRows(Rule):
             if not call.args:
                 continue
             size = call.args[0].value
-            assigned = values.of(size, values.scope_of(call)) if isinstance(size, cst.Name) else []
+            assigned = values.of(size, values.scope_of(call)) if type(size) is cst.Name else []
             if not (_batch_rows(size) or (assigned and all(_batch_rows(value) for value in assigned))):
                 continue
             code = self.analysis.module.code_for_node(call)
@@ -81,5 +81,5 @@ class MixedRows(Rule):
 
 def _batch_rows(expr: cst.BaseExpression) -> bool:
     """``x.size(0)``, ``x.shape[0]``: a batch's rows. ``len(dataset)`` is a shuffle of the data, not of a batch."""
-    is_len = isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value == "len"
+    is_len = type(expr) is cst.Call and type(expr.func) is cst.Name and expr.func.value == "len"
     return rows_of_a_tensor(expr) and not is_len

@@ -81,7 +81,7 @@ class PerRankSteps(Rule):
             found = self._per_rank_decision(call)
             if found is not None:
                 node, what = found
-                text = self.analysis.module.code_for_node(node.test if isinstance(node, cst.If) else node).strip()
+                text = self.analysis.module.code_for_node(node.test if type(node) is cst.If else node).strip()
                 text = text.splitlines()[0]
                 self.left(
                     node,
@@ -104,19 +104,19 @@ class PerRankSteps(Rule):
         if loop is None:
             return None
         # A loop that counts (`for iteration in range(n)`) binds the same values on every process.
-        counts = isinstance(loop, cst.For) and self.analysis.loaders.counts(loop)
+        counts = type(loop) is cst.For and self.analysis.loaders.counts(loop)
         tainted = set() if counts else _loop_targets(loop)
         statement = tree.statement(backward)
         for node in path:
-            if isinstance(node, cst.Try) and any(_leaves_or_passes(handler.body) for handler in node.handlers):
+            if type(node) is cst.Try and any(_leaves_or_passes(handler.body) for handler in node.handlers):
                 return node, "skips the step on the process where it fails, and only there"
         for before in loop.body.body:
             if before is statement or before in path:
                 for node in path:
-                    if isinstance(node, cst.If) and node is not loop and self._per_rank(node.test, tainted):
+                    if type(node) is cst.If and node is not loop and self._per_rank(node.test, tainted):
                         return node, "decides from this process's own rows whether to run the backward pass"
                 return None
-            for branch in contains(before, lambda n: isinstance(n, cst.If)):
+            for branch in contains(before, lambda n: type(n) is cst.If):
                 if _leaves(branch) and self._per_rank(branch.test, tainted):
                     return branch, "decides from this process's own rows whether to skip the step"
             tainted |= self._assigned_from(before, tainted)
@@ -124,32 +124,32 @@ class PerRankSteps(Rule):
 
     def _per_rank(self, test: cst.BaseExpression, tainted: set[str]) -> bool:
         """Whether a condition reads the batch or what the model made of it (``.item()`` of a loss)."""
-        for node in contains(test, lambda n: isinstance(n, (cst.Name, cst.Attribute))):
-            if isinstance(node, cst.Attribute) and node.attr.value == "item":
+        for node in contains(test, lambda n: type(n) in (cst.Name, cst.Attribute)):
+            if type(node) is cst.Attribute and node.attr.value == "item":
                 return True
-            if isinstance(node, cst.Name) and node.value in tainted:
+            if type(node) is cst.Name and node.value in tainted:
                 return True
         scope = self.analysis.values.scope_of(test)
         return bool(self.analysis.models.derived_sites(test, scope))
 
     def _assigned_from(self, statement: cst.CSTNode, tainted: set[str]) -> set[str]:
         found = set()
-        for assign in contains(statement, lambda n: isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign))):
+        for assign in contains(statement, lambda n: type(n) in (cst.Assign, cst.AugAssign, cst.AnnAssign)):
             value = assign.value
             if value is None or not self._per_rank(value, tainted):
                 continue
-            targets = [t.target for t in assign.targets] if isinstance(assign, cst.Assign) else [assign.target]
+            targets = [t.target for t in assign.targets] if type(assign) is cst.Assign else [assign.target]
             for target in targets:
-                found |= {n.value for n in contains(target, lambda n: isinstance(n, cst.Name))}
+                found |= {n.value for n in contains(target, lambda n: type(n) is cst.Name)}
         return found
 
 
 def _loop_targets(loop: cst.For | cst.While) -> set[str]:
     """The names a ``for`` loop binds from its data (not the counter of ``enumerate``)."""
-    if not isinstance(loop, cst.For):
+    if type(loop) is not cst.For:
         return set()
     target = item_target(loop.target, loop.iter)
-    return {node.value for node in contains(target, lambda n: isinstance(n, cst.Name))}
+    return {node.value for node in contains(target, lambda n: type(n) is cst.Name)}
 
 
 def _leaves(branch: cst.If) -> bool:
@@ -165,6 +165,6 @@ def _leaves_or_passes(block: cst.BaseSuite, passes: bool = True) -> bool:
     inside_loops = {id(n) for loop in found if isinstance(loop, _LOOPS) for n in contains(loop, lambda n: True)}
     return any(
         not isinstance(node, _LOOPS)
-        and not (isinstance(node, (cst.Continue, cst.Break)) and id(node) in inside_loops)
+        and not (type(node) in (cst.Continue, cst.Break) and id(node) in inside_loops)
         for node in found
     )

@@ -90,7 +90,7 @@ class ProcessRandomness(Rule):
         if not self.program.migrates:
             return
         for loop in split_training_loops(self.analysis):
-            for call in contains(loop.body, lambda node: isinstance(node, cst.Call)):
+            for call in contains(loop.body, lambda node: type(node) is cst.Call):
                 if self._draws_per_row(call):
                     code = self.analysis.module.code_for_node(call)
                     self.left(
@@ -110,7 +110,7 @@ class ProcessRandomness(Rule):
         if qualified in _SIZED_DRAWS:
             return qualified != "torch.empty" and any(mentions_batch_size(arg.value) for arg in call.args)
         return (
-            isinstance(call.func, cst.Attribute)
+            type(call.func) is cst.Attribute
             and call.func.attr.value in _FILLS
             and qualified is None  # a tensor's method, not a module function of the same name
             and self._filled_per_row(call.func.value, call)
@@ -130,16 +130,16 @@ class ProcessRandomness(Rule):
         if rows_of_a_tensor(first):
             return True
         values = self.analysis.values
-        assigned = values.of(first, values.scope_of(call)) if isinstance(first, cst.Name) else []
+        assigned = values.of(first, values.scope_of(call)) if type(first) is cst.Name else []
         return bool(assigned) and all(rows_of_a_tensor(value) for value in assigned)
 
     def _filled_per_row(self, tensor: cst.BaseExpression, fill: cst.Call) -> bool:
         # `torch.empty(b, nz).normal_()`, `z.normal_()` where z was made with the batch's size.
-        if isinstance(tensor, cst.Call):
+        if type(tensor) is cst.Call:
             return any(mentions_batch_size(arg.value) for arg in tensor.args)
         values = self.analysis.values
         return any(
-            isinstance(value, cst.Call) and any(mentions_batch_size(arg.value) for arg in value.args)
+            type(value) is cst.Call and any(mentions_batch_size(arg.value) for arg in value.args)
             for value in values.of(tensor, values.scope_of(fill))
         )
 
@@ -149,7 +149,7 @@ def _randint_rows(call: cst.Call) -> cst.BaseExpression | None:
     sizes = [arg.value for arg in call.args if arg.keyword is not None and arg.keyword.value == "size"]
     positional = [arg.value for arg in call.args if arg.keyword is None]
     size = sizes[0] if sizes else (positional[-1] if len(positional) in (2, 3) else None)
-    if isinstance(size, (cst.Tuple, cst.List)) and size.elements:
+    if type(size) in (cst.Tuple, cst.List) and size.elements:
         return size.elements[0].value
     return None
 
@@ -166,24 +166,24 @@ def split_training_loops(analysis) -> list[cst.For]:
 
 def rows_of_a_tensor(expr: cst.BaseExpression) -> bool:
     """``x.size(0)``, ``x.shape[0]``, ``x.size()[0]`` or ``len(x)``."""
-    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value == "len":
+    if type(expr) is cst.Call and type(expr.func) is cst.Name and expr.func.value == "len":
         return True
-    if isinstance(expr, cst.Subscript) and isinstance(expr.value, cst.Call) and not expr.value.args:
+    if type(expr) is cst.Subscript and type(expr.value) is cst.Call and not expr.value.args:
         expr = cst.Subscript(value=cst.Attribute(value=expr.value.func, attr=cst.Name("shape")), slice=expr.slice)
-    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "size":
-        return len(expr.args) == 1 and isinstance(expr.args[0].value, cst.Integer) and expr.args[0].value.value == "0"
+    if type(expr) is cst.Call and type(expr.func) is cst.Attribute and expr.func.attr.value == "size":
+        return len(expr.args) == 1 and type(expr.args[0].value) is cst.Integer and expr.args[0].value.value == "0"
     return (
-        isinstance(expr, cst.Subscript)
-        and isinstance(expr.value, cst.Attribute)
+        type(expr) is cst.Subscript
+        and type(expr.value) is cst.Attribute
         and expr.value.attr.value == "shape"
         and len(expr.slice) == 1
-        and isinstance(expr.slice[0].slice, cst.Index)
-        and isinstance(expr.slice[0].slice.value, cst.Integer)
+        and type(expr.slice[0].slice) is cst.Index
+        and type(expr.slice[0].slice.value) is cst.Integer
         and expr.slice[0].slice.value.value == "0"
     )
 
 
 def mentions_batch_size(expr: cst.BaseExpression) -> bool:
     """``x.size(0)``, ``x.shape[0]``, ``len(x)``, ``batch_size`` ...: an argument that names a batch's size."""
-    nodes = contains(expr, lambda n: isinstance(n, (cst.Name, cst.Attribute)))
-    return names_a_size([node.value if isinstance(node, cst.Name) else node.attr.value for node in nodes])
+    nodes = contains(expr, lambda n: type(n) in (cst.Name, cst.Attribute))
+    return names_a_size([node.value if type(node) is cst.Name else node.attr.value for node in nodes])

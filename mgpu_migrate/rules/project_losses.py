@@ -92,20 +92,20 @@ class ProjectLosses(Rule):
                 found.append(construction.core)
                 if construction.core.args:
                     inner = construction.core.args[0].value
-                    found += [_constructor(v) for v in values.of(inner, values.scope_of(inner)) if isinstance(v, cst.Call)]
+                    found += [_constructor(v) for v in values.of(inner, values.scope_of(inner)) if type(v) is cst.Call]
         models = self.analysis.models
         for call in self.analysis.calls:
-            if not isinstance(call.func, cst.Name):
+            if type(call.func) is not cst.Name:
                 continue
             scope = values.scope_of(call)
             if any(models.derived_sites(arg.value, scope) for arg in call.args):
-                found += [_constructor(v) for v in values.of(call.func, scope) if isinstance(v, cst.Call)]
+                found += [_constructor(v) for v in values.of(call.func, scope) if type(v) is cst.Call]
         return found
 
 
 def _constructor(call: cst.Call) -> cst.Call:
     """``Loss(...)`` in ``Loss(...).to(device)`` or ``Loss(...).cuda()``."""
-    while isinstance(call.func, cst.Attribute) and isinstance(call.func.value, cst.Call) and (
+    while type(call.func) is cst.Attribute and type(call.func.value) is cst.Call and (
         call.func.attr.value in MODULE_METHODS_RETURNING_SELF
     ):
         call = call.func.value

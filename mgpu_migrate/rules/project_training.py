@@ -110,7 +110,7 @@ class ProjectTraining(Rule):
         holder = self._holder(program.wraps[0])
         found = importers(self.analysis.path, holder.name.value) if holder is not None else []
         if found:
-            kind = "class" if isinstance(holder, cst.ClassDef) else "function"
+            kind = "class" if type(holder) is cst.ClassDef else "function"
             where = found[0].where(os.path.dirname(os.path.abspath(self.analysis.path)))
             self.left(
                 program.wraps[0],
@@ -141,14 +141,14 @@ class ProjectTraining(Rule):
         function = tree.function(wrap)
         if function is None:
             return None
-        cls = next((node for node in tree.ancestors(function) if isinstance(node, cst.ClassDef)), None)
-        statement = next((node for node in tree.ancestors(wrap) if isinstance(node, cst.Assign)), None)
+        cls = next((node for node in tree.ancestors(function) if type(node) is cst.ClassDef), None)
+        statement = next((node for node in tree.ancestors(wrap) if type(node) is cst.Assign), None)
         if cls is not None and statement is not None:
-            if any(isinstance(t.target, cst.Attribute) and _is_self_attribute(t.target) for t in statement.targets):
+            if any(type(t.target) is cst.Attribute and _is_self_attribute(t.target) for t in statement.targets):
                 return cls
         models = self.analysis.models
         scope = self.analysis.values.scope_of(wrap)
-        for returned in contains(function, lambda n: isinstance(n, cst.Return)):
+        for returned in contains(function, lambda n: type(n) is cst.Return):
             if returned.value is not None and models.model_sites(returned.value, scope):
                 return function
         return None
@@ -158,7 +158,7 @@ class ProjectTraining(Rule):
         pass), torch's, or a builtin."""
         if qualified is None:
             bindings = self.analysis.bindings
-            name = call.func.value if isinstance(call.func, cst.Name) else None
+            name = call.func.value if type(call.func) is cst.Name else None
             return name in bindings.local or (name in _BUILTINS and name not in bindings.imported)
         return qualified.startswith(("torch.", "builtins.")) or "." not in qualified
 
@@ -172,7 +172,7 @@ class ProjectTraining(Rule):
             if function is None:
                 continue
             scope = self.analysis.values.scope_of(wrap)
-            for returned in contains(function, lambda n: isinstance(n, cst.Return)):
+            for returned in contains(function, lambda n: type(n) is cst.Return):
                 if returned.value is not None and models.model_sites(returned.value, scope):
                     return True
         return False
@@ -184,4 +184,4 @@ class ProjectTraining(Rule):
 
 
 def _is_self_attribute(target: cst.Attribute) -> bool:
-    return isinstance(target.value, cst.Name) and target.value.value == "self"
+    return type(target.value) is cst.Name and target.value.value == "self"

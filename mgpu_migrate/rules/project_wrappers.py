@@ -82,7 +82,7 @@ class ProjectWrappers(Rule):
             if qualified is None:
                 # A name imported two ways (`try: from jactorch... import X` / `except: from .replicate import X`):
                 # the project's own copy is one of them.
-                if project is not None and isinstance(call.func, cst.Name):
+                if project is not None and type(call.func) is cst.Name:
                     for origin in sorted(self.analysis.bindings.imported.get(call.func.value, ())):
                         if origin.split(".")[0].lstrip(".") not in _KNOWN_TOPS and self._project_call(project, call, origin):
                             break

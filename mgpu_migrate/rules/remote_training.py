@@ -139,8 +139,8 @@ class RemoteTraining(Rule):
 
     def _without_gradients(self, node: cst.CSTNode) -> bool:
         for ancestor in self.analysis.tree.ancestors(node):
-            if isinstance(ancestor, cst.With) and any(
-                isinstance(item.item, cst.Call) and self.analysis.resolve(item.item.func) in _NO_GRADIENTS
+            if type(ancestor) is cst.With and any(
+                type(item.item) is cst.Call and self.analysis.resolve(item.item.func) in _NO_GRADIENTS
                 for item in ancestor.items
             ):
                 return True

@@ -78,8 +78,8 @@ class ReplicationCallback(Rule):
 
 
 def _last_name(func: cst.BaseExpression) -> str | None:
-    if isinstance(func, cst.Name):
+    if type(func) is cst.Name:
         return func.value
-    if isinstance(func, cst.Attribute):
+    if type(func) is cst.Attribute:
         return func.attr.value
     return None

@@ -108,17 +108,17 @@ class SharedFiles(Rule):
     def _checkpoint_file(self, call: cst.Call) -> bool:
         """``with open(path, "wb") as f: torch.save(obj, f)``: MGP123 reports that save (MGP240)."""
         item = self.analysis.tree.parent(call)
-        block = self.analysis.tree.parent(item) if isinstance(item, cst.WithItem) else None
-        return isinstance(block, cst.With) and any(
+        block = self.analysis.tree.parent(item) if type(item) is cst.WithItem else None
+        return type(block) is cst.With and any(
             self.analysis.resolve(inner.func) == "torch.save"
-            for inner in contains(block.body, lambda node: isinstance(node, cst.Call))
+            for inner in contains(block.body, lambda node: type(node) is cst.Call)
         )
 
     def _writes(self, call: cst.Call) -> Optional[str]:
         qualified = self.analysis.resolve(call.func)
-        if qualified == "open" or (isinstance(call.func, cst.Name) and call.func.value == "open" and qualified is None):
+        if qualified == "open" or (type(call.func) is cst.Name and call.func.value == "open" and qualified is None):
             mode = argument(call, "mode", 1)
-            text = mode.value.evaluated_value if mode is not None and isinstance(mode.value, cst.SimpleString) else ""
+            text = mode.value.evaluated_value if mode is not None and type(mode.value) is cst.SimpleString else ""
             if "a" in text:
                 return "each appends its own copy of every line"
             if "w" in text or "x" in text:
@@ -126,6 +126,6 @@ class SharedFiles(Rule):
             return None
         if qualified in _SAVERS:
             return _RACE
-        if isinstance(call.func, cst.Attribute) and call.func.attr.value in _WRITING_METHODS and qualified is None:
+        if type(call.func) is cst.Attribute and call.func.attr.value in _WRITING_METHODS and qualified is None:
             return _RACE
         return None

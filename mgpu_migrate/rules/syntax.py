@@ -45,7 +45,7 @@ def negated(expr: cst.BaseExpression, parent: Optional[cst.CSTNode]) -> cst.Base
     """``not expr``, parenthesized when its parent binds more tightly than ``not``."""
     result = cst.UnaryOperation(cst.Not(), expr)
     if isinstance(parent, _TIGHTER_THAN_NOT) or (
-        isinstance(parent, cst.UnaryOperation) and not isinstance(parent.operator, cst.Not)
+        type(parent) is cst.UnaryOperation and type(parent.operator) is not cst.Not
     ):
         result = result.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
     return result
@@ -81,9 +81,9 @@ def with_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Ca
     if not args:
         return call.with_changes(args=[new])
     last = args[-1]
-    if isinstance(last.comma, cst.Comma):
+    if type(last.comma) is cst.Comma:
         # A trailing comma (one argument a line): the new one goes on its own line, laid out the same.
-        separator = args[-2].comma if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) else last.comma
+        separator = args[-2].comma if len(args) > 1 and type(args[-2].comma) is cst.Comma else last.comma
         args[-1] = last.with_changes(comma=separator)
         args.append(new.with_changes(comma=last.comma))
     else:
@@ -105,13 +105,13 @@ def keep_arguments(call: cst.Call, kept: list[int]) -> list[cst.Arg]:
     own, closing = args[-1], call.args[-1]
     comma = closing.comma
     own_comment = (
-        isinstance(own.comma, cst.Comma)
-        and isinstance(own.comma.whitespace_after, cst.ParenthesizedWhitespace)
+        type(own.comma) is cst.Comma
+        and type(own.comma.whitespace_after) is cst.ParenthesizedWhitespace
         and own.comma.whitespace_after.first_line.comment is not None
     )
     if own_comment:
         # Keep the comma that carries the comment (a trailing comma is valid), with the closing line's indent.
-        closing_space = comma.whitespace_after if isinstance(comma, cst.Comma) else closing.whitespace_after_arg
+        closing_space = comma.whitespace_after if type(comma) is cst.Comma else closing.whitespace_after_arg
         last_line = getattr(closing_space, "last_line", cst.SimpleWhitespace(""))
         comma = own.comma.with_changes(whitespace_after=own.comma.whitespace_after.with_changes(last_line=last_line))
     args[-1] = own.with_changes(comma=comma, whitespace_after_arg=closing.whitespace_after_arg)
@@ -129,6 +129,6 @@ def replace_keyword_value(call: cst.Call, name: str, value: cst.BaseExpression) 
 
 def mentions(node: cst.CSTNode, name: str) -> bool:
     """Whether ``name`` appears as a name or attribute anywhere in ``node``."""
-    if isinstance(node, cst.Name) and node.value == name:
+    if type(node) is cst.Name and node.value == name:
         return True
     return any(mentions(child, name) for child in node.children)

@@ -26,7 +26,7 @@ _ATOMS = (cst.Name, cst.Attribute, cst.Integer, cst.Call, cst.Subscript)
 
 
 def _is_false(node: Optional[cst.Arg]) -> bool:
-    return node is None or (isinstance(node.value, cst.Name) and node.value.value == "False")
+    return node is None or (type(node.value) is cst.Name and node.value.value == "False")
 
 
 class TorchTrainingData(TrainingData):
@@ -152,7 +152,7 @@ class TorchTrainingData(TrainingData):
         size = code(batch.value) if isinstance(batch.value, _ATOMS) else f"({code(batch.value)})"
 
         # A dataset built in the call (`TensorDataset(x, y)`) is built once, for the sampler; the loader reads it there.
-        shared = dataset if isinstance(dataset, (cst.Name, cst.Attribute)) else None
+        shared = dataset if type(dataset) in (cst.Name, cst.Attribute) else None
         dataset_arg = argument(origin, "dataset", 0)
 
         def rebuilt(updated: cst.Call) -> cst.Call:
@@ -189,11 +189,11 @@ class TorchTrainingData(TrainingData):
     def _no_textbook_form(self, point: cst.BaseExpression, origin: cst.Call) -> Optional[str]:
         statement_ = self.analysis.tree.statement(origin)
         single_name = (
-            isinstance(statement_, cst.SimpleStatementLine)
+            type(statement_) is cst.SimpleStatementLine
             and len(statement_.body) == 1
-            and isinstance(statement_.body[0], cst.Assign)
+            and type(statement_.body[0]) is cst.Assign
             and len(statement_.body[0].targets) == 1
-            and isinstance(statement_.body[0].targets[0].target, cst.Name)
+            and type(statement_.body[0].targets[0].target) is cst.Name
             and statement_.body[0].value is origin
         )
         if point is not origin or not single_name:
@@ -212,16 +212,16 @@ class TorchTrainingData(TrainingData):
         """The ``for epoch in range(...)`` around the training loop, in the loader's scope and after it."""
         tree = self.analysis.tree
         for node in tree.ancestors(trace.loop):
-            if not isinstance(node, cst.For):
+            if type(node) is not cst.For:
                 continue
-            is_range = isinstance(node.iter, cst.Call) and isinstance(node.iter.func, cst.Name) and node.iter.func.value == "range"
+            is_range = type(node.iter) is cst.Call and type(node.iter.func) is cst.Name and node.iter.func.value == "range"
             inside = any(ancestor is node for ancestor in tree.ancestors(assign))
             if (
                 is_range
-                and isinstance(node.target, cst.Name)
+                and type(node.target) is cst.Name
                 and not inside
                 and tree.function(node) is tree.function(assign)
-                and isinstance(node.body, cst.IndentedBlock)
+                and type(node.body) is cst.IndentedBlock
             ):
                 return node
             return None

@@ -110,9 +110,9 @@ class TorchCheckpointSave(CheckpointSave):
         # No wait to drop: torch's form has no barrier, so a main-process-only caller (``caller``) changes nothing.
         line = self.analysis.tree.statement(call)
         if not (
-            isinstance(line, cst.SimpleStatementLine)
+            type(line) is cst.SimpleStatementLine
             and len(line.body) == 1
-            and isinstance(line.body[0], cst.Expr)
+            and type(line.body[0]) is cst.Expr
             and line.body[0].value is call
         ):
             self.left(call, NO_TORCH_FORM, "torch.save is not a statement of its own: no `if dist.get_rank() == 0:` form; file left")

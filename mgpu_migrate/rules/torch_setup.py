@@ -142,9 +142,9 @@ class TorchSetup(EntryPointSetup):
                 self.edits.insert_before(entry.anchor, new)
         self.rewrote(entry.anchor, f"process group from the torchrun environment {entry.place}; launch with torchrun")
         block = self.analysis.tree.parent(entry.anchor)
-        last = block.body[-1] if isinstance(block, (cst.Module, cst.IndentedBlock)) and block.body else None
-        ends = isinstance(last, cst.SimpleStatementLine) and any(
-            isinstance(small, (cst.Return, cst.Raise)) for small in last.body
+        last = block.body[-1] if type(block) in (cst.Module, cst.IndentedBlock) and block.body else None
+        ends = type(last) is cst.SimpleStatementLine and any(
+            type(small) in (cst.Return, cst.Raise) for small in last.body
         )
         if last is not None and not ends:
             self.edits.insert_after(last, statement(_TEAR_DOWN))

@@ -44,7 +44,7 @@ def dist_taken(analysis: FileAnalysis) -> bool:
     if DIST not in bound.imported and any(name.value == DIST for name in analysis.tree.nodes(cst.Name)):
         return True
     first_imports = _first_import_run(analysis.module)
-    stars = [node for node in analysis.tree.nodes(cst.ImportFrom) if isinstance(node.names, cst.ImportStar)]
+    stars = [node for node in analysis.tree.nodes(cst.ImportFrom) if type(node.names) is cst.ImportStar]
     return any(analysis.tree.statement(star) not in first_imports for star in stars)
 
 
@@ -52,12 +52,10 @@ def _first_import_run(module: cst.Module) -> set[cst.CSTNode]:
     """The top-level import lines the new imports go after (``imports.add_import``)."""
     run = set()
     for line in module.body:
-        is_import = isinstance(line, cst.SimpleStatementLine) and all(
-            isinstance(small, (cst.Import, cst.ImportFrom)) for small in line.body
+        is_import = type(line) is cst.SimpleStatementLine and all(
+            type(small) in (cst.Import, cst.ImportFrom) for small in line.body
         )
-        docstring = isinstance(line, cst.SimpleStatementLine) and isinstance(
-            getattr(line.body[0], "value", None), (cst.SimpleString, cst.ConcatenatedString)
-        )
+        docstring = type(line) is cst.SimpleStatementLine and type(getattr(line.body[0], "value", None)) in (cst.SimpleString, cst.ConcatenatedString)
         if is_import:
             run.add(line)
         elif not (docstring and not run):

@@ -28,7 +28,7 @@ _ARGUMENT_DEPTH = 3
 
 
 def _is_name(node: cst.BaseExpression, name: str) -> bool:
-    return isinstance(node, cst.Name) and node.value == name
+    return type(node) is cst.Name and node.value == name
 
 
 # The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
@@ -220,7 +220,7 @@ class TrainingData(Rule):
         that only counts, the ``next(...)`` it draws batches with (None when it draws none)."""
         if not self.analysis.loaders.counts(trace.loop):
             return trace.path[-1] if trace.path else trace.loop.iter
-        drawn = contains(trace.loop.body, lambda n: isinstance(n, cst.Call) and _is_name(n.func, "next"))
+        drawn = contains(trace.loop.body, lambda n: type(n) is cst.Call and _is_name(n.func, "next"))
         return drawn[0] if drawn else None
 
     def _unsure_message(self, trace: LoaderTrace) -> str:
@@ -276,7 +276,7 @@ class TrainingData(Rule):
         in the loop's body, or in a function of this file the loop calls)."""
         for call in self.analysis.loaders.backward_calls(loop):
             receiver = (
-                call.func.value if isinstance(call.func, cst.Attribute) else (call.args[0].value if call.args else None)
+                call.func.value if type(call.func) is cst.Attribute else (call.args[0].value if call.args else None)
             )
             region = self._region(call, loop)
             for value in self._values_of(receiver, region, loop, _ARGUMENT_DEPTH):
@@ -289,18 +289,18 @@ class TrainingData(Rule):
 
     def _accumulated_over_rows(self, receiver, region: cst.CSTNode) -> Optional[cst.CSTNode]:
         """``loss += f(out[b], y[b])`` in ``for b in range(out.shape[0])``: one term per row, a sum."""
-        if not isinstance(receiver, cst.Name):
+        if type(receiver) is not cst.Name:
             return None
-        for node in contains(region, lambda n: isinstance(n, cst.AugAssign) and isinstance(n.operator, cst.AddAssign)):
-            if not isinstance(node.target, cst.Name) or node.target.value != receiver.value:
+        for node in contains(region, lambda n: type(n) is cst.AugAssign and type(n.operator) is cst.AddAssign):
+            if type(node.target) is not cst.Name or node.target.value != receiver.value:
                 continue
             for loop in self.analysis.tree.ancestors(node):
                 if loop is region:
                     break
                 if (
-                    isinstance(loop, cst.For)
-                    and isinstance(loop.iter, cst.Call)
-                    and isinstance(loop.iter.func, cst.Name)
+                    type(loop) is cst.For
+                    and type(loop.iter) is cst.Call
+                    and type(loop.iter.func) is cst.Name
                     and loop.iter.func.value == "range"
                     and len(loop.iter.args) == 1
                     and is_row_count(self.analysis, loop.iter.args[0].value)
@@ -322,25 +322,25 @@ class TrainingData(Rule):
         when it is a parameter of the function whose body ``region`` is."""
         # `scaler.scale(loss).backward()`: the scaled value.
         while (
-            isinstance(receiver, cst.Call)
-            and isinstance(receiver.func, cst.Attribute)
+            type(receiver) is cst.Call
+            and type(receiver.func) is cst.Attribute
             and receiver.func.attr.value == "scale"
             and receiver.args
         ):
             receiver = receiver.args[0].value
-        if not isinstance(receiver, cst.Name):
+        if type(receiver) is not cst.Name:
             return [receiver] if receiver is not None else []
         assigned = [
             node.value
-            for node in contains(region, lambda n: isinstance(n, (cst.Assign, cst.AugAssign)))
-            for target in ([t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target])
-            if isinstance(target, cst.Name) and target.value == receiver.value
+            for node in contains(region, lambda n: type(n) in (cst.Assign, cst.AugAssign))
+            for target in ([t.target for t in node.targets] if type(node) is cst.Assign else [node.target])
+            if type(target) is cst.Name and target.value == receiver.value
         ]
         if assigned:
             return assigned
         index = self.analysis.flow
         function = self.analysis.tree.parent(region)
-        if depth == 0 or not isinstance(function, cst.FunctionDef) or receiver.value not in index.parameters(function):
+        if depth == 0 or type(function) is not cst.FunctionDef or receiver.value not in index.parameters(function):
             return []
         place = (index.scopes[function], receiver.value)
         return [
@@ -352,17 +352,17 @@ class TrainingData(Rule):
         ]
 
     def _is_summed(self, value: cst.BaseExpression) -> bool:
-        if isinstance(value, cst.BinaryOperation):
-            if isinstance(value.operator, cst.Divide) and is_row_count(self.analysis, value.right):
+        if type(value) is cst.BinaryOperation:
+            if type(value.operator) is cst.Divide and is_row_count(self.analysis, value.right):
                 return False  # a sum over the rows divided by their count: a mean
-            if isinstance(value.operator, cst.Multiply) and (
+            if type(value.operator) is cst.Multiply and (
                 is_row_count(self.analysis, value.left) or is_row_count(self.analysis, value.right)
             ):
                 return True  # a mean times the row count: a sum
             return self._is_summed(value.left) or self._is_summed(value.right)
-        if not isinstance(value, cst.Call):
+        if type(value) is not cst.Call:
             return False
-        if isinstance(value.func, cst.Attribute) and value.func.attr.value == "sum":
+        if type(value.func) is cst.Attribute and value.func.attr.value == "sum":
             return True
         if self.analysis.resolve(value.func) == "torch.sum":
             return True
@@ -370,9 +370,9 @@ class TrainingData(Rule):
             return False  # a loss the criterion rules hand to DistributedCriterion, which weights sums itself
         for arg in value.args:
             if arg.keyword is not None and arg.keyword.value == "reduction":
-                return isinstance(arg.value, cst.SimpleString) and arg.value.evaluated_value == "sum"
+                return type(arg.value) is cst.SimpleString and arg.value.evaluated_value == "sum"
             if arg.keyword is not None and arg.keyword.value == "size_average":
-                return isinstance(arg.value, cst.Name) and arg.value.value == "False"
+                return type(arg.value) is cst.Name and arg.value.value == "False"
         return False
 
     def _summed_message(self, value: cst.CSTNode) -> str:
@@ -391,9 +391,9 @@ class TrainingData(Rule):
             if arg is None:
                 continue
             for value in self.analysis.values.of(arg.value, scope):
-                if isinstance(value, cst.Name) and value.value == "None":
+                if type(value) is cst.Name and value.value == "None":
                     continue
-                if not isinstance(value, cst.Call) or self.analysis.resolve(value.func) not in _TORCH_SAMPLERS:
+                if type(value) is not cst.Call or self.analysis.resolve(value.func) not in _TORCH_SAMPLERS:
                     return arg.value
                 inner = argument(value, "sampler", 0) if name == "batch_sampler" else None
                 if inner is not None and self._custom_sampler_values(inner.value, scope):
@@ -402,7 +402,7 @@ class TrainingData(Rule):
 
     def _custom_sampler_values(self, expr: cst.BaseExpression, scope) -> bool:
         return any(
-            not isinstance(value, cst.Call) or self.analysis.resolve(value.func) not in _TORCH_SAMPLERS
+            type(value) is not cst.Call or self.analysis.resolve(value.func) not in _TORCH_SAMPLERS
             for value in self.analysis.values.of(expr, scope)
         )
 
@@ -411,9 +411,9 @@ class TrainingData(Rule):
         arg = argument(loader, "dataset", 0)
         if arg is None:
             return None
-        classes = {s.name.value: s for s in self.analysis.module.body if isinstance(s, cst.ClassDef)}
+        classes = {s.name.value: s for s in self.analysis.module.body if type(s) is cst.ClassDef}
         for value in self.analysis.values.of(arg.value, self.analysis.values.scope_of(loader)):
-            if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in classes:
+            if type(value) is cst.Call and type(value.func) is cst.Name and value.func.value in classes:
                 if any(
                     self.analysis.resolve(base.value) in _ITERABLE_DATASETS for base in classes[value.func.value].bases
                 ):
@@ -439,7 +439,7 @@ def sample_counters(analysis, loop: cst.For) -> list[cst.AugAssign]:
     for region in dict.fromkeys(regions):
         if region is None:
             continue
-        added = contains(region, lambda n: isinstance(n, cst.AugAssign) and isinstance(n.operator, cst.AddAssign))
+        added = contains(region, lambda n: type(n) is cst.AugAssign and type(n.operator) is cst.AddAssign)
         found += [node for node in added if node not in found and _counts_samples(analysis, node.value)]
     if not found:
         return found
@@ -448,38 +448,38 @@ def sample_counters(analysis, loop: cst.For) -> list[cst.AugAssign]:
     compared = {
         code(node)
         for comparison in tree.nodes(cst.Comparison)
-        for node in contains(comparison, lambda n: isinstance(n, (cst.Name, cst.Attribute)) and _tail(n) in tails)
+        for node in contains(comparison, lambda n: type(n) in (cst.Name, cst.Attribute) and _tail(n) in tails)
     }
     return [node for node in found if code(node.target) in compared]
 
 
 def _tail(node: cst.CSTNode) -> str | None:
     """``used_sample`` of ``used_sample``, ``tokens`` of ``self.tokens``."""
-    if isinstance(node, cst.Name):
+    if type(node) is cst.Name:
         return node.value
-    return node.attr.value if isinstance(node, cst.Attribute) else None
+    return node.attr.value if type(node) is cst.Attribute else None
 
 
 def _counts_samples(analysis, value: cst.BaseExpression) -> bool:
-    while isinstance(value, cst.Call):
+    while type(value) is cst.Call:
         func = value.func
-        if isinstance(func, cst.Name) and func.value in _BUILTIN_CONVERSIONS and len(value.args) == 1:
+        if type(func) is cst.Name and func.value in _BUILTIN_CONVERSIONS and len(value.args) == 1:
             value = value.args[0].value
-        elif isinstance(func, cst.Attribute) and func.attr.value in _CONVERSIONS and not value.args:
+        elif type(func) is cst.Attribute and func.attr.value in _CONVERSIONS and not value.args:
             value = func.value
         else:
             break
     if is_row_count(analysis, value):
         return True
-    if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Attribute) or value.args:
+    if type(value) is not cst.Call or type(value.func) is not cst.Attribute or value.args:
         return False
     counted, receiver = value.func.attr.value, value.func.value
     if counted in ("numel", "nelement"):
         return True
     if counted not in _COUNTING:
         return False
-    return isinstance(receiver, cst.Comparison) or (
-        isinstance(receiver, cst.Call)
-        and isinstance(receiver.func, cst.Attribute)
+    return type(receiver) is cst.Comparison or (
+        type(receiver) is cst.Call
+        and type(receiver.func) is cst.Attribute
         and receiver.func.attr.value in _MASKS
     )

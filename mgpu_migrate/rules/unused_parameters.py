@@ -146,7 +146,7 @@ class UnusedParameters(Rule):
         program = self.program
         if not program.migrates:
             return
-        classes = {s.name.value: s for s in self.analysis.module.body if isinstance(s, cst.ClassDef)}
+        classes = {s.name.value: s for s in self.analysis.module.body if type(s) is cst.ClassDef}
         for wrap in program.wraps:
             if keyword(wrap, "find_unused_parameters") is not None:
                 continue
@@ -165,18 +165,18 @@ class UnusedParameters(Rule):
         values = self.analysis.values
         for value in values.of(module.value, values.scope_of(wrap)):
             while (
-                isinstance(value, cst.Call)
-                and isinstance(value.func, cst.Attribute)
+                type(value) is cst.Call
+                and type(value.func) is cst.Attribute
                 and value.func.attr.value in MODULE_METHODS_RETURNING_SELF
             ):
                 value = value.func.value
-            if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in classes:
+            if type(value) is cst.Call and type(value.func) is cst.Name and value.func.value in classes:
                 return classes[value.func.value]
         return None
 
 
 def _methods(cls: cst.ClassDef) -> dict[str, cst.FunctionDef]:
-    return {s.name.value: s for s in cls.body.body if isinstance(s, cst.FunctionDef)}
+    return {s.name.value: s for s in cls.body.body if type(s) is cst.FunctionDef}
 
 
 def _self_name(method: cst.FunctionDef) -> Optional[str]:
@@ -185,7 +185,7 @@ def _self_name(method: cst.FunctionDef) -> Optional[str]:
 
 
 def _self_attribute(node: cst.CSTNode, self_name: str) -> Optional[str]:
-    if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == self_name:
+    if type(node) is cst.Attribute and type(node.value) is cst.Name and node.value.value == self_name:
         return node.attr.value
     return None
 
@@ -194,12 +194,12 @@ def _layers(analysis, init: cst.FunctionDef, classes: dict[str, cst.ClassDef]) -
     """Attributes ``__init__`` sets to a layer that may hold parameters: torch's, or a class of this file."""
     self_name = _self_name(init)
     found = []
-    for assign in contains(init, lambda node: isinstance(node, cst.Assign)):
-        if not isinstance(assign.value, cst.Call):
+    for assign in contains(init, lambda node: type(node) is cst.Assign):
+        if type(assign.value) is not cst.Call:
             continue
         func = assign.value.func
         qualified = analysis.resolve(func) or ""
-        is_local_class = isinstance(func, cst.Name) and func.value in classes
+        is_local_class = type(func) is cst.Name and func.value in classes
         if not is_local_class and (not qualified.startswith("torch.nn.") or _PARAMETER_FREE.match(qualified)):
             continue
         for target in assign.targets:
@@ -228,7 +228,7 @@ def _always_used(analysis, methods: dict[str, cst.FunctionDef], name: str, seen:
     nodes = contains(method, lambda node: True)
     order = {node: index for index, node in enumerate(nodes)}
     early_returns = [
-        order[node] for node in nodes if isinstance(node, cst.Return) and _under_condition(tree, node, method)
+        order[node] for node in nodes if type(node) is cst.Return and _under_condition(tree, node, method)
     ]
     always: set[str] = set()
     for node in nodes:
@@ -237,7 +237,7 @@ def _always_used(analysis, methods: dict[str, cst.FunctionDef], name: str, seen:
             continue
         always.add(attribute)
         parent = tree.parent(node)
-        if isinstance(parent, cst.Call) and parent.func is node and attribute in methods and attribute not in seen:
+        if type(parent) is cst.Call and parent.func is node and attribute in methods and attribute not in seen:
             always |= _always_used(analysis, methods, attribute, seen)
     return always
 

@@ -163,7 +163,7 @@ class WrapGuard(Rule):
             for guard, in_else in gpu_guards(self.analysis, wrap):
                 if guard in seen or mentions(guard.test, "world_size"):
                     continue
-                is_elif = isinstance(self.analysis.tree.parent(guard), cst.If)
+                is_elif = type(self.analysis.tree.parent(guard)) is cst.If
                 condition = self.analysis.module.code_for_node(guard.test)
                 if in_else or is_elif or not is_gpu_condition(guard.test):
                     branch = "the else branch of" if in_else else "the elif" if is_elif else "the condition"
@@ -198,11 +198,11 @@ class WrapGuard(Rule):
 
     def _switched_off(self, test: cst.BaseExpression, wrap: cst.Call) -> int | None:
         """The line of ``USE_DATA_PARALLEL = False`` when the guard is a name bound only to False there."""
-        if not isinstance(test, cst.Name):
+        if type(test) is not cst.Name:
             return None
         values = self.analysis.values
         bound = values.of(test, values.scope_of(wrap))
-        if bound and all(isinstance(value, cst.Name) and value.value == "False" for value in bound):
+        if bound and all(type(value) is cst.Name and value.value == "False" for value in bound):
             return self.analysis.position(bound[0])[0]
         return None
 
@@ -220,7 +220,7 @@ class WrapGuard(Rule):
     def _left_as_it_is(self, guard: cst.If | cst.IfExp, condition: str, reliance: Reliance) -> None:
         code = self.analysis.module.code_for_node
         statement = self.analysis.tree.statement(reliance.node)
-        shown = statement if isinstance(statement, cst.SimpleStatementLine) else reliance.node
+        shown = statement if type(statement) is cst.SimpleStatementLine else reliance.node
         text = code(shown).strip().splitlines()[0]
         line, _ = self.analysis.position(reliance.node)
         self.left(
@@ -234,5 +234,5 @@ class WrapGuard(Rule):
         """How many statements under ``guard`` hold no wrap: they too now run on every process."""
         tree = self.analysis.tree
         holding = {ancestor for wrap in wraps for ancestor in tree.ancestors(wrap)}
-        body = guard.body.body if isinstance(guard, cst.If) and isinstance(guard.body, cst.IndentedBlock) else ()
+        body = guard.body.body if type(guard) is cst.If and type(guard.body) is cst.IndentedBlock else ()
         return sum(1 for statement in body if statement not in holding)

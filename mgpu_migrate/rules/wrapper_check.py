@@ -153,7 +153,7 @@ class WrapperCheck(Rule):
     # -- isinstance(m, nn.DataParallel) ---------------------------------------------------------------
     def _rewrite_isinstance(self, call: cst.Call, replaced: set[str]) -> None:
         classes = call.args[1].value
-        elements = [e.value for e in classes.elements] if isinstance(classes, cst.Tuple) else [classes]
+        elements = [e.value for e in classes.elements] if type(classes) is cst.Tuple else [classes]
         found = [element for element in elements if self.analysis.resolve(element) in replaced]
         if not found or not self.rewrite_allowed(call):
             return
@@ -166,23 +166,23 @@ class WrapperCheck(Rule):
     def _type_subject(self, node: cst.BaseExpression) -> Optional[cst.BaseExpression]:
         """``m`` for ``type(m)`` or ``m.__class__``."""
         if (
-            isinstance(node, cst.Call)
+            type(node) is cst.Call
             and self._is_builtin(node.func, ("type",))
             and len(node.args) == 1
             and not node.args[0].keyword
         ):
             return node.args[0].value
-        if isinstance(node, cst.Attribute) and node.attr.value == "__class__":
+        if type(node) is cst.Attribute and node.attr.value == "__class__":
             return node.value
         return None
 
     def _refers_to_wrapper(self, target: cst.ComparisonTarget, replaced: set[str]) -> bool:
         operator, comparator = target.operator, target.comparator
-        if isinstance(operator, (cst.In, cst.NotIn)):
-            return isinstance(comparator, (cst.Tuple, cst.List, cst.Set)) and any(
+        if type(operator) in (cst.In, cst.NotIn):
+            return type(comparator) in (cst.Tuple, cst.List, cst.Set) and any(
                 self.analysis.resolve(e.value) in replaced
                 for e in comparator.elements
-                if not isinstance(e, cst.StarredElement)
+                if type(e) is not cst.StarredElement
             )
         return isinstance(operator, _POSITIVE + _NEGATIVE) and self.analysis.resolve(comparator) in replaced
 
@@ -195,7 +195,7 @@ class WrapperCheck(Rule):
         original_comparator = comparison.comparisons[0].comparator
         keep = (
             [resolve(e.value) not in replaced for e in original_comparator.elements]
-            if isinstance(original_comparator, (cst.Tuple, cst.List, cst.Set))
+            if type(original_comparator) in (cst.Tuple, cst.List, cst.Set)
             else None
         )
 
@@ -220,16 +220,16 @@ class WrapperCheck(Rule):
     # -- type(m).__name__ == "DataParallel" --------------------------------------------------------
     def _is_class_name_check(self, comparison: cst.Comparison) -> bool:
         sides = (comparison.left, comparison.comparisons[0].comparator)
-        names_checked = any(isinstance(side, cst.Attribute) and side.attr.value == "__name__" for side in sides)
+        names_checked = any(type(side) is cst.Attribute and side.attr.value == "__name__" for side in sides)
         return names_checked and any(
-            isinstance(side, cst.SimpleString) and side.evaluated_value in ("DataParallel", "DataParallelModel")
+            type(side) is cst.SimpleString and side.evaluated_value in ("DataParallel", "DataParallelModel")
             for side in sides
         )
 
     def _is_builtin(self, func: cst.BaseExpression, choices: tuple[str, ...]) -> bool:
         bindings = self.analysis.bindings
         return (
-            isinstance(func, cst.Name)
+            type(func) is cst.Name
             and func.value in choices
             and func.value not in bindings.local
             and func.value not in bindings.imported

@@ -231,18 +231,18 @@ class WrapperSwap(Rule):
         unwrapping = [
             assign
             for assign in tree.nodes(cst.Assign)
-            if isinstance(assign.value, cst.Attribute) and assign.value.attr.value == "module"
+            if type(assign.value) is cst.Attribute and assign.value.attr.value == "module"
         ]
         for target, _ in self.analysis.models.assigned_to(site) if unwrapping else ():
-            if not isinstance(target, cst.Name):
+            if type(target) is not cst.Name:
                 continue
             for assign in unwrapping:
                 unwrapped = assign.value.value
                 if (
                     tree.function(assign) is function
-                    and isinstance(unwrapped, cst.Name)
+                    and type(unwrapped) is cst.Name
                     and unwrapped.value == target.value
-                    and any(isinstance(t.target, cst.Name) and t.target.value == target.value for t in assign.targets)
+                    and any(type(t.target) is cst.Name and t.target.value == target.value for t in assign.targets)
                     and not self._trains_between(site.call, assign)
                 ):
                     return assign
