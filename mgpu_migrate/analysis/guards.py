@@ -25,6 +25,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis.entrypoint import HARMLESS_CUDA, is_main_guard
 from mgpu_migrate.analysis.tree import is_zero
+from mgpu_migrate.analysis.walk import kinds
 
 if TYPE_CHECKING:
     from mgpu_migrate.analysis.file import FileAnalysis
@@ -69,7 +70,7 @@ def gpu_guards(analysis: FileAnalysis, node: cst.CSTNode) -> list[tuple[cst.If |
 _GPU_STRING = re.compile(r"cuda(:\d+)?")
 # Calls whose arguments are only shown (a value read there needs nothing from the condition).
 _LOG_METHODS = {"debug", "info", "warning", "warn", "error", "critical", "log", "write"}
-_DEFINITIONS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+_DEFINITIONS = kinds(cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ def _operands(node: cst.CSTNode) -> list[cst.CSTNode]:
 def _reads(node: cst.CSTNode, ignored: Collection[cst.CSTNode]) -> Iterator[tuple[cst.CSTNode, str]]:
     """The dotted names ``node`` reads, outermost chain only (``self.gpu_ids`` in ``self.gpu_ids[0]``), in
     source order; skipping ``ignored`` nodes, nested definitions and what is only printed or logged."""
-    if node in ignored or isinstance(node, _DEFINITIONS) or only_shows(node):
+    if node in ignored or type(node) in _DEFINITIONS or only_shows(node):
         return
     dotted = _dotted_name(node)
     if dotted is not None:
@@ -134,7 +135,7 @@ def tested_names(test: cst.BaseExpression) -> set[str]:
 
 def _nodes(node: cst.CSTNode, ignored: Collection[cst.CSTNode]) -> Iterator[cst.CSTNode]:
     """``node`` and the nodes under it, in source order, without ``ignored`` ones and nested definitions."""
-    if node in ignored or isinstance(node, _DEFINITIONS):
+    if node in ignored or type(node) in _DEFINITIONS:
         return
     yield node
     for child in node.children:

@@ -30,6 +30,7 @@ import libcst as cst
 from mgpu_migrate.analysis import names
 from mgpu_migrate.analysis.scopes import FlowIndex, Function, Place, Scope, item_place
 from mgpu_migrate.analysis.tree import contains, item_target
+from mgpu_migrate.analysis.walk import kinds
 
 # Methods of nn.Module that return the module itself: ``nn.DataParallel(model).cuda()`` is the wrapper.
 MODULE_METHODS_RETURNING_SELF = frozenset(
@@ -66,15 +67,19 @@ _TENSOR_FACTORIES = frozenset(
         "full_like", "rand_like", "randn_like", "randint_like", "Tensor", "FloatTensor", "LongTensor",
     )
 )
-_LITERALS = (
-    ((cst.List, cst.ListComp), "a list"),
-    ((cst.Dict, cst.DictComp), "a dict"),
-    ((cst.Tuple,), "a tuple"),
-    ((cst.Set, cst.SetComp), "a set"),
-    ((cst.BaseString,), "a string"),
-    ((cst.BaseNumber,), "a number"),
-    ((cst.Lambda,), "a lambda"),
-)
+_LITERALS = {
+    kind: what
+    for classes, what in (
+        ((cst.List, cst.ListComp), "a list"),
+        ((cst.Dict, cst.DictComp), "a dict"),
+        ((cst.Tuple,), "a tuple"),
+        ((cst.Set, cst.SetComp), "a set"),
+        ((cst.BaseString,), "a string"),
+        ((cst.BaseNumber,), "a number"),
+        ((cst.Lambda,), "a lambda"),
+    )
+    for kind in kinds(*classes)
+}
 _CONSTANTS = {"None": "None", "True": "a bool", "False": "a bool"}
 
 
@@ -177,9 +182,9 @@ class ModelFlow:
         ``nn.Module``: an optimizer, a learning-rate scheduler, a tensor or a literal, or a name or attribute
         this file binds only to such values (``wrap``'s own result aside: ``opt = DataParallel(opt)``); None
         when it may be a module."""
-        for kinds, what in _LITERALS:
-            if isinstance(expr, kinds):
-                return what
+        literal = _LITERALS.get(type(expr))
+        if literal is not None:
+            return literal
         if type(expr) is cst.Name and expr.value in _CONSTANTS:
             return _CONSTANTS[expr.value]
         if type(expr) is cst.Call:
@@ -281,7 +286,7 @@ class ModelFlow:
         function, a metric) is not counted: what that call returns is not known here."""
         if type(expr) is cst.Attribute and expr.attr.value in TENSOR_DESCRIPTION:
             return frozenset()
-        if isinstance(expr, cst.BaseExpression):
+        if type(expr) in _EXPRESSIONS:
             found = self.output_sites(expr, scope)
         else:
             found = frozenset()
@@ -605,13 +610,19 @@ class ModelFlow:
         return False
 
 
-_LEAVES = (cst.Name, cst.BaseNumber, cst.BaseString, cst.Ellipsis, cst.Lambda)
+_LEAVES = kinds(cst.Name, cst.BaseNumber, cst.BaseString, cst.Ellipsis, cst.Lambda)
+_EXPRESSIONS = kinds(cst.BaseExpression)
 
+# What a generic expression is computed from: its children that are (or hold) expressions.
+_OPERANDS = kinds(
+    cst.BaseExpression, cst.Arg, cst.BaseElement, cst.BaseSlice, cst.SubscriptElement, cst.ComparisonTarget,
+    cst.DictElement, cst.StarredDictElement, cst.CompFor, cst.CompIf, cst.FormattedStringExpression,
+)
 
 def _operands(expr: cst.CSTNode) -> list[cst.CSTNode]:
     """The sub-expressions a value is computed from, spelled out for the common expressions (libcst's
     generic ``children`` walks the whole node, whitespace included, and dominates the analysis otherwise)."""
-    if isinstance(expr, _LEAVES):
+    if type(expr) in _LEAVES:
         return []
     if type(expr) is cst.Attribute:
         return [expr.value]
@@ -639,9 +650,7 @@ def _operands(expr: cst.CSTNode) -> list[cst.CSTNode]:
     return [
         child
         for child in expr.children
-        if isinstance(child, (cst.BaseExpression, cst.Arg, cst.BaseElement, cst.BaseSlice, cst.SubscriptElement,
-                              cst.ComparisonTarget, cst.DictElement, cst.StarredDictElement, cst.CompFor,
-                              cst.CompIf, cst.FormattedStringExpression))
+        if type(child) in _OPERANDS
     ]
 
 

@@ -13,9 +13,11 @@ from typing import Optional
 
 import libcst as cst
 
-from mgpu_migrate.analysis.walk import children, handlers
+from mgpu_migrate.analysis.walk import children, handlers, kinds
 
 Block = (cst.Module, cst.IndentedBlock)
+_BLOCKS = kinds(*Block)
+_STATEMENTS = kinds(cst.BaseStatement)
 
 
 class _Leave:
@@ -46,7 +48,9 @@ class Tree:
     """
 
     def __init__(self, module: cst.Module, *visitors: object) -> None:
-        self._parents: dict[cst.CSTNode, cst.CSTNode] = {}
+        # By the child's id(): a LibCST node's __hash__ is a Python function (its id), and the map takes 100,000
+        # nodes over 100 scripts. Every node of the module is alive as long as the tree, so no id is reused.
+        self._parents: dict[int, cst.CSTNode] = {}
         self._by_type: dict[type, list[cst.CSTNode]] = defaultdict(list)
         parents, by_type = self._parents, self._by_type
         # A visitor whose visit_X returned False skips that node's subtree (and its leave_X), as in a walk.
@@ -79,7 +83,7 @@ class Tree:
                 stack.append(_Leave(node))
             found = children(node)
             for child in found:
-                parents[child] = node
+                parents[id(child)] = node
             found.reverse()
             stack += found
 
@@ -88,21 +92,22 @@ class Tree:
         return self._by_type.get(kind, [])
 
     def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
-        return self._parents.get(node)
+        return self._parents.get(id(node))
 
     def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         """The node's parent, its parent's parent ... up to the module."""
-        parent = self._parents.get(node)
+        parents = self._parents
+        parent = parents.get(id(node))
         while parent is not None:
             yield parent
-            parent = self._parents.get(parent)
+            parent = parents.get(id(parent))
 
     def statement(self, node: cst.CSTNode) -> Optional[cst.BaseStatement]:
         """The innermost statement that holds ``node`` and sits directly in a block (the node itself if it is one)."""
         current: Optional[cst.CSTNode] = node
         while current is not None:
-            parent = self._parents.get(current)
-            if isinstance(current, cst.BaseStatement) and isinstance(parent, Block):
+            parent = self._parents.get(id(current))
+            if type(parent) in _BLOCKS and type(current) in _STATEMENTS:
                 return current
             current = parent
         return None
@@ -136,7 +141,7 @@ def contains(root: cst.CSTNode, predicate, *, into_functions: bool = False) -> l
     stack = [root]
     while stack:
         node = stack.pop()
-        if node is not root and not into_functions and isinstance(node, _DEFINITIONS):
+        if node is not root and not into_functions and type(node) in _DEFINITIONS:
             continue
         if predicate(node):
             found.append(node)
@@ -146,7 +151,7 @@ def contains(root: cst.CSTNode, predicate, *, into_functions: bool = False) -> l
     return found
 
 
-_DEFINITIONS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+_DEFINITIONS = kinds(cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
 
 def is_zero(node: Optional[cst.BaseExpression]) -> bool:

@@ -9,7 +9,11 @@ dictionary lookup, and the walks make millions of them.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
+import inspect
+import typing
+from collections.abc import Callable
 
 import libcst as cst
 
@@ -43,26 +47,100 @@ def _shape(kind: type) -> int:
 def children(node: cst.CSTNode) -> list[cst.CSTNode]:
     """The node's children that can hold an expression or a statement, in field order (which is source order
     for statements and blocks); punctuation and whitespace are left out."""
-    kind = type(node)
-    names = _FIELDS.get(kind)
-    if names is None:
-        names = _fields(kind)
+    read = _READERS.get(type(node))
+    if read is None:
+        read = _reader(type(node))
+    return read(node)
+
+
+def any_children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """``children``, reading each field by what its value is (``children`` reads by what LibCST declares it
+    holds, which is what its parser makes; a test holds the two to the same answers)."""
     found = []
-    for name in names:
-        value = getattr(node, name)
-        shape = _SHAPES.get(type(value))
-        if shape is None:
-            shape = _shape(type(value))
-        if shape == _NODE:
-            found.append(value)
-        elif shape == _SEQUENCE:
-            for item in value:
-                item_shape = _SHAPES.get(type(item))
-                if item_shape is None:
-                    item_shape = _shape(type(item))
-                if item_shape == _NODE:
-                    found.append(item)
+    for name in _FIELDS.get(type(node)) or _fields(type(node)):
+        _add(getattr(node, name), found)
     return found
+
+
+def _add(value: object, found: list) -> None:
+    shape = _SHAPES.get(type(value))
+    if shape is None:
+        shape = _shape(type(value))
+    if shape == _NODE:
+        found.append(value)
+    elif shape == _SEQUENCE:
+        for item in value:
+            item_shape = _SHAPES.get(type(item))
+            if item_shape is None:
+                item_shape = _shape(type(item))
+            if item_shape == _NODE:
+                found.append(item)
+
+
+# For each node type, a function that reads its children field by field, as its dataclass declares them: a
+# field that only ever holds nodes is appended or extended without looking at its value; a field that holds
+# no node (a string, a flag) is not read; any other (``Optional``, a node or a sequence) is looked at.
+_READERS: dict[type, Callable[[cst.CSTNode], list[cst.CSTNode]]] = {}
+
+
+def _reader(kind: type) -> Callable[[cst.CSTNode], list[cst.CSTNode]]:
+    declared = {f.name: f.type for f in dataclasses.fields(kind)}
+    lines = ["def read(node):", "    found = []"]
+    for name in _FIELDS.get(kind) or _fields(kind):
+        form = _form(declared[name])
+        if form == _NODE:
+            lines.append(f"    found.append(node.{name})")
+        elif form == _SEQUENCE:
+            lines.append(f"    found.extend(node.{name})")
+        elif form is None:
+            lines.append(f"    add(node.{name}, found)")
+    lines.append("    return found")
+    namespace: dict = {"add": _add}
+    exec("\n".join(lines), namespace)  # noqa: S102 - code made above from the dataclass's own field names
+    read = _READERS[kind] = namespace["read"]
+    return read
+
+
+def _form(declared: object) -> int | None:
+    """_NODE: always a node; _SEQUENCE: always a sequence of nodes; _OTHER: never a node; None: look."""
+    if isinstance(declared, type):
+        return _NODE if issubclass(declared, cst.CSTNode) else _OTHER if not issubclass(declared, (list, tuple)) else None
+    origin, arguments = typing.get_origin(declared), typing.get_args(declared)
+    if origin in (collections.abc.Sequence, list, tuple) and arguments and all(_only_nodes(a) for a in arguments):
+        return _SEQUENCE
+    if origin is typing.Literal:
+        return _OTHER
+    if origin is typing.Union and not any(_may_hold_a_node(a) for a in arguments):
+        return _OTHER
+    return None
+
+
+def _only_nodes(declared: object) -> bool:
+    if isinstance(declared, type):
+        return issubclass(declared, cst.CSTNode)
+    if isinstance(declared, typing.ForwardRef):
+        return False
+    return typing.get_origin(declared) is typing.Union and all(_only_nodes(a) for a in typing.get_args(declared))
+
+
+def _may_hold_a_node(declared: object) -> bool:
+    if isinstance(declared, type):
+        return issubclass(declared, (cst.CSTNode, list, tuple))
+    return not (typing.get_origin(declared) is typing.Literal)
+
+
+def kinds(*classes: type) -> frozenset[type]:
+    """The concrete node classes among ``classes`` and deriving from them (``kinds(cst.BaseExpression)``: every
+    expression class), for ``type(node) in KINDS``: LibCST's node classes derive from an abstract base class,
+    so ``isinstance`` runs ``ABCMeta.__instancecheck__`` for every node it is not, five times a set lookup."""
+    found: set[type] = set()
+    pending = list(classes)
+    while pending:
+        kind = pending.pop()
+        if not inspect.isabstract(kind) and not kind.__name__.startswith("Base"):
+            found.add(kind)
+        pending += kind.__subclasses__()
+    return frozenset(found)
 
 
 # The visit_X and leave_X functions of each visitor class for each node type (None where it has none).

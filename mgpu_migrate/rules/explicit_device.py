@@ -17,7 +17,7 @@ from mgpu_migrate.rules.syntax import RUNTIME, argument, keyword, runtime_call
 
 FIRST_GPU = "cuda:0"
 # In a statement of its own a string is a docstring, not a device.
-_NOT_A_DEVICE_PARENTS = (cst.Expr, cst.ConcatenatedString, cst.FormattedString)
+_NOT_A_DEVICE_PARENTS = frozenset({cst.Expr, cst.ConcatenatedString, cst.FormattedString})
 
 
 # The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
@@ -147,7 +147,7 @@ class ExplicitDevice(Rule):
         tree = self.analysis.tree
         for string in tree.nodes(cst.SimpleString):
             parent = tree.parent(string)
-            if isinstance(parent, _NOT_A_DEVICE_PARENTS) or (
+            if type(parent) in _NOT_A_DEVICE_PARENTS or (
                 type(parent) is cst.DictElement and parent.key is string
             ):
                 continue
