@@ -8,12 +8,12 @@ walks up that map.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Optional
 
 import libcst as cst
 
-from mgpu_migrate.analysis.walk import children, handlers, kinds
+from mgpu_migrate.analysis.walk import children, handlers, kinds, reader
 
 Block = (cst.Module, cst.IndentedBlock)
 _BLOCKS = kinds(*Block)
@@ -29,12 +29,13 @@ class _Leave:
         self.node = node
 
 
-def _dispatch(visitors: tuple, kind: type) -> tuple[list, list]:
-    """The visitors' visit_X and leave_X handlers for one node type, with each visitor's position."""
+def _dispatch(visitors: tuple, kind: type) -> tuple[list, list, Callable]:
+    """The visitors' visit_X and leave_X handlers for one node type, with each visitor's position, and the
+    reader of its children (``walk.children``)."""
     found = [handlers(type(visitor), kind) for visitor in visitors]
     enters = [(index, pair[0]) for index, pair in enumerate(found) if pair[0] is not None]
     leaves = [(index, pair[1]) for index, pair in enumerate(found) if pair[1] is not None]
-    return enters, leaves
+    return enters, leaves, reader(kind)
 
 
 class Tree:
@@ -55,7 +56,7 @@ class Tree:
         parents, by_type = self._parents, self._by_type
         # A visitor whose visit_X returned False skips that node's subtree (and its leave_X), as in a walk.
         skipping: list[cst.CSTNode | None] = [None] * len(visitors)
-        dispatch: dict[type, tuple[list, list]] = {}
+        dispatch: dict[type, tuple[list, list, Callable]] = {}
         stack: list = [module]
         while stack:
             node = stack.pop()
@@ -73,7 +74,7 @@ class Tree:
             calls = dispatch.get(kind)
             if calls is None:
                 calls = dispatch[kind] = _dispatch(visitors, kind)
-            enters, leaves = calls
+            enters, leaves, read = calls
             skipped_here = False
             for index, enter in enters:
                 if skipping[index] is None and enter(visitors[index], node) is False:
@@ -81,7 +82,7 @@ class Tree:
                     skipped_here = True
             if leaves or skipped_here:
                 stack.append(_Leave(node))
-            found = children(node)
+            found = read(node)
             for child in found:
                 parents[id(child)] = node
             found.reverse()

@@ -53,6 +53,11 @@ def children(node: cst.CSTNode) -> list[cst.CSTNode]:
     return read(node)
 
 
+def reader(kind: type) -> Callable[[cst.CSTNode], list[cst.CSTNode]]:
+    """``children`` for the nodes of one type (for a walk that keeps it per type)."""
+    return _READERS.get(kind) or _reader(kind)
+
+
 def any_children(node: cst.CSTNode) -> list[cst.CSTNode]:
     """``children``, reading each field by what its value is (``children`` reads by what LibCST declares it
     holds, which is what its parser makes; a test holds the two to the same answers)."""
