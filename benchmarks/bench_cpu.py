@@ -7,17 +7,23 @@ against its anchors, side by side, so that a loaded or many-core machine does no
     of the same tree (the speed anchor every Python developer knows).
 
 Each command is a fresh process, run ``--runs`` times interleaved with its anchor; medians are reported.
+``--instructions`` also counts the instructions each (b) command executes, once, under valgrind's cachegrind
+(about 60 s for 100 files): on a machine whose speed moves by 20% from one minute to the next (a shared
+virtual machine), their ratio is the steady figure; it leaves out what memory costs (the garbage collector's
+walks over a large heap cost more time than their instructions say).
 The tool's modules are byte-compiled first, as ``pip install`` does (and as any first run does unless
 ``PYTHONDONTWRITEBYTECODE`` is set, as on the development machine): otherwise every start compiles the
 tool's ~90 modules again (0.3 s of CPU), which no installed copy does, while libcst's are compiled already.
 
-    python benchmarks/bench_cpu.py --dp DIR [--dp DIR ...] [--tree DIR ...] [--runs 5]
+    python benchmarks/bench_cpu.py --dp DIR [--dp DIR ...] [--tree DIR ...] [--runs 5] [--instructions]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -36,7 +42,9 @@ def measured(command: list[str]) -> tuple[float, float]:
     wall = time.perf_counter() - start
     after = os.times()
     # 2: a file the tool could not process (reported, the others still checked), which real trees may hold.
-    if completed.returncode not in (0, 1, 2):
+    if completed.returncode not in (0, 1, 2) or b"Traceback (most recent call last)" in completed.stderr:
+        # A traceback: the command failed to start (say, an install that points elsewhere), and timing it
+        # would measure nothing.
         raise SystemExit(f"{' '.join(command)} exited {completed.returncode}:\n{completed.stderr.decode()[-2000:]}")
     cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
     return cpu, wall
@@ -57,6 +65,27 @@ def compare(name: str, ours: list[str], anchor_name: str, anchor: list[str], run
     print(f"    {'ratio':<34} {cpu['ours'] / cpu['anchor']:>14.2f}x {wall['ours'] / wall['anchor']:>8.2f}x")
 
 
+def instructions(command: list[str]) -> int:
+    """The instructions ``command`` executes (cachegrind's ``I refs``), its Python followed through its script."""
+    if command[0] != sys.executable:  # the console script: run it as a module, so valgrind follows Python itself
+        command = [sys.executable, "-m", "mgpu_migrate", *command[1:]]
+    executable = os.path.realpath(sys.executable)  # not a shim script that valgrind would measure instead
+    completed = subprocess.run(
+        ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null", executable, *command[1:]],
+        capture_output=True,
+        check=False,
+    )
+    found = re.search(rb"I\s+refs:\s+([\d,]+)", completed.stderr)
+    if found is None:
+        raise SystemExit(f"valgrind gave no count:\n{completed.stderr.decode()[-2000:]}")
+    return int(found.group(1).replace(b",", b""))
+
+
+def count(name: str, ours: list[str], anchor: list[str]) -> None:
+    mine, theirs = instructions(ours), instructions(anchor)
+    print(f"    {'instructions (one run each)':<34} {mine / 1e9:>11.2f} G  {theirs / 1e9:>6.2f} G   ratio {mine / theirs:.2f}x")
+
+
 def byte_compile() -> None:
     """Write the bytecode of the ``mgpu_migrate`` the tool imports (the one this environment's path finds)."""
     compile_it = "import compileall, os, mgpu_migrate; compileall.compile_dir(os.path.dirname(mgpu_migrate.__file__), quiet=1)"
@@ -68,7 +97,10 @@ def main() -> int:
     parser.add_argument("--dp", type=Path, action="append", default=[], help="a folder of DataParallel files")
     parser.add_argument("--tree", type=Path, action="append", default=[], help="a large real source tree")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--instructions", action="store_true", help="also count (b)'s instructions under valgrind")
     args = parser.parse_args()
+    if args.instructions and shutil.which("valgrind") is None:
+        parser.error("--instructions needs valgrind")
     byte_compile()
     print(f"cores: {len(os.sched_getaffinity(0))}; load average: {os.getloadavg()[0]:.2f}; runs: {args.runs} (medians)")
     for folder in args.dp:
@@ -80,6 +112,12 @@ def main() -> int:
             [sys.executable, "-c", BARE_PARSE, str(folder)],
             args.runs,
         )
+        if args.instructions:
+            count(
+                folder.name,
+                tool("--check", "--to", "ddp", "-q", "-j", "1", str(folder)),
+                [sys.executable, "-c", BARE_PARSE, str(folder)],
+            )
     for folder in args.tree:
         files = sum(1 for _ in folder.rglob("*.py"))
         compare(
