@@ -108,7 +108,7 @@ def touches_cuda(analysis: ParsedFile, statement: cst.CSTNode) -> bool:
     a tensor made with ``device=`` one, ``torch.cuda.*``."""
 
     def names_gpu(value: cst.BaseExpression) -> bool:
-        return bool(_CUDA_WORDS.search(analysis.module.code_for_node(value))) or _names_gpu_number(value)
+        return bool(_CUDA_WORDS.search(analysis.code_of(value))) or _names_gpu_number(value)
 
     def binds(node: cst.CSTNode) -> bool:
         if type(node) is not cst.Call:

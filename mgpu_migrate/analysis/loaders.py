@@ -111,7 +111,7 @@ class LoaderFlow:
             if chosen is None:
                 data = [entry for entry in chain if not self.counts(entry[0])] or chain
                 chosen = next(
-                    (entry for entry in data if _DATA_WORDS.search(analysis.module.code_for_node(entry[0].iter))),
+                    (entry for entry in data if _DATA_WORDS.search(analysis.code_of(entry[0].iter))),
                     data[0],
                 )
             self._ways.setdefault(chosen[0], []).append(chosen[1])
@@ -267,7 +267,7 @@ class LoaderFlow:
 
     def _literal(self, expr: cst.BaseExpression):
         try:
-            return ast.literal_eval(self.analysis.module.code_for_node(expr))
+            return ast.literal_eval(self.analysis.code_of(expr))
         except (ValueError, SyntaxError, TypeError):
             return _UNKNOWN
 

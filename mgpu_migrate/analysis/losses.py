@@ -226,7 +226,7 @@ class LossFlow:
         if construction is not None:
             criterion.constructions.append(construction)
         else:
-            criterion.unfollowed.append(Use(value, f"`{self.analysis.module.code_for_node(value)}`"))
+            criterion.unfollowed.append(Use(value, f"`{self.analysis.code_of(value)}`"))
         return []
 
     def _construction(self, value: cst.BaseExpression, core: cst.BaseExpression, scope: Scope) -> Optional[Construction]:
@@ -246,7 +246,7 @@ class LossFlow:
                 return Construction(value, core, UNSPLITTABLE, f"`{name}` does not split along the batch", name)
             return None
         if self._is_loss_class(core.func, scope):
-            code = self.analysis.module.code_for_node(core.func)
+            code = self.analysis.code_of(core.func)
             return Construction(value, core, CUSTOM, f"`{code}` is not one of torch's losses")
         return None
 
@@ -286,7 +286,7 @@ class LossFlow:
                         else:
                             criterion.misuses.append(Use(parent, "it is passed as `*args`"))
                 elif not (type(parent.func) is cst.Name and parent.func.value in _HARMLESS_BUILTINS):
-                    code = self.analysis.module.code_for_node(parent.func)
+                    code = self.analysis.code_of(parent.func)
                     criterion.misuses.append(Use(parent, f"it is passed to `{code}(...)`"))
             elif kind == "return":
                 function = _enclosing_function(scope)

@@ -510,7 +510,7 @@ class ModelFlow:
         )
 
     def _callee_text(self, call: cst.Call) -> str:
-        return self.analysis.module.code_for_node(call.func)
+        return self.analysis.code_of(call.func)
 
     def assigned_to(self, site: WrapSite) -> list[tuple[cst.BaseExpression, Scope]]:
         """The targets the site's model is first stored in (``model`` in ``model = nn.DataParallel(m).cuda()``)."""
@@ -531,7 +531,7 @@ class ModelFlow:
         """The code of the attribute or item a site wraps when it wraps part of a model, not a whole one:
         ``model.features = DataParallel(model.features)``, ``model[0] = DataParallel(model[0])``, or
         ``self.encoder = DataParallel(...)`` in an ``nn.Module``'s own methods."""
-        code = self.analysis.module.code_for_node
+        code = self.analysis.code_of
         for target, scope in self.assigned_to(site):
             if type(target) is cst.Subscript:
                 # `model[0] = DataParallel(model[0])`: an item of a Sequential wrapped in place (an item of a

@@ -9,7 +9,7 @@ from functools import cached_property
 import libcst as cst
 
 from mgpu_migrate.analysis import names
-from mgpu_migrate.analysis.positions import Positions
+from mgpu_migrate.analysis.positions import Positions, code_of
 from mgpu_migrate.analysis.project import encoding_pair_modules
 from mgpu_migrate.analysis.scopes import FlowCollector, FlowIndex
 from mgpu_migrate.analysis.tree import Tree
@@ -131,6 +131,10 @@ class ParsedFile:
         """``module.code`` of the parsed module (by default) or of one rebuilt from it; the top-level statements
         whose positions were asked for are not generated again, nor those the rebuilt module shares with it."""
         return self._positions.code(self.module if module is None else module)
+
+    def code_of(self, node: cst.CSTNode) -> str:
+        """The code of a node of the module (``module.code_for_node``, a third faster)."""
+        return code_of(self.module, node)
 
     def position(self, node: cst.CSTNode) -> tuple[int, int]:
         """1-based line and column of a node's start."""

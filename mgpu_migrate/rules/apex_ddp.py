@@ -141,7 +141,7 @@ class ApexDDP(Rule):
     )
 
     def apply(self) -> None:
-        code = self.analysis.module.code_for_node
+        code = self.analysis.code_of
         for call in self.analysis.calls_to(names.APEX_DDP):
             module, numeric, unknown = None, [], []
             for index, arg in enumerate(call.args):

@@ -76,7 +76,7 @@ class BatchCoupling(Rule):
             pair = self._compared_rows(node)
             if pair is None:
                 continue
-            code = self.analysis.module.code_for_node(node)
+            code = self.analysis.code_of(node)
             self.left(
                 node,
                 BATCH_COUPLED,

@@ -268,11 +268,11 @@ class CheckpointSave(Rule):
         body = getattr(block, "body", None)
         if not isinstance(body, (list, tuple)) or statement not in body:
             return None
-        path = self.analysis.module.code_for_node(destination.value)
+        path = self.analysis.code_of(destination.value)
         for later in body[body.index(statement) + 1 :]:
             for other in contains(later, lambda n: type(n) is cst.Call):
                 if self.analysis.resolve(other.func) in _MOVERS and other.args and (
-                    self.analysis.module.code_for_node(other.args[0].value) == path
+                    self.analysis.code_of(other.args[0].value) == path
                 ):
                     return other
         return None

@@ -411,7 +411,7 @@ class CriterionWrap(Rule):
     def _transformed(self, call: LossCall) -> None:
         if call.functional is not None:
             return  # the functional-loss rule reports its own calls
-        code = self.analysis.module.code_for_node(call.prediction)
+        code = self.analysis.code_of(call.prediction)
         self.left(
             call.call,
             LOSS_ON_TRANSFORMED_OUTPUT,

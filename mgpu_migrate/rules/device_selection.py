@@ -70,7 +70,7 @@ class DeviceSelection(Rule):
             chosen = argument(call, "device_ids", 1)
             if chosen is None or _is_none(chosen.value):
                 continue
-            text = self.analysis.module.code_for_node(chosen.value)
+            text = self.analysis.code_of(chosen.value)
             count = self._first_n(chosen.value)
             if count is None:
                 self.left(
@@ -82,7 +82,7 @@ class DeviceSelection(Rule):
             elif not self._all_devices(count):
                 self.rewrote(
                     call,
-                    f"`device_ids={text}` (the first {self.analysis.module.code_for_node(count)} GPUs) dropped: one "
+                    f"`device_ids={text}` (the first {self.analysis.code_of(count)} GPUs) dropped: one "
                     f"process runs per visible GPU, so launch that many (`torchrun --nproc_per_node=N`)",
                 )
 

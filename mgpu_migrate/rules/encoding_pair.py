@@ -259,7 +259,7 @@ class EncodingPair(Rule):
             for place in index.parameters_receiving(parent, node, scope) or ():
                 if place is not None:
                     return self._place_uses(place, predictions, seen)
-            return parent, f"the outputs are passed to `{self.analysis.module.code_for_node(parent.func)}(...)`"
+            return parent, f"the outputs are passed to `{self.analysis.code_of(parent.func)}(...)`"
         if kind == "return":
             function = scope.node if type(scope.node) is cst.FunctionDef else None
             sites = index.call_sites(function) if function is not None else []

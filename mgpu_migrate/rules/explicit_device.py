@@ -158,17 +158,17 @@ class ExplicitDevice(Rule):
             elif isinstance(value, str) and value.startswith("cuda:") and value != FIRST_GPU:
                 self._other_gpu(string, repr(value))
         for string in tree.nodes(cst.FormattedString):
-            if string.start.endswith(("'", '"')) and self.analysis.module.code_for_node(string)[
+            if string.start.endswith(("'", '"')) and self.analysis.code_of(string)[
                 len(string.start) :
             ].startswith("cuda:"):
-                self._other_gpu(string, self.analysis.module.code_for_node(string))
+                self._other_gpu(string, self.analysis.code_of(string))
 
     def _set_device(self, call: cst.Call) -> None:
         arg = argument(call, "device", 0)
         if arg is not None and _is_first_gpu(arg.value):
             return  # becomes set_device("cuda"), the current device, with the other strings
         if arg is None or not is_zero(arg.value):
-            self._other_gpu(call, self.analysis.module.code_for_node(arg.value if arg else call))
+            self._other_gpu(call, self.analysis.code_of(arg.value if arg else call))
             return
         if self.rewrite_allowed(call):
             self.edits.replace(arg.value, lambda _: runtime_call("device"))
@@ -207,7 +207,7 @@ class ExplicitDevice(Rule):
         if type(value) is not cst.Integer:
             return
         if not is_zero(value):
-            self._other_gpu(value, self.analysis.module.code_for_node(value))
+            self._other_gpu(value, self.analysis.code_of(value))
             return
         if self.rewrite_allowed(value):
             self.edits.replace(value, lambda node: cst.SimpleString(f"{quote}cuda{quote}", lpar=node.lpar, rpar=node.rpar))
@@ -215,7 +215,7 @@ class ExplicitDevice(Rule):
 
     def _drop_first_gpu(self, call: cst.Call, arg: cst.Arg) -> None:
         if not is_zero(arg.value):
-            self._other_gpu(call, self.analysis.module.code_for_node(arg.value))
+            self._other_gpu(call, self.analysis.code_of(arg.value))
             return
         if not self.rewrite_allowed(call):
             return

@@ -192,7 +192,7 @@ class FunctionalLoss(Rule):
     def _for_balanced(self, loss: LossCall) -> None:
         function = _function_name(loss)
         if not loss.direct:
-            code = shorten(self.analysis.module.code_for_node(loss.prediction))
+            code = shorten(self.analysis.code_of(loss.prediction))
             self.left(
                 loss.call,
                 FUNCTIONAL_LOSS_KEPT,

@@ -85,7 +85,7 @@ class GlobalCount(Rule):
             self.edits.need_import(RUNTIME)
             self.rewrote(
                 count,
-                f"`{self.analysis.module.code_for_node(count)}` divides a loss: summed over the processes "
+                f"`{self.analysis.code_of(count)}` divides a loss: summed over the processes "
                 "(mgpu_runtime.reduce_sum), the count of the global batch",
             )
 

@@ -145,7 +145,7 @@ class GlobalMetrics(Rule):
             return
         torch_style = self.options.style == TORCH_STYLE
         self._report_writers("dist.get_rank() == 0" if torch_style else f"{RUNTIME}.is_main_process()")
-        code = self.analysis.module.code_for_node
+        code = self.analysis.code_of
         for loop in self._split_loops():
             bound = _bound_names(loop)
             schedules = None

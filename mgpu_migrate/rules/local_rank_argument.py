@@ -75,7 +75,7 @@ class LocalRankArgument(Rule):
                 continue
             if not self.rewrite_allowed(call):
                 continue
-            old = self.analysis.module.code_for_node(default.value)
+            old = self.analysis.code_of(default.value)
             from_environment = parse(f'int({self._os_name()}.environ.get("LOCAL_RANK", {old}))')
             self.edits.replace(default.value, lambda _, new=from_environment: new)
             self.rewrote(

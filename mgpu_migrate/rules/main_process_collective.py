@@ -169,7 +169,7 @@ class MainProcessCollective(Rule):
         loss_calls = {loss.call for loss in self.analysis.losses.calls}
         loops = set(self.analysis.loaders.training_loops)
         for block in main_process_blocks(self.analysis):
-            condition = self.analysis.module.code_for_node(block.test)
+            condition = self.analysis.code_of(block.test)
             for call in contains(block.body, lambda node: type(node) is cst.Call):
                 found = self._waits_for_others(call)
                 if found is None and call in loss_calls and any(node in loops for node in self.analysis.tree.ancestors(call)):
@@ -200,7 +200,7 @@ class MainProcessCollective(Rule):
             return f"`{name}` (line {self.analysis.position(callee)[0]}), which calls `{inner}`,", "call it on every process"
         for position, arg in enumerate(call.args):
             if self._holds_ddp_model(arg.value, call) and not (callee and self._only_reads(callee, position, arg)):
-                callee = self.analysis.module.code_for_node(call.func)
+                callee = self.analysis.code_of(call.func)
                 return f"the DDP model handed to `{callee}`, which may run it", "give it the bare model"
         return None
 

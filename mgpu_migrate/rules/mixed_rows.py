@@ -70,7 +70,7 @@ class MixedRows(Rule):
             assigned = values.of(size, values.scope_of(call)) if type(size) is cst.Name else []
             if not (_batch_rows(size) or (assigned and all(_batch_rows(value) for value in assigned))):
                 continue
-            code = self.analysis.module.code_for_node(call)
+            code = self.analysis.code_of(call)
             self.left(
                 call,
                 MIXED_ROWS,

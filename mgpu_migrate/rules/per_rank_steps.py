@@ -81,7 +81,7 @@ class PerRankSteps(Rule):
             found = self._per_rank_decision(call)
             if found is not None:
                 node, what = found
-                text = self.analysis.module.code_for_node(node.test if type(node) is cst.If else node).strip()
+                text = self.analysis.code_of(node.test if type(node) is cst.If else node).strip()
                 text = text.splitlines()[0]
                 self.left(
                     node,

@@ -92,7 +92,7 @@ class ProcessRandomness(Rule):
         for loop in split_training_loops(self.analysis):
             for call in contains(loop.body, lambda node: type(node) is cst.Call):
                 if self._draws_per_row(call):
-                    code = self.analysis.module.code_for_node(call)
+                    code = self.analysis.code_of(call)
                     self.left(
                         call,
                         PER_ROW_RANDOMNESS,

@@ -98,7 +98,7 @@ class SharedFiles(Rule):
             how = self._writes(call)
             if how is None or under_main_process_block(self.analysis, call) or self._checkpoint_file(call):
                 continue
-            code = self.analysis.module.code_for_node(call)
+            code = self.analysis.code_of(call)
             self.left(
                 call,
                 FILE_WRITTEN_BY_EVERY_PROCESS,

@@ -98,7 +98,7 @@ class SyncBatchNorm(Rule):
             layers = [call for call in self.analysis.calls if self._normalizes_batches(call)]
             if layers:
                 line, _ = self.analysis.position(layers[0])
-                what = self.analysis.module.code_for_node(layers[0].func)
+                what = self.analysis.code_of(layers[0].func)
                 for wrap in program.wraps:
                     self.left(
                         wrap,
@@ -112,7 +112,7 @@ class SyncBatchNorm(Rule):
             module = argument(wrap, "module", 0)
             if (
                 module is None
-                or CONVERT in self.analysis.module.code_for_node(module.value)
+                or CONVERT in self.analysis.code_of(module.value)
                 or not self.rewrite_allowed(wrap)
             ):
                 continue

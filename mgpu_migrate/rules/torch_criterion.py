@@ -94,7 +94,7 @@ class TorchCriterion(CriterionWrap):
 
     def apply(self) -> None:
         super().apply()
-        code = self.analysis.module.code_for_node
+        code = self.analysis.code_of
         for call in self.analysis.calls:
             name = self.analysis.resolve(call.func)
             if name not in _FUNCTIONAL:
@@ -114,7 +114,7 @@ class TorchCriterion(CriterionWrap):
             wrapped.add(construction.value)
             core = construction.core
             reduction = reduction_of(core.args, class_parameters(construction.loss_class))
-            spelled = shorten(self.analysis.module.code_for_node(core), 50)
+            spelled = shorten(self.analysis.code_of(core), 50)
             if reduction == "sum":
                 self.left(core, LOSS_SCALE, f"`{spelled}` sums: on split data DDP's gradient average makes each step 1/world_size of the original's")
             elif (

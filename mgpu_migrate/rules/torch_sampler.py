@@ -144,7 +144,7 @@ class TorchTrainingData(TrainingData):
         if sampler in self.analysis.bindings.local or sampler in self.analysis.bindings.imported:
             self.left(origin, NO_TORCH_FORM, f"the name `{sampler}` for its sampler is taken; file left")
             return
-        code = self.analysis.module.code_for_node
+        code = self.analysis.code_of
         shuffle_code = "False" if shuffle is None else code(shuffle.value)
         new = statement(f"{sampler} = torch.utils.data.DistributedSampler({code(dataset)}, shuffle={shuffle_code})\n")
         self.edits.insert_before(assign, new.with_changes(leading_lines=assign.leading_lines))

@@ -160,7 +160,7 @@ class TrainingData(Rule):
         summed = {loop: self._summed_loss(loop) for loop in flow.training_loops}
         wrapped: set[cst.CSTNode] = set()
         reported: set[cst.CSTNode] = set()
-        code = self.analysis.module.code_for_node
+        code = self.analysis.code_of
         for trace in flow.traces:
             if trace.unsure is not None:
                 self._report_once(reported, trace.loop, TRAINING_DATA_NOT_FOLLOWED, self._unsure_message(trace))
@@ -229,7 +229,7 @@ class TrainingData(Rule):
         lines = sorted({line(other.path[-1])[0] for other in traces if other.loop is trace.loop and other.unsure})
         data = ("line " if len(lines) == 1 else "lines ") + ", ".join(map(str, lines))
         return (
-            f"this loop trains only when `{shorten(self.analysis.module.code_for_node(trace.unsure), 30)}` holds "
+            f"this loop trains only when `{shorten(self.analysis.code_of(trace.unsure), 30)}` holds "
             f"(line {line(trace.unsure)[0]}), unknown for the data from {data}: not split"
         )
 
@@ -428,7 +428,7 @@ def sample_counters(analysis, loop: cst.For) -> list[cst.AugAssign]:
     compares with something (a progressive-growing phase, a warm-up ``if``): counted on each process's
     share, the schedule it drives would run W times slower, and differ between processes."""
     tree = analysis.tree
-    code = analysis.module.code_for_node
+    code = analysis.code_of
     regions = [loop.body]
     regions += [
         function

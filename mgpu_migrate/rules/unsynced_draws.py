@@ -96,7 +96,7 @@ class UnsyncedDraws(Rule):
                     return
 
     def _report(self, call: cst.Call) -> bool:
-        code = shorten(self.analysis.module.code_for_node(call), 30)
+        code = shorten(self.analysis.code_of(call), 30)
         if self._draws_here(call) and self._passes_rows(call):
             self.left(
                 call,

@@ -164,7 +164,7 @@ class WrapGuard(Rule):
                 if guard in seen or mentions(guard.test, "world_size"):
                     continue
                 is_elif = type(self.analysis.tree.parent(guard)) is cst.If
-                condition = self.analysis.module.code_for_node(guard.test)
+                condition = self.analysis.code_of(guard.test)
                 if in_else or is_elif or not is_gpu_condition(guard.test):
                     branch = "the else branch of" if in_else else "the elif" if is_elif else "the condition"
                     self.left(
@@ -218,7 +218,7 @@ class WrapGuard(Rule):
         return dropped
 
     def _left_as_it_is(self, guard: cst.If | cst.IfExp, condition: str, reliance: Reliance) -> None:
-        code = self.analysis.module.code_for_node
+        code = self.analysis.code_of
         statement = self.analysis.tree.statement(reliance.node)
         shown = statement if type(statement) is cst.SimpleStatementLine else reliance.node
         text = code(shown).strip().splitlines()[0]

@@ -219,7 +219,7 @@ class WrapperSwap(Rule):
             self.left(
                 call,
                 STAR_IMPORT_WRAP,
-                f"`{shorten(self.analysis.module.code_for_node(call.func))}` may come from "
+                f"`{shorten(self.analysis.code_of(call.func))}` may come from "
                 f"`{shorten(', '.join(sources))}`: not rewritten (add `{explicit}` to migrate it)",
             )
 
