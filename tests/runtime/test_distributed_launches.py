@@ -263,16 +263,14 @@ AUGMENTED = SCRIPT.parent / "augmented.py"
 def test_random_augmentation_is_the_originals_with_whole_batches(tmp_path):
     """A dataset that draws per sample: by default each rank loads only its rows, whose draws are not the
     original's numbers (the test shows they differ); MGPU_WHOLE_BATCHES=1 loads whole batches on every rank,
-    and the float64 weights are the original's (2 processes, uneven last batch)."""
-    original_run = [sys.executable, str(AUGMENTED), str(tmp_path / "original.pt"), "--original"]
-    subprocess.run(original_run, check=True, env=_clean_environment())
+    and the float64 weights are the original's (2 processes, uneven last batch). One job trains both ways."""
+    subprocess.run([sys.executable, str(AUGMENTED), str(tmp_path), "--original"], check=True, env=_clean_environment())
     original = torch.load(tmp_path / "original.pt")
+    command = _torchrun("--standalone", "--nproc_per_node=2", str(AUGMENTED), str(tmp_path), "1", "0")
+    _run_together([(command, _clean_environment())])
     differences = {}
     for whole in ("1", "0"):
-        out = tmp_path / f"whole{whole}.pt"
-        command = _torchrun("--standalone", "--nproc_per_node=2", str(AUGMENTED), str(out))
-        _run_together([(command, _clean_environment(MGPU_WHOLE_BATCHES=whole))])
-        migrated = torch.load(out)
+        migrated = torch.load(tmp_path / f"whole{whole}.pt")
         differences[whole] = max((migrated[name] - value).abs().max().item() for name, value in original.items())
     assert differences["1"] < 1e-9, differences
     assert differences["0"] > 1e-3, differences
