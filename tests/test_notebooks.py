@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import subprocess
 import sys
 
@@ -134,7 +133,7 @@ def test_migrated_notebook_trains_as_the_original_on_cpu_replicas(tmp_path):
     assert run_cli("train.ipynb", "--to", "balanced", cwd=tmp_path).returncode == 0
 
     runs = [(_kernel_code(original), "1")] + [(_kernel_code(tmp_path / "train.ipynb"), replicas) for replicas in "23"]
-    ran = subprocess.run([sys.executable, "-c", _KERNELS_IN_TURN, json.dumps(runs)], capture_output=True, text=True,
+    ran = subprocess.run([sys.executable, "-c", _KERNELS_IN_TURN, json.dumps(runs)], capture_output=True, text=True, check=False,
                          timeout=300, cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
     reference, *migrated = map(float, ran.stdout.split())
