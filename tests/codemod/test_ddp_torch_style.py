@@ -125,22 +125,26 @@ def test_style_torch_trains_like_the_original_under_torchrun(tmp_path):
     flat = FIXTURES / "scripts" / "flat_script.ddp-torch.py"
     driver = tmp_path / "in_turn.py"
     driver.write_text(_IN_TURN)
-    reference = tmp_path / "original.pt"
-    single = subprocess.run(
-        [sys.executable, str(driver), json.dumps([(str(original), str(reference))])],
-        env=_environment(), capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
-    )
-    assert single.returncode == 0, single.stdout[-3000:] + single.stderr[-3000:]
     # One torchrun job a script: a second process group in the same workers would reuse the first's store keys.
-    for script, output in ((migrated, "torchrun.pt"), (flat, "flat.pt")):
-        job = subprocess.run(
-            [
-                sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(driver),
-                json.dumps([(str(script), str(tmp_path / output))]),
-            ],
-            env=_environment(), capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    # The original (in one interpreter) and both jobs start together; --standalone picks a free port for each.
+    reference = tmp_path / "original.pt"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    runs = [
+        [*launcher, str(driver), json.dumps([(str(script), str(output))])]
+        for launcher, script, output in (
+            ([sys.executable], original, reference),
+            (torchrun, migrated, tmp_path / "torchrun.pt"),
+            (torchrun, flat, tmp_path / "flat.pt"),
         )
-        assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+    ]
+    started = [subprocess.Popen(run, env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for run in runs]
+    for process in started:
+        try:
+            output, _ = process.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            output, _ = process.communicate()
+        assert process.returncode == 0, f"{process.args[:-1]}:\n{output[-6000:]}"
     expected, got = _torch_weights(reference), _torch_weights(tmp_path / "torchrun.pt")
     assert (expected["rows"], got["rows"]) == (3 * 52, 3 * 26)  # the data was split, not trained twice
     expected, got = expected["model"], got["model"]
