@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.codemod.test_ddp_e2e import PER_DEVICE
+from tests.codemod.test_ddp_e2e import PER_DEVICE, _finish
 from tests.fixture_cases import FIXTURES, ROOT
 
 torch = pytest.importorskip("torch")
@@ -39,7 +39,6 @@ SCRIPTS = sorted(
 )
 REPLICAS = (2, 3)
 TOLERANCE = 1e-9
-TIMEOUT_S = 400  # for half the scripts, three trainings each
 
 # Runs each (script, replicas, output) of the JSON list in argv[1] as __main__, in order, and prints as the
 # last line how many pieces the balanced model's outputs had, per run: proof that the replicas were used.
@@ -86,7 +85,7 @@ def _start(runs: list[tuple[str, int | None, str]]) -> subprocess.Popen:
         cwd=FIXTURES / "scripts",
         env=env,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # the counts, printed at the end, stay the last line
         text=True,
     )
 
@@ -94,38 +93,35 @@ def _start(runs: list[tuple[str, int | None, str]]) -> subprocess.Popen:
 @pytest.mark.slow
 def test_balanced_migrations_train_like_the_originals(tmp_path: Path) -> None:
     assert len(SCRIPTS) > 10, SCRIPTS
-    halves = [SCRIPTS[0::2], SCRIPTS[1::2]]
-    drivers = []
-    for half in halves:
+    halves = {f"the trainings of {', '.join(script.stem for script in half)}": half for half in (SCRIPTS[0::2], SCRIPTS[1::2])}
+    drivers = {}
+    for name, half in halves.items():
         runs = []
         for script in half:
             runs.append((str(script), None, str(tmp_path / f"{script.stem}-original.pt")))
             migrated = script.with_name(f"{script.stem}.balanced.py")
             runs += [(str(migrated), replicas, str(tmp_path / f"{script.stem}-replicas{replicas}.pt")) for replicas in REPLICAS]
-        drivers.append(_start(runs))
-    problems = []
-    for half, driver in zip(halves, drivers):
-        try:
-            stdout, stderr = driver.communicate(timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            driver.kill()
-            stdout, stderr = driver.communicate()
-            problems.append(f"{[script.stem for script in half]}: the trainings did not finish in {TIMEOUT_S} s")
-            continue
-        if driver.returncode != 0:
-            problems.append(f"{[script.stem for script in half]}: a training failed:\n{stdout[-3000:]}\n{stderr[-3000:]}")
-            continue
-        pieces = json.loads(stdout.splitlines()[-1])
-        for index, script in enumerate(half):
-            original_pieces, *migrated_pieces = pieces[3 * index : 3 * index + 3]
-            if original_pieces != 0:
-                problems.append(f"{script.stem}: the original's model split its outputs")
-            for replicas, used in zip(REPLICAS, migrated_pieces):
-                # At most `replicas`: main_argparse's device_ids=list(range(args.gpus)) asks for two of three.
-                if not 1 < used <= replicas:
-                    problems.append(f"{script.stem} with {replicas} replicas: outputs in {used} pieces")
-            problems += _differences(script.stem, tmp_path)
+        drivers[name] = _start(runs)
+    outputs, problems = _finish(drivers)
+    for name, output in outputs.items():
+        if drivers[name].returncode == 0:
+            problems += _problems(halves[name], json.loads(output.splitlines()[-1]), tmp_path)
     assert not problems, "\n".join(problems)
+
+
+def _problems(scripts: list[Path], pieces: list[int], tmp_path: Path) -> list[str]:
+    """Each script's three runs: the original's outputs whole, the migration's in pieces, the same weights."""
+    problems = []
+    for index, script in enumerate(scripts):
+        original_pieces, *migrated_pieces = pieces[3 * index : 3 * index + 3]
+        if original_pieces != 0:
+            problems.append(f"{script.stem}: the original's model split its outputs")
+        for replicas, used in zip(REPLICAS, migrated_pieces):
+            # At most `replicas`: main_argparse's device_ids=list(range(args.gpus)) asks for two of three.
+            if not 1 < used <= replicas:
+                problems.append(f"{script.stem} with {replicas} replicas: outputs in {used} pieces")
+        problems += _differences(script.stem, tmp_path)
+    return problems
 
 
 def _differences(name: str, tmp_path: Path) -> list[str]:

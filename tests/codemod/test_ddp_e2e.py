@@ -100,20 +100,21 @@ for script, output, *replicas in json.loads(sys.argv[-1]):
 """
 
 
-def _finish(runs: dict[str, subprocess.Popen]) -> list[str]:
-    """Wait for every run; the failures, described."""
-    failures = []
+def _finish(runs: dict[str, subprocess.Popen]) -> tuple[dict[str, str], list[str]]:
+    """Wait for every run (started with its output piped, stderr into stdout): what each printed, and the
+    failures, described."""
+    outputs, failures = {}, []
     for run, process in runs.items():
         try:
-            output, _ = process.communicate(timeout=TIMEOUT_S)
+            outputs[run], _ = process.communicate(timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:
             process.kill()
             output, _ = process.communicate()
             failures.append(f"{run} did not finish in {TIMEOUT_S} s:\n{output[-2000:]}")
             continue
         if process.returncode != 0:
-            failures.append(f"{run} failed:\n{output[-4000:]}")
-    return failures
+            failures.append(f"{run} failed:\n{outputs[run][-4000:]}")
+    return outputs, failures
 
 
 @pytest.mark.slow
@@ -158,7 +159,7 @@ def test_ddp_migrations_train_like_the_originals(tmp_path: Path) -> None:
                 json.dumps(scripts),
             ]
         )
-    failures = _finish(runs)
+    _, failures = _finish(runs)
     assert not failures, "\n\n".join(failures)
 
     differences = []

@@ -17,11 +17,10 @@ from pathlib import Path
 import pytest
 
 from tests.cli_helpers import DP_SCRIPT, run_cli
-from tests.codemod.test_ddp_e2e import _IN_TURN, _environment
+from tests.codemod.test_ddp_e2e import _IN_TURN, _environment, _finish
 from tests.fixture_cases import FIXTURES
 
 TOLERANCE = 1e-9
-TIMEOUT_S = 180
 
 # Exact under the textbook scaffold: 52 rows (26 a process), batches of 10 (5 a process; the last global batch
 # of 2 is 1 a process), no shuffle, a mean over rows. A main() called from the main block.
@@ -129,22 +128,19 @@ def test_style_torch_trains_like_the_original_under_torchrun(tmp_path):
     # The original (in one interpreter) and both jobs start together; --standalone picks a free port for each.
     reference = tmp_path / "original.pt"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    runs = [
-        [*launcher, str(driver), json.dumps([(str(script), str(output))])]
+    runs = {
+        f"{' '.join(launcher[1:])} {script.name}": subprocess.Popen(
+            [*launcher, str(driver), json.dumps([(str(script), str(output))])],
+            env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
         for launcher, script, output in (
             ([sys.executable], original, reference),
             (torchrun, migrated, tmp_path / "torchrun.pt"),
             (torchrun, flat, tmp_path / "flat.pt"),
         )
-    ]
-    started = [subprocess.Popen(run, env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for run in runs]
-    for process in started:
-        try:
-            output, _ = process.communicate(timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            output, _ = process.communicate()
-        assert process.returncode == 0, f"{process.args[:-1]}:\n{output[-6000:]}"
+    }
+    _, failures = _finish(runs)
+    assert not failures, "\n\n".join(failures)
     expected, got = _torch_weights(reference), _torch_weights(tmp_path / "torchrun.pt")
     assert (expected["rows"], got["rows"]) == (3 * 52, 3 * 26)  # the data was split, not trained twice
     expected, got = expected["model"], got["model"]
