@@ -211,10 +211,17 @@ class _WorkerStopped(SystemExit):
     """Raised in a worker by SIGTERM: unwinds its write (the temporary file is removed), then the worker exits."""
 
 
+_migrating = False
+"""Whether this worker is migrating a file (a SIGTERM then unwinds its write before the worker exits)."""
+
+
 def _start_worker(parent: int) -> None:
     """Ctrl-C reaches the whole process group, but stopping is the main process's call (``_stop_workers``);
     SIGTERM, from it or at its death, stops a worker cleanly."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Before the parent-death request: a worker forked inside ``interrupts_held`` inherits a handler that only
+    # notes the signal, and would live on after a parent that died here.
+    signal.signal(signal.SIGTERM, _stop_worker)
     if sys.platform.startswith("linux"):
         import ctypes  # loaded by the parent before forking
 
@@ -222,17 +229,25 @@ def _start_worker(parent: int) -> None:
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != parent:  # the parent died before the request above took effect
         os._exit(1)
-    signal.signal(signal.SIGTERM, _raise_worker_stopped)  # until here, SIGTERM just ends a worker with no file
 
 
-def _raise_worker_stopped(number: int, frame) -> None:
-    raise _WorkerStopped(128 + number)
+def _stop_worker(number: int, frame) -> None:
+    if _migrating:
+        raise _WorkerStopped(128 + number)
+    # Between files (waiting for one, sending an outcome back) the pool's own code would catch the exception
+    # and take the next file; no write of this worker is under way.
+    os._exit(128 + number)
 
 
 def _in_worker(migrate: Callable, source_file: files.SourceFile) -> FileOutcome:
+    global _migrating
     try:
-        return migrate(source_file)
-    except _WorkerStopped as stopped:
+        _migrating = True
+        try:
+            return migrate(source_file)
+        finally:
+            _migrating = False
+    except _WorkerStopped as stopped:  # also one raised in the line above, before it took effect
         os._exit(stopped.code)  # the pool would otherwise take the next file
 
 

@@ -12,3 +12,10 @@ def pytest_addoption(parser):
 @pytest.fixture
 def update_fixtures(request):
     return request.config.getoption("--update-fixtures")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slow (multi-process) tests first, each in its place among them, then the others: under xdist the
+    long tests are spread from the start and the many short ones even out the end, instead of one worker
+    finishing a long test alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -9,7 +9,7 @@ import pytest
 from tests.cli_helpers import DP_SCRIPT, command
 from tests.fixture_cases import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("pre-commit")]
 
 ENV = {
     "GIT_AUTHOR_NAME": "test",
@@ -40,15 +40,25 @@ def snapshot_of_this_repository(destination):
     return git("rev-parse", "HEAD", cwd=destination)
 
 
-def user_repository(tmp_path, monkeypatch, hook_id):
+@pytest.fixture(scope="module")
+def hook_repository(tmp_path_factory):
+    """A snapshot of this repository and one pre-commit cache for the module's tests: pre-commit builds the
+    hooks' environment (a virtualenv with the package installed) once for a repository and revision, and
+    both hooks come from this one. The tests run on one xdist worker (xdist_group, --dist loadgroup)."""
+    hook_repo = tmp_path_factory.mktemp("hook")
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in ENV.items():
+            patch.setenv(key, value)
+        revision = snapshot_of_this_repository(hook_repo)
+    return hook_repo, revision, tmp_path_factory.mktemp("pre-commit-cache")
+
+
+def user_repository(tmp_path, monkeypatch, hook_repository, hook_id):
     """A user's git repository whose .pre-commit-config.yaml uses ``hook_id`` from a snapshot of this one."""
+    hook_repo, revision, cache = hook_repository
     for key, value in ENV.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setenv("PRE_COMMIT_HOME", str(tmp_path / "cache"))
-    hook_repo = tmp_path / "hook"
-    hook_repo.mkdir()
-    revision = snapshot_of_this_repository(hook_repo)
-
+    monkeypatch.setenv("PRE_COMMIT_HOME", str(cache))
     user = tmp_path / "user"
     user.mkdir()
     git("init", "-q", cwd=user)
@@ -65,8 +75,8 @@ def run_hooks(user):
     )
 
 
-def test_hook_rewrites_then_passes(tmp_path, monkeypatch):
-    user = user_repository(tmp_path, monkeypatch, "mgpu-migrate")
+def test_hook_rewrites_then_passes(tmp_path, monkeypatch, hook_repository):
+    user = user_repository(tmp_path, monkeypatch, hook_repository, "mgpu-migrate")
     (user / "train.py").write_text(DP_SCRIPT)
     (user / "README.txt").write_text("nn.DataParallel is mentioned here but this is not Python\n")
     git("add", "-A", cwd=user)
@@ -80,8 +90,8 @@ def test_hook_rewrites_then_passes(tmp_path, monkeypatch):
     assert second.returncode == 0, second.stdout + second.stderr
 
 
-def test_check_hook_writes_nothing_and_blocks_on_review_sites(tmp_path, monkeypatch):
-    user = user_repository(tmp_path, monkeypatch, "mgpu-migrate-check")
+def test_check_hook_writes_nothing_and_blocks_on_review_sites(tmp_path, monkeypatch, hook_repository):
+    user = user_repository(tmp_path, monkeypatch, hook_repository, "mgpu-migrate-check")
     (user / "train.py").write_text(DP_SCRIPT)
     git("add", "-A", cwd=user)
 

@@ -24,6 +24,7 @@ import pytest
 
 from mgpu_migrate.engine import migrate_source
 from mgpu_migrate.options import Options
+from tests.codemod.test_save_best_e2e import SCRIPT as SAVE_BEST_SCRIPT
 from tests.fixture_cases import FIXTURES, ROOT
 
 torch = pytest.importorskip("torch")
@@ -99,20 +100,21 @@ for script, output, *replicas in json.loads(sys.argv[-1]):
 """
 
 
-def _finish(runs: dict[str, subprocess.Popen]) -> list[str]:
-    """Wait for every run; the failures, described."""
-    failures = []
+def _finish(runs: dict[str, subprocess.Popen]) -> tuple[dict[str, str], list[str]]:
+    """Wait for every run (started with its output piped, stderr into stdout): what each printed, and the
+    failures, described."""
+    outputs, failures = {}, []
     for run, process in runs.items():
         try:
-            output, _ = process.communicate(timeout=TIMEOUT_S)
+            outputs[run], _ = process.communicate(timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:
             process.kill()
             output, _ = process.communicate()
             failures.append(f"{run} did not finish in {TIMEOUT_S} s:\n{output[-2000:]}")
             continue
         if process.returncode != 0:
-            failures.append(f"{run} failed:\n{output[-4000:]}")
-    return failures
+            failures.append(f"{run} failed:\n{outputs[run][-4000:]}")
+    return outputs, failures
 
 
 @pytest.mark.slow
@@ -134,12 +136,18 @@ def test_ddp_migrations_train_like_the_originals(tmp_path: Path) -> None:
     migrated = migrate_source((FIXTURES / "scripts" / f"{SYNC_BN}.py").read_text(), "ddp", "x.py", Options(sync_bn=True))
     synchronized.write_text(migrated.output)
     in_turn.append((str(synchronized), str(tmp_path / "sync-bn-python.pt")))
+    # pytorch/examples' checkpoint helper (test_save_best_e2e.py), also run by every job.
+    save_best = {"": tmp_path / "save_best.py", ".ddp": tmp_path / "save_best.ddp.py"}
+    save_best[""].write_text(SAVE_BEST_SCRIPT)
+    save_best[".ddp"].write_text(migrate_source(SAVE_BEST_SCRIPT, "ddp", "train.py").output)
+    in_turn += [(str(save_best[suffix]), str(tmp_path / f"save_best-{run}.pt")) for suffix, run in (("", "original"), (".ddp", "python"))]
     runs = {"the originals and `python NAME.ddp.py`": _start([sys.executable, "-c", _IN_TURN, json.dumps(in_turn)])}
     driver = tmp_path / "in_turn.py"
     driver.write_text(_IN_TURN)
     for processes in WORLD_SIZES:
         scripts = [(f"{name}.ddp.py", str(tmp_path / f"{name}-torchrun{processes}.pt")) for name in SCRIPTS]
         scripts.append((str(synchronized), str(tmp_path / f"sync-bn-torchrun{processes}.pt")))
+        scripts.append((str(save_best[".ddp"]), str(tmp_path / f"save_best-torchrun{processes}.pt")))
         runs[f"torchrun --nproc_per_node={processes}"] = _start(
             [
                 sys.executable,
@@ -151,7 +159,7 @@ def test_ddp_migrations_train_like_the_originals(tmp_path: Path) -> None:
                 json.dumps(scripts),
             ]
         )
-    failures = _finish(runs)
+    _, failures = _finish(runs)
     assert not failures, "\n\n".join(failures)
 
     differences = []
@@ -181,7 +189,25 @@ def test_ddp_migrations_train_like_the_originals(tmp_path: Path) -> None:
         print(f"{SYNC_BN} --sync-bn ({run}): max weight difference {difference:.3g}")
         if difference > TOLERANCE:
             differences.append(f"{SYNC_BN} --sync-bn ({run}): max weight difference {difference:.3g}")
+    differences += _save_best_differences(tmp_path)
     assert not differences, "\n".join(differences)
+
+
+def _save_best_differences(tmp_path: Path) -> list[str]:
+    """The checkpoint helper's runs: the last epoch's checkpoint and the copy of the best (epoch 1) written,
+    with the original's weights."""
+    original = torch.load(tmp_path / "save_best-original.pt")
+    differences = []
+    for run in (*(f"torchrun{processes}" for processes in WORLD_SIZES), "python"):
+        output = tmp_path / f"save_best-{run}.pt"
+        saved, best = torch.load(output), torch.load(output.with_name(output.name + ".best"))
+        if (saved["epoch"], best["epoch"]) != (2, 1):
+            differences.append(f"save_best ({run}): epochs {saved['epoch']} and {best['epoch']} saved, not 2 and 1")
+        difference = _difference(original["model"], saved["model"])
+        print(f"save_best ({run}): max weight difference {difference:.3g}")
+        if difference > TOLERANCE:
+            differences.append(f"save_best ({run}): max weight difference {difference:.3g}")
+    return differences
 
 
 def _metrics(path: Path):

@@ -17,11 +17,10 @@ from pathlib import Path
 import pytest
 
 from tests.cli_helpers import DP_SCRIPT, run_cli
-from tests.codemod.test_ddp_e2e import _IN_TURN, _environment
+from tests.codemod.test_ddp_e2e import _IN_TURN, _environment, _finish
 from tests.fixture_cases import FIXTURES
 
 TOLERANCE = 1e-9
-TIMEOUT_S = 180
 
 # Exact under the textbook scaffold: 52 rows (26 a process), batches of 10 (5 a process; the last global batch
 # of 2 is 1 a process), no shuffle, a mean over rows. A main() called from the main block.
@@ -125,22 +124,23 @@ def test_style_torch_trains_like_the_original_under_torchrun(tmp_path):
     flat = FIXTURES / "scripts" / "flat_script.ddp-torch.py"
     driver = tmp_path / "in_turn.py"
     driver.write_text(_IN_TURN)
-    reference = tmp_path / "original.pt"
-    single = subprocess.run(
-        [sys.executable, str(driver), json.dumps([(str(original), str(reference))])],
-        env=_environment(), capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
-    )
-    assert single.returncode == 0, single.stdout[-3000:] + single.stderr[-3000:]
     # One torchrun job a script: a second process group in the same workers would reuse the first's store keys.
-    for script, output in ((migrated, "torchrun.pt"), (flat, "flat.pt")):
-        job = subprocess.run(
-            [
-                sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(driver),
-                json.dumps([(str(script), str(tmp_path / output))]),
-            ],
-            env=_environment(), capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    # The original (in one interpreter) and both jobs start together; --standalone picks a free port for each.
+    reference = tmp_path / "original.pt"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    runs = {
+        f"{' '.join(launcher[1:])} {script.name}": subprocess.Popen(
+            [*launcher, str(driver), json.dumps([(str(script), str(output))])],
+            env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
-        assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+        for launcher, script, output in (
+            ([sys.executable], original, reference),
+            (torchrun, migrated, tmp_path / "torchrun.pt"),
+            (torchrun, flat, tmp_path / "flat.pt"),
+        )
+    }
+    _, failures = _finish(runs)
+    assert not failures, "\n\n".join(failures)
     expected, got = _torch_weights(reference), _torch_weights(tmp_path / "torchrun.pt")
     assert (expected["rows"], got["rows"]) == (3 * 52, 3 * 26)  # the data was split, not trained twice
     expected, got = expected["model"], got["model"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -44,26 +45,31 @@ def _wait_until_some_file_is_rewritten(run, sources):
         time.sleep(0.01)
 
 
+def _stat(pid):
+    """The fields of /proc/PID/stat after the command's name: [0] the state, [1] the parent, [19] the start time."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def _children(pid):
+    """The live children of pid, each as (pid, start time): once a worker is gone, its pid may be another
+    process's (a busy machine goes through 32768 pids in minutes), which must not pass for the worker."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as handle:
-                    fields = handle.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                found.append(int(entry))
+            fields = _stat(entry)
+            if fields and int(fields[1]) == pid and fields[0] != "Z":
+                found.append((int(entry), fields[19]))
     return found
 
 
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+def _alive(process):
+    pid, started = process
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z" and fields[19] == started
 
 
 @pytest.mark.slow
@@ -85,7 +91,7 @@ def test_a_signal_ends_a_parallel_run_at_once_with_every_file_old_or_new(tmp_pat
         os.killpg(run.pid, signal.SIGKILL)
         pytest.fail(f"the run did not stop within {STOP_WITHIN_S}s of the signal")
     assert run.returncode != 0
-    assert not [pid for pid in workers if _alive(pid)], "workers outlived the run"
+    assert not [worker for worker in workers if _alive(worker)], "workers outlived the run"
     old = new = 0
     for path, source in sources.items():
         content = path.read_text()
@@ -124,11 +130,61 @@ def test_workers_die_with_a_killed_main_process(tmp_path):
     run.kill()
     run.communicate(timeout=STOP_WITHIN_S)
     deadline = time.monotonic() + STOP_WITHIN_S
-    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+    while any(_alive(worker) for worker in workers) and time.monotonic() < deadline:
         time.sleep(0.05)
-    survivors = [pid for pid in workers if _alive(pid)]
-    for pid in survivors:
+    survivors = [worker for worker in workers if _alive(worker)]
+    for pid, _ in survivors:
         os.kill(pid, signal.SIGKILL)
     assert not survivors, "workers outlived their killed parent"
     for path, source in sources.items():
         assert path.read_text() == source or "mgpu_runtime" in path.read_text()
+
+
+# A pool of one worker whose outcomes are slow to send back (pickled): the worker is between files, in the
+# pool's own code, when the signal comes. That code catches whatever the signal raises and takes the next file;
+# the worker lived on after its killed parent (waiting for files forever), or after the main process's stop.
+_SLOW_TO_SEND = """
+import os, pathlib, sys, time, types
+from mgpu_migrate import report
+
+class SlowToSend:
+    def __reduce__(self):
+        pathlib.Path(sys.argv[1]).write_text(str(os.getpid()))
+        time.sleep(60)
+        return (SlowToSend, ())
+
+def migrate(source_file):
+    return SlowToSend()
+
+report._map_in_processes(migrate, [types.SimpleNamespace(path=str(n)) for n in range(4)], 1, lambda outcome: outcome)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+@pytest.mark.parametrize("stopped_by", ["parent_killed", "sigterm"])
+def test_a_worker_sending_an_outcome_back_stops_at_the_signal(tmp_path, stopped_by):
+    sending = tmp_path / "sending"
+    (tmp_path / "pool.py").write_text(_SLOW_TO_SEND)
+    parent = subprocess.Popen([sys.executable, "pool.py", str(sending)], cwd=tmp_path, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not sending.exists() or not sending.read_text():
+            assert time.monotonic() < deadline and parent.poll() is None, "the worker sent nothing"
+            time.sleep(0.01)
+        (worker,) = _children(parent.pid)
+        assert worker[0] == int(sending.read_text())
+        if stopped_by == "parent_killed":
+            parent.kill()
+        else:
+            os.kill(worker[0], signal.SIGTERM)
+        deadline = time.monotonic() + STOP_WITHIN_S
+        while _alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        survived = _alive(worker)
+        if survived:
+            os.kill(worker[0], signal.SIGKILL)
+        assert not survived, "the worker lived on after the signal"
+    finally:
+        parent.kill()
+        parent.wait()

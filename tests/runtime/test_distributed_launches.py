@@ -199,45 +199,61 @@ def _check_coordinates(coordinates: list[dict], world: int, processes_per_node: 
 
 
 FIRST_STEP = pathlib.Path(__file__).parent / "distributed_scripts" / "first_step.py"
+# The tests that read the job of several modes run on one xdist worker (pyproject: --dist loadgroup), so it
+# runs once.
+FIRST_STEPS = pytest.mark.xdist_group("first_steps")
 
 
-def _first_step(out: pathlib.Path, mode: str, **environment: str) -> list[dict]:
-    command = _torchrun("--standalone", "--nproc_per_node=2", str(FIRST_STEP), str(out), mode)
+def _first_step(out: pathlib.Path, *modes: str, **environment: str) -> dict[str, list[dict]]:
+    """Each mode's results, per rank: all the modes trained in turn by one torchrun job of 2 processes."""
+    command = _torchrun("--standalone", "--nproc_per_node=2", str(FIRST_STEP), str(out), *modes)
     _run_together([(command, _clean_environment(**environment))])
-    return [torch.load(out / f"rank{rank}.pt") for rank in range(2)]
+    return {mode: [torch.load(out / mode / f"rank{rank}.pt") for rank in range(2)] for mode in modes}
+
+
+@pytest.fixture(scope="module")
+def first_steps(tmp_path_factory) -> tuple[pathlib.Path, dict[str, list[dict]]]:
+    """One job for the modes that leave the processes able to go on: seeded whole batches first (the batches
+    are compared at a process's first step), then the modes with distributed loaders."""
+    out = tmp_path_factory.mktemp("first_steps")
+    return out, _first_step(out, "seeded", "reinitialized", "divergent_save")
 
 
 @pytest.mark.slow
-def test_whole_batches_that_differ_stop_the_first_step(tmp_path):
+@FIRST_STEPS
+def test_whole_batches_that_differ_stop_the_first_step(tmp_path, first_steps):
     """A loader left whole, shuffled differently in each process: the run stops instead of training on
     twice the data per step; the same batches everywhere train exactly like one process."""
-    refused = _first_step(tmp_path / "unseeded", "unseeded")
-    for result in refused:
+    for result in _first_step(tmp_path / "refused", "unseeded")["unseeded"]:
         assert "trained their first step on whole batches that differ" in result["error"]
         assert "mgpu_runtime.distribute_loader(loader)" in result["error"]
-    allowed = _first_step(tmp_path / "allowed", "unseeded", MGPU_ALLOW_DIFFERENT_BATCHES="1")
+    allowed = _first_step(tmp_path / "allowed", "unseeded", MGPU_ALLOW_DIFFERENT_BATCHES="1")["unseeded"]
     assert all("weights" in result for result in allowed)
-    seeded = _first_step(tmp_path / "seeded", "seeded")
     _run_together([([sys.executable, str(FIRST_STEP), str(tmp_path / "single"), "seeded"], _clean_environment())])
-    single = torch.load(tmp_path / "single" / "rank0.pt")["weights"]
-    for result in seeded:
+    single = torch.load(tmp_path / "single" / "seeded" / "rank0.pt")["weights"]
+    for result in first_steps[1]["seeded"]:
         for name, value in single.items():
             assert (result["weights"][name] - value).abs().max().item() <= TOLERANCE, name
 
 
 @pytest.mark.slow
-def test_weights_changed_after_the_wrap_are_made_rank_0s_at_the_first_training_forward(tmp_path):
-    ranks = _first_step(tmp_path / "reinitialized", "reinitialized")
+@FIRST_STEPS
+def test_weights_changed_after_the_wrap_are_made_rank_0s_at_the_first_training_forward(first_steps):
+    ranks = first_steps[1]["reinitialized"]
     for name, value in ranks[0]["weights"].items():
         assert torch.equal(ranks[1]["weights"][name], value), name
     assert any("rank 0's were copied to every process" in warning for warning in ranks[0]["warnings"])
     assert not any("rank 0's were copied" in warning for warning in ranks[1]["warnings"])
+    # The seeded mode before it (one model for all) had nothing to copy.
+    assert not any("rank 0's were copied" in warning for warning in first_steps[1]["seeded"][0]["warnings"])
 
 
 @pytest.mark.slow
-def test_a_save_only_one_rank_reaches_does_not_wait_for_the_others(tmp_path):
-    ranks = _first_step(tmp_path, "divergent_save")  # with the wait, rank 0 would wait forever
-    assert torch.equal(torch.load(tmp_path / "best.pt")["weight"], ranks[0]["weights"]["weight"])
+@FIRST_STEPS
+def test_a_save_only_one_rank_reaches_does_not_wait_for_the_others(first_steps):
+    out, modes = first_steps  # with the wait, rank 0 would wait forever and the job would not have ended
+    ranks = modes["divergent_save"]
+    assert torch.equal(torch.load(out / "divergent_save" / "best.pt")["weight"], ranks[0]["weights"]["weight"])
 
 
 AUGMENTED = SCRIPT.parent / "augmented.py"
@@ -247,16 +263,14 @@ AUGMENTED = SCRIPT.parent / "augmented.py"
 def test_random_augmentation_is_the_originals_with_whole_batches(tmp_path):
     """A dataset that draws per sample: by default each rank loads only its rows, whose draws are not the
     original's numbers (the test shows they differ); MGPU_WHOLE_BATCHES=1 loads whole batches on every rank,
-    and the float64 weights are the original's (2 processes, uneven last batch)."""
-    original_run = [sys.executable, str(AUGMENTED), str(tmp_path / "original.pt"), "--original"]
-    subprocess.run(original_run, check=True, env=_clean_environment())
+    and the float64 weights are the original's (2 processes, uneven last batch). One job trains both ways."""
+    subprocess.run([sys.executable, str(AUGMENTED), str(tmp_path), "--original"], check=True, env=_clean_environment())
     original = torch.load(tmp_path / "original.pt")
+    command = _torchrun("--standalone", "--nproc_per_node=2", str(AUGMENTED), str(tmp_path), "1", "0")
+    _run_together([(command, _clean_environment())])
     differences = {}
     for whole in ("1", "0"):
-        out = tmp_path / f"whole{whole}.pt"
-        command = _torchrun("--standalone", "--nproc_per_node=2", str(AUGMENTED), str(out))
-        _run_together([(command, _clean_environment(MGPU_WHOLE_BATCHES=whole))])
-        migrated = torch.load(out)
+        migrated = torch.load(tmp_path / f"whole{whole}.pt")
         differences[whole] = max((migrated[name] - value).abs().max().item() for name, value in original.items())
     assert differences["1"] < 1e-9, differences
     assert differences["0"] > 1e-3, differences

@@ -27,10 +27,12 @@ _LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GR
 
 @pytest.fixture
 def single_process(monkeypatch):
-    """A plain process: no launcher variables, no MGPU_* settings; left as found afterwards."""
+    """A plain process: no launcher variables, no MGPU_* settings, not in the runtime's job (one that an
+    earlier test in this process joined, as ``mgpu_runtime.save`` does, is left first); left as found afterwards."""
     for name in list(os.environ):
         if name in _LAUNCH_VARIABLES or name.startswith(("SLURM_", "MGPU_")):
             monkeypatch.delenv(name)
+    process_group.teardown()
     was_initialized = dist.is_initialized()
     yield
     process_group.teardown()

@@ -1,13 +1,17 @@
 """A dataset that draws per sample (random augmentation in ``__getitem__``), trained in float64.
 
-    python augmented.py OUT --original   the original: one process, nn.DataParallel, a plain loader
-    python augmented.py OUT              its migration (mgpu_runtime), however it is launched
+    python augmented.py OUT_DIR --original   the original: one process, nn.DataParallel, a plain loader
+    python augmented.py OUT_DIR 1 0          its migration (mgpu_runtime), however it is launched, trained
+                                             once per MGPU_WHOLE_BATCHES value, in turn in the same processes
 
-Writes the final weights to OUT (the main process).
+Writes the final weights to OUT_DIR/original.pt or OUT_DIR/whole<VALUE>.pt (the main process). The runtime
+reads MGPU_WHOLE_BATCHES when a loader is distributed, so the variable is set there for each training.
 """
 
 from __future__ import annotations
 
+import os
+import pathlib
 import sys
 
 import torch
@@ -32,7 +36,7 @@ class Augmented(Dataset):
         return (x.flip(0) if torch.rand(()) < 0.5 else x), self.y[index]
 
 
-def main(out: str, original: bool) -> None:
+def main(out: pathlib.Path, original: bool) -> None:
     torch.set_default_dtype(torch.float64)
     if not original:
         import mgpu_runtime
@@ -45,7 +49,7 @@ def main(out: str, original: bool) -> None:
         model = nn.DataParallel(model)
     else:
         model = mgpu_runtime.DistributedDataParallel(model)
-        loader = mgpu_runtime.distribute_loader(loader)
+        loader = mgpu_runtime.distribute_loader(loader)  # reads MGPU_WHOLE_BATCHES
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for _ in range(2):
         for x, y in loader:
@@ -57,4 +61,10 @@ def main(out: str, original: bool) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], "--original" in sys.argv[2:])
+    out_dir, settings = pathlib.Path(sys.argv[1]), sys.argv[2:]
+    if settings == ["--original"]:
+        main(out_dir / "original.pt", original=True)
+    else:
+        for value in settings:
+            os.environ["MGPU_WHOLE_BATCHES"] = value
+            main(out_dir / f"whole{value}.pt", original=False)

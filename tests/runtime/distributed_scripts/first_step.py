@@ -5,7 +5,10 @@
     python first_step.py OUT_DIR reinitialized  weights re-drawn after the wrap with each process's own random numbers
     python first_step.py OUT_DIR divergent_save a save that only rank 0 reaches (its own loss decided), wait=False
 
-Each process writes ``OUT_DIR/rank<R>.pt``: the final weights and the warnings, or the error the first step raised.
+Several modes train one after the other in the same processes (``OUT_DIR seeded reinitialized``), each with
+its own model and optimizer: a launch is what costs time. The whole batches are compared once a process, at
+its first step, so a mode with whole batches comes first. Each process writes ``OUT_DIR/MODE/rank<R>.pt`` per
+mode: the final weights and the warnings, or the error the first step raised.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ def train(mode: str) -> dict:
         except DifferentBatchesError as error:
             return {"error": str(error)}
     if mode == "divergent_save" and mgpu_runtime.rank() == 0:  # the other ranks never get here
-        mgpu_runtime.save(model.module.state_dict(), pathlib.Path(sys.argv[1]) / "best.pt", wait=False)
+        mgpu_runtime.save(model.module.state_dict(), pathlib.Path(sys.argv[1]) / mode / "best.pt", wait=False)
     return {
         "weights": {name: value.detach().clone() for name, value in model.module.state_dict().items()},
         "warnings": [str(warning.message) for warning in caught],
@@ -58,8 +61,9 @@ def train(mode: str) -> dict:
 
 
 if __name__ == "__main__":
-    out, mode = pathlib.Path(sys.argv[1]), sys.argv[2]
-    out.mkdir(parents=True, exist_ok=True)
+    out = pathlib.Path(sys.argv[1])
     import mgpu_runtime
 
-    torch.save(train(mode), out / f"rank{mgpu_runtime.rank()}.pt")
+    for mode in sys.argv[2:]:
+        (out / mode).mkdir(parents=True, exist_ok=True)
+        torch.save(train(mode), out / mode / f"rank{mgpu_runtime.rank()}.pt")
