@@ -67,11 +67,12 @@ def compare(name: str, ours: list[str], anchor_name: str, anchor: list[str], run
 
 def instructions(command: list[str]) -> int:
     """The instructions ``command`` executes (cachegrind's ``I refs``), its Python followed through its script."""
-    if command[0] != sys.executable:  # the console script: run it as a module, so valgrind follows Python itself
-        command = [sys.executable, "-m", "mgpu_migrate", *command[1:]]
     executable = os.path.realpath(sys.executable)  # not a shim script that valgrind would measure instead
+    # A console script is run by this Python itself, so that valgrind follows Python, not the script's
+    # interpreter line (and the path it imports from stays the script's: not the current directory, as -m has).
+    arguments = command[1:] if command[0] == sys.executable else command
     completed = subprocess.run(
-        ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null", executable, *command[1:]],
+        ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null", executable, *arguments],
         capture_output=True,
         check=False,
     )
