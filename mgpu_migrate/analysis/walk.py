@@ -1,10 +1,13 @@
 """A read-only walk over a LibCST tree, for the analyses that only look.
 
 LibCST's own ``node.visit(visitor)`` rebuilds every node on the way back up, which costs about as much as
-the parse; reading the dataclass fields directly costs a fraction of that. What is cached per node type
-(the fields to read) and per value type (is it a node, a list of nodes, or neither) keeps the walk itself
-cheap: ``isinstance(value, cst.CSTNode)`` is an abstract-base-class check, several times slower than a
-dictionary lookup, and the walks make millions of them.
+the parse; reading the dataclass fields directly costs a fraction of that. Each node type gets a reader of
+its children, generated from the types its dataclass declares for its fields: a field declared as a node or a
+sequence of nodes is taken as it is, one that never holds a node is not read, and only the others (``Optional``
+fields, a node or a sequence) are looked at, by the type of their value (cached per value type:
+``isinstance(value, cst.CSTNode)`` is an abstract-base-class check, several times slower than a dictionary
+lookup, and the walks make millions of them). ``kinds`` gives the concrete classes for ``type(node) in ...``
+tests, for the same reason.
 """
 
 from __future__ import annotations
