@@ -30,22 +30,36 @@ DEFAULT_MODE = "rank0"
 
 
 class _Prefixed:
-    """A text stream that starts every line written to it with a prefix."""
+    """A text stream that starts every line written to it with a prefix, and hands on whole lines only.
+
+    Every rank writes to the same terminal or pipe: ``print("hello")`` is two writes (the text, then the
+    newline), and a line handed on in pieces can be cut by another rank's line (``[rank 1] hello[rank 0] hi``).
+    So the lines that are complete go on together, prefixed, in one write, flushed at once; an unfinished one
+    waits for its end, or for a ``flush()`` (a progress bar redrawn with ``\\r``), after which its rest goes
+    on unprefixed."""
 
     def __init__(self, stream: TextIO, prefix: str) -> None:
         self._stream = stream
         self._prefix = prefix
         self._at_line_start = True
+        self._pending = ""
 
     def write(self, text: str) -> int:
-        pieces = []
-        for line in text.splitlines(keepends=True):
-            if self._at_line_start:
-                pieces.append(self._prefix)
-            pieces.append(line)
-            self._at_line_start = line.endswith("\n")
-        self._stream.write("".join(pieces))
+        *lines, self._pending = (self._pending + text).split("\n")
+        if lines:
+            pieces = []
+            for line in lines:
+                pieces.append(f"{self._prefix if self._at_line_start else ''}{line}\n")
+                self._at_line_start = True
+            self._stream.write("".join(pieces))
+            self._stream.flush()
         return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            self._stream.write(f"{self._prefix if self._at_line_start else ''}{self._pending}")
+            self._at_line_start, self._pending = False, ""
+        self._stream.flush()
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
