@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 import libcst as cst
 
@@ -74,8 +74,8 @@ def item_place(place: Place) -> Place:
     return place[0], place[1] + "[]"
 
 
-@dataclass(frozen=True)
-class Slot:
+# The facts the one pass records, tens of thousands a file: named tuples, made in half a frozen dataclass's time.
+class Slot(NamedTuple):
     """Where a node sits in its parent: ``kind`` is one of func, arg, attr, sub, assign, augassign, return,
     iter, with, statement; ``parent`` is that parent (the Call for func and arg)."""
 
@@ -83,15 +83,13 @@ class Slot:
     parent: cst.CSTNode
 
 
-@dataclass(frozen=True)
-class Assignment:
+class Assignment(NamedTuple):
     target: cst.BaseExpression
     value: cst.BaseExpression
     scope: Scope
 
 
-@dataclass(frozen=True)
-class Loop:
+class Loop(NamedTuple):
     target: cst.BaseExpression
     iterable: cst.BaseExpression
     scope: Scope
@@ -280,7 +278,8 @@ class FlowCollector:
         self.slots: dict[cst.CSTNode, Slot] = {}
         self.stores: dict[cst.CSTNode, Scope] = {}
         self.references: dict[str, list[tuple[cst.CSTNode, Scope]]] = defaultdict(list)
-        self.not_references: set[cst.CSTNode] = set()
+        # By id(): a node's __hash__ is a Python function, and every Name is looked up here.
+        self.not_references: set[int] = set()
 
     @property
     def scope(self) -> Scope:
@@ -295,7 +294,7 @@ class FlowCollector:
         outer = self.scope
         outer.bound.add(node.name.value)
         outer.functions[node.name.value] = node
-        self.not_references.add(node.name)
+        self.not_references.add(id(node.name))
         scope = Scope(node, outer)
         params = node.params
         for param in (*params.posonly_params, *params.params, *params.kwonly_params, params.star_arg, params.star_kwarg):
@@ -318,7 +317,7 @@ class FlowCollector:
         outer = self.scope
         outer.bound.add(node.name.value)
         outer.classes[node.name.value] = node
-        self.not_references.add(node.name)
+        self.not_references.add(id(node.name))
         scope = Scope(node, outer)
         self.scopes[node] = scope
         self.stack.append(scope)
@@ -329,16 +328,16 @@ class FlowCollector:
     def visit_Param(self, node: cst.Param) -> None:
         # Also a lambda's: the file-wide bindings count it, though it belongs to no scope here.
         self.bindings.local.add(node.name.value)
-        self.not_references.add(node.name)
+        self.not_references.add(id(node.name))
 
     def visit_Global(self, node: cst.Global) -> None:
         for item in node.names:
             self.scope.declared_global.add(item.name.value)
-            self.not_references.add(item.name)
+            self.not_references.add(id(item.name))
 
     def visit_Nonlocal(self, node: cst.Nonlocal) -> None:
         for item in node.names:
-            self.not_references.add(item.name)
+            self.not_references.add(id(item.name))
 
     def visit_Import(self, node: cst.Import) -> bool:
         names.record_import(self.bindings, node)
@@ -423,7 +422,7 @@ class FlowCollector:
         for arg in node.args:
             self.slots[arg.value] = Slot("arg", node)
             if arg.keyword is not None:
-                self.not_references.add(arg.keyword)
+                self.not_references.add(id(arg.keyword))
 
     def visit_Return(self, node: cst.Return) -> None:
         if node.value is not None:
@@ -436,7 +435,7 @@ class FlowCollector:
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         self.slots[node.value] = Slot("attr", node)
-        self.not_references.add(node.attr)
+        self.not_references.add(id(node.attr))
         self.references[node.attr.value].append((node, self.scope))
 
     def visit_Subscript(self, node: cst.Subscript) -> None:
@@ -446,5 +445,5 @@ class FlowCollector:
             self.references[key].append((node, self.scope))
 
     def visit_Name(self, node: cst.Name) -> None:
-        if node not in self.not_references:
+        if id(node) not in self.not_references:
             self.references[node.value].append((node, self.scope))
