@@ -25,7 +25,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis.entrypoint import HARMLESS_CUDA, is_main_guard
 from mgpu_migrate.analysis.tree import is_zero
-from mgpu_migrate.analysis.walk import kinds
+from mgpu_migrate.analysis.walk import DEFINITIONS
 
 if TYPE_CHECKING:
     from mgpu_migrate.analysis.file import FileAnalysis
@@ -70,7 +70,6 @@ def gpu_guards(analysis: FileAnalysis, node: cst.CSTNode) -> list[tuple[cst.If |
 _GPU_STRING = re.compile(r"cuda(:\d+)?")
 # Calls whose arguments are only shown (a value read there needs nothing from the condition).
 _LOG_METHODS = {"debug", "info", "warning", "warn", "error", "critical", "log", "write"}
-_DEFINITIONS = kinds(cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
 
 @dataclass(frozen=True)
@@ -107,7 +106,7 @@ def _operands(node: cst.CSTNode) -> list[cst.CSTNode]:
 def _reads(node: cst.CSTNode, ignored: Collection[cst.CSTNode]) -> Iterator[tuple[cst.CSTNode, str]]:
     """The dotted names ``node`` reads, outermost chain only (``self.gpu_ids`` in ``self.gpu_ids[0]``), in
     source order; skipping ``ignored`` nodes, nested definitions and what is only printed or logged."""
-    if node in ignored or type(node) in _DEFINITIONS or only_shows(node):
+    if node in ignored or type(node) in DEFINITIONS or only_shows(node):
         return
     dotted = _dotted_name(node)
     if dotted is not None:
@@ -135,7 +134,7 @@ def tested_names(test: cst.BaseExpression) -> set[str]:
 
 def _nodes(node: cst.CSTNode, ignored: Collection[cst.CSTNode]) -> Iterator[cst.CSTNode]:
     """``node`` and the nodes under it, in source order, without ``ignored`` ones and nested definitions."""
-    if node in ignored or type(node) in _DEFINITIONS:
+    if node in ignored or type(node) in DEFINITIONS:
         return
     yield node
     for child in node.children:

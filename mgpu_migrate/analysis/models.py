@@ -30,7 +30,7 @@ import libcst as cst
 from mgpu_migrate.analysis import names
 from mgpu_migrate.analysis.scopes import FlowIndex, Function, Place, Scope, item_place
 from mgpu_migrate.analysis.tree import contains, item_target
-from mgpu_migrate.analysis.walk import kinds
+from mgpu_migrate.analysis.walk import EXPRESSIONS, kinds
 
 # Methods of nn.Module that return the module itself: ``nn.DataParallel(model).cuda()`` is the wrapper.
 MODULE_METHODS_RETURNING_SELF = frozenset(
@@ -286,7 +286,7 @@ class ModelFlow:
         function, a metric) is not counted: what that call returns is not known here."""
         if type(expr) is cst.Attribute and expr.attr.value in TENSOR_DESCRIPTION:
             return frozenset()
-        if type(expr) in _EXPRESSIONS:
+        if type(expr) in EXPRESSIONS:
             found = self.output_sites(expr, scope)
         else:
             found = frozenset()
@@ -611,7 +611,6 @@ class ModelFlow:
 
 
 _LEAVES = kinds(cst.Name, cst.BaseNumber, cst.BaseString, cst.Ellipsis, cst.Lambda)
-_EXPRESSIONS = kinds(cst.BaseExpression)
 
 # What a generic expression is computed from: its children that are (or hold) expressions.
 _OPERANDS = kinds(

@@ -22,11 +22,10 @@ from typing import NamedTuple, Optional, Union
 import libcst as cst
 
 from mgpu_migrate.analysis import names
-from mgpu_migrate.analysis.walk import kinds
+from mgpu_migrate.analysis.walk import EXPRESSIONS
 
 ScopeNode = Union[cst.Module, cst.ClassDef, cst.FunctionDef]
 Function = cst.FunctionDef
-_EXPRESSIONS = kinds(cst.BaseExpression)
 
 
 @dataclass(eq=False)
@@ -159,7 +158,7 @@ class FlowIndex:
         if self._store_counts is None:
             counts: dict[Place, int] = defaultdict(int)
             for node, scope in self.stores.items():
-                written = self.place_of(node, scope) if type(node) in _EXPRESSIONS else None
+                written = self.place_of(node, scope) if type(node) in EXPRESSIONS else None
                 if written is not None:
                     counts[written] += 1
             self._store_counts = counts

@@ -13,7 +13,7 @@ from typing import Optional
 
 import libcst as cst
 
-from mgpu_migrate.analysis.walk import children, handlers, kinds, reader
+from mgpu_migrate.analysis.walk import DEFINITIONS, children, handlers, kinds, reader
 
 Block = (cst.Module, cst.IndentedBlock)
 _BLOCKS = kinds(*Block)
@@ -142,7 +142,7 @@ def contains(root: cst.CSTNode, predicate, *, into_functions: bool = False) -> l
     stack = [root]
     while stack:
         node = stack.pop()
-        if node is not root and not into_functions and type(node) in _DEFINITIONS:
+        if node is not root and not into_functions and type(node) in DEFINITIONS:
             continue
         if predicate(node):
             found.append(node)
@@ -151,8 +151,6 @@ def contains(root: cst.CSTNode, predicate, *, into_functions: bool = False) -> l
         stack += inner
     return found
 
-
-_DEFINITIONS = kinds(cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
 
 def is_zero(node: Optional[cst.BaseExpression]) -> bool:

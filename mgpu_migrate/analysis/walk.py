@@ -151,6 +151,11 @@ def kinds(*classes: type) -> frozenset[type]:
     return frozenset(found)
 
 
+# The kinds the analyses test most: every expression, and the definitions a walk of a body does not enter.
+EXPRESSIONS = kinds(cst.BaseExpression)
+DEFINITIONS = kinds(cst.FunctionDef, cst.ClassDef, cst.Lambda)
+
+
 # The visit_X and leave_X functions of each visitor class for each node type (None where it has none).
 _HANDLERS: dict[tuple[type, type], tuple] = {}
 
