@@ -154,9 +154,14 @@ def write_atomically(path: str, text: str, encoding: str, read_as: SourceFile | 
         _rewrite_in_place(target, data, read_as)
         return
     directory = os.path.dirname(target) or "."
-    descriptor, temporary = tempfile.mkstemp(prefix=".mgpu-migrate-", suffix=".tmp", dir=directory)
+    temporary = handle = None
     try:
-        with os.fdopen(descriptor, "wb") as handle:
+        # A Ctrl-C or SIGTERM while the temporary file is made is delivered once its name is known (here, where
+        # the cleanup below sees it), not between its creation and this try, which would leave it behind.
+        with interrupts_held():
+            descriptor, temporary = tempfile.mkstemp(prefix=".mgpu-migrate-", suffix=".tmp", dir=directory)
+            handle = os.fdopen(descriptor, "wb")
+        with handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
@@ -169,8 +174,11 @@ def write_atomically(path: str, text: str, encoding: str, read_as: SourceFile | 
                 _check_unchanged(current, read_as)
         os.replace(temporary, target)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
+        if handle is not None:
+            handle.close()
+        if temporary is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
         raise
 
 
