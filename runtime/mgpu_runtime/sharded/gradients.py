@@ -1,0 +1,132 @@
+"""Gradients over processes: every rank's gradient is a part, and the parts sum to the one global loss's.
+
+Every rank computes the same global loss (the loop's values are global, ``rules.py``), but each holds only
+its rows of the batch, so its backward reaches only its own pieces. The convention that makes this exact
+for any loop: a value every rank holds alike (a parameter, the loss, anything the loop computed from
+collectives) has on each rank a gradient *part*, and the parts sum over the ranks to its true gradient; a
+piece's gradient is whole on its rank. So:
+
+* a backward from values held alike starts at ``1/W`` on every rank (``install`` wraps
+  ``torch.autograd.backward`` and ``torch.autograd.grad``, so ``loss.backward()``, ``scaler.scale(loss).backward()``
+  and ``torch.autograd.grad(loss, ...)`` all do); one from a ``Sharded`` value starts at its pieces' gradients;
+* a collective's backward sums the parts again (``groups.py``);
+* the wrapped model's parameters are summed by DDP's reduction (``distributed/ddp.py``), and any other
+  parameter an optimizer steps (a loss head outside the wrap, a learnable temperature) is summed at the step;
+  a gradient ``torch.autograd.grad`` returns for a value held alike is summed before it is returned.
+
+Inside the wrapped model's forward (each rank's own computation, as each device's was) and inside a backward
+already running (a checkpoint's recomputation), autograd is left as it is.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from mgpu_runtime.sharded.groups import Group
+from mgpu_runtime.sharded.rules import _autograd_backward, _autograd_grad, roots
+
+_synchronised: weakref.WeakSet[torch.Tensor] = weakref.WeakSet()
+"""Parameters whose gradients DDP sums (registered by the wrapper)."""
+_local = threading.local()
+_installed: dict[str, Any] = {}
+
+
+def note_synchronised(parameters: Sequence[torch.Tensor]) -> None:
+    """These parameters' gradients are summed by DDP's reduction; the step must not sum them again."""
+    _synchronised.update(parameters)
+
+
+@contextmanager
+def own_computation() -> Iterator[None]:
+    """The wrapped model's forward: each rank's own computation, whose autograd is left alone."""
+    _local.depth = getattr(_local, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _local.depth -= 1
+
+
+def _left_alone() -> bool:
+    return getattr(_local, "depth", 0) > 0 or torch._C._current_graph_task_id() != -1
+
+
+def install(group: Group) -> None:
+    """Make autograd follow the convention above for the processes of ``group``; idempotent."""
+    if _installed:
+        return
+
+    def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False, grad_variables=None, inputs=None):
+        if _left_alone():
+            return _autograd_backward(tensors, grad_tensors, retain_graph, create_graph, grad_variables, inputs)
+        outputs = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
+        given = grad_tensors if grad_tensors is not None else grad_variables
+        gradients = (list(given) if isinstance(given, (list, tuple)) else [given]) if given is not None else [None] * len(outputs)
+        roots_, grads = roots(outputs, gradients, group)
+        return _autograd_backward(roots_, grads, retain_graph, create_graph, inputs=inputs)
+
+    def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, only_inputs=True,
+             allow_unused=None, is_grads_batched=False, materialize_grads=False):
+        if _left_alone():
+            return _autograd_grad(outputs, inputs, grad_outputs, retain_graph, create_graph, only_inputs,
+                                  allow_unused, is_grads_batched, materialize_grads)
+        outputs_ = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+        given = list(grad_outputs) if isinstance(grad_outputs, (list, tuple)) else [grad_outputs] * len(outputs_)
+        roots_, grads = roots(outputs_, given if grad_outputs is not None else [None] * len(outputs_), group)
+        found = _autograd_grad(roots_, inputs, grads, retain_graph, create_graph, only_inputs, allow_unused,
+                               is_grads_batched, materialize_grads)
+        present = [gradient for gradient in found if gradient is not None]
+        whole = iter(whole_gradients(group, present))
+        return tuple(None if gradient is None else next(whole) for gradient in found)
+
+    torch.autograd.backward = backward
+    torch.autograd.grad = grad
+    _installed["hook"] = register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: _sum_unsynchronised(optimizer))
+    _installed["group"] = group
+
+
+def uninstall() -> None:
+    """Undo ``install`` (at teardown)."""
+    if not _installed:
+        return
+    torch.autograd.backward = _autograd_backward
+    torch.autograd.grad = _autograd_grad
+    _installed.pop("hook").remove()
+    _installed.clear()
+
+
+def whole_gradients(group: Group, parts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Gradient parts of values held alike, summed over the processes (differentiable); in one process, as they are."""
+    if not parts or group.seed_scale == 1.0:
+        return list(parts)
+    return group.sum(*([part] for part in parts))
+
+
+def _sum_unsynchronised(optimizer: torch.optim.Optimizer) -> None:
+    """Before a step: sum over the ranks the gradient parts of parameters DDP did not reduce."""
+    parameters = [
+        parameter
+        for group in optimizer.param_groups
+        for parameter in group["params"]
+        if parameter.grad is not None and parameter not in _synchronised
+    ]
+    if not parameters:
+        return
+    by_kind: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for parameter in parameters:
+        by_kind.setdefault((parameter.grad.dtype, parameter.grad.device), []).append(parameter)
+    for members in by_kind.values():
+        flat = torch.cat([parameter.grad.reshape(-1) for parameter in members])
+        dist.all_reduce(flat)
+        offset = 0
+        for parameter in members:
+            size = parameter.grad.numel()
+            parameter.grad.copy_(flat[offset : offset + size].view_as(parameter.grad))
+            offset += size

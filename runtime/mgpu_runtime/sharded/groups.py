@@ -1,0 +1,213 @@
+"""Where the parts of a global value are, and the collectives that combine them: the one thing the targets differ in.
+
+A global value of ``R`` rows is cut into parts along dimension 0 (``splits``: the rows of each part, as
+DataParallel's scatter cut them); a process holds the pieces of some parts (``held``):
+
+* ``RankGroup`` (``--to ddp``): one part per process of the job, each process holding its own. Combining
+  is a collective over the processes (``torch.distributed``), differentiable: the sum of parts is an
+  all-reduce whose backward sums the ranks' gradient parts again, and a materialised value is an all-gather
+  whose backward sums the parts of its gradient and keeps this rank's rows (see the package doc).
+* ``ReplicaGroup`` (``--to balanced``): one part per replica, all held by the one process, each on its
+  replica's device. Combining moves the pieces to the output device and adds or concatenates them; plain
+  autograd carries the gradients back.
+
+Both answer the same questions, so the op rules (``rules.py``) are written once.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from itertools import accumulate
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+class Group(ABC):
+    """How the parts of a global value are held and combined."""
+
+    parts: int
+    """Parts of a global value: the processes of the job, or the replicas."""
+    held: tuple[int, ...]
+    """The parts whose pieces this process holds, in order."""
+    device: torch.device
+    """Where a combined value (a reduction, a materialised tensor) is placed."""
+    seed_scale: float
+    """What a backward from a value held alike everywhere starts at: ``1/W`` over processes, 1 in one process."""
+
+    @abstractmethod
+    def sum(self, *quantities: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """For each quantity (one partial per held piece, all of one shape), its sum over every part, placed on
+        ``device``; all quantities in one collective. Differentiable."""
+
+    @abstractmethod
+    def concatenate(self, pieces: Sequence[torch.Tensor], splits: Sequence[int]) -> torch.Tensor:
+        """The global value of these held pieces of a value cut in ``splits``, on ``device``. Differentiable."""
+
+    @abstractmethod
+    def row_counts(self, rows: Sequence[int]) -> tuple[int, ...]:
+        """Every part's rows, given the rows of the held pieces (a collective over processes)."""
+
+    @abstractmethod
+    def objects(self, pieces: Sequence[list[Any]]) -> list[Any]:
+        """The concatenation, over every part, of per-row Python values (file names ...) held in pieces."""
+
+    def place(self, value: torch.Tensor, piece: torch.Tensor) -> torch.Tensor:
+        """``value`` (a tensor every process holds alike) where it can meet ``piece``."""
+        return value
+
+
+def starts(splits: Sequence[int]) -> list[int]:
+    """The first row of each part."""
+    return [0, *accumulate(splits)][:-1]
+
+
+class ReplicaGroup(Group):
+    """The replicas of one process, each piece on its replica's device (the balanced runtime)."""
+
+    seed_scale = 1.0
+
+    def __init__(self, devices: Sequence[torch.device], output: torch.device) -> None:
+        self.devices = tuple(devices)
+        self.parts = len(self.devices)
+        self.held = tuple(range(self.parts))
+        self.device = output
+
+    def sum(self, *quantities: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        totals = []
+        for partials in quantities:
+            total = partials[0].to(self.device)
+            for partial in partials[1:]:
+                total = total + partial.to(self.device)
+            totals.append(total)
+        return totals
+
+    def concatenate(self, pieces: Sequence[torch.Tensor], splits: Sequence[int]) -> torch.Tensor:
+        return torch.cat([piece.to(self.device) for piece in pieces])
+
+    def row_counts(self, rows: Sequence[int]) -> tuple[int, ...]:
+        return tuple(rows)
+
+    def objects(self, pieces: Sequence[list[Any]]) -> list[Any]:
+        return [value for piece in pieces for value in piece]
+
+    def place(self, value: torch.Tensor, piece: torch.Tensor) -> torch.Tensor:
+        return value if value.device == piece.device else value.to(piece.device)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is ReplicaGroup and (other.devices, other.device) == (self.devices, self.device)
+
+    def __hash__(self) -> int:
+        return hash((self.devices, self.device))
+
+
+class RankGroup(Group):
+    """The processes of the job, one part each (the distributed runtime)."""
+
+    def __init__(self, rank: int, world_size: int, device: torch.device, metadata: Any = None) -> None:
+        self.rank = rank
+        self.parts = world_size
+        self.held = (rank,)
+        self.device = device
+        self.seed_scale = 1.0 / world_size
+        self._metadata = metadata
+        """The process group for small host-side exchanges (row counts, objects): gloo, also under NCCL."""
+
+    def sum(self, *quantities: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        values = [partials[0] for partials in quantities]
+        return list(_SumOverRanks.apply(len(values), *values))
+
+    def concatenate(self, pieces: Sequence[torch.Tensor], splits: Sequence[int]) -> torch.Tensor:
+        return _GatherOverRanks.apply(tuple(splits), self.rank, pieces[0])
+
+    def row_counts(self, rows: Sequence[int]) -> tuple[int, ...]:
+        gathered = [torch.zeros(1, dtype=torch.int64) for _ in range(self.parts)]
+        dist.all_gather(gathered, torch.tensor([rows[0]], dtype=torch.int64), group=self._metadata)
+        return tuple(int(count) for count in torch.cat(gathered).tolist())
+
+    def objects(self, pieces: Sequence[list[Any]]) -> list[Any]:
+        gathered: list[Any] = [None] * self.parts
+        dist.all_gather_object(gathered, list(pieces[0]), group=self._metadata)
+        return [value for piece in gathered for value in piece]
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is RankGroup and (other.rank, other.parts) == (self.rank, self.parts)
+
+    def __hash__(self) -> int:
+        return hash((self.rank, self.parts))
+
+
+def _carrier_dtype(values: Sequence[torch.Tensor]) -> torch.dtype:
+    """One dtype that carries every value exactly enough: at least float32 for floating values (a half-precision
+    sum of token counts overflows at 65504), int64 for counts and flags."""
+    floating = [value.dtype for value in values if value.is_floating_point()]
+    if not floating:
+        return torch.int64
+    dtype = floating[0]
+    for other in floating[1:]:
+        dtype = torch.promote_types(dtype, other)
+    return torch.promote_types(dtype, torch.float32)
+
+
+class _SumOverRanks(torch.autograd.Function):
+    """Sums of several tensors over the ranks in one all-reduce. Backward: each rank's gradient of a sum is a
+    part of the true one (package doc), so the parts are summed again, and that is every input's gradient."""
+
+    @staticmethod
+    def forward(ctx, count: int, *values: torch.Tensor):
+        ctx.shapes = [value.shape for value in values]
+        ctx.dtypes = [value.dtype for value in values]
+        carrier = _carrier_dtype(values)
+        packed = torch.cat([value.detach().reshape(-1).to(carrier) for value in values])
+        dist.all_reduce(packed)
+        sizes = [value.numel() for value in values]
+        totals = [
+            part.reshape(shape).to(dtype)
+            for part, shape, dtype in zip(packed.split(sizes), ctx.shapes, ctx.dtypes)
+        ]
+        for total, value in zip(totals, values):
+            if not value.is_floating_point():
+                ctx.mark_non_differentiable(total)
+        return tuple(totals)
+
+    @staticmethod
+    def backward(ctx, *gradients: torch.Tensor):
+        present = [(index, gradient) for index, gradient in enumerate(gradients) if gradient is not None]
+        result: list[torch.Tensor | None] = [None] * len(gradients)
+        if present:
+            carrier = _carrier_dtype([gradient for _, gradient in present])
+            packed = torch.cat([gradient.reshape(-1).to(carrier) for _, gradient in present])
+            dist.all_reduce(packed)
+            sizes = [gradient.numel() for _, gradient in present]
+            for (index, gradient), part in zip(present, packed.split(sizes)):
+                result[index] = part.reshape(gradient.shape).to(gradient.dtype)
+        return (None, *result)
+
+
+class _GatherOverRanks(torch.autograd.Function):
+    """The global tensor from every rank's rows (an all-gather; gloo needs equal sizes, so pieces are padded to
+    the largest part). Backward: the parts of the global gradient are summed over the ranks, and this rank
+    keeps its rows."""
+
+    @staticmethod
+    def forward(ctx, splits: tuple[int, ...], rank: int, piece: torch.Tensor) -> torch.Tensor:
+        ctx.splits, ctx.rank = splits, rank
+        largest = max(splits)
+        carried = piece.detach()
+        if carried.dtype == torch.bool:
+            carried = carried.to(torch.uint8)  # not every backend reduces or gathers bool tensors
+        padded = carried.new_zeros((largest, *piece.shape[1:]))
+        padded[: piece.shape[0]] = carried
+        gathered = [torch.empty_like(padded) for _ in splits]
+        dist.all_gather(gathered, padded)
+        full = torch.cat([part[:rows] for part, rows in zip(gathered, splits)])
+        return full.to(piece.dtype)
+
+    @staticmethod
+    def backward(ctx, gradient: torch.Tensor):
+        summed = gradient.contiguous().clone()
+        dist.all_reduce(summed)
+        start = sum(ctx.splits[: ctx.rank])
+        return None, None, summed[start : start + ctx.splits[ctx.rank]]

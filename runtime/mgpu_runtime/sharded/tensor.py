@@ -1,0 +1,83 @@
+"""``Sharded``: a global value of the batch whose rows are held in pieces (see the package doc).
+
+The object is a wrapper: a ``torch.Tensor`` subclass without storage whose metadata (``shape``, ``dtype``,
+``device``) is the global value's, holding the pieces this process keeps, the rows of every part
+(``splits``) and the ``Group`` that combines them. Every torch operation on it reaches ``__torch_function__``
+and is answered by a rule of ``rules.py``, above autograd: the rules compute on the pieces, which are plain
+tensors, so autograd records plain operations and the collectives' own backward functions. Nothing may reach
+the dispatcher below autograd with a ``Sharded`` in it; if something does, it is a missing rule, and it says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from mgpu_runtime.sharded.groups import Group, starts
+from mgpu_runtime.structure import children, rebuild
+
+
+class Sharded(torch.Tensor):
+    """A global tensor of ``sum(splits)`` rows, of which this process holds the pieces of ``group.held``."""
+
+    _pieces: tuple[torch.Tensor, ...]
+    _splits: tuple[int, ...]
+    _group: Group
+
+    @staticmethod
+    def __new__(cls, pieces: Sequence[torch.Tensor], splits: Sequence[int], group: Group) -> Sharded:
+        first = pieces[0]
+        devices = {piece.device for piece in pieces}
+        device = first.device if len(devices) == 1 else group.device
+        value = torch.Tensor._make_wrapper_subclass(
+            cls, (sum(splits), *first.shape[1:]), dtype=first.dtype, device=device, requires_grad=False
+        )
+        value._pieces = tuple(pieces)
+        value._splits = tuple(splits)
+        value._group = group
+        return value
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        from mgpu_runtime.sharded.rules import apply
+
+        return apply(func, args, kwargs or {})
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise RuntimeError(
+            f"mgpu_runtime: {func} reached torch's dispatcher with a Sharded tensor (a global value of the batch "
+            "held in pieces); no rule of mgpu_runtime.sharded answered it. Please report this, with the line "
+            "of your script that calls it."
+        )
+
+    # Read by the rules; cheap, and kept off torch's attribute protocol (which would reach __torch_function__).
+    def rows_of_part(self, part: int) -> tuple[int, int]:
+        """``(start, rows)`` of ``part`` in the global value."""
+        return starts(self._splits)[part], self._splits[part]
+
+
+def is_sharded(value: Any) -> bool:
+    return type(value) is Sharded
+
+
+def materialize(value: Any) -> Any:
+    """``value`` with every ``Sharded`` inside it (also in lists, tuples, dicts) replaced by its global tensor,
+    computed differentiably and the same on every process."""
+    if type(value) is Sharded:
+        return value._group.concatenate(value._pieces, value._splits)
+    if type(value) in (list, tuple):
+        if not any(type(part) is Sharded or type(part) in (list, tuple, dict) for part in value):
+            return value
+        return type(value)(materialize(part) for part in value)
+    if isinstance(value, torch.Tensor) or value is None or isinstance(value, (int, float, str, bool)):
+        return value
+    parts = children(value)
+    if parts is None:
+        return value
+    materialized = [materialize(part) for part in parts]
+    if all(new is old for new, old in zip(materialized, parts)):
+        return value
+    return rebuild(value, materialized)

@@ -1,0 +1,77 @@
+"""Every case of ``tests/runtime/sharded_cases.py`` over real processes: each rank holds its rows, as the loader gives.
+
+    torchrun --nproc_per_node=W sharded_cases_job.py OUT.json
+
+Each rank computes the case on its pieces (``RankGroup``), with autograd's convention installed
+(``mgpu_runtime.sharded.gradients``); then the gradient of ``x`` is gathered from its pieces and that of the
+parameter ``w`` summed over the ranks, as DDP and the step would. Rank 0 writes, per case and batch size,
+the largest difference from the same case on the whole batch in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+
+from mgpu_runtime.sharded import RankGroup, Sharded, materialize
+from mgpu_runtime.sharded import gradients
+from mgpu_runtime.structure import chunk_sizes
+from tests.runtime.sharded_cases import CASES, Batch, difference, global_data
+
+ROWS = (7, 5, 2)
+
+
+def main(output: str) -> None:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group = RankGroup(rank, world, torch.device("cpu"))
+    gradients.install(group)
+    results = {}
+    for rows in ROWS:
+        splits = chunk_sizes(rows, world)
+        splits += [0] * (world - len(splits))
+        start = sum(splits[:rank])
+
+        def cut(tensor: torch.Tensor) -> Sharded:
+            return Sharded([tensor[start : start + splits[rank]]], splits, group)
+
+        for case in CASES:
+            data = global_data(rows)
+            whole = _whole(case, data)
+            x = data["x"][start : start + splits[rank]].clone().requires_grad_(True)
+            w = data["w"].clone().requires_grad_(True)
+            sharded_x = Sharded([x], splits, group)
+            batch = Batch(sharded_x, w, sharded_x @ w, cut(data["y"]), cut(data["tokens"]), cut(data["mask"]), data["plain"])
+            value = case(batch)
+            worst = 0.0
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                value.backward()
+                x_gradient = materialize(Sharded([x.grad], splits, group))
+                w_gradient = w.grad.clone()
+                dist.all_reduce(w_gradient)
+                worst = max(difference(x_gradient, whole[1]), difference(w_gradient, whole[2]))
+            value = materialize(value) if type(value) is Sharded else value
+            worst = max(worst, difference(torch.as_tensor(value).detach(), whole[0]))
+            results[f"{case.__name__}/{rows}"] = worst
+    if rank == 0:
+        with open(output, "w") as file:
+            json.dump(results, file)
+    gradients.uninstall()
+    dist.destroy_process_group()
+
+
+def _whole(case, data):
+    x = data["x"].clone().requires_grad_(True)
+    w = data["w"].clone().requires_grad_(True)
+    with gradients.own_computation():  # one process's own arithmetic: autograd as it is
+        value = case(Batch(x, w, x @ w, data["y"], data["tokens"], data["mask"], data["plain"]))
+        if isinstance(value, torch.Tensor) and value.requires_grad:
+            value.backward()
+    return torch.as_tensor(value).detach(), x.grad, w.grad
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
