@@ -76,8 +76,9 @@ def _fail(message: str, output: str = "") -> None:
     sys.exit(EXIT_ERROR)
 
 
-def _migrate(script: str, target: str | None, style: str | None, sync_bn: bool | None) -> tuple[str, bytes, bytes]:
-    """The target, the script's bytes, and the bytes of its migration by the tool (in the script's encoding)."""
+def _migrate(script: str, target: str | None, style: str | None, sync_bn: bool | None, migrated: str | None) -> tuple[str, bytes, bytes]:
+    """The target, the script's bytes, and the bytes of its migration: ``migrated``'s, else the tool's (in the
+    script's encoding)."""
     from mgpu_migrate import files
     from mgpu_migrate.config import ConfigError, Resolver
     from mgpu_migrate.engine import migrate_source
@@ -99,6 +100,9 @@ def _migrate(script: str, target: str | None, style: str | None, sync_bn: bool |
         text = source.text
     except (OSError, SyntaxError, UnicodeDecodeError, LookupError) as error:
         _fail(f"cannot read {script}: {getattr(error, 'strerror', None) or error}")
+    if migrated is not None:
+        with open(migrated, "rb") as handle:
+            return target, data, handle.read()
     result = migrate_source(text, target, script, options)
     for diagnostic in [*result.diagnostics, *([result.error] if result.error else [])]:
         click.echo(diagnostic.format(), err=True)
@@ -189,12 +193,13 @@ def _count(count: int, word: str, words: str = "") -> str:
 @click.option("--procs", type=click.IntRange(min=1), default=2, show_default=True, help="W: devices of the original, processes (ddp) or CPU replicas (balanced) of the migration.")
 @click.option("--steps", type=click.IntRange(min=0), default=10, show_default=True, help="Optimizer steps each run makes before it is stopped; 0: run the script to its end.")
 @click.option("--tolerance", type=click.FloatRange(min=0), default=1e-9, show_default=True, help="The largest absolute difference of any weight or buffer that still verifies.")
+@click.option("--migrated", type=click.Path(exists=True, dir_okay=False), help="Verify this migration of SCRIPT (one edited by hand, say) instead of the tool's.")
 @click.option("--data", "data_paths", multiple=True, metavar="PATH", help="A file or directory the script reads by this relative path: linked into each run's directory (repeatable).")
 @click.option("--style", type=click.Choice(STYLES), default=None, help="With --to ddp: as mgpu-migrate --style.")
 @click.option("--sync-bn/--no-sync-bn", default=None, help="With --to ddp: as mgpu-migrate --sync-bn.")
 @click.option("--timeout", type=click.FloatRange(min=1), default=600, show_default=True, help="Seconds each run may take.")
 @click.option("--keep", is_flag=True, help="Keep the runs' directories (their outputs, states and the migrated copy) and print where.")
-def verify(script, script_args, target, procs, steps, tolerance, data_paths, style, sync_bn, timeout, keep):
+def verify(script, script_args, target, procs, steps, tolerance, migrated, data_paths, style, sync_bn, timeout, keep):
     """Check that the migration of SCRIPT trains as the original does.
 
     Migrates a copy of SCRIPT, runs the original under nn.DataParallel emulated on W CPU devices and the
@@ -220,11 +225,11 @@ def verify(script, script_args, target, procs, steps, tolerance, data_paths, sty
     for module in ("torch", "mgpu_runtime"):
         if importlib.util.find_spec(module) is None:
             _fail(f"verify runs {module}, which this Python ({sys.executable}) cannot import: pip install 'mgpu-migrate[runtime]'")
-    target, original, migrated = _migrate(script, target, style, sync_bn)
+    target, original, migration = _migrate(script, target, style, sync_bn, migrated)
 
     root = tempfile.mkdtemp(prefix="mgpu-verify-")
     try:
-        runs = _start(root, script, script_args, target, procs, steps, original, migrated, data_paths)
+        runs = _start(root, script, script_args, target, procs, steps, original, migration, data_paths)
         for run in runs:
             run.wait(timeout)
         for run in runs:

@@ -17,8 +17,9 @@
   ``DistributedDataParallel``, or one of ``mgpu_runtime.PARALLEL_WRAPPERS`` (once the script imported
   ``mgpu_runtime``); wrappers of one module are counted once. Under torchrun only rank 0 writes OUT.
 
-The script runs as ``__main__`` (``runpy``) with ``sys.argv`` = ``[script, *args]`` and the script's
-directory in place of this command's first ``sys.path`` entry, as ``python script.py`` has it.
+The script runs as ``__main__`` (``runpy``) with its absolute path as ``__file__`` and ``sys.argv[0]``, its
+arguments after it, and its directory in place of this command's first ``sys.path`` entry, as ``python
+script.py`` has them (but for ``sys.argv[0]``, which python leaves as it was typed).
 """
 
 from __future__ import annotations
@@ -114,10 +115,11 @@ def main(argv: list[str] | None = None) -> None:
     if options.float64:
         torch.set_default_dtype(torch.float64)
     capture = Capture(options.steps, options.state)
-    sys.argv = [options.script, *options.args]
-    sys.path[0] = os.path.dirname(os.path.abspath(options.script))
+    script = os.path.abspath(options.script)
+    sys.argv = [script, *options.args]
+    sys.path[0] = os.path.dirname(script)
     try:
-        runpy.run_path(options.script, run_name="__main__")
+        runpy.run_path(script, run_name="__main__")
     except StepLimitReached:
         return
     except SystemExit as exit:
