@@ -23,6 +23,7 @@ from mgpu_migrate.report import (
     process_files,
     summary,
 )
+from mgpu_migrate.verify import CommandWithVerify
 
 EXIT_OK, EXIT_WOULD_CHANGE, EXIT_ERROR = 0, 1, 2
 
@@ -70,7 +71,7 @@ def _process_stdin(target: str, check: bool, diff: bool, filename: str, options:
     return outcome
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=CommandWithVerify, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("paths", nargs=-1, metavar="PATH...")
 @click.option("--to", "target", type=click.Choice(TARGETS), help="Migration target (or [tool.mgpu-migrate] to = ...).")
 @click.option("--diff", is_flag=True, help="Print a unified diff; write nothing.")
@@ -158,6 +159,9 @@ def main(
     """Rewrite PyTorch scripts that use nn.DataParallel.
 
     PATH is a file or a directory (walked for *.py); '-' reads stdin and writes stdout.
+
+    mgpu-migrate verify SCRIPT.py --to ddp checks that a migration trains as its original
+    (mgpu-migrate verify --help); ./verify names a path called verify.
 
     Exit codes: 0 done or nothing to do; 1 --check/--diff found files that would change (or, with
     --fail-on review, a site is left for a person); 2 a usage error, or a file that could not be processed.
