@@ -2,7 +2,7 @@
 
 The original loader, run in one process, produced global batches; the DataParallel original split each
 over its GPUs. Here rank ``r`` yields the ``r``-th contiguous span of every global batch, in the original
-order, with spans cut as ``torch.chunk`` (DataParallel's scatter) cuts them (``share.py``). Nothing is padded or repeated, so
+order, with spans cut as ``torch.chunk`` (DataParallel's scatter) cuts them (``slicing.py``). Nothing is padded or repeated, so
 counting what each rank saw and summing (``reduce_sum``) counts every sample once. ``len()`` is the
 original's: the number of global batches.
 
@@ -11,8 +11,8 @@ that shuffles from the global generator draws on rank 0 at the same moment and f
 the original run, whether or not the script seeds. Rank 0's generator states (CPU, and CUDA on a GPU:
 ``generators.py``) travel with the batches and the other ranks take them, so after the sampler's draws
 every rank's generator is where the original
-process's was; dropout draws the global batch's mask on every rank (``losses.py``), so it never makes the
-generators drift apart. Each new epoch (``iter()``) draws anew, as the original did.
+process's was; the wrapped model's forward draws from its device's own stream (``global_view.py``), so it
+never makes the loop's generators drift apart. Each new epoch (``iter()``) draws anew, as the original did.
 
 Two ways to get there, by what the loader is:
 
@@ -33,9 +33,10 @@ Two ways to get there, by what the loader is:
   batches): rank 0 iterates the original and sends each rank its span of every collated batch
   (``slicing.py``), like DataParallel's scatter. Rank 0 then does all the loading, as the original did.
 
-With each batch the twin publishes the rank's share, which makes gradients exact (``ddp.py``), and watches
-torch's loss functions until the next batch is asked for, which makes losses that are not means over the
-rank's rows exact (``losses.py``). In a
+What the loop gets is the global batch (``mgpu_runtime.sharded``): its tensors of the batch's rows are
+``Sharded`` values, of which this rank holds its span, and everything else (a per-batch tensor of another
+size, a list of file names, a number) is the whole global batch's, the same on every rank; a list of
+per-row values that a rank loaded only its span of is gathered from the ranks (one small collective). In a
 world of one ``distribute_loader`` returns the loader itself.
 """
 
@@ -53,11 +54,11 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, Sampler, default_collate
 
+from mgpu_runtime.distributed import global_view
 from mgpu_runtime.distributed.generators import generator_states, take_generator_states
-from mgpu_runtime.distributed.losses import watching
 from mgpu_runtime.distributed.process_group import rank, setup, world_size
-from mgpu_runtime.distributed.share import Share, publish, share_spans
-from mgpu_runtime.distributed.slicing import batch_rows, take_rows
+from mgpu_runtime.distributed.slicing import Span, batch_rows, global_batch, spans, take_rows
+from mgpu_runtime.structure import tensors
 
 # Index batches per broadcast: bounded memory for huge datasets, few collectives per epoch.
 _INDEX_BATCHES_PER_BROADCAST = 64
@@ -108,7 +109,7 @@ def distribute_loader(loader: Iterable[Any]) -> Iterable[Any]:
 
 
 class _LoaderTwin(ABC):
-    """What both twins share: the original's length and attributes, and publishing each batch's share."""
+    """What both twins share: the original's length and attributes."""
 
     def __init__(self, loader: Iterable[Any]) -> None:
         self._loader = loader
@@ -123,17 +124,11 @@ class _LoaderTwin(ABC):
         return getattr(self._loader, name)
 
     def __iter__(self) -> Iterator[Any]:
-        try:
-            for batch, share in self._batches_and_shares():
-                publish(share)
-                with watching():  # the batch's losses are made global until the next batch is asked for
-                    yield batch
-        finally:
-            publish(None)
+        yield from self._batches_and_spans()
 
     @abstractmethod
-    def _batches_and_shares(self) -> Iterator[tuple[Any, Share]]:
-        """Each batch this rank yields, with its share of the global batch."""
+    def _batches_and_spans(self) -> Iterator[Any]:
+        """Each global batch, as this rank holds it."""
 
 
 class _IndexShardedLoader(_LoaderTwin):
@@ -149,14 +144,13 @@ class _IndexShardedLoader(_LoaderTwin):
             settings["in_order"] = True
         self._local = DataLoader(loader.dataset, batch_sampler=self._shards, **settings)
 
-    def _batches_and_shares(self) -> Iterator[tuple[Any, Share]]:
+    def _batches_and_spans(self) -> Iterator[Any]:
+        group = global_view.group()
         for batch in self._local:
-            share = self._shards.handed_out.popleft()
-            if self._whole_batches:
-                batch = take_rows(batch, share.start, share.start + share.rows, batch_rows(batch))
-            elif not share.rows:
+            span = self._shards.handed_out.popleft()
+            if not self._whole_batches and not span.rows:
                 batch = take_rows(batch, 0, 0, batch_rows(batch))
-            yield batch, share
+            yield global_batch(batch, span, group, whole=self._whole_batches)
 
 
 class _ShardedBatchSampler(Sampler[list[Any]]):
@@ -165,8 +159,8 @@ class _ShardedBatchSampler(Sampler[list[Any]]):
     def __init__(self, batch_sampler: Iterable[list[Any]], whole: bool) -> None:
         self._batch_sampler = batch_sampler
         self._whole = whole
-        self.handed_out: deque[Share] = deque()
-        """The share of each index batch handed to the DataLoader and not yet yielded (it prefetches)."""
+        self.handed_out: deque[Span] = deque()
+        """The span of each index batch handed to the DataLoader and not yet yielded (it prefetches)."""
 
     def __len__(self) -> int:
         return len(self._batch_sampler)
@@ -174,8 +168,9 @@ class _ShardedBatchSampler(Sampler[list[Any]]):
     def __iter__(self) -> Iterator[list[Any]]:
         self.handed_out.clear()
         for indices in _shared_from_rank_zero(self._batch_sampler):
-            start, stop = share_spans(len(indices), world_size())[rank()]
-            self.handed_out.append(Share(stop - start, len(indices), start))
+            span = spans(len(indices), world_size())[rank()]
+            self.handed_out.append(span)
+            start, stop = span.start, span.start + span.rows
             if self._whole:
                 yield indices
             else:
@@ -184,7 +179,8 @@ class _ShardedBatchSampler(Sampler[list[Any]]):
 
 
 class _ScatteredLoader(_LoaderTwin):
-    def _batches_and_shares(self) -> Iterator[tuple[Any, Share]]:
+    def _batches_and_spans(self) -> Iterator[Any]:
+        group = global_view.group()
         batches = iter(self._loader) if rank() == 0 else None
         while True:
             pieces = _pieces(next(batches, None)) if batches is not None else None
@@ -192,22 +188,24 @@ class _ScatteredLoader(_LoaderTwin):
             dist.scatter_object_list(received, pieces, src=0)
             if received[0] is None:
                 return
-            piece, share, generator_state = received[0]
+            piece, span, generator_state, cut = received[0]
             if batches is None:
                 take_generator_states(generator_state)  # as in _shared_from_rank_zero
-            yield piece, share
+            yield global_batch(piece, span, group, whole=False, cut=cut)
 
 
-def _pieces(batch: Any) -> list[tuple[Any, Share, Any] | None]:
-    """Every rank's span of ``batch`` with its share and rank 0's generator states; after the last batch
-    (None), None for every rank."""
+def _pieces(batch: Any) -> list[tuple[Any, Span, Any, list[bool]] | None]:
+    """Every rank's span of ``batch`` (its per-row lists whole: they are small and every rank needs them) with
+    the span, rank 0's generator state and which tensors were cut; after the last batch (None), None for every
+    rank."""
     if batch is None:
         return [None] * world_size()
     rows = batch_rows(batch)
     state = generator_states()
+    cut = [tensor.dim() > 0 and tensor.shape[0] == rows for tensor in tensors(batch)]
     return [
-        (take_rows(batch, start, stop, rows), Share(stop - start, rows, start), state)
-        for start, stop in share_spans(rows, world_size())
+        (take_rows(batch, span.start, span.start + span.rows, rows, lists=False), span, state, cut)
+        for span in spans(rows, world_size())
     ]
 
 

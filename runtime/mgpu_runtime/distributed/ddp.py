@@ -1,24 +1,23 @@
-"""``DistributedDataParallel``: torch's DDP, placed on this process's device, reducing gradients exactly.
+"""``DistributedDataParallel``: torch's DDP on this process's device, taking and giving global values.
 
 A subclass of ``torch.nn.parallel.DistributedDataParallel``, so ``isinstance`` checks, ``.module``,
 ``no_sync()`` and the ``module.``-prefixed ``state_dict`` keys (the same as the DataParallel original's)
-all behave as torch's. What differs is how gradients are combined (a DDP communication hook):
+behave as torch's. What it adds in a world of more than one process is the runtime contract
+(``mgpu_runtime.sharded``): its forward is DataParallel's, over processes (``scatter_gather.py``):
 
-* More than one process: each rank's gradient is weighted by its share of the global batch (``share.py``)
-  and the weighted gradients are summed, instead of averaged with equal weights. A loss that is a mean over
-  the rank's own rows (an HF-style ``outputs.loss``, ``F.mse_loss`` ...) then gives exactly the gradient of
-  the mean over the global batch, uneven last batch included; a rank with no rows adds nothing (its
-  gradient is zeroed, which also discards the NaN of a mean over no rows). ``DistributedCriterion`` scales
-  its loss to fit this rule, so sums and weighted cross-entropy come out exact too (``losses.py``).
-* The reduction also carries the lockstep check (``lockstep.py``): ranks that reduce different steps'
-  gradients, or a collective that times out, stop with a message naming the ranks. For it, DDP's first
-  bucket is made one parameter (``bucket_cap_mb_list``) unless the script sets its own bucket sizes.
-* One process: no communication at all. The gradient is already the whole batch's.
+* it takes the global values the loop holds (the distributed loader's ``Sharded`` batches, plain tensors
+  every rank holds alike), and gives this rank's replica its chunk of them, as DataParallel gave GPU r;
+* the replica runs what GPU r ran: its chunk, its BatchNorm statistics (rank 0's buffers are every rank's
+  at the next forward, as replica 0's were the module's), its dropout drawn from its device's stream
+  (``global_view.own_forward``), a loss computed in ``forward`` its own;
+* it gives back what DataParallel's gather gave: ``Sharded`` outputs, a W-vector for a loss in ``forward``.
 
-With more than one process the wrapper also feeds the safety net (``safety.py``): at the first training
-forward it makes every process's weights rank 0's if a script changed them after the wrap, and it
-fingerprints the inputs of training forwards until the first step, which checks that processes given whole
-batches were given the same ones.
+Gradients are summed over the ranks (a DDP communication hook): each rank's backward gives its chunk's part of
+the one global loss's gradient (``mgpu_runtime.sharded.gradients``). The reduction also carries the lockstep
+check (``lockstep.py``), for which DDP's first bucket is made one parameter (``bucket_cap_mb_list``) unless the
+script sets its own bucket sizes. With more than one process the wrapper also feeds the safety net
+(``safety.py``): at the first training forward every process's weights are made rank 0's if a script changed
+them after the wrap, and plain inputs (which every rank must hold alike) are compared at the first step.
 
 ``device_ids`` and ``output_device`` (DataParallel's arguments, naming all the GPUs of one process) are
 accepted and ignored: here each process has exactly one device, ``device()``. Other keyword arguments go to
@@ -32,15 +31,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from mgpu_runtime.device_losses import mark_device_losses
-from mgpu_runtime.distributed import lockstep, safety, sync_batchnorm
-from mgpu_runtime.distributed.losses import inside_model
-from mgpu_runtime.distributed.process_group import device, setup, world_size
-from mgpu_runtime.distributed.share import gradient_weight
+from mgpu_runtime.distributed import global_view, lockstep, safety, scatter_gather, sync_batchnorm
+from mgpu_runtime.distributed.process_group import device, rank, setup, world_size
 from mgpu_runtime.pickling import as_data_parallel
+from mgpu_runtime.sharded import gradients
 
 _TorchDDP = nn.parallel.DistributedDataParallel
 # Renamed in recent torch (broadcast_buffers is deprecated there); the spelling this torch understands.
@@ -88,8 +84,9 @@ class DistributedDataParallel(_TorchDDP):
             dim=dim,
             **kwargs,
         )
-        self.register_comm_hook(None, _share_weighted_sum if processes > 1 else _keep_local)
-        self._checks_processes = processes > 1
+        self.register_comm_hook(None, _summed if processes > 1 else _keep_local)
+        gradients.note_synchronised([parameter for parameter in module.parameters() if parameter.requires_grad])
+        self._group = global_view.group()
         self._aligned = False
         # What the original's nn.DataParallel was given: a pickle of this wrapper is that DataParallel.
         listed = None if device_ids is None else list(device_ids)
@@ -99,22 +96,30 @@ class DistributedDataParallel(_TorchDDP):
         return as_data_parallel(self.module, **self._data_parallel_arguments)
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        if self._checks_processes and self.training:
-            if not self._aligned and torch.is_grad_enabled():
+        group = self._group
+        if group is None:
+            return super().forward(*inputs, **kwargs)
+        training = self.training and torch.is_grad_enabled()
+        if training:
+            if not self._aligned:
                 self._aligned = True  # every process trains in step, so this collective is met everywhere
                 safety.align_replicas(self.module, self.process_group)
             safety.note_forward(inputs, kwargs)
-            if torch.is_grad_enabled():
-                lockstep.note_forward()
-        with inside_model():  # the model's own sums are not loss terms (losses.py)
-            output = super().forward(*inputs, **kwargs)
-        # DataParallel gathered a loss computed in forward as a vector of per-device losses (device_losses.py).
-        return mark_device_losses(output) if self._checks_processes else output
+            lockstep.note_forward()
+        local_inputs, local_kwargs, active = scatter_gather.scatter(inputs, kwargs, group)
+        with global_view.own_forward(rank()):
+            output = super().forward(*local_inputs, **local_kwargs)
+        if self.training and not torch.is_grad_enabled():
+            # Buffers changed without a training forward (BatchNorm statistics recomputed under no_grad): the next
+            # forward gives every rank rank 0's again, as DataParallel's replicas always took the module's.
+            self.require_forward_param_sync = True
+        return scatter_gather.gather(output, active, group)
 
 
 class FrozenModule(nn.Module):
     """A module with nothing to train, on this process's device, behind ``.module`` as DataParallel held it
-    (so ``state_dict`` keys keep their ``module.`` prefix); its forward is the module's own."""
+    (so ``state_dict`` keys keep their ``module.`` prefix). Its forward is DataParallel's over the ranks too:
+    a distillation teacher's outputs are global values like the student's."""
 
     def __init__(self, module: nn.Module) -> None:
         super().__init__()
@@ -122,22 +127,22 @@ class FrozenModule(nn.Module):
         self.module = module.to(device())
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        return self.module(*inputs, **kwargs)
+        group = global_view.group()
+        if group is None:
+            return self.module(*inputs, **kwargs)
+        local_inputs, local_kwargs, active = scatter_gather.scatter(inputs, kwargs, group)
+        with global_view.own_forward(rank()):
+            output = self.module(*local_inputs, **local_kwargs)
+        return scatter_gather.gather(output, active, group)
 
     def __reduce_ex__(self, protocol: int) -> Any:
         return as_data_parallel(self.module)
 
 
 # The hooks are unannotated: DDP rejects annotations that are not the real types, and here they are strings.
-def _share_weighted_sum(state, bucket):
-    """Sum over ranks of each rank's gradient (a ``dist.GradBucket``) times its share of the global batch."""
-    weight = gradient_weight(dist.get_world_size())
-    buffer = bucket.buffer()
-    if weight == 0.0:
-        buffer.zero_()  # multiplying would keep the NaN of an empty mean
-    else:
-        buffer.mul_(weight)
-    return lockstep.all_reduce(buffer, bucket.index())
+def _summed(state, bucket):
+    """Sum over ranks of each rank's gradient part (a ``dist.GradBucket``), carrying the lockstep counts."""
+    return lockstep.all_reduce(bucket.buffer(), bucket.index())
 
 
 def _keep_local(state, bucket):
@@ -145,3 +150,4 @@ def _keep_local(state, bucket):
     future = torch.futures.Future()
     future.set_result(bucket.buffer())
     return future
+

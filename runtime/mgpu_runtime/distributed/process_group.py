@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.hooks import RemovableHandle
 
-from mgpu_runtime.distributed import lockstep, rank_output, safety
+from mgpu_runtime.distributed import global_view, lockstep, rank_output, safety
 from mgpu_runtime.distributed.environment import (
     SLURM,
     TORCHRUN,
@@ -86,6 +86,7 @@ def setup() -> None:
     if environment.world_size > 1:
         safety_net = safety.install()
         lockstep.start(environment.rank, environment.world_size, environment.master_addr, environment.master_port)
+        global_view.join(environment.rank, environment.world_size, device)
     _membership = _Membership(environment, device, owns_process_group, safety_net)
     rank_output.apply(environment)
 
@@ -99,6 +100,7 @@ def teardown() -> None:
         return
     if membership.safety_net is not None:
         membership.safety_net.remove()
+    global_view.leave()
     if membership.environment.world_size > 1:
         # Python sets sys.last_value when an uncaught exception ended the script.
         ended = getattr(sys, "last_value", None)

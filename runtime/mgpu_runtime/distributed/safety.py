@@ -1,4 +1,4 @@
-"""The safety net: a multi-process run that would not train like the original fails loudly instead.
+"""The safety net: a multi-process run that would not train like the original is put right or fails loudly.
 
 First, a repair. DDP copies rank 0's weights to every process when the model is wrapped; a script that
 changes them afterwards (``model.apply(init_weights)`` after the wrap, a checkpoint loaded on the main
@@ -6,24 +6,16 @@ process only) would leave each process with its own model, drifting apart for go
 training forward the wrapper compares the processes' parameters and buffers (count, sum and sum of squares
 of each) and, where they differ, copies rank 0's to all, as the wrap would have, with a warning.
 
-Then two checks, before the first optimizer step, installed only in a world of more than one process:
+Then a check, before the first optimizer step, installed only in a world of more than one process:
+**plain inputs that differ.** The wrapper takes the loop's values as global ones: the distributed loader's
+batches are held in pieces, and a plain tensor is taken to be the same on every process (noise drawn for the
+batch from generators kept in step, a batch of data the tool could not follow, loaded alike everywhere).
+An unseeded shuffle in a loader of the script's own, or random augmentation there, breaks that: each
+process would train on its own batches. So the wrapper fingerprints the plain tensors given to its
+training forwards (count, sum and sum of squares of each, on their device), and the first step compares
+the last one across processes. ``MGPU_ALLOW_DIFFERENT_BATCHES=1`` turns this check off.
 
-* **Whole batches that differ.** Data that does not come through ``distribute_loader`` (a loader the tool
-  could not follow, or one built in another file) gives every process whole batches. That is the
-  original's training only when every process draws the *same* batches (a sequential loader, or samplers
-  seeded alike); an unseeded shuffle gives each process its own order, and averaging their gradients
-  trains on W different batches per step. So the wrapper fingerprints the inputs of each training forward
-  that had no share of a distributed batch (count, sum and sum of squares of its tensors, computed on
-  their device), and the first step compares the last one across processes. ``MGPU_ALLOW_DIFFERENT_BATCHES=1``
-  turns this check off, for a run that means to train on different data in each process.
-* **A model never wrapped.** Without DDP every process would train its own copy of the model on its own
-  share of each batch, and the run would look healthy. The check is functional, so it holds whatever did
-  (or did not) the wrapping: every process compares a fingerprint of each parameter's gradient (present or
-  not, sum, sum of squares) with the other processes'. Gradients that DDP synchronised are identical
-  everywhere (an all-reduce leaves every rank the same bytes); unsynchronised ones differ.
-
-Each raises with the reason and the fix. A small all-gather per optimizer, once (and one for the batches),
-so they cost nothing measurable.
+A small all-gather, once, so it costs nothing measurable.
 """
 
 from __future__ import annotations
@@ -40,7 +32,7 @@ from torch.optim import Optimizer
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.hooks import RemovableHandle
 
-from mgpu_runtime.distributed.share import current_share
+from mgpu_runtime.sharded import Sharded
 from mgpu_runtime.structure import tensors
 
 ALLOW_DIFFERENT_BATCHES_VARIABLE = "MGPU_ALLOW_DIFFERENT_BATCHES"
@@ -48,27 +40,20 @@ ALLOW_DIFFERENT_BATCHES_VARIABLE = "MGPU_ALLOW_DIFFERENT_BATCHES"
 _verified: weakref.WeakSet[Optimizer] = weakref.WeakSet()
 _batches_compared = False
 _whole_batch: torch.Tensor | None = None
-"""The fingerprint of the last training forward that had no share of a distributed batch (None: there was
-none, or a distributed batch came after it)."""
-
-
-class UnsynchronizedTrainingError(RuntimeError):
-    """Processes are about to step parameters whose gradients were never averaged across them."""
+"""The fingerprint of the plain tensors of the last training forward (None: it had none)."""
 
 
 class DifferentBatchesError(RuntimeError):
-    """Processes given whole batches (no ``distribute_loader``) were given different ones."""
+    """Processes were given plain inputs that differ (each would train on its own batches)."""
 
 
 def note_forward(inputs: tuple, kwargs: dict[str, Any]) -> None:
-    """Called by the wrapper's forward in a multi-process run: keep what the first-step check compares."""
+    """Called by the wrapper's training forward in a multi-process run: keep what the first-step check compares."""
     global _whole_batch
     if _batches_compared:
         return
-    if current_share() is not None:
-        _whole_batch = None  # the batches are distributed: the processes' rows differ by design
-    elif torch.is_grad_enabled():
-        _whole_batch = _batch_fingerprint((inputs, kwargs))
+    plain = [tensor for tensor in tensors((inputs, kwargs)) if type(tensor) is not Sharded and tensor.dim() > 0]
+    _whole_batch = _batch_fingerprint(plain) if plain else None
 
 
 def align_replicas(module: torch.nn.Module, group: Any = None) -> bool:
@@ -124,17 +109,6 @@ def _check_first_step(optimizer: Optimizer, args: tuple, kwargs: dict) -> None:
         return
     _verified.add(optimizer)
     _compare_whole_batches()
-    parameters = [parameter for group in optimizer.param_groups for parameter in group["params"]]
-    differing = _parameters_differing_across_ranks(parameters)
-    if differing:
-        shapes = ", ".join(str(tuple(parameters[index].shape)) for index in differing[:5])
-        raise UnsynchronizedTrainingError(
-            f"mgpu_runtime: {len(differing)} of the {len(parameters)} parameters that "
-            f"{type(optimizer).__name__} is about to step (shapes {shapes}{', ...' if len(differing) > 5 else ''}) "
-            f"have different gradients in the {dist.get_world_size()} processes. The model they belong to was "
-            "never wrapped in DistributedDataParallel, so each process would train its own copy on its own share "
-            "of every batch. Wrap it before training: model = mgpu_runtime.DistributedDataParallel(model)."
-        )
 
 
 def _compare_whole_batches() -> None:
@@ -164,18 +138,6 @@ def _compare_whole_batches() -> None:
         )
 
 
-def _parameters_differing_across_ranks(parameters: list[torch.Tensor]) -> list[int]:
-    device = _gather_device()
-    local = (
-        torch.stack([_fingerprint(parameter).to(device) for parameter in parameters])
-        if parameters
-        else torch.zeros(0, 3, dtype=torch.float64, device=device)
-    )
-    everyone = _gathered(local)
-    agrees = torch.isclose(everyone, everyone[0], rtol=1e-6, atol=0.0, equal_nan=True).all(dim=2).all(dim=0)
-    return [index for index, same in enumerate(agrees.tolist()) if not same]
-
-
 def _gather_device() -> torch.device:
     # nccl gathers only CUDA tensors; gloo takes CPU ones.
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
@@ -187,11 +149,3 @@ def _gathered(local: torch.Tensor, group: Any = None) -> torch.Tensor:
     gathered = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
     dist.all_gather(gathered, local, group=group)
     return torch.stack(gathered).cpu()
-
-
-def _fingerprint(parameter: torch.Tensor) -> torch.Tensor:
-    """Whether the parameter has a gradient, and that gradient's sum and sum of squares."""
-    if parameter.grad is None:
-        return torch.zeros(3, dtype=torch.float64, device=parameter.device)
-    sums = _value_fingerprint(parameter.grad)
-    return torch.cat([sums.new_ones(1), sums])

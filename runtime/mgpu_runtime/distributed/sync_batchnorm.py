@@ -8,9 +8,8 @@ runtime gives such layers this forward instead (``DistributedDataParallel`` does
 * several processes, training: the per-channel sum, sum of squares and count are summed over the ranks
   (one collective), and the batch is normalised with the global mean and biased variance; running
   statistics are updated with the global mean and unbiased variance, as BatchNorm over the whole batch
-  would. The collective's backward sums the ranks' gradients of the statistics weighted by their shares of
-  the batch and divides by this rank's (``share.py``), so that after the DDP hook's weighted sum the
-  gradient is the one of BatchNorm over the global batch.
+  would. The collective's backward sums the ranks' gradients of the statistics, so that after the DDP
+  hook's sum the gradient is the one of BatchNorm over the global batch.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mgpu_runtime.distributed.share import gradient_weight
 from mgpu_runtime.pickling import as_class
 
 
@@ -32,10 +30,10 @@ class _SharedStatistics(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, gradient: torch.Tensor) -> torch.Tensor:
-        weight = gradient_weight(dist.get_world_size())
-        summed = gradient * weight
+        # Each rank's gradient of the statistics comes from its own rows; they depend on every rank's sums.
+        summed = gradient.clone()
         dist.all_reduce(summed)
-        return summed / weight if weight else torch.zeros_like(gradient)
+        return summed
 
 
 class CpuSyncBatchNorm(nn.modules.batchnorm._BatchNorm):

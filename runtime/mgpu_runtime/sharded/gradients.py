@@ -33,15 +33,15 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from mgpu_runtime.sharded.groups import Group
 from mgpu_runtime.sharded.rules import _autograd_backward, _autograd_grad, roots
 
-_synchronised: weakref.WeakSet[torch.Tensor] = weakref.WeakSet()
-"""Parameters whose gradients DDP sums (registered by the wrapper)."""
+_synchronised: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+"""Parameters whose gradients DDP sums (registered by the wrapper), by id (a tensor's ``==`` is element-wise)."""
 _local = threading.local()
 _installed: dict[str, Any] = {}
 
 
 def note_synchronised(parameters: Sequence[torch.Tensor]) -> None:
     """These parameters' gradients are summed by DDP's reduction; the step must not sum them again."""
-    _synchronised.update(parameters)
+    _synchronised.update((id(parameter), parameter) for parameter in parameters)
 
 
 @contextmanager
@@ -115,7 +115,7 @@ def _sum_unsynchronised(optimizer: torch.optim.Optimizer) -> None:
         parameter
         for group in optimizer.param_groups
         for parameter in group["params"]
-        if parameter.grad is not None and parameter not in _synchronised
+        if parameter.grad is not None and _synchronised.get(id(parameter)) is not parameter
     ]
     if not parameters:
         return

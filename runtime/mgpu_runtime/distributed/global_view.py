@@ -1,0 +1,80 @@
+"""A job of several processes seen as the DataParallel original saw its one process (the runtime contract).
+
+``join`` (called by ``setup()`` in a world of more than one) puts in place what the loop's values need to be
+the original's on every rank:
+
+* **the rank group** (``mgpu_runtime.sharded.RankGroup``): the batches of the distributed loader and the
+  outputs of the wrapped model are ``Sharded`` values over it, and autograd follows the convention of
+  ``mgpu_runtime.sharded.gradients`` (gradient parts that sum over the ranks). Small host-side exchanges (row
+  counts, Python objects) go through gloo, also when the gradients go through NCCL;
+* **the generators in step**: rank 0's Python ``random``, NumPy and torch CPU generator states are every
+  rank's, so the loop draws the same numbers on every rank (a shuffle of file names, ``np.random.beta`` for
+  mixup, ``torch.randperm``), as the one original process drew them once;
+* **the devices the original saw**: on the CPU, the W devices of DataParallel are emulated
+  (``mgpu_runtime.emulation.devices``): ``torch.cuda.device_count()`` is W, so the script takes its
+  ``n_gpu > 1`` branches, and the wrapped model's forward on rank r draws from device r's random stream,
+  seeded by ``torch.manual_seed`` as a GPU is, while the loop keeps the process's own. On GPUs the devices
+  are real: rank r's forward draws on ``cuda:r``, as replica r's did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Iterator
+
+import numpy
+import torch
+import torch.distributed as dist
+
+from mgpu_runtime.emulation import devices as emulated
+from mgpu_runtime.sharded import RankGroup, gradients
+
+_group: RankGroup | None = None
+
+
+def join(rank: int, world_size: int, device: torch.device) -> None:
+    """Make this process's loop see the job's global values (see the module doc); once, at setup, on every rank."""
+    global _group
+    metadata = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+    _group = RankGroup(rank, world_size, device, metadata)
+    gradients.install(_group)
+    _take_rank_zero_generators(metadata)
+    if device.type == "cpu" and not emulated.count():
+        emulated.install(world_size)
+
+
+def leave() -> None:
+    """Undo ``join`` (at teardown)."""
+    global _group
+    if _group is None:
+        return
+    _group = None
+    gradients.uninstall()
+    if emulated.count():
+        emulated.uninstall()
+
+
+def group() -> RankGroup | None:
+    """The rank group of this job; None in a world of one."""
+    return _group
+
+
+@contextlib.contextmanager
+def own_forward(rank: int) -> Iterator[None]:
+    """The wrapped model's forward on this rank: its own computation, drawing from its device's stream."""
+    with gradients.own_computation():
+        if emulated.count():
+            with emulated.on_device(rank):
+                yield
+        else:
+            yield
+
+
+def _take_rank_zero_generators(metadata) -> None:
+    states = [(random.getstate(), numpy.random.get_state(), torch.get_rng_state())]
+    dist.broadcast_object_list(states, src=0, group=metadata)
+    python, numpy_state, torch_state = states[0]
+    random.setstate(python)
+    numpy.random.set_state(numpy_state)
+    torch.set_rng_state(torch_state)
