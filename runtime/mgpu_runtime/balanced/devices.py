@@ -5,18 +5,24 @@ Three cases, mirroring ``nn.DataParallel`` plus the CPU replicas (``MGPU_CPU_REP
 * CUDA present: ``device_ids`` name CUDA devices (default: all of them); a device may repeat, which is the
   only way to get two replicas on one GPU.
 * No CUDA and ``MGPU_CPU_REPLICAS=N`` (N > 1): N replicas on the CPU, so the whole multi-replica path runs
-  in CI and on laptops; ``device_ids`` then index those replicas.
+  in CI and on laptops; ``device_ids`` then index those replicas. The N devices are emulated
+  (``mgpu_runtime.emulation.devices``): ``torch.cuda.device_count()`` is N, so the script takes the branches
+  it takes on N GPUs, and replica i draws from device i's random stream (``Devices.stream``), one replica
+  after the other, as GPU i drew for it.
 * Otherwise: no replicas; the module runs as is, as ``nn.DataParallel`` does without a GPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Union
 
 import torch
+
+from mgpu_runtime.emulation import devices as emulated
 
 CPU_REPLICAS_VARIABLE = "MGPU_CPU_REPLICAS"
 
@@ -31,6 +37,17 @@ class Devices:
     """One entry per replica, in ``device_ids`` order; empty when the module runs unreplicated."""
     output: torch.device | None
     """Where gathered outputs and combined losses are placed; None when there are no replicas."""
+    streams: tuple[int, ...] = ()
+    """CPU replicas: the emulated device each replica draws its random numbers from (its device id)."""
+
+    @contextlib.contextmanager
+    def stream(self, replica: int) -> Iterator[None]:
+        """Replica ``replica``'s forward draws from its device's stream (CPU replicas; a GPU has its own)."""
+        if not self.streams:
+            yield
+            return
+        with emulated.on_device(self.streams[replica]):
+            yield
 
     def label(self, replica: int) -> str:
         """How errors name a replica: ``replica 1 on cuda:1`` or ``cpu replica 1``."""
@@ -49,11 +66,30 @@ def resolve_devices(
         device_ids = list(device_ids)  # any iterable, as nn.DataParallel takes: a range, a generator
     if torch.cuda.is_available():
         return _cuda_devices(device_ids, output_device)
+    emulate_cpu_replicas()
     replica_count = cpu_replica_count()
     if replica_count > 1:
         return _cpu_devices(device_ids, replica_count)
     # Like nn.DataParallel without a GPU: device ids are meaningless here, so they are ignored, not checked.
     return Devices(replicas=(), output=None)
+
+
+_emulating = False
+"""Whether the devices emulated now are the CPU replicas' (and not a distributed job's)."""
+
+
+def emulate_cpu_replicas() -> None:
+    """Emulate ``MGPU_CPU_REPLICAS`` devices when there is no GPU (read now: tests change the variable between
+    scripts), so that the script sees the machine its original ran on; called at import and for each wrapper."""
+    global _emulating
+    wanted = cpu_replica_count() if not torch.cuda.is_available() else 1
+    if wanted > 1 and emulated.count() != wanted and (_emulating or not emulated.count()):
+        emulated.uninstall()
+        emulated.install(wanted)
+        _emulating = True
+    elif wanted <= 1 and _emulating:
+        emulated.uninstall()
+        _emulating = False
 
 
 def cpu_replica_count() -> int:
@@ -123,4 +159,10 @@ def _cpu_devices(device_ids: Sequence[DeviceId] | None, available: int) -> Devic
                 )
         count = len(device_ids)
     cpu = torch.device("cpu")
-    return Devices(replicas=(cpu,) * count, output=cpu)
+    streams = tuple(range(count)) if not device_ids else tuple(
+        device_id if isinstance(device_id, int) else torch.device(device_id).index or 0 for device_id in device_ids
+    )
+    return Devices(replicas=(cpu,) * count, output=cpu, streams=streams)
+
+
+emulate_cpu_replicas()

@@ -1,4 +1,11 @@
-"""The balanced forward, shared by ``DataParallelModel`` and the functional ``data_parallel``."""
+"""The balanced forward, shared by ``DataParallelModel`` and the functional ``data_parallel``.
+
+The forward is DataParallel's (``mgpu_runtime.sharded.scatter_gather``): the batch cut by ``torch.chunk``, a
+replica per device (the first holding the module's own parameters and buffers), each replica's forward on
+its device, drawing from that device's random stream. Only the gather differs: the outputs stay on their
+devices, held as ``Sharded`` values over the replicas (``ReplicaGroup``), which behave as the gathered output
+wherever the loop uses them, so nothing large is gathered on the output device unless something needs it.
+"""
 
 from __future__ import annotations
 
@@ -10,34 +17,66 @@ import torch
 from torch import nn
 
 from mgpu_runtime.balanced.devices import DeviceId, Devices, resolve_devices
-from mgpu_runtime.balanced.outputs import Pieces, as_output
 from mgpu_runtime.balanced.parallel_apply import parallel_apply
-from mgpu_runtime.balanced.piece_losses import SharedDraws, marking_losses
 from mgpu_runtime.balanced.replicate import replicate
 from mgpu_runtime.balanced.scatter import batch_size, scatter_inputs, split_sizes
+from mgpu_runtime.sharded import ReplicaGroup, materialize, scatter_gather
 
 
 def parallel_forward(
     module: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any], devices: Devices, dim: int
 ) -> Any:
-    """``module(*inputs, **kwargs)`` split over ``devices``, returned per replica (see ``outputs``).
+    """``module(*inputs, **kwargs)`` split over ``devices`` (see the module doc).
 
-    Without replicas the module runs as is; with one device it runs once on that device, without threads
-    or copies of the module, so wrapping a single-GPU model costs nothing measurable.
+    Without replicas the module runs as is; with one device, or a batch of one chunk, it runs once, on the
+    first device, without threads or copies of the module, as DataParallel does.
     """
-    rows = batch_size((inputs, kwargs), dim)
     if not devices.replicas:
-        return as_output(Pieces([module(*inputs, **kwargs)], (rows,), dim, devices))
+        return module(*materialize(inputs), **materialize(kwargs))
+    if dim != 0:
+        return _along_another_dimension(module, inputs, kwargs, devices, dim)
+    active = scatter_gather.active_devices(inputs, kwargs, len(devices.replicas))
+    group = ReplicaGroup(devices.replicas, devices.output, active)
+    per_part = scatter_gather.scatter(inputs, kwargs, group, active)
+    if active == 1:
+        with devices.stream(0):
+            return module(*per_part[0][0], **per_part[0][1])
+    _check_module_device(module, devices.replicas[0])
+    replicas = replicate(module, devices.replicas[:active])
+    outputs = parallel_apply(replicas, [args for args, _ in per_part], [kw for _, kw in per_part], devices)
+    return scatter_gather.gather(outputs, active, group)
+
+
+def _along_another_dimension(
+    module: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any], devices: Devices, dim: int
+) -> Any:
+    """``dim != 0`` (a sequence-first RNN): DataParallel's forward, gathered along ``dim`` on the output device.
+    The loop's values are held in pieces along the rows only, so here they are plain tensors."""
+    inputs, kwargs = materialize(inputs), materialize(kwargs)
+    rows = batch_size((inputs, kwargs), dim)
     sizes = split_sizes(rows, len(devices.replicas))
     used = devices.replicas[: len(sizes)]
     piece_inputs, piece_kwargs = scatter_inputs(inputs, kwargs, sizes, dim, used)
-    if len(devices.replicas) == 1:
-        return as_output(Pieces([module(*piece_inputs[0], **piece_kwargs[0])], sizes, dim, devices))
+    if len(used) == 1:
+        with devices.stream(0):
+            return module(*piece_inputs[0], **piece_kwargs[0])
     _check_module_device(module, devices.replicas[0])
-    draws = SharedDraws(sizes, devices.replicas[0])
-    replicas = [marking_losses(replica, draws, index) for index, replica in enumerate(replicate(module, used))]
-    outputs = parallel_apply(replicas, piece_inputs, piece_kwargs, devices)
-    return as_output(Pieces(outputs, sizes, dim, devices))
+    outputs = parallel_apply(replicate(module, used), piece_inputs, piece_kwargs, devices)
+    return _gather_along(outputs, dim, devices.output)
+
+
+def _gather_along(outputs: Sequence[Any], dim: int, device: torch.device) -> Any:
+    first = outputs[0]
+    if isinstance(first, torch.Tensor):
+        moved = [output.to(device) for output in outputs]
+        return torch.cat(moved, dim) if first.dim() > 0 else torch.stack(moved)
+    if first is None:
+        return None
+    if isinstance(first, dict):
+        return type(first)((key, _gather_along([output[key] for output in outputs], dim, device)) for key in first)
+    if isinstance(first, tuple) and hasattr(type(first), "_fields"):
+        return type(first)(*(_gather_along(parts, dim, device) for parts in zip(*outputs)))
+    return type(first)(_gather_along(parts, dim, device) for parts in zip(*outputs))
 
 
 def data_parallel(

@@ -17,9 +17,9 @@ class DataParallelModel(nn.DataParallel):
 
     Everything but the gather is ``nn.DataParallel``'s: the batch is split along ``dim`` over
     ``device_ids`` (default: every GPU), the module is replicated for each forward, gradients flow back to
-    ``module``'s parameters. The output is a ``ParallelOutput`` whose pieces stay on their devices, yet
-    behave like the gathered output wherever it is used as one; ``DataParallelCriterion`` computes the
-    loss beside each piece. Being a ``nn.DataParallel`` keeps ``.module``, ``isinstance`` checks and the
+    ``module``'s parameters. The outputs stay on their devices, held as global values
+    (``mgpu_runtime.sharded``) that behave as the gathered output wherever they are used, and a criterion on
+    them computes the loss beside each piece. Being a ``nn.DataParallel`` keeps ``.module``, ``isinstance`` checks and the
     ``module.``-prefixed ``state_dict`` keys of the original script.
 
     Without a GPU the module runs as is, unless ``MGPU_CPU_REPLICAS=N`` asks for N CPU replicas.

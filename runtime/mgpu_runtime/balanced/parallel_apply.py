@@ -44,8 +44,12 @@ def parallel_apply(
         except BaseException as failure:  # noqa: BLE001 - every failure is re-raised in the caller below
             failures[replica] = failure
 
-    if len(functions) == 1:
-        work(0)
+    if len(functions) == 1 or devices.streams:
+        # CPU replicas one after the other: each draws from its emulated device's stream through the one CPU
+        # generator (on GPUs each device has its own, and the threads run at once).
+        for replica in range(len(functions)):
+            with devices.stream(replica):
+                work(replica)
     else:
         threads = [threading.Thread(target=work, args=(replica,)) for replica in range(len(functions))]
         for thread in threads:

@@ -213,7 +213,7 @@ def _shared_from_rank_zero(items: Iterable[T]) -> Iterator[T]:
     """The items of ``items``, iterated on rank 0 only and broadcast to every rank in chunks.
 
     With each chunk goes rank 0's global generator state, which the other ranks take: only rank 0 drew the
-    sampler's randomness, and every other draw of the run is the same on every rank (``randomness.py``), so
+    sampler's randomness, and every other draw of the loop is the same on every rank (``global_view.py``), so
     every rank's generator stays where the original process's was.
     """
     iterator = iter(items) if rank() == 0 else None

@@ -3,7 +3,7 @@
 A subclass of ``torch.nn.parallel.DistributedDataParallel``, so ``isinstance`` checks, ``.module``,
 ``no_sync()`` and the ``module.``-prefixed ``state_dict`` keys (the same as the DataParallel original's)
 behave as torch's. What it adds in a world of more than one process is the runtime contract
-(``mgpu_runtime.sharded``): its forward is DataParallel's, over processes (``scatter_gather.py``):
+(``mgpu_runtime.sharded``): its forward is DataParallel's, over processes (``mgpu_runtime.sharded.scatter_gather``):
 
 * it takes the global values the loop holds (the distributed loader's ``Sharded`` batches, plain tensors
   every rank holds alike), and gives this rank's replica its chunk of them, as DataParallel gave GPU r;
@@ -33,10 +33,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from mgpu_runtime.distributed import global_view, lockstep, safety, scatter_gather, sync_batchnorm
+from mgpu_runtime.distributed import global_view, lockstep, safety, sync_batchnorm
 from mgpu_runtime.distributed.process_group import device, rank, setup, world_size
 from mgpu_runtime.pickling import as_data_parallel
-from mgpu_runtime.sharded import gradients
+from mgpu_runtime.sharded import gradients, scatter_gather
 
 _TorchDDP = nn.parallel.DistributedDataParallel
 # Renamed in recent torch (broadcast_buffers is deprecated there); the spelling this torch understands.
@@ -106,14 +106,20 @@ class DistributedDataParallel(_TorchDDP):
                 safety.align_replicas(self.module, self.process_group)
             safety.note_forward(inputs, kwargs)
             lockstep.note_forward()
-        local_inputs, local_kwargs, active = scatter_gather.scatter(inputs, kwargs, group)
-        with global_view.own_forward(rank()):
-            output = super().forward(*local_inputs, **local_kwargs)
+        output, active = _replica_forward(super().forward, inputs, kwargs, group)
         if self.training and not torch.is_grad_enabled():
             # Buffers changed without a training forward (BatchNorm statistics recomputed under no_grad): the next
             # forward gives every rank rank 0's again, as DataParallel's replicas always took the module's.
             self.require_forward_param_sync = True
-        return scatter_gather.gather(output, active, group)
+        return scatter_gather.gather([output], active, group)
+
+
+def _replica_forward(forward, inputs: tuple, kwargs: dict, group) -> tuple[Any, int]:
+    """This rank's replica's output (DataParallel's scatter over the ranks), and how many devices ran."""
+    active = scatter_gather.active_devices(inputs, kwargs, group.parts)
+    ((local_inputs, local_kwargs),) = scatter_gather.scatter(inputs, kwargs, group, active)
+    with global_view.own_forward(rank()):
+        return forward(*local_inputs, **local_kwargs), active
 
 
 class FrozenModule(nn.Module):
@@ -130,10 +136,8 @@ class FrozenModule(nn.Module):
         group = global_view.group()
         if group is None:
             return self.module(*inputs, **kwargs)
-        local_inputs, local_kwargs, active = scatter_gather.scatter(inputs, kwargs, group)
-        with global_view.own_forward(rank()):
-            output = self.module(*local_inputs, **local_kwargs)
-        return scatter_gather.gather(output, active, group)
+        output, active = _replica_forward(self.module, inputs, kwargs, group)
+        return scatter_gather.gather([output], active, group)
 
     def __reduce_ex__(self, protocol: int) -> Any:
         return as_data_parallel(self.module)

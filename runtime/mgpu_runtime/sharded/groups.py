@@ -58,6 +58,18 @@ class Group(ABC):
         """``value`` (a tensor every process holds alike) where it can meet ``piece``."""
         return value
 
+    def place_on(self, value: torch.Tensor, index: int) -> torch.Tensor:
+        """``value`` on the device of the ``index``-th held part (a replica's input)."""
+        return value
+
+    @abstractmethod
+    def row_table(self, rows: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
+        """Given, for each held part, the rows of each of several values, each value's rows in every part."""
+
+    @abstractmethod
+    def first_object(self, value: Any) -> Any:
+        """Part 0's ``value`` (a Python object a forward returned), on every process."""
+
 
 def starts(splits: Sequence[int]) -> list[int]:
     """The first row of each part."""
@@ -65,14 +77,15 @@ def starts(splits: Sequence[int]) -> list[int]:
 
 
 class ReplicaGroup(Group):
-    """The replicas of one process, each piece on its replica's device (the balanced runtime)."""
+    """The replicas of one process, each piece on its replica's device (the balanced runtime). A forward that
+    ran on the first ``active`` devices only holds their parts; the others have no rows."""
 
     seed_scale = 1.0
 
-    def __init__(self, devices: Sequence[torch.device], output: torch.device) -> None:
+    def __init__(self, devices: Sequence[torch.device], output: torch.device, active: int | None = None) -> None:
         self.devices = tuple(devices)
         self.parts = len(self.devices)
-        self.held = tuple(range(self.parts))
+        self.held = tuple(range(self.parts if active is None else active))
         self.device = output
 
     def sum(self, *quantities: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -88,7 +101,7 @@ class ReplicaGroup(Group):
         return torch.cat([piece.to(self.device) for piece in pieces])
 
     def row_counts(self, rows: Sequence[int]) -> tuple[int, ...]:
-        return tuple(rows)
+        return (*rows, *[0] * (self.parts - len(rows)))
 
     def objects(self, pieces: Sequence[list[Any]]) -> list[Any]:
         return [value for piece in pieces for value in piece]
@@ -96,11 +109,24 @@ class ReplicaGroup(Group):
     def place(self, value: torch.Tensor, piece: torch.Tensor) -> torch.Tensor:
         return value if value.device == piece.device else value.to(piece.device)
 
+    def place_on(self, value: torch.Tensor, index: int) -> torch.Tensor:
+        device = self.devices[index]
+        return value if value.device == device else value.to(device, non_blocking=True)
+
+    def row_table(self, rows: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
+        idle = [0] * (self.parts - len(rows))
+        return [(*(part[index] for part in rows), *idle) for index in range(len(rows[0]))]
+
+    def first_object(self, value: Any) -> Any:
+        return value
+
     def __eq__(self, other: object) -> bool:
-        return type(other) is ReplicaGroup and (other.devices, other.device) == (self.devices, self.device)
+        return type(other) is ReplicaGroup and (other.devices, other.device, other.held) == (
+            self.devices, self.device, self.held
+        )
 
     def __hash__(self) -> int:
-        return hash((self.devices, self.device))
+        return hash((self.devices, self.device, self.held))
 
 
 class RankGroup(Group):
@@ -126,6 +152,18 @@ class RankGroup(Group):
         gathered = [torch.zeros(1, dtype=torch.int64) for _ in range(self.parts)]
         dist.all_gather(gathered, torch.tensor([rows[0]], dtype=torch.int64), group=self._metadata)
         return tuple(int(count) for count in torch.cat(gathered).tolist())
+
+    def row_table(self, rows: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
+        mine = torch.tensor(rows[0], dtype=torch.int64)
+        everyone = [torch.empty_like(mine) for _ in range(self.parts)]
+        dist.all_gather(everyone, mine, group=self._metadata)
+        table = torch.stack(everyone).tolist()
+        return [tuple(table[part][index] for part in range(self.parts)) for index in range(len(rows[0]))]
+
+    def first_object(self, value: Any) -> Any:
+        shared = [value]
+        dist.broadcast_object_list(shared, src=0, group=self._metadata)
+        return shared[0]
 
     def objects(self, pieces: Sequence[list[Any]]) -> list[Any]:
         gathered: list[Any] = [None] * self.parts

@@ -1,0 +1,130 @@
+"""DataParallel's scatter and gather, over a group: what each replica of the model takes, and what the loop gets.
+
+Both targets run the wrapped module's forward as ``nn.DataParallel`` ran it on its devices, and only the
+group differs (a process per device, or the replicas of one process):
+
+``scatter``: the forward's arguments are global values (``Sharded`` batches, or plain tensors held alike,
+such as noise drawn for the batch). DataParallel cut every tensor argument with ``torch.chunk`` over its
+devices, and so does this: part i gets chunk i of each. A ``Sharded`` argument already cut that way (the
+distributed loader's batches, a model's outputs fed to the next model) gives its pieces without any
+communication; one cut otherwise is materialised first. As DataParallel does, tuples, lists, dicts and
+namedtuples are walked and any other object is every part's; 0-dim tensors are every part's too (DataParallel
+fails on them). A batch of fewer chunks than devices runs on the first ones only (*active*); a process
+whose device is not among them still runs its replica on no rows, as DDP needs every rank's backward.
+
+``gather``: the outputs become what DataParallel's gather gave the loop: tensors concatenated along the
+rows (a ``Sharded`` value whose parts are the active devices' outputs, their row counts exchanged in one
+small collective over processes), a 0-dim tensor (a loss computed in ``forward``) a vector with one element
+per active device, ``None`` kept, containers rebuilt. A single active device is the module called directly,
+ungathered, as DataParallel does it: its 0-dim outputs stay scalars. A Python number or string, which
+DataParallel cannot gather from several devices, is an error that says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from mgpu_runtime.sharded.groups import Group, starts
+from mgpu_runtime.sharded.tensor import Sharded, materialize
+from mgpu_runtime.structure import chunk_sizes, rebuild
+
+
+def _is_namedtuple(value: Any) -> bool:
+    return isinstance(value, tuple) and hasattr(type(value), "_fields")
+
+
+def walk(value: Any, leaf: Callable[[torch.Tensor], Any]) -> Any:
+    """``value`` with ``leaf`` applied to every tensor in the containers DataParallel's scatter walks."""
+    if isinstance(value, torch.Tensor):
+        return leaf(value)
+    if _is_namedtuple(value):
+        return type(value)(*(walk(part, leaf) for part in value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(walk(part, leaf) for part in value)
+    if isinstance(value, dict):
+        return type(value)((key, walk(part, leaf)) for key, part in value.items())
+    return value
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    walk(value, found.append)
+    return found
+
+
+def active_devices(inputs: tuple, kwargs: dict, devices: int) -> int:
+    """How many of ``devices`` DataParallel would run for these arguments (``torch.chunk``'s count, the least
+    over the tensors; every device for arguments without tensors of rows; one for no arguments at all)."""
+    batched = [tensor for tensor in _tensors((inputs, kwargs)) if tensor.dim() > 0]
+    if batched:
+        return max(1, min(len(chunk_sizes(len(tensor), devices)) for tensor in batched))
+    return devices if inputs or kwargs else 1
+
+
+def scatter(inputs: tuple, kwargs: dict, group: Group, active: int) -> list[tuple[tuple, dict]]:
+    """Each held part's arguments: chunk i of every tensor for part i (no rows for a part past ``active``),
+    placed on the part's device (``group.place_on``)."""
+    per_part = []
+    for index, part in enumerate(group.held):
+
+        def local(tensor: torch.Tensor, index: int = index, part: int = part) -> torch.Tensor:
+            if tensor.dim() == 0:
+                return group.place_on(materialize(tensor), index)
+            sizes = chunk_sizes(len(tensor), group.parts)
+            sizes += [0] * (group.parts - len(sizes))
+            if type(tensor) is Sharded and tensor._splits == tuple(sizes) and tensor._group.held[: len(group.held)] == group.held:
+                piece = tensor._pieces[index]
+            else:
+                piece = materialize(tensor).narrow(0, starts(sizes)[part], sizes[part])
+            if part >= active:
+                piece = piece.narrow(0, 0, 0)
+            return group.place_on(piece, index)
+
+        per_part.append((walk(inputs, local), walk(kwargs, local)))
+    return per_part
+
+
+def gather(outputs: list[Any], active: int, group: Group) -> Any:
+    """The global value of the held parts' ``outputs`` of one forward (see the module doc)."""
+    idle = [part >= active for part in group.held]
+    per_part = [_tensors(output) for output in outputs]
+    batched = [index for index, tensor in enumerate(per_part[0]) if tensor.dim() > 0]
+    rows = [[0 if idle[k] else len(per_part[k][index]) for index in batched] for k in range(len(outputs))]
+    table = iter(group.row_table(rows)) if batched else iter(())
+    leaves = [iter(tensors) for tensors in per_part]
+
+    def leaf(_: torch.Tensor) -> Any:
+        tensors = [next(it) for it in leaves]
+        first = tensors[0]
+        if first.dim() == 0:
+            vectors = [t.reshape(1)[:0] if idle[k] else t.reshape(1) for k, t in enumerate(tensors)]
+            splits = [1] * active + [0] * (group.parts - active)
+            if active == 1:  # the module called on one device: its scalar as it is, on every process
+                return group.concatenate([v[:1] if part == 0 else v[:0] for v, part in zip(vectors, group.held)], splits).reshape(())
+            return Sharded(vectors, splits, group)
+        return Sharded([t[:0] if idle[k] else t for k, t in enumerate(tensors)], next(table), group)
+
+    return _gathered(outputs[0], leaf, active, group, [output for output in outputs])
+
+
+def _gathered(value: Any, leaf: Callable[[torch.Tensor], Any], active: int, group: Group, all_parts: list[Any]) -> Any:
+    if isinstance(value, torch.Tensor):
+        return leaf(value)
+    if value is None:
+        return None
+    if _is_namedtuple(value):
+        return type(value)(*(_gathered(part, leaf, active, group, all_parts) for part in value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(_gathered(part, leaf, active, group, all_parts) for part in value)
+    if isinstance(value, dict):
+        return rebuild(value, [_gathered(part, leaf, active, group, all_parts) for part in value.values()])
+    if active == 1:
+        return group.first_object(value)
+    raise TypeError(
+        f"mgpu_runtime: the model's forward returned a {type(value).__name__} ({value!r:.60}), which nn.DataParallel "
+        f"cannot gather from {active} devices (its gather raises for it): the original ran only on one device. "
+        "Return tensors (or None) from forward, or compute this value outside the model."
+    )
