@@ -19,3 +19,18 @@ def pytest_collection_modifyitems(config, items):
     long tests are spread from the start and the many short ones even out the end, instead of one worker
     finishing a long test alone."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(autouse=True)
+def _no_emulated_devices_left():
+    """A test that made the runtime emulate devices (MGPU_CPU_REPLICAS, an in-process job) leaves none behind:
+    the next test sees the machine as it is."""
+    yield
+    import sys
+
+    emulated = sys.modules.get("mgpu_runtime.emulation.devices")
+    if emulated is not None and emulated.count():
+        emulated.uninstall()
+        balanced = sys.modules.get("mgpu_runtime.balanced.devices")
+        if balanced is not None:
+            balanced._emulating = False

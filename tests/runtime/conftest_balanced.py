@@ -1,7 +1,9 @@
 """Shared helpers for the balanced-runtime tests: small float64 models and the exactness check.
 
-Every exactness test runs the same computation twice, once on a bare module and once through the
-balanced wrappers on an identical copy, and compares the loss and every parameter gradient.
+Every exactness test runs the same loop code twice: as the original, on a module under ``nn.DataParallel``
+on the emulated devices (``mgpu_runtime.emulation``, the reference of the runtime contract), and as the
+migration, through the balanced wrappers on an identical copy; it compares the loss and every parameter
+gradient.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mgpu_runtime.balanced import DataParallelModel
+from mgpu_runtime.emulation.data_parallel import DataParallel as EmulatedDataParallel
+from mgpu_runtime.sharded import materialize
 
 TOLERANCE = 1e-6
 FEATURES, CLASSES, VOCABULARY = 5, 4, 11
@@ -34,21 +38,25 @@ def max_abs_diff(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return (actual.detach() - expected.detach()).abs().max().item()
 
 
-def assert_matches_unsplit(
+def assert_matches_data_parallel(
     make_module: Callable[[], nn.Module],
     parallel_loss: Callable[[DataParallelModel], torch.Tensor],
-    bare_loss: Callable[[nn.Module], torch.Tensor],
+    original_loss: Callable[[nn.Module], torch.Tensor],
 ) -> None:
-    """The loss and every gradient through DataParallelModel equal the bare module's, within TOLERANCE."""
-    bare = make_module()
-    twin = copy.deepcopy(bare)
-    expected = bare_loss(bare)
+    """The loss and every gradient through DataParallelModel equal those of the original loop code under
+    ``nn.DataParallel`` on as many emulated devices as there are CPU replicas, within TOLERANCE."""
+    original = make_module()
+    twin = copy.deepcopy(original)
+    migrated = DataParallelModel(twin)  # emulates the MGPU_CPU_REPLICAS devices
+    torch.manual_seed(0)
+    expected = original_loss(EmulatedDataParallel(original))
     expected.backward()
-    actual = parallel_loss(DataParallelModel(twin))
+    torch.manual_seed(0)
+    actual = parallel_loss(migrated)
     actual.backward()
     assert actual.shape == expected.shape
-    assert max_abs_diff(actual, expected) <= TOLERANCE, (actual, expected)
-    for (name, parameter), reference in zip(twin.named_parameters(), bare.parameters()):
+    assert max_abs_diff(materialize(actual), expected) <= TOLERANCE, (actual, expected)
+    for (name, parameter), reference in zip(twin.named_parameters(), original.parameters()):
         assert parameter.grad is not None, name
         assert max_abs_diff(parameter.grad, reference.grad) <= TOLERANCE, name
 
@@ -132,6 +140,13 @@ class LMOutput(OrderedDict):
     hidden_states: tuple | None = None
 
     def __post_init__(self) -> None:
+        first = fields(self)[0].name
+        if not isinstance(getattr(self, first), torch.Tensor) and getattr(self, first) is not None:
+            # As transformers' ModelOutput: built from an iterator of (key, value) pairs (DataParallel's gather
+            # rebuilds a mapping so), its first field holds the iterator.
+            pairs = dict(getattr(self, first))
+            for field in fields(self):
+                setattr(self, field.name, pairs.get(field.name))
         for field in fields(self):
             value = getattr(self, field.name)
             if value is not None:

@@ -1,4 +1,5 @@
-"""Per-replica outputs behave like the gathered output, gather only what is used, one type for 0/1/N devices."""
+"""The balanced model's outputs are what DataParallel's gather gave, held on the replicas (``Sharded``), gathering
+only what is used; one set of types for 0, 1 and N devices."""
 
 from __future__ import annotations
 
@@ -9,10 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from mgpu_runtime.balanced import DataParallelCriterion, DataParallelModel, gather
-from mgpu_runtime.balanced.outputs import ParallelOutput
+from mgpu_runtime.sharded import ReplicaGroup, Sharded
 from tests.runtime.conftest_balanced import (
     Classifier,
     DataclassOutput,
@@ -37,18 +37,6 @@ def same(actual, expected) -> bool:
     return torch.allclose(actual, expected, rtol=0, atol=1e-12)
 
 
-class CalledFunctions(TorchFunctionMode):
-    """Records the torch functions called inside it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.names.append(getattr(func, "__name__", str(func)))
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.fixture
 def three_replicas(monkeypatch):
     use_cpu_replicas(monkeypatch, 3)
@@ -63,7 +51,7 @@ def tensor_output(three_replicas):
 
 def test_tensor_output_passes_for_the_gathered_tensor(tensor_output):
     output, expected = tensor_output
-    assert type(output) is ParallelOutput
+    assert type(output) is Sharded and output._splits == (3, 3, 1)
     assert isinstance(output, torch.Tensor) and torch.is_tensor(output)
     assert same(gather(output), expected)
     assert output.shape == expected.shape and output.size() == expected.size() and output.size(1) == 4
@@ -116,7 +104,7 @@ def test_tuple_outputs_unpack_and_index_lazily(three_replicas):
     x = features(7)
     logits, hidden = DataParallelModel(module)(x)
     expected_logits, expected_hidden = module(x)
-    assert type(logits) is ParallelOutput and same(gather(logits), expected_logits)
+    assert type(logits) is Sharded and same(gather(logits), expected_logits)
     assert same(gather(hidden), expected_hidden)
     output = DataParallelModel(module)(x)
     assert isinstance(output, tuple) and len(output) == 2
@@ -144,48 +132,80 @@ def test_named_outputs(three_replicas, kind):
         assert same(gather(output.features), expected.features)
 
 
-def test_model_output_loss_gathers_without_the_logits(three_replicas):
+def test_model_output_loss_gathers_without_the_logits(three_replicas, monkeypatch):
+    gathered = []
+    concatenate = ReplicaGroup.concatenate
+    monkeypatch.setattr(ReplicaGroup, "concatenate", lambda self, pieces, splits: gathered.append(len(splits)) or concatenate(self, pieces, splits))
     model = DataParallelModel(TokenModel())
     ids, targets = token_ids(7), token_ids(7, seed=5)
     outputs = model(ids, labels=targets)
     assert isinstance(outputs, LMOutput) and "loss" in outputs
     assert outputs.hidden_states is None
-    with CalledFunctions() as called:
-        loss = outputs.loss
-        loss.item()
-    assert "cat" not in called.names
-    with CalledFunctions() as called:
-        outputs.logits.argmax(-1)
-    assert "cat" in called.names
+    outputs.loss.mean().item()
+    outputs.logits.argmax(-1)  # row-wise: on each replica
+    assert gathered == []
+    outputs.logits[0]  # a row of the first replica's piece: the logits are gathered
+    assert gathered == [3]
 
 
-def test_scalar_losses_combine_to_a_zero_dim_weighted_mean(three_replicas):
+def test_a_loss_computed_in_forward_is_a_vector_of_the_devices_losses(three_replicas):
+    """As DataParallel's gather gives it: one loss per device that ran, which the script averages."""
     module = TokenModel()
     ids, targets = token_ids(7), token_ids(7, seed=5)
     loss = DataParallelModel(module)(ids, labels=targets).loss
-    expected = module(ids, labels=targets).loss
-    assert loss.shape == () and loss.dim() == 0
-    assert abs(loss.mean().item() - expected.item()) <= 1e-12
-    assert abs(loss.sum().item() - expected.item()) <= 1e-12
-    with pytest.raises(TypeError):
-        len(loss)
+    pieces = [module(ids[rows], labels=targets[rows]).loss for rows in (slice(0, 3), slice(3, 6), slice(6, 7))]
+    assert loss.shape == (3,) and loss.dim() == 1 and len(loss) == 3
+    assert same(gather(loss), torch.stack(pieces))
+    assert abs(loss.mean().item() - torch.stack(pieces).mean().item()) <= 1e-12
 
 
-def test_integer_scalars_are_summed(three_replicas):
+def test_integer_scalars_are_a_vector_too(three_replicas):
     class CountPositive(nn.Module):
         def forward(self, x):
             return (x > 0).sum()
 
     x = features(7)
-    assert DataParallelModel(CountPositive())(x).item() == int((x > 0).sum())
+    counts = DataParallelModel(CountPositive())(x)
+    assert gather(counts).tolist() == [int((x[rows] > 0).sum()) for rows in (slice(0, 3), slice(3, 6), slice(6, 7))]
+    assert counts.sum().item() == int((x > 0).sum())
 
 
-def test_outputs_without_tensors_are_returned_as_they_are(three_replicas):
+def test_an_output_data_parallel_cannot_gather_is_an_error_that_says_so(three_replicas):
     class Describe(nn.Module):
         def forward(self, x):
             return "described"
 
-    assert DataParallelModel(Describe())(features(5)) == "described"
+    with pytest.raises(TypeError, match="nn.DataParallel cannot gather"):
+        DataParallelModel(Describe())(features(5))
+
+
+def test_operations_that_crashed_the_old_proxy_run(tensor_output):
+    """``torch.pow`` on the output, a custom autograd Function applied to it, and a tuple output handed to a
+    criterion whole (PyTorch-Encoding style) are the gathered tensor's operations."""
+    output, expected = tensor_output
+
+    class Square(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, value):
+            ctx.save_for_backward(value)
+            return value * value
+
+        @staticmethod
+        def backward(ctx, gradient):
+            (value,) = ctx.saved_tensors
+            return 2 * value * gradient
+
+    assert same(torch.pow(output, 2), expected**2)
+    assert same(Square.apply(output), expected**2)
+    module = StructuredClassifier("tuple")
+    x, y = features(7), torch.arange(7) % 4
+
+    def encoding_style(outputs, target):
+        logits, hidden = outputs
+        return F.cross_entropy(logits, target) + 0.1 * hidden.pow(2).mean()
+
+    loss = DataParallelCriterion(encoding_style)(DataParallelModel(module)(x), y)
+    assert same(loss, encoding_style(module(x), y))
 
 
 def test_gather_passes_plain_values_through():
@@ -215,18 +235,16 @@ def test_same_output_types_for_zero_one_and_many_devices(monkeypatch, replicas, 
         module, inputs = StructuredClassifier(kind), (features(7),)
     output = DataParallelModel(module)(*inputs)
     expected = module(*inputs)
-    if kind == "tuple":
-        # A plain tuple or list is one, of lazy outputs: `type(outputs) == list` holds as with DataParallel.
-        assert type(output) is tuple and all(type(part) is ParallelOutput for part in output)
-    else:
-        assert type(output) is ParallelOutput
-    assert output.__class__ is type(expected)
+    assert isinstance(output, type(expected))
     gathered = gather(output)
     assert type(gathered) is type(expected)
-    if kind == "model-output":
+    if kind == "tuple":
+        # A plain tuple or list is one: `type(outputs) == list` holds as with DataParallel.
+        assert type(output) is tuple
+    if kind == "model-output" and replicas == 3:
+        assert gathered.loss.shape == (3,)  # DataParallel's vector of the devices' losses
+    elif kind == "model-output":
         assert gathered.loss.shape == () and abs(gathered.loss.item() - expected.loss.item()) <= 1e-12
-        first_part = output[0]
-        assert type(first_part) is ParallelOutput and first_part.shape == ()
 
 
 def test_a_list_output_is_a_list_and_its_changes_in_place_reach_the_criterion(three_replicas):

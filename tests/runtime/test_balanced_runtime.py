@@ -1,4 +1,4 @@
-"""Devices, replication, worker threads and errors of the balanced runtime, and a short training run."""
+"""Devices, replication, replicas as emulated devices, errors of the balanced runtime, and a short training run."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from torch import nn
 
 from mgpu_runtime.balanced import DataParallelCriterion, DataParallelModel, gather
 from mgpu_runtime.balanced.devices import resolve_devices
-from tests.runtime.conftest_balanced import Classifier, features, labels, max_abs_diff, use_cpu_replicas
+from tests.runtime.conftest_balanced import CLASSES, Classifier, features, labels, max_abs_diff, use_cpu_replicas
 
 
 @pytest.fixture
@@ -34,6 +34,7 @@ class Recorder(Classifier):
             self.calls.append(
                 {
                     "thread": threading.current_thread().name,
+                    "device": torch.cuda.current_device(),
                     "rows": len(x),
                     "grad": torch.is_grad_enabled(),
                     "dtype": output.dtype,
@@ -126,12 +127,15 @@ def test_cpu_replicas_are_ignored_when_cuda_is_present(two_gpus, monkeypatch):
 # Cut as torch.chunk (DataParallel's scatter) cuts: 4 rows over 3 replicas is 2 and 2, never a 1-row piece
 # DataParallel did not have (BatchNorm refuses one row in training).
 @pytest.mark.parametrize("rows, pieces", [(7, [3, 3, 1]), (6, [2, 2, 2]), (4, [2, 2]), (2, [1, 1]), (1, [1])])
-def test_each_replica_runs_in_its_own_thread_on_its_piece(three_replicas, rows, pieces):
+def test_each_cpu_replica_runs_on_its_piece_as_its_emulated_device(three_replicas, rows, pieces):
+    """CPU replicas run one after the other in the caller's thread, each as its emulated device (drawing from
+    its stream); a batch smaller than 3 runs no empty replica."""
     model = DataParallelModel(Recorder())
     model(features(rows))
     calls = model.module.calls
-    assert sorted(call["rows"] for call in calls) == sorted(pieces)
-    assert len({call["thread"] for call in calls}) == len(pieces)  # a batch smaller than 3 runs no empty replica
+    assert [call["rows"] for call in calls] == pieces
+    assert [call["device"] for call in calls] == list(range(len(pieces)))
+    assert {call["thread"] for call in calls} == {threading.current_thread().name}
 
 
 def test_grad_mode_and_autocast_reach_the_workers(three_replicas):
@@ -181,14 +185,19 @@ def test_errors_whose_type_needs_more_than_a_message_become_runtime_errors(three
         DataParallelModel(Fails())(features(6))
 
 
-def test_criterion_errors_name_the_replica(three_replicas):
-    def picky(output, target):
-        if len(target) == 1:
-            raise KeyError("short piece")
-        return output.sum()
+def test_a_criterion_sees_the_global_batch(three_replicas):
+    """The criterion runs once, on the outputs as the loop holds them (pieces of 2, 2 and 1): every length and
+    shape it reads is the whole batch's, as under DataParallel's gather."""
+    seen = []
 
-    with pytest.raises(KeyError, match="in cpu replica 2"):  # pieces of 2, 2 and 1
-        DataParallelCriterion(picky)(DataParallelModel(Classifier())(features(5)), labels(5))
+    def picky(output, target):
+        seen.append((len(target), tuple(output.shape)))
+        return output.sum() / len(target)
+
+    model = DataParallelModel(Classifier())
+    loss = DataParallelCriterion(picky)(model(features(5)), labels(5))
+    assert seen == [(5, (5, CLASSES))]
+    assert max_abs_diff(loss, Classifier()(features(5)).sum() / 5) <= 1e-12
 
 
 # --- replicas ------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from mgpu_runtime.distributed.environment import (
     tasks_on_node,
 )
 from mgpu_runtime.distributed.launch import requested_process_count, torchrun_command
-from mgpu_runtime.distributed.share import share_spans
+from mgpu_runtime.distributed.slicing import spans
 
 TORCHRUN = {
     "RANK": "5",
@@ -182,6 +182,6 @@ def test_spans_cut_as_dataparallel_chunks(total, parts):
     """Rank r holds DataParallel's chunk r (4 rows over 3: 2, 2 and none, never a 1-row BatchNorm batch)."""
     rows = torch.arange(total)
     chunks = [piece.tolist() for piece in rows.chunk(parts)] if total else []
-    assert [rows[start:stop].tolist() for start, stop in share_spans(total, parts)] == chunks + [[]] * (
+    assert [rows[start:stop].tolist() for start, count, _ in spans(total, parts) for stop in [start + count]] == chunks + [[]] * (
         parts - len(chunks)
     )

@@ -28,8 +28,8 @@ def parallel_forward(
 ) -> Any:
     """``module(*inputs, **kwargs)`` split over ``devices`` (see the module doc).
 
-    Without replicas the module runs as is; with one device, or a batch of one chunk, it runs once, on the
-    first device, without threads or copies of the module, as DataParallel does.
+    Without replicas the module runs as is; with one device it runs once, on that device, without threads,
+    copies of the module or a gather, as DataParallel does.
     """
     if not devices.replicas:
         return module(*materialize(inputs), **materialize(kwargs))
@@ -38,7 +38,7 @@ def parallel_forward(
     active = scatter_gather.active_devices(inputs, kwargs, len(devices.replicas))
     group = ReplicaGroup(devices.replicas, devices.output, active)
     per_part = scatter_gather.scatter(inputs, kwargs, group, active)
-    if active == 1:
+    if len(devices.replicas) == 1:
         with devices.stream(0):
             return module(*per_part[0][0], **per_part[0][1])
     _check_module_device(module, devices.replicas[0])

@@ -32,8 +32,9 @@ def requested_process_count(environ: Mapping[str, str]) -> int:
     """Processes wanted for a plainly started script: ``MGPU_NPROC``, else one per visible CUDA device."""
     text = environ.get(NPROC_VARIABLE, "").strip()
     if not text:
-        # device_count() asks the driver without creating a context, so the device is still unchosen.
-        return max(1, torch.cuda.device_count())
+        # device_count() asks the driver without creating a context, so the device is still unchosen. Only real
+        # GPUs count: devices emulated on the CPU (MGPU_CPU_REPLICAS, a test's) are no reason to relaunch.
+        return max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1
     if not text.isdigit() or int(text) < 1:
         raise LaunchEnvironmentError(f"{NPROC_VARIABLE}={text!r} must be a whole number of processes, 1 or more")
     wanted = int(text)

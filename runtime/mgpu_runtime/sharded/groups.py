@@ -66,10 +66,6 @@ class Group(ABC):
     def row_table(self, rows: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
         """Given, for each held part, the rows of each of several values, each value's rows in every part."""
 
-    @abstractmethod
-    def first_object(self, value: Any) -> Any:
-        """Part 0's ``value`` (a Python object a forward returned), on every process."""
-
 
 def starts(splits: Sequence[int]) -> list[int]:
     """The first row of each part."""
@@ -117,9 +113,6 @@ class ReplicaGroup(Group):
         idle = [0] * (self.parts - len(rows))
         return [(*(part[index] for part in rows), *idle) for index in range(len(rows[0]))]
 
-    def first_object(self, value: Any) -> Any:
-        return value
-
     def __eq__(self, other: object) -> bool:
         return type(other) is ReplicaGroup and (other.devices, other.device, other.held) == (
             self.devices, self.device, self.held
@@ -159,11 +152,6 @@ class RankGroup(Group):
         dist.all_gather(everyone, mine, group=self._metadata)
         table = torch.stack(everyone).tolist()
         return [tuple(table[part][index] for part in range(self.parts)) for index in range(len(rows[0]))]
-
-    def first_object(self, value: Any) -> Any:
-        shared = [value]
-        dist.broadcast_object_list(shared, src=0, group=self._metadata)
-        return shared[0]
 
     def objects(self, pieces: Sequence[list[Any]]) -> list[Any]:
         gathered: list[Any] = [None] * self.parts

@@ -15,13 +15,15 @@ whose device is not among them still runs its replica on no rows, as DDP needs e
 ``gather``: the outputs become what DataParallel's gather gave the loop: tensors concatenated along the
 rows (a ``Sharded`` value whose parts are the active devices' outputs, their row counts exchanged in one
 small collective over processes), a 0-dim tensor (a loss computed in ``forward``) a vector with one element
-per active device, ``None`` kept, containers rebuilt. A single active device is the module called directly,
-ungathered, as DataParallel does it: its 0-dim outputs stay scalars. A Python number or string, which
-DataParallel cannot gather from several devices, is an error that says so.
+per active device (one element when the batch made one chunk: DataParallel on several devices gathers
+then too), ``None`` kept, containers rebuilt. A Python number or string, which DataParallel cannot gather,
+is an error that says so; a plain dataclass, which it cannot either, is gathered field by field, as the one
+device the original could only run on returned it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +31,7 @@ import torch
 
 from mgpu_runtime.sharded.groups import Group, starts
 from mgpu_runtime.sharded.tensor import Sharded, materialize
-from mgpu_runtime.structure import chunk_sizes, rebuild
+from mgpu_runtime.structure import children, chunk_sizes, rebuild
 
 
 def _is_namedtuple(value: Any) -> bool:
@@ -50,9 +52,16 @@ def walk(value: Any, leaf: Callable[[torch.Tensor], Any]) -> Any:
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-    walk(value, found.append)
-    return found
+    """The tensors ``walk`` reaches, in its order."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        parts = list(value)
+    elif isinstance(value, dict):
+        parts = list(value.values())
+    else:
+        return []
+    return [tensor for part in parts for tensor in _tensors(part)]
 
 
 def active_devices(inputs: tuple, kwargs: dict, devices: int) -> int:
@@ -90,7 +99,7 @@ def scatter(inputs: tuple, kwargs: dict, group: Group, active: int) -> list[tupl
 def gather(outputs: list[Any], active: int, group: Group) -> Any:
     """The global value of the held parts' ``outputs`` of one forward (see the module doc)."""
     idle = [part >= active for part in group.held]
-    per_part = [_tensors(output) for output in outputs]
+    per_part = [_output_tensors(output) for output in outputs]
     batched = [index for index, tensor in enumerate(per_part[0]) if tensor.dim() > 0]
     rows = [[0 if idle[k] else len(per_part[k][index]) for index in batched] for k in range(len(outputs))]
     table = iter(group.row_table(rows)) if batched else iter(())
@@ -101,28 +110,41 @@ def gather(outputs: list[Any], active: int, group: Group) -> Any:
         first = tensors[0]
         if first.dim() == 0:
             vectors = [t.reshape(1)[:0] if idle[k] else t.reshape(1) for k, t in enumerate(tensors)]
-            splits = [1] * active + [0] * (group.parts - active)
-            if active == 1:  # the module called on one device: its scalar as it is, on every process
-                return group.concatenate([v[:1] if part == 0 else v[:0] for v, part in zip(vectors, group.held)], splits).reshape(())
-            return Sharded(vectors, splits, group)
+            return Sharded(vectors, [1] * active + [0] * (group.parts - active), group)
         return Sharded([t[:0] if idle[k] else t for k, t in enumerate(tensors)], next(table), group)
 
-    return _gathered(outputs[0], leaf, active, group, [output for output in outputs])
+    return _gathered(outputs[0], leaf, active)
 
 
-def _gathered(value: Any, leaf: Callable[[torch.Tensor], Any], active: int, group: Group, all_parts: list[Any]) -> Any:
+def _output_tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors ``_gathered`` reaches, in its order."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        parts = list(value)
+    elif isinstance(value, dict) or dataclasses.is_dataclass(value) and not isinstance(value, type):
+        parts = children(value) or []
+    else:
+        return []
+    return [tensor for part in parts for tensor in _output_tensors(part)]
+
+
+def _gathered(value: Any, leaf: Callable[[torch.Tensor], Any], active: int, one_device: bool = False) -> Any:
     if isinstance(value, torch.Tensor):
         return leaf(value)
     if value is None:
         return None
     if _is_namedtuple(value):
-        return type(value)(*(_gathered(part, leaf, active, group, all_parts) for part in value))
+        return type(value)(*(_gathered(part, leaf, active, one_device) for part in value))
     if isinstance(value, (tuple, list)):
-        return type(value)(_gathered(part, leaf, active, group, all_parts) for part in value)
-    if isinstance(value, dict):
-        return rebuild(value, [_gathered(part, leaf, active, group, all_parts) for part in value.values()])
-    if active == 1:
-        return group.first_object(value)
+        return type(value)(_gathered(part, leaf, active, one_device) for part in value)
+    if isinstance(value, dict) or dataclasses.is_dataclass(value) and not isinstance(value, type):
+        # A plain dataclass DataParallel cannot gather (it fails to iterate it): its fields are gathered as the
+        # one-device run returned them, rows concatenated, its other values as they are.
+        one_device = one_device or not isinstance(value, dict)
+        return rebuild(value, [_gathered(part, leaf, active, one_device) for part in children(value)])
+    if one_device:
+        return value
     raise TypeError(
         f"mgpu_runtime: the model's forward returned a {type(value).__name__} ({value!r:.60}), which nn.DataParallel "
         f"cannot gather from {active} devices (its gather raises for it): the original ran only on one device. "
