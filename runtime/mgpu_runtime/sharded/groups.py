@@ -165,6 +165,31 @@ class RankGroup(Group):
         return hash((self.rank, self.parts))
 
 
+_mixings = 0
+"""How many times a value held alike by every rank, computed with autograd (a collective's result, or something
+computed from one), went into a rank's own computation (``note_mixing``)."""
+
+
+def note_mixing(value: torch.Tensor) -> None:
+    """``value``, held alike by every rank, goes into this rank's own computation (an operand of a per-piece
+    operation, a replica's input): from now on the gradient it receives differs between the ranks. A leaf
+    (a parameter) cannot be downstream of a collective, and is not counted."""
+    global _mixings
+    if value.requires_grad and value.grad_fn is not None and torch.is_grad_enabled():
+        _mixings += 1
+
+
+def _summed_parts(gradient: torch.Tensor, ranks: int, since: int) -> torch.Tensor:
+    """The true gradient of a collective's result from this rank's part: the parts summed over the ranks. When no
+    value held alike went into a rank's own computation since the result was made, every rank's part is the
+    same (a backward from values held alike starts at 1/W everywhere), and the sum is W times this one's."""
+    if _mixings == since:
+        return gradient * ranks
+    summed = gradient.contiguous().clone()
+    dist.all_reduce(summed)
+    return summed
+
+
 def _carrier_dtype(values: Sequence[torch.Tensor]) -> torch.dtype:
     """One dtype that carries every value exactly enough: at least float32 for floating values (a half-precision
     sum of token counts overflows at 65504), int64 for counts and flags."""
@@ -179,10 +204,12 @@ def _carrier_dtype(values: Sequence[torch.Tensor]) -> torch.dtype:
 
 class _SumOverRanks(torch.autograd.Function):
     """Sums of several tensors over the ranks in one all-reduce. Backward: each rank's gradient of a sum is a
-    part of the true one (package doc), so the parts are summed again, and that is every input's gradient."""
+    part of the true one (package doc), so the parts are summed again (``_summed_parts``), and that is every
+    input's gradient."""
 
     @staticmethod
     def forward(ctx, count: int, *values: torch.Tensor):
+        ctx.mixings = _mixings
         ctx.shapes = [value.shape for value in values]
         ctx.dtypes = [value.dtype for value in values]
         carrier = _carrier_dtype(values)
@@ -205,7 +232,7 @@ class _SumOverRanks(torch.autograd.Function):
         if present:
             carrier = _carrier_dtype([gradient for _, gradient in present])
             packed = torch.cat([gradient.reshape(-1).to(carrier) for _, gradient in present])
-            dist.all_reduce(packed)
+            packed = _summed_parts(packed, dist.get_world_size(), ctx.mixings)
             sizes = [gradient.numel() for _, gradient in present]
             for (index, gradient), part in zip(present, packed.split(sizes)):
                 result[index] = part.reshape(gradient.shape).to(gradient.dtype)
@@ -219,7 +246,7 @@ class _GatherOverRanks(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, splits: tuple[int, ...], rank: int, piece: torch.Tensor) -> torch.Tensor:
-        ctx.splits, ctx.rank = splits, rank
+        ctx.splits, ctx.rank, ctx.mixings = splits, rank, _mixings
         largest = max(splits)
         carried = piece.detach()
         if carried.dtype == torch.bool:
@@ -233,7 +260,6 @@ class _GatherOverRanks(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, gradient: torch.Tensor):
-        summed = gradient.contiguous().clone()
-        dist.all_reduce(summed)
+        summed = _summed_parts(gradient, len(ctx.splits), ctx.mixings)
         start = sum(ctx.splits[: ctx.rank])
         return None, None, summed[start : start + ctx.splits[ctx.rank]]

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mgpu_runtime.sharded.groups import starts
+from mgpu_runtime.sharded.groups import note_mixing, starts
 from mgpu_runtime.sharded.tensor import Sharded, materialize
 from mgpu_runtime.structure import children, rebuild
 
@@ -109,6 +109,7 @@ def _operand(value: Any, index: int, reference: Sharded, split: bool, ndim: int)
         if split and value.dim() == ndim and ndim > 0 and value.shape[0] == rows and rows != 1:
             start, count = reference.rows_of_part(reference._group.held[index])
             value = value.narrow(0, start, count)
+        note_mixing(value)
         return reference._group.place(value, piece)
     if type(value) in (list, tuple):
         return type(value)(_operand(part, index, reference, split, ndim) for part in value)
@@ -175,6 +176,7 @@ def _write_back(target: Sharded, full: torch.Tensor) -> None:
     """After an in-place change of ``target``'s global tensor ``full``: its pieces are its rows of ``full``."""
     held = target._group.held
     firsts = starts(target._splits)
+    note_mixing(full)
     target._pieces = tuple(
         target._group.place(full.narrow(0, firsts[part], target._splits[part]), piece)
         for part, piece in zip(held, target._pieces)

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from mgpu_runtime.sharded.groups import Group, starts
+from mgpu_runtime.sharded.groups import Group, note_mixing, starts
 from mgpu_runtime.sharded.tensor import Sharded, materialize
 from mgpu_runtime.structure import children, chunk_sizes, rebuild
 
@@ -88,6 +88,7 @@ def scatter(inputs: tuple, kwargs: dict, group: Group, active: int) -> list[tupl
                 piece = tensor._pieces[index]
             else:
                 piece = materialize(tensor).narrow(0, starts(sizes)[part], sizes[part])
+                note_mixing(piece)  # a replica's input cut from a value every rank holds
             if part >= active:
                 piece = piece.narrow(0, 0, 0)
             return group.place_on(piece, index)
