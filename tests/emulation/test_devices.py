@@ -35,15 +35,13 @@ def test_torch_manual_seed_seeds_every_device_as_it_seeds_the_gpus(emulate):
     assert torch.equal(torch.rand(4), draws(123, 4)[0])  # the process's own stream, untouched by the devices'
 
 
-def test_fresh_devices_have_nondeterministic_53_bit_seeds_of_their_own(emulate):
-    emulate(4)
-    seeds = [torch.cuda.get_rng_state(index) for index in range(4)]
-    initial = []
-    for index in range(4):
+def test_installed_devices_start_at_the_seed_torch_last_gave_every_device(emulate):
+    torch.manual_seed(77)  # before the devices exist: torch.manual_seed seeds every GPU with the CPU's seed
+    torch.rand(5)  # the CPU's own draws move no GPU's stream
+    emulate(3)
+    for index in range(3):
         with on_device(index):
-            initial.append(torch.cuda.initial_seed())
-    assert len(set(initial)) == 4 and all(0 <= seed < 2**53 for seed in initial)
-    assert all(not torch.equal(seeds[0], state) for state in seeds[1:])
+            assert torch.cuda.initial_seed() == 77 and torch.equal(torch.rand(2), draws(77, 2)[0])
 
 
 def test_cuda_manual_seed_seeds_the_current_device_only_and_seed_all_gives_all_one_new_seed(emulate):

@@ -211,11 +211,11 @@ def replicate(network: nn.Module, devices_: Sequence, detach: bool = False) -> l
     buffers = list(network.buffers())
     tracked = [buffer for buffer in buffers if buffer.requires_grad and not detach]
     untracked = [buffer for buffer in buffers if not (buffer.requires_grad and not detach)]
-    buffer_copies = {
-        buffer: [device_copies[i] for device_copies in copies_of_group]
-        for group, copies_of_group in ((tracked, _broadcast(tracked, copies, detach)), (untracked, _broadcast(untracked, copies, True)))
-        for i, buffer in enumerate(group)
-    }
+    buffer_copies: dict[torch.Tensor, list[torch.Tensor]] = {}  # each buffer's copy per device
+    for group, group_detached in ((tracked, detach), (untracked, True)):
+        per_device = _broadcast(group, copies, group_detached)
+        for i, buffer in enumerate(group):
+            buffer_copies[buffer] = [device_copies[i] for device_copies in per_device]
 
     modules = list(network.modules())
     position = {module: i for i, module in enumerate(modules)}

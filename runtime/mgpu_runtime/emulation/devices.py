@@ -28,8 +28,12 @@ Facts from torch 2.13 that this follows
   two replicas given chunks of one shape get the same dropout mask, on GPUs as here.
 * A fresh CUDA device's default generator is **not** at torch's fixed default seed (67280421310721): its
   first use calls ``seed()`` (``getDefaultCUDAGenerator`` in ``CUDAGeneratorImpl.cpp``), a nondeterministic
-  53-bit seed of its own per device, as the CPU's default generator starts nondeterministic too. Fresh
-  emulated devices do the same, so a script that never seeds is not reproducible, as on GPUs.
+  53-bit seed of its own per device, as the CPU's default generator starts nondeterministic too. So what
+  decides a device's stream is the script's last ``torch.manual_seed``/``torch.seed``, which gave every
+  device the CPU's seed. Installed devices start at that seed, ``torch.initial_seed()``, at the start of
+  its stream (a GPU draws only on the device): exactly where GPUs are when the script seeded before
+  ``install``, so the runtime may install late. A script that never seeds gets the CPU's nondeterministic
+  seed on every device (one of its own each on GPUs): not reproducible either way.
 * ``torch.cuda.seed_all()`` seeds device 0 nondeterministically and gives the others that same seed;
   ``torch.cuda.seed()`` reseeds the current device only.
 * The streams are the CPU's mt19937, not CUDA's Philox: the numbers differ from a GPU's, their structure
@@ -78,7 +82,7 @@ def install(device_count: int) -> None:
         if device_count == len(_generators):
             return
         raise RuntimeError(f"{len(_generators)} emulated devices are installed; uninstall() before installing {device_count}")
-    _generators[:] = [_fresh_generator() for _ in range(device_count)]
+    _generators[:] = [torch.Generator().manual_seed(torch.initial_seed()) for _ in range(device_count)]
     for namespace, functions in ((torch.cuda, _CUDA_FUNCTIONS), (torch.cuda.random, _RANDOM_FUNCTIONS)):
         for name, function in functions.items():
             _replaced.append((namespace, name, getattr(namespace, name)))
@@ -146,12 +150,6 @@ def _store(owner: int | None) -> torch.Generator:
 def _live(index: int) -> torch.Generator:
     """The generator that holds device ``index``'s stream now: the default one while it is drawing it."""
     return torch.default_generator if index == _owner else _generators[index]
-
-
-def _fresh_generator() -> torch.Generator:
-    generator = torch.Generator()
-    generator.manual_seed(_nondeterministic_seed())
-    return generator
 
 
 def _nondeterministic_seed() -> int:

@@ -28,6 +28,7 @@ import argparse
 import os
 import runpy
 import sys
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -55,8 +56,14 @@ class Capture:
         self.steps = 0
         self.written = False
         self.wrappers: list[nn.Module] = []
-        nn.modules.module.register_module_module_registration_hook(self._module_set)
-        register_optimizer_step_post_hook(self._step_made)
+        self.hooks = [
+            nn.modules.module.register_module_module_registration_hook(self._module_set),
+            register_optimizer_step_post_hook(self._step_made),
+        ]
+
+    def close(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
 
     def _module_set(self, parent: nn.Module, name: str, child: nn.Module) -> None:
         if name == "module" and isinstance(parent, _wrapper_types()) and all(parent is not seen for seen in self.wrappers):
@@ -80,14 +87,18 @@ class Capture:
                 found.append((wrapper, module))
         return found
 
+    def state(self) -> dict:
+        """What ``--state`` writes: the steps made, and each wrapped model's wrapper and ``state_dict()``."""
+        models = [{"wrapper": type(wrapper).__name__, "state": module.state_dict()} for wrapper, module in self.models()]
+        return {"steps": self.steps, "models": models}
+
     def write(self) -> None:
         """Write the state once (the first call counts), on rank 0 only."""
         if self.written or self.state_path is None or os.environ.get("RANK", "0") != "0":
             return
         self.written = True
-        models = [{"wrapper": type(wrapper).__name__, "state": module.state_dict()} for wrapper, module in self.models()]
         partial = f"{self.state_path}.{os.getpid()}.partial"
-        torch.save({"steps": self.steps, "models": models}, partial)
+        torch.save(self.state(), partial)
         os.replace(partial, self.state_path)
 
 
@@ -110,20 +121,42 @@ def main(argv: list[str] | None = None) -> None:
     options = _parser().parse_args(argv)
     if options.steps is not None and options.steps < 1:
         _parser().error("--steps must be at least 1")
-    if options.devices is not None:
-        data_parallel.install(options.devices)
-    if options.float64:
+    run(options.script, options.args, options.devices, options.float64, options.steps, options.state)
+
+
+def run(
+    script: str,
+    args: Sequence[str] = (),
+    devices: int | None = None,
+    float64: bool = False,
+    steps: int | None = None,
+    state: str | None = None,
+) -> Capture:
+    """Run ``script`` in this process as the command does (see the module's doc), and give torch, ``sys.argv``
+    and ``sys.path`` back as they were; a ``SystemExit`` of the script is raised on."""
+    saved = sys.argv, sys.path[0], torch.get_default_dtype()
+    if devices is not None:
+        data_parallel.install(devices)
+    if float64:
         torch.set_default_dtype(torch.float64)
-    capture = Capture(options.steps, options.state)
-    script = os.path.abspath(options.script)
-    sys.argv = [script, *options.args]
+    capture = Capture(steps, state)
+    script = os.path.abspath(script)
+    sys.argv = [script, *args]
     sys.path[0] = os.path.dirname(script)
     try:
         runpy.run_path(script, run_name="__main__")
     except StepLimitReached:
-        return
+        pass
     except SystemExit as exit:
         if exit.code in (None, 0):
             capture.write()
         raise
-    capture.write()
+    else:
+        capture.write()
+    finally:
+        capture.close()
+        if devices is not None:
+            data_parallel.uninstall()
+        sys.argv, sys.path[0] = saved[:2]
+        torch.set_default_dtype(saved[2])
+    return capture
