@@ -86,16 +86,16 @@ def decide(analysis: FileAnalysis, rewritten: Collection[cst.CSTNode]) -> Progra
     return Program(tuple(wraps), tuple(kept), existing, already)
 
 
-def settle(program: Program, edits: Edits, vetoes: Collection[str], keep: Collection[str]) -> None:
+def settle(program: Program, edits: Edits) -> None:
     """Leave the whole ``--to ddp`` file as it is when a wrap stays or a program rule vetoed it.
 
     A kept wrap keeps every review diagnostic (its isinstance checks and criteria stay as they are too). A
-    veto (one of ``vetoes`` reported) keeps only the vetoes reported and the wrap review codes in ``keep``:
-    what was said about the distributed program the file would have become no longer applies.
+    veto (a code with ``veto`` reported) keeps only the vetoes reported and what the wrap rules said about the
+    wraps (``kept_when_left``): what was said about the distributed program the file would have become no longer
+    applies.
     """
     if program.left_whole:
         edits.discard_rewrites()
         return
-    reported = {diagnostic.code for diagnostic in edits.diagnostics} & set(vetoes)
-    if reported:
-        edits.discard_rewrites(keep={*reported, *keep})
+    if any(code.veto for code in edits.reported()):
+        edits.discard_rewrites(keep=lambda code: code.veto or code.kept_when_left)

@@ -104,13 +104,4 @@ def rules_for(target: str, phase: str | None = None, style: str | None = None) -
     ]
 
 
-def vetoes(target: str) -> frozenset[str]:
-    """The review codes that leave a whole file as it is (``program.settle``)."""
-    return frozenset(code for rule in rules_for(target) for code in rule.VETOES)
-
-
-# What a wrap rule said about a wrap stays said when a veto leaves the file (``program.settle``).
-WRAP_REVIEW_CODES = frozenset(WrapperSwap.REVIEW_CODES)
-
-
-__all__ = ["RULES", "TARGETS", "WRAP_REVIEW_CODES", "Rule", "rules_for", "vetoes"]
+__all__ = ["RULES", "TARGETS", "Rule", "rules_for"]

@@ -18,6 +18,7 @@ from typing import ClassVar
 import libcst as cst
 
 from mgpu_migrate.analysis import FileAnalysis
+from mgpu_migrate.diagnostics import Code, Review, Rewrite
 from mgpu_migrate.edits import Edits
 from mgpu_migrate.options import BALANCED, DDP, DEFAULT_OPTIONS, RUNTIME_STYLE, STYLES, TARGETS, TORCH_STYLE, Options
 from mgpu_migrate.program import Program
@@ -40,10 +41,12 @@ class Example:
     before: str
     after: str | None
     target: str
-    codes: tuple[str, ...] = ()
+    codes: tuple[str | Code, ...] = ()
     options: Options = DEFAULT_OPTIONS
 
     def __post_init__(self) -> None:
+        # A code object or its number: another rule's code is named by its number (rules never import each other).
+        object.__setattr__(self, "codes", tuple(code if type(code) is str else code.code for code in self.codes))
         object.__setattr__(self, "before", _dedented(self.before))
         if self.after is not None:
             object.__setattr__(self, "after", _dedented(self.after))
@@ -57,12 +60,11 @@ class Rule(ABC):
     """Base class. The class docstring is the rule's documentation (shown by ``--explain CODE``) and
     follows fixed sections: What it does / Why is this bad? / Example / Use instead / Fix safety."""
 
-    CODE: ClassVar[str]
+    # Its rewrite code, or, for a rule that only reports, its main review code (one of REVIEW_CODES).
+    CODE: ClassVar[Code]
     PHASE: ClassVar[str]
-    # Codes the rule emits for sites it leaves alone, with what each means (the summary in ``--list-codes``).
-    REVIEW_CODES: ClassVar[dict[str, str]] = {}
-    # Review codes that, once reported, leave the whole ``--to ddp`` file as it is (``program.settle``).
-    VETOES: ClassVar[frozenset[str]] = frozenset()
+    # The codes the rule emits for sites it leaves alone (each declared once, in the rule's module).
+    REVIEW_CODES: ClassVar[tuple[Review, ...]] = ()
     DESCRIPTION: ClassVar[str]
     TARGETS: ClassVar[tuple[str, ...]] = TARGETS
     # The ``--style`` values it runs under (a ``--to ddp`` rule that writes runtime calls has a torch twin).
@@ -77,6 +79,7 @@ class Rule(ABC):
         options: Options = DEFAULT_OPTIONS,
         program: Program | None = None,
         rewritten: frozenset[cst.CSTNode] = frozenset(),
+        reported: frozenset[Code] = frozenset(),
     ) -> None:
         self.target = target
         self.analysis = analysis
@@ -86,25 +89,27 @@ class Rule(ABC):
         self.program = program
         # The nodes the earlier phases rewrote (criteria handed to the runtime, loaders split ...).
         self.rewritten = rewritten
+        # A check's: the codes the earlier phases reported (read by what they say, never by number).
+        self.reported = reported
 
     @abstractmethod
     def apply(self) -> None:
         """Record this rule's edits and diagnostics for the file."""
 
     # -- helpers for subclasses ------------------------------------------------------------------
-    def rewrite_allowed(self, node: cst.CSTNode, code: str | None = None) -> bool:
+    def rewrite_allowed(self, node: cst.CSTNode, code: Code | None = None) -> bool:
         """False when a ``# noqa`` comment at the site silences this rewrite."""
-        return not self.analysis.silenced(node, code or self.CODE)
+        return not self.analysis.silenced(node, (code or self.CODE).code)
 
-    def rewrote(self, node: cst.CSTNode, message: str, code: str | None = None) -> None:
+    def rewrote(self, node: cst.CSTNode, message: str, code: Rewrite | None = None) -> None:
         self.edits.report_at(node, code or self.CODE, message)
 
-    def left(self, node: cst.CSTNode, code: str, message: str) -> None:
+    def left(self, node: cst.CSTNode, code: Review, message: str) -> None:
         """Report a site this rule did not rewrite, unless a ``# noqa`` silences the code there."""
-        if self.analysis.silenced(node, code):
+        if self.analysis.silenced(node, code.code):
             return
         self.edits.report_at(node, code, message)
 
 
 # The targets are re-exported for the rules, which name them beside the phases.
-__all__ = ["BALANCED", "CHECKS", "DDP", "PHASES", "PROGRAM", "TARGETS", "WRAPS", "Example", "Rule"]
+__all__ = ["BALANCED", "CHECKS", "DDP", "PHASES", "PROGRAM", "TARGETS", "WRAPS", "Example", "Review", "Rewrite", "Rule"]

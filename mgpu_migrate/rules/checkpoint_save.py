@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mgpu_migrate.analysis.guards import under_main_process_block
-from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review, Rewrite, Rule
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.rules.syntax import RUNTIME, argument, runtime_attr, runtime_call, with_keyword
 
@@ -15,8 +15,16 @@ _MOVERS = {"os.replace", "os.rename", "os.remove", "os.unlink", "shutil.move", "
 _FILE_MAKERS = {"open", "io.open", "io.BytesIO", "gzip.open", "bz2.open", "lzma.open", "builtins.open"}
 
 
-# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
-SAVE_ON_EVERY_PROCESS = "MGP240"
+SAVE_ON_EVERY_PROCESS = Review(
+    "MGP240",
+    name="save-on-every-process",
+    summary="a save every process still runs: into a file object or buffer, or save_pretrained",
+    why=(
+        "This save still runs on every process: it writes into a file object or a buffer, or it is "
+        "`save_pretrained`, which `mgpu_runtime.save` does not replace."
+    ),
+    todo="Put it under `if mgpu_runtime.is_main_process():`, or save to a path with `mgpu_runtime.save`.",
+)
 
 
 class CheckpointSave(Rule):
@@ -48,12 +56,10 @@ class CheckpointSave(Rule):
     is ``save_pretrained``: every process still runs them.
     """
 
-    CODE = "MGP123"
+    CODE = Rewrite("MGP123")
     PHASE = PROGRAM
     STYLES = (RUNTIME_STYLE,)
-    REVIEW_CODES = {
-        SAVE_ON_EVERY_PROCESS: "a save every process still runs: into a file object or buffer, or save_pretrained",
-    }
+    REVIEW_CODES = (SAVE_ON_EVERY_PROCESS,)
     DESCRIPTION = "torch.save replaced with mgpu_runtime.save (main process only, atomic)"
     TARGETS = (DDP,)
     EXAMPLES = (

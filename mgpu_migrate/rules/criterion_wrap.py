@@ -20,7 +20,7 @@ from mgpu_migrate.analysis.models import RUNTIME as RUNTIME_SITE
 from mgpu_migrate.analysis.models import TORCH, Sites
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.program import existing_setup
-from mgpu_migrate.rules.base import BALANCED, DDP, RUNTIME_STYLE, WRAPS, Example, Rule
+from mgpu_migrate.rules.base import BALANCED, DDP, RUNTIME_STYLE, WRAPS, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 
 
@@ -39,13 +39,102 @@ def wrap_in_runtime(name: str):
     return wrap
 
 
-# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
-CRITERION_USED_OTHERWISE = "MGP203"
-LOSS_NOT_SPLITTABLE = "MGP204"
-LOSS_OUT_OF_SIGHT = "MGP205"
-SUBMODULE_LOSS_GATHERED = "MGP206"
-LOSS_ON_TRANSFORMED_OUTPUT = "MGP207"
-CRITERION_FROM_ELSEWHERE = "MGP213"
+CRITERION_USED_OTHERWISE = Review(
+    "MGP203",
+    name="criterion-used-otherwise",
+    summary=(
+        "the criterion is used other than by calling it (attribute read, passed to code outside the "
+        "file); not wrapped, its loss is computed on the gathered output"
+    ),
+    why=(
+        "The criterion is used other than by calling it (an attribute read, passed to code outside the file); "
+        "a wrapped criterion would not offer what that use expects."
+    ),
+    todo=(
+        "Nothing, if the loss on the gathered output is fine (it is what DataParallel did). To compute it per "
+        "device, wrap the criterion by hand in `mgpu_runtime.DataParallelCriterion`."
+    ),
+)
+LOSS_NOT_SPLITTABLE = Review(
+    "MGP204",
+    name="loss-not-splittable",
+    summary=(
+        "the loss is not one the runtime can split exactly (a custom loss, CTCLoss, a per-sample "
+        "weight); not wrapped, its loss is computed on the gathered output"
+    ),
+    why=(
+        "The runtime computes exactly only the losses whose reduction it knows (torch's losses with mean, sum "
+        "or none, `ignore_index`, class weights). A custom loss, `CTCLoss` or a per-sample weight could give "
+        "another value when computed per piece."
+    ),
+    todo=(
+        "Nothing: the loss is computed on the gathered output, as before. Wrap it by hand only if it is a mean "
+        "or a sum over the rows of the batch."
+    ),
+)
+LOSS_OUT_OF_SIGHT = Review(
+    "MGP205",
+    name="loss-out-of-sight",
+    summary=(
+        "no loss on this model's outputs is computed in this file: the outputs (or the model) go to "
+        "code the tool cannot see, where a loss runs on the gathered output"
+    ),
+    why=(
+        "No loss on this model's outputs is computed in this file: the outputs, or the model, go to code the "
+        "tool cannot see (a caller, another module), where the loss runs on the gathered output."
+    ),
+    todo=(
+        "Wrap that criterion in `mgpu_runtime.DataParallelCriterion` where it is built if it is a torch loss "
+        "of rows (cross-entropy, MSE ...), or leave it: the loss is computed on the gathered output, as before. "
+        "Leave a loss that compares the rows of a batch (a batch-hard triplet loss, a contrastive or "
+        "Jensen-Shannon loss over the batch): computed per piece it would be another loss, with no error."
+    ),
+)
+SUBMODULE_LOSS_GATHERED = Review(
+    "MGP206",
+    name="submodule-loss-gathered",
+    summary=(
+        "only a sub-module is wrapped: its output is gathered where the rest of the model uses it, "
+        "so the loss is computed on the output device, as before"
+    ),
+    why=(
+        "Only a sub-module is wrapped: its output is gathered where the rest of the model uses it, so the loss "
+        "is computed on the output device, as before."
+    ),
+    todo="Nothing. Wrap the whole model to compute the loss beside each piece of the output.",
+)
+LOSS_ON_TRANSFORMED_OUTPUT = Review(
+    "MGP207",
+    name="loss-on-transformed-output",
+    summary=(
+        "the loss gets a value computed from the outputs (`out.view(...)`), so the outputs are "
+        "gathered first; compute it in the model's forward to keep the loss per device"
+    ),
+    why=(
+        "The loss gets a value computed from the outputs (`out.view(...)`, `log_softmax(out)`), so the outputs "
+        "are gathered before it is computed."
+    ),
+    todo="Move that computation into the model's `forward` so that the loss receives the outputs themselves.",
+)
+CRITERION_FROM_ELSEWHERE = Review(
+    "MGP213",
+    name="criterion-from-elsewhere",
+    summary=(
+        "a wrapped criterion can also come from code the tool cannot follow (a factory of another module, "
+        "a parameter passed from outside the file); that criterion is not wrapped"
+    ),
+    why=(
+        "A wrapped criterion can also come from code the tool cannot follow (a factory of another module, a "
+        "parameter passed from outside the file), so that one is not wrapped."
+    ),
+    todo=(
+        "Wrap it where it is built, in `mgpu_runtime.DataParallelCriterion` (balanced) or "
+        "`mgpu_runtime.DistributedCriterion` (ddp), if it is a loss of rows (a torch loss, a mean over the rows). "
+        "Not a loss that compares the rows of a batch (a batch-hard triplet loss, a contrastive or Jensen-Shannon "
+        "loss over the batch): on a piece of the batch it is another loss, with no error; under --to ddp such a "
+        "loss leaves the file (MGP287 for a project's loss class)."
+    ),
+)
 
 
 class CriterionWrap(Rule):
@@ -100,23 +189,17 @@ class CriterionWrap(Rule):
     from code out of sight (``build_loss(cfg)`` in another branch) gets MGP213 there.
     """
 
-    CODE = "MGP102"
+    CODE = Rewrite("MGP102")
     PHASE = WRAPS
     STYLES = (RUNTIME_STYLE,)
-    REVIEW_CODES = {
-        CRITERION_USED_OTHERWISE: "the criterion is used other than by calling it (attribute read, passed to code outside the "
-        "file); not wrapped, its loss is computed on the gathered output",
-        LOSS_NOT_SPLITTABLE: "the loss is not one the runtime can split exactly (a custom loss, CTCLoss, a per-sample "
-        "weight); not wrapped, its loss is computed on the gathered output",
-        LOSS_OUT_OF_SIGHT: "no loss on this model's outputs is computed in this file: the outputs (or the model) go to "
-        "code the tool cannot see, where a loss runs on the gathered output",
-        SUBMODULE_LOSS_GATHERED: "only a sub-module is wrapped: its output is gathered where the rest of the model uses it, "
-        "so the loss is computed on the output device, as before",
-        LOSS_ON_TRANSFORMED_OUTPUT: "the loss gets a value computed from the outputs (`out.view(...)`), so the outputs are "
-        "gathered first; compute it in the model's forward to keep the loss per device",
-        CRITERION_FROM_ELSEWHERE: "a wrapped criterion can also come from code the tool cannot follow (a factory of another module, "
-        "a parameter passed from outside the file); that criterion is not wrapped",
-    }
+    REVIEW_CODES = (
+        CRITERION_USED_OTHERWISE,
+        LOSS_NOT_SPLITTABLE,
+        LOSS_OUT_OF_SIGHT,
+        SUBMODULE_LOSS_GATHERED,
+        LOSS_ON_TRANSFORMED_OUTPUT,
+        CRITERION_FROM_ELSEWHERE,
+    )
     DESCRIPTION = "criterion on a wrapped model's outputs wrapped in the runtime's criterion for the target"
     EXAMPLES = (
         Example(

@@ -5,13 +5,49 @@ from __future__ import annotations
 import libcst as cst
 
 from mgpu_migrate.analysis.entrypoint import EntryPoint
-from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_call
 
-# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
-NO_ENTRY_POINT = "MGP230"
-EXISTING_DISTRIBUTED_SETUP = "MGP231"
-FILE_KEEPS_A_WRAP = "MGP232"
+NO_ENTRY_POINT = Review(
+    "MGP230",
+    name="no-entry-point",
+    summary="the file trains, but no place that runs first was found for mgpu_runtime.setup()",
+    why=(
+        "The file trains, but it has no `if __name__ == \"__main__\":` block or `main()` where "
+        "`mgpu_runtime.setup()` could run first. The runtime's wrapper calls `setup()` when it is built, so "
+        "the other processes start late (after any work done before the wrap)."
+    ),
+    todo="Call `mgpu_runtime.setup()` where your program starts.",
+)
+EXISTING_DISTRIBUTED_SETUP = Review(
+    "MGP231",
+    name="existing-distributed-setup",
+    summary="the file runs distributed training of its own: its DataParallel fallback is left as it is",
+    why=(
+        "The file sets up distributed training itself (`init_process_group`, torch's or apex's DDP, "
+        "`DistributedSampler`, `mp.spawn`). Only its DataParallel fallback is migrated; its data and "
+        "checkpoints are left as they are. Started plainly on several GPUs, the fallback relaunches the script "
+        "under torchrun."
+    ),
+    todo=(
+        "Check that the relaunched script takes its own distributed path (it reads `LOCAL_RANK` or `WORLD_SIZE` "
+        "from the environment)."
+    ),
+    veto=True,
+)
+FILE_KEEPS_A_WRAP = Review(
+    "MGP232",
+    name="file-keeps-a-wrap",
+    summary=(
+        "the file keeps a DataParallel wrap, so it is left as it is: --to ddp migrates a file entirely or not at all"
+    ),
+    why=(
+        "`--to ddp` migrates a file entirely or not at all: a file that ran some wraps as one process per GPU "
+        "and others as DataParallel, without the set-up and data of a distributed program, would work neither "
+        "way. Another wrap in this file stays DataParallel (its own diagnostic says why)."
+    ),
+    todo="Migrate the wrap named in the message by hand first (or make it migratable), then run the tool again.",
+)
 
 
 class EntryPointSetup(Rule):
@@ -55,15 +91,10 @@ class EntryPointSetup(Rule):
     the other processes then start late (after any work done before the wrap).
     """
 
-    CODE = "MGP120"
+    CODE = Rewrite("MGP120")
     PHASE = PROGRAM
     STYLES = (RUNTIME_STYLE,)
-    VETOES = frozenset({EXISTING_DISTRIBUTED_SETUP})
-    REVIEW_CODES = {
-        NO_ENTRY_POINT: "the file trains, but no place that runs first was found for mgpu_runtime.setup()",
-        EXISTING_DISTRIBUTED_SETUP: "the file runs distributed training of its own: its DataParallel fallback is left as it is",
-        FILE_KEEPS_A_WRAP: "the file keeps a DataParallel wrap, so it is left as it is: --to ddp migrates a file entirely or not at all",
-    }
+    REVIEW_CODES = (NO_ENTRY_POINT, EXISTING_DISTRIBUTED_SETUP, FILE_KEEPS_A_WRAP)
     DESCRIPTION = "mgpu_runtime.setup() inserted where the program starts"
     TARGETS = (DDP,)
     EXAMPLES = (

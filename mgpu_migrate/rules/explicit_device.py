@@ -11,7 +11,7 @@ from mgpu_migrate.analysis.entrypoint import (
 from mgpu_migrate.analysis.tree import is_zero
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.program import Program
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.entry_point import EntryPointSetup
 from mgpu_migrate.rules.syntax import RUNTIME, argument, keyword, runtime_call
 
@@ -20,9 +20,33 @@ FIRST_GPU = "cuda:0"
 _NOT_A_DEVICE_PARENTS = frozenset({cst.Expr, cst.ConcatenatedString, cst.FormattedString})
 
 
-# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
-EXPLICIT_OTHER_GPU = "MGP244"
-VISIBLE_DEVICES_AFTER_SETUP = "MGP245"
+EXPLICIT_OTHER_GPU = Review(
+    "MGP244",
+    name="explicit-other-gpu",
+    summary="an explicit GPU other than the first: under DDP each process uses its own device",
+    why=(
+        "An explicit GPU other than the first: under DDP each process uses its own device, so a fixed GPU "
+        "number puts every process on the same one."
+    ),
+    todo=(
+        "Use `mgpu_runtime.device()` (or `'cuda'` and `.cuda()` for the current one); choose the GPUs with "
+        "`CUDA_VISIBLE_DEVICES` in the launch environment."
+    ),
+)
+VISIBLE_DEVICES_AFTER_SETUP = Review(
+    "MGP245",
+    name="visible-devices-after-setup",
+    summary=(
+        "CUDA_VISIBLE_DEVICES set after mgpu_runtime.setup() has bound the process to a GPU, or in a file "
+        "that leaves setup() to the runtime, where it may come after setup()"
+    ),
+    why=(
+        "`CUDA_VISIBLE_DEVICES` chooses the GPUs only before the process binds to one. It is set after "
+        "`mgpu_runtime.setup()`, or in a file that leaves `setup()` to the runtime, where a program whose entry "
+        "point calls `setup()` has bound the process by then."
+    ),
+    todo="Set it before the program starts, in the launch environment.",
+)
 
 
 class ExplicitDevice(Rule):
@@ -59,13 +83,9 @@ class ExplicitDevice(Rule):
     GPUs if it runs before that, but not in a program whose entry point calls ``setup()`` before any helper runs.
     """
 
-    CODE = "MGP127"
+    CODE = Rewrite("MGP127")
     PHASE = PROGRAM
-    REVIEW_CODES = {
-        EXPLICIT_OTHER_GPU: "an explicit GPU other than the first: under DDP each process uses its own device",
-        VISIBLE_DEVICES_AFTER_SETUP: "CUDA_VISIBLE_DEVICES set after mgpu_runtime.setup() has bound the process to a GPU, or in a file "
-        "that leaves setup() to the runtime, where it may come after setup()",
-    }
+    REVIEW_CODES = (EXPLICIT_OTHER_GPU, VISIBLE_DEVICES_AFTER_SETUP)
     DESCRIPTION = "explicit cuda:0 devices replaced with the process's own device"
     TARGETS = (DDP,)
     EXAMPLES = (

@@ -17,7 +17,7 @@ from mgpu_migrate.analysis.losses import (
     exact_under_ddp_without_wrapper,
     reduction_of,
 )
-from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Rule
+from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.criterion_wrap import becomes_ddp
@@ -38,8 +38,22 @@ def torch_nn_spelling(analysis) -> tuple[str, bool]:
     return "torch.nn", "torch" not in bindings.local
 
 
-# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
-FUNCTIONAL_LOSS_KEPT = "MGP212"
+FUNCTIONAL_LOSS_KEPT = Review(
+    "MGP212",
+    name="functional-loss-kept",
+    summary=(
+        "a functional loss on the model's outputs was left as it is (a transformed input, or options "
+        "the loss's class cannot take); it is computed on the gathered output"
+    ),
+    why=(
+        "The functional loss gets a transformed input, or options its loss class cannot take, so it cannot be "
+        "handed to the runtime's criterion; it is computed on the gathered output."
+    ),
+    todo=(
+        "Nothing, if the loss on the gathered output is fine. Otherwise compute the transformation in the "
+        "model's `forward` and pass the outputs to the loss directly."
+    ),
+)
 
 
 class FunctionalLoss(Rule):
@@ -80,12 +94,9 @@ class FunctionalLoss(Rule):
     (``F.binary_cross_entropy(..., weight=w)``). Under DDP a transformed input is fine (nothing is gathered).
     """
 
-    CODE = "MGP103"
+    CODE = Rewrite("MGP103")
     PHASE = WRAPS
-    REVIEW_CODES = {
-        FUNCTIONAL_LOSS_KEPT: "a functional loss on the model's outputs was left as it is (a transformed input, or options "
-        "the loss's class cannot take); it is computed on the gathered output",
-    }
+    REVIEW_CODES = (FUNCTIONAL_LOSS_KEPT,)
     DESCRIPTION = "functional loss on a wrapped model's outputs computed per device by the runtime's criterion"
     EXAMPLES = (
         Example(

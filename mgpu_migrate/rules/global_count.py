@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rewrite, Rule
 from mgpu_migrate.rules.criterion_wrap import wrap_in_runtime
 from mgpu_migrate.rules.syntax import RUNTIME
 
-GLOBAL_COUNT = "MGP140"
+GLOBAL_COUNT = Rewrite("MGP140")
 # Methods that count (a full reduction with no argument), and what may follow them without changing the count.
 _COUNTS = frozenset({"sum", "numel", "count_nonzero", "nelement"})
 _CONVERSIONS = frozenset({"item", "float", "double", "long", "int", "detach", "cpu"})

@@ -7,7 +7,7 @@ import libcst as cst
 from mgpu_migrate.analysis.draws import names_a_size
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rule
 
 # Draws from torch's global generator whose size is given as an argument (reported when it is the batch's).
 _SIZED_DRAWS = frozenset(f"torch.{name}" for name in ("randn", "rand", "randint", "normal", "empty"))
@@ -20,7 +20,26 @@ _FILLS = frozenset({"normal_", "uniform_", "bernoulli_", "exponential_", "geomet
 
 
 # The file is left as it is when this is reported (rules.settle).
-PER_ROW_RANDOMNESS = "MGP260"
+PER_ROW_RANDOMNESS = Review(
+    "MGP260",
+    name="per-row-randomness",
+    summary=(
+        "random numbers drawn per row in a split training loop, not sliced by the runtime: processes draw the same ones"
+    ),
+    why=(
+        "The training loop draws random numbers for each row of the batch in a way the runtime does not draw "
+        "for the global batch (an in-place `normal_()` fill, `torch.bernoulli`, a size that is the batch's but "
+        "not its rows first). The runtime keeps every process's torch generator where the original's was, "
+        "seeded or not, so every process would draw the first rows' numbers for its own rows. The file is left "
+        "as it is."
+    ),
+    todo=(
+        "Draw with `torch.randn`/`rand(x.size(0), ...)`, `randn_like`/`rand_like(x)` or "
+        "`torch.randint(low, high, (x.size(0), ...))`, which the runtime draws for the global batch and slices, "
+        "then migrate; or use `--to balanced`."
+    ),
+    veto=True,
+)
 
 
 class ProcessRandomness(Rule):
@@ -61,10 +80,7 @@ class ProcessRandomness(Rule):
 
     CODE = PER_ROW_RANDOMNESS
     PHASE = PROGRAM
-    VETOES = frozenset({PER_ROW_RANDOMNESS})
-    REVIEW_CODES = {
-        PER_ROW_RANDOMNESS: "random numbers drawn per row in a split training loop, not sliced by the runtime: processes draw the same ones",
-    }
+    REVIEW_CODES = (PER_ROW_RANDOMNESS,)
     DESCRIPTION = "per-row random draws the runtime cannot slice keep the file off DDP"
     TARGETS = (DDP,)
     EXAMPLES = (

@@ -54,7 +54,7 @@ class TorchCriterion(CriterionWrap):
     CODE = LOSS_SCALE
     STYLES = (TORCH_STYLE,)
     TARGETS = (DDP,)
-    REVIEW_CODES = {LOSS_SCALE: "--style torch: DDP averages the processes' gradients; this loss's scale or mean then differs"}
+    REVIEW_CODES = (LOSS_SCALE,)
     DESCRIPTION = "criterion left as it is, with how DDP's gradient average changes its loss (--style torch)"
     EXAMPLES = (
         Example(

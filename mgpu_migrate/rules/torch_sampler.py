@@ -8,7 +8,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis.loaders import LoaderTrace
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import DDP, TORCH_STYLE, Example
+from mgpu_migrate.rules.base import DDP, TORCH_STYLE, Example, Rewrite
 from mgpu_migrate.rules.syntax import argument, has_star_args, parse, with_keyword
 from mgpu_migrate.rules.torch_style import (
     DATA_ORDER,
@@ -72,12 +72,9 @@ class TorchTrainingData(TrainingData):
     whole (MGP296).
     """
 
-    CODE = "MGP162"
+    CODE = Rewrite("MGP162", accounts_for_data=True)
     STYLES = (TORCH_STYLE,)
-    REVIEW_CODES = {
-        DATA_ORDER: "--style torch: DistributedSampler shuffles in an order of its own, not the original's",
-        GLOBAL_BATCH: "--style torch: the global batch and an epoch equal the original's only for sizes that divide",
-    }
+    REVIEW_CODES = (DATA_ORDER, GLOBAL_BATCH)
     DESCRIPTION = "training DataLoader given a DistributedSampler and the per-process batch size (--style torch)"
     EXAMPLES = (
         Example(

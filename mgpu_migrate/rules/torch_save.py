@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mgpu_migrate.rules.base import DDP, TORCH_STYLE, Example
+from mgpu_migrate.rules.base import DDP, TORCH_STYLE, Example, Review, Rewrite
 from mgpu_migrate.rules.checkpoint_save import CheckpointSave
 from mgpu_migrate.rules.torch_style import (
     DIST_IMPORT,
@@ -13,8 +13,21 @@ from mgpu_migrate.rules.torch_style import (
     statement,
 )
 
-# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
-WHOLE_DDP_PICKLED = "MGP333"
+WHOLE_DDP_PICKLED = Review(
+    "MGP333",
+    name="whole-ddp-pickled",
+    summary="--style torch: the whole DDP model is pickled: the file loads only where a process group is set up",
+    why=(
+        "Under `--style torch`, `torch.save(model, path)` pickles torch's `DistributedDataParallel` itself: "
+        "loading that file needs a process group set up (its unpickling looks for one), while the original's "
+        "file held an `nn.DataParallel` that loads with torch alone, into loader code that goes on with "
+        "`model.module` or `model.eval()`."
+    ),
+    todo=(
+        "Save what the original saved: `torch.save(torch.nn.DataParallel(model.module), path)`; or migrate "
+        "with the default style, whose wrapper pickles as that DataParallel."
+    ),
+)
 
 
 class TorchCheckpointSave(CheckpointSave):
@@ -45,11 +58,9 @@ class TorchCheckpointSave(CheckpointSave):
     leaves the file whole (MGP296, MGP295): the default style handles both.
     """
 
-    CODE = "MGP163"
+    CODE = Rewrite("MGP163")
     STYLES = (TORCH_STYLE,)
-    REVIEW_CODES = {
-        WHOLE_DDP_PICKLED: "--style torch: the whole DDP model is pickled: the file loads only where a process group is set up",
-    }
+    REVIEW_CODES = (WHOLE_DDP_PICKLED,)
     DESCRIPTION = "torch.save run by rank 0 only (--style torch)"
     EXAMPLES = (
         Example(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mgpu_migrate.analysis.entrypoint import EntryPoint
-from mgpu_migrate.rules.base import DDP, TORCH_STYLE, Example
+from mgpu_migrate.rules.base import DDP, TORCH_STYLE, Example, Rewrite
 from mgpu_migrate.rules.entry_point import EntryPointSetup
 from mgpu_migrate.rules.torch_style import (
     DIST_IMPORT,
@@ -62,13 +62,9 @@ class TorchSetup(EntryPointSetup):
     first (no main block, no ``main()``): torch's wrapper needs the process group before it is built (MGP296).
     """
 
-    CODE = "MGP161"
+    CODE = Rewrite("MGP161")
     STYLES = (TORCH_STYLE,)
-    VETOES = frozenset({NO_TORCH_FORM})
-    REVIEW_CODES = {
-        NEEDS_RUNTIME: "--style torch: a rewrite here has no plain-PyTorch form; the file is left as it is",
-        NO_TORCH_FORM: "--style torch: a site has no textbook form (a loader, a save, a loss, the name dist); file left",
-    }
+    REVIEW_CODES = (NEEDS_RUNTIME, NO_TORCH_FORM)
     DESCRIPTION = "process group set up from the torchrun environment, and destroyed at the end (--style torch)"
     EXAMPLES = (
         Example(

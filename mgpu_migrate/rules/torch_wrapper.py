@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mgpu_migrate.rules.base import DDP, TORCH_STYLE, Example
+from mgpu_migrate.rules.base import DDP, TORCH_STYLE, Example, Rewrite
 from mgpu_migrate.rules.syntax import parse, with_keyword
 from mgpu_migrate.rules.torch_style import TORCH_OPTIONS
 from mgpu_migrate.rules.wrapper_swap import WrapperSwap
@@ -48,10 +48,10 @@ class TorchWrapperSwap(WrapperSwap):
     set-up ran).
     """
 
-    CODE = "MGP160"
+    CODE = Rewrite("MGP160")
     STYLES = (TORCH_STYLE,)
     TARGETS = (DDP,)
-    REVIEW_CODES = {}
+    REVIEW_CODES = ()
     DESCRIPTION = "DataParallel wrapper replaced with torch's DistributedDataParallel (--style torch)"
     EXAMPLES = (
         Example(

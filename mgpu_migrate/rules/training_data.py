@@ -10,7 +10,8 @@ from mgpu_migrate.analysis.batch import is_row_count
 from mgpu_migrate.analysis.loaders import LOADER, LoaderTrace
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review, Rewrite, Rule
+from mgpu_migrate.rules.global_count import GLOBAL_COUNT
 from mgpu_migrate.rules.syntax import RUNTIME, argument, runtime_call
 
 # torch's own samplers draw from the generator the runtime keeps in step; others may not.
@@ -31,14 +32,59 @@ def _is_name(node: cst.BaseExpression, name: str) -> bool:
     return type(node) is cst.Name and node.value == name
 
 
-# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
-EVALUATION_LOADER_WHOLE = "MGP234"
-TRAINING_DATA_NOT_FOLLOWED = "MGP235"
-SUMMED_LOSS = "MGP236"
-CUSTOM_SAMPLER = "MGP237"
-ITERABLE_DATASET = "MGP238"
-# GlobalCount's rewrite (MGP140): a count of the batch summed over the processes.
-GLOBAL_COUNT = "MGP140"
+EVALUATION_LOADER_WHOLE = Review(
+    "MGP234",
+    name="evaluation-loader-whole",
+    summary="an evaluation loader left whole: every process evaluates all of it",
+    why=(
+        "An evaluation loader is left whole: every process evaluates all of it, so the metrics are the "
+        "original's, without a speed-up."
+    ),
+    todo=(
+        "To split it, pass it through `mgpu_runtime.distribute_loader(...)` and reduce the metrics over the "
+        "processes with `mgpu_runtime.reduce_sum`."
+    ),
+)
+TRAINING_DATA_NOT_FOLLOWED = Review(
+    "MGP235",
+    name="training-data-not-followed",
+    summary="training data the tool cannot follow to a DataLoader, or cannot tell is trained on: not split",
+    why=(
+        "The tool cannot follow this training loop's data to a DataLoader, or cannot tell whether the loop "
+        "trains, so the data is not split. Each process then trains on whole batches: the original's training "
+        "only if every process draws the same ones (seeded alike, or not shuffled); the runtime stops the "
+        "first step when they differ."
+    ),
+    todo="Pass the loader through `mgpu_runtime.distribute_loader(...)` where it is built.",
+)
+SUMMED_LOSS = Review(
+    "MGP236",
+    name="summed-loss",
+    summary="a loss summed by hand: the runtime cannot weight it, so that loop's data is not split",
+    why=(
+        "The loss is summed by hand, which the runtime cannot weight by each process's share of the batch, so "
+        "this loop's data is not split (each process trains on whole batches, as for MGP235)."
+    ),
+    todo="Use a mean, or a criterion wrapped in `mgpu_runtime.DistributedCriterion`, then distribute the loader.",
+    accounts_for_data=True,
+)
+CUSTOM_SAMPLER = Review(
+    "MGP237",
+    name="custom-sampler",
+    summary="a custom sampler: it runs on the main process only and each of its batches is split",
+    why="`distribute_loader` runs a custom sampler on the main process only and splits each batch it makes.",
+    todo="If the sampler already splits the data across processes (like `DistributedSampler`), drop that part.",
+)
+ITERABLE_DATASET = Review(
+    "MGP238",
+    name="iterable-dataset",
+    summary="an iterable dataset: the main process reads every batch and sends each process its rows",
+    why=(
+        "With an iterable dataset the main process reads every batch and sends each process its rows: correct, "
+        "but the loading is not divided among the processes."
+    ),
+    todo="Nothing, unless loading is the bottleneck: then shard the dataset by `mgpu_runtime.rank()` yourself.",
+)
 # Calls that count what they are called on (``mask.sum()``, ``x.numel()``), and those that make a mask to count.
 _COUNTING = frozenset({"sum", "count_nonzero", "numel", "nelement"})
 _MASKS = frozenset({"ne", "eq", "gt", "ge", "lt", "le", "bool"})
@@ -89,16 +135,10 @@ class TrainingData(Rule):
     or an iterable dataset (MGP238) is distributed, with a note on what to check.
     """
 
-    CODE = "MGP122"
+    CODE = Rewrite("MGP122", accounts_for_data=True)
     PHASE = PROGRAM
     STYLES = (RUNTIME_STYLE,)
-    REVIEW_CODES = {
-        EVALUATION_LOADER_WHOLE: "an evaluation loader left whole: every process evaluates all of it",
-        TRAINING_DATA_NOT_FOLLOWED: "training data the tool cannot follow to a DataLoader, or cannot tell is trained on: not split",
-        SUMMED_LOSS: "a loss summed by hand: the runtime cannot weight it, so that loop's data is not split",
-        CUSTOM_SAMPLER: "a custom sampler: it runs on the main process only and each of its batches is split",
-        ITERABLE_DATASET: "an iterable dataset: the main process reads every batch and sends each process its rows",
-    }
+    REVIEW_CODES = (EVALUATION_LOADER_WHOLE, TRAINING_DATA_NOT_FOLLOWED, SUMMED_LOSS, CUSTOM_SAMPLER, ITERABLE_DATASET)
     DESCRIPTION = "training loaders distributed with mgpu_runtime.distribute_loader"
     TARGETS = (DDP,)
     EXAMPLES = (

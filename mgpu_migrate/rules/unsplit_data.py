@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
-from mgpu_migrate.rules.base import CHECKS, DDP, Example, Rule
+from mgpu_migrate.rules.base import CHECKS, DDP, Example, Review, Rule
 
-UNSPLIT = "MGP289"
-# Splits (MGP122), or leave the data whole for a reason of their own that a migration keeps right: a loss
-# summed by hand (MGP236), a model trained elsewhere (MGP262), the torch style's (MGP162, MGP296).
-_SAID = frozenset({"MGP122", "MGP236", "MGP262", "MGP162", "MGP296"})
+UNSPLIT = Review(
+    "MGP289",
+    name="unsplit-data",
+    summary="the file trains on loaders it builds, but none is split across the processes: file left as it is",
+    why=(
+        "The file trains (a backward pass) and builds a `DataLoader`, but no loader of it reaches the training "
+        "loop in a way the tool follows (a helper of another module, a dict of loaders indexed by the phase, "
+        "`next(iter(loader))` each step, whose iterator ends before the backward pass), so none was split across the processes, and no other diagnostic "
+        "gave a reason that keeps the migration right (a loss summed by hand, MGP236). Every process would train "
+        "on whole batches: correct only when they draw the same ones, and no faster than one process. A file "
+        "whose data is not split gains nothing from DDP, so it is left as it is (the whole file)."
+    ),
+    todo=(
+        "Pass the training loader through `mgpu_runtime.distribute_loader(...)` where it is built (only the one "
+        "that trains) and migrate the file again, or use `--to balanced`, which keeps one process."
+    ),
+    veto=True,
+)
 NOT_FOLLOWED = "MGP235"
 _LOADERS = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 
@@ -46,10 +60,7 @@ class UnsplitData(Rule):
     CODE = UNSPLIT
     # A check: it reviews what the program rules said about the file's loaders.
     PHASE = CHECKS
-    VETOES = frozenset({UNSPLIT})
-    REVIEW_CODES = {
-        UNSPLIT: "the file trains on loaders it builds, but none is split across the processes: file left as it is"
-    }
+    REVIEW_CODES = (UNSPLIT,)
     DESCRIPTION = "a training file whose data no rule split is left as it is"
     TARGETS = (DDP,)
     EXAMPLES = (
@@ -66,9 +77,11 @@ class UnsplitData(Rule):
     def apply(self) -> None:
         if not self.program.migrates:
             return
-        diagnostics = self.edits.diagnostics
-        if any(diagnostic.code in _SAID for diagnostic in diagnostics):
+        # A split, or data left whole for a reason of its own that a migration keeps right (a loss summed by
+        # hand, a model trained elsewhere, the torch style's).
+        if any(code.accounts_for_data for code in self.reported):
             return
+        diagnostics = self.edits.diagnostics
         loaders = [call for call in self.analysis.calls if self.analysis.resolve(call.func) in _LOADERS]
         backward = next((call for call in self.analysis.calls if self.analysis.loaders.is_backward(call)), None)
         if backward is None or not loaders:

@@ -5,7 +5,7 @@ import inspect
 
 import pytest
 
-from mgpu_migrate.diagnostics import REVIEW_PREFIXES
+from mgpu_migrate.diagnostics import REVIEW_PREFIXES, Review, Rewrite
 from mgpu_migrate.pipeline import run_pipeline
 from mgpu_migrate.rules import RULES
 from mgpu_migrate.rules.base import PHASES
@@ -15,7 +15,7 @@ EXAMPLES = [(rule, example) for rule in RULES for example in rule.EXAMPLES]
 
 def example_id(item):
     rule, example = item
-    return f"{rule.CODE}-{example.target}-{rule.EXAMPLES.index(example)}"
+    return f"{rule.CODE.code}-{example.target}-{rule.EXAMPLES.index(example)}"
 
 
 def isolated(rule, example, source):
@@ -32,7 +32,7 @@ def test_rule_example(item):
     assert isolated(rule, example, result.output).output == result.output
 
 
-@pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.CODE)
+@pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.CODE.code)
 def test_rule_is_documented(rule):
     doc = inspect.cleandoc(rule.__doc__ or "")
     for section in ("## What it does", "## Why is this bad?", "## Example", "## Use instead", "## Fix safety"):
@@ -40,7 +40,7 @@ def test_rule_is_documented(rule):
     assert rule.DESCRIPTION and rule.EXAMPLES
     assert rule.PHASE in PHASES
     # A rule rewrites under an MGP1 code, or only reports: then its code is one of its review codes.
-    assert rule.CODE.startswith("MGP1") or rule.CODE in rule.REVIEW_CODES
-    assert all(code.startswith(REVIEW_PREFIXES) for code in rule.REVIEW_CODES)
+    assert type(rule.CODE) is Rewrite or rule.CODE in rule.REVIEW_CODES
+    assert all(type(code) is Review and code.code.startswith(REVIEW_PREFIXES) for code in rule.REVIEW_CODES)
     # Examples are written as dedented blocks, each ending its last line.
     assert all(example.before.endswith("\n") and not example.before.startswith("\n") for example in rule.EXAMPLES)
