@@ -22,7 +22,6 @@ UNSPLIT = Review(
     ),
     veto=True,
 )
-NOT_FOLLOWED = "MGP235"
 _LOADERS = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 
 
@@ -81,13 +80,12 @@ class UnsplitData(Rule):
         # hand, a model trained elsewhere, the torch style's).
         if any(code.accounts_for_data for code in self.reported):
             return
-        diagnostics = self.edits.diagnostics
         loaders = [call for call in self.analysis.calls if self.analysis.resolve(call.func) in _LOADERS]
         backward = next((call for call in self.analysis.calls if self.analysis.loaders.is_backward(call)), None)
         if backward is None or not loaders:
             return
         lines = ", ".join(map(str, sorted({self.analysis.position(loader)[0] for loader in loaders})[:3]))
-        unfollowed = sorted({diagnostic.line for diagnostic in diagnostics if diagnostic.code == NOT_FOLLOWED})
+        unfollowed = self._unfollowed_loops()
         why = f" (line {unfollowed[0]}'s loop: data not followed)" if unfollowed else ""
         self.left(
             backward,
@@ -95,3 +93,11 @@ class UnsplitData(Rule):
             f"no DataLoader here (line {lines}) is split{why}: every process would train on whole batches: file left "
             "as it is",
         )
+
+    def _unfollowed_loops(self) -> list[int]:
+        """The lines of the training loops whose data the analysis did not follow to a loader, or whose training it
+        could not tell (``if train:`` in a function of unknown callers)."""
+        traces = self.analysis.loaders.traces
+        followed = {trace.loop for trace in traces if trace.origin is not None}
+        loops = {trace.loop for trace in traces if trace.unsure is not None or (trace.training and trace.loop not in followed)}
+        return sorted(self.analysis.position(loop)[0] for loop in loops)
