@@ -24,7 +24,12 @@ import libcst as cst
 from mgpu_migrate.analysis import FileAnalysis, names
 from mgpu_migrate.analysis.entrypoint import RUNTIME_SETUP
 from mgpu_migrate.analysis.models import RUNTIME
+from mgpu_migrate.diagnostics import Rewrite
 from mgpu_migrate.edits import Edits
+
+# The rewrite that calls ``mgpu_runtime.setup()`` at the entry point (``EntryPointSetup.CODE``). Its code is the
+# verdict's because where the set-up runs is a fact of the program other rules need (``Program.setup_statement``).
+SETUP = Rewrite("MGP120")
 
 # A file that calls one of these already runs as a distributed program of its own making.
 _EXISTING_DISTRIBUTED = {
@@ -67,6 +72,18 @@ class Program:
         """A wrap stays DataParallel: nothing is rewritten (also in a file with a distributed set-up of its own,
         whose fallback the relaunched processes would not provably leave for that set-up)."""
         return bool(self.kept)
+
+    def setup_statement(self, analysis: FileAnalysis) -> tuple[cst.CSTNode, str] | None:
+        """Where the migrated file calls ``mgpu_runtime.setup()``: the statement the call is inserted next to
+        ("inserted before", "inserted after"), or the one that already calls it ("called at"). None when none is
+        inserted (no entry point, or a ``# noqa`` there silences the set-up)."""
+        if self.already_set_up:
+            call = next(call for call in analysis.calls if analysis.resolve(call.func) == RUNTIME_SETUP)
+            return analysis.tree.statement(call), "called at"
+        entry = analysis.entry_point
+        if entry is None or analysis.silenced(entry.anchor, SETUP.code):
+            return None
+        return entry.anchor, "inserted after" if entry.after else "inserted before"
 
 
 def existing_setup(analysis: FileAnalysis) -> tuple[cst.Call, ...]:

@@ -665,3 +665,8 @@ _MODULE_METHODS = frozenset(
 
 def _is_self_attribute(node: cst.CSTNode) -> bool:
     return type(node) is cst.Attribute and type(node.value) is cst.Name and node.value.value == "self"
+
+
+def becomes_ddp(sites: Sites) -> bool:
+    """Whether some of these wrap sites are DistributedDataParallel models under ``--to ddp``."""
+    return any(site.kind in (TORCH, RUNTIME) for site in sites)

@@ -25,6 +25,8 @@ from mgpu_migrate.program import Program
 
 WRAPS, PROGRAM, CHECKS = "wraps", "program", "checks"
 PHASES = (WRAPS, PROGRAM, CHECKS)
+# The analyses of ``FileAnalysis`` a rule declares in ``USES``: each is built on first use, for every rule after.
+ANALYSES = ("bindings", "entry_point", "flow", "loaders", "losses", "models", "values")
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,11 @@ class Rule(ABC):
     PHASE: ClassVar[str]
     # The codes the rule emits for sites it leaves alone (each declared once, in the rule's module).
     REVIEW_CODES: ClassVar[tuple[Review, ...]] = ()
+    # The analyses of the file it reads (``self.analysis.<name>``, in the rule and its module's functions), after
+    # LibCST's METADATA_DEPENDENCIES: some of ``ANALYSES``. What every rule may read is not named (the tree,
+    # ``resolve``, ``calls``, ``calls_to``, ``code_of``, ``position``). ``tests/test_rules_stand_alone.py`` holds it
+    # to what the code reads.
+    USES: ClassVar[tuple[str, ...]] = ()
     DESCRIPTION: ClassVar[str]
     TARGETS: ClassVar[tuple[str, ...]] = TARGETS
     # The ``--style`` values it runs under (a ``--to ddp`` rule that writes runtime calls has a torch twin).
@@ -111,5 +118,20 @@ class Rule(ABC):
         self.edits.report_at(node, code, message)
 
 
-# The targets are re-exported for the rules, which name them beside the phases.
-__all__ = ["BALANCED", "CHECKS", "DDP", "PHASES", "PROGRAM", "TARGETS", "WRAPS", "Example", "Review", "Rewrite", "Rule"]
+# The targets and styles are re-exported for the rules, which name them beside the phases.
+__all__ = [
+    "ANALYSES",
+    "BALANCED",
+    "CHECKS",
+    "DDP",
+    "PHASES",
+    "PROGRAM",
+    "RUNTIME_STYLE",
+    "TARGETS",
+    "TORCH_STYLE",
+    "WRAPS",
+    "Example",
+    "Review",
+    "Rewrite",
+    "Rule",
+]

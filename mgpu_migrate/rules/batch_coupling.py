@@ -54,6 +54,7 @@ class BatchCoupling(Rule):
 
     CODE = BATCH_COUPLED
     PHASE = PROGRAM
+    USES = ("flow", "models")
     REVIEW_CODES = (BATCH_COUPLED,)
     DESCRIPTION = "losses that compare the rows of a batch with each other keep the file off DDP"
     TARGETS = (DDP,)

@@ -76,6 +76,7 @@ class DataParallelSubclass(Rule):
 
     CODE = Rewrite("MGP106")
     PHASE = WRAPS
+    USES = ("models",)
     # Under --to ddp a file defining a DataParallel subclass is DataParallel's machinery (a vendored sync-BN's
     # replication callback): its checks for a wrapper guard that machinery, and a DDP model passing them breaks it.
     REVIEW_CODES = (DATA_PARALLEL_SUBCLASS_KEPT,)

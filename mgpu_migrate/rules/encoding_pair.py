@@ -77,6 +77,7 @@ class EncodingPair(Rule):
 
     CODE = Rewrite("MGP104")
     PHASE = WRAPS
+    USES = ("flow", "losses", "models")
     REVIEW_CODES = (ENCODING_PAIR_KEPT,)
     DESCRIPTION = "PyTorch-Encoding's DataParallelModel/DataParallelCriterion replaced with the runtime's"
     EXAMPLES = (

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mgpu_migrate.analysis.entrypoint import (
-    RUNTIME_SETUP,
-    sets_cuda_visible_devices,
-)
+from mgpu_migrate.analysis.entrypoint import sets_cuda_visible_devices
 from mgpu_migrate.analysis.tree import is_zero
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.program import Program
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rewrite, Rule
-from mgpu_migrate.rules.entry_point import EntryPointSetup
 from mgpu_migrate.rules.syntax import RUNTIME, argument, keyword, runtime_call
 
 FIRST_GPU = "cuda:0"
@@ -259,7 +255,7 @@ class ExplicitDevice(Rule):
 
     def _visible_devices(self, program: Program) -> None:
         tree = self.analysis.tree
-        setup = self._setup_statement(program)
+        setup = program.setup_statement(self.analysis)
         for statement in tree.nodes(cst.SimpleStatementLine):
             if not sets_cuda_visible_devices(statement):
                 continue
@@ -291,17 +287,6 @@ class ExplicitDevice(Rule):
                 position, mark = body.index(node), body.index(anchor)
                 return position < mark or (position == mark and after_anchor)
         return False
-
-    def _setup_statement(self, program: Program) -> tuple[cst.CSTNode, str] | None:
-        """Where this file calls ``mgpu_runtime.setup()`` once migrated: the statement it is inserted next to (a
-        CUDA_VISIBLE_DEVICES assignment there comes before it), or the one that already calls it."""
-        if program.already_set_up:
-            call = next(call for call in self.analysis.calls if self.analysis.resolve(call.func) == RUNTIME_SETUP)
-            return self.analysis.tree.statement(call), "called at"
-        entry = self.analysis.entry_point
-        if entry is None or self.analysis.silenced(entry.anchor, EntryPointSetup.CODE):
-            return None
-        return entry.anchor, "inserted after" if entry.after else "inserted before"
 
     def _before_lazy_setup(self, statement: cst.SimpleStatementLine, program: Program) -> None:
         """No setup() in this file: the runtime calls it when it is first used, which may come after this."""

@@ -7,6 +7,7 @@ from typing import Optional, Union
 import libcst as cst
 
 from mgpu_migrate.analysis.batch import scaled_by_row_count
+from mgpu_migrate.analysis.models import becomes_ddp
 from mgpu_migrate.analysis import names
 from mgpu_migrate.analysis.losses import (
     FUNCTIONAL_LOSSES,
@@ -18,25 +19,8 @@ from mgpu_migrate.analysis.losses import (
     reduction_of,
 )
 from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Review, Rewrite, Rule
-from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
+from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr, torch_nn_spelling
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.criterion_wrap import becomes_ddp
-
-def torch_nn_spelling(analysis) -> tuple[str, bool]:
-    """How this file can name ``torch.nn``: an import bound to it (``nn``), else ``torch.nn``; and whether
-    ``import torch`` must be added for that."""
-    bindings = analysis.bindings
-    fallback = None
-    for name in sorted(bindings.imported):
-        qualified = bindings.qualified_name(name)
-        if qualified == "torch.nn":
-            return name, False
-        if qualified == "torch" and name == "torch":
-            fallback = "torch.nn"
-    if fallback is not None:
-        return fallback, False
-    return "torch.nn", "torch" not in bindings.local
-
 
 FUNCTIONAL_LOSS_KEPT = Review(
     "MGP212",
@@ -96,6 +80,7 @@ class FunctionalLoss(Rule):
 
     CODE = Rewrite("MGP103")
     PHASE = WRAPS
+    USES = ("losses", "models")
     REVIEW_CODES = (FUNCTIONAL_LOSS_KEPT,)
     DESCRIPTION = "functional loss on a wrapped model's outputs computed per device by the runtime's criterion"
     EXAMPLES = (

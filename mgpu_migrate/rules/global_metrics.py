@@ -10,10 +10,8 @@ from mgpu_migrate.analysis.loaders import DISTRIBUTED
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import CHECKS, DDP, TORCH_STYLE, Example, Review, Rewrite, Rule
-from mgpu_migrate.rules.criterion_wrap import wrap_in_runtime
-from mgpu_migrate.rules.global_count import is_count
-from mgpu_migrate.rules.syntax import RUNTIME
-from mgpu_migrate.rules.training_data import sample_counters
+from mgpu_migrate.rules.counting import is_count, sample_counters
+from mgpu_migrate.rules.syntax import RUNTIME, wrap_in_runtime
 
 GLOBAL_METRIC = Rewrite("MGP180")
 RANK_MEAN_METRIC = Review(
@@ -125,6 +123,7 @@ class GlobalMetrics(Rule):
     CODE = GLOBAL_METRIC
     # A check: it reads which training loops the data rule split.
     PHASE = CHECKS
+    USES = ("loaders",)
     REVIEW_CODES = (RANK_MEAN_METRIC, RANK_COUNT_METRIC, WRITER_ON_EVERY_PROCESS, CONDITIONAL_COUNT)
     DESCRIPTION = "running counts of a split training loop's rows summed over the processes"
     TARGETS = (DDP,)

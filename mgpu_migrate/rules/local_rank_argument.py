@@ -38,6 +38,7 @@ class LocalRankArgument(Rule):
 
     CODE = Rewrite("MGP131")
     PHASE = PROGRAM
+    USES = ("bindings",)
     DESCRIPTION = "--local_rank arguments default to the LOCAL_RANK variable torchrun sets"
     TARGETS = (DDP,)
     EXAMPLES = (

@@ -100,6 +100,7 @@ class MainProcessCollective(Rule):
 
     CODE = COLLECTIVE_IN_MAIN_PROCESS_BLOCK
     PHASE = PROGRAM
+    USES = ("bindings", "loaders", "losses", "models", "values")
     REVIEW_CODES = (COLLECTIVE_IN_MAIN_PROCESS_BLOCK,)
     DESCRIPTION = "collectives and DDP forwards inside main-process-only blocks reported"
     TARGETS = (DDP,)

@@ -6,7 +6,7 @@ import libcst as cst
 
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rule
-from mgpu_migrate.rules.process_randomness import rows_of_a_tensor
+from mgpu_migrate.analysis.batch import rows_of_a_tensor
 
 # The file is left as it is when this is reported (rules.settle).
 MIXED_ROWS = Review(
@@ -54,6 +54,7 @@ class MixedRows(Rule):
 
     CODE = MIXED_ROWS
     PHASE = PROGRAM
+    USES = ("values",)
     REVIEW_CODES = (MIXED_ROWS,)
     DESCRIPTION = "a permutation of the batch's rows (mixup) keeps the file off DDP"
     TARGETS = (DDP,)

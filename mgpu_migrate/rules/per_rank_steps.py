@@ -64,6 +64,7 @@ class PerRankSteps(Rule):
 
     CODE = PER_RANK_STEP
     PHASE = PROGRAM
+    USES = ("loaders", "models", "values")
     REVIEW_CODES = (PER_RANK_STEP,)
     DESCRIPTION = "per-process decisions before the backward pass keep the file off DDP"
     TARGETS = (DDP,)

@@ -55,6 +55,7 @@ class ProjectLosses(Rule):
 
     CODE = UNEVEN_LOSS
     PHASE = PROGRAM
+    USES = ("losses", "models", "values")
     REVIEW_CODES = (UNEVEN_LOSS,)
     DESCRIPTION = "the project's loss classes that rank rows or average over masks keep the file off DDP"
     TARGETS = (DDP,)

@@ -99,6 +99,7 @@ class ProjectTraining(Rule):
 
     CODE = TRAINED_ELSEWHERE
     PHASE = CHECKS
+    USES = ("bindings", "loaders", "models", "values")
     REVIEW_CODES = (TRAINED_BY_IMPORTER, TRAINED_ELSEWHERE, EVALUATED_ELSEWHERE)
     DESCRIPTION = "models handed to the project's training code in other modules keep the file off DDP"
     TARGETS = (DDP,)

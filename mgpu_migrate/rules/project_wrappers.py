@@ -77,6 +77,7 @@ class ProjectWrappers(Rule):
 
     CODE = PROJECT_DATA_PARALLEL
     PHASE = CHECKS
+    USES = ("bindings",)
     REVIEW_CODES = (PROJECT_DATA_PARALLEL, HAND_WRITTEN)
     DESCRIPTION = "the project's own DataParallel classes and hand-written replicate/parallel_apply reported"
     TARGETS = (BALANCED, DDP)

@@ -76,6 +76,7 @@ class RemoteTraining(Rule):
 
     CODE = TRAINED_ELSEWHERE
     PHASE = PROGRAM
+    USES = ("loaders", "models")
     REVIEW_CODES = (TRAINED_ELSEWHERE, INFERENCE_ONLY)
     DESCRIPTION = "wraps whose training loop is in another file reported"
     TARGETS = (DDP,)

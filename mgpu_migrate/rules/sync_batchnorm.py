@@ -9,8 +9,7 @@ import libcst as cst
 from mgpu_migrate.options import Options
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rewrite, Rule
-from mgpu_migrate.rules.functional_loss import torch_nn_spelling
-from mgpu_migrate.rules.syntax import argument, parse
+from mgpu_migrate.rules.syntax import argument, parse, torch_nn_spelling
 
 _BATCH_NORMS = {f"torch.nn.BatchNorm{n}d" for n in (1, 2, 3)}
 # torchvision models built with BatchNorm layers.

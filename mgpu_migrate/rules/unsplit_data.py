@@ -59,6 +59,7 @@ class UnsplitData(Rule):
     CODE = UNSPLIT
     # A check: it reviews what the program rules said about the file's loaders.
     PHASE = CHECKS
+    USES = ("loaders",)
     REVIEW_CODES = (UNSPLIT,)
     DESCRIPTION = "a training file whose data no rule split is left as it is"
     TARGETS = (DDP,)

@@ -9,7 +9,7 @@ from mgpu_migrate.analysis.project import project_of
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rule
-from mgpu_migrate.rules.process_randomness import rows_of_a_tensor, split_training_loops
+from mgpu_migrate.analysis.batch import rows_of_a_tensor, split_training_loops
 
 # The file is left as it is when either is reported (rules.settle).
 NUMPY_DRAWS = Review(
@@ -105,6 +105,7 @@ class UnsyncedDraws(Rule):
 
     CODE = NUMPY_DRAWS
     PHASE = PROGRAM
+    USES = ("bindings", "values")
     REVIEW_CODES = (NUMPY_DRAWS, REPEATED_ROWS_DRAW)
     DESCRIPTION = "draws for the batch that the runtime cannot make the original's keep the file off DDP"
     TARGETS = (DDP,)

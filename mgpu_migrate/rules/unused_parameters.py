@@ -55,6 +55,7 @@ class UnusedParameters(Rule):
 
     CODE = Rewrite("MGP130")
     PHASE = PROGRAM
+    USES = ("values",)
     DESCRIPTION = "find_unused_parameters=True for a model whose forward may skip layers"
     TARGETS = (DDP,)
     EXAMPLES = (

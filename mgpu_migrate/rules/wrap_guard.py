@@ -89,6 +89,7 @@ class WrapGuard(Rule):
 
     CODE = Rewrite("MGP121")
     PHASE = PROGRAM
+    USES = ("values",)
     REVIEW_CODES = (WRAP_UNDER_OTHER_CONDITION, GUARD_NEEDS_CONDITION, SWITCHED_OFF)
     DESCRIPTION = "GPU guard around a wrap extended so that every process of a multi-process run wraps"
     TARGETS = (DDP,)

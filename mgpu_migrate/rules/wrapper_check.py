@@ -67,6 +67,7 @@ class WrapperCheck(Rule):
 
     CODE = Rewrite("MGP126")
     PHASE = CHECKS
+    USES = ("bindings",)
     REVIEW_CODES = (WRAPPER_CHECK_BY_NAME,)
     DESCRIPTION = "isinstance/type checks for DataParallel kept true for the runtime's wrappers"
     EXAMPLES = (
