@@ -231,7 +231,9 @@ class Choices:
         try:
             self.max_file_size = parse_size(max_file_size) if max_file_size is not None else None
         except ValueError:
-            raise click.BadParameter(f"{max_file_size!r} is not a size (bytes, or like 5MB)", param_hint="--max-file-size")
+            raise click.BadParameter(
+                f"{max_file_size!r} is not a size (bytes, or like 5MB)", param_hint="--max-file-size"
+            ) from None
         self.select = codes_option(select_codes, "--select")
         self.ignore = codes_option(ignore_codes, "--ignore")
 

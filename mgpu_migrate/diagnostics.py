@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-# Codes are stable: users silence them with ``# noqa: CODE`` and scripts grep for them.
+# Codes are stable: users silence them with a noqa comment that names them, and scripts grep for them.
 #   MGP0xx  the file itself (cannot be read or parsed)
 #   MGP1xx  a rewrite the tool made
 #   MGP2xx  a site left as it was, for a person to look at (MGP3xx too, once MGP2xx ran out)

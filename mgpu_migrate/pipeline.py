@@ -53,7 +53,7 @@ def _compile(code: str, name: str) -> None:
 
 
 def run_pipeline(
-    source: str, target: str, path: str, options: Options = DEFAULT_OPTIONS, only: tuple[type, ...] | None = None
+    source: str, target: str, path: str, options: Options = DEFAULT_OPTIONS, only: tuple[type[Rule], ...] | None = None
 ) -> MigrationResult:
     """Migrate one file's text (``only``: run the wrap rules and these rules alone, as a rule's examples do)."""
     with _collector_paused():
@@ -79,7 +79,7 @@ def _collector_paused():
 
 
 def _run_pipeline(
-    source: str, target: str, path: str, options: Options, only: tuple[type, ...] | None
+    source: str, target: str, path: str, options: Options, only: tuple[type[Rule], ...] | None
 ) -> MigrationResult:
     try:
         module = _parse(source)
@@ -97,7 +97,7 @@ def _run_pipeline(
     return MigrationResult(path, source, source, error=Diagnostic(path, 1, 1, INTERNAL_ERROR, message))
 
 
-def plan(analysis: FileAnalysis, target: str, options: Options, only: tuple[type, ...] | None = None) -> Edits:
+def plan(analysis: FileAnalysis, target: str, options: Options, only: tuple[type[Rule], ...] | None = None) -> Edits:
     """Every rule's edits and diagnostics for the file, phase by phase.
 
     ``only`` (a rule's examples): the wrap rules and these rules alone, with the program phase too for a check
@@ -152,7 +152,7 @@ def _leave_for_runtime(edits: Edits, rule: type[Rule], first: int) -> None:
 
 
 def _migrate(
-    module: cst.Module, source: str, target: str, path: str, options: Options, only: tuple[type, ...] | None
+    module: cst.Module, source: str, target: str, path: str, options: Options, only: tuple[type[Rule], ...] | None
 ) -> MigrationResult:
     analysis = FileAnalysis(path, source, module)
     try:
@@ -168,7 +168,7 @@ def _migrated(
     target: str,
     path: str,
     options: Options,
-    only: tuple[type, ...] | None,
+    only: tuple[type[Rule], ...] | None,
 ) -> MigrationResult:
     edits = plan(analysis, target, options, only)
     diagnostics = sorted(edits.diagnostics)

@@ -79,7 +79,8 @@ class Program:
         inserted (no entry point, or a ``# noqa`` there silences the set-up)."""
         if self.already_set_up:
             call = next(call for call in analysis.calls if analysis.resolve(call.func) == RUNTIME_SETUP)
-            return analysis.tree.statement(call), "called at"
+            statement = analysis.tree.statement(call)
+            return (statement, "called at") if statement is not None else None
         entry = analysis.entry_point
         if entry is None or analysis.silenced(entry.anchor, SETUP.code):
             return None
@@ -93,7 +94,8 @@ def existing_setup(analysis: FileAnalysis) -> tuple[cst.Call, ...]:
 
 def decide(analysis: FileAnalysis, rewritten: Collection[cst.CSTNode]) -> Program:
     """The program the file becomes, given the nodes the wrap rules rewrote (the keys of their edits)."""
-    wraps, kept = [], []
+    wraps: list[cst.Call] = []
+    kept: list[cst.Call] = []
     for site in analysis.models.sites:
         if site.kind == RUNTIME:
             continue

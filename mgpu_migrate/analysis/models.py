@@ -286,10 +286,7 @@ class ModelFlow:
         function, a metric) is not counted: what that call returns is not known here."""
         if type(expr) is cst.Attribute and expr.attr.value in TENSOR_DESCRIPTION:
             return frozenset()
-        if type(expr) in EXPRESSIONS:
-            found = self.output_sites(expr, scope)
-        else:
-            found = frozenset()
+        found = self.output_sites(expr, scope) if type(expr) in EXPRESSIONS else frozenset()
         if type(expr) in (cst.Name, cst.Attribute, cst.Subscript):
             found |= self._place_fact(self.derived, expr, scope)
         if type(expr) is cst.Call:

@@ -48,7 +48,7 @@ class Example:
 
     def __post_init__(self) -> None:
         # A code object or its number: another rule's code is named by its number (rules never import each other).
-        object.__setattr__(self, "codes", tuple(code if type(code) is str else code.code for code in self.codes))
+        object.__setattr__(self, "codes", tuple(code if isinstance(code, str) else code.code for code in self.codes))
         object.__setattr__(self, "before", _dedented(self.before))
         if self.after is not None:
             object.__setattr__(self, "after", _dedented(self.after))
@@ -92,12 +92,18 @@ class Rule(ABC):
         self.analysis = analysis
         self.edits = edits
         self.options = options
-        # The file's verdict (None in the WRAPS phase, which decides what it is made of).
-        self.program = program
+        self._program = program
         # The nodes the earlier phases rewrote (criteria handed to the runtime, loaders split ...).
         self.rewritten = rewritten
         # A check's: the codes the earlier phases reported (read by what they say, never by number).
         self.reported = reported
+
+    @property
+    def program(self) -> Program:
+        """The file's verdict, which the program rules and the checks receive (the wrap rules decide it)."""
+        if self._program is None:
+            raise TypeError(f"{type(self).__name__} is a {self.PHASE} rule: the verdict comes after the wrap rules")
+        return self._program
 
     @abstractmethod
     def apply(self) -> None:

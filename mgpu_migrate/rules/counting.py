@@ -55,7 +55,7 @@ def sample_counters(analysis: FileAnalysis, loop: cst.For) -> list[cst.AugAssign
     share, the schedule it drives would run W times slower, and differ between processes."""
     tree = analysis.tree
     code = analysis.code_of
-    regions = [loop.body]
+    regions: list[cst.CSTNode | None] = [loop.body]
     regions += [
         function
         for function in (tree.function(call) for call in analysis.loaders.backward_calls(loop))

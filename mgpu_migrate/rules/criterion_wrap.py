@@ -23,7 +23,7 @@ from mgpu_migrate.analysis.losses import (
     reduction_of,
 )
 from mgpu_migrate.analysis.models import becomes_ddp
-from mgpu_migrate.diagnostics import shorten
+from mgpu_migrate.diagnostics import Code, shorten
 from mgpu_migrate.program import existing_setup
 from mgpu_migrate.rules.base import BALANCED, DDP, RUNTIME_STYLE, TORCH_STYLE, WRAPS, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, wrap_in_runtime
@@ -180,7 +180,7 @@ class CriterionWrap(Rule):
     from code out of sight (``build_loss(cfg)`` in another branch) gets MGP213 there.
     """
 
-    CODE = Rewrite("MGP102")
+    CODE: Code = Rewrite("MGP102")  # its torch twin only reports: a review code
     PHASE = WRAPS
     USES = ("losses", "models")
     STYLES = (RUNTIME_STYLE,)

@@ -181,9 +181,12 @@ class ProjectTraining(Rule):
             return None
         cls = next((node for node in tree.ancestors(function) if type(node) is cst.ClassDef), None)
         statement = next((node for node in tree.ancestors(wrap) if type(node) is cst.Assign), None)
-        if cls is not None and statement is not None:
-            if any(type(t.target) is cst.Attribute and _is_self_attribute(t.target) for t in statement.targets):
-                return cls
+        if (
+            cls is not None
+            and statement is not None
+            and any(type(t.target) is cst.Attribute and _is_self_attribute(t.target) for t in statement.targets)
+        ):
+            return cls
         models = self.analysis.models
         scope = self.analysis.values.scope_of(wrap)
         for returned in contains(function, lambda n: type(n) is cst.Return):

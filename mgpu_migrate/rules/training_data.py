@@ -137,9 +137,9 @@ class TrainingData(Rule):
 
     CODE = Rewrite("MGP122", accounts_for_data=True)
     PHASE = PROGRAM
-    USES = ("flow", "loaders", "values")
+    USES: tuple[str, ...] = ("flow", "loaders", "values")
     STYLES = (RUNTIME_STYLE,)
-    REVIEW_CODES = (EVALUATION_LOADER_WHOLE, TRAINING_DATA_NOT_FOLLOWED, SUMMED_LOSS, CUSTOM_SAMPLER, ITERABLE_DATASET)
+    REVIEW_CODES: tuple[Review, ...] = (EVALUATION_LOADER_WHOLE, TRAINING_DATA_NOT_FOLLOWED, SUMMED_LOSS, CUSTOM_SAMPLER, ITERABLE_DATASET)
     DESCRIPTION = "training loaders distributed with mgpu_runtime.distribute_loader"
     TARGETS = (DDP,)
     EXAMPLES = (
@@ -306,7 +306,7 @@ class TrainingData(Rule):
                 "iterable dataset: the main process reads every batch and sends each process its rows",
             )
 
-    def _report_once(self, reported: set, node: cst.CSTNode, code: str, message: str) -> None:
+    def _report_once(self, reported: set, node: cst.CSTNode, code: Review, message: str) -> None:
         if node not in reported:
             reported.add(node)
             self.left(node, code, message)
@@ -454,11 +454,13 @@ class TrainingData(Rule):
             return None
         classes = {s.name.value: s for s in self.analysis.module.body if type(s) is cst.ClassDef}
         for value in self.analysis.values.of(arg.value, self.analysis.values.scope_of(loader)):
-            if type(value) is cst.Call and type(value.func) is cst.Name and value.func.value in classes:
-                if any(
-                    self.analysis.resolve(base.value) in _ITERABLE_DATASETS for base in classes[value.func.value].bases
-                ):
-                    return arg.value
+            if (
+                type(value) is cst.Call
+                and type(value.func) is cst.Name
+                and value.func.value in classes
+                and any(self.analysis.resolve(base.value) in _ITERABLE_DATASETS for base in classes[value.func.value].bases)
+            ):
+                return arg.value
         return None
 
 
