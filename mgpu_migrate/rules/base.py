@@ -37,7 +37,7 @@ class Example:
     dedented here. The example runs through the wrap rules and its own rule only (the other program rules and
     checks do not run), so adding a rule never changes another rule's examples. ``codes`` lists the diagnostic
     codes that run produces (rewrite and review codes alike); ``options`` are the user's choices it runs with
-    (``--sync-bn`` ...).
+    (``--sync-bn`` ...); ``message`` and ``line`` pin what one of its diagnostics says, and where.
     """
 
     before: str
@@ -45,6 +45,12 @@ class Example:
     target: str
     codes: tuple[str | Code, ...] = ()
     options: Options = DEFAULT_OPTIONS
+    # What one of the run's diagnostics says (a part of its message) and on which line, as Fixit's
+    # ``Invalid(expected_message=..., range=...)``: a message is the site's own facts, which a code cannot pin.
+    message: str | None = None
+    line: int | None = None
+    # The test's name (else the rule's code, the target and the example's index).
+    name: str | None = None
 
     def __post_init__(self) -> None:
         # A code object or its number: another rule's code is named by its number (rules never import each other).

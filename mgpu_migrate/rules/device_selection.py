@@ -59,14 +59,26 @@ class DeviceSelection(Rule):
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch.nn as nn\n\nmodel = nn.DataParallel(model, device_ids=args.gpus)\n",
+            """
+            import torch.nn as nn
+
+            model = nn.DataParallel(model, device_ids=args.gpus)
+            """,
             None,
             DDP,
             (CHOSEN_DEVICES,),
         ),
         Example(
-            "import torch.nn as nn\n\nmodel = nn.DataParallel(model, device_ids=range(args.ngpu))\n",
-            "import mgpu_runtime\n\nmodel = mgpu_runtime.DistributedDataParallel(model)\n",
+            """
+            import torch.nn as nn
+
+            model = nn.DataParallel(model, device_ids=range(args.ngpu))
+            """,
+            """
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            """,
             DDP,
             ("MGP101", "MGP150"),
         ),

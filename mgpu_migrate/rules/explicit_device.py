@@ -137,6 +137,135 @@ class ExplicitDevice(Rule):
             DDP,
             ("MGP101", "MGP127"),
         ),
+        Example(
+            """
+            import os
+            import torch.nn as nn
+
+
+            def pick():
+                os.environ['CUDA_VISIBLE_DEVICES'] = '1'
+
+
+            def main():
+                model = nn.DataParallel(nn.Linear(2, 2))
+                pick()
+
+
+            if __name__ == '__main__':
+                main()
+            """,
+            """
+            import os
+            import torch.nn as nn
+            import mgpu_runtime
+
+
+            def pick():
+                os.environ['CUDA_VISIBLE_DEVICES'] = '1'
+
+
+            def main():
+                model = mgpu_runtime.DistributedDataParallel(nn.Linear(2, 2))
+                pick()
+
+
+            if __name__ == '__main__':
+                main()
+            """,
+            DDP,
+            ("MGP101", "MGP245",),
+            message="CUDA_VISIBLE_DEVICES is set after mgpu_runtime.setup() (inserted before line 15)",
+            line=6,
+            name="visible-devices-after-the-inserted-setup",
+        ),
+        Example(
+            """
+            import os
+            import torch.nn as nn
+
+
+            def main():
+                os.environ['CUDA_VISIBLE_DEVICES'] = '1'
+                model = nn.DataParallel(nn.Linear(2, 2))
+
+
+            if __name__ == '__main__':
+                main()
+            """,
+            """
+            import os
+            import torch.nn as nn
+            import mgpu_runtime
+
+
+            def main():
+                os.environ['CUDA_VISIBLE_DEVICES'] = '1'
+                model = mgpu_runtime.DistributedDataParallel(nn.Linear(2, 2))
+
+
+            if __name__ == '__main__':
+                main()
+            """,
+            DDP,
+            ("MGP101",),
+            name="visible-devices-before-the-inserted-setup",
+        ),
+        Example(
+            """
+            import os
+            import mgpu_runtime
+            import torch.nn as nn
+
+
+            def main():
+                mgpu_runtime.setup()
+                os.environ['CUDA_VISIBLE_DEVICES'] = '1'
+                model = nn.DataParallel(nn.Linear(2, 2))
+            """,
+            """
+            import os
+            import mgpu_runtime
+            import torch.nn as nn
+
+
+            def main():
+                mgpu_runtime.setup()
+                os.environ['CUDA_VISIBLE_DEVICES'] = '1'
+                model = mgpu_runtime.DistributedDataParallel(nn.Linear(2, 2))
+            """,
+            DDP,
+            ("MGP101", "MGP245",),
+            message="CUDA_VISIBLE_DEVICES is set after mgpu_runtime.setup() (called at line 7)",
+            line=8,
+            name="visible-devices-after-the-files-own-setup",
+        ),
+        Example(
+            """
+            import os
+            import torch.nn as nn
+
+
+            def build():
+                os.environ['CUDA_VISIBLE_DEVICES'] = '1'
+                model = nn.DataParallel(nn.Linear(2, 2))
+            """,
+            """
+            import os
+            import torch.nn as nn
+            import mgpu_runtime
+
+
+            def build():
+                os.environ['CUDA_VISIBLE_DEVICES'] = '1'
+                model = mgpu_runtime.DistributedDataParallel(nn.Linear(2, 2))
+            """,
+            DDP,
+            ("MGP101", "MGP245",),
+            message="may have run before it (at the latest by the wrapper at line 7)",
+            line=6,
+            name="visible-devices-where-the-runtime-sets-up-when-first-used",
+        ),
     )
 
     def apply(self) -> None:

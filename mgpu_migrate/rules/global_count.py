@@ -49,13 +49,25 @@ class GlobalCount(Rule):
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch.nn as nn\n\nmodel = nn.DataParallel(model)\ncriterion = nn.CrossEntropyLoss(reduction='sum')\n"
-            "for x, y in loader:\n    ntokens = y.ne(0).sum()\n    loss = criterion(model(x), y) / ntokens\n",
-            "import torch.nn as nn\nimport mgpu_runtime\n\n"
-            "model = mgpu_runtime.DistributedDataParallel(model)\n"
-            "criterion = mgpu_runtime.DistributedCriterion(nn.CrossEntropyLoss(reduction='sum'))\n"
-            "for x, y in loader:\n"
-            "    ntokens = mgpu_runtime.reduce_sum(y.ne(0).sum())\n    loss = criterion(model(x), y) / ntokens\n",
+            """
+            import torch.nn as nn
+
+            model = nn.DataParallel(model)
+            criterion = nn.CrossEntropyLoss(reduction='sum')
+            for x, y in loader:
+                ntokens = y.ne(0).sum()
+                loss = criterion(model(x), y) / ntokens
+            """,
+            """
+            import torch.nn as nn
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            criterion = mgpu_runtime.DistributedCriterion(nn.CrossEntropyLoss(reduction='sum'))
+            for x, y in loader:
+                ntokens = mgpu_runtime.reduce_sum(y.ne(0).sum())
+                loss = criterion(model(x), y) / ntokens
+            """,
             DDP,
             ("MGP101", "MGP102", "MGP140"),
         ),

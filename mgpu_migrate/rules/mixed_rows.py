@@ -60,9 +60,17 @@ class MixedRows(Rule):
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch\nimport torch.nn as nn\n\nmodel = nn.DataParallel(model)\nfor x, y in loader:\n"
-            "    index = torch.randperm(x.size(0))\n    x = 0.7 * x + 0.3 * x[index]\n"
-            "    loss = criterion(model(x), y)\n    loss.backward()\n",
+            """
+            import torch
+            import torch.nn as nn
+
+            model = nn.DataParallel(model)
+            for x, y in loader:
+                index = torch.randperm(x.size(0))
+                x = 0.7 * x + 0.3 * x[index]
+                loss = criterion(model(x), y)
+                loss.backward()
+            """,
             None,
             DDP,
             ("MGP265",),

@@ -70,17 +70,41 @@ class PerRankSteps(Rule):
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch.nn as nn\n\nmodel = nn.DataParallel(model)\nfor x, y in loader:\n"
-            "    if y.numel() == 0:\n        continue\n    loss = model(x).sum()\n    loss.backward()\n",
+            """
+            import torch.nn as nn
+
+            model = nn.DataParallel(model)
+            for x, y in loader:
+                if y.numel() == 0:
+                    continue
+                loss = model(x).sum()
+                loss.backward()
+            """,
             None,
             DDP,
             (PER_RANK_STEP,),
         ),
         Example(
-            "import torch.nn as nn\n\nmodel = nn.DataParallel(model)\nfor i, (x, y) in enumerate(loader):\n"
-            "    if i < start:\n        continue\n    loss = model(x).sum()\n    loss.backward()\n",
-            "import mgpu_runtime\n\nmodel = mgpu_runtime.DistributedDataParallel(model)\nfor i, (x, y) in "
-            "enumerate(loader):\n    if i < start:\n        continue\n    loss = model(x).sum()\n    loss.backward()\n",
+            """
+            import torch.nn as nn
+
+            model = nn.DataParallel(model)
+            for i, (x, y) in enumerate(loader):
+                if i < start:
+                    continue
+                loss = model(x).sum()
+                loss.backward()
+            """,
+            """
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            for i, (x, y) in enumerate(loader):
+                if i < start:
+                    continue
+                loss = model(x).sum()
+                loss.backward()
+            """,
             DDP,
             ("MGP101",),
         ),

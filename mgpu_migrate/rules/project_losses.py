@@ -61,11 +61,23 @@ class ProjectLosses(Rule):
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch.nn as nn\n\nmodel = nn.DataParallel(model)\ncriterion = nn.MSELoss()\nfor x, y in loader:\n"
-            "    criterion(model(x), y).backward()\n",
-            "import torch.nn as nn\nimport mgpu_runtime\n\n"
-            "model = mgpu_runtime.DistributedDataParallel(model)\ncriterion = nn.MSELoss()\n"
-            "for x, y in loader:\n    criterion(model(x), y).backward()\n",
+            """
+            import torch.nn as nn
+
+            model = nn.DataParallel(model)
+            criterion = nn.MSELoss()
+            for x, y in loader:
+                criterion(model(x), y).backward()
+            """,
+            """
+            import torch.nn as nn
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            criterion = nn.MSELoss()
+            for x, y in loader:
+                criterion(model(x), y).backward()
+            """,
             DDP,
             ("MGP101",),
         ),

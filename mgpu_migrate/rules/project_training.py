@@ -105,9 +105,22 @@ class ProjectTraining(Rule):
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch.nn as nn\n\nmodel = nn.DataParallel(model)\nfor x in loader:\n    model(x).sum().backward()\n",
-            "import mgpu_runtime\n\nmgpu_runtime.setup()\n\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
-            "for x in loader:\n    model(x).sum().backward()\n",
+            """
+            import torch.nn as nn
+
+            model = nn.DataParallel(model)
+            for x in loader:
+                model(x).sum().backward()
+            """,
+            """
+            import mgpu_runtime
+
+            mgpu_runtime.setup()
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            for x in loader:
+                model(x).sum().backward()
+            """,
             DDP,
             ("MGP101", "MGP120", "MGP236"),
         ),

@@ -83,17 +83,27 @@ class ProjectWrappers(Rule):
     TARGETS = (BALANCED, DDP)
     EXAMPLES = (
         Example(
-            "from torch.nn.parallel import replicate, parallel_apply\n\n\n"
-            "def forward(module, inputs, devices):  # DataParallel by hand\n    replicas = replicate(module, devices)\n"
-            "    return parallel_apply(replicas, inputs)\n",
+            """
+            from torch.nn.parallel import replicate, parallel_apply
+
+
+            def forward(module, inputs, devices):  # DataParallel by hand
+                replicas = replicate(module, devices)
+                return parallel_apply(replicas, inputs)
+            """,
             None,
             BALANCED,
             (HAND_WRITTEN,),
         ),
         Example(
-            "from torch.nn.parallel import replicate, parallel_apply\n\n\n"
-            "def forward(module, inputs, devices):  # DataParallel by hand\n    replicas = replicate(module, devices)\n"
-            "    return parallel_apply(replicas, inputs)\n",
+            """
+            from torch.nn.parallel import replicate, parallel_apply
+
+
+            def forward(module, inputs, devices):  # DataParallel by hand
+                replicas = replicate(module, devices)
+                return parallel_apply(replicas, inputs)
+            """,
             None,
             DDP,
             (HAND_WRITTEN,),

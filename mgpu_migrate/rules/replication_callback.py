@@ -62,8 +62,13 @@ class ReplicationCallback(Rule):
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch.nn as nn\nfrom sync_batchnorm import patch_replication_callback\n\n"
-            "model = nn.DataParallel(model)\npatch_replication_callback(model)\n",
+            """
+            import torch.nn as nn
+            from sync_batchnorm import patch_replication_callback
+
+            model = nn.DataParallel(model)
+            patch_replication_callback(model)
+            """,
             None,
             DDP,
             ("MGP266",),

@@ -65,12 +65,20 @@ class UnsplitData(Rule):
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch.nn as nn\nfrom torch.utils.data import DataLoader\n\nmodel = nn.DataParallel(model)\n"
-            "loaders = {'train': DataLoader(data, batch_size=8)}\nfor x in loaders[phase]:\n"
-            "    model(x).mean().backward()\n",
+            """
+            import torch.nn as nn
+            from torch.utils.data import DataLoader
+
+            model = nn.DataParallel(model)
+            loaders = {'train': DataLoader(data, batch_size=8)}
+            for x in loaders[phase]:
+                model(x).mean().backward()
+            """,
             None,
             DDP,
             (UNSPLIT,),
+            message="(line 6's loop: data not followed)",
+            line=7,
         ),
     )
 

@@ -111,10 +111,17 @@ class UnsyncedDraws(Rule):
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import numpy as np\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader\n\n"
-            "model = nn.DataParallel(model)\nfor x, y in DataLoader(data, batch_size=64, shuffle=True):\n"
-            "    lam = np.random.beta(1.0, 1.0, size=len(x))\n    loss = criterion(model(x), y)\n"
-            "    loss.backward()\n",
+            """
+            import numpy as np
+            import torch.nn as nn
+            from torch.utils.data import DataLoader
+
+            model = nn.DataParallel(model)
+            for x, y in DataLoader(data, batch_size=64, shuffle=True):
+                lam = np.random.beta(1.0, 1.0, size=len(x))
+                loss = criterion(model(x), y)
+                loss.backward()
+            """,
             None,
             DDP,
             ("MGP310",),

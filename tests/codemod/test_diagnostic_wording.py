@@ -32,9 +32,3 @@ def test_a_helper_called_under_a_main_process_block_saves_without_waiting_and_sa
 def test_a_sub_module_whose_own_output_the_wrapped_criterion_takes_gets_no_contradicting_note():
     assert _messages("submodule_own_loss", "balanced", "MGP206") == []
     assert any("DataParallelCriterion" in m for m in _messages("submodule_own_loss", "balanced", "MGP102"))
-
-
-def test_a_file_whose_data_no_rule_split_names_the_loop_whose_data_was_not_followed():
-    # `dataloaders[phase]` in the loop at line 14: it read MGP235's line before diagnostics were placed (line 0).
-    (message,) = _messages("phase_dict", "ddp", "MGP289")
-    assert "(line 14's loop: data not followed)" in message, message
