@@ -1,8 +1,10 @@
 """What migrating one file gives: the new text and the diagnostics (``MigrationResult``: the engine's output, the
-file engine's input), and what the file engine reports of each file (``FileOutcome``: what the formats print)."""
+file engine's input), what the file engine reports of each file (``FileOutcome``: what the formats print), and the
+change as a unified diff."""
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 
 from mgpu_migrate.diagnostics import Diagnostic
@@ -31,3 +33,15 @@ class FileOutcome:
     status: str
     diagnostics: list[Diagnostic] = field(default_factory=list)
     diff: str = ""
+
+
+def unified_diff(before: str, after: str, path: str) -> str:
+    """The change as a unified diff that ``git apply`` takes; ``path`` as review tools show it
+    (``output.display_path``: `git apply` rejects a/./x.py)."""
+    lines = []
+    old, new = (path, path) if path.startswith("/") else (f"a/{path}", f"b/{path}")
+    for line in difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True), old, new):
+        lines.append(line)
+        if not line.endswith(("\n", "\r")):
+            lines.append("\n\\ No newline at end of file\n")
+    return "".join(lines)
