@@ -8,7 +8,6 @@ from mgpu_migrate.analysis.batch import scaled_by_row_count
 from mgpu_migrate.analysis.losses import (
     CLASS_INDEX_LOSSES,
     LOSS_PARAMETERS,
-    PARALLEL,
     Construction,
     Criterion,
     class_parameters,
@@ -107,7 +106,7 @@ class TorchCriterion(Rule):
             return
         reported: set[cst.CSTNode] = set()
         for criterion in self.analysis.losses.criteria:
-            if any(construction.kind == PARALLEL for construction in criterion.constructions):
+            if any(construction.parallel for construction in criterion.constructions):
                 continue  # already takes per-device outputs (the runtime's, or PyTorch-Encoding's: MGP104)
             for construction, reduction in self._changed_by_the_average(criterion):
                 if construction.value not in reported:
