@@ -296,3 +296,28 @@ def test_replication_callbacks_of_synchronized_batch_norm_are_honoured(three_rep
     output = model(features(6))
     assert gather(output)[:, 0].tolist() == [0, 0, 1, 1, 2, 2]
     assert model.module.context.seen == [0, 1, 2]
+
+
+class _WaitsForTheOtherReplicas(nn.Module):
+    """A synchronized BatchNorm's shape: told its copy by ``__data_parallel_replicate__``, each replica's forward
+    meets the others' at a barrier (vacancy's sync_batchnorm exchanges statistics there)."""
+
+    def __data_parallel_replicate__(self, ctx, copy_id):
+        self._context = ctx
+        ctx.copies = getattr(ctx, "copies", 0) + 1
+
+    def forward(self, x):
+        context = getattr(self, "_context", None)
+        if context is not None:
+            if not hasattr(context, "barrier"):
+                context.barrier = threading.Barrier(context.copies, timeout=10)
+            context.barrier.wait()
+        return x * 2
+
+
+def test_replicas_that_wait_for_each_other_run_at_once(monkeypatch):
+    use_cpu_replicas(monkeypatch, 2)
+    module = nn.Sequential(nn.Linear(4, 4), _WaitsForTheOtherReplicas())
+    x = torch.randn(6, 4)
+    expected = module(x)
+    assert torch.allclose(gather(DataParallelModel(module)(x)), expected)

@@ -44,9 +44,11 @@ def parallel_apply(
         except BaseException as failure:  # noqa: BLE001 - every failure is re-raised in the caller below
             failures[replica] = failure
 
-    if len(functions) == 1 or devices.streams:
+    if len(functions) == 1 or (devices.streams and not _wait_for_each_other(functions)):
         # CPU replicas one after the other: each draws from its emulated device's stream through the one CPU
-        # generator (on GPUs each device has its own, and the threads run at once).
+        # generator (on GPUs each device has its own, and the threads run at once). Replicas that wait for each
+        # other (a synchronized BatchNorm told its copy by ``__data_parallel_replicate__``) run at once, in
+        # threads, as the emulated DataParallel runs them.
         for replica in range(len(functions)):
             with devices.stream(replica):
                 work(replica)
@@ -117,3 +119,9 @@ def _reraise(failure: BaseException, where: str) -> None:
     except Exception:  # noqa: BLE001 - a type whose constructor wants more than a message
         located = RuntimeError(message)
     raise located from failure
+
+
+def _wait_for_each_other(functions: Sequence[Callable[..., Any]]) -> bool:
+    """Whether the replicas are modules with a layer that a replication callback links to its copies."""
+    first = functions[0]
+    return isinstance(first, torch.nn.Module) and any(hasattr(layer, "__data_parallel_replicate__") for layer in first.modules())
