@@ -14,6 +14,7 @@ from mgpu_migrate.rules.device_selection import DeviceSelection
 from mgpu_migrate.rules.encoding_pair import EncodingPair
 from mgpu_migrate.rules.entry_point import EntryPointSetup, TorchSetup
 from mgpu_migrate.rules.explicit_device import ExplicitDevice
+from mgpu_migrate.rules.forward_losses import ForwardLosses
 from mgpu_migrate.rules.functional_data_parallel import FunctionalDataParallel
 from mgpu_migrate.rules.functional_loss import FunctionalLoss
 from mgpu_migrate.rules.global_count import GlobalCount
@@ -48,6 +49,8 @@ RULES: tuple[type[Rule], ...] = (
     FunctionalDataParallel,
     TorchCriterion,
     FunctionalLoss,
+    # Both targets: a model DataParallel could not run on several GPUs (a dict of scalar losses from forward).
+    ForwardLosses,
     # (each Torch* rule is its default's twin under --style torch: plain PyTorch, no runtime)
     # --to ddp: apex's wrapper (a wrap rule), then the rest of a distributed program (program rules and a check).
     ApexDDP,
