@@ -34,3 +34,15 @@ def _no_emulated_devices_left():
         balanced = sys.modules.get("mgpu_runtime.balanced.devices")
         if balanced is not None:
             balanced._emulating = False
+
+
+@pytest.fixture(scope="session")
+def e2e_runs(tmp_path_factory):
+    """Every end-to-end training run (``tests/codemod/e2e_runs.py``), started at once, the first time a test of
+    the xdist group ``e2e`` asks: the tests of that group run on one worker and share them."""
+    pytest.importorskip("torch")
+    from tests.codemod.e2e_runs import run_all
+
+    runs = run_all(tmp_path_factory.mktemp("e2e"))
+    assert not runs.problems, "\n\n".join(runs.problems)
+    return runs

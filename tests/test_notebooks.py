@@ -126,29 +126,40 @@ def _kernel_code(path) -> str:
 
 
 @pytest.mark.slow
-def test_migrated_notebook_trains_as_the_original_on_cpu_replicas(tmp_path):
+def test_migrated_notebook_trains_as_the_original_under_dataparallel_on_as_many_devices(tmp_path):
+    """The reference is the original's cells under the emulated DataParallel on 2 and 3 devices; the migration
+    runs on as many CPU replicas (which a kernel gets from MGPU_CPU_REPLICAS), both in float64."""
     original = tmp_path / "original.ipynb"
     write_notebook(original, notebook())
     write_notebook(tmp_path / "train.ipynb", notebook())
     assert run_cli("train.ipynb", "--to", "balanced", cwd=tmp_path).returncode == 0
+    (tmp_path / "original_kernel.py").write_text(_kernel_code(original))
+    (tmp_path / "migrated_kernel.py").write_text(_kernel_code(tmp_path / "train.ipynb"))
 
-    runs = [(_kernel_code(original), "1")] + [(_kernel_code(tmp_path / "train.ipynb"), replicas) for replicas in "23"]
+    runs = [("original_kernel.py", devices, None) for devices in (2, 3)]
+    runs += [("migrated_kernel.py", None, replicas) for replicas in (2, 3)]
     ran = subprocess.run([sys.executable, "-c", _KERNELS_IN_TURN, json.dumps(runs)], capture_output=True, text=True, check=False,
                          timeout=300, cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
-    reference, *migrated = map(float, ran.stdout.split())
-    assert migrated == [pytest.approx(reference, abs=1e-9)] * 2
+    on_two, on_three, migrated_on_two, migrated_on_three = map(float, ran.stdout.split())
+    assert [migrated_on_two, migrated_on_three] == [pytest.approx(on_two, abs=1e-9), pytest.approx(on_three, abs=1e-9)]
 
 
-# Runs each (code, MGPU_CPU_REPLICAS) of the JSON list in argv[1] in turn in one interpreter (torch imported
-# once), each in fresh globals as a new kernel would, and prints the last word each printed. The runtime reads
-# MGPU_CPU_REPLICAS when a wrapper is built.
+# Runs each (kernel code's file, emulated devices, MGPU_CPU_REPLICAS) of the JSON list in argv[1] in turn in one
+# interpreter (torch imported once), each as a new kernel would run it (runner.run: fresh globals), and prints
+# the last word each printed. The runtime reads MGPU_CPU_REPLICAS at import and for each wrapper: asked again.
 _KERNELS_IN_TURN = """
 import contextlib, io, json, os, sys
-for code, replicas in json.loads(sys.argv[1]):
-    os.environ["MGPU_CPU_REPLICAS"] = replicas
+from mgpu_runtime.balanced import devices
+from mgpu_runtime.emulation import runner
+
+for code, emulated, replicas in json.loads(sys.argv[1]):
+    os.environ.pop("MGPU_CPU_REPLICAS", None)
+    if replicas:
+        os.environ["MGPU_CPU_REPLICAS"] = str(replicas)
+    devices.emulate_cpu_replicas()
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        exec(compile(code, "<kernel>", "exec"), {"__name__": "__main__"})
+        runner.run(code, devices=emulated, float64=True)
     print(printed.getvalue().split()[-1])
 """

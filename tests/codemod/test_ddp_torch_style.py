@@ -9,7 +9,6 @@ float64 to 1e-9; the shuffled ``flat_script.ddp-torch.py`` must train and save o
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_helpers import DP_SCRIPT, run_cli
-from tests.codemod.test_ddp_e2e import _IN_TURN, _environment, _finish
+from tests.codemod.e2e_runs import DRIVER, finish, plan
 from tests.fixture_cases import FIXTURES
 
 TOLERANCE = 1e-9
@@ -122,25 +121,24 @@ def test_style_torch_trains_like_the_original_under_torchrun(tmp_path):
     migrated.write_text(EXACT_SCRIPT)
     assert run_cli(str(migrated), "--to", "ddp", "--style", "torch").returncode == 0
     flat = FIXTURES / "scripts" / "flat_script.ddp-torch.py"
-    driver = tmp_path / "in_turn.py"
-    driver.write_text(_IN_TURN)
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
     # One torchrun job a script: a second process group in the same workers would reuse the first's store keys.
     # The original (in one interpreter) and both jobs start together; --standalone picks a free port for each.
     reference = tmp_path / "original.pt"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    runs = {
-        f"{' '.join(launcher[1:])} {script.name}": subprocess.Popen(
-            [*launcher, str(driver), json.dumps([(str(script), str(output))])],
-            env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
+    jobs = {
+        f"{' '.join(launcher[1:])} {script.name}": [*launcher, str(driver), plan([(script, output, None, None)], tmp_path)]
         for launcher, script, output in (
-            ([sys.executable], original, reference),
-            (torchrun, migrated, tmp_path / "torchrun.pt"),
-            (torchrun, flat, tmp_path / "flat.pt"),
+            ([sys.executable], original, "original"),
+            (torchrun, migrated, "torchrun"),
+            (torchrun, flat, "flat"),
         )
     }
-    _, failures = _finish(runs)
+    failures = finish(jobs, tmp_path)
     assert not failures, "\n\n".join(failures)
+    for name in ("original", "torchrun", "flat"):
+        assert not (tmp_path / f"{name}.pt.failed.0").exists(), (tmp_path / f"{name}.pt.failed.0").read_text()
     expected, got = _torch_weights(reference), _torch_weights(tmp_path / "torchrun.pt")
     assert (expected["rows"], got["rows"]) == (3 * 52, 3 * 26)  # the data was split, not trained twice
     expected, got = expected["model"], got["model"]

@@ -1,16 +1,19 @@
 """--to ddp: pytorch/examples' checkpoint helper (save, then copy to the best when it improved).
 
 The tool used to crash on it (MGP003). Now the save and the ``if is_best:`` holding the copy run on the main
-process, then every process waits. Here: the migration's text. Its runs are in the torchrun jobs of
-``test_ddp_e2e.py`` (which run every migrated script): the original with ``python`` (DataParallel without a GPU
-runs the module as is), the migration under ``torchrun`` at 2 and 3 processes (gloo on the CPU, uneven shares
-of the last batch) and as one process, in float64: same final weights to 1e-9, the checkpoint of the last
-epoch and the copy of the best one written, no hang.
+process, then every process waits. Here: the migration's text, and its runs among every migrated script's
+(``tests/codemod/e2e_runs.py``): the original under the emulated DataParallel on 2 and 3 devices against the
+migration under ``torchrun`` at 2 and 3 processes (gloo on the CPU, uneven shares of the last batch), and the
+plain original against the migration as one process, in float64: same final weights to 1e-9, the checkpoint of
+the last epoch and the copy of the best one written, no hang.
 """
 
 from __future__ import annotations
 
+import pytest
+
 from mgpu_migrate.engine import migrate_source
+from tests.codemod.e2e_runs import WORLD_SIZES, compare
 
 SCRIPT = '''
 import os
@@ -57,3 +60,16 @@ def test_the_imagenet_save_helper_saves_on_the_main_process() -> None:
     assert "    if mgpu_runtime.is_main_process():\n        torch.save(state, filename)\n        if is_best:" in result.output
     # Each process trains on its share of every batch (else equal weights would prove nothing about DDP).
     assert "mgpu_runtime.distribute_loader(DataLoader(" in result.output
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("e2e")
+@pytest.mark.parametrize(("reference", "migrated"), [*((f"emulated{w}", f"torchrun{w}") for w in WORLD_SIZES), ("original", "python")])
+def test_the_checkpoints_of_the_migration_are_the_originals(e2e_runs, reference, migrated):
+    assert compare(e2e_runs, "save_best", reference, migrated) == []
+    for way in (reference, migrated):
+        checkpoint = e2e_runs("save_best", way).output
+        best = checkpoint.with_name(checkpoint.name + ".best")
+        import torch
+
+        assert (torch.load(checkpoint)["epoch"], torch.load(best)["epoch"]) == (2, 1), way
