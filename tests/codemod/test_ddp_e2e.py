@@ -33,6 +33,8 @@ REQUIRED = (
     "simclr_contrastive",
     "distillation",
     "mixup",
+    "step_decisions",
+    "batch_draws",
 )
 # The original cannot train on several devices (MGP340): the tool leaves it, and it is no migration to run.
 UNTRAINABLE_ON_SEVERAL = "detection_losses"

@@ -14,6 +14,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("e2e")]
 PLAIN_IN_FORWARD = {
     **dict.fromkeys(
         [
+            "batch_draws",
             "batch_hard_triplet",
             "ctc_loss",
             "distillation",
@@ -32,6 +33,7 @@ PLAIN_IN_FORWARD = {
             "seq2seq_tokens",
             "sequence_first_rnn",
             "simclr_contrastive",
+            "step_decisions",
             "sum_loss_whole_data",
             "token_sum_over_count",
             "trainer_class",
