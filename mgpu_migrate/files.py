@@ -5,12 +5,15 @@ so an edit made while the tool ran, or another run's rewrite, is refused rather 
 content goes to a temporary file beside the original, renamed over it (atomic: an interrupted run leaves
 the old file or the new one), keeping mode, owner and group. Where a rename would lose something (a file
 with several hard links, or an owner this process cannot give the new file), the file is rewritten in place
-instead, as black and ruff always do, with interrupts held off for the few microseconds of the write.
+instead, as black and ruff always do, with interrupts held off for the few microseconds of the write; the
+space it needs is claimed first (a full disk or ``ulimit -f`` refuses it there), and the original bytes are
+put back if the write fails, so a file that cannot be rewritten is left byte-identical either way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import signal
@@ -22,6 +25,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+
+try:
+    import resource
+except ImportError:  # Windows: no file-size limit to respect
+    resource = None
 
 # Directories never walked into (they are someone else's code or generated); a path named explicitly
 # on the command line is always processed.
@@ -200,14 +208,61 @@ def _check_unchanged(handle: IO[bytes], read_as: SourceFile) -> None:
 
 
 def _rewrite_in_place(target: str, data: bytes, read_as: SourceFile | None) -> None:
-    with open(target, "r+b") as handle, interrupts_held():
+    """Write ``data`` through the file's own inode, leaving it byte-identical when the write cannot finish.
+
+    The space the new text needs is claimed before the first byte changes (``posix_fallocate``: a full disk,
+    a quota or ``ulimit -f`` fail there, the file untouched), so what can still fail after is an I/O error;
+    then the original bytes are written back."""
+    with open(target, "r+b", buffering=0) as handle, interrupts_held():
         if read_as is not None:
             _check_unchanged(handle, read_as)
-        handle.seek(0)
-        handle.write(data)
-        handle.truncate()
-        handle.flush()
-        os.fsync(handle.fileno())
+            original = read_as.data
+        else:
+            original = handle.read()
+        descriptor = handle.fileno()
+        _claim_space(descriptor, len(original), len(data))
+        try:
+            _write_from_start(descriptor, data)
+        except BaseException as failure:
+            try:
+                _write_from_start(descriptor, original)
+            except OSError as second:
+                raise OSError(
+                    failure.errno if isinstance(failure, OSError) else None,
+                    f"{getattr(failure, 'strerror', None) or failure}; putting the original back failed too "
+                    f"({second.strerror or second}): the file may be incomplete",
+                ) from failure
+            raise
+
+
+def _claim_space(descriptor: int, size: int, needed: int) -> None:
+    """Fail, changing nothing, unless the file can grow from ``size`` to ``needed`` bytes (and be written to
+    that size under this process's file-size limit, ``ulimit -f``)."""
+    if _over_size_limit(max(size, needed)):
+        raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+    if needed <= size or not hasattr(os, "posix_fallocate"):
+        return
+    try:
+        os.posix_fallocate(descriptor, size, needed - size)
+    except OSError as error:
+        os.ftruncate(descriptor, size)  # a partial claim may have grown the file
+        if error.errno not in (errno.EINVAL, errno.EOPNOTSUPP):  # no fallocate here: the write-back covers it
+            raise
+
+
+def _over_size_limit(size: int) -> bool:
+    if resource is None:
+        return False
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return limit != resource.RLIM_INFINITY and size > limit
+
+
+def _write_from_start(descriptor: int, data: bytes) -> None:
+    written = 0
+    while written < len(data):
+        written += os.pwrite(descriptor, data[written:], written)
+    os.ftruncate(descriptor, len(data))
+    os.fsync(descriptor)
 
 
 @contextlib.contextmanager
