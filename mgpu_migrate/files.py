@@ -21,7 +21,7 @@ import stat
 import tempfile
 import threading
 import tokenize
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -79,7 +79,7 @@ def discover(
                     real = os.path.join(real_root, name)
                     if os.path.islink(candidate):
                         real = os.path.realpath(candidate)
-                        if not _inside(real, boundary):
+                        if not inside(real, boundary):
                             if outside is not None:
                                 outside.append(candidate)
                             continue
@@ -91,7 +91,7 @@ def discover(
     return found, missing
 
 
-def _inside(real: str, boundary: str) -> bool:
+def inside(real: str, boundary: str) -> bool:
     return os.path.commonpath([real, boundary]) == boundary
 
 
@@ -127,20 +127,42 @@ class NotARegularFile(OSError):
     pass
 
 
+class TooLarge(OSError):
+    """More bytes than the reader's bound."""
+
+
 class FileChanged(OSError):
     """The file on disk is no longer what was read: someone edited or replaced it meanwhile."""
 
 
-def read(path: str) -> tuple[bytes, Stamp]:
+def read(path: str, limit: int | None = None) -> tuple[bytes, Stamp]:
     """A regular file's content and stamp. A FIFO, socket or device is refused rather than read (it could
-    block forever)."""
+    block forever, or never end: ``/dev/zero``), and so, with ``limit``, is a file of more bytes than that."""
+    with _regular_file(path) as (handle, status):
+        if limit is None:
+            return handle.read(), Stamp.of(status)
+        data = handle.read(limit + 1) if status.st_size <= limit else b""
+        if status.st_size > limit or len(data) > limit:
+            raise TooLarge(errno.EFBIG, f"over {limit} bytes")
+        return data, Stamp.of(status)
+
+
+def head(path: str, size: int) -> bytes:
+    """The first ``size`` bytes of a regular file (refused as by ``read`` otherwise)."""
+    with _regular_file(path) as (handle, _):
+        return handle.read(size)
+
+
+@contextlib.contextmanager
+def _regular_file(path: str) -> Iterator[tuple[IO[bytes], os.stat_result]]:
+    # O_NONBLOCK: opening a FIFO that has no writer would otherwise wait for one.
     descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     status = os.fstat(descriptor)
     if not stat.S_ISREG(status.st_mode):
         os.close(descriptor)
-        raise NotARegularFile("not a regular file")
+        raise NotARegularFile(errno.EINVAL, "not a regular file")
     with open(descriptor, "rb") as handle:
-        return handle.read(), Stamp.of(status)
+        yield handle, status
 
 
 def source_file(path: str, data: bytes, stamp: Stamp | None = None) -> SourceFile:

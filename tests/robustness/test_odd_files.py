@@ -1,10 +1,15 @@
 """Files nobody tidied, through the command line: encodings, line ends, links, things that are not files."""
 
 import os
+import pathlib
+import shutil
+import subprocess
 
 import pytest
 
-from tests.cli_helpers import DP_SCRIPT, run_cli
+from tests.cli_helpers import DP_SCRIPT, command, run_cli
+
+FIXTURES = pathlib.Path(__file__).parents[2] / "fixtures"
 
 REWRITTEN = b"mgpu_runtime.DistributedDataParallel(model)"
 
@@ -174,3 +179,35 @@ def test_code_nested_too_deeply_to_parse_is_refused_not_crashed(tmp_path):
     assert result.returncode == 2
     assert b"deep.py:1:1: MGP002 cannot parse" in result.stderr and b"MGP003" not in result.stderr
     assert (tmp_path / "deep.py").read_text() == deep
+
+
+def _memory_bounded():
+    """A child's address space bounded (4 GiB): reading /dev/zero without a bound ends in a MemoryError there,
+    not in the machine's out-of-memory killer."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, resource.RLIM_INFINITY))
+
+
+@pytest.mark.parametrize(
+    "plant",
+    [
+        lambda path: os.mkfifo(path),
+        lambda path: os.symlink("/dev/zero", path),
+        lambda path: os.symlink("/dev/urandom", path),
+    ],
+    ids=["fifo", "link-to-dev-zero", "link-to-dev-urandom"],
+)
+def test_the_importer_search_reads_no_fifo_and_no_device(tmp_path, plant):
+    """A builder hands its wrap to the modules importing it, so the project is searched for them: a FIFO named
+    `*.py` there blocked the run forever, a link to /dev/zero read until memory ran out (never imported, never
+    named on the command line)."""
+    project = tmp_path / "builders"
+    shutil.copytree(FIXTURES / "projects" / "builders", project)
+    plant(project / "models" / "planted.py")
+    result = subprocess.run(
+        [*command(), "--to", "ddp", "--check", "models/loading.py"],
+        cwd=project, capture_output=True, timeout=60, preexec_fn=_memory_bounded,
+    )
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    assert b"models/loading.py:12:17: MGP320 no training here" in result.stderr
