@@ -13,7 +13,7 @@ import threading
 from typing import Callable, Sequence
 
 from mgpu_migrate import files
-from mgpu_migrate.diagnostics import FILE_CHANGED, INTERNAL_ERROR, OUTSIDE_TREE, READ_ERROR, TOO_LARGE, Diagnostic
+from mgpu_migrate.diagnostics import FILE_CHANGED, INTERNAL_ERROR, OUTSIDE_TREE, READ_ERROR, TOO_LARGE, Diagnostic, source_lines
 from mgpu_migrate.engine import MigrationResult, might_need_migration, migrate_source
 from mgpu_migrate.options import DEFAULT_OPTIONS, Options
 from mgpu_migrate.output import display_path, markers
@@ -24,11 +24,27 @@ def unified_diff(before: str, after: str, path: str) -> str:
     lines = []
     path = display_path(path)  # `git apply` rejects a/./x.py
     old, new = (path, path) if path.startswith("/") else (f"a/{path}", f"b/{path}")
-    for line in difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True), old, new):
+    for line in difflib.unified_diff(source_lines(before), source_lines(after), _git_quoted(old), _git_quoted(new)):
         lines.append(line)
         if not line.endswith(("\n", "\r")):
             lines.append("\n\\ No newline at end of file\n")
     return "".join(lines)
+
+
+_GIT_ESCAPES = {"\a": "\\a", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\v": "\\v", "\f": "\\f", "\r": "\\r", '"': '\\"', "\\": "\\\\"}
+
+
+def _git_quoted(name: str) -> str:
+    """A file name in a diff header as git writes it: in double quotes with C escapes when it holds a control
+    character, a quote or a backslash (a newline would end the header line), else as it is."""
+    escaped = "".join(map(_git_escaped, name))
+    return name if escaped == name else f'"{escaped}"'
+
+
+def _git_escaped(character: str) -> str:
+    if character in _GIT_ESCAPES:
+        return _GIT_ESCAPES[character]
+    return f"\\{ord(character):03o}" if ord(character) < 0x20 or ord(character) == 0x7F else character
 
 
 def _failed(path: str, code: str, message: str) -> FileOutcome:
