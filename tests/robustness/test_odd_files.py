@@ -59,6 +59,34 @@ def test_odd_but_valid_files_are_rewritten_keeping_their_form(tmp_path, name, da
 
 
 @pytest.mark.parametrize(
+    ("data", "site"),
+    [
+        (b"\x0c" + DP_SCRIPT.encode(), b":3:9: MGP101"),
+        (b"import torch.nn as nn\n\x0cmodel = nn.DataParallel(model)\n", b":2:10: MGP101"),
+        (b"import torch.nn as nn\n  \x0cmodel = nn.DataParallel(model)\n", b":2:12: MGP101"),
+        (b"import torch.nn as nn\ndef wrap(model):\n\x0c    return nn.DataParallel(model)\n", b":3:13: MGP101"),
+        (b"import torch.nn as nn\ndef wrap(model):\n    x = 1\n  \x0c    return nn.DataParallel(model)\n", b":4:15: MGP101"),
+        (b"import torch.nn as nn\nclass A:\n\x0c    def wrap(self, m):\n        return nn.DataParallel(m)\n", b":4:16: MGP101"),
+        (b'import torch.nn as nn\ns = """\n\x0c  kept\n"""\n\x0cmodel = nn.DataParallel(model)\n', b":5:10: MGP101"),
+    ],
+    ids=["first-byte", "before-a-statement", "inside-the-indentation", "first-of-a-block", "later-in-a-block",
+         "class-body", "in-a-string-too"],
+)
+def test_form_feeds_in_the_indentation_are_migrated_and_kept(tmp_path, data, site):
+    """CPython resets the column at a form feed in the indentation; LibCST read these as an unexpected indent
+    ("Syntax Error @ 1:1"), an indent of '\\x0c    ' (MGP003 internal error) or text lost at the end (MGP002)."""
+    (tmp_path / "paged.py").write_bytes(data)
+    checked = run_cli("--to", "ddp", "--check", "paged.py", cwd=tmp_path)
+    assert checked.returncode == 1 and b"paged.py" + site in checked.stderr, checked.stderr
+    migrate(tmp_path, "paged.py")
+    after = (tmp_path / "paged.py").read_bytes()
+    assert b"DistributedDataParallel" in after and compiles(after)
+    assert after.count(b"\x0c") == data.count(b"\x0c")
+    assert b"\x0c  kept" in after or b"kept" not in data
+    assert run_cli("--to", "ddp", "--check", "paged.py", cwd=tmp_path).returncode == 0
+
+
+@pytest.mark.parametrize(
     ("name", "data"),
     [
         ("empty.py", b""),
