@@ -15,7 +15,7 @@ import time
 import pytest
 
 from mgpu_runtime.distributed.environment import LaunchEnvironmentError
-from mgpu_runtime.distributed.process_group import DEFAULT_TIMEOUT_S, timeout_seconds
+from mgpu_runtime.distributed.process_group import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, timeout_seconds
 from tests.runtime.test_distributed_launches import _clean_environment
 
 SCRIPT = pathlib.Path(__file__).parent / "distributed_scripts" / "faults.py"
@@ -147,6 +147,15 @@ def test_ctrl_c_or_sigterm_stops_every_rank_at_once(signal_number):
 def test_the_timeout_is_mgpu_timeout_seconds():
     assert timeout_seconds({}) == DEFAULT_TIMEOUT_S == 300
     assert timeout_seconds({"MGPU_TIMEOUT": "12.5"}) == 12.5
-    for bad in ("0", "-3", "soon", "nan"):
-        with pytest.raises(LaunchEnvironmentError, match=f"MGPU_TIMEOUT={bad!r} must be a positive number of seconds"):
+    assert timeout_seconds({"MGPU_TIMEOUT": "31536000"}) == MAX_TIMEOUT_S
+    for bad in ("0", "-3", "soon", "nan", "inf", "1e308", "31536001"):
+        with pytest.raises(LaunchEnvironmentError, match=f"MGPU_TIMEOUT={bad!r} must be a positive number of seconds, at most"):
             timeout_seconds({"MGPU_TIMEOUT": bad})
+
+
+@pytest.mark.slow
+def test_an_infinite_timeout_stops_the_job_naming_the_variable():
+    """Every rank died of an OverflowError that named nothing."""
+    returncode, output, _ = _job("healthy", MGPU_TIMEOUT="inf")
+    assert returncode != 0 and "OverflowError" not in output
+    assert "MGPU_TIMEOUT='inf' must be a positive number of seconds, at most 31536000 (a year)" in output

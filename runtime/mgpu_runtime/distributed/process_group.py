@@ -50,6 +50,7 @@ BACKEND_VARIABLE = "MGPU_BACKEND"
 SHARE_DEVICE_VARIABLE = "MGPU_SHARE_DEVICE"
 TIMEOUT_VARIABLE = "MGPU_TIMEOUT"
 DEFAULT_TIMEOUT_S = 300
+MAX_TIMEOUT_S = 365 * 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,8 @@ def _check_master_address(environment: LaunchEnvironment) -> None:
 
 
 def timeout_seconds(environ) -> float:
-    """How long any collective may wait for the other ranks: ``MGPU_TIMEOUT`` seconds, else 300."""
+    """How long any collective may wait for the other ranks: ``MGPU_TIMEOUT`` seconds, else 300. At most a
+    year: torch counts the timeout in milliseconds, and ``inf`` or ``1e308`` overflowed on every rank."""
     text = environ.get(TIMEOUT_VARIABLE, "").strip()
     if not text:
         return DEFAULT_TIMEOUT_S
@@ -206,8 +208,10 @@ def timeout_seconds(environ) -> float:
         value = float(text)
     except ValueError:
         value = 0.0
-    if not value > 0:
-        raise LaunchEnvironmentError(f"{TIMEOUT_VARIABLE}={text!r} must be a positive number of seconds")
+    if not 0 < value <= MAX_TIMEOUT_S:
+        raise LaunchEnvironmentError(
+            f"{TIMEOUT_VARIABLE}={text!r} must be a positive number of seconds, at most {MAX_TIMEOUT_S} (a year)"
+        )
     return value
 
 
