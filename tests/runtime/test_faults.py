@@ -89,12 +89,13 @@ def test_a_timeout_in_another_collective_is_explained_after_the_traceback():
     assert "rank 1 is alive, at step 4 but not in its gradient reduction" in output
 
 
-@pytest.mark.slow
-def test_a_loss_computed_on_one_rank_only_is_named_in_seconds():
-    """Without the check the ranks wait for MGPU_TIMEOUT (300 s by default) in collectives that never meet.
-    Timed from the step where it happens: a loaded machine takes longer than that to start the job."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT), "rank0_loss"]
-    job = subprocess.Popen(command, env=_clean_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _timed_from_the_fault(mode: str, **environment: str) -> tuple[int, str, float]:
+    """A job's exit status, output, and seconds from rank 0's "started" (the step of the fault) to its end: a
+    loaded machine takes longer than the bound to start the job."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT), mode]
+    job = subprocess.Popen(
+        command, env=_clean_environment(**environment), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         lines = []
         while not lines or lines[-1].strip() != "started":
@@ -107,12 +108,44 @@ def test_a_loss_computed_on_one_rank_only_is_named_in_seconds():
         if job.poll() is None:
             job.kill()
             job.communicate()
-    assert job.returncode != 0 and "done" not in output
+    return job.returncode, output, seconds
+
+
+@pytest.mark.slow
+def test_a_loss_computed_on_one_rank_only_is_named_in_seconds():
+    """Without the check the ranks wait for MGPU_TIMEOUT (300 s by default) in collectives that never meet."""
+    returncode, output, seconds = _timed_from_the_fault("rank0_loss")
+    assert returncode != 0 and "done" not in output
     assert "mgpu_runtime: the ranks wait in collectives that can never meet (rank " in output
     # Whichever rank sees it first says it (torchrun then stops the other), naming both.
     assert re.search(r"rank 0 at step 4 after 5( loss reductions)?, in its loss reduction of l1_loss at faults\.py:\d+", output)
     assert re.search(r"rank 1 at step 4 after 4( loss reductions)?, in its gradient reduction of step 4 at faults\.py:", output)
     assert seconds < 15, f"the job ended {seconds:.0f}s after the mismatch"
+
+
+@pytest.mark.slow
+def test_a_rank_that_makes_no_more_backwards_is_named_at_its_next_step():
+    """Rank 1 computes on (5 s a step) without a backward, never blocked; rank 0 waits in the reduction of step 4.
+    It waited the full MGPU_TIMEOUT (here 100 s, 300 by default), then failed naming rank 1 only as "alive"."""
+    returncode, output, seconds = _timed_from_the_fault("no_backward", MGPU_TIMEOUT="100")
+    assert returncode != 0 and "done" not in output
+    assert re.search(
+        r"mgpu_runtime: the ranks wait in collectives that can never meet \(rank 0 at step 4 after 0 loss reductions, "
+        r"in its gradient reduction of step 4 at faults\.py:\d+; rank 1 at step [56] and computing, past step 4 without "
+        r"reducing its gradients \(last reduced: step 3\)\)",
+        output,
+    ), output[-3000:]
+    assert seconds < 25, f"the job ended {seconds:.0f}s after the skip (rank 1 reaches step 5 after 5 s)"
+
+
+@pytest.mark.slow
+def test_a_rank_that_skips_the_last_backward_and_waits_in_a_save_is_named_in_seconds():
+    """Rank 0 waits in the reduction of step 8, rank 1 in the save's barrier: a barrier of the runtime says so."""
+    returncode, output, seconds = _timed_from_the_fault("skip_last", MGPU_TIMEOUT="100")
+    assert returncode != 0 and "done" not in output
+    assert re.search(r"rank 0 at step 8 after 0( loss reductions)?, in its gradient reduction of step 8 at faults\.py:\d+", output)
+    assert re.search(r"rank 1 at step 8 after 0( loss reductions)?, in a barrier at faults\.py:\d+", output), output[-3000:]
+    assert seconds < 15, f"the job ended {seconds:.0f}s after the skip"
 
 
 @pytest.mark.slow
