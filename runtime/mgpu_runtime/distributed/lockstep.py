@@ -72,6 +72,9 @@ _store: dist.Store | None = None
 _rank = 0
 _world = 1
 _stop = threading.Event()
+_heartbeat_thread: threading.Thread | None = None
+# A beat's store call waits at most this long (the client's timeout), so the heartbeat ends within it.
+_STORE_TIMEOUT_S = 10
 
 
 def enabled() -> bool:
@@ -80,12 +83,16 @@ def enabled() -> bool:
 
 def start(rank: int, world_size: int, master_addr: str | None, master_port: int | None) -> None:
     """Start publishing this rank's progress to the job's store, and explain uncaught collective failures."""
-    global _store, _rank, _world
+    global _store, _rank, _world, _heartbeat_thread
     _rank, _world = rank, world_size
     if master_addr and master_port:
         try:
             client = dist.TCPStore(
-                master_addr, master_port, is_master=False, timeout=datetime.timedelta(seconds=10), wait_for_workers=False
+                master_addr,
+                master_port,
+                is_master=False,
+                timeout=datetime.timedelta(seconds=_STORE_TIMEOUT_S),
+                wait_for_workers=False,
             )
             # Per attempt: an elastic restart must not read the notes of the attempt before it.
             _store = dist.PrefixStore(f"mgpu_runtime/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", client)
@@ -93,14 +100,23 @@ def start(rank: int, world_size: int, master_addr: str | None, master_port: int 
             _store = None  # no explanations then, but the job runs
     if _store is not None:
         _stop.clear()
-        threading.Thread(target=_heartbeat, name="mgpu_runtime heartbeat", daemon=True).start()
+        _heartbeat_thread = threading.Thread(target=_heartbeat, name="mgpu_runtime heartbeat", daemon=True)
+        _heartbeat_thread.start()
     previous = sys.excepthook
     sys.excepthook = lambda kind, value, traceback: _explaining_hook(previous, kind, value, traceback)
 
 
 def stop(how: str) -> None:
-    """At exit: leave a note saying how this rank ended, for peers that were still waiting for it."""
+    """At exit: end the heartbeat, then leave a note saying how this rank ended, for peers still waiting for it.
+
+    The heartbeat is joined, not only told to stop: a daemon thread still inside a store call when the
+    interpreter finalizes is ended by ``pthread_exit`` inside torch's C++, which aborts the process
+    (``terminate called without an active exception``, SIGABRT) after a run that finished well."""
+    global _heartbeat_thread
     _stop.set()
+    if _heartbeat_thread is not None and _heartbeat_thread is not threading.current_thread():
+        _heartbeat_thread.join(timeout=2 * _STORE_TIMEOUT_S)
+        _heartbeat_thread = None
     _publish(f"exited/{_rank}", f"{_steps} {how}")
 
 
