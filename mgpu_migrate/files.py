@@ -189,7 +189,7 @@ def write_atomically(path: str, text: str, encoding: str, read_as: SourceFile | 
         # A Ctrl-C or SIGTERM while the temporary file is made is delivered once its name is known (here, where
         # the cleanup below sees it), not between its creation and this try, which would leave it behind.
         with interrupts_held():
-            descriptor, temporary = tempfile.mkstemp(prefix=".mgpu-migrate-", suffix=".tmp", dir=directory)
+            descriptor, temporary = tempfile.mkstemp(prefix=temporary_prefix(os.getpid()), suffix=TEMPORARY_SUFFIX, dir=directory)
             handle = os.fdopen(descriptor, "wb")
         with handle:
             handle.write(data)
@@ -210,6 +210,26 @@ def write_atomically(path: str, text: str, encoding: str, read_as: SourceFile | 
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temporary)
         raise
+
+
+TEMPORARY_SUFFIX = ".tmp"
+
+
+def temporary_prefix(pid: int) -> str:
+    """The start of the names of the temporary files process ``pid`` writes (``remove_temporaries`` finds them)."""
+    return f".mgpu-migrate-{pid}-"
+
+
+def remove_temporaries(pid: int, directories: set[str]) -> None:
+    """Remove what a killed writer (process ``pid``) left of its writes in ``directories``: a process killed
+    outright cannot remove its temporary file itself."""
+    prefix = temporary_prefix(pid)
+    for directory in directories:
+        with contextlib.suppress(OSError), os.scandir(directory) as entries:
+            for entry in entries:
+                if entry.name.startswith(prefix) and entry.name.endswith(TEMPORARY_SUFFIX):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
 
 
 def _can_give_owner(status: os.stat_result) -> bool:

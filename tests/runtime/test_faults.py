@@ -214,7 +214,6 @@ def test_a_job_that_ends_well_ends_with_every_runtime_thread_joined(tmp_path):
     outputs = [job.communicate(timeout=JOB_TIMEOUT)[0] for job in jobs]
     for job, output in zip(jobs, outputs):
         assert job.returncode == 0, output[-3000:]
-        assert sorted(re.findall(r"^done \d", output, re.MULTILINE)) == ["done 0", "done 1", "done 2"]
-        assert sorted(re.findall(r"^threads left on rank \d: \[\]$", output, re.MULTILINE)) == [
-            f"threads left on rank {rank}: []" for rank in range(3)
-        ], output[-3000:]
+        # Unanchored: with MGPU_LOG=all the ranks' lines may run into each other (a print is two writes).
+        assert sorted(re.findall(r"done (\d)", output)) == ["0", "1", "2"], output[-3000:]
+        assert sorted(re.findall(r"threads left on rank (\d): \[\]", output)) == ["0", "1", "2"], output[-3000:]
