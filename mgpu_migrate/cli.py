@@ -17,11 +17,11 @@ from mgpu_migrate.report import (
     CHANGED,
     DEFAULT_MAX_FILE_SIZE,
     FAILED,
+    UNCHANGED,
     FileOutcome,
     outcome_of,
     outside_tree,
     process_files,
-    summary,
 )
 
 EXIT_OK, EXIT_WOULD_CHANGE, EXIT_ERROR = 0, 1, 2
@@ -231,7 +231,10 @@ class Choices:
         try:
             self.max_file_size = parse_size(max_file_size) if max_file_size is not None else None
         except ValueError:
-            raise click.BadParameter(f"{max_file_size!r} is not a size (bytes, or like 5MB; units {SIZE_UNITS_SHOWN})", param_hint="--max-file-size")
+            raise click.BadParameter(
+                f"{max_file_size!r} is not a size (bytes, or like 5MB; units {SIZE_UNITS_SHOWN})",
+                param_hint="--max-file-size",
+            ) from None
         self.select = codes_option(select_codes, "--select")
         self.ignore = codes_option(ignore_codes, "--ignore")
 
@@ -351,3 +354,26 @@ def _missing(path: str) -> FileOutcome:
     from mgpu_migrate.diagnostics import READ_ERROR, Diagnostic
 
     return FileOutcome(path, FAILED, [Diagnostic(path, 1, 1, READ_ERROR, "cannot read: no such file or directory")])
+
+
+def summary(outcomes: list[FileOutcome], target: str, dry_run: bool) -> str:
+    """The run's last line on stderr: how many files changed, stayed, failed, and the sites left for a person."""
+    changed = sum(o.status == CHANGED for o in outcomes)
+    unchanged = sum(o.status == UNCHANGED for o in outcomes)
+    failed = sum(o.status == FAILED for o in outcomes)
+    review = sum(d.needs_review for o in outcomes for d in o.diagnostics)
+
+    def plural(count: int, word: str) -> str:
+        return f"{count} {word}{'' if count == 1 else 's'}"
+
+    verb = "would be migrated" if dry_run else "migrated"
+    text = (
+        f"mgpu-migrate: {plural(changed, 'file')} {verb} to {target}, {unchanged} unchanged, {failed} failed; "
+        f"{plural(review, 'site')} left for a manual look"
+    )
+    if target == "ddp" and changed and not dry_run:
+        text += "\nLaunch a migrated script with `torchrun --standalone --nproc_per_node=gpu SCRIPT.py`; "
+        # MGP161 (TorchSetup): a --style torch set-up, which needs the launcher (no relaunch of its own).
+        torch_style = any(d.code == "MGP161" for o in outcomes if o.status == CHANGED for d in o.diagnostics)
+        text += "--style torch needs it." if torch_style else "plain `python SCRIPT.py` also uses every visible GPU."
+    return text

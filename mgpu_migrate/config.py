@@ -247,6 +247,8 @@ class Resolver:
         self.fixed = read_settings_file(config_file) if config_file else None
         # Each path is asked about several times (excluded? its target, size limit, codes): one stat for it.
         self._by_path: dict[str, Settings] = {}
+        # Per resolver (a cache on the method would keep every resolver alive, with what it read).
+        self._for_directory = functools.lru_cache(maxsize=None)(self._settings_of_directory)
 
     def for_path(self, path: str) -> Settings:
         if self.fixed is not None:
@@ -259,8 +261,7 @@ class Resolver:
             found = self._by_path[path] = self._for_directory(directory)
         return found
 
-    @functools.lru_cache(maxsize=None)
-    def _for_directory(self, directory: str) -> Settings:
+    def _settings_of_directory(self, directory: str) -> Settings:
         candidate = os.path.join(directory, "pyproject.toml")
         if os.path.isfile(candidate):
             table = _read_toml(candidate).get("tool", {}).get("mgpu-migrate")

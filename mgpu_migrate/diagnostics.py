@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-# Codes are stable: users silence them with ``# noqa: CODE`` and scripts grep for them.
+# Codes are stable: users silence them with a noqa comment that names them, and scripts grep for them.
 #   MGP0xx  the file itself (cannot be read or parsed)
 #   MGP1xx  a rewrite the tool made
 #   MGP2xx  a site left as it was, for a person to look at (MGP3xx too, once MGP2xx ran out)
@@ -19,6 +19,43 @@ OUTSIDE_TREE = "MGP005"
 """A symlink in a walked directory leads out of it: skipped, the file it points at is nobody's to rewrite."""
 TOO_LARGE = "MGP006"
 """A file with DataParallel in it is over the size limit (``max-file-size``): not parsed, left as it is."""
+
+
+@dataclass(frozen=True, eq=False)
+class Code:
+    """A diagnostic code a rule emits, declared once, in the rule module that emits it (``rules/``).
+
+    Besides its number, a code carries what the pipeline and the checks need to know about what it says, so
+    that none of them lists codes by number. Compared by identity: each code is one object.
+    """
+
+    code: str
+    # The file is left as it is once this is reported (``--to ddp`` migrates a file entirely or not at all).
+    veto: bool = False
+    # What a wrap rule says about a wrap that stays: said also when a veto leaves the whole file.
+    kept_when_left: bool = False
+    # A note on the program the file becomes (``--style torch``): void when the file stays as it is.
+    void_if_left: bool = False
+    # Says what becomes of the file's training data: split, or left whole for a reason of its own.
+    accounts_for_data: bool = False
+    # Says the file only evaluates its model (no backward pass, no optimizer).
+    only_evaluates: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class Rewrite(Code):
+    """A rewrite code (``MGP1xx``). Its page (``--explain``) is the doc of the rule whose ``CODE`` it is."""
+
+
+@dataclass(frozen=True, eq=False)
+class Review(Code):
+    """A review code (``MGP2xx``, ``MGP3xx``): a site left for a person, with its page's text. The message of
+    each diagnostic names the site's own facts; the page says what was found, why, and what to do."""
+
+    name: str = ""  # kebab-case, e.g. dim-not-zero
+    summary: str = ""  # one line: what was found (``--list-codes``)
+    why: str = ""  # why the site was left
+    todo: str = ""  # what to do
 
 
 def error_summary(error: BaseException) -> str:

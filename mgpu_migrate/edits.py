@@ -8,13 +8,12 @@ a function of the *updated* node, so edits on a node and on its children compose
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Callable, Union
 
 import libcst as cst
 
-from mgpu_migrate.diagnostics import Diagnostic
+from mgpu_migrate.diagnostics import Code, Diagnostic
 
 Replacement = Callable[[cst.CSTNode], Union[cst.CSTNode, cst.RemovalSentinel, cst.FlattenSentinel]]
 
@@ -29,6 +28,8 @@ class Edits:
     diagnostics: list[Diagnostic] = field(default_factory=list)
     # The diagnostics reported at a node, not yet placed (``place``), with their nodes.
     unplaced: list[tuple[Diagnostic, cst.CSTNode]] = field(default_factory=list)
+    # The code object of each code reported, by its number (what the pipeline reads of a diagnostic).
+    codes: dict[str, Code] = field(default_factory=dict)
 
     def replace(self, node: cst.CSTNode, replacement: Replacement) -> None:
         self.replacements[node].append(replacement)
@@ -44,11 +45,12 @@ class Edits:
         if module not in self.imports:
             self.imports.append(module)
 
-    def report(self, line: int, col: int, code: str, message: str) -> None:
+    def report(self, line: int, col: int, code: Code, message: str) -> None:
+        self.codes[code.code] = code
         # One line, whatever code a message quotes (a call spread over several lines).
-        self.diagnostics.append(Diagnostic(self.path, line, col, code, " ".join(message.split())))
+        self.diagnostics.append(Diagnostic(self.path, line, col, code.code, " ".join(message.split())))
 
-    def report_at(self, node: cst.CSTNode, code: str, message: str) -> None:
+    def report_at(self, node: cst.CSTNode, code: Code, message: str) -> None:
         """``report`` at a node's start, placed later (``place``): a ``--to ddp`` file that stays as it is drops
         most of what its rules said, and finding a node's line costs a generation of its statement."""
         self.report(0, 0, code, message)
@@ -71,9 +73,13 @@ class Edits:
     def empty(self) -> bool:
         return not (self.replacements or self.before or self.after)
 
-    def discard_rewrites(self, keep: Collection[str] | None = None) -> None:
+    def reported(self) -> frozenset[Code]:
+        """The codes of the diagnostics reported so far."""
+        return frozenset(self.codes[diagnostic.code] for diagnostic in self.diagnostics)
+
+    def discard_rewrites(self, keep: Callable[[Code], bool] | None = None) -> None:
         """Forget every edit and the diagnostics that announce them: the file stays as it is, with the
-        diagnostics of what was left for review (only the codes in ``keep``, when given)."""
+        diagnostics of what was left for review (only those whose code ``keep`` holds, when given)."""
         self.replacements.clear()
         self.before.clear()
         self.after.clear()
@@ -81,8 +87,12 @@ class Edits:
         self.diagnostics = [
             diagnostic
             for diagnostic in self.diagnostics
-            if not diagnostic.is_rewrite and (keep is None or diagnostic.code in keep)
+            if not diagnostic.is_rewrite and (keep is None or keep(self.codes[diagnostic.code]))
         ]
+
+    def discard_diagnostics(self, drop: Callable[[Code], bool]) -> None:
+        """Forget the diagnostics whose code ``drop`` holds."""
+        self.diagnostics = [diagnostic for diagnostic in self.diagnostics if not drop(self.codes[diagnostic.code])]
 
 
 class StatementTidier(cst.CSTTransformer):

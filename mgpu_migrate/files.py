@@ -29,7 +29,7 @@ from typing import IO
 try:
     import resource
 except ImportError:  # Windows: no file-size limit to respect
-    resource = None
+    resource = None  # type: ignore[assignment]
 
 # Directories never walked into (they are someone else's code or generated); a path named explicitly
 # on the command line is always processed.

@@ -19,15 +19,18 @@ _MAX_IGNORE_FILE_BYTES = 8 << 20
 
 
 class GitIgnore:
-    @functools.lru_cache(maxsize=None)
-    def _work_tree(self, directory: str) -> str | None:
+    def __init__(self) -> None:
+        # Per instance (a cache on the method would keep every instance alive, with the specs it read).
+        self._work_tree = functools.lru_cache(maxsize=None)(self._find_work_tree)
+        self._spec = functools.lru_cache(maxsize=None)(self._read_spec)
+
+    def _find_work_tree(self, directory: str) -> str | None:
         if os.path.exists(os.path.join(directory, ".git")):
             return directory
         parent = os.path.dirname(directory)
         return None if parent == directory else self._work_tree(parent)
 
-    @functools.lru_cache(maxsize=None)
-    def _spec(self, path: str) -> pathspec.GitIgnoreSpec | None:
+    def _read_spec(self, path: str) -> pathspec.GitIgnoreSpec | None:
         import pathspec  # only in a git work tree with ignore files
 
         try:

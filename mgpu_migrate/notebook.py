@@ -19,8 +19,10 @@ from mgpu_migrate import files
 from mgpu_migrate.diagnostics import INTERNAL_ERROR, LINE_BREAK, READ_ERROR, Diagnostic
 from mgpu_migrate.engine import migrate_source, might_need_migration
 from mgpu_migrate.options import Options
+from mgpu_migrate.output import display_path
 from mgpu_migrate.output.lines import moved_to_new_lines
-from mgpu_migrate.report import CHANGED, FAILED, UNCHANGED, FileOutcome, changed_on_disk, unified_diff
+from mgpu_migrate.report import CHANGED, FAILED, UNCHANGED, FileOutcome, changed_on_disk
+from mgpu_migrate.results import unified_diff
 
 SUFFIX = ".ipynb"
 _BOUNDARY = "# %% mgpu-migrate cell {}"
@@ -182,4 +184,4 @@ def migrate_notebook(path: str, target: str, write: bool, want_diff: bool, optio
         diagnostics = _in_cells(path, moved_to_new_lines(result.diagnostics, source, result.output), result.output)
     else:
         diagnostics = _in_cells(path, result.diagnostics, source)
-    return FileOutcome(path, CHANGED, diagnostics, unified_diff(original, output, path) if want_diff else "")
+    return FileOutcome(path, CHANGED, diagnostics, unified_diff(original, output, display_path(path)) if want_diff else "")

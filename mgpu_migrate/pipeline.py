@@ -21,10 +21,10 @@ from mgpu_migrate.imports import add_import, name_uses, remove_orphaned
 from mgpu_migrate.options import DEFAULT_OPTIONS, RUNTIME_STYLE, TORCH_STYLE, Options
 from mgpu_migrate.program import decide, settle
 from mgpu_migrate.results import MigrationResult
-from mgpu_migrate.rules import WRAP_REVIEW_CODES, rules_for, vetoes
+from mgpu_migrate.rules import rules_for
 from mgpu_migrate.rules.base import CHECKS, DDP, PROGRAM, WRAPS, Rule
 from mgpu_migrate.rules.syntax import RUNTIME
-from mgpu_migrate.rules.torch_style import NEEDS_RUNTIME, TORCH_NOTES
+from mgpu_migrate.rules.torch_style import NEEDS_RUNTIME
 
 
 def _parse_error(path: str, source: str, error: Exception) -> Diagnostic:
@@ -54,7 +54,7 @@ def _compile(code: str, name: str) -> None:
 
 
 def run_pipeline(
-    source: str, target: str, path: str, options: Options = DEFAULT_OPTIONS, only: tuple[type, ...] | None = None
+    source: str, target: str, path: str, options: Options = DEFAULT_OPTIONS, only: tuple[type[Rule], ...] | None = None
 ) -> MigrationResult:
     """Migrate one file's text (``only``: run the wrap rules and these rules alone, as a rule's examples do)."""
     parsed, aside = form_feeds.set_aside(source)  # what LibCST would misread (form_feeds.py)
@@ -81,7 +81,7 @@ def _collector_paused():
 
 
 def _run_pipeline(
-    source: str, target: str, path: str, options: Options, only: tuple[type, ...] | None
+    source: str, target: str, path: str, options: Options, only: tuple[type[Rule], ...] | None
 ) -> MigrationResult:
     try:
         module = _parse(source)
@@ -99,7 +99,7 @@ def _run_pipeline(
     return MigrationResult(path, source, source, error=Diagnostic(path, 1, 1, INTERNAL_ERROR, message))
 
 
-def plan(analysis: FileAnalysis, target: str, options: Options, only: tuple[type, ...] | None = None) -> Edits:
+def plan(analysis: FileAnalysis, target: str, options: Options, only: tuple[type[Rule], ...] | None = None) -> Edits:
     """Every rule's edits and diagnostics for the file, phase by phase.
 
     ``only`` (a rule's examples): the wrap rules and these rules alone, with the program phase too for a check
@@ -114,17 +114,19 @@ def plan(analysis: FileAnalysis, target: str, options: Options, only: tuple[type
     whole_program = only is None or any(rule.PHASE == CHECKS for rule in only)
     for phase in (PROGRAM, CHECKS):
         rewritten = frozenset(edits.replacements)
+        # The checks review what the earlier phases did: also what they reported (their codes).
+        reported = edits.reported() if phase == CHECKS else frozenset()
         for rule in rules_for(target, phase, style):
             if rule in (only or ()) or (whole_program and (only is None or phase == PROGRAM)):
-                _run(rule(target, analysis, edits, options, program, rewritten), needs_runtime)
+                _run(rule(target, analysis, edits, options, program, rewritten, reported), needs_runtime)
     if target == DDP:
-        settle(program, edits, vetoes(target), WRAP_REVIEW_CODES)
+        settle(program, edits)
     edits.place(analysis.position)
     if style == TORCH_STYLE and needs_runtime and not edits.empty:
         _leave_for_runtime(edits, *needs_runtime[0])
     if style == TORCH_STYLE and edits.empty:
         # What the torch rules said about the program the file would have become: it stays as it was.
-        edits.diagnostics = [d for d in edits.diagnostics if d.code not in TORCH_NOTES]
+        edits.discard_diagnostics(lambda code: code.void_if_left)
     return edits
 
 
@@ -141,18 +143,18 @@ def _leave_for_runtime(edits: Edits, rule: type[Rule], first: int) -> None:
     said = [d for d in edits.diagnostics[first:] if d.is_rewrite] or edits.diagnostics[first:] or edits.diagnostics
     where = said[0] if said else None
     # As for a veto (``program.settle``): what was said about the program the file would have become goes.
-    edits.discard_rewrites(keep=WRAP_REVIEW_CODES)
+    edits.discard_rewrites(keep=lambda code: code.kept_when_left)
     edits.report(
         where.line if where else 1,
         where.col if where else 1,
         NEEDS_RUNTIME,
-        f"--style torch has no plain-PyTorch form for {rule.CODE} ({shorten(rule.DESCRIPTION, 50)}): file left as it "
+        f"--style torch has no plain-PyTorch form for {rule.CODE.code} ({shorten(rule.DESCRIPTION, 50)}): file left as it "
         "is; use the default style",
     )
 
 
 def _migrate(
-    module: cst.Module, source: str, target: str, path: str, options: Options, only: tuple[type, ...] | None
+    module: cst.Module, source: str, target: str, path: str, options: Options, only: tuple[type[Rule], ...] | None
 ) -> MigrationResult:
     analysis = FileAnalysis(path, source, module)
     try:
@@ -168,7 +170,7 @@ def _migrated(
     target: str,
     path: str,
     options: Options,
-    only: tuple[type, ...] | None,
+    only: tuple[type[Rule], ...] | None,
 ) -> MigrationResult:
     edits = plan(analysis, target, options, only)
     diagnostics = sorted(edits.diagnostics)

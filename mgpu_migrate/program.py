@@ -24,7 +24,12 @@ import libcst as cst
 from mgpu_migrate.analysis import FileAnalysis, names
 from mgpu_migrate.analysis.entrypoint import RUNTIME_SETUP
 from mgpu_migrate.analysis.models import RUNTIME
+from mgpu_migrate.diagnostics import Rewrite
 from mgpu_migrate.edits import Edits
+
+# The rewrite that calls ``mgpu_runtime.setup()`` at the entry point (``EntryPointSetup.CODE``). Its code is the
+# verdict's because where the set-up runs is a fact of the program other rules need (``Program.setup_statement``).
+SETUP = Rewrite("MGP120")
 
 # A file that calls one of these already runs as a distributed program of its own making.
 _EXISTING_DISTRIBUTED = {
@@ -68,6 +73,19 @@ class Program:
         whose fallback the relaunched processes would not provably leave for that set-up)."""
         return bool(self.kept)
 
+    def setup_statement(self, analysis: FileAnalysis) -> tuple[cst.CSTNode, str] | None:
+        """Where the migrated file calls ``mgpu_runtime.setup()``: the statement the call is inserted next to
+        ("inserted before", "inserted after"), or the one that already calls it ("called at"). None when none is
+        inserted (no entry point, or a ``# noqa`` there silences the set-up)."""
+        if self.already_set_up:
+            call = next(call for call in analysis.calls if analysis.resolve(call.func) == RUNTIME_SETUP)
+            statement = analysis.tree.statement(call)
+            return (statement, "called at") if statement is not None else None
+        entry = analysis.entry_point
+        if entry is None or analysis.silenced(entry.anchor, SETUP.code):
+            return None
+        return entry.anchor, "inserted after" if entry.after else "inserted before"
+
 
 def existing_setup(analysis: FileAnalysis) -> tuple[cst.Call, ...]:
     """The calls of the file's own distributed set-up (``init_process_group``, torch's or apex's DDP ...)."""
@@ -76,7 +94,8 @@ def existing_setup(analysis: FileAnalysis) -> tuple[cst.Call, ...]:
 
 def decide(analysis: FileAnalysis, rewritten: Collection[cst.CSTNode]) -> Program:
     """The program the file becomes, given the nodes the wrap rules rewrote (the keys of their edits)."""
-    wraps, kept = [], []
+    wraps: list[cst.Call] = []
+    kept: list[cst.Call] = []
     for site in analysis.models.sites:
         if site.kind == RUNTIME:
             continue
@@ -86,16 +105,16 @@ def decide(analysis: FileAnalysis, rewritten: Collection[cst.CSTNode]) -> Progra
     return Program(tuple(wraps), tuple(kept), existing, already)
 
 
-def settle(program: Program, edits: Edits, vetoes: Collection[str], keep: Collection[str]) -> None:
+def settle(program: Program, edits: Edits) -> None:
     """Leave the whole ``--to ddp`` file as it is when a wrap stays or a program rule vetoed it.
 
     A kept wrap keeps every review diagnostic (its isinstance checks and criteria stay as they are too). A
-    veto (one of ``vetoes`` reported) keeps only the vetoes reported and the wrap review codes in ``keep``:
-    what was said about the distributed program the file would have become no longer applies.
+    veto (a code with ``veto`` reported) keeps only the vetoes reported and what the wrap rules said about the
+    wraps (``kept_when_left``): what was said about the distributed program the file would have become no longer
+    applies.
     """
     if program.left_whole:
         edits.discard_rewrites()
         return
-    reported = {diagnostic.code for diagnostic in edits.diagnostics} & set(vetoes)
-    if reported:
-        edits.discard_rewrites(keep={*reported, *keep})
+    if any(code.veto for code in edits.reported()):
+        edits.discard_rewrites(keep=lambda code: code.veto or code.kept_when_left)

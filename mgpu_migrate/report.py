@@ -1,9 +1,8 @@
-"""Per-file processing and what the command line prints about it."""
+"""The file engine: screen each file, migrate it (here or in a pool of processes) and write it safely."""
 
 from __future__ import annotations
 
 import contextlib
-import difflib
 import functools
 import itertools
 import os
@@ -13,38 +12,11 @@ import threading
 from typing import Callable, Sequence
 
 from mgpu_migrate import files
-from mgpu_migrate.diagnostics import FILE_CHANGED, INTERNAL_ERROR, OUTSIDE_TREE, READ_ERROR, TOO_LARGE, Diagnostic, source_lines
+from mgpu_migrate.diagnostics import FILE_CHANGED, INTERNAL_ERROR, OUTSIDE_TREE, READ_ERROR, TOO_LARGE, Diagnostic
 from mgpu_migrate.engine import MigrationResult, might_need_migration, migrate_source
 from mgpu_migrate.options import DEFAULT_OPTIONS, Options
 from mgpu_migrate.output import display_path, markers
-from mgpu_migrate.results import CHANGED, FAILED, UNCHANGED, FileOutcome
-
-
-def unified_diff(before: str, after: str, path: str) -> str:
-    lines = []
-    path = display_path(path)  # `git apply` rejects a/./x.py
-    old, new = (path, path) if path.startswith("/") else (f"a/{path}", f"b/{path}")
-    for line in difflib.unified_diff(source_lines(before), source_lines(after), _git_quoted(old), _git_quoted(new)):
-        lines.append(line)
-        if not line.endswith(("\n", "\r")):
-            lines.append("\n\\ No newline at end of file\n")
-    return "".join(lines)
-
-
-_GIT_ESCAPES = {"\a": "\\a", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\v": "\\v", "\f": "\\f", "\r": "\\r", '"': '\\"', "\\": "\\\\"}
-
-
-def _git_quoted(name: str) -> str:
-    """A file name in a diff header as git writes it: in double quotes with C escapes when it holds a control
-    character, a quote or a backslash (a newline would end the header line), else as it is."""
-    escaped = "".join(map(_git_escaped, name))
-    return name if escaped == name else f'"{escaped}"'
-
-
-def _git_escaped(character: str) -> str:
-    if character in _GIT_ESCAPES:
-        return _GIT_ESCAPES[character]
-    return f"\\{ord(character):03o}" if ord(character) < 0x20 or ord(character) == 0x7F else character
+from mgpu_migrate.results import CHANGED, FAILED, UNCHANGED, FileOutcome, unified_diff
 
 
 def _failed(path: str, code: str, message: str) -> FileOutcome:
@@ -101,7 +73,7 @@ def outcome_of(result: MigrationResult, want_diff: bool) -> FileOutcome:
         return FileOutcome(result.path, FAILED, [result.error, *result.diagnostics])
     if not result.changed:
         return FileOutcome(result.path, UNCHANGED, result.diagnostics)
-    diff = unified_diff(result.source, result.output, result.path) if want_diff else ""
+    diff = unified_diff(result.source, result.output, display_path(result.path)) if want_diff else ""
     return FileOutcome(result.path, CHANGED, result.diagnostics, diff)
 
 
@@ -281,25 +253,3 @@ def _stop_workers(pool, directories: set[str]) -> None:
             worker.kill()
             worker.join()
             files.remove_temporaries(worker.pid, directories)
-
-
-def summary(outcomes: list[FileOutcome], target: str, dry_run: bool) -> str:
-    changed = sum(o.status == CHANGED for o in outcomes)
-    unchanged = sum(o.status == UNCHANGED for o in outcomes)
-    failed = sum(o.status == FAILED for o in outcomes)
-    review = sum(d.needs_review for o in outcomes for d in o.diagnostics)
-
-    def plural(count: int, word: str) -> str:
-        return f"{count} {word}{'' if count == 1 else 's'}"
-
-    verb = "would be migrated" if dry_run else "migrated"
-    text = (
-        f"mgpu-migrate: {plural(changed, 'file')} {verb} to {target}, {unchanged} unchanged, {failed} failed; "
-        f"{plural(review, 'site')} left for a manual look"
-    )
-    if target == "ddp" and changed and not dry_run:
-        text += "\nLaunch a migrated script with `torchrun --standalone --nproc_per_node=gpu SCRIPT.py`; "
-        # MGP161 (TorchSetup): a --style torch set-up, which needs the launcher (no relaunch of its own).
-        torch_style = any(d.code == "MGP161" for o in outcomes if o.status == CHANGED for d in o.diagnostics)
-        text += "--style torch needs it." if torch_style else "plain `python SCRIPT.py` also uses every visible GPU."
-    return text

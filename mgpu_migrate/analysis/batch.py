@@ -74,3 +74,32 @@ def _reads(analysis: FileAnalysis, assign: cst.Assign, name: str) -> list[cst.Na
         for node in contains(body, lambda n: type(n) is cst.Name and n.value == name)
         if node is not target
     ]
+
+
+def split_training_loops(analysis) -> list[cst.For]:
+    """Training loops over a loader (which MGP122 splits) or over data already distributed. A loop left on whole
+    batches draws, in every process, the numbers the original drew for the same rows."""
+    loops = []
+    for trace in analysis.loaders.traces:
+        if trace.training and trace.origin is not None and trace.loop not in loops:
+            loops.append(trace.loop)
+    return loops
+
+
+def rows_of_a_tensor(expr: cst.BaseExpression) -> bool:
+    """``x.size(0)``, ``x.shape[0]``, ``x.size()[0]`` or ``len(x)``."""
+    if type(expr) is cst.Call and type(expr.func) is cst.Name and expr.func.value == "len":
+        return True
+    if type(expr) is cst.Subscript and type(expr.value) is cst.Call and not expr.value.args:
+        expr = cst.Subscript(value=cst.Attribute(value=expr.value.func, attr=cst.Name("shape")), slice=expr.slice)
+    if type(expr) is cst.Call and type(expr.func) is cst.Attribute and expr.func.attr.value == "size":
+        return len(expr.args) == 1 and type(expr.args[0].value) is cst.Integer and expr.args[0].value.value == "0"
+    return (
+        type(expr) is cst.Subscript
+        and type(expr.value) is cst.Attribute
+        and expr.value.attr.value == "shape"
+        and len(expr.slice) == 1
+        and type(expr.slice[0].slice) is cst.Index
+        and type(expr.slice[0].slice.value) is cst.Integer
+        and expr.slice[0].slice.value.value == "0"
+    )

@@ -174,10 +174,20 @@ def _counts_rows(node: ast.expr) -> bool:
         if isinstance(child, ast.Call) and isinstance(child.func, ast.Name) and child.func.id == "len":
             return True
         first = child.args[0] if isinstance(child, ast.Call) and len(child.args) == 1 else None
-        if isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute) and child.func.attr == "size":
-            if isinstance(first, ast.Constant) and first.value == 0:
-                return True
-        if isinstance(child, ast.Subscript) and isinstance(child.value, ast.Attribute) and child.value.attr == "shape":
-            if isinstance(child.slice, ast.Constant) and child.slice.value == 0:
-                return True
+        if (
+            isinstance(child, ast.Call)
+            and isinstance(child.func, ast.Attribute)
+            and child.func.attr == "size"
+            and isinstance(first, ast.Constant)
+            and first.value == 0
+        ):
+            return True
+        if (
+            isinstance(child, ast.Subscript)
+            and isinstance(child.value, ast.Attribute)
+            and child.value.attr == "shape"
+            and isinstance(child.slice, ast.Constant)
+            and child.slice.value == 0
+        ):
+            return True
     return False

@@ -270,9 +270,12 @@ def find_entry_point(analysis: ParsedFile, training_loops: list[cst.For]) -> Opt
         if type(main.body) is not cst.IndentedBlock:
             return None
         function = _first_called_function(analysis, main)
-        if function is not None and type(function.body) is cst.IndentedBlock:
-            if any(sets_cuda_visible_devices(statement) for statement in function.body.body):
-                return _at_top(analysis, list(function.body.body), f"in {function.name.value}()", skip_docstring=True)
+        if (
+            function is not None
+            and type(function.body) is cst.IndentedBlock
+            and any(sets_cuda_visible_devices(statement) for statement in function.body.body)
+        ):
+            return _at_top(analysis, list(function.body.body), f"in {function.name.value}()", skip_docstring=True)
         return _at_top(analysis, list(main.body.body), 'at the top of the `if __name__ == "__main__":` block', False)
     function = _top_level_function(module, "main")
     if function is not None and type(function.body) is cst.IndentedBlock:

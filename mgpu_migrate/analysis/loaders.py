@@ -436,9 +436,13 @@ class LoaderFlow:
         line = self.analysis.position(func)[0]
         place = (self.index.module_scope, head)
         for node, scope in self.index.stores.items():
-            if type(node) is cst.Name and node.value == head and self.index.place_of(node, scope) == place:
-                if tree.function(node) is not None or self.analysis.position(node)[0] <= line:
-                    return None
+            if (
+                type(node) is cst.Name
+                and node.value == head
+                and self.index.place_of(node, scope) == place
+                and (tree.function(node) is not None or self.analysis.position(node)[0] <= line)
+            ):
+                return None
         return self.analysis.bindings.canonical(f"{next(iter(origins))}.{func.attr.value}")
 
     def _drawn_traces(self, loop: cst.For) -> list[tuple[tuple, Optional[cst.Call], Optional[str]]]:

@@ -286,10 +286,7 @@ class ModelFlow:
         function, a metric) is not counted: what that call returns is not known here."""
         if type(expr) is cst.Attribute and expr.attr.value in TENSOR_DESCRIPTION:
             return frozenset()
-        if type(expr) in EXPRESSIONS:
-            found = self.output_sites(expr, scope)
-        else:
-            found = frozenset()
+        found = self.output_sites(expr, scope) if type(expr) in EXPRESSIONS else frozenset()
         if type(expr) in (cst.Name, cst.Attribute, cst.Subscript):
             found |= self._place_fact(self.derived, expr, scope)
         if type(expr) is cst.Call:
@@ -665,3 +662,8 @@ _MODULE_METHODS = frozenset(
 
 def _is_self_attribute(node: cst.CSTNode) -> bool:
     return type(node) is cst.Attribute and type(node.value) is cst.Name and node.value.value == "self"
+
+
+def becomes_ddp(sites: Sites) -> bool:
+    """Whether some of these wrap sites are DistributedDataParallel models under ``--to ddp``."""
+    return any(site.kind in (TORCH, RUNTIME) for site in sites)

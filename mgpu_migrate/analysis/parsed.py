@@ -123,7 +123,7 @@ class ParsedFile:
 
     @cached_property
     def _positions(self) -> Positions:
-        # Only a file with a diagnostic or a `# noqa` asks, and only for the statements that hold the nodes asked
+        # Only a file with a diagnostic or a noqa comment asks, and only for the statements that hold the nodes asked
         # about (then the pipeline's round trip and output for a file that changes).
         return Positions(self.module, self.source, self.tree)
 

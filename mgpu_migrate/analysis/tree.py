@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from typing import Optional
+from typing import Any, Optional, TypeVar
 
 import libcst as cst
+
+_Node = TypeVar("_Node", bound=cst.CSTNode)
 
 from mgpu_migrate.analysis.walk import DEFINITIONS, children, handlers, kinds, reader
 
@@ -88,7 +90,7 @@ class Tree:
             found.reverse()
             stack += found
 
-    def nodes(self, kind: type) -> list:
+    def nodes(self, kind: type[_Node]) -> list[_Node]:
         """Every node of exactly this type, in source order."""
         return self._by_type.get(kind, [])
 
@@ -133,9 +135,10 @@ class Tree:
             child = ancestor
 
 
-def contains(root: cst.CSTNode, predicate, *, into_functions: bool = False) -> list[cst.CSTNode]:
+def contains(root: cst.CSTNode, predicate, *, into_functions: bool = False) -> list[Any]:
     """The nodes under ``root`` (itself included) for which ``predicate`` holds, in source order;
-    functions, classes and lambdas defined inside are skipped unless ``into_functions``."""
+    functions, classes and lambdas defined inside are skipped unless ``into_functions``. (Typed ``Any``: they are
+    of the kinds the predicate tests, which a type checker cannot read from it.)"""
     # The nodes ``analysis.walk`` reads (punctuation and whitespace are never what is looked for), in
     # pre-order, without LibCST's visit, which rebuilds every node on the way back up.
     found: list[cst.CSTNode] = []

@@ -69,9 +69,8 @@ def _statement_starts(text: str) -> dict[int, int]:
     starts: dict[int, int] = {}
     first = None
     for token in tokenize.generate_tokens(io.StringIO(text).readline):
-        if token.type in (tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING):
-            if first is None:
-                continue
+        if first is None and token.type in (tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING):
+            continue
         if first is None:
             first = token.start[0]
         if token.type in (tokenize.NEWLINE, tokenize.ENDMARKER):
@@ -94,9 +93,13 @@ def add_markers(path: str, text: str, diagnostics: list[Diagnostic]) -> tuple[st
         # A position on a comment line (a shebang, a coding cookie) marks the first statement below it, so
         # those lines stay where Python looks for them.
         start = starts.get(diagnostic.line) or next((line for line in sorted(starts) if line > diagnostic.line), None)
-        if start is not None and diagnostic.needs_review and (start, diagnostic.code) not in already:
-            if all(d.code != diagnostic.code for d in wanted.get(start, [])):
-                wanted.setdefault(start, []).append(diagnostic)
+        if (
+            start is not None
+            and diagnostic.needs_review
+            and (start, diagnostic.code) not in already
+            and all(d.code != diagnostic.code for d in wanted.get(start, []))
+        ):
+            wanted.setdefault(start, []).append(diagnostic)
     if not wanted:
         return text, diagnostics, 0
     first_break = LINE_BREAK.search(text)

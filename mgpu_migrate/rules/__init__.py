@@ -8,12 +8,12 @@ from mgpu_migrate.rules.apex_ddp import ApexDDP
 from mgpu_migrate.rules.base import TARGETS, Rule
 from mgpu_migrate.rules.batch_coupling import BatchCoupling
 from mgpu_migrate.rules.checkpoint_load import CheckpointLoad
-from mgpu_migrate.rules.checkpoint_save import CheckpointSave
-from mgpu_migrate.rules.criterion_wrap import CriterionWrap
+from mgpu_migrate.rules.checkpoint_save import CheckpointSave, TorchCheckpointSave
+from mgpu_migrate.rules.criterion_wrap import CriterionWrap, TorchCriterion
 from mgpu_migrate.rules.data_parallel_subclass import DataParallelSubclass
 from mgpu_migrate.rules.device_selection import DeviceSelection
 from mgpu_migrate.rules.encoding_pair import EncodingPair
-from mgpu_migrate.rules.entry_point import EntryPointSetup
+from mgpu_migrate.rules.entry_point import EntryPointSetup, TorchSetup
 from mgpu_migrate.rules.explicit_device import ExplicitDevice
 from mgpu_migrate.rules.functional_data_parallel import FunctionalDataParallel
 from mgpu_migrate.rules.functional_loss import FunctionalLoss
@@ -32,18 +32,13 @@ from mgpu_migrate.rules.remote_training import RemoteTraining
 from mgpu_migrate.rules.replication_callback import ReplicationCallback
 from mgpu_migrate.rules.shared_files import SharedFiles
 from mgpu_migrate.rules.sync_batchnorm import SyncBatchNorm
-from mgpu_migrate.rules.torch_criterion import TorchCriterion
-from mgpu_migrate.rules.torch_sampler import TorchTrainingData
-from mgpu_migrate.rules.torch_save import TorchCheckpointSave
-from mgpu_migrate.rules.torch_setup import TorchSetup
-from mgpu_migrate.rules.torch_wrapper import TorchWrapperSwap
-from mgpu_migrate.rules.training_data import TrainingData
+from mgpu_migrate.rules.training_data import TorchTrainingData, TrainingData
 from mgpu_migrate.rules.unsplit_data import UnsplitData
 from mgpu_migrate.rules.unsynced_draws import UnsyncedDraws
 from mgpu_migrate.rules.unused_parameters import UnusedParameters
 from mgpu_migrate.rules.wrap_guard import WrapGuard
 from mgpu_migrate.rules.wrapper_check import WrapperCheck
-from mgpu_migrate.rules.wrapper_swap import WrapperSwap
+from mgpu_migrate.rules.wrapper_swap import TorchWrapperSwap, WrapperSwap
 
 RULES: tuple[type[Rule], ...] = (
     WrapperSwap,
@@ -104,13 +99,4 @@ def rules_for(target: str, phase: str | None = None, style: str | None = None) -
     ]
 
 
-def vetoes(target: str) -> frozenset[str]:
-    """The review codes that leave a whole file as it is (``program.settle``)."""
-    return frozenset(code for rule in rules_for(target) for code in rule.VETOES)
-
-
-# What a wrap rule said about a wrap stays said when a veto leaves the file (``program.settle``).
-WRAP_REVIEW_CODES = frozenset(WrapperSwap.REVIEW_CODES)
-
-
-__all__ = ["RULES", "TARGETS", "WRAP_REVIEW_CODES", "Rule", "rules_for", "vetoes"]
+__all__ = ["RULES", "TARGETS", "Rule", "rules_for"]

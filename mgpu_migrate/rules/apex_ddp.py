@@ -6,7 +6,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis import names
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import DDP, WRAPS, Example, Rule
+from mgpu_migrate.rules.base import DDP, WRAPS, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 
 # apex.parallel.DistributedDataParallel(module, message_size, delay_allreduce, shared_param,
@@ -47,10 +47,37 @@ _NUMERIC_DEFAULTS = {
 }
 
 
-# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
-APEX_NUMERICS_DROPPED = "MGP246"
-APEX_UNMAPPABLE = "MGP247"
-AMBIGUOUS_APEX_NAME = "MGP251"
+APEX_NUMERICS_DROPPED = Review(
+    "MGP246",
+    name="apex-numerics-dropped",
+    summary="an apex argument that changes the numerics of the gradient reduction was dropped",
+    why=(
+        "An apex argument that changes the numerics of the gradient reduction (`allreduce_always_fp32`, "
+        "`gradient_predivide_factor` ...) was dropped: the runtime reduces gradients in their own precision, "
+        "divided once."
+    ),
+    todo="Check that the training still converges as before.",
+)
+APEX_UNMAPPABLE = Review(
+    "MGP247",
+    name="apex-unmappable",
+    summary="an apex DistributedDataParallel the tool cannot map (gradient_average=False, unknown arguments)",
+    why=(
+        "The apex DistributedDataParallel has an argument with no equivalent in the runtime's wrapper "
+        "(`gradient_average=False`, an argument the tool does not know), or no module argument."
+    ),
+    todo="Migrate it by hand, or drop the argument if its default is fine.",
+)
+AMBIGUOUS_APEX_NAME = Review(
+    "MGP251",
+    name="ambiguous-apex-name",
+    summary="the name is bound both to apex's DistributedDataParallel and to something else in this file",
+    why=(
+        "The same name is bound to apex's DistributedDataParallel and to something else in this file, so the "
+        "call may not be apex's."
+    ),
+    todo="Bind the name once, then run the tool again.",
+)
 
 
 class ApexDDP(Rule):
@@ -83,13 +110,9 @@ class ApexDDP(Rule):
     (a sum over processes) or an argument the tool does not know leaves the call as it is, with MGP247.
     """
 
-    CODE = "MGP128"
+    CODE = Rewrite("MGP128")
     PHASE = WRAPS
-    REVIEW_CODES = {
-        APEX_NUMERICS_DROPPED: "an apex argument that changes the numerics of the gradient reduction was dropped",
-        APEX_UNMAPPABLE: "an apex DistributedDataParallel the tool cannot map (gradient_average=False, unknown arguments)",
-        AMBIGUOUS_APEX_NAME: "the name is bound both to apex's DistributedDataParallel and to something else in this file",
-    }
+    REVIEW_CODES = (APEX_NUMERICS_DROPPED, APEX_UNMAPPABLE, AMBIGUOUS_APEX_NAME)
     DESCRIPTION = "apex.parallel.DistributedDataParallel replaced with the runtime's wrapper"
     TARGETS = (DDP,)
     EXAMPLES = (

@@ -18,12 +18,15 @@ from typing import ClassVar
 import libcst as cst
 
 from mgpu_migrate.analysis import FileAnalysis
+from mgpu_migrate.diagnostics import Code, Review, Rewrite
 from mgpu_migrate.edits import Edits
 from mgpu_migrate.options import BALANCED, DDP, DEFAULT_OPTIONS, RUNTIME_STYLE, STYLES, TARGETS, TORCH_STYLE, Options
 from mgpu_migrate.program import Program
 
 WRAPS, PROGRAM, CHECKS = "wraps", "program", "checks"
 PHASES = (WRAPS, PROGRAM, CHECKS)
+# The analyses of ``FileAnalysis`` a rule declares in ``USES``: each is built on first use, for every rule after.
+ANALYSES = ("bindings", "entry_point", "flow", "loaders", "losses", "models", "values")
 
 
 @dataclass(frozen=True)
@@ -34,16 +37,24 @@ class Example:
     dedented here. The example runs through the wrap rules and its own rule only (the other program rules and
     checks do not run), so adding a rule never changes another rule's examples. ``codes`` lists the diagnostic
     codes that run produces (rewrite and review codes alike); ``options`` are the user's choices it runs with
-    (``--sync-bn`` ...).
+    (``--sync-bn`` ...); ``message`` and ``line`` pin what one of its diagnostics says, and where.
     """
 
     before: str
     after: str | None
     target: str
-    codes: tuple[str, ...] = ()
+    codes: tuple[str | Code, ...] = ()
     options: Options = DEFAULT_OPTIONS
+    # What one of the run's diagnostics says (a part of its message) and on which line, as Fixit's
+    # ``Invalid(expected_message=..., range=...)``: a message is the site's own facts, which a code cannot pin.
+    message: str | None = None
+    line: int | None = None
+    # The test's name (else the rule's code, the target and the example's index).
+    name: str | None = None
 
     def __post_init__(self) -> None:
+        # A code object or its number: another rule's code is named by its number (rules never import each other).
+        object.__setattr__(self, "codes", tuple(code if isinstance(code, str) else code.code for code in self.codes))
         object.__setattr__(self, "before", _dedented(self.before))
         if self.after is not None:
             object.__setattr__(self, "after", _dedented(self.after))
@@ -57,12 +68,16 @@ class Rule(ABC):
     """Base class. The class docstring is the rule's documentation (shown by ``--explain CODE``) and
     follows fixed sections: What it does / Why is this bad? / Example / Use instead / Fix safety."""
 
-    CODE: ClassVar[str]
+    # Its rewrite code, or, for a rule that only reports, its main review code (one of REVIEW_CODES).
+    CODE: ClassVar[Code]
     PHASE: ClassVar[str]
-    # Codes the rule emits for sites it leaves alone, with what each means (the summary in ``--list-codes``).
-    REVIEW_CODES: ClassVar[dict[str, str]] = {}
-    # Review codes that, once reported, leave the whole ``--to ddp`` file as it is (``program.settle``).
-    VETOES: ClassVar[frozenset[str]] = frozenset()
+    # The codes the rule emits for sites it leaves alone (each declared once, in the rule's module).
+    REVIEW_CODES: ClassVar[tuple[Review, ...]] = ()
+    # The analyses of the file it reads (``self.analysis.<name>``, in the rule and its module's functions), after
+    # LibCST's METADATA_DEPENDENCIES: some of ``ANALYSES``. What every rule may read is not named (the tree,
+    # ``resolve``, ``calls``, ``calls_to``, ``code_of``, ``position``). ``tests/test_rules_stand_alone.py`` holds it
+    # to what the code reads.
+    USES: ClassVar[tuple[str, ...]] = ()
     DESCRIPTION: ClassVar[str]
     TARGETS: ClassVar[tuple[str, ...]] = TARGETS
     # The ``--style`` values it runs under (a ``--to ddp`` rule that writes runtime calls has a torch twin).
@@ -77,34 +92,58 @@ class Rule(ABC):
         options: Options = DEFAULT_OPTIONS,
         program: Program | None = None,
         rewritten: frozenset[cst.CSTNode] = frozenset(),
+        reported: frozenset[Code] = frozenset(),
     ) -> None:
         self.target = target
         self.analysis = analysis
         self.edits = edits
         self.options = options
-        # The file's verdict (None in the WRAPS phase, which decides what it is made of).
-        self.program = program
+        self._program = program
         # The nodes the earlier phases rewrote (criteria handed to the runtime, loaders split ...).
         self.rewritten = rewritten
+        # A check's: the codes the earlier phases reported (read by what they say, never by number).
+        self.reported = reported
+
+    @property
+    def program(self) -> Program:
+        """The file's verdict, which the program rules and the checks receive (the wrap rules decide it)."""
+        if self._program is None:
+            raise TypeError(f"{type(self).__name__} is a {self.PHASE} rule: the verdict comes after the wrap rules")
+        return self._program
 
     @abstractmethod
     def apply(self) -> None:
         """Record this rule's edits and diagnostics for the file."""
 
     # -- helpers for subclasses ------------------------------------------------------------------
-    def rewrite_allowed(self, node: cst.CSTNode, code: str | None = None) -> bool:
+    def rewrite_allowed(self, node: cst.CSTNode, code: Code | None = None) -> bool:
         """False when a ``# noqa`` comment at the site silences this rewrite."""
-        return not self.analysis.silenced(node, code or self.CODE)
+        return not self.analysis.silenced(node, (code or self.CODE).code)
 
-    def rewrote(self, node: cst.CSTNode, message: str, code: str | None = None) -> None:
+    def rewrote(self, node: cst.CSTNode, message: str, code: Rewrite | None = None) -> None:
         self.edits.report_at(node, code or self.CODE, message)
 
-    def left(self, node: cst.CSTNode, code: str, message: str) -> None:
+    def left(self, node: cst.CSTNode, code: Review, message: str) -> None:
         """Report a site this rule did not rewrite, unless a ``# noqa`` silences the code there."""
-        if self.analysis.silenced(node, code):
+        if self.analysis.silenced(node, code.code):
             return
         self.edits.report_at(node, code, message)
 
 
-# The targets are re-exported for the rules, which name them beside the phases.
-__all__ = ["BALANCED", "CHECKS", "DDP", "PHASES", "PROGRAM", "TARGETS", "WRAPS", "Example", "Rule"]
+# The targets and styles are re-exported for the rules, which name them beside the phases.
+__all__ = [
+    "ANALYSES",
+    "BALANCED",
+    "CHECKS",
+    "DDP",
+    "PHASES",
+    "PROGRAM",
+    "RUNTIME_STYLE",
+    "TARGETS",
+    "TORCH_STYLE",
+    "WRAPS",
+    "Example",
+    "Review",
+    "Rewrite",
+    "Rule",
+]

@@ -7,10 +7,20 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rule
 
-# The file is left as it is when this is reported (a veto, program.settle).
-BATCH_COUPLED = "MGP264"
+BATCH_COUPLED = Review(
+    "MGP264",
+    name="rows-compared",
+    summary="the rows of a batch are compared with each other: under DDP only within each process",
+    why=(
+        "The loss compares the rows of the batch with each other (`cdist`, a similarity matrix, batch-wide "
+        "statistics): under DDP each process would compare only its own rows, another loss than the "
+        "original's. The file is left as it is."
+    ),
+    todo="Use `--to balanced`, which keeps one process and is exact for such losses.",
+    veto=True,
+)
 _PRODUCTS = frozenset({"torch.mm", "torch.matmul", "torch.bmm"})
 _TRANSPOSES = frozenset({"t", "T", "transpose", "permute", "mT"})
 
@@ -44,10 +54,8 @@ class BatchCoupling(Rule):
 
     CODE = BATCH_COUPLED
     PHASE = PROGRAM
-    VETOES = frozenset({BATCH_COUPLED})
-    REVIEW_CODES = {
-        BATCH_COUPLED: "the rows of a batch are compared with each other: under DDP only within each process",
-    }
+    USES = ("flow", "models")
+    REVIEW_CODES = (BATCH_COUPLED,)
     DESCRIPTION = "losses that compare the rows of a batch with each other keep the file off DDP"
     TARGETS = (DDP,)
     EXAMPLES = (

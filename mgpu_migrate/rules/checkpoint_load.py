@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mgpu_migrate.analysis.tree import contains
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, argument, has_star_args, mentions, runtime_attr
 
 TORCH_LOAD = "torch.load"
@@ -38,7 +38,7 @@ class CheckpointLoad(Rule):
     (data, say), whose tensors the script may expect on the CPU.
     """
 
-    CODE = "MGP124"
+    CODE = Rewrite("MGP124")
     PHASE = PROGRAM
     DESCRIPTION = "torch.load of a checkpoint mapped to the process's device with mgpu_runtime.load"
     TARGETS = (DDP,)

@@ -1,4 +1,8 @@
-"""MGP102: wrap the criterion that consumes a wrapped model's outputs, where the criterion is built."""
+"""MGP102: wrap the criterion that consumes a wrapped model's outputs, where the criterion is built.
+
+With its ``--style torch`` twin, ``TorchCriterion`` (MGP297): the criterion stays as it is, and where DDP's
+gradient average changes its loss, a diagnostic says so.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,9 @@ import libcst as cst
 
 from mgpu_migrate.analysis.batch import scaled_by_row_count
 from mgpu_migrate.analysis.losses import (
+    CLASS_INDEX_LOSSES,
     CUSTOM,
+    LOSS_PARAMETERS,
     PARALLEL,
     SPLITTABLE,
     UNSPLITTABLE,
@@ -16,36 +22,110 @@ from mgpu_migrate.analysis.losses import (
     exact_under_ddp_without_wrapper,
     reduction_of,
 )
-from mgpu_migrate.analysis.models import RUNTIME as RUNTIME_SITE
-from mgpu_migrate.analysis.models import TORCH, Sites
-from mgpu_migrate.diagnostics import shorten
+from mgpu_migrate.analysis.models import becomes_ddp
+from mgpu_migrate.diagnostics import Code, shorten
 from mgpu_migrate.program import existing_setup
-from mgpu_migrate.rules.base import BALANCED, DDP, RUNTIME_STYLE, WRAPS, Example, Rule
-from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
+from mgpu_migrate.rules.base import BALANCED, DDP, RUNTIME_STYLE, TORCH_STYLE, WRAPS, Example, Review, Rewrite, Rule
+from mgpu_migrate.rules.syntax import RUNTIME, wrap_in_runtime
+from mgpu_migrate.rules.torch_style import LOSS_SCALE, NO_TORCH_FORM, TORCH_OPTIONS
 
 
-def becomes_ddp(sites: Sites) -> bool:
-    """Whether some of these wrap sites are DistributedDataParallel models under ``--to ddp``."""
-    return any(site.kind in (TORCH, RUNTIME_SITE) for site in sites)
-
-
-def wrap_in_runtime(name: str):
-    """A replacement that wraps an expression in ``mgpu_runtime.<name>(...)``, keeping its parentheses outside."""
-
-    def wrap(updated: cst.CSTNode) -> cst.CSTNode:
-        inner = updated.with_changes(lpar=[], rpar=[])
-        return cst.Call(func=runtime_attr(name), args=[cst.Arg(inner)], lpar=updated.lpar, rpar=updated.rpar)
-
-    return wrap
-
-
-# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
-CRITERION_USED_OTHERWISE = "MGP203"
-LOSS_NOT_SPLITTABLE = "MGP204"
-LOSS_OUT_OF_SIGHT = "MGP205"
-SUBMODULE_LOSS_GATHERED = "MGP206"
-LOSS_ON_TRANSFORMED_OUTPUT = "MGP207"
-CRITERION_FROM_ELSEWHERE = "MGP213"
+CRITERION_USED_OTHERWISE = Review(
+    "MGP203",
+    name="criterion-used-otherwise",
+    summary=(
+        "the criterion is used other than by calling it (attribute read, passed to code outside the "
+        "file); not wrapped, its loss is computed on the gathered output"
+    ),
+    why=(
+        "The criterion is used other than by calling it (an attribute read, passed to code outside the file); "
+        "a wrapped criterion would not offer what that use expects."
+    ),
+    todo=(
+        "Nothing, if the loss on the gathered output is fine (it is what DataParallel did). To compute it per "
+        "device, wrap the criterion by hand in `mgpu_runtime.DataParallelCriterion`."
+    ),
+)
+LOSS_NOT_SPLITTABLE = Review(
+    "MGP204",
+    name="loss-not-splittable",
+    summary=(
+        "the loss is not one the runtime can split exactly (a custom loss, CTCLoss, a per-sample "
+        "weight); not wrapped, its loss is computed on the gathered output"
+    ),
+    why=(
+        "The runtime computes exactly only the losses whose reduction it knows (torch's losses with mean, sum "
+        "or none, `ignore_index`, class weights). A custom loss, `CTCLoss` or a per-sample weight could give "
+        "another value when computed per piece."
+    ),
+    todo=(
+        "Nothing: the loss is computed on the gathered output, as before. Wrap it by hand only if it is a mean "
+        "or a sum over the rows of the batch."
+    ),
+)
+LOSS_OUT_OF_SIGHT = Review(
+    "MGP205",
+    name="loss-out-of-sight",
+    summary=(
+        "no loss on this model's outputs is computed in this file: the outputs (or the model) go to "
+        "code the tool cannot see, where a loss runs on the gathered output"
+    ),
+    why=(
+        "No loss on this model's outputs is computed in this file: the outputs, or the model, go to code the "
+        "tool cannot see (a caller, another module), where the loss runs on the gathered output."
+    ),
+    todo=(
+        "Wrap that criterion in `mgpu_runtime.DataParallelCriterion` where it is built if it is a torch loss "
+        "of rows (cross-entropy, MSE ...), or leave it: the loss is computed on the gathered output, as before. "
+        "Leave a loss that compares the rows of a batch (a batch-hard triplet loss, a contrastive or "
+        "Jensen-Shannon loss over the batch): computed per piece it would be another loss, with no error."
+    ),
+)
+SUBMODULE_LOSS_GATHERED = Review(
+    "MGP206",
+    name="submodule-loss-gathered",
+    summary=(
+        "only a sub-module is wrapped: its output is gathered where the rest of the model uses it, "
+        "so the loss is computed on the output device, as before"
+    ),
+    why=(
+        "Only a sub-module is wrapped: its output is gathered where the rest of the model uses it, so the loss "
+        "is computed on the output device, as before."
+    ),
+    todo="Nothing. Wrap the whole model to compute the loss beside each piece of the output.",
+)
+LOSS_ON_TRANSFORMED_OUTPUT = Review(
+    "MGP207",
+    name="loss-on-transformed-output",
+    summary=(
+        "the loss gets a value computed from the outputs (`out.view(...)`), so the outputs are "
+        "gathered first; compute it in the model's forward to keep the loss per device"
+    ),
+    why=(
+        "The loss gets a value computed from the outputs (`out.view(...)`, `log_softmax(out)`), so the outputs "
+        "are gathered before it is computed."
+    ),
+    todo="Move that computation into the model's `forward` so that the loss receives the outputs themselves.",
+)
+CRITERION_FROM_ELSEWHERE = Review(
+    "MGP213",
+    name="criterion-from-elsewhere",
+    summary=(
+        "a wrapped criterion can also come from code the tool cannot follow (a factory of another module, "
+        "a parameter passed from outside the file); that criterion is not wrapped"
+    ),
+    why=(
+        "A wrapped criterion can also come from code the tool cannot follow (a factory of another module, a "
+        "parameter passed from outside the file), so that one is not wrapped."
+    ),
+    todo=(
+        "Wrap it where it is built, in `mgpu_runtime.DataParallelCriterion` (balanced) or "
+        "`mgpu_runtime.DistributedCriterion` (ddp), if it is a loss of rows (a torch loss, a mean over the rows). "
+        "Not a loss that compares the rows of a batch (a batch-hard triplet loss, a contrastive or Jensen-Shannon "
+        "loss over the batch): on a piece of the batch it is another loss, with no error; under --to ddp such a "
+        "loss leaves the file (MGP287 for a project's loss class)."
+    ),
+)
 
 
 class CriterionWrap(Rule):
@@ -100,23 +180,18 @@ class CriterionWrap(Rule):
     from code out of sight (``build_loss(cfg)`` in another branch) gets MGP213 there.
     """
 
-    CODE = "MGP102"
+    CODE: Code = Rewrite("MGP102")  # its torch twin only reports: a review code
     PHASE = WRAPS
+    USES = ("losses", "models")
     STYLES = (RUNTIME_STYLE,)
-    REVIEW_CODES = {
-        CRITERION_USED_OTHERWISE: "the criterion is used other than by calling it (attribute read, passed to code outside the "
-        "file); not wrapped, its loss is computed on the gathered output",
-        LOSS_NOT_SPLITTABLE: "the loss is not one the runtime can split exactly (a custom loss, CTCLoss, a per-sample "
-        "weight); not wrapped, its loss is computed on the gathered output",
-        LOSS_OUT_OF_SIGHT: "no loss on this model's outputs is computed in this file: the outputs (or the model) go to "
-        "code the tool cannot see, where a loss runs on the gathered output",
-        SUBMODULE_LOSS_GATHERED: "only a sub-module is wrapped: its output is gathered where the rest of the model uses it, "
-        "so the loss is computed on the output device, as before",
-        LOSS_ON_TRANSFORMED_OUTPUT: "the loss gets a value computed from the outputs (`out.view(...)`), so the outputs are "
-        "gathered first; compute it in the model's forward to keep the loss per device",
-        CRITERION_FROM_ELSEWHERE: "a wrapped criterion can also come from code the tool cannot follow (a factory of another module, "
-        "a parameter passed from outside the file); that criterion is not wrapped",
-    }
+    REVIEW_CODES = (
+        CRITERION_USED_OTHERWISE,
+        LOSS_NOT_SPLITTABLE,
+        LOSS_OUT_OF_SIGHT,
+        SUBMODULE_LOSS_GATHERED,
+        LOSS_ON_TRANSFORMED_OUTPUT,
+        CRITERION_FROM_ELSEWHERE,
+    )
     DESCRIPTION = "criterion on a wrapped model's outputs wrapped in the runtime's criterion for the target"
     EXAMPLES = (
         Example(
@@ -454,3 +529,118 @@ class CriterionWrap(Rule):
                 f"(line {self.analysis.position(first.node)[0]}), where a loss runs on the gathered output",
             )
 
+
+# Options of a class-index loss that keep its mean over rows (the targets' weights are all one).
+_ROW_MEAN_OPTIONS = {"reduction", "label_smoothing"}
+# The functional class-index losses, wherever they are called (in the loop, a loss function, a forward).
+_FUNCTIONAL = {f"torch.nn.functional.{name}" for name in ("cross_entropy", "nll_loss")}
+
+
+class TorchCriterion(CriterionWrap):
+    """
+    ## What it does
+    Under ``--to ddp --style torch``, where the default style would wrap a criterion in
+    ``mgpu_runtime.DistributedCriterion``, leaves it as it is and reports how DDP's averaging of the
+    processes' gradients changes its loss: a sum (``reduction='sum'``) then takes steps of
+    ``1/world_size`` of the original's, and a cross-entropy or NLL mean is a mean over the targets not
+    ignored, exact only if no target equals ``ignore_index`` (-100). A criterion whose mean is weighted by its
+    targets (``weight=``, ``ignore_index=``) or whose reduction the code does not show has no plain form: the
+    file is left whole (MGP296). A call of ``F.cross_entropy``/``F.nll_loss`` with a mean, anywhere in the file
+    (also inside a model's ``forward``), is reported the same way as a cross-entropy criterion's mean.
+
+    ## Why is this bad?
+    Each process computes the loss over its own share of the batch and DDP averages the gradients: that is the
+    original's gradient only for a mean over rows with equal shares.
+
+    ## Example
+    ```python
+    criterion = nn.CrossEntropyLoss(reduction="sum")
+    ```
+
+    ## Use instead
+    ```python
+    criterion = nn.CrossEntropyLoss(reduction="sum")   # and the learning rate times the world size
+    ```
+
+    ## Fix safety
+    Nothing is rewritten.
+    """
+
+    CODE = LOSS_SCALE
+    STYLES = (TORCH_STYLE,)
+    TARGETS = (DDP,)
+    REVIEW_CODES = (LOSS_SCALE,)
+    DESCRIPTION = "criterion left as it is, with how DDP's gradient average changes its loss (--style torch)"
+    EXAMPLES = (
+        Example(
+            """
+            import torch.nn as nn
+            model = nn.DataParallel(model)
+            criterion = nn.CrossEntropyLoss(weight=class_weights)
+            loss = criterion(model(x), y)
+            loss.backward()
+            """,
+            None,
+            DDP,
+            ("MGP296",),
+            TORCH_OPTIONS,
+        ),
+        Example(
+            """
+            import torch.nn as nn
+            model = nn.DataParallel(model)
+            criterion = nn.L1Loss(reduction='sum')
+            loss = criterion(model(x), y)
+            loss.backward()
+            """,
+            """
+            import torch.nn as nn
+            import torch
+            model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[torch.cuda.current_device()] if torch.cuda.is_available() else None)
+            criterion = nn.L1Loss(reduction='sum')
+            loss = criterion(model(x), y)
+            loss.backward()
+            """,
+            DDP,
+            ("MGP160", "MGP297"),
+            TORCH_OPTIONS,
+        ),
+    )
+
+    def apply(self) -> None:
+        super().apply()
+        code = self.analysis.code_of
+        for call in self.analysis.calls:
+            name = self.analysis.resolve(call.func)
+            if name not in _FUNCTIONAL:
+                continue
+            parameters = LOSS_PARAMETERS[name.rpartition(".")[2]]
+            positional = [arg for arg in call.args if arg.keyword is None]
+            if len(positional) < 2 or reduction_of(call.args[2:], parameters) != "mean":
+                continue
+            self.left(
+                call,
+                LOSS_SCALE,
+                f"`{shorten(code(call.func), 30)}` means over each process's targets not ignored: not the original's if some are",
+            )
+
+    def _wrap(self, criterion, constructions: list, wrapped: set[cst.CSTNode], wrapper: str, how: str) -> None:
+        for construction in constructions:
+            wrapped.add(construction.value)
+            core = construction.core
+            reduction = reduction_of(core.args, class_parameters(construction.loss_class))
+            spelled = shorten(self.analysis.code_of(core), 50)
+            if reduction == "sum":
+                self.left(core, LOSS_SCALE, f"`{spelled}` sums: on split data DDP's gradient average makes each step 1/world_size of the original's")
+            elif (
+                reduction == "mean"
+                and construction.loss_class in CLASS_INDEX_LOSSES
+                and all(arg.keyword is not None and arg.keyword.value in _ROW_MEAN_OPTIONS for arg in core.args)
+            ):
+                self.left(core, LOSS_SCALE, f"`{spelled}` averages over targets not ignored: exact only if none is -100")
+            else:
+                self.left(
+                    core,
+                    NO_TORCH_FORM,
+                    f"`{spelled}`: a mean weighted by its targets, or a reduction not shown: no plain form; file left",
+                )

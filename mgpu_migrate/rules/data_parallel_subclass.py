@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mgpu_migrate.analysis import names
-from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Rule
+from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 
 # nn.DataParallel's machinery, which the runtime's wrapper does not call: overriding it changes behaviour.
@@ -22,8 +22,21 @@ class _SelfAttributes(cst.CSTVisitor):
         self.names.add(node.attr.value)
 
 
-# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
-DATA_PARALLEL_SUBCLASS_KEPT = "MGP210"
+DATA_PARALLEL_SUBCLASS_KEPT = Review(
+    "MGP210",
+    name="data-parallel-subclass-kept",
+    summary=(
+        "a subclass of DataParallel that overrides its machinery (or any subclass, for --to ddp); "
+        "left as it is"
+    ),
+    why=(
+        "The subclass overrides part of DataParallel's machinery (`scatter`, `gather`, `replicate` ...) that the "
+        "runtime's model does not use, or the target is `--to ddp`, where no subclass of DataParallel can be "
+        "kept; rebased, it would lose what it overrides."
+    ),
+    todo="Port what the override does by hand, or keep the subclass.",
+    veto=True,
+)
 
 
 class DataParallelSubclass(Rule):
@@ -61,15 +74,12 @@ class DataParallelSubclass(Rule):
     with MGP210. For ``--to ddp`` every subclass is left with MGP210: DDP has no such extension points.
     """
 
-    CODE = "MGP106"
+    CODE = Rewrite("MGP106")
     PHASE = WRAPS
+    USES = ("models",)
     # Under --to ddp a file defining a DataParallel subclass is DataParallel's machinery (a vendored sync-BN's
     # replication callback): its checks for a wrapper guard that machinery, and a DDP model passing them breaks it.
-    VETOES = frozenset({DATA_PARALLEL_SUBCLASS_KEPT})
-    REVIEW_CODES = {
-        DATA_PARALLEL_SUBCLASS_KEPT: "a subclass of DataParallel that overrides its machinery (or any subclass, for --to ddp); "
-        "left as it is",
-    }
+    REVIEW_CODES = (DATA_PARALLEL_SUBCLASS_KEPT,)
     DESCRIPTION = "DataParallel subclass rebased on the runtime's wrapper"
     EXAMPLES = (
         Example(

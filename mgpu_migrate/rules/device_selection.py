@@ -6,10 +6,23 @@ import libcst as cst
 
 from mgpu_migrate.analysis import names
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import argument
 
-CHOSEN_DEVICES = "MGP283"
+CHOSEN_DEVICES = Review(
+    "MGP283",
+    name="chosen-devices",
+    summary="device_ids names the GPUs to use: under DDP every visible GPU would run a process",
+    why=(
+        "`device_ids` names the GPUs DataParallel uses (`device_ids=args.gpus`). Under DDP every visible GPU "
+        "runs one process, so a user who picked 2 of 8 GPUs would get 8 processes. The file is left as it is."
+    ),
+    todo=(
+        "Choose the GPUs when launching (`CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc_per_node=2 ...`), drop "
+        "`device_ids` from the wrap, then run the tool again."
+    ),
+    veto=True,
+)
 _DEVICE_COUNT = "torch.cuda.device_count"
 
 
@@ -39,22 +52,33 @@ class DeviceSelection(Rule):
     more or fewer ways). With MGP283 nothing is rewritten, in the whole file.
     """
 
-    CODE = "MGP150"
+    CODE = Rewrite("MGP150")
     PHASE = PROGRAM
-    VETOES = frozenset({CHOSEN_DEVICES})
-    REVIEW_CODES = {CHOSEN_DEVICES: "device_ids names the GPUs to use: under DDP every visible GPU would run a process"}
+    REVIEW_CODES = (CHOSEN_DEVICES,)
     DESCRIPTION = "DataParallel's choice of GPUs said (the first N) or kept by leaving the file (named GPUs)"
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch.nn as nn\n\nmodel = nn.DataParallel(model, device_ids=args.gpus)\n",
+            """
+            import torch.nn as nn
+
+            model = nn.DataParallel(model, device_ids=args.gpus)
+            """,
             None,
             DDP,
             (CHOSEN_DEVICES,),
         ),
         Example(
-            "import torch.nn as nn\n\nmodel = nn.DataParallel(model, device_ids=range(args.ngpu))\n",
-            "import mgpu_runtime\n\nmodel = mgpu_runtime.DistributedDataParallel(model)\n",
+            """
+            import torch.nn as nn
+
+            model = nn.DataParallel(model, device_ids=range(args.ngpu))
+            """,
+            """
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            """,
             DDP,
             ("MGP101", "MGP150"),
         ),

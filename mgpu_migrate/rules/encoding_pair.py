@@ -10,7 +10,7 @@ from mgpu_migrate.analysis import names
 from mgpu_migrate.analysis.models import ENCODING, WrapSite
 from mgpu_migrate.analysis.scopes import Place, Scope
 from mgpu_migrate.analysis.tree import is_zero
-from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Rule
+from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 
 # Arguments of Encoding's wrappers with no meaning for DDP (one device per process) or for the runtime's
@@ -18,8 +18,20 @@ from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 _DEVICE_ARGUMENTS = ("device_ids", "output_device", "dim")
 
 
-# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
-ENCODING_PAIR_KEPT = "MGP208"
+ENCODING_PAIR_KEPT = Review(
+    "MGP208",
+    name="encoding-pair-kept",
+    summary=(
+        "PyTorch-Encoding's model outputs are used as a per-device list (or the wrap has dim != 0 "
+        "under --to ddp); the pair is left as it is"
+    ),
+    why=(
+        "PyTorch-Encoding's model returns one output per device; code that uses them as a list (or a wrap with "
+        "`dim != 0` under `--to ddp`) would not work with the runtime's model, whose output behaves like the "
+        "gathered one."
+    ),
+    todo="Use the outputs as one value (as after a gather), then run the tool again; or keep the pair.",
+)
 
 
 class EncodingPair(Rule):
@@ -63,12 +75,10 @@ class EncodingPair(Rule):
     ``device_ids``/``output_device``/``dim`` are dropped: the runtime takes them from the outputs.
     """
 
-    CODE = "MGP104"
+    CODE = Rewrite("MGP104")
     PHASE = WRAPS
-    REVIEW_CODES = {
-        ENCODING_PAIR_KEPT: "PyTorch-Encoding's model outputs are used as a per-device list (or the wrap has dim != 0 "
-        "under --to ddp); the pair is left as it is",
-    }
+    USES = ("flow", "losses", "models")
+    REVIEW_CODES = (ENCODING_PAIR_KEPT,)
     DESCRIPTION = "PyTorch-Encoding's DataParallelModel/DataParallelCriterion replaced with the runtime's"
     EXAMPLES = (
         Example(

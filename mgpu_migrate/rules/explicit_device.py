@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mgpu_migrate.analysis.entrypoint import (
-    RUNTIME_SETUP,
-    sets_cuda_visible_devices,
-)
+from mgpu_migrate.analysis.entrypoint import sets_cuda_visible_devices
 from mgpu_migrate.analysis.tree import is_zero
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.program import Program
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
-from mgpu_migrate.rules.entry_point import EntryPointSetup
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, argument, keyword, runtime_call
 
 FIRST_GPU = "cuda:0"
@@ -20,9 +16,33 @@ FIRST_GPU = "cuda:0"
 _NOT_A_DEVICE_PARENTS = frozenset({cst.Expr, cst.ConcatenatedString, cst.FormattedString})
 
 
-# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
-EXPLICIT_OTHER_GPU = "MGP244"
-VISIBLE_DEVICES_AFTER_SETUP = "MGP245"
+EXPLICIT_OTHER_GPU = Review(
+    "MGP244",
+    name="explicit-other-gpu",
+    summary="an explicit GPU other than the first: under DDP each process uses its own device",
+    why=(
+        "An explicit GPU other than the first: under DDP each process uses its own device, so a fixed GPU "
+        "number puts every process on the same one."
+    ),
+    todo=(
+        "Use `mgpu_runtime.device()` (or `'cuda'` and `.cuda()` for the current one); choose the GPUs with "
+        "`CUDA_VISIBLE_DEVICES` in the launch environment."
+    ),
+)
+VISIBLE_DEVICES_AFTER_SETUP = Review(
+    "MGP245",
+    name="visible-devices-after-setup",
+    summary=(
+        "CUDA_VISIBLE_DEVICES set after mgpu_runtime.setup() has bound the process to a GPU, or in a file "
+        "that leaves setup() to the runtime, where it may come after setup()"
+    ),
+    why=(
+        "`CUDA_VISIBLE_DEVICES` chooses the GPUs only before the process binds to one. It is set after "
+        "`mgpu_runtime.setup()`, or in a file that leaves `setup()` to the runtime, where a program whose entry "
+        "point calls `setup()` has bound the process by then."
+    ),
+    todo="Set it before the program starts, in the launch environment.",
+)
 
 
 class ExplicitDevice(Rule):
@@ -59,13 +79,9 @@ class ExplicitDevice(Rule):
     GPUs if it runs before that, but not in a program whose entry point calls ``setup()`` before any helper runs.
     """
 
-    CODE = "MGP127"
+    CODE = Rewrite("MGP127")
     PHASE = PROGRAM
-    REVIEW_CODES = {
-        EXPLICIT_OTHER_GPU: "an explicit GPU other than the first: under DDP each process uses its own device",
-        VISIBLE_DEVICES_AFTER_SETUP: "CUDA_VISIBLE_DEVICES set after mgpu_runtime.setup() has bound the process to a GPU, or in a file "
-        "that leaves setup() to the runtime, where it may come after setup()",
-    }
+    REVIEW_CODES = (EXPLICIT_OTHER_GPU, VISIBLE_DEVICES_AFTER_SETUP)
     DESCRIPTION = "explicit cuda:0 devices replaced with the process's own device"
     TARGETS = (DDP,)
     EXAMPLES = (
@@ -120,6 +136,135 @@ class ExplicitDevice(Rule):
             """,
             DDP,
             ("MGP101", "MGP127"),
+        ),
+        Example(
+            """
+            import os
+            import torch.nn as nn
+
+
+            def pick():
+                os.environ['CUDA_VISIBLE_DEVICES'] = '1'
+
+
+            def main():
+                model = nn.DataParallel(nn.Linear(2, 2))
+                pick()
+
+
+            if __name__ == '__main__':
+                main()
+            """,
+            """
+            import os
+            import torch.nn as nn
+            import mgpu_runtime
+
+
+            def pick():
+                os.environ['CUDA_VISIBLE_DEVICES'] = '1'
+
+
+            def main():
+                model = mgpu_runtime.DistributedDataParallel(nn.Linear(2, 2))
+                pick()
+
+
+            if __name__ == '__main__':
+                main()
+            """,
+            DDP,
+            ("MGP101", "MGP245",),
+            message="CUDA_VISIBLE_DEVICES is set after mgpu_runtime.setup() (inserted before line 15)",
+            line=6,
+            name="visible-devices-after-the-inserted-setup",
+        ),
+        Example(
+            """
+            import os
+            import torch.nn as nn
+
+
+            def main():
+                os.environ['CUDA_VISIBLE_DEVICES'] = '1'
+                model = nn.DataParallel(nn.Linear(2, 2))
+
+
+            if __name__ == '__main__':
+                main()
+            """,
+            """
+            import os
+            import torch.nn as nn
+            import mgpu_runtime
+
+
+            def main():
+                os.environ['CUDA_VISIBLE_DEVICES'] = '1'
+                model = mgpu_runtime.DistributedDataParallel(nn.Linear(2, 2))
+
+
+            if __name__ == '__main__':
+                main()
+            """,
+            DDP,
+            ("MGP101",),
+            name="visible-devices-before-the-inserted-setup",
+        ),
+        Example(
+            """
+            import os
+            import mgpu_runtime
+            import torch.nn as nn
+
+
+            def main():
+                mgpu_runtime.setup()
+                os.environ['CUDA_VISIBLE_DEVICES'] = '1'
+                model = nn.DataParallel(nn.Linear(2, 2))
+            """,
+            """
+            import os
+            import mgpu_runtime
+            import torch.nn as nn
+
+
+            def main():
+                mgpu_runtime.setup()
+                os.environ['CUDA_VISIBLE_DEVICES'] = '1'
+                model = mgpu_runtime.DistributedDataParallel(nn.Linear(2, 2))
+            """,
+            DDP,
+            ("MGP101", "MGP245",),
+            message="CUDA_VISIBLE_DEVICES is set after mgpu_runtime.setup() (called at line 7)",
+            line=8,
+            name="visible-devices-after-the-files-own-setup",
+        ),
+        Example(
+            """
+            import os
+            import torch.nn as nn
+
+
+            def build():
+                os.environ['CUDA_VISIBLE_DEVICES'] = '1'
+                model = nn.DataParallel(nn.Linear(2, 2))
+            """,
+            """
+            import os
+            import torch.nn as nn
+            import mgpu_runtime
+
+
+            def build():
+                os.environ['CUDA_VISIBLE_DEVICES'] = '1'
+                model = mgpu_runtime.DistributedDataParallel(nn.Linear(2, 2))
+            """,
+            DDP,
+            ("MGP101", "MGP245",),
+            message="may have run before it (at the latest by the wrapper at line 7)",
+            line=6,
+            name="visible-devices-where-the-runtime-sets-up-when-first-used",
         ),
     )
 
@@ -239,7 +384,7 @@ class ExplicitDevice(Rule):
 
     def _visible_devices(self, program: Program) -> None:
         tree = self.analysis.tree
-        setup = self._setup_statement(program)
+        setup = program.setup_statement(self.analysis)
         for statement in tree.nodes(cst.SimpleStatementLine):
             if not sets_cuda_visible_devices(statement):
                 continue
@@ -271,17 +416,6 @@ class ExplicitDevice(Rule):
                 position, mark = body.index(node), body.index(anchor)
                 return position < mark or (position == mark and after_anchor)
         return False
-
-    def _setup_statement(self, program: Program) -> tuple[cst.CSTNode, str] | None:
-        """Where this file calls ``mgpu_runtime.setup()`` once migrated: the statement it is inserted next to (a
-        CUDA_VISIBLE_DEVICES assignment there comes before it), or the one that already calls it."""
-        if program.already_set_up:
-            call = next(call for call in self.analysis.calls if self.analysis.resolve(call.func) == RUNTIME_SETUP)
-            return self.analysis.tree.statement(call), "called at"
-        entry = self.analysis.entry_point
-        if entry is None or self.analysis.silenced(entry.anchor, EntryPointSetup.CODE):
-            return None
-        return entry.anchor, "inserted after" if entry.after else "inserted before"
 
     def _before_lazy_setup(self, statement: cst.SimpleStatementLine, program: Program) -> None:
         """No setup() in this file: the runtime calls it when it is first used, which may come after this."""

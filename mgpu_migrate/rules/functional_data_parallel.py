@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 from mgpu_migrate.analysis import names
-from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Rule
+from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 
 
-# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
-FUNCTIONAL_DATA_PARALLEL_UNDER_DDP = "MGP209"
+FUNCTIONAL_DATA_PARALLEL_UNDER_DDP = Review(
+    "MGP209",
+    name="functional-data-parallel-under-ddp",
+    summary=(
+        "the functional data_parallel has no per-call DistributedDataParallel equivalent; wrap the "
+        "module once with mgpu_runtime.DistributedDataParallel and call it"
+    ),
+    why=(
+        "The functional `data_parallel(module, input)` replicates the module on every call; under DDP the "
+        "module is wrapped once and each process runs its own copy."
+    ),
+    todo="Wrap the module once with `mgpu_runtime.DistributedDataParallel` and call the wrapper.",
+)
 
 
 class FunctionalDataParallel(Rule):
@@ -41,12 +52,9 @@ class FunctionalDataParallel(Rule):
     ``mgpu_runtime.DistributedDataParallel`` and call it).
     """
 
-    CODE = "MGP105"
+    CODE = Rewrite("MGP105")
     PHASE = WRAPS
-    REVIEW_CODES = {
-        FUNCTIONAL_DATA_PARALLEL_UNDER_DDP: "the functional data_parallel has no per-call DistributedDataParallel equivalent; wrap the "
-        "module once with mgpu_runtime.DistributedDataParallel and call it",
-    }
+    REVIEW_CODES = (FUNCTIONAL_DATA_PARALLEL_UNDER_DDP,)
     DESCRIPTION = "functional data_parallel replaced with the runtime's"
     EXAMPLES = (
         Example(

@@ -7,6 +7,7 @@ from typing import Optional, Union
 import libcst as cst
 
 from mgpu_migrate.analysis.batch import scaled_by_row_count
+from mgpu_migrate.analysis.models import becomes_ddp
 from mgpu_migrate.analysis import names
 from mgpu_migrate.analysis.losses import (
     FUNCTIONAL_LOSSES,
@@ -17,29 +18,26 @@ from mgpu_migrate.analysis.losses import (
     exact_under_ddp_without_wrapper,
     reduction_of,
 )
-from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Rule
-from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
+from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Review, Rewrite, Rule
+from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr, torch_nn_spelling
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.criterion_wrap import becomes_ddp
 
-def torch_nn_spelling(analysis) -> tuple[str, bool]:
-    """How this file can name ``torch.nn``: an import bound to it (``nn``), else ``torch.nn``; and whether
-    ``import torch`` must be added for that."""
-    bindings = analysis.bindings
-    fallback = None
-    for name in sorted(bindings.imported):
-        qualified = bindings.qualified_name(name)
-        if qualified == "torch.nn":
-            return name, False
-        if qualified == "torch" and name == "torch":
-            fallback = "torch.nn"
-    if fallback is not None:
-        return fallback, False
-    return "torch.nn", "torch" not in bindings.local
-
-
-# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
-FUNCTIONAL_LOSS_KEPT = "MGP212"
+FUNCTIONAL_LOSS_KEPT = Review(
+    "MGP212",
+    name="functional-loss-kept",
+    summary=(
+        "a functional loss on the model's outputs was left as it is (a transformed input, or options "
+        "the loss's class cannot take); it is computed on the gathered output"
+    ),
+    why=(
+        "The functional loss gets a transformed input, or options its loss class cannot take, so it cannot be "
+        "handed to the runtime's criterion; it is computed on the gathered output."
+    ),
+    todo=(
+        "Nothing, if the loss on the gathered output is fine. Otherwise compute the transformation in the "
+        "model's `forward` and pass the outputs to the loss directly."
+    ),
+)
 
 
 class FunctionalLoss(Rule):
@@ -80,12 +78,10 @@ class FunctionalLoss(Rule):
     (``F.binary_cross_entropy(..., weight=w)``). Under DDP a transformed input is fine (nothing is gathered).
     """
 
-    CODE = "MGP103"
+    CODE = Rewrite("MGP103")
     PHASE = WRAPS
-    REVIEW_CODES = {
-        FUNCTIONAL_LOSS_KEPT: "a functional loss on the model's outputs was left as it is (a transformed input, or options "
-        "the loss's class cannot take); it is computed on the gathered output",
-    }
+    USES = ("losses", "models")
+    REVIEW_CODES = (FUNCTIONAL_LOSS_KEPT,)
     DESCRIPTION = "functional loss on a wrapped model's outputs computed per device by the runtime's criterion"
     EXAMPLES = (
         Example(

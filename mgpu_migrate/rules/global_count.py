@@ -6,14 +6,9 @@ from __future__ import annotations
 import libcst as cst
 
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
-from mgpu_migrate.rules.criterion_wrap import wrap_in_runtime
-from mgpu_migrate.rules.syntax import RUNTIME
+from mgpu_migrate.rules.counting import GLOBAL_COUNT, is_count
+from mgpu_migrate.rules.syntax import RUNTIME, wrap_in_runtime
 
-GLOBAL_COUNT = "MGP140"
-# Methods that count (a full reduction with no argument), and what may follow them without changing the count.
-_COUNTS = frozenset({"sum", "numel", "count_nonzero", "nelement"})
-_CONVERSIONS = frozenset({"item", "float", "double", "long", "int", "detach", "cpu"})
-_BUILTIN_CONVERSIONS = frozenset({"int", "float"})
 
 
 class GlobalCount(Rule):
@@ -49,17 +44,30 @@ class GlobalCount(Rule):
 
     CODE = GLOBAL_COUNT
     PHASE = PROGRAM
+    USES = ("losses",)
     DESCRIPTION = "a count that divides a loss is summed over the processes"
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch.nn as nn\n\nmodel = nn.DataParallel(model)\ncriterion = nn.CrossEntropyLoss(reduction='sum')\n"
-            "for x, y in loader:\n    ntokens = y.ne(0).sum()\n    loss = criterion(model(x), y) / ntokens\n",
-            "import torch.nn as nn\nimport mgpu_runtime\n\n"
-            "model = mgpu_runtime.DistributedDataParallel(model)\n"
-            "criterion = mgpu_runtime.DistributedCriterion(nn.CrossEntropyLoss(reduction='sum'))\n"
-            "for x, y in loader:\n"
-            "    ntokens = mgpu_runtime.reduce_sum(y.ne(0).sum())\n    loss = criterion(model(x), y) / ntokens\n",
+            """
+            import torch.nn as nn
+
+            model = nn.DataParallel(model)
+            criterion = nn.CrossEntropyLoss(reduction='sum')
+            for x, y in loader:
+                ntokens = y.ne(0).sum()
+                loss = criterion(model(x), y) / ntokens
+            """,
+            """
+            import torch.nn as nn
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            criterion = mgpu_runtime.DistributedCriterion(nn.CrossEntropyLoss(reduction='sum'))
+            for x, y in loader:
+                ntokens = mgpu_runtime.reduce_sum(y.ne(0).sum())
+                loss = criterion(model(x), y) / ntokens
+            """,
             DDP,
             ("MGP101", "MGP102", "MGP140"),
         ),
@@ -107,21 +115,3 @@ class GlobalCount(Rule):
         return assigned[0] if len(assigned) == 1 and is_count(assigned[0]) else None
 
 
-def is_count(expr: cst.BaseExpression) -> bool:
-    """``x.sum()``, ``x.ne(PAD).sum().item()``, ``int(mask.sum())``, ``torch.sum(mask)`` ...: a count of a tensor."""
-    while type(expr) is cst.Call:
-        func = expr.func
-        if type(func) is cst.Name and func.value in _BUILTIN_CONVERSIONS and len(expr.args) == 1:
-            expr = expr.args[0].value
-            continue
-        if type(func) is not cst.Attribute:
-            return False
-        method = func.attr.value
-        if method in _CONVERSIONS and not expr.args:
-            expr = func.value
-            continue
-        if method in _COUNTS:
-            on_torch = type(func.value) is cst.Name and func.value.value == "torch"
-            return len(expr.args) == (1 if on_torch else 0)
-        return False
-    return False

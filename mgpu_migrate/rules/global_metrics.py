@@ -9,18 +9,68 @@ from mgpu_migrate.analysis.guards import under_main_process_block
 from mgpu_migrate.analysis.loaders import DISTRIBUTED
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import CHECKS, DDP, TORCH_STYLE, Example, Rule
-from mgpu_migrate.rules.criterion_wrap import wrap_in_runtime
-from mgpu_migrate.rules.global_count import is_count
-from mgpu_migrate.rules.syntax import RUNTIME
-from mgpu_migrate.rules.training_data import sample_counters
+from mgpu_migrate.rules.base import CHECKS, DDP, TORCH_STYLE, Example, Review, Rewrite, Rule
+from mgpu_migrate.rules.counting import is_count, sample_counters
+from mgpu_migrate.rules.syntax import RUNTIME, wrap_in_runtime
 
-GLOBAL_METRIC = "MGP180"
-# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
-RANK_MEAN_METRIC = "MGP330"
-RANK_COUNT_METRIC = "MGP331"
-WRITER_ON_EVERY_PROCESS = "MGP332"
-CONDITIONAL_COUNT = "MGP334"
+GLOBAL_METRIC = Rewrite("MGP180")
+RANK_MEAN_METRIC = Review(
+    "MGP330",
+    name="rank-mean-metric",
+    summary="a running mean over the process's rows (an accuracy): printed or logged, it is the process's share",
+    why=(
+        "A training loop whose data is split adds up a mean over this process's rows that is no loss (an accuracy "
+        "`(pred == y).float().mean()`): printed, logged or compared with the best so far, it is the process's "
+        "share of the batch, not the batch's."
+    ),
+    todo=(
+        "Weigh it by the rows it averaged over: `mgpu_runtime.reduce_mean(value, count=len(y))` is the global "
+        "batch's mean; or count instead (`correct += (pred == y).sum()`), which the tool sums over the processes "
+        "(MGP180)."
+    ),
+)
+RANK_COUNT_METRIC = Review(
+    "MGP331",
+    name="rank-count-metric",
+    summary="--style torch: a running count of the process's rows: printed or logged, it is the process's share",
+    why=(
+        "Under `--style torch`, a training loop whose data is split adds up a count of this process's rows "
+        "(`correct += pred.eq(y).sum().item()`, `total += y.size(0)`): printed, logged or compared with the best "
+        "so far, it is the process's share of the batch, not the batch's."
+    ),
+    todo=(
+        "Sum it over the processes before it is read (`dist.all_reduce` of a tensor holding it), or migrate with "
+        "the default style, which sums it with `mgpu_runtime.reduce_sum` (MGP180)."
+    ),
+)
+WRITER_ON_EVERY_PROCESS = Review(
+    "MGP332",
+    name="writer-on-every-process",
+    summary="a TensorBoard SummaryWriter built by every process: each value is logged once per process",
+    why=(
+        "A TensorBoard `SummaryWriter` is built by every process of the distributed run: each writes an event "
+        "file of its own into the log directory, so TensorBoard shows every scalar, image and histogram once per "
+        "process (the values are the same where they are global, such as the runtime's losses)."
+    ),
+    todo=(
+        "Build it on the main process only (`writer = SummaryWriter(...) if mgpu_runtime.is_main_process() else "
+        "None`) and log under `if writer is not None:`, or give each process a directory of its own."
+    ),
+)
+CONDITIONAL_COUNT = Review(
+    "MGP334",
+    name="conditional-count",
+    summary="a running count of the process's rows under an `if` of the loop: the process's share, not summed",
+    why=(
+        "A training loop whose data is split adds up a count of this process's rows under an `if` (or a `try`) "
+        "of the loop: printed or logged, it is the process's share. The tool does not sum it there: the test may "
+        "hold on some processes only (`if mask.any():`), and a sum that the others never reach waits forever."
+    ),
+    todo=(
+        "Sum the count over the processes where every process passes, after the loop "
+        "(`correct = mgpu_runtime.reduce_sum(correct)`), or count unconditionally (a count of zero rows is 0)."
+    ),
+)
 _SUMMARY_WRITERS = frozenset({"torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.writer.SummaryWriter", "tensorboardX.SummaryWriter"})
 # What makes a mean a metric of predictions rather than a loss: a comparison of outputs and targets.
 _COMPARING_METHODS = frozenset({"eq", "ne", "argmax", "topk"})
@@ -73,12 +123,8 @@ class GlobalMetrics(Rule):
     CODE = GLOBAL_METRIC
     # A check: it reads which training loops the data rule split.
     PHASE = CHECKS
-    REVIEW_CODES = {
-        RANK_MEAN_METRIC: "a running mean over the process's rows (an accuracy): printed or logged, it is the process's share",
-        RANK_COUNT_METRIC: "--style torch: a running count of the process's rows: printed or logged, it is the process's share",
-        WRITER_ON_EVERY_PROCESS: "a TensorBoard SummaryWriter built by every process: each value is logged once per process",
-        CONDITIONAL_COUNT: "a running count of the process's rows under an `if` of the loop: the process's share, not summed",
-    }
+    USES = ("loaders",)
+    REVIEW_CODES = (RANK_MEAN_METRIC, RANK_COUNT_METRIC, WRITER_ON_EVERY_PROCESS, CONDITIONAL_COUNT)
     DESCRIPTION = "running counts of a split training loop's rows summed over the processes"
     TARGETS = (DDP,)
     EXAMPLES = (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rewrite, Rule
 from mgpu_migrate.rules.syntax import keyword, mentions, parse
 
 _OPTIONS = ("--local_rank", "--local-rank")
@@ -36,8 +36,9 @@ class LocalRankArgument(Rule):
     Safe: an explicit ``--local_rank=N`` still wins, and without a launcher the default is the old one.
     """
 
-    CODE = "MGP131"
+    CODE = Rewrite("MGP131")
     PHASE = PROGRAM
+    USES = ("bindings",)
     DESCRIPTION = "--local_rank arguments default to the LOCAL_RANK variable torchrun sets"
     TARGETS = (DDP,)
     EXAMPLES = (

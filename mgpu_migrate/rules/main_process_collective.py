@@ -17,7 +17,7 @@ from mgpu_migrate.analysis.guards import (
 from mgpu_migrate.analysis.models import MODULE_METHODS_RETURNING_SELF
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rule
 from mgpu_migrate.rules.syntax import RUNTIME
 
 _COLLECTIVES = {
@@ -50,8 +50,16 @@ _BUILTINS = frozenset(dir(builtins))
 _DDP_WRAPPERS = {names.TORCH_DDP, names.APEX_DDP, names.RUNTIME_DDP, names.DATA_PARALLEL, names.ENCODING_MODEL}
 
 
-# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
-COLLECTIVE_IN_MAIN_PROCESS_BLOCK = "MGP249"
+COLLECTIVE_IN_MAIN_PROCESS_BLOCK = Review(
+    "MGP249",
+    name="collective-in-main-process-block",
+    summary="a collective or a DDP forward inside a main-process-only block: the other processes never join",
+    why=(
+        "A collective, or a forward of the DDP model (which synchronizes), runs inside a block only the main "
+        "process runs: the other processes never join it and the run hangs."
+    ),
+    todo="Move it out of the block, or give that code the bare model (`model.module`).",
+)
 
 
 class MainProcessCollective(Rule):
@@ -92,9 +100,8 @@ class MainProcessCollective(Rule):
 
     CODE = COLLECTIVE_IN_MAIN_PROCESS_BLOCK
     PHASE = PROGRAM
-    REVIEW_CODES = {
-        COLLECTIVE_IN_MAIN_PROCESS_BLOCK: "a collective or a DDP forward inside a main-process-only block: the other processes never join",
-    }
+    USES = ("bindings", "loaders", "losses", "models", "values")
+    REVIEW_CODES = (COLLECTIVE_IN_MAIN_PROCESS_BLOCK,)
     DESCRIPTION = "collectives and DDP forwards inside main-process-only blocks reported"
     TARGETS = (DDP,)
     EXAMPLES = (

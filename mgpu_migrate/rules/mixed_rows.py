@@ -5,11 +5,23 @@ from __future__ import annotations
 import libcst as cst
 
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
-from mgpu_migrate.rules.process_randomness import rows_of_a_tensor
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rule
+from mgpu_migrate.analysis.batch import rows_of_a_tensor
 
 # The file is left as it is when this is reported (rules.settle).
-MIXED_ROWS = "MGP265"
+MIXED_ROWS = Review(
+    "MGP265",
+    name="mixed-rows",
+    summary="the rows of a batch are permuted and mixed: under DDP only within each process",
+    why=(
+        "The training loop permutes the rows of the batch (mixup, CutMix: `index = torch.randperm(x.size(0))`, "
+        "then `lam * x + (1 - lam) * x[index]`). Under DDP each process holds only its rows, so it would mix "
+        "only those: another augmentation and another loss, which no split of the data can make the original's "
+        "without moving rows between processes. The file is left as it is."
+    ),
+    todo="Use `--to balanced`, which keeps the whole batch in one process and is exact for it.",
+    veto=True,
+)
 
 
 class MixedRows(Rule):
@@ -42,17 +54,23 @@ class MixedRows(Rule):
 
     CODE = MIXED_ROWS
     PHASE = PROGRAM
-    VETOES = frozenset({MIXED_ROWS})
-    REVIEW_CODES = {
-        MIXED_ROWS: "the rows of a batch are permuted and mixed: under DDP only within each process",
-    }
+    USES = ("values",)
+    REVIEW_CODES = (MIXED_ROWS,)
     DESCRIPTION = "a permutation of the batch's rows (mixup) keeps the file off DDP"
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch\nimport torch.nn as nn\n\nmodel = nn.DataParallel(model)\nfor x, y in loader:\n"
-            "    index = torch.randperm(x.size(0))\n    x = 0.7 * x + 0.3 * x[index]\n"
-            "    loss = criterion(model(x), y)\n    loss.backward()\n",
+            """
+            import torch
+            import torch.nn as nn
+
+            model = nn.DataParallel(model)
+            for x, y in loader:
+                index = torch.randperm(x.size(0))
+                x = 0.7 * x + 0.3 * x[index]
+                loss = criterion(model(x), y)
+                loss.backward()
+            """,
             None,
             DDP,
             ("MGP265",),

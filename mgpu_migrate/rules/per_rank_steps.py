@@ -6,9 +6,25 @@ import libcst as cst
 
 from mgpu_migrate.analysis.tree import contains, item_target
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rule
 
-PER_RANK_STEP = "MGP282"
+PER_RANK_STEP = Review(
+    "MGP282",
+    name="per-process-step",
+    summary="each process would decide alone, from its own rows, whether to take a training step",
+    why=(
+        "A statement before `backward` decides from the batch whether to take the training step (`if "
+        "loss == 0: continue`, `if labels.numel() == 0: continue`, a `try: ... except: continue` around the "
+        "step). Under DDP each process would decide alone from its own rows: one process skips while another "
+        "reduces its gradients, the reductions of different steps pair up, and training drifts without an "
+        "error. The file is left as it is."
+    ),
+    todo=(
+        "Make the decision the same on every process (from the whole batch, or agreed across processes), or "
+        "remove it; then run the tool again. `--to balanced` keeps one process and is exact."
+    ),
+    veto=True,
+)
 _LOOPS = (cst.For, cst.While)
 _SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 # A `raise` stops the run on that process, loudly: not a silent drift.
@@ -48,25 +64,47 @@ class PerRankSteps(Rule):
 
     CODE = PER_RANK_STEP
     PHASE = PROGRAM
-    VETOES = frozenset({PER_RANK_STEP})
-    REVIEW_CODES = {
-        PER_RANK_STEP: "each process would decide alone, from its own rows, whether to take a training step",
-    }
+    USES = ("loaders", "models", "values")
+    REVIEW_CODES = (PER_RANK_STEP,)
     DESCRIPTION = "per-process decisions before the backward pass keep the file off DDP"
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch.nn as nn\n\nmodel = nn.DataParallel(model)\nfor x, y in loader:\n"
-            "    if y.numel() == 0:\n        continue\n    loss = model(x).sum()\n    loss.backward()\n",
+            """
+            import torch.nn as nn
+
+            model = nn.DataParallel(model)
+            for x, y in loader:
+                if y.numel() == 0:
+                    continue
+                loss = model(x).sum()
+                loss.backward()
+            """,
             None,
             DDP,
             (PER_RANK_STEP,),
         ),
         Example(
-            "import torch.nn as nn\n\nmodel = nn.DataParallel(model)\nfor i, (x, y) in enumerate(loader):\n"
-            "    if i < start:\n        continue\n    loss = model(x).sum()\n    loss.backward()\n",
-            "import mgpu_runtime\n\nmodel = mgpu_runtime.DistributedDataParallel(model)\nfor i, (x, y) in "
-            "enumerate(loader):\n    if i < start:\n        continue\n    loss = model(x).sum()\n    loss.backward()\n",
+            """
+            import torch.nn as nn
+
+            model = nn.DataParallel(model)
+            for i, (x, y) in enumerate(loader):
+                if i < start:
+                    continue
+                loss = model(x).sum()
+                loss.backward()
+            """,
+            """
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            for i, (x, y) in enumerate(loader):
+                if i < start:
+                    continue
+                loss = model(x).sum()
+                loss.backward()
+            """,
             DDP,
             ("MGP101",),
         ),

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import libcst as cst
 
+from mgpu_migrate.analysis.batch import rows_of_a_tensor, split_training_loops
 from mgpu_migrate.analysis.draws import names_a_size
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rule
 
 # Draws from torch's global generator whose size is given as an argument (reported when it is the batch's).
 _SIZED_DRAWS = frozenset(f"torch.{name}" for name in ("randn", "rand", "randint", "normal", "empty"))
@@ -20,7 +21,26 @@ _FILLS = frozenset({"normal_", "uniform_", "bernoulli_", "exponential_", "geomet
 
 
 # The file is left as it is when this is reported (rules.settle).
-PER_ROW_RANDOMNESS = "MGP260"
+PER_ROW_RANDOMNESS = Review(
+    "MGP260",
+    name="per-row-randomness",
+    summary=(
+        "random numbers drawn per row in a split training loop, not sliced by the runtime: processes draw the same ones"
+    ),
+    why=(
+        "The training loop draws random numbers for each row of the batch in a way the runtime does not draw "
+        "for the global batch (an in-place `normal_()` fill, `torch.bernoulli`, a size that is the batch's but "
+        "not its rows first). The runtime keeps every process's torch generator where the original's was, "
+        "seeded or not, so every process would draw the first rows' numbers for its own rows. The file is left "
+        "as it is."
+    ),
+    todo=(
+        "Draw with `torch.randn`/`rand(x.size(0), ...)`, `randn_like`/`rand_like(x)` or "
+        "`torch.randint(low, high, (x.size(0), ...))`, which the runtime draws for the global batch and slices, "
+        "then migrate; or use `--to balanced`."
+    ),
+    veto=True,
+)
 
 
 class ProcessRandomness(Rule):
@@ -61,10 +81,8 @@ class ProcessRandomness(Rule):
 
     CODE = PER_ROW_RANDOMNESS
     PHASE = PROGRAM
-    VETOES = frozenset({PER_ROW_RANDOMNESS})
-    REVIEW_CODES = {
-        PER_ROW_RANDOMNESS: "random numbers drawn per row in a split training loop, not sliced by the runtime: processes draw the same ones",
-    }
+    USES = ("values",)
+    REVIEW_CODES = (PER_ROW_RANDOMNESS,)
     DESCRIPTION = "per-row random draws the runtime cannot slice keep the file off DDP"
     TARGETS = (DDP,)
     EXAMPLES = (
@@ -152,35 +170,6 @@ def _randint_rows(call: cst.Call) -> cst.BaseExpression | None:
     if type(size) in (cst.Tuple, cst.List) and size.elements:
         return size.elements[0].value
     return None
-
-
-def split_training_loops(analysis) -> list[cst.For]:
-    """Training loops over a loader (which MGP122 splits) or over data already distributed. A loop left on whole
-    batches draws, in every process, the numbers the original drew for the same rows."""
-    loops = []
-    for trace in analysis.loaders.traces:
-        if trace.training and trace.origin is not None and trace.loop not in loops:
-            loops.append(trace.loop)
-    return loops
-
-
-def rows_of_a_tensor(expr: cst.BaseExpression) -> bool:
-    """``x.size(0)``, ``x.shape[0]``, ``x.size()[0]`` or ``len(x)``."""
-    if type(expr) is cst.Call and type(expr.func) is cst.Name and expr.func.value == "len":
-        return True
-    if type(expr) is cst.Subscript and type(expr.value) is cst.Call and not expr.value.args:
-        expr = cst.Subscript(value=cst.Attribute(value=expr.value.func, attr=cst.Name("shape")), slice=expr.slice)
-    if type(expr) is cst.Call and type(expr.func) is cst.Attribute and expr.func.attr.value == "size":
-        return len(expr.args) == 1 and type(expr.args[0].value) is cst.Integer and expr.args[0].value.value == "0"
-    return (
-        type(expr) is cst.Subscript
-        and type(expr.value) is cst.Attribute
-        and expr.value.attr.value == "shape"
-        and len(expr.slice) == 1
-        and type(expr.slice[0].slice) is cst.Index
-        and type(expr.slice[0].slice.value) is cst.Integer
-        and expr.slice[0].slice.value.value == "0"
-    )
 
 
 def mentions_batch_size(expr: cst.BaseExpression) -> bool:

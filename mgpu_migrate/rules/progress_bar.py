@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, has_star_args, keyword, mentions, operand, parse, with_keyword
 
 # tqdm(iterable, desc, total, leave, file, ncols, mininterval, maxinterval, miniters, ascii, disable, ...)
@@ -18,8 +18,13 @@ def is_progress_bar(qualified: str | None) -> bool:
     return len(parts) > 1 and parts[0] == "tqdm" and parts[-1] in ("tqdm", "trange")
 
 
-# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
-PROGRESS_BAR_ON_EVERY_PROCESS = "MGP241"
+PROGRESS_BAR_ON_EVERY_PROCESS = Review(
+    "MGP241",
+    name="progress-bar-on-every-process",
+    summary="a progress bar whose disable argument the tool cannot see: it is drawn by every process",
+    why="The progress bar passes a `disable` argument the tool cannot see into, so it is drawn by every process.",
+    todo="Add `or not mgpu_runtime.is_main_process()` to its `disable` value.",
+)
 
 
 class ProgressBar(Rule):
@@ -49,9 +54,9 @@ class ProgressBar(Rule):
     bury the migration's real changes in the diff.
     """
 
-    CODE = "MGP125"
+    CODE = Rewrite("MGP125")
     PHASE = PROGRAM
-    REVIEW_CODES = {PROGRESS_BAR_ON_EVERY_PROCESS: "a progress bar whose disable argument the tool cannot see: it is drawn by every process"}
+    REVIEW_CODES = (PROGRESS_BAR_ON_EVERY_PROCESS,)
     DESCRIPTION = "tqdm progress bars shown on the main process only"
     TARGETS = (DDP,)
     EXAMPLES = (

@@ -6,9 +6,20 @@ import libcst as cst
 
 from mgpu_migrate.analysis.models import MODULE_METHODS_RETURNING_SELF
 from mgpu_migrate.analysis.project import project_of
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rule
 
-UNEVEN_LOSS = "MGP287"
+UNEVEN_LOSS = Review(
+    "MGP287",
+    name="uneven-project-loss",
+    summary="a loss class of the project that a mean over each process's rows cannot reproduce",
+    why=(
+        "A loss class of the project ranks the rows of the batch (`topk`, `sort`: OHEM) or averages over a "
+        "count that varies with them (`masked_select`, `ignore_index`). Under DDP each process's loss over its "
+        "own rows, averaged, is another loss than the original's. The file is left as it is."
+    ),
+    todo="Use `--to balanced`, which keeps the whole batch in one process and is exact for such losses.",
+    veto=True,
+)
 
 
 class ProjectLosses(Rule):
@@ -44,17 +55,29 @@ class ProjectLosses(Rule):
 
     CODE = UNEVEN_LOSS
     PHASE = PROGRAM
-    VETOES = frozenset({UNEVEN_LOSS})
-    REVIEW_CODES = {UNEVEN_LOSS: "a loss class of the project that a mean over each process's rows cannot reproduce"}
+    USES = ("losses", "models", "values")
+    REVIEW_CODES = (UNEVEN_LOSS,)
     DESCRIPTION = "the project's loss classes that rank rows or average over masks keep the file off DDP"
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch.nn as nn\n\nmodel = nn.DataParallel(model)\ncriterion = nn.MSELoss()\nfor x, y in loader:\n"
-            "    criterion(model(x), y).backward()\n",
-            "import torch.nn as nn\nimport mgpu_runtime\n\n"
-            "model = mgpu_runtime.DistributedDataParallel(model)\ncriterion = nn.MSELoss()\n"
-            "for x, y in loader:\n    criterion(model(x), y).backward()\n",
+            """
+            import torch.nn as nn
+
+            model = nn.DataParallel(model)
+            criterion = nn.MSELoss()
+            for x, y in loader:
+                criterion(model(x), y).backward()
+            """,
+            """
+            import torch.nn as nn
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            criterion = nn.MSELoss()
+            for x, y in loader:
+                criterion(model(x), y).backward()
+            """,
             DDP,
             ("MGP101",),
         ),

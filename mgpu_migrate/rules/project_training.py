@@ -10,12 +10,54 @@ import libcst as cst
 
 from mgpu_migrate.analysis.project import importers, project_of
 from mgpu_migrate.analysis.tree import contains
-from mgpu_migrate.rules.base import CHECKS, DDP, Example, Rule
-from mgpu_migrate.rules.remote_training import INFERENCE_ONLY
+from mgpu_migrate.rules.base import CHECKS, DDP, Example, Review, Rule
 
-TRAINED_ELSEWHERE = "MGP285"
-EVALUATED_ELSEWHERE = "MGP286"
-TRAINED_BY_IMPORTER = "MGP320"
+TRAINED_ELSEWHERE = Review(
+    "MGP285",
+    name="trained-elsewhere",
+    summary="the model is trained in another module of the project: file left as it is",
+    why=(
+        "The model wrapped here is trained in another module of the project (a `Trainer` class that calls "
+        "`backward`). Its data, loss and saves are there, and a migration of the wrap alone would give every "
+        "process whole batches and the same checkpoint files. The file is left as it is."
+    ),
+    todo=(
+        "Migrate the module that trains the model together with this one, or use `--to balanced`, which keeps "
+        "one process."
+    ),
+    veto=True,
+)
+EVALUATED_ELSEWHERE = Review(
+    "MGP286",
+    name="evaluated-elsewhere",
+    summary="the model is only evaluated, here and in the project's code it goes to: file left as it is",
+    why=(
+        "The model wrapped here only goes to evaluation code of the project (no backward pass, no optimizer). "
+        "DataParallel serves evaluation better than one process per GPU, which would each evaluate the whole "
+        "data set. The file is left as it is."
+    ),
+    todo="Nothing, unless the project trains the model elsewhere: then migrate that module.",
+    veto=True,
+)
+TRAINED_BY_IMPORTER = Review(
+    "MGP320",
+    name="trained-by-importer",
+    summary="the model goes to the modules that import this one, which train it: file left as it is",
+    why=(
+        "The wrap is in a function that returns the model (`load_model()`, `build_model()`) or in a class that "
+        "keeps it (`self.model = nn.DataParallel(self.model)` in a wrapper module), and nothing in this file "
+        "trains it: the modules that import this one do (the diagnostic names the first one found, preferring one "
+        "that uses the function or class). Those modules hold the training loop, its loader and its loss, and "
+        "they have no DataParallel of their own, so the tool does not rewrite them: migrating the wrap alone "
+        "would give a program whose every process trains on whole batches."
+    ),
+    todo=(
+        "Migrate the module that trains: split its loader with `mgpu_runtime.distribute_loader`, make its loss "
+        "exact, and wrap the model there (or migrate this wrap by hand together with it); or use "
+        "`--to balanced`, which keeps one process."
+    ),
+    veto=True,
+)
 _BUILTINS = frozenset(dir(builtins))
 
 
@@ -57,19 +99,28 @@ class ProjectTraining(Rule):
 
     CODE = TRAINED_ELSEWHERE
     PHASE = CHECKS
-    VETOES = frozenset({TRAINED_ELSEWHERE, EVALUATED_ELSEWHERE, TRAINED_BY_IMPORTER})
-    REVIEW_CODES = {
-        TRAINED_BY_IMPORTER: "the model goes to the modules that import this one, which train it: file left as it is",
-        TRAINED_ELSEWHERE: "the model is trained in another module of the project: file left as it is",
-        EVALUATED_ELSEWHERE: "the model is only evaluated, here and in the project's code it goes to: file left as it is",
-    }
+    USES = ("bindings", "loaders", "models", "values")
+    REVIEW_CODES = (TRAINED_BY_IMPORTER, TRAINED_ELSEWHERE, EVALUATED_ELSEWHERE)
     DESCRIPTION = "models handed to the project's training code in other modules keep the file off DDP"
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch.nn as nn\n\nmodel = nn.DataParallel(model)\nfor x in loader:\n    model(x).sum().backward()\n",
-            "import mgpu_runtime\n\nmgpu_runtime.setup()\n\nmodel = mgpu_runtime.DistributedDataParallel(model)\n"
-            "for x in loader:\n    model(x).sum().backward()\n",
+            """
+            import torch.nn as nn
+
+            model = nn.DataParallel(model)
+            for x in loader:
+                model(x).sum().backward()
+            """,
+            """
+            import mgpu_runtime
+
+            mgpu_runtime.setup()
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            for x in loader:
+                model(x).sum().backward()
+            """,
             DDP,
             ("MGP101", "MGP120", "MGP236"),
         ),
@@ -120,9 +171,9 @@ class ProjectTraining(Rule):
             )
             return
         # The model runs (in this file, or in the project's code it goes to), and nothing can train it; an
-        # evaluation script that MGP263 already leaves needs no second word.
+        # evaluation script already left as one needs no second word.
         runs = bool(evaluated) or bool(self.analysis.models.model_calls())
-        if any(diagnostic.code == INFERENCE_ONLY for diagnostic in self.edits.diagnostics):
+        if any(code.only_evaluates for code in self.reported):
             return
         if passed and runs and not unknown and not self._trains_anywhere(program.wraps):
             where = (
@@ -143,9 +194,12 @@ class ProjectTraining(Rule):
             return None
         cls = next((node for node in tree.ancestors(function) if type(node) is cst.ClassDef), None)
         statement = next((node for node in tree.ancestors(wrap) if type(node) is cst.Assign), None)
-        if cls is not None and statement is not None:
-            if any(type(t.target) is cst.Attribute and _is_self_attribute(t.target) for t in statement.targets):
-                return cls
+        if (
+            cls is not None
+            and statement is not None
+            and any(type(t.target) is cst.Attribute and _is_self_attribute(t.target) for t in statement.targets)
+        ):
+            return cls
         models = self.analysis.models
         scope = self.analysis.values.scope_of(wrap)
         for returned in contains(function, lambda n: type(n) is cst.Return):

@@ -6,10 +6,39 @@ import libcst as cst
 
 from mgpu_migrate.analysis import names
 from mgpu_migrate.analysis.project import Project, project_of
-from mgpu_migrate.rules.base import BALANCED, CHECKS, DDP, Example, Rule
+from mgpu_migrate.rules.base import BALANCED, CHECKS, DDP, Example, Review, Rule
 
-PROJECT_DATA_PARALLEL = "MGP280"
-HAND_WRITTEN = "MGP281"
+PROJECT_DATA_PARALLEL = Review(
+    "MGP280",
+    name="project-data-parallel",
+    summary="a DataParallel subclass of the project's own, defined in another module: not migrated",
+    why=(
+        "The wrap is the project's own subclass of DataParallel, defined in another module of the project (a "
+        "CornerNet-style `DataParallel(chunk_sizes=...)`, a vendored sync-BN wrapper). It scatters, gathers or "
+        "replicates its own way, which neither the balanced runtime nor DistributedDataParallel reproduces. "
+        "Under --to ddp the whole file is left as it is."
+    ),
+    todo=(
+        "Use `nn.DataParallel` at this site if the subclass adds nothing the training needs, then run the tool "
+        "again; otherwise migrate the subclass's callers by hand."
+    ),
+    veto=True,
+)
+HAND_WRITTEN = Review(
+    "MGP281",
+    name="hand-written-data-parallel",
+    summary="DataParallel written by hand (replicate + parallel_apply): not migrated",
+    why=(
+        "The model is run over devices by hand (`replicate`, `scatter`, `parallel_apply`, `gather`), in this "
+        "file or in a project helper it calls. The tool rewrites torch's DataParallel, not its pieces. Under "
+        "--to ddp the whole file is left as it is."
+    ),
+    todo=(
+        "Replace the hand-written helper with `nn.DataParallel(model)`, then run the tool again; or migrate "
+        "by hand."
+    ),
+    veto=True,
+)
 _REPLICATE = frozenset({"torch.nn.parallel.replicate", "torch.nn.parallel.replicate.replicate"})
 _PARALLEL_APPLY = frozenset({"torch.nn.parallel.parallel_apply", "torch.nn.parallel.parallel_apply.parallel_apply"})
 # Names the tool itself knows: never looked up in the project.
@@ -48,26 +77,33 @@ class ProjectWrappers(Rule):
 
     CODE = PROJECT_DATA_PARALLEL
     PHASE = CHECKS
-    VETOES = frozenset({PROJECT_DATA_PARALLEL, HAND_WRITTEN})
-    REVIEW_CODES = {
-        PROJECT_DATA_PARALLEL: "a DataParallel subclass of the project's own, defined in another module: not migrated",
-        HAND_WRITTEN: "DataParallel written by hand (replicate + parallel_apply): not migrated",
-    }
+    USES = ("bindings",)
+    REVIEW_CODES = (PROJECT_DATA_PARALLEL, HAND_WRITTEN)
     DESCRIPTION = "the project's own DataParallel classes and hand-written replicate/parallel_apply reported"
     TARGETS = (BALANCED, DDP)
     EXAMPLES = (
         Example(
-            "from torch.nn.parallel import replicate, parallel_apply\n\n\n"
-            "def forward(module, inputs, devices):  # DataParallel by hand\n    replicas = replicate(module, devices)\n"
-            "    return parallel_apply(replicas, inputs)\n",
+            """
+            from torch.nn.parallel import replicate, parallel_apply
+
+
+            def forward(module, inputs, devices):  # DataParallel by hand
+                replicas = replicate(module, devices)
+                return parallel_apply(replicas, inputs)
+            """,
             None,
             BALANCED,
             (HAND_WRITTEN,),
         ),
         Example(
-            "from torch.nn.parallel import replicate, parallel_apply\n\n\n"
-            "def forward(module, inputs, devices):  # DataParallel by hand\n    replicas = replicate(module, devices)\n"
-            "    return parallel_apply(replicas, inputs)\n",
+            """
+            from torch.nn.parallel import replicate, parallel_apply
+
+
+            def forward(module, inputs, devices):  # DataParallel by hand
+                replicas = replicate(module, devices)
+                return parallel_apply(replicas, inputs)
+            """,
             None,
             DDP,
             (HAND_WRITTEN,),

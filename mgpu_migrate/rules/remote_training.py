@@ -4,16 +4,37 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rule
 
 
-# The file is left as it is when this is reported (a veto, program.settle).
-INFERENCE_ONLY = "MGP263"
+INFERENCE_ONLY = Review(
+    "MGP263",
+    name="evaluation-script",
+    summary="an evaluation script (the model runs here; no backward pass, no optimizer): left as DataParallel",
+    why=(
+        "The file only evaluates (the model runs here, with no backward pass and no optimizer, and goes nowhere "
+        "else): one process per GPU would evaluate everything once per process, where DataParallel splits each "
+        "batch over the GPUs. The file is left as it is."
+    ),
+    todo="Nothing; add `# noqa: MGP263` at the wrap to migrate it anyway.",
+    veto=True,
+    only_evaluates=True,
+)
 _NO_GRADIENTS = frozenset({"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad"})
 
 
-# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
-TRAINED_ELSEWHERE = "MGP262"
+TRAINED_ELSEWHERE = Review(
+    "MGP262",
+    name="trained-elsewhere",
+    summary="the model is trained in code this file does not show: its data loader is not distributed",
+    why=(
+        "This file has no training loop: the wrapped model is trained in code it does not show (a caller, "
+        "another module), whose data loader the tool does not distribute. Until it is, every process trains on "
+        "whole batches."
+    ),
+    todo="Pass the training DataLoader through `mgpu_runtime.distribute_loader(...)` where it is built.",
+    accounts_for_data=True,
+)
 
 
 class RemoteTraining(Rule):
@@ -55,11 +76,8 @@ class RemoteTraining(Rule):
 
     CODE = TRAINED_ELSEWHERE
     PHASE = PROGRAM
-    VETOES = frozenset({INFERENCE_ONLY})
-    REVIEW_CODES = {
-        TRAINED_ELSEWHERE: "the model is trained in code this file does not show: its data loader is not distributed",
-        INFERENCE_ONLY: "an evaluation script (the model runs here; no backward pass, no optimizer): left as DataParallel",
-    }
+    USES = ("loaders", "models")
+    REVIEW_CODES = (TRAINED_ELSEWHERE, INFERENCE_ONLY)
     DESCRIPTION = "wraps whose training loop is in another file reported"
     TARGETS = (DDP,)
     EXAMPLES = (

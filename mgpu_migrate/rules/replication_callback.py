@@ -4,10 +4,25 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rule
 
 # The file is left as it is when this is reported (rules.settle).
-REPLICATION_CALLBACK = "MGP266"
+REPLICATION_CALLBACK = Review(
+    "MGP266",
+    name="replication-callback",
+    summary="synchronized BatchNorm called back by DataParallel's replicate: DDP never calls it",
+    why=(
+        "The file uses the Synchronized-BatchNorm package's replication callbacks (`patch_replication_callback`, "
+        "`DataParallelWithCallback`, `__data_parallel_replicate__`): they synchronise BatchNorm statistics across "
+        "the replicas DataParallel makes. DDP makes no replicas, so the callback would never run (BatchNorm per "
+        "process) or fail an assertion at start-up. The file is left as it is."
+    ),
+    todo=(
+        "Use `--to balanced` (its replicate calls `__data_parallel_replicate__`), or replace the package's "
+        "BatchNorm with `nn.BatchNorm2d` and migrate with `--to ddp --sync-bn`."
+    ),
+    veto=True,
+)
 _CALLBACK_NAMES = frozenset({"patch_replication_callback", "DataParallelWithCallback"})
 _CALLBACK_METHOD = "__data_parallel_replicate__"
 
@@ -42,16 +57,18 @@ class ReplicationCallback(Rule):
 
     CODE = REPLICATION_CALLBACK
     PHASE = PROGRAM
-    VETOES = frozenset({REPLICATION_CALLBACK})
-    REVIEW_CODES = {
-        REPLICATION_CALLBACK: "synchronized BatchNorm called back by DataParallel's replicate: DDP never calls it",
-    }
+    REVIEW_CODES = (REPLICATION_CALLBACK,)
     DESCRIPTION = "the Synchronized-BatchNorm package's replication callbacks keep the file off DDP"
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch.nn as nn\nfrom sync_batchnorm import patch_replication_callback\n\n"
-            "model = nn.DataParallel(model)\npatch_replication_callback(model)\n",
+            """
+            import torch.nn as nn
+            from sync_batchnorm import patch_replication_callback
+
+            model = nn.DataParallel(model)
+            patch_replication_callback(model)
+            """,
             None,
             DDP,
             ("MGP266",),

@@ -9,7 +9,7 @@ import libcst as cst
 from mgpu_migrate.analysis.guards import under_main_process_block
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rule
 from mgpu_migrate.rules.syntax import argument
 
 _WRITING_METHODS = frozenset({"write_text", "write_bytes"})
@@ -17,8 +17,19 @@ _RACE = "all write the file at once, so one process's content wins or it comes o
 _SAVERS = frozenset({"numpy.save", "numpy.savez", "numpy.savetxt", "numpy.savez_compressed"})
 
 
-# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
-FILE_WRITTEN_BY_EVERY_PROCESS = "MGP261"
+FILE_WRITTEN_BY_EVERY_PROCESS = Review(
+    "MGP261",
+    name="file-written-by-every-process",
+    summary="a file written by every process: duplicated lines, or writers racing",
+    why=(
+        "A file is written by every process: all write it at once, so one process's content wins, lines are "
+        "duplicated, or it comes out garbled."
+    ),
+    todo=(
+        "Unless each process writes a file of its own, do it under `if mgpu_runtime.is_main_process():`, "
+        "writing values reduced over the processes (e.g. `mgpu_runtime.reduce_mean(loss.detach())`)."
+    ),
+)
 
 
 class SharedFiles(Rule):
@@ -53,7 +64,7 @@ class SharedFiles(Rule):
 
     CODE = FILE_WRITTEN_BY_EVERY_PROCESS
     PHASE = PROGRAM
-    REVIEW_CODES = {FILE_WRITTEN_BY_EVERY_PROCESS: "a file written by every process: duplicated lines, or writers racing"}
+    REVIEW_CODES = (FILE_WRITTEN_BY_EVERY_PROCESS,)
     DESCRIPTION = "files written by every process reported"
     TARGETS = (DDP,)
     EXAMPLES = (

@@ -8,9 +8,8 @@ import libcst as cst
 
 from mgpu_migrate.options import Options
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
-from mgpu_migrate.rules.functional_loss import torch_nn_spelling
-from mgpu_migrate.rules.syntax import argument, parse
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rewrite, Rule
+from mgpu_migrate.rules.syntax import argument, parse, torch_nn_spelling
 
 _BATCH_NORMS = {f"torch.nn.BatchNorm{n}d" for n in (1, 2, 3)}
 # torchvision models built with BatchNorm layers.
@@ -21,8 +20,16 @@ _TORCHVISION_WITH_BATCH_NORM = re.compile(
 CONVERT = "SyncBatchNorm.convert_sync_batchnorm"
 
 
-# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
-BATCHNORM_PER_PROCESS = "MGP248"
+BATCHNORM_PER_PROCESS = Review(
+    "MGP248",
+    name="batchnorm-per-process",
+    summary="BatchNorm statistics are computed per process (as per GPU under DataParallel); see --sync-bn",
+    why=(
+        "BatchNorm layers normalize over each process's slice of the batch, as they did over each GPU's under "
+        "DataParallel: the same statistics as before, not the whole batch's."
+    ),
+    todo="Nothing, to keep the original's behaviour; rerun with `--sync-bn` for statistics over the whole batch.",
+)
 
 
 class SyncBatchNorm(Rule):
@@ -53,11 +60,9 @@ class SyncBatchNorm(Rule):
     ``SyncBatchNorm`` needs GPUs when there are several processes.
     """
 
-    CODE = "MGP129"
+    CODE = Rewrite("MGP129")
     PHASE = PROGRAM
-    REVIEW_CODES = {
-        BATCHNORM_PER_PROCESS: "BatchNorm statistics are computed per process (as per GPU under DataParallel); see --sync-bn",
-    }
+    REVIEW_CODES = (BATCHNORM_PER_PROCESS,)
     DESCRIPTION = "BatchNorm converted to SyncBatchNorm (--sync-bn)"
     TARGETS = (DDP,)
     EXAMPLES = (

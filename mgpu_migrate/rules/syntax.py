@@ -24,6 +24,16 @@ def runtime_call(name: str, *args: cst.BaseExpression) -> cst.Call:
     return cst.Call(runtime_attr(name), [cst.Arg(arg) for arg in args])
 
 
+def wrap_in_runtime(name: str):
+    """A replacement that wraps an expression in ``mgpu_runtime.<name>(...)``, keeping its parentheses outside."""
+
+    def wrap(updated: cst.CSTNode) -> cst.CSTNode:
+        inner = updated.with_changes(lpar=[], rpar=[])
+        return cst.Call(func=runtime_attr(name), args=[cst.Arg(inner)], lpar=updated.lpar, rpar=updated.rpar)
+
+    return wrap
+
+
 def parse(code: str) -> cst.BaseExpression:
     return cst.parse_expression(code)
 
@@ -132,3 +142,19 @@ def mentions(node: cst.CSTNode, name: str) -> bool:
     if type(node) is cst.Name and node.value == name:
         return True
     return any(mentions(child, name) for child in node.children)
+
+
+def torch_nn_spelling(analysis) -> tuple[str, bool]:
+    """How this file can name ``torch.nn``: an import bound to it (``nn``), else ``torch.nn``; and whether
+    ``import torch`` must be added for that."""
+    bindings = analysis.bindings
+    fallback = None
+    for name in sorted(bindings.imported):
+        qualified = bindings.qualified_name(name)
+        if qualified == "torch.nn":
+            return name, False
+        if qualified == "torch" and name == "torch":
+            fallback = "torch.nn"
+    if fallback is not None:
+        return fallback, False
+    return "torch.nn", "torch" not in bindings.local

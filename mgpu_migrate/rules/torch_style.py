@@ -11,6 +11,7 @@ from __future__ import annotations
 import libcst as cst
 
 from mgpu_migrate.analysis import FileAnalysis
+from mgpu_migrate.diagnostics import Review
 from mgpu_migrate.options import TORCH_STYLE, Options
 
 TORCH_OPTIONS = Options(style=TORCH_STYLE)
@@ -20,13 +21,76 @@ DIST_IMPORT = "torch.distributed as dist"
 DIST = "dist"
 DIST_MODULE = "torch.distributed"
 
-NEEDS_RUNTIME = "MGP295"
-NO_TORCH_FORM = "MGP296"
-LOSS_SCALE = "MGP297"
-DATA_ORDER = "MGP298"
-GLOBAL_BATCH = "MGP299"
-# Notes on the distributed program a file becomes: void when it is left as it is.
-TORCH_NOTES = frozenset({LOSS_SCALE, DATA_ORDER, GLOBAL_BATCH})
+NEEDS_RUNTIME = Review(
+    "MGP295",
+    name="torch-style-needs-runtime",
+    summary="--style torch: a rewrite here has no plain-PyTorch form; the file is left as it is",
+    why=(
+        "A rewrite this file needs (named in the message by its code) is made only through `mgpu_runtime` (an "
+        "explicit device, a loss computed per device, a count summed over processes ...). `--style torch` writes "
+        "no runtime call, and a file half migrated would train differently, so the file is left as it is."
+    ),
+    todo="Migrate it with the default style (`--to ddp`), or make that part plain first and run again.",
+)
+NO_TORCH_FORM = Review(
+    "MGP296",
+    name="no-torch-form",
+    summary="--style torch: a site has no textbook form (a loader, a save, a loss, the name dist); file left",
+    why=(
+        "The site has no textbook form the tool can write exactly: a loader without `batch_size`, with its own "
+        "sampler or shared with evaluation, a shuffled loader with no `for epoch in range(...)` around its "
+        "training loop for `set_epoch`, a loss weighted by its targets (`weight=`, `ignore_index=`), a save "
+        "inside an expression, or the name `dist` already taken. The file is left as it is."
+    ),
+    todo="Migrate it with the default style, whose runtime handles these, or write that part by hand.",
+    veto=True,
+    accounts_for_data=True,
+)
+LOSS_SCALE = Review(
+    "MGP297",
+    name="ddp-loss-scale",
+    summary="--style torch: DDP averages the processes' gradients; this loss's scale or mean then differs",
+    why=(
+        "DDP averages the processes' gradients. For a mean over rows on equal shares that is the original's "
+        "gradient; a `reduction='sum'` loss then steps 1/world_size as far, and a cross-entropy or NLL mean is "
+        "over the targets not ignored in each process, which differs when some targets are `ignore_index`."
+    ),
+    todo=(
+        "For a sum, multiply the learning rate (or the loss) by `dist.get_world_size()`; for ignored targets, "
+        "sum the loss and the count of kept targets over processes (`dist.all_reduce`) or use the default style."
+    ),
+    void_if_left=True,
+)
+DATA_ORDER = Review(
+    "MGP298",
+    name="distributed-sampler-order",
+    summary="--style torch: DistributedSampler shuffles in an order of its own, not the original's",
+    why=(
+        "`DistributedSampler(shuffle=True)` permutes the dataset with its own generator (`seed` + epoch) and "
+        "deals it out to the processes in turn: the batches are not the ones the original's loader drew."
+    ),
+    todo=(
+        "Nothing, if a different shuffle is fine (it usually is). For the original's exact batches use the "
+        "default style, whose loader keeps the original sampler's order."
+    ),
+    void_if_left=True,
+)
+GLOBAL_BATCH = Review(
+    "MGP299",
+    name="global-batch-divides",
+    summary="--style torch: the global batch and an epoch equal the original's only for sizes that divide",
+    why=(
+        "Each process reads `batch_size // world_size` rows a step: the global batch is the original's only when "
+        "the batch size divides by the number of processes. `DistributedSampler` gives every process the same "
+        "number of samples by repeating some when `len(dataset)` does not divide, so such an epoch sees a few "
+        "samples twice (and the last, smaller batch is split the same way)."
+    ),
+    todo=(
+        "Pick a batch size and process count that divide, or pass `drop_last=True` to the sampler to drop the "
+        "tail instead of repeating it; the default style is exact for any sizes."
+    ),
+    void_if_left=True,
+)
 
 
 def statement(code: str) -> cst.BaseStatement:

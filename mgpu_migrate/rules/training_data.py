@@ -1,4 +1,8 @@
-"""MGP122: the loaders that feed training go through ``mgpu_runtime.distribute_loader`` (``--to ddp``)."""
+"""MGP122: the loaders that feed training go through ``mgpu_runtime.distribute_loader`` (``--to ddp``).
+
+With its ``--style torch`` twin, ``TorchTrainingData`` (MGP162): a training loader reads its process's share
+through a ``DistributedSampler``.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,10 @@ from mgpu_migrate.analysis.batch import is_row_count
 from mgpu_migrate.analysis.loaders import LOADER, LoaderTrace
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Rule
-from mgpu_migrate.rules.syntax import RUNTIME, argument, runtime_call
+from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, TORCH_STYLE, Example, Review, Rewrite, Rule
+from mgpu_migrate.rules.counting import GLOBAL_COUNT, sample_counters
+from mgpu_migrate.rules.syntax import RUNTIME, argument, has_star_args, parse, runtime_call, with_keyword
+from mgpu_migrate.rules.torch_style import DATA_ORDER, GLOBAL_BATCH, NO_TORCH_FORM, TORCH_OPTIONS, statement
 
 # torch's own samplers draw from the generator the runtime keeps in step; others may not.
 _TORCH_SAMPLERS = {
@@ -31,19 +37,59 @@ def _is_name(node: cst.BaseExpression, name: str) -> bool:
     return type(node) is cst.Name and node.value == name
 
 
-# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
-EVALUATION_LOADER_WHOLE = "MGP234"
-TRAINING_DATA_NOT_FOLLOWED = "MGP235"
-SUMMED_LOSS = "MGP236"
-CUSTOM_SAMPLER = "MGP237"
-ITERABLE_DATASET = "MGP238"
-# GlobalCount's rewrite (MGP140): a count of the batch summed over the processes.
-GLOBAL_COUNT = "MGP140"
-# Calls that count what they are called on (``mask.sum()``, ``x.numel()``), and those that make a mask to count.
-_COUNTING = frozenset({"sum", "count_nonzero", "numel", "nelement"})
-_MASKS = frozenset({"ne", "eq", "gt", "ge", "lt", "le", "bool"})
-_CONVERSIONS = frozenset({"item", "int", "float", "long", "cpu", "detach"})
-_BUILTIN_CONVERSIONS = frozenset({"int", "float"})
+EVALUATION_LOADER_WHOLE = Review(
+    "MGP234",
+    name="evaluation-loader-whole",
+    summary="an evaluation loader left whole: every process evaluates all of it",
+    why=(
+        "An evaluation loader is left whole: every process evaluates all of it, so the metrics are the "
+        "original's, without a speed-up."
+    ),
+    todo=(
+        "To split it, pass it through `mgpu_runtime.distribute_loader(...)` and reduce the metrics over the "
+        "processes with `mgpu_runtime.reduce_sum`."
+    ),
+)
+TRAINING_DATA_NOT_FOLLOWED = Review(
+    "MGP235",
+    name="training-data-not-followed",
+    summary="training data the tool cannot follow to a DataLoader, or cannot tell is trained on: not split",
+    why=(
+        "The tool cannot follow this training loop's data to a DataLoader, or cannot tell whether the loop "
+        "trains, so the data is not split. Each process then trains on whole batches: the original's training "
+        "only if every process draws the same ones (seeded alike, or not shuffled); the runtime stops the "
+        "first step when they differ."
+    ),
+    todo="Pass the loader through `mgpu_runtime.distribute_loader(...)` where it is built.",
+)
+SUMMED_LOSS = Review(
+    "MGP236",
+    name="summed-loss",
+    summary="a loss summed by hand: the runtime cannot weight it, so that loop's data is not split",
+    why=(
+        "The loss is summed by hand, which the runtime cannot weight by each process's share of the batch, so "
+        "this loop's data is not split (each process trains on whole batches, as for MGP235)."
+    ),
+    todo="Use a mean, or a criterion wrapped in `mgpu_runtime.DistributedCriterion`, then distribute the loader.",
+    accounts_for_data=True,
+)
+CUSTOM_SAMPLER = Review(
+    "MGP237",
+    name="custom-sampler",
+    summary="a custom sampler: it runs on the main process only and each of its batches is split",
+    why="`distribute_loader` runs a custom sampler on the main process only and splits each batch it makes.",
+    todo="If the sampler already splits the data across processes (like `DistributedSampler`), drop that part.",
+)
+ITERABLE_DATASET = Review(
+    "MGP238",
+    name="iterable-dataset",
+    summary="an iterable dataset: the main process reads every batch and sends each process its rows",
+    why=(
+        "With an iterable dataset the main process reads every batch and sends each process its rows: correct, "
+        "but the loading is not divided among the processes."
+    ),
+    todo="Nothing, unless loading is the bottleneck: then shard the dataset by `mgpu_runtime.rank()` yourself.",
+)
 
 
 class TrainingData(Rule):
@@ -89,16 +135,11 @@ class TrainingData(Rule):
     or an iterable dataset (MGP238) is distributed, with a note on what to check.
     """
 
-    CODE = "MGP122"
+    CODE = Rewrite("MGP122", accounts_for_data=True)
     PHASE = PROGRAM
+    USES: tuple[str, ...] = ("flow", "loaders", "values")
     STYLES = (RUNTIME_STYLE,)
-    REVIEW_CODES = {
-        EVALUATION_LOADER_WHOLE: "an evaluation loader left whole: every process evaluates all of it",
-        TRAINING_DATA_NOT_FOLLOWED: "training data the tool cannot follow to a DataLoader, or cannot tell is trained on: not split",
-        SUMMED_LOSS: "a loss summed by hand: the runtime cannot weight it, so that loop's data is not split",
-        CUSTOM_SAMPLER: "a custom sampler: it runs on the main process only and each of its batches is split",
-        ITERABLE_DATASET: "an iterable dataset: the main process reads every batch and sends each process its rows",
-    }
+    REVIEW_CODES: tuple[Review, ...] = (EVALUATION_LOADER_WHOLE, TRAINING_DATA_NOT_FOLLOWED, SUMMED_LOSS, CUSTOM_SAMPLER, ITERABLE_DATASET)
     DESCRIPTION = "training loaders distributed with mgpu_runtime.distribute_loader"
     TARGETS = (DDP,)
     EXAMPLES = (
@@ -265,7 +306,7 @@ class TrainingData(Rule):
                 "iterable dataset: the main process reads every batch and sends each process its rows",
             )
 
-    def _report_once(self, reported: set, node: cst.CSTNode, code: str, message: str) -> None:
+    def _report_once(self, reported: set, node: cst.CSTNode, code: Review, message: str) -> None:
         if node not in reported:
             reported.add(node)
             self.left(node, code, message)
@@ -413,73 +454,227 @@ class TrainingData(Rule):
             return None
         classes = {s.name.value: s for s in self.analysis.module.body if type(s) is cst.ClassDef}
         for value in self.analysis.values.of(arg.value, self.analysis.values.scope_of(loader)):
-            if type(value) is cst.Call and type(value.func) is cst.Name and value.func.value in classes:
-                if any(
-                    self.analysis.resolve(base.value) in _ITERABLE_DATASETS for base in classes[value.func.value].bases
-                ):
-                    return arg.value
+            if (
+                type(value) is cst.Call
+                and type(value.func) is cst.Name
+                and value.func.value in classes
+                and any(self.analysis.resolve(base.value) in _ITERABLE_DATASETS for base in classes[value.func.value].bases)
+            ):
+                return arg.value
         return None
 
 
 # -- schedules counted in samples -------------------------------------------------------------------
-def sample_counters(analysis, loop: cst.For) -> list[cst.AugAssign]:
-    """``used_sample += real_image.shape[0]``, ``self.tokens += (y >= 0).sum()`` in a training loop whose
-    data is split (or in the function of this file that runs its backward pass), whose total the file
-    compares with something (a progressive-growing phase, a warm-up ``if``): counted on each process's
-    share, the schedule it drives would run W times slower, and differ between processes."""
-    tree = analysis.tree
-    code = analysis.code_of
-    regions = [loop.body]
-    regions += [
-        function
-        for function in (tree.function(call) for call in analysis.loaders.backward_calls(loop))
-        if function is not tree.function(loop)
-    ]
-    found: list[cst.AugAssign] = []
-    for region in dict.fromkeys(regions):
-        if region is None:
-            continue
-        added = contains(region, lambda n: type(n) is cst.AugAssign and type(n.operator) is cst.AddAssign)
-        found += [node for node in added if node not in found and _counts_samples(analysis, node.value)]
-    if not found:
-        return found
-    # Which of them the file compares with something: only names ending like a counter are generated.
-    tails = {_tail(node.target) for node in found}
-    compared = {
-        code(node)
-        for comparison in tree.nodes(cst.Comparison)
-        for node in contains(comparison, lambda n: type(n) in (cst.Name, cst.Attribute) and _tail(n) in tails)
-    }
-    return [node for node in found if code(node.target) in compared]
+# DataLoader(dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None, ...)
+_SAMPLING = {"sampler": 3, "batch_sampler": 4}
+# A per-process batch size that needs no parentheses before `// dist.get_world_size()`.
+_ATOMS = (cst.Name, cst.Attribute, cst.Integer, cst.Call, cst.Subscript)
 
 
-def _tail(node: cst.CSTNode) -> str | None:
-    """``used_sample`` of ``used_sample``, ``tokens`` of ``self.tokens``."""
-    if type(node) is cst.Name:
-        return node.value
-    return node.attr.value if type(node) is cst.Attribute else None
+def _is_false(node: Optional[cst.Arg]) -> bool:
+    return node is None or (type(node.value) is cst.Name and node.value.value == "False")
 
 
-def _counts_samples(analysis, value: cst.BaseExpression) -> bool:
-    while type(value) is cst.Call:
-        func = value.func
-        if type(func) is cst.Name and func.value in _BUILTIN_CONVERSIONS and len(value.args) == 1:
-            value = value.args[0].value
-        elif type(func) is cst.Attribute and func.attr.value in _CONVERSIONS and not value.args:
-            value = func.value
-        else:
-            break
-    if is_row_count(analysis, value):
-        return True
-    if type(value) is not cst.Call or type(value.func) is not cst.Attribute or value.args:
-        return False
-    counted, receiver = value.func.attr.value, value.func.value
-    if counted in ("numel", "nelement"):
-        return True
-    if counted not in _COUNTING:
-        return False
-    return type(receiver) is cst.Comparison or (
-        type(receiver) is cst.Call
-        and type(receiver.func) is cst.Attribute
-        and receiver.func.attr.value in _MASKS
+class TorchTrainingData(TrainingData):
+    """
+    ## What it does
+    Under ``--to ddp --style torch``, rebuilds each ``DataLoader`` that feeds a training loop (the loaders the
+    default style hands to ``mgpu_runtime.distribute_loader``) the textbook way: a
+    ``torch.utils.data.DistributedSampler`` over its dataset takes the loader's ``shuffle``, the loader's
+    ``batch_size`` becomes the per-process share of the original global batch
+    (``batch_size // dist.get_world_size()``), and a shuffled sampler gets ``sampler.set_epoch(epoch)`` at the
+    top of the epoch loop around the training loop.
+
+    ## Why is this bad?
+    Under DDP each process must train on its own part of the data, or every process computes the same
+    gradient; with the original batch size in every process the global batch would grow with the number of
+    processes.
+
+    ## Example
+    ```python
+    loader = DataLoader(dataset, batch_size=32, shuffle=True)
+    for epoch in range(10):
+        for x, y in loader:
+            ...
+    ```
+
+    ## Use instead
+    ```python
+    sampler = torch.utils.data.DistributedSampler(dataset, shuffle=True)
+    loader = DataLoader(dataset, batch_size=32 // dist.get_world_size(), sampler=sampler)
+    for epoch in range(10):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            ...
+    ```
+
+    ## Fix safety
+    Not exact in general, and each difference is reported where it arises: a shuffled sampler draws its own
+    order (MGP298); the global batch equals the original's only when the batch size divides by the number of
+    processes, and an epoch only when the dataset's length does (``DistributedSampler`` repeats samples to
+    even the shares: MGP299). Without shuffling, with both sizes divisible and a mean loss, each step sees the
+    original batch and the training matches the original's. A loader it cannot rebuild (no batch size, its
+    own sampler, one shared with evaluation, an epoch loop it cannot find for ``set_epoch``) leaves the file
+    whole (MGP296).
+    """
+
+    CODE = Rewrite("MGP162", accounts_for_data=True)
+    USES = ("bindings", "flow", "loaders", "values")
+    STYLES = (TORCH_STYLE,)
+    REVIEW_CODES = (DATA_ORDER, GLOBAL_BATCH)
+    DESCRIPTION = "training DataLoader given a DistributedSampler and the per-process batch size (--style torch)"
+    EXAMPLES = (
+        Example(
+            """
+            import torch.nn as nn
+            from torch.utils.data import DataLoader
+
+            train_loader = DataLoader(data, batch_size=32, shuffle=True)
+            model = nn.DataParallel(model)
+            for epoch in range(3):
+                for x in train_loader:
+                    model(x).mean().backward()
+            """,
+            """
+            from torch.utils.data import DataLoader
+            import torch
+            import torch.distributed as dist
+
+            train_sampler = torch.utils.data.DistributedSampler(data, shuffle=True)
+            train_loader = DataLoader(data, batch_size=32 // dist.get_world_size(), sampler=train_sampler)
+            model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[torch.cuda.current_device()] if torch.cuda.is_available() else None)
+            for epoch in range(3):
+                train_sampler.set_epoch(epoch)
+                for x in train_loader:
+                    model(x).mean().backward()
+            """,
+            DDP,
+            ("MGP160", "MGP162", "MGP298", "MGP299"),
+            TORCH_OPTIONS,
+        ),
+        Example(
+            """
+            import torch.nn as nn
+            from torch.utils.data import DataLoader
+
+            loader = DataLoader(data, shuffle=True)
+            model = nn.DataParallel(model)
+            for x in loader:
+                model(x).mean().backward()
+            """,
+            None,
+            DDP,
+            ("MGP296",),
+            TORCH_OPTIONS,
+        ),
     )
+
+    def _distribute(self, point: cst.BaseExpression, origin: cst.Call, trace: LoaderTrace) -> None:
+        reason = self._no_textbook_form(point, origin)
+        if reason is not None:
+            self.left(origin, NO_TORCH_FORM, f"{reason}: no DistributedSampler form; file left (the default style splits it)")
+            return
+        tree = self.analysis.tree
+        assign = tree.statement(origin)
+        loader_name = assign.body[0].targets[0].target.value
+        sampler = f"{loader_name[:-len('loader')]}sampler" if loader_name.endswith("loader") else f"{loader_name}_sampler"
+        dataset = argument(origin, "dataset", 0).value
+        batch = argument(origin, "batch_size", 1)
+        shuffle = argument(origin, "shuffle", 2)
+        epoch_loop = None if _is_false(shuffle) else self._epoch_loop(trace, assign)
+        if not _is_false(shuffle) and epoch_loop is None:
+            self.left(origin, NO_TORCH_FORM, "shuffled, but no `for epoch in range(...)` around its training loop for set_epoch; file left")
+            return
+        if sampler in self.analysis.bindings.local or sampler in self.analysis.bindings.imported:
+            self.left(origin, NO_TORCH_FORM, f"the name `{sampler}` for its sampler is taken; file left")
+            return
+        code = self.analysis.code_of
+        shuffle_code = "False" if shuffle is None else code(shuffle.value)
+        new = statement(f"{sampler} = torch.utils.data.DistributedSampler({code(dataset)}, shuffle={shuffle_code})\n")
+        self.edits.insert_before(assign, new.with_changes(leading_lines=assign.leading_lines))
+        self.edits.replace(assign, lambda updated: updated.with_changes(leading_lines=()))
+        size = code(batch.value) if isinstance(batch.value, _ATOMS) else f"({code(batch.value)})"
+
+        # A dataset built in the call (`TensorDataset(x, y)`) is built once, for the sampler; the loader reads it there.
+        shared = dataset if type(dataset) in (cst.Name, cst.Attribute) else None
+        dataset_arg = argument(origin, "dataset", 0)
+
+        def rebuilt(updated: cst.Call) -> cst.Call:
+            args = []
+            for index, arg in enumerate(updated.args):
+                if shared is None and arg is _find(updated, dataset_arg, index, origin):
+                    arg = arg.with_changes(value=parse(f"{sampler}.dataset"))
+                if arg is _find(updated, shuffle, index, origin):
+                    continue
+                if arg is _find(updated, batch, index, origin):
+                    arg = arg.with_changes(value=parse(f"{size} // dist.get_world_size()"))
+                args.append(arg)
+            if args and isinstance(updated.args[-1].comma, cst.MaybeSentinel):
+                args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+            return with_keyword(updated.with_changes(args=args), "sampler", cst.Name(sampler))
+
+        self.edits.replace(origin, rebuilt)
+        for module in ("torch", "torch.distributed as dist"):
+            self.edits.need_import(module)
+        if epoch_loop is not None:
+            target = code(epoch_loop.target)
+            first = epoch_loop.body.body[0]
+            self.edits.insert_before(first, statement(f"{sampler}.set_epoch({target})\n"))
+        self.rewrote(origin, f"`{loader_name}` reads this process's share through `{sampler}`, {shorten(code(batch.value), 20)} // world size rows a step")
+        if not _is_false(shuffle):
+            self.left(origin, DATA_ORDER, "DistributedSampler shuffles with its own generator (seed 0 + epoch): not the original's data order")
+        self.left(
+            origin,
+            GLOBAL_BATCH,
+            f"the global batch is {shorten(code(batch.value), 20)} and an epoch the original's only if it and len(dataset) divide by the "
+            "world size (else padding repeats)",
+        )
+
+    def _no_textbook_form(self, point: cst.BaseExpression, origin: cst.Call) -> Optional[str]:
+        statement_ = self.analysis.tree.statement(origin)
+        single_name = (
+            type(statement_) is cst.SimpleStatementLine
+            and len(statement_.body) == 1
+            and type(statement_.body[0]) is cst.Assign
+            and len(statement_.body[0].targets) == 1
+            and type(statement_.body[0].targets[0].target) is cst.Name
+            and statement_.body[0].value is origin
+        )
+        if point is not origin or not single_name:
+            return "this loader is not a plain `name = DataLoader(...)` feeding training only"
+        if has_star_args(origin) or argument(origin, "dataset", 0) is None:
+            return "the loader's arguments are passed with * or ** or without a dataset"
+        if argument(origin, "batch_size", 1) is None:
+            return "no batch_size (1 a step cannot be split)"
+        if any(argument(origin, name, position) is not None for name, position in _SAMPLING.items()):
+            return "the loader has a sampler of its own"
+        if self._iterable_dataset(origin) is not None:
+            return "an iterable dataset"
+        return None
+
+    def _epoch_loop(self, trace: LoaderTrace, assign: cst.CSTNode) -> Optional[cst.For]:
+        """The ``for epoch in range(...)`` around the training loop, in the loader's scope and after it."""
+        tree = self.analysis.tree
+        for node in tree.ancestors(trace.loop):
+            if type(node) is not cst.For:
+                continue
+            is_range = type(node.iter) is cst.Call and type(node.iter.func) is cst.Name and node.iter.func.value == "range"
+            inside = any(ancestor is node for ancestor in tree.ancestors(assign))
+            if (
+                is_range
+                and type(node.target) is cst.Name
+                and not inside
+                and tree.function(node) is tree.function(assign)
+                and type(node.body) is cst.IndentedBlock
+            ):
+                return node
+            return None
+        return None
+
+
+def _find(updated: cst.Call, original: Optional[cst.Arg], index: int, origin: cst.Call) -> Optional[cst.Arg]:
+    """The argument of the rebuilt call at ``index`` when it stands where ``original`` stood in ``origin``."""
+    if original is None:
+        return None
+    position = next(i for i, arg in enumerate(origin.args) if arg is original)
+    return updated.args[index] if index == position else None

@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
-from mgpu_migrate.rules.base import CHECKS, DDP, Example, Rule
+from mgpu_migrate.rules.base import CHECKS, DDP, Example, Review, Rule
 
-UNSPLIT = "MGP289"
-# Splits (MGP122), or leave the data whole for a reason of their own that a migration keeps right: a loss
-# summed by hand (MGP236), a model trained elsewhere (MGP262), the torch style's (MGP162, MGP296).
-_SAID = frozenset({"MGP122", "MGP236", "MGP262", "MGP162", "MGP296"})
-NOT_FOLLOWED = "MGP235"
+UNSPLIT = Review(
+    "MGP289",
+    name="unsplit-data",
+    summary="the file trains on loaders it builds, but none is split across the processes: file left as it is",
+    why=(
+        "The file trains (a backward pass) and builds a `DataLoader`, but no loader of it reaches the training "
+        "loop in a way the tool follows (a helper of another module, a dict of loaders indexed by the phase, "
+        "`next(iter(loader))` each step, whose iterator ends before the backward pass), so none was split across the processes, and no other diagnostic "
+        "gave a reason that keeps the migration right (a loss summed by hand, MGP236). Every process would train "
+        "on whole batches: correct only when they draw the same ones, and no faster than one process. A file "
+        "whose data is not split gains nothing from DDP, so it is left as it is (the whole file)."
+    ),
+    todo=(
+        "Pass the training loader through `mgpu_runtime.distribute_loader(...)` where it is built (only the one "
+        "that trains) and migrate the file again, or use `--to balanced`, which keeps one process."
+    ),
+    veto=True,
+)
 _LOADERS = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 
 
@@ -46,35 +59,42 @@ class UnsplitData(Rule):
     CODE = UNSPLIT
     # A check: it reviews what the program rules said about the file's loaders.
     PHASE = CHECKS
-    VETOES = frozenset({UNSPLIT})
-    REVIEW_CODES = {
-        UNSPLIT: "the file trains on loaders it builds, but none is split across the processes: file left as it is"
-    }
+    USES = ("loaders",)
+    REVIEW_CODES = (UNSPLIT,)
     DESCRIPTION = "a training file whose data no rule split is left as it is"
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import torch.nn as nn\nfrom torch.utils.data import DataLoader\n\nmodel = nn.DataParallel(model)\n"
-            "loaders = {'train': DataLoader(data, batch_size=8)}\nfor x in loaders[phase]:\n"
-            "    model(x).mean().backward()\n",
+            """
+            import torch.nn as nn
+            from torch.utils.data import DataLoader
+
+            model = nn.DataParallel(model)
+            loaders = {'train': DataLoader(data, batch_size=8)}
+            for x in loaders[phase]:
+                model(x).mean().backward()
+            """,
             None,
             DDP,
             (UNSPLIT,),
+            message="(line 6's loop: data not followed)",
+            line=7,
         ),
     )
 
     def apply(self) -> None:
         if not self.program.migrates:
             return
-        diagnostics = self.edits.diagnostics
-        if any(diagnostic.code in _SAID for diagnostic in diagnostics):
+        # A split, or data left whole for a reason of its own that a migration keeps right (a loss summed by
+        # hand, a model trained elsewhere, the torch style's).
+        if any(code.accounts_for_data for code in self.reported):
             return
         loaders = [call for call in self.analysis.calls if self.analysis.resolve(call.func) in _LOADERS]
         backward = next((call for call in self.analysis.calls if self.analysis.loaders.is_backward(call)), None)
         if backward is None or not loaders:
             return
         lines = ", ".join(map(str, sorted({self.analysis.position(loader)[0] for loader in loaders})[:3]))
-        unfollowed = sorted({diagnostic.line for diagnostic in diagnostics if diagnostic.code == NOT_FOLLOWED})
+        unfollowed = self._unfollowed_loops()
         why = f" (line {unfollowed[0]}'s loop: data not followed)" if unfollowed else ""
         self.left(
             backward,
@@ -82,3 +102,11 @@ class UnsplitData(Rule):
             f"no DataLoader here (line {lines}) is split{why}: every process would train on whole batches: file left "
             "as it is",
         )
+
+    def _unfollowed_loops(self) -> list[int]:
+        """The lines of the training loops whose data the analysis did not follow to a loader, or whose training it
+        could not tell (``if train:`` in a function of unknown callers)."""
+        traces = self.analysis.loaders.traces
+        followed = {trace.loop for trace in traces if trace.origin is not None}
+        loops = {trace.loop for trace in traces if trace.unsure is not None or (trace.training and trace.loop not in followed)}
+        return sorted(self.analysis.position(loop)[0] for loop in loops)

@@ -8,13 +8,50 @@ from mgpu_migrate.analysis.draws import GENERATOR_DRAWS, GENERATORS, names_rows,
 from mgpu_migrate.analysis.project import project_of
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
-from mgpu_migrate.rules.process_randomness import rows_of_a_tensor, split_training_loops
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rule
+from mgpu_migrate.analysis.batch import rows_of_a_tensor, split_training_loops
 
 # The file is left as it is when either is reported (rules.settle).
-NUMPY_DRAWS = "MGP310"
+NUMPY_DRAWS = Review(
+    "MGP310",
+    name="numpy-draws-per-row",
+    summary=(
+        "numpy's or Python's generator draws for the batch in training (per row, or unseeded): each process its own"
+    ),
+    why=(
+        "The training loop, or a function or method of the project it calls (the message names the draw's "
+        "line), draws from numpy's or Python's generator for the batch's rows (a mixup lambda per pair of rows, "
+        "`np.random.beta(a, a, len(x))`), or once a step in a file that seeds neither generator (CutMix's "
+        "`np.random.rand(1)`). The original drew once for the whole batch; under DDP each process would draw "
+        "for its own rows from its own generator (seeded alike: every process gets the first rows' numbers; "
+        "unseeded: a coefficient or decision of its own). The runtime keeps torch's generators in step and "
+        "slices torch's per-row draws, not numpy's. The file is left as it is."
+    ),
+    todo=(
+        "Use `--to balanced` (one process draws for the whole batch), or draw with torch for the batch's rows "
+        "(`torch.rand(len(x))`, transformed as needed), which the runtime makes the original's, or seed numpy "
+        "alike in every process for a draw once a step, then migrate."
+    ),
+    veto=True,
+)
 _NUMPY_SEEDS = frozenset({"numpy.random.seed", "random.seed"})
-REPEATED_ROWS_DRAW = "MGP311"
+REPEATED_ROWS_DRAW = Review(
+    "MGP311",
+    name="repeated-rows-draw",
+    summary="a torch draw for repeated rows of the batch in training: the runtime cannot slice it per process",
+    why=(
+        "A function of the project that the training loop calls draws torch random numbers for copies of the "
+        "batch laid end to end (`dup = x.expand(n, *x.shape).reshape(-1, ...)`, then `torch.randn_like(dup)`: "
+        "sliced score matching's particles). The runtime makes a per-row draw the original's by drawing it for "
+        "the global batch and keeping the process's rows; a process's rows of a repeated batch are no "
+        "contiguous piece of that draw. The file is left as it is."
+    ),
+    todo=(
+        "Use `--to balanced`, or draw per copy (`torch.randn_like(x)` once per particle, then concatenate), "
+        "which the runtime slices, then migrate."
+    ),
+    veto=True,
+)
 
 
 def _may_draw(source: str) -> bool:
@@ -68,19 +105,23 @@ class UnsyncedDraws(Rule):
 
     CODE = NUMPY_DRAWS
     PHASE = PROGRAM
-    VETOES = frozenset({NUMPY_DRAWS, REPEATED_ROWS_DRAW})
-    REVIEW_CODES = {
-        NUMPY_DRAWS: "numpy's or Python's generator draws for the batch in training (per row, or unseeded): each process its own",
-        REPEATED_ROWS_DRAW: "a torch draw for repeated rows of the batch in training: the runtime cannot slice it per process",
-    }
+    USES = ("bindings", "values")
+    REVIEW_CODES = (NUMPY_DRAWS, REPEATED_ROWS_DRAW)
     DESCRIPTION = "draws for the batch that the runtime cannot make the original's keep the file off DDP"
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            "import numpy as np\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader\n\n"
-            "model = nn.DataParallel(model)\nfor x, y in DataLoader(data, batch_size=64, shuffle=True):\n"
-            "    lam = np.random.beta(1.0, 1.0, size=len(x))\n    loss = criterion(model(x), y)\n"
-            "    loss.backward()\n",
+            """
+            import numpy as np
+            import torch.nn as nn
+            from torch.utils.data import DataLoader
+
+            model = nn.DataParallel(model)
+            for x, y in DataLoader(data, batch_size=64, shuffle=True):
+                lam = np.random.beta(1.0, 1.0, size=len(x))
+                loss = criterion(model(x), y)
+                loss.backward()
+            """,
             None,
             DDP,
             ("MGP310",),

@@ -9,7 +9,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis.models import MODULE_METHODS_RETURNING_SELF
 from mgpu_migrate.analysis.tree import contains
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rewrite, Rule
 from mgpu_migrate.rules.syntax import argument, keyword, with_keyword
 
 # torch.nn layers without parameters: skipping them leaves no gradient missing.
@@ -53,8 +53,9 @@ class UnusedParameters(Rule):
     costs a little time; the gradients are the same. Models from other modules are not inspected.
     """
 
-    CODE = "MGP130"
+    CODE = Rewrite("MGP130")
     PHASE = PROGRAM
+    USES = ("values",)
     DESCRIPTION = "find_unused_parameters=True for a model whose forward may skip layers"
     TARGETS = (DDP,)
     EXAMPLES = (

@@ -6,19 +6,47 @@ import libcst as cst
 
 from mgpu_migrate.analysis.guards import Reliance, gpu_guards, guard_reliance, is_gpu_condition
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, argument, either, mentions
 
 MANY_PROCESSES = f"{RUNTIME}.world_size() > 1"
 
 
-# The file is left as it is when this is reported (a veto, program.settle).
-SWITCHED_OFF = "MGP256"
+SWITCHED_OFF = Review(
+    "MGP256",
+    name="wrap-switched-off",
+    summary="a wrap under a flag set to False (`USE_DATA_PARALLEL = False`): it never runs; file left as it is",
+    why=(
+        "The wrap sits under a flag set to False (`USE_DATA_PARALLEL = False`): it never runs, so the original "
+        "never parallelized. Extending the guard would turn it on, so the file is left as it is."
+    ),
+    todo="Nothing; set the flag and run the tool again to migrate the file.",
+    veto=True,
+)
 
 
-# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
-WRAP_UNDER_OTHER_CONDITION = "MGP233"
-GUARD_NEEDS_CONDITION = "MGP254"
+WRAP_UNDER_OTHER_CONDITION = Review(
+    "MGP233",
+    name="wrap-under-other-condition",
+    summary="a wrap under a condition that is not a GPU guard, or in an else/elif branch; every process must wrap",
+    why=(
+        "With several processes every process must wrap its model. The wrap runs only under a condition that "
+        "is not a GPU guard, or in an `else`/`elif` branch, which the tool cannot extend safely."
+    ),
+    todo="Make sure the condition holds on every process, e.g. `... or mgpu_runtime.world_size() > 1`.",
+)
+GUARD_NEEDS_CONDITION = Review(
+    "MGP254",
+    name="guard-needs-condition",
+    summary="a GPU guard around a wrap not extended: a statement under it needs the guard's condition to hold",
+    why=(
+        "A statement under the GPU guard needs the guard's condition to hold (`.cuda()` needs a GPU), so the "
+        "guard cannot be extended to every process. A multi-process run where the condition is false does not "
+        "wrap; after `mgpu_runtime.setup()` the runtime stops such a run at its first optimizer step "
+        "(`UnsynchronizedTrainingError`)."
+    ),
+    todo="To train there, move the wrap out from under the condition, so that every process runs it.",
+)
 
 
 class WrapGuard(Rule):
@@ -59,14 +87,10 @@ class WrapGuard(Rule):
     guard is left as it is: under DDP the loss is already a scalar, and its mean is itself.
     """
 
-    CODE = "MGP121"
+    CODE = Rewrite("MGP121")
     PHASE = PROGRAM
-    VETOES = frozenset({SWITCHED_OFF})
-    REVIEW_CODES = {
-        WRAP_UNDER_OTHER_CONDITION: "a wrap under a condition that is not a GPU guard, or in an else/elif branch; every process must wrap",
-        GUARD_NEEDS_CONDITION: "a GPU guard around a wrap not extended: a statement under it needs the guard's condition to hold",
-        SWITCHED_OFF: "a wrap under a flag set to False (`USE_DATA_PARALLEL = False`): it never runs; file left as it is",
-    }
+    USES = ("values",)
+    REVIEW_CODES = (WRAP_UNDER_OTHER_CONDITION, GUARD_NEEDS_CONDITION, SWITCHED_OFF)
     DESCRIPTION = "GPU guard around a wrap extended so that every process of a multi-process run wraps"
     TARGETS = (DDP,)
     EXAMPLES = (

@@ -7,7 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis import names
-from mgpu_migrate.rules.base import BALANCED, CHECKS, DDP, Example, Rule
+from mgpu_migrate.rules.base import BALANCED, CHECKS, DDP, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, negated, runtime_attr
 
 WRAPPERS = f"{RUNTIME}.PARALLEL_WRAPPERS"
@@ -21,8 +21,16 @@ _POSITIVE = (cst.Equal, cst.Is, cst.In)
 _NEGATIVE = (cst.NotEqual, cst.IsNot, cst.NotIn)
 
 
-# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
-WRAPPER_CHECK_BY_NAME = "MGP243"
+WRAPPER_CHECK_BY_NAME = Review(
+    "MGP243",
+    name="wrapper-check-by-name",
+    summary="a wrapper check by class name the tool does not rewrite",
+    why=(
+        "The code checks the wrapper by its class name (`type(m).__name__ == 'DataParallel'`); the runtime's "
+        "wrappers have other names."
+    ),
+    todo="Use `isinstance(m, mgpu_runtime.PARALLEL_WRAPPERS)`.",
+)
 
 
 class WrapperCheck(Rule):
@@ -57,9 +65,10 @@ class WrapperCheck(Rule):
     the class name as a string (``type(m).__name__ == "DataParallel"``) is left with MGP243.
     """
 
-    CODE = "MGP126"
+    CODE = Rewrite("MGP126")
     PHASE = CHECKS
-    REVIEW_CODES = {WRAPPER_CHECK_BY_NAME: "a wrapper check by class name the tool does not rewrite"}
+    USES = ("bindings",)
+    REVIEW_CODES = (WRAPPER_CHECK_BY_NAME,)
     DESCRIPTION = "isinstance/type checks for DataParallel kept true for the runtime's wrappers"
     EXAMPLES = (
         Example(

@@ -1,4 +1,8 @@
-"""MGP101: replace the ``DataParallel`` wrapper with the runtime's wrapper for the target."""
+"""MGP101: replace the ``DataParallel`` wrapper with the runtime's wrapper for the target.
+
+With its ``--style torch`` twin, ``TorchWrapperSwap`` (MGP160): the wrapper becomes torch's own
+``DistributedDataParallel``.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,9 @@ import libcst as cst
 from mgpu_migrate.analysis import names
 from mgpu_migrate.analysis.tree import is_zero
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import BALANCED, DDP, RUNTIME_STYLE, WRAPS, Example, Rule
-from mgpu_migrate.rules.syntax import RUNTIME, keep_arguments, runtime_attr
+from mgpu_migrate.rules.base import BALANCED, DDP, RUNTIME_STYLE, TORCH_STYLE, WRAPS, Example, Review, Rewrite, Rule
+from mgpu_migrate.rules.syntax import RUNTIME, keep_arguments, parse, runtime_attr, with_keyword
+from mgpu_migrate.rules.torch_style import TORCH_OPTIONS
 
 # nn.DataParallel(module, device_ids=None, output_device=None, dim=0): positions of each parameter.
 _PARAMETERS = ("module", "device_ids", "output_device", "dim")
@@ -36,14 +41,100 @@ _EXPLICIT_IMPORTS = {
 }
 
 
-# The codes this rule reports for review (their pages: mgpu_migrate/codes.py).
-DIM_NOT_ZERO = "MGP201"
-AMBIGUOUS_DATA_PARALLEL_NAME = "MGP202"
-STARRED_WRAP_ARGUMENTS = "MGP214"
-PARTIAL_MODEL_WRAP = "MGP250"
-WRAP_OF_NON_MODEL = "MGP252"
-STAR_IMPORT_WRAP = "MGP253"
-WRAPPER_DROPPED_AGAIN = "MGP255"
+DIM_NOT_ZERO = Review(
+    "MGP201",
+    name="dim-not-zero",
+    summary="DataParallel with dim != 0 has no DistributedDataParallel equivalent",
+    why=(
+        "`DistributedDataParallel` splits the data by giving each process its own batches; it has no `dim` to "
+        "scatter one batch along. A `dim != 0` wrap means the batch is not along the first dimension."
+    ),
+    todo=(
+        "Keep DataParallel for this model, or make the batch dimension the first one and drop `dim`. With one "
+        "device per process `dim` does not matter to the model; what matters is that each process gets its rows "
+        "of every batch, and `distribute_loader` cuts the first dimension. For a sequence-first model "
+        "(`nn.GRU(...)` without `batch_first`, batches `(time, batch, ...)`) the exact manual migration is: let "
+        "the loader yield batch-first tensors (drop the `collate_fn` that stacks along dim 1, or stack along "
+        "dim 0), wrap it in `mgpu_runtime.distribute_loader(...)`, wrap the model in "
+        "`mgpu_runtime.DistributedDataParallel(model)` without `dim`, and turn each batch sequence-first in the "
+        "loop (`source, target = source.transpose(0, 1), target.transpose(0, 1)`). Each rank then holds the "
+        "columns DataParallel's GPU of that index held, and the loss watch makes a token-mean loss over them "
+        "exact. Splitting a whole batch by hand (`source.chunk(world_size(), dim=1)[rank()]`) is exact only "
+        "when every rank gets the same number of rows and tokens: the runtime then knows no shares."
+    ),
+    kept_when_left=True,
+)
+AMBIGUOUS_DATA_PARALLEL_NAME = Review(
+    "MGP202",
+    name="ambiguous-data-parallel-name",
+    summary="the name is bound both to torch's DataParallel and to something else in this file",
+    why=(
+        "The same name is bound to torch's DataParallel and to something else in this file (a second import, "
+        "an assignment, a function of the same name), so the call may not be torch's."
+    ),
+    todo="Bind the name once (`from torch.nn import DataParallel` and nothing else under that name).",
+    kept_when_left=True,
+)
+STARRED_WRAP_ARGUMENTS = Review(
+    "MGP214",
+    name="starred-wrap-arguments",
+    summary="DataParallel arguments passed with * or **: device_ids, output_device or dim may be among them",
+    why=(
+        "Arguments passed with `*` or `**` may hold `device_ids`, `output_device` or `dim`, which mean nothing, "
+        "or something else, under DistributedDataParallel."
+    ),
+    todo="Pass the arguments by name, then run the tool again.",
+    kept_when_left=True,
+)
+PARTIAL_MODEL_WRAP = Review(
+    "MGP250",
+    name="partial-model-wrap",
+    summary="only part of a model is wrapped: DistributedDataParallel would average that part's gradients only",
+    why=(
+        "Only part of a model is wrapped: DistributedDataParallel would average that part's gradients only, "
+        "and each process would train its own copy of the rest. The wrap stays DataParallel, so the file is not "
+        "made a distributed program."
+    ),
+    todo="Wrap the whole model to migrate it.",
+    kept_when_left=True,
+)
+WRAP_OF_NON_MODEL = Review(
+    "MGP252",
+    name="wrap-of-non-model",
+    summary="DataParallel wraps something that is not a model (an optimizer, a scheduler, a tensor, a literal)",
+    why=(
+        "DataParallel wraps something that is not a model (an optimizer, a scheduler, a tensor, a literal): it "
+        "parallelizes nothing, and the runtime's wrappers would fail on it. Its `.module` still gives the "
+        "wrapped object, and it does not keep the file from being migrated."
+    ),
+    todo="Drop the wrap (and the `.module` that unwraps it) when you next touch the code.",
+    kept_when_left=True,
+)
+STAR_IMPORT_WRAP = Review(
+    "MGP253",
+    name="star-import-wrap",
+    summary="a DataParallel-like name may come from a star import; what it is cannot be told",
+    why=(
+        "A DataParallel-like name is bound nowhere in this file but may come from a `from module import *`: "
+        "what it is cannot be told without importing that module."
+    ),
+    todo="Import the name explicitly (e.g. `import torch.nn as nn`), then run the tool again.",
+    kept_when_left=True,
+)
+WRAPPER_DROPPED_AGAIN = Review(
+    "MGP255",
+    name="wrapper-dropped-again",
+    summary=(
+        "the wrapper is taken off again (`model = model.module`): it only loads a checkpoint, the bare model trains"
+    ),
+    why=(
+        "The wrapper is taken off again (`model = model.module`) before training: it only serves to load a "
+        "checkpoint saved from a wrapped model, and the bare model trains. A DDP wrapper dropped that way would "
+        "leave the processes training unsynchronized copies, so the file is left as it is."
+    ),
+    todo="Load the checkpoint into the bare model (strip the `module.` prefix), then wrap the model that trains.",
+    kept_when_left=True,
+)
 
 
 class WrapperSwap(Rule):
@@ -85,18 +176,19 @@ class WrapperSwap(Rule):
     importing that module.
     """
 
-    CODE = "MGP101"
+    CODE = Rewrite("MGP101")
     PHASE = WRAPS
+    USES = ("loaders", "models")
     STYLES = (RUNTIME_STYLE,)
-    REVIEW_CODES = {
-        DIM_NOT_ZERO: "DataParallel with dim != 0 has no DistributedDataParallel equivalent",
-        AMBIGUOUS_DATA_PARALLEL_NAME: "the name is bound both to torch's DataParallel and to something else in this file",
-        STARRED_WRAP_ARGUMENTS: "DataParallel arguments passed with * or **: device_ids, output_device or dim may be among them",
-        PARTIAL_MODEL_WRAP: "only part of a model is wrapped: DistributedDataParallel would average that part's gradients only",
-        WRAP_OF_NON_MODEL: "DataParallel wraps something that is not a model (an optimizer, a scheduler, a tensor, a literal)",
-        STAR_IMPORT_WRAP: "a DataParallel-like name may come from a star import; what it is cannot be told",
-        WRAPPER_DROPPED_AGAIN: "the wrapper is taken off again (`model = model.module`): it only loads a checkpoint, the bare model trains",
-    }
+    REVIEW_CODES = (
+        DIM_NOT_ZERO,
+        AMBIGUOUS_DATA_PARALLEL_NAME,
+        STARRED_WRAP_ARGUMENTS,
+        PARTIAL_MODEL_WRAP,
+        WRAP_OF_NON_MODEL,
+        STAR_IMPORT_WRAP,
+        WRAPPER_DROPPED_AGAIN,
+    )
     DESCRIPTION = "DataParallel wrapper replaced with the runtime's wrapper"
     EXAMPLES = (
         Example(
@@ -309,3 +401,72 @@ class WrapperSwap(Rule):
 
         self.edits.replace(call, swap)
         return True
+
+
+# The process's own GPU once the set-up bound it (`torch.cuda.set_device`), whatever scope the wrap is in.
+_DEVICE_IDS = "[torch.cuda.current_device()] if torch.cuda.is_available() else None"
+
+
+class TorchWrapperSwap(WrapperSwap):
+    """
+    ## What it does
+    Under ``--to ddp --style torch``, replaces ``nn.DataParallel(model, ...)`` with
+    ``torch.nn.parallel.DistributedDataParallel(model, device_ids=...)``: the process's own GPU on CUDA
+    (the one the set-up bound with ``torch.cuda.set_device(local_rank)``), none on CPU. The sites the default
+    style leaves (``dim != 0``, part of a model, ``*args`` ...) are left the same way.
+
+    ## Why is this bad?
+    ``nn.DataParallel`` gathers every output on the first device and replays the module to every device on
+    every step; one process per GPU with torch's ``DistributedDataParallel`` does neither, and needs no
+    dependency beyond PyTorch.
+
+    ## Example
+    ```python
+    model = nn.DataParallel(model, device_ids=[0, 1])
+    ```
+
+    ## Use instead
+    ```python
+    model = torch.nn.parallel.DistributedDataParallel(
+        model, device_ids=[torch.cuda.current_device()] if torch.cuda.is_available() else None
+    )
+    ```
+
+    ## Fix safety
+    The wrap is the textbook one: gradients are averaged over the processes, which equals the original
+    gradient only for a mean loss over the rows of equal shares of each batch (see MGP297, MGP299); a mean
+    over tokens or valid targets computed inside the model's ``forward``, and dropout masks (each process
+    draws its own), are not the original's, where the default style's runtime makes them so. ``device_ids`` and
+    ``output_device`` of the original are dropped: each process owns one device. The model must be on that
+    device before the wrap, as DataParallel needed it on the first one (``.cuda()`` goes there once the
+    set-up ran).
+    """
+
+    CODE = Rewrite("MGP160")
+    STYLES = (TORCH_STYLE,)
+    TARGETS = (DDP,)
+    REVIEW_CODES = ()
+    DESCRIPTION = "DataParallel wrapper replaced with torch's DistributedDataParallel (--style torch)"
+    EXAMPLES = (
+        Example(
+            """
+            import torch.nn as nn
+            model = nn.DataParallel(model, device_ids=[0, 1])
+            """,
+            """
+            import torch
+            model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[torch.cuda.current_device()] if torch.cuda.is_available() else None)
+            """,
+            DDP,
+            ("MGP160",),
+            TORCH_OPTIONS,
+        ),
+    )
+
+    def _announce(self, call: cst.Call) -> None:
+        self.edits.need_import("torch")
+        self.rewrote(call, "torch's DistributedDataParallel: gradients averaged over processes, the original's for a mean over rows only")
+
+    def _ddp_wrapper(self, call: cst.Call, args: list[cst.Arg]) -> cst.Call:
+        wrapped = call.with_changes(func=parse("torch.nn.parallel.DistributedDataParallel"), args=args)
+        return with_keyword(wrapped, "device_ids", parse(_DEVICE_IDS))

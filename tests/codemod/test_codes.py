@@ -2,17 +2,23 @@
 and every diagnostic is one short line."""
 
 import functools
+import importlib
 import re
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+import mgpu_migrate
+
 from mgpu_migrate.cli import main
-from mgpu_migrate.codes import _REVIEW_PAGES, CODES, ERROR, REVIEW, REWRITE, lookup
+from mgpu_migrate.diagnostics import Code, Review, Rewrite
+from mgpu_migrate.codes import CODES, ERROR, REVIEW, REWRITE, lookup, registry
 from mgpu_migrate.engine import migrate_source
 from mgpu_migrate.rules import RULES
 from tests.fixture_cases import cases
 
+PACKAGE = Path(mgpu_migrate.__file__).parent
 MAX_MESSAGE = 160
 SECTIONS = {
     REWRITE: ("## What it does", "## Why is this bad?", "## Example", "## Use instead", "## Fix safety"),
@@ -34,20 +40,48 @@ def every_run():
 def test_every_declared_code_is_registered_to_its_rule():
     for rule in RULES:
         for code in {rule.CODE, *rule.REVIEW_CODES}:
-            assert code in CODES, f"{rule.__name__} declares {code}, which is not registered"
-            assert CODES[code].rule == rule.__name__
-            assert CODES[code].kind == (REWRITE if code.startswith("MGP1") else REVIEW)
-        assert rule.VETOES <= set(rule.REVIEW_CODES)
+            assert code.code in CODES, f"{rule.__name__} declares {code.code}, which is not registered"
+            assert CODES[code.code].rule == rule.__name__
+            assert CODES[code.code].kind == (REWRITE if type(code) is Rewrite else REVIEW)
+            assert (type(code) is Rewrite) == code.code.startswith("MGP1")
+
+
+def _declared_codes():
+    """Every code object at the top level of a module of the tool, with where it is."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        module = importlib.import_module(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+        found += [(f"{module.__name__}.{name}", value) for name, value in vars(module).items() if isinstance(value, Code)]
+    for rule in RULES:
+        found += [(f"{rule.__module__}.{rule.__name__}.CODE", rule.CODE)]
+    return found
+
+
+def test_no_code_is_declared_twice_and_every_declared_code_has_its_page():
+    objects = {}
+    for where, code in _declared_codes():
+        assert objects.setdefault(code.code, code) is code, f"{code.code} is declared twice (again at {where})"
+        # Declared but not a rule's: it would have no page (and no owner to say it).
+        assert code.code in CODES and CODES[code.code].kind != ERROR, f"{where} ({code.code}) is no rule's code"
+        if type(code) is Review:
+            assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", code.name), f"{code.code}'s name {code.name!r}"
+            assert code.summary and code.why and code.todo, f"{code.code}'s page lacks its summary, why or what to do"
+    rewrites = [rule.CODE.code for rule in RULES if type(rule.CODE) is Rewrite]
+    assert len(rewrites) == len(set(rewrites))
+
+
+def test_the_registry_refuses_a_code_declared_twice():
+    class Twice(RULES[0]):
+        CODE = Rewrite(RULES[0].CODE.code)
+
+    with pytest.raises(ValueError, match=f"{RULES[0].CODE.code} is declared twice"):
+        registry([RULES[0], Twice])
 
 
 def test_every_emitted_code_is_registered():
     emitted = {d.code for _, result in every_run() for d in [*result.diagnostics, *filter(None, [result.error])]}
     assert emitted - set(CODES) == set()
-
-
-def test_every_review_code_has_its_own_page_and_no_page_is_orphaned():
-    review = {code for code, info in CODES.items() if info.kind == REVIEW}
-    assert set(_REVIEW_PAGES) == review
 
 
 @pytest.mark.parametrize("code", sorted(CODES))
