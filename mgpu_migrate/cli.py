@@ -8,7 +8,7 @@ import sys
 import click
 
 from mgpu_migrate import __version__, notebook
-from mgpu_migrate.config import ConfigError, Resolver, codes_option, parse_size
+from mgpu_migrate.config import SIZE_UNITS_SHOWN, ConfigError, Resolver, codes_option, parse_size
 from mgpu_migrate.engine import TARGETS, migrate_source
 from mgpu_migrate.options import DDP, STYLES, TORCH_STYLE, Options
 from mgpu_migrate.output import DOCUMENT_FORMATS, FORMATS, TEXT_FORMATS, Run, markers, render, text
@@ -236,7 +236,8 @@ class Choices:
             self.max_file_size = parse_size(max_file_size) if max_file_size is not None else None
         except ValueError:
             raise click.BadParameter(
-                f"{max_file_size!r} is not a size (bytes, or like 5MB)", param_hint="--max-file-size"
+                f"{max_file_size!r} is not a size (bytes, or like 5MB; units {SIZE_UNITS_SHOWN})",
+                param_hint="--max-file-size",
             ) from None
         self.select = codes_option(select_codes, "--select")
         self.ignore = codes_option(ignore_codes, "--ignore")
@@ -290,11 +291,12 @@ def _is_python(path: str) -> bool:
         return True
     if os.path.splitext(os.path.basename(path))[1]:
         return False
+    from mgpu_migrate.files import head
+
     try:
-        with open(path, "rb") as handle:
-            first = handle.readline(200)
+        first = head(path, 200).split(b"\n", 1)[0]
     except OSError:
-        return True  # reading it again reports why it cannot be read
+        return True  # reading it again reports why it cannot be read (a FIFO: not a regular file)
     return first.startswith(b"#!") and b"python" in first
 
 

@@ -17,12 +17,14 @@ import os
 import re
 import sys
 from dataclasses import dataclass
+from fractions import Fraction
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on older interpreters only
     import tomli as tomllib
 
+from mgpu_migrate import files
 from mgpu_migrate.diagnostics import REVIEW_PREFIXES
 from mgpu_migrate.engine import TARGETS
 from mgpu_migrate.options import RUNTIME_STYLE, STYLES
@@ -108,18 +110,23 @@ def _compile(pattern: str) -> tuple[bool, re.Pattern[str]]:
     return anchored, re.compile(regex)
 
 
-_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+_SIZE_UNITS = {
+    "": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+SIZE_UNITS_SHOWN = "B, kB, MB, GB, TB, KiB, MiB, GiB, TiB"
 
 
 def parse_size(value: int | str) -> int:
-    """A size in bytes from ``2000000``, ``"2MB"``, ``"512 KiB"``...; ValueError when it is none."""
+    """A size in bytes from ``2000000``, ``"2MB"``, ``"512 KiB"``...; ValueError when it is none. Exact for any
+    number of digits (a fraction, not a float that overflows)."""
     if isinstance(value, int) and not isinstance(value, bool):
-        number, unit = value, ""
+        number, unit = Fraction(value), ""
     else:
         match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(value))
         if match is None or match.group(2).lower() not in _SIZE_UNITS:
             raise ValueError(value)
-        number, unit = float(match.group(1)), match.group(2).lower()
+        number, unit = Fraction(match.group(1)), match.group(2).lower()
     if number < 0:
         raise ValueError(value)
     return int(number * _SIZE_UNITS[unit])
@@ -131,7 +138,7 @@ def _size_setting(table: dict, where: str) -> int | None:
     try:
         return parse_size(table["max-file-size"])
     except ValueError:
-        raise ConfigError(f'{where}: max-file-size must be a size in bytes or like "5MB" (0: no limit)') from None
+        raise ConfigError(f'{where}: max-file-size must be a size in bytes or like "5MB" ({SIZE_UNITS_SHOWN}; 0: no limit)') from None
 
 
 def _codes(value: object, key: str, where: str) -> tuple[str, ...]:
@@ -201,10 +208,22 @@ def settings_from_table(table: object, source: str) -> Settings:
     )
 
 
+# A settings file is a few lines; one larger than this is no settings file (and is not read into memory).
+_MAX_SETTINGS_BYTES = 1 << 20
+
+
 def _read_toml(path: str) -> dict:
+    """The TOML document at ``path``; any reason it cannot be had (a FIFO or a device, not UTF-8, nested past
+    the parser's recursion) is a ``ConfigError`` naming the file."""
     try:
-        with open(path, "rb") as handle:
-            return tomllib.load(handle)
+        data, _ = files.read(path, _MAX_SETTINGS_BYTES)
+        return tomllib.loads(data.decode("utf-8"))
+    except files.TooLarge:
+        raise ConfigError(f"{path}: over {_MAX_SETTINGS_BYTES >> 20} MiB, not a settings file") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 (byte {error.start}: {error.reason}), as TOML must be") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to read") from None
     except (OSError, tomllib.TOMLDecodeError) as error:
         raise ConfigError(f"{path}: {getattr(error, 'strerror', None) or error}") from error
 

@@ -10,8 +10,12 @@ import functools
 import os
 from typing import TYPE_CHECKING
 
+from mgpu_migrate import files
+
 if TYPE_CHECKING:
     import pathspec
+
+_MAX_IGNORE_FILE_BYTES = 8 << 20
 
 
 class GitIgnore:
@@ -30,10 +34,10 @@ class GitIgnore:
         import pathspec  # only in a git work tree with ignore files
 
         try:
-            with open(path, encoding="utf-8", errors="surrogateescape") as handle:
-                return pathspec.GitIgnoreSpec.from_lines(handle.read().splitlines())
+            data, _ = files.read(path, _MAX_IGNORE_FILE_BYTES)  # a FIFO named .gitignore must not block the run
         except OSError:
             return None
+        return pathspec.GitIgnoreSpec.from_lines(data.decode("utf-8", "surrogateescape").splitlines())
 
     def ignored(self, path: str) -> bool:
         absolute = os.path.abspath(path)

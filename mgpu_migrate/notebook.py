@@ -125,6 +125,27 @@ def _has_non_ascii(text: str) -> bool:
     return any(ord(character) > 127 for character in text)
 
 
+class NotANotebook(ValueError):
+    pass
+
+
+def _checked_cells(notebook: object) -> list[dict]:
+    """The notebook's cells, each an object whose source is what nbformat makes it (a string, or a list of them)."""
+    if not isinstance(notebook, dict) or not isinstance(notebook.get("cells"), list):
+        raise NotANotebook("no list of cells")
+    for number, cell in enumerate(notebook["cells"], start=1):
+        if not isinstance(cell, dict):
+            raise NotANotebook(f"cell {number} is no object")
+        source = cell.get("source", "")
+        if not (isinstance(source, str) or isinstance(source, list) and all(isinstance(line, str) for line in source)):
+            raise NotANotebook(f"the source of cell {number} is neither a string nor a list of strings")
+    return notebook["cells"]
+
+
+def _unreadable(path: str, why: str) -> FileOutcome:
+    return FileOutcome(path, FAILED, [Diagnostic(path, 1, 1, READ_ERROR, f"cannot read: {why}")])
+
+
 def migrate_notebook(path: str, target: str, write: bool, want_diff: bool, options: Options) -> FileOutcome:
     """Migrate one notebook. Never raises for a bad file: it comes back as FAILED, untouched."""
     try:
@@ -133,11 +154,13 @@ def migrate_notebook(path: str, target: str, write: bool, want_diff: bool, optio
             return FileOutcome(path, UNCHANGED)
         original = data.decode("utf-8")
         notebook = json.loads(original)
-        cells = notebook["cells"]
-        assert isinstance(cells, list) and all(isinstance(cell, dict) for cell in cells)
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AssertionError) as error:
-        message = getattr(error, "strerror", None) or f"not a Jupyter notebook ({type(error).__name__})"
-        return FileOutcome(path, FAILED, [Diagnostic(path, 1, 1, READ_ERROR, f"cannot read: {message}")])
+        cells = _checked_cells(notebook)
+    except RecursionError:
+        return _unreadable(path, "not a Jupyter notebook (JSON nested too deeply)")
+    except NotANotebook as error:
+        return _unreadable(path, f"not a Jupyter notebook ({error})")
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        return _unreadable(path, getattr(error, "strerror", None) or f"not a Jupyter notebook ({type(error).__name__})")
     source, magics = _joined(cells)
     result = migrate_source(source, target, path, options)
     if result.error is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from mgpu_migrate.config import Settings
@@ -75,6 +77,46 @@ def test_bad_settings_are_usage_errors_that_name_the_key(tmp_path, settings, mes
     assert result.returncode == 2
     assert message in result.stderr
     assert (project / "train.py").read_text() == DP_SCRIPT
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b'[tool.mgpu-migrate]\nto = "ddp"\n# caf\xe9\n', b"pyproject.toml: not UTF-8 (byte 36: invalid continuation byte)"),
+        (b"[tool.mgpu-migrate]\nx = " + b"[" * 100_000 + b"]" * 100_000 + b"\n", b"pyproject.toml: nested too deeply to read"),
+    ],
+    ids=["invalid-utf8", "deeply-nested"],
+)
+def test_an_unreadable_pyproject_is_one_line_naming_it_not_a_traceback(tmp_path, content, message):
+    """Bad settings are usage errors, as a misspelled key is (ruff and black also stop there): they used to be
+    a UnicodeDecodeError or a RecursionError traceback, exit 1 ("files would change")."""
+    (tmp_path / "pyproject.toml").write_bytes(content)
+    (tmp_path / "train.py").write_text(DP_SCRIPT)
+    result = run_cli("--check", "train.py", cwd=tmp_path)
+    assert result.returncode == 2 and b"Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == b"Error: " + str(tmp_path).encode() + b"/" + message + (
+        b", as TOML must be" if b"UTF-8" in message else b""
+    )
+
+
+def test_config_naming_a_fifo_is_refused_at_once(tmp_path):
+    """It blocked, waiting for a writer."""
+    os.mkfifo(tmp_path / "settings.toml")
+    (tmp_path / "train.py").write_text(DP_SCRIPT)
+    result = run_cli("--to", "ddp", "--check", "--config", "settings.toml", "train.py", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == b"Error: settings.toml: not a regular file"
+
+
+def test_fifos_named_like_settings_or_ignore_files_block_nothing(tmp_path):
+    """A FIFO where pyproject.toml or .gitignore would be is passed over, as a missing file is."""
+    (tmp_path / ".git").mkdir()
+    os.mkfifo(tmp_path / ".gitignore")
+    (tmp_path / "sub").mkdir()
+    os.mkfifo(tmp_path / "sub" / "pyproject.toml")
+    (tmp_path / "sub" / "train.py").write_text(DP_SCRIPT)
+    result = run_cli("--to", "ddp", "--check", ".", cwd=tmp_path)
+    assert result.returncode == 1 and b"sub/train.py:3:9: MGP101" in result.stderr
 
 
 @pytest.mark.parametrize(

@@ -97,6 +97,34 @@ def test_untouched_notebooks_are_byte_identical_and_bad_ones_fail(tmp_path):
     assert (tmp_path / "broken.ipynb").read_text() == '{"cells": [ "DataParallel"'
 
 
+def _with_train_source(source) -> dict:
+    content = copy.deepcopy(notebook())
+    content["cells"][3]["source"] = source
+    return content
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        (json.dumps(_with_train_source(5)), "the source of cell 4 is neither a string nor a list of strings"),
+        (json.dumps(_with_train_source([*TRAIN_CELL, 3])), "the source of cell 4 is neither a string nor a list"),
+        (json.dumps(_with_train_source({"text": TRAIN_CELL})), "the source of cell 4 is neither a string nor a list"),
+        ('{"cells": [], "nested": ' + "[" * 100_000 + "]" * 100_000 + ', "x": "DataParallel"}', "JSON nested too deeply"),
+        (json.dumps({**notebook(), "cells": [*notebook()["cells"], "DataParallel"]}), "cell 5 is no object"),
+    ],
+    ids=["number", "list-with-a-number", "object", "deep", "cell-not-an-object"],
+)
+def test_a_malformed_notebook_fails_alone_with_one_line_and_the_run_goes_on(tmp_path, text, reason):
+    """Each used to stop the whole run with a traceback (AttributeError, TypeError, RecursionError), exit 1."""
+    (tmp_path / "bad.ipynb").write_text(text)
+    write_notebook(tmp_path / "good.ipynb", notebook())
+    result = run_cli("bad.ipynb", "good.ipynb", "--to", "ddp", cwd=tmp_path)
+    assert result.returncode == 2 and b"Traceback" not in result.stderr
+    assert f"bad.ipynb:1:1: MGP001 cannot read: not a Jupyter notebook ({reason}".encode() in result.stderr
+    assert b"1 file migrated to ddp, 0 unchanged, 1 failed" in result.stderr
+    assert (tmp_path / "bad.ipynb").read_text() == text
+
+
 def test_notebook_diff_applies_and_json_names_the_cell(tmp_path):
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
     write_notebook(tmp_path / "train.ipynb", notebook())

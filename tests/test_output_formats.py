@@ -189,3 +189,36 @@ def test_full_text_shows_the_line_of_code_as_it_now_is(tmp_path):
     assert concise.stderr.decode().splitlines()[0] == (
         "dim.py:2:5: MGP201 DataParallel with dim != 0 has no DistributedDataParallel equivalent; not rewritten"
     )
+
+
+ODD_NAMES = ["new\nline.py", "tab\tname.py", 'quo"te.py', "back\\slash.py", "bell\a.py", "caf\u00e9 au lait.py"]
+# Characters str.splitlines() breaks at but Python does not: a diff split there said "No newline at end of
+# file" in the middle of the file, and git apply refused it.
+NOT_LINE_BREAKS = "\x0c\n# page \x1c one \x85 two \u2028 three\n"
+
+
+@pytest.mark.parametrize("how", ["diff", "json"])
+def test_diffs_of_odd_file_names_and_lines_apply_with_git_apply(tmp_path, how):
+    """A name with a newline broke the header line of the text diff and of the JSON fix; git quotes such
+    names, and so does the tool."""
+    import subprocess
+
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    source = DP_SCRIPT + NOT_LINE_BREAKS + "print(model)\n"
+    for name in ODD_NAMES:
+        (tmp_path / name).write_text(source)
+    if how == "diff":
+        result = run_cli("--to", "ddp", "--diff", *ODD_NAMES, cwd=tmp_path)
+        patches = [result.stdout.decode()]
+    else:
+        result = run_cli("--to", "ddp", "--check", "--output-format", "json", *ODD_NAMES, cwd=tmp_path)
+        patches = [entry["fix"]["diff"] for entry in json.loads(result.stdout)["files"]]
+        assert len(patches) == len(ODD_NAMES)
+    assert result.returncode == 1, result.stderr
+    assert any('--- "a/new\\nline.py"\n+++ "b/new\\nline.py"\n' in patch for patch in patches)
+    for patch in patches:
+        subprocess.run(["git", "apply", "-"], cwd=tmp_path, input=patch.encode(), check=True)
+    expected = run_cli("-", "--to", "ddp", stdin=source.encode()).stdout.decode()
+    assert "DistributedDataParallel" in expected
+    for name in ODD_NAMES:
+        assert (tmp_path / name).read_text() == expected, name

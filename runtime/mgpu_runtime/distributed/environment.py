@@ -83,9 +83,14 @@ def first_host(node_list: str) -> str:
     ``node[01-04,07],gpu5`` gives ``node01``; ``rack[1-2]-n[07-09]`` gives ``rack1-n07``: the first entry (commas
     inside brackets do not separate entries), with each bracket replaced by the start of its first range.
     """
-    entry = re.match(r"(?:[^,\[]|\[[^\]]*\])+", node_list.strip())
+    entry = re.match(r"(?:[^,\[\]]|\[[^\[\]]*\])+", node_list.strip())
     if entry is None:
         raise LaunchEnvironmentError(f"the SLURM node list {node_list!r} names no host")
+    rest = node_list.strip()[entry.end() :]
+    if rest and not rest.startswith(","):  # `node[1-2`: a bracket never closed (or one never opened)
+        raise LaunchEnvironmentError(
+            f"the SLURM node list {node_list!r} is malformed at {rest!r}: set MASTER_ADDR to the first node's address"
+        )
     return re.sub(r"\[([^\],\-]*)[^\]]*\]", r"\1", entry.group())
 
 

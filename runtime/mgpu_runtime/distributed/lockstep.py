@@ -62,8 +62,8 @@ _reduced = 0
 """The step whose gradient reduction this rank last started (so a peer can tell "still computing" apart)."""
 _losses = 0
 """Watched-loss reductions this rank has entered (every rank must make the same ones)."""
-_blocked: tuple[str, int] | None = None
-"""The loss reduction this rank waits in for its peers, and the waiting thread."""
+_blocked: tuple[str, str, int] | None = None
+"""The collective this rank waits in for its peers (its kind, what it is) and the waiting thread."""
 _buckets = 0
 """Gradient buckets sent and not yet reduced: while any is, this rank waits in its gradient reduction."""
 _bucket_thread = 0
@@ -72,6 +72,9 @@ _store: dist.Store | None = None
 _rank = 0
 _world = 1
 _stop = threading.Event()
+_heartbeat_thread: threading.Thread | None = None
+# A beat's store call waits at most this long (the client's timeout), so the heartbeat ends within it.
+_STORE_TIMEOUT_S = 10
 
 
 def enabled() -> bool:
@@ -80,12 +83,16 @@ def enabled() -> bool:
 
 def start(rank: int, world_size: int, master_addr: str | None, master_port: int | None) -> None:
     """Start publishing this rank's progress to the job's store, and explain uncaught collective failures."""
-    global _store, _rank, _world
+    global _store, _rank, _world, _heartbeat_thread
     _rank, _world = rank, world_size
     if master_addr and master_port:
         try:
             client = dist.TCPStore(
-                master_addr, master_port, is_master=False, timeout=datetime.timedelta(seconds=10), wait_for_workers=False
+                master_addr,
+                master_port,
+                is_master=False,
+                timeout=datetime.timedelta(seconds=_STORE_TIMEOUT_S),
+                wait_for_workers=False,
             )
             # Per attempt: an elastic restart must not read the notes of the attempt before it.
             _store = dist.PrefixStore(f"mgpu_runtime/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", client)
@@ -93,14 +100,23 @@ def start(rank: int, world_size: int, master_addr: str | None, master_port: int 
             _store = None  # no explanations then, but the job runs
     if _store is not None:
         _stop.clear()
-        threading.Thread(target=_heartbeat, name="mgpu_runtime heartbeat", daemon=True).start()
+        _heartbeat_thread = threading.Thread(target=_heartbeat, name="mgpu_runtime heartbeat", daemon=True)
+        _heartbeat_thread.start()
     previous = sys.excepthook
     sys.excepthook = lambda kind, value, traceback: _explaining_hook(previous, kind, value, traceback)
 
 
 def stop(how: str) -> None:
-    """At exit: leave a note saying how this rank ended, for peers that were still waiting for it."""
+    """At exit: end the heartbeat, then leave a note saying how this rank ended, for peers still waiting for it.
+
+    The heartbeat is joined, not only told to stop: a daemon thread still inside a store call when the
+    interpreter finalizes is ended by ``pthread_exit`` inside torch's C++, which aborts the process
+    (``terminate called without an active exception``, SIGABRT) after a run that finished well."""
+    global _heartbeat_thread
     _stop.set()
+    if _heartbeat_thread is not None and _heartbeat_thread is not threading.current_thread():
+        _heartbeat_thread.join(timeout=2 * _STORE_TIMEOUT_S)
+        _heartbeat_thread = None
     _publish(f"exited/{_rank}", f"{_steps} {how}")
 
 
@@ -110,15 +126,24 @@ def note_forward() -> None:
     _steps += 1
 
 
+LOSS, GRADIENT, BARRIER = "loss", "gradient", "barrier"
+"""The kinds of collective a blocked rank says it waits in: two ranks blocked in different kinds never meet."""
+
+
 @contextlib.contextmanager
-def loss_reduction(what: str) -> Iterator[None]:
-    """This rank waits for its peers in a reduction of the loss ``what`` (counted by ``loss_counts``)."""
+def waiting_in(kind: str, what: str) -> Iterator[None]:
+    """This rank waits for its peers in a collective of ``kind``, ``what`` (said in the messages)."""
     global _blocked
-    _blocked = (f"its loss reduction of {what}", threading.get_ident())
+    _blocked = (kind, what, threading.get_ident())
     try:
         yield
     finally:
         _blocked = None
+
+
+def loss_reduction(what: str) -> contextlib.AbstractContextManager[None]:
+    """This rank waits for its peers in a reduction of the loss ``what`` (counted by ``loss_counts``)."""
+    return waiting_in(LOSS, f"its loss reduction of {what}")
 
 
 def loss_counts(like: torch.Tensor) -> torch.Tensor:
@@ -172,9 +197,9 @@ def _statement(frame) -> str:
     return "" if frame is None else f" at {os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
-def _blocked_in() -> tuple[str, int] | None:
+def _blocked_in() -> tuple[str, str, int] | None:
     if _blocked is None and _buckets:
-        return (f"its gradient reduction of step {_steps}", _bucket_thread)
+        return (GRADIENT, f"its gradient reduction of step {_steps}", _bucket_thread)
     return _blocked
 
 
@@ -403,26 +428,29 @@ def _heartbeat() -> None:
         state = (_steps, _losses, _blocked_in())
         stalled = stalled + 1 if state == last and state[2] is not None else 0
         last = state
-        where = _blocked_at() if stalled else "-"
-        _publish(f"progress/{_rank}", f"{beat} {_steps} {_reduced} {_losses} {where}")
+        kind, where = _blocked_at() if stalled else ("-", "-")
+        _publish(f"progress/{_rank}", f"{beat} {_steps} {_reduced} {_losses} {kind} {where}")
         if stalled >= 2 and enabled():
-            _stop_if_apart(state, where)
+            _stop_if_apart(state, kind, where)
 
 
-def _blocked_at() -> str:
-    """What this rank waits in, and the script's statement that got it there (from the waiting thread's stack)."""
+def _blocked_at() -> tuple[str, str]:
+    """The kind of collective this rank waits in, and what it is with the script's statement that got it there
+    (from the waiting thread's stack)."""
     blocked_now = _blocked_in()
     if blocked_now is None:
-        return "-"
-    where, thread = blocked_now
-    return where + _statement(sys._current_frames().get(thread))
+        return "-", "-"
+    kind, where, thread = blocked_now
+    return kind, where + _statement(sys._current_frames().get(thread))
 
 
 _LIBRARIES = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
 
 
-def _stop_if_apart(state: tuple, where: str) -> None:
-    """Blocked ranks that made different steps or loss reductions can never meet: say so and end this rank."""
+def _stop_if_apart(state: tuple, kind: str, where: str) -> None:
+    """End this rank, saying why, when it can never meet its peers: peers blocked in another kind of collective,
+    or after other steps or loss reductions; or, while it waits in the gradient reduction of its step, a peer
+    already at a later step that never reduced this one (it skipped that backward, or makes none at all)."""
     try:
         peers = {rank: _read(f"progress/{rank}") for rank in range(_world) if rank != _rank}
     except (RuntimeError, dist.DistStoreError):
@@ -431,20 +459,23 @@ def _stop_if_apart(state: tuple, where: str) -> None:
     for rank, value in peers.items():
         if value is None:
             continue
-        _, steps, _, losses, peer_where = value.split(" ", 4)
-        if peer_where != "-" and (int(steps), int(losses)) != (_steps, _losses):
-            apart[rank] = (int(steps), int(losses), peer_where)
+        _, steps, reduced, losses, peer_kind, peer_where = value.split(" ", 5)
+        steps, reduced, losses = int(steps), int(reduced), int(losses)
+        if peer_kind != "-" and (steps, losses, peer_kind) != (_steps, _losses, kind):
+            apart[rank] = f"rank {rank} at step {steps} after {losses}, in {peer_where}"
+        elif kind == GRADIENT and steps > _steps and reduced < _steps:
+            apart[rank] = (
+                f"rank {rank} at step {steps} and {'in ' + peer_where if peer_kind != '-' else 'computing'}, "
+                f"past step {_steps} without reducing its gradients (last reduced: step {reduced})"
+            )
     if not apart or (_steps, _losses, _blocked_in()) != state:
         return
-    listing = "; ".join(
-        [f"rank {_rank} at step {_steps} after {_losses} loss reductions, in {where}"]
-        + [f"rank {rank} at step {steps} after {losses}, in {peer}" for rank, (steps, losses, peer) in apart.items()]
-    )
+    listing = "; ".join([f"rank {_rank} at step {_steps} after {_losses} loss reductions, in {where}", *apart.values()])
     print(
-        f"mgpu_runtime: the ranks wait in collectives that can never meet ({listing}). A watched loss (a torch loss "
-        f"function while a batch of the distributed loader is out) is a collective: usually one computed on some "
-        f"ranks only (`if rank == 0:`, an `if` on the rank's own loss or batch) or {_CAUSES}. Make every rank make "
-        f"the same loss calls. {LOCKSTEP_VARIABLE}=0 switches this check off.",
+        f"mgpu_runtime: the ranks wait in collectives that can never meet ({listing}). Usually {_CAUSES}; or a "
+        f"watched loss (a torch loss function while a batch of the distributed loader is out) computed on some "
+        f"ranks only: a loss is a collective too. Make every rank take the same path. {LOCKSTEP_VARIABLE}=0 "
+        f"switches this check off.",
         file=sys.stderr,
         flush=True,
     )

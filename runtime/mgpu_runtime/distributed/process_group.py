@@ -30,6 +30,7 @@ import datetime
 import os
 import socket
 import sys
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +51,7 @@ BACKEND_VARIABLE = "MGPU_BACKEND"
 SHARE_DEVICE_VARIABLE = "MGPU_SHARE_DEVICE"
 TIMEOUT_VARIABLE = "MGPU_TIMEOUT"
 DEFAULT_TIMEOUT_S = 300
+MAX_TIMEOUT_S = 365 * 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,8 @@ def barrier() -> None:
     """Wait until every process gets here."""
     setup()
     if _membership.environment.world_size > 1:
-        _barrier(_membership.device)
+        with lockstep.waiting_in(lockstep.BARRIER, "a barrier"):  # a peer blocked elsewhere is told apart
+            _barrier(_membership.device)
 
 
 def _environment() -> LaunchEnvironment:
@@ -179,13 +182,68 @@ def _init_process_group(environment: LaunchEnvironment, backend: str) -> None:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         return
     _check_master_address(environment)
-    dist.init_process_group(
-        backend,
-        init_method=environment.init_method,
-        rank=environment.rank,
-        world_size=environment.world_size,
-        timeout=datetime.timedelta(seconds=timeout_seconds(os.environ)),
-    )
+    timeout = datetime.timedelta(seconds=timeout_seconds(os.environ))
+    joining = {"rank": environment.rank, "world_size": environment.world_size, "timeout": timeout}
+    if environment.launcher == TORCHRUN:  # torchrun's agent serves the store, and its rendezvous bounds the wait
+        dist.init_process_group(backend, init_method=environment.init_method, **joining)
+    else:
+        dist.init_process_group(backend, store=_rendezvous_store(environment, timeout), **joining)
+
+
+def _rendezvous_store(environment: LaunchEnvironment, timeout: datetime.timedelta) -> dist.Store:
+    """The job's store at MASTER_ADDR:MASTER_PORT, served by rank 0, as ``tcp://`` would make it, but with every
+    wait bounded: torch's client, connected to another program's listener that never answers, waits forever
+    (and rank 0's port already taken is said in torch's words, naming no variable)."""
+    host, port, seconds = environment.master_addr, environment.master_port, timeout.total_seconds()
+    if environment.rank == 0:
+        try:
+            return dist.TCPStore(
+                host, port, environment.world_size, is_master=True, timeout=timeout, wait_for_workers=False,
+                multi_tenant=True,
+            )
+        except dist.DistNetworkError as error:
+            if "EADDRINUSE" not in str(error):
+                raise
+            raise LaunchEnvironmentError(
+                f"MASTER_PORT={port} is in use on {host} by another program, so rank 0 cannot serve the job's store "
+                "there: choose a free port, the same for every process"
+            ) from None
+    connected: dict[str, object] = {}
+
+    def connect() -> None:
+        try:
+            connected["store"] = dist.TCPStore(host, port, environment.world_size, is_master=False, timeout=timeout)
+        except Exception as error:  # noqa: BLE001 -- raised below, in the thread that waits
+            connected["error"] = error
+
+    # In a thread that can be abandoned: the client's own timeout does not cover a listener that never answers.
+    attempt = threading.Thread(target=connect, name="mgpu_runtime rendezvous", daemon=True)
+    attempt.start()
+    attempt.join(seconds + _GRACE_S)
+    if "store" in connected:
+        return connected["store"]
+    if "error" in connected and "EADDRINUSE" in str(connected["error"]):
+        raise connected["error"]
+    raise LaunchEnvironmentError(
+        f"rank {environment.rank} could not join the job's store at {host}:{port} (MASTER_ADDR, MASTER_PORT) within "
+        f"{TIMEOUT_VARIABLE}={seconds:g} s: {_what_listens(host, port)}"
+    ) from connected.get("error")
+
+
+# Beyond the store client's own timeout, before its thread is abandoned.
+_GRACE_S = 5.0
+
+
+def _what_listens(host: str, port: int) -> str:
+    """What a rank that could not join finds at the store's address, said for the person reading why."""
+    try:
+        with socket.create_connection((host, port), timeout=_GRACE_S):
+            return (
+                "a program there accepts connections but does not answer as torch's store (another program holds "
+                "the port, or rank 0 is stuck): choose a free MASTER_PORT, the same for every process"
+            )
+    except OSError as error:
+        return f"nothing answers there ({error.strerror or error}): rank 0 did not start, or ended, or is elsewhere"
 
 
 def _check_master_address(environment: LaunchEnvironment) -> None:
@@ -200,7 +258,8 @@ def _check_master_address(environment: LaunchEnvironment) -> None:
 
 
 def timeout_seconds(environ) -> float:
-    """How long any collective may wait for the other ranks: ``MGPU_TIMEOUT`` seconds, else 300."""
+    """How long any collective may wait for the other ranks: ``MGPU_TIMEOUT`` seconds, else 300. At most a
+    year: torch counts the timeout in milliseconds, and ``inf`` or ``1e308`` overflowed on every rank."""
     text = environ.get(TIMEOUT_VARIABLE, "").strip()
     if not text:
         return DEFAULT_TIMEOUT_S
@@ -208,8 +267,10 @@ def timeout_seconds(environ) -> float:
         value = float(text)
     except ValueError:
         value = 0.0
-    if not value > 0:
-        raise LaunchEnvironmentError(f"{TIMEOUT_VARIABLE}={text!r} must be a positive number of seconds")
+    if not 0 < value <= MAX_TIMEOUT_S:
+        raise LaunchEnvironmentError(
+            f"{TIMEOUT_VARIABLE}={text!r} must be a positive number of seconds, at most {MAX_TIMEOUT_S} (a year)"
+        )
     return value
 
 
