@@ -54,7 +54,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, Sampler, default_collate
 
-from mgpu_runtime.distributed import global_view
+from mgpu_runtime.distributed import global_view, lockstep
 from mgpu_runtime.distributed.generators import generator_states, take_generator_states
 from mgpu_runtime.distributed.process_group import rank, setup, world_size
 from mgpu_runtime.distributed.slicing import Span, batch_rows, global_batch, spans, take_rows
@@ -185,7 +185,9 @@ class _ScatteredLoader(_LoaderTwin):
         while True:
             pieces = _pieces(next(batches, None)) if batches is not None else None
             received: list[Any] = [None]
-            dist.scatter_object_list(received, pieces, src=0)
+            lockstep.collective_counts(torch.zeros(1))
+            with lockstep.collective("the loader's scatter of rank 0's next batch"):
+                dist.scatter_object_list(received, pieces, src=0)
             if received[0] is None:
                 return
             piece, span, generator_state, cut = received[0]
@@ -223,7 +225,9 @@ def _shared_from_rank_zero(items: Iterable[T]) -> Iterator[T]:
             if iterator is not None
             else None
         ]
-        dist.broadcast_object_list(chunk, src=0)
+        lockstep.collective_counts(torch.zeros(1))
+        with lockstep.collective("the loader's broadcast of rank 0's next index batches"):
+            dist.broadcast_object_list(chunk, src=0)
         items_now, generator_state = chunk[0]
         if iterator is None:
             take_generator_states(generator_state)

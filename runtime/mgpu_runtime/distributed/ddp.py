@@ -122,6 +122,16 @@ def _replica_forward(forward, inputs: tuple, kwargs: dict, group) -> tuple[Any, 
         return forward(*local_inputs, **local_kwargs), active
 
 
+    def _sync_buffers(self) -> None:
+        # A collective of DDP's own, before the forward: told to the lockstep check as ours are, so that a rank
+        # held here while a peer waits in a collective only it makes (an evaluation on the main process) is named.
+        if self._group is None:
+            return super()._sync_buffers()
+        lockstep.collective_counts(torch.zeros(1))
+        with lockstep.collective("the broadcast of rank 0's buffers at the start of a forward"):
+            return super()._sync_buffers()
+
+
 class FrozenModule(nn.Module):
     """A module with nothing to train, on this process's device, behind ``.module`` as DataParallel held it
     (so ``state_dict`` keys keep their ``module.`` prefix). Its forward is DataParallel's over the ranks too:

@@ -28,7 +28,9 @@ import torch
 import torch.distributed as dist
 
 from mgpu_runtime.emulation import devices as emulated
+from mgpu_runtime.distributed import lockstep
 from mgpu_runtime.sharded import RankGroup, gradients
+from mgpu_runtime.sharded.groups import Monitor
 
 _group: RankGroup | None = None
 
@@ -37,11 +39,24 @@ def join(rank: int, world_size: int, device: torch.device) -> None:
     """Make this process's loop see the job's global values (see the module doc); once, at setup, on every rank."""
     global _group
     metadata = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
-    _group = RankGroup(rank, world_size, device, metadata)
+    _group = RankGroup(rank, world_size, device, metadata, _Lockstep())
     gradients.install(_group)
     _take_rank_zero_generators(metadata)
     if device.type == "cpu" and not emulated.count():
         emulated.install(world_size)
+
+
+class _Lockstep(Monitor):
+    """The rank group's collectives, told to the lockstep check: counted, carried, and where a rank waits."""
+
+    def counts(self, like: torch.Tensor) -> torch.Tensor:
+        return lockstep.collective_counts(like)
+
+    def check(self, counts: torch.Tensor, what: str) -> None:
+        lockstep.check_collective_counts(counts, what)
+
+    def waiting(self, what: str):
+        return lockstep.collective(what)
 
 
 def leave() -> None:

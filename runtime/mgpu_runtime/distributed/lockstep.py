@@ -16,11 +16,13 @@ second from a background thread (a heartbeat: alive and behind, or silent, i.e. 
 Python), and a rank that leaves writes a note at exit. The gradient reduction explains its own failures;
 other collectives (a barrier, the loader, a criterion) are explained by the process's excepthook.
 
-A watched loss (``losses.py``) is a collective too, and one computed on some ranks only (``if rank == 0:``,
-an ``if`` on the rank's own batch) would pair with another collective of the others: a wait until the
-timeout, or worse, sums of unrelated tensors. So each rank also counts its loss reductions and marks where it
-is blocked (a loss reduction, or its gradient reduction); the heartbeat publishes both, and a rank blocked for two
-beats compares itself with the peers that are blocked too. Blocked ranks whose steps or loss counts differ
+The loop's values are global (``mgpu_runtime.sharded``): a loss, a sum, a metric of the batch, a forward of
+the wrapped model is a collective too, and one made on some ranks only (``if is_main_process():`` around an
+evaluation, an ``if rank == 0:``) would pair with another collective of the others: a wait until the
+timeout, or worse, sums of unrelated tensors. So each rank counts its collectives of global values (a sum
+carries every rank's count, ``collective_counts``) and marks where it is blocked (such a collective, a
+barrier, or its gradient reduction); the heartbeat publishes both, and a rank blocked for two beats compares
+itself with the peers that are blocked too. Blocked ranks whose steps or counts differ
 can never meet: each says so, naming the ranks and the statements they wait in, and exits at once
 (``os._exit(1)``: its own collective would never return), seconds after the mismatch instead of
 ``MGPU_TIMEOUT``. A rank that is computing, not blocked, is never judged: it may be on its way.
@@ -60,8 +62,9 @@ _steps = 0
 """Training forwards of the wrapped model on this rank: the step it is at."""
 _reduced = 0
 """The step whose gradient reduction this rank last started (so a peer can tell "still computing" apart)."""
-_losses = 0
-"""Watched-loss reductions this rank has entered (every rank must make the same ones)."""
+_collectives = 0
+"""Collectives of the loop's global values this rank has entered (a loss, a sum, a gather: every rank must make
+the same ones)."""
 _blocked: tuple[str, str, int] | None = None
 """The collective this rank waits in for its peers (its kind, what it is) and the waiting thread."""
 _buckets = 0
@@ -126,7 +129,7 @@ def note_forward() -> None:
     _steps += 1
 
 
-LOSS, GRADIENT, BARRIER = "loss", "gradient", "barrier"
+GLOBAL, GRADIENT, BARRIER = "global", "gradient", "barrier"
 """The kinds of collective a blocked rank says it waits in: two ranks blocked in different kinds never meet."""
 
 
@@ -141,36 +144,38 @@ def waiting_in(kind: str, what: str) -> Iterator[None]:
         _blocked = None
 
 
-def loss_reduction(what: str) -> contextlib.AbstractContextManager[None]:
-    """This rank waits for its peers in a reduction of the loss ``what`` (counted by ``loss_counts``)."""
-    return waiting_in(LOSS, f"its loss reduction of {what}")
+def collective(what: str) -> contextlib.AbstractContextManager[None]:
+    """This rank waits for its peers in a collective of the loop's global values, ``what`` (counted by
+    ``collective_counts``)."""
+    return waiting_in(GLOBAL, what)
 
 
-def loss_counts(like: torch.Tensor) -> torch.Tensor:
-    """``world_size`` elements for a loss reduction to carry, this rank's count of loss reductions in its slot:
-    after the sum every rank sees whether all made the same ones (``check_loss_counts``)."""
-    global _losses
-    _losses += 1
-    return _slot(like) * (_losses % _exact_integers(like.dtype))
+def collective_counts(like: torch.Tensor) -> torch.Tensor:
+    """``world_size`` elements for a reduction of global values to carry, this rank's count of such collectives
+    in its slot: after the sum every rank sees whether all made the same ones (``check_collective_counts``).
+    A collective that carries no counts (a gather) calls it too, for the count the heartbeat publishes."""
+    global _collectives
+    _collectives += 1
+    return _slot(like) * (_collectives % _exact_integers(like.dtype))
 
 
-def check_loss_counts(counts: torch.Tensor, what: str) -> None:
-    """After a loss reduction: every rank's count is this one's, or the reduction met another collective (a loss
-    computed on some ranks only). Read at once on the CPU; on a GPU at the next gradient reduction (reading it
-    here would synchronise the device at every loss)."""
-    global _pending_losses
+def check_collective_counts(counts: torch.Tensor, what: str) -> None:
+    """After a reduction of global values: every rank's count is this one's, or the reduction met another
+    collective (one made on some ranks only). Read at once on the CPU; on a GPU at the next gradient reduction
+    (reading it here would synchronise the device at every loss)."""
+    global _pending_collectives
     if counts.device.type != "cpu":
-        _pending_losses = (counts, what, _steps)
+        _pending_collectives = (counts, what, _steps)
         return
-    _check_loss_counts(counts, what, _steps, _caller())
+    _check_collective_counts(counts, what, _steps, _caller())
 
 
-_pending_losses: tuple[torch.Tensor, str, int] | None = None
+_pending_collectives: tuple[torch.Tensor, str, int] | None = None
 
 
-def _check_loss_counts(counts: torch.Tensor, what: str, step: int, where: str) -> None:
+def _check_collective_counts(counts: torch.Tensor, what: str, step: int, where: str) -> None:
     values = counts.tolist()
-    expected = _losses % _exact_integers(counts.dtype)
+    expected = _collectives % _exact_integers(counts.dtype)
     if all(value == expected for value in values) or not enabled():
         return
     listing = ", ".join(
@@ -178,11 +183,11 @@ def _check_loss_counts(counts: torch.Tensor, what: str, step: int, where: str) -
         for rank, value in enumerate(values)
     )
     raise LockstepError(
-        f"mgpu_runtime: rank {_rank}'s loss reduction {_losses} ({what}{where}, step {step}) met other collectives than "
-        f"the same loss reduction of every rank (loss reductions made: {listing}). A watched loss (a torch loss "
-        f"function while a batch of the distributed loader is out) is a collective: usually one computed on some "
-        f"ranks only (`if rank == 0:`, an `if` on the rank's own loss or batch). Make every rank make the same loss "
-        f"calls. {LOCKSTEP_VARIABLE}=0 switches this check off."
+        f"mgpu_runtime: rank {_rank}'s collective {_collectives} ({what}{where}, step {step}) met other collectives "
+        f"than the same one of every rank (collectives of global values made: {listing}). The loop's values are "
+        f"global: a loss, a sum, a metric of the batch is a collective. Usually one computed on some ranks only "
+        f"(`if rank == 0:`, `if is_main_process():` around a loss or a metric of the batch). Make every rank make "
+        f"the same calls. {LOCKSTEP_VARIABLE}=0 switches this check off."
     )
 
 
@@ -286,11 +291,11 @@ def _check_later(counts: torch.Tensor, step: int) -> None:
 
 
 def _check_pending() -> None:
-    global _pending, _pending_losses
-    if _pending_losses is not None:
-        counts, what, step = _pending_losses
-        _pending_losses = None
-        _check_loss_counts(counts, what, step, "")
+    global _pending, _pending_collectives
+    if _pending_collectives is not None:
+        counts, what, step = _pending_collectives
+        _pending_collectives = None
+        _check_collective_counts(counts, what, step, "")
     if _pending is not None:
         counts, step = _pending
         _pending = None
@@ -323,6 +328,8 @@ def _slot(like: torch.Tensor) -> torch.Tensor:
 
 def _exact_integers(dtype: torch.dtype) -> int:
     """Counts are sent modulo this, so every count is exact in the bucket's dtype (128 in bfloat16)."""
+    if not dtype.is_floating_point:
+        return 1 << 31
     return round(1.0 / torch.finfo(dtype).eps)
 
 
@@ -425,11 +432,11 @@ def _heartbeat() -> None:
     stalled, last = 0, None
     while not _stop.wait(_HEARTBEAT_S if beat else 0.0):
         beat += 1
-        state = (_steps, _losses, _blocked_in())
+        state = (_steps, _collectives, _blocked_in())
         stalled = stalled + 1 if state == last and state[2] is not None else 0
         last = state
         kind, where = _blocked_at() if stalled else ("-", "-")
-        _publish(f"progress/{_rank}", f"{beat} {_steps} {_reduced} {_losses} {kind} {where}")
+        _publish(f"progress/{_rank}", f"{beat} {_steps} {_reduced} {_collectives} {kind} {where}")
         if stalled >= 2 and enabled():
             _stop_if_apart(state, kind, where)
 
@@ -449,7 +456,7 @@ _LIBRARIES = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(_
 
 def _stop_if_apart(state: tuple, kind: str, where: str) -> None:
     """End this rank, saying why, when it can never meet its peers: peers blocked in another kind of collective,
-    or after other steps or loss reductions; or, while it waits in the gradient reduction of its step, a peer
+    or after other steps or collectives of global values; or, while it waits in the gradient reduction of its step, a peer
     already at a later step that never reduced this one (it skipped that backward, or makes none at all)."""
     try:
         peers = {rank: _read(f"progress/{rank}") for rank in range(_world) if rank != _rank}
@@ -461,21 +468,23 @@ def _stop_if_apart(state: tuple, kind: str, where: str) -> None:
             continue
         _, steps, reduced, losses, peer_kind, peer_where = value.split(" ", 5)
         steps, reduced, losses = int(steps), int(reduced), int(losses)
-        if peer_kind != "-" and (steps, losses, peer_kind) != (_steps, _losses, kind):
+        if peer_kind != "-" and (steps, losses, peer_kind) != (_steps, _collectives, kind):
             apart[rank] = f"rank {rank} at step {steps} after {losses}, in {peer_where}"
         elif kind == GRADIENT and steps > _steps and reduced < _steps:
             apart[rank] = (
                 f"rank {rank} at step {steps} and {'in ' + peer_where if peer_kind != '-' else 'computing'}, "
                 f"past step {_steps} without reducing its gradients (last reduced: step {reduced})"
             )
-    if not apart or (_steps, _losses, _blocked_in()) != state:
+    if not apart or (_steps, _collectives, _blocked_in()) != state:
         return
-    listing = "; ".join([f"rank {_rank} at step {_steps} after {_losses} loss reductions, in {where}", *apart.values()])
+    listing = "; ".join(
+        [f"rank {_rank} at step {_steps} after {_collectives} collectives of global values, in {where}", *apart.values()]
+    )
     print(
         f"mgpu_runtime: the ranks wait in collectives that can never meet ({listing}). Usually {_CAUSES}; or a "
-        f"watched loss (a torch loss function while a batch of the distributed loader is out) computed on some "
-        f"ranks only: a loss is a collective too. Make every rank take the same path. {LOCKSTEP_VARIABLE}=0 "
-        f"switches this check off.",
+        f"loss, a metric or a forward of the batch computed on some ranks only (`if is_main_process():`): the "
+        f"loop's values are global, so each is a collective. Make every rank take the same path. "
+        f"{LOCKSTEP_VARIABLE}=0 switches this check off.",
         file=sys.stderr,
         flush=True,
     )
