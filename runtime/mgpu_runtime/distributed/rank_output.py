@@ -22,6 +22,7 @@ import os
 import sys
 from typing import TextIO
 
+from mgpu_runtime.distributed import failures
 from mgpu_runtime.distributed.environment import LaunchEnvironment, LaunchEnvironmentError
 
 LOG_VARIABLE = "MGPU_LOG"
@@ -70,7 +71,10 @@ def apply(environment: LaunchEnvironment) -> None:
     mode = os.environ.get(LOG_VARIABLE, "").strip().lower() or DEFAULT_MODE
     if mode not in MODES:
         raise LaunchEnvironmentError(f"{LOG_VARIABLE}={mode!r}: expected one of {', '.join(MODES)}")
-    if environment.world_size == 1 or mode == "all":
+    if environment.world_size == 1:
+        return
+    failures.install()
+    if mode == "all":
         return
     if mode == "prefix":
         prefix = f"[rank {environment.rank}] "
