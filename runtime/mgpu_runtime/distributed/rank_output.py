@@ -78,12 +78,24 @@ def apply(environment: LaunchEnvironment) -> None:
         return
     if mode == "prefix":
         prefix = f"[rank {environment.rank}] "
-        sys.stdout = _Prefixed(sys.stdout, prefix)
-        sys.stderr = _Prefixed(sys.stderr, prefix)
+        _replace_stream("stdout", _Prefixed(sys.stdout, prefix))
+        _replace_stream("stderr", _Prefixed(sys.stderr, prefix))
     elif environment.rank != 0:
         sys.stdout.flush()
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 -- held for the life of the process
+        _replace_stream("stdout", open(os.devnull, "w"))  # noqa: SIM115 -- held for the life of the process
         logging.disable(logging.INFO)
+
+
+def _replace_stream(name: str, replacement: TextIO) -> None:
+    """``sys.stdout`` or ``sys.stderr`` replaced, also in the logging handlers made before ``setup()`` (a
+    ``logging.basicConfig()`` at the top of the script), which hold the stream they were given."""
+    original = getattr(sys, name)
+    setattr(sys, name, replacement)
+    loggers = [logging.getLogger(), *(value for value in logging.Logger.manager.loggerDict.values() if isinstance(value, logging.Logger))]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler) and handler.stream is original:
+                handler.setStream(replacement)
 
 
 def print_once(*values, **options) -> None:
