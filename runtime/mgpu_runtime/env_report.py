@@ -115,7 +115,7 @@ def _plan(environ: Mapping[str, str]) -> list[str]:
         f"launcher: {environment.launcher}; rank {environment.rank} of {environment.world_size} (local rank "
         f"{environment.local_rank} of {environment.local_world_size}, node {environment.node_rank})",
         f"rendezvous: {environment.init_method}"
-        + (f" at {environment.master_addr}:{environment.master_port}" if environment.master_addr else ""),
+        + (f" ({environment.master_addr}:{environment.master_port})" if environment.init_method == "env://" else ""),
         f"device: {device}{' (shared with other ranks)' if shares else ''}; backend: "
         f"{process_group._backend(device, shares)}; collectives time out after {timeout:g} s "
         f"({process_group.TIMEOUT_VARIABLE})",
