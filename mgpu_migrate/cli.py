@@ -77,6 +77,12 @@ def _process_stdin(target: str, check: bool, diff: bool, filename: str, options:
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 if any file would change.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only sites left for review, errors and nothing else.")
 @click.option(
+    "--show-rewrites/--hide-rewrites",
+    default=None,
+    help="List each rewrite (MGP1xx) in every output format. Default: listed, except with --check, which reports "
+    "what needs a person (sites left for review, errors) and names the files that would change.",
+)
+@click.option(
     "-j",
     "--jobs",
     type=click.IntRange(min=1),
@@ -152,7 +158,7 @@ def _process_stdin(target: str, check: bool, diff: bool, filename: str, options:
 @click.option("--list-codes", is_flag=True, help="List every diagnostic code (code, kind, summary) and exit.")
 @click.version_option(__version__, prog_name="mgpu-migrate")
 def main(
-    paths, target, diff, check, quiet, jobs, sync_bn, style, max_file_size, stdin_filename, output_format, fail_on, report_path, add_markers,
+    paths, target, diff, check, quiet, show_rewrites, jobs, sync_bn, style, max_file_size, stdin_filename, output_format, fail_on, report_path, add_markers,
     config_file, select_codes, ignore_codes, explain, list_codes,
 ):
     """Rewrite PyTorch scripts that use nn.DataParallel.
@@ -193,12 +199,17 @@ def main(
         raise click.UsageError(str(error)) from error
     if add_markers:
         outcomes = [_mark(outcome) for outcome in outcomes]
+    rewrites_shown = not check if show_rewrites is None else show_rewrites
+    if not rewrites_shown:
+        outcomes = [_without_rewrites(outcome) for outcome in outcomes]
 
     target_name = ",".join(sorted(targets))
     run = Run(target_name, mode, outcomes)
     colour = False if os.environ.get("NO_COLOR") else None
     if output_format in TEXT_FORMATS:
         click.echo(text.render(run, quiet, full=output_format == "full"), err=True, nl=False, color=colour)
+        if not (rewrites_shown or quiet):
+            click.echo(text.changed_files(run), err=True, nl=False, color=colour)
     else:
         click.echo(render(output_format, run), nl=False)
     if not quiet:
@@ -344,6 +355,13 @@ def _mark(outcome: FileOutcome) -> FileOutcome:
         click.echo(f"{outcome.path}: no review markers added: {getattr(error, 'strerror', None) or error}", err=True)
         return outcome
     return replace(outcome, diagnostics=diagnostics)
+
+
+def _without_rewrites(outcome: FileOutcome) -> FileOutcome:
+    from dataclasses import replace
+
+    kept = [diagnostic for diagnostic in outcome.diagnostics if not diagnostic.is_rewrite]
+    return outcome if len(kept) == len(outcome.diagnostics) else replace(outcome, diagnostics=kept)
 
 
 def _missing(path: str) -> FileOutcome:

@@ -88,7 +88,7 @@ def test_syntax_error_file_among_good_ones_exits_2(project):
     assert (project / "broken.py").read_text() == broken
     assert "DistributedDataParallel" in (project / "train.py").read_text()
     error_lines = [line for line in result.stderr.decode().splitlines() if "MGP002" in line]
-    assert len(error_lines) == 1 and error_lines[0].startswith("./broken.py:")
+    assert len(error_lines) == 1 and error_lines[0].startswith("broken.py:")
     assert "1 failed" in result.stderr.decode()
 
 

@@ -77,7 +77,7 @@ def test_round_trip_keeps_all_but_the_code_and_is_idempotent(tmp_path):
     assert text.startswith('{\n "cells": [\n') and "(é)" in text and text.endswith("}\n")
     # Diagnostics name the cell and the line within it, in the notebook as written.
     (line,) = [line for line in result.stderr.decode().splitlines() if "MGP101" in line]
-    assert line.startswith("./train.ipynb:cell 4:3:9: MGP101 ")
+    assert line.startswith("train.ipynb:cell 4:3:9: MGP101 ")
     assert train[2].startswith("model = mgpu_runtime.DataParallelModel")
     # A second run changes nothing.
     again = run_cli("train.ipynb", "--to", "balanced", "--check", cwd=tmp_path)
@@ -93,7 +93,7 @@ def test_untouched_notebooks_are_byte_identical_and_bad_ones_fail(tmp_path):
     result = run_cli(".", "--to", "ddp", cwd=tmp_path)
     assert result.returncode == 2
     assert (tmp_path / "plain.ipynb").read_bytes() == before
-    assert b"./broken.ipynb:1:1: MGP001 cannot read: not a Jupyter notebook" in result.stderr
+    assert b"broken.ipynb:1:1: MGP001 cannot read: not a Jupyter notebook" in result.stderr
     assert (tmp_path / "broken.ipynb").read_text() == '{"cells": [ "DataParallel"'
 
 
@@ -105,7 +105,7 @@ def test_notebook_diff_applies_and_json_names_the_cell(tmp_path):
     subprocess.run(["git", "apply", "-"], cwd=tmp_path, input=diff.stdout, check=True)
     assert "DataParallelModel" in (tmp_path / "train.ipynb").read_text()
     write_notebook(tmp_path / "train.ipynb", notebook())
-    report = json.loads(run_cli("train.ipynb", "--to", "balanced", "--check", "--output-format", "json", cwd=tmp_path).stdout)
+    report = json.loads(run_cli("train.ipynb", "--to", "balanced", "--check", "--show-rewrites", "--output-format", "json", cwd=tmp_path).stdout)
     schema = json.loads((ROOT / "mgpu_migrate" / "schemas" / "report-v1.json").read_text())
     jsonschema.Draft202012Validator(schema).validate(report)
     (entry,) = [d for d in report["diagnostics"] if d["code"] == "MGP101"]
