@@ -149,7 +149,21 @@ def _codes(value: object, key: str, where: str) -> tuple[str, ...]:
                 f"{where}: {key}: {code} is {kind}, always reported; select and ignore choose among the sites "
                 "left for a person (MGP2xx). To leave one site as it is, put `# noqa: CODE` on its line"
             )
+    _check_known(codes, key, where)
     return codes
+
+
+def _check_known(codes: tuple[str, ...], key: str, where: str) -> None:
+    """Every code names a review code of the registry, or is a prefix of one (a typo would select nothing)."""
+    from mgpu_migrate.codes import CODES, REVIEW  # the registry loads the rules: only when codes are given
+
+    known = [code for code, info in CODES.items() if info.kind == REVIEW]
+    for code in codes:
+        if not any(candidate.startswith(code) for candidate in known):
+            raise ConfigError(
+                f"{where}: {key}: {code} is no code of mgpu-migrate's (the sites left for a person: {', '.join(known)}; "
+                "--list-codes says what each is)"
+            )
 
 
 def codes_option(value: str | None, option: str) -> tuple[str, ...]:
