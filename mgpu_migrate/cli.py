@@ -17,6 +17,7 @@ from mgpu_migrate.report import (
     CHANGED,
     DEFAULT_MAX_FILE_SIZE,
     FAILED,
+    UNCHANGED,
     FileOutcome,
     outcome_of,
     outside_tree,
@@ -185,7 +186,14 @@ def main(
         if paths == ("-",):
             name = stdin_filename if stdin_filename != "<stdin>" else os.path.join(os.getcwd(), "-")
             file_target, options = choices.migration(name)
-            outcomes = [_process_stdin(file_target, check, diff, stdin_filename, options, document)]
+            if stdin_filename != "<stdin>" and choices.resolver.excluded(stdin_filename):
+                # As a named file that `exclude` matches is skipped: the code goes through untouched.
+                data = sys.stdin.buffer.read()
+                if not (check or diff or document):
+                    sys.stdout.buffer.write(data)
+                outcomes = [FileOutcome(stdin_filename, UNCHANGED)]
+            else:
+                outcomes = [_process_stdin(file_target, check, diff, stdin_filename, options, document)]
             mode, targets = "stdin", {file_target}
         else:
             write = not (check or diff)

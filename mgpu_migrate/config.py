@@ -60,52 +60,27 @@ class Settings:
         return not any(code.startswith(prefix) for prefix in self.ignore)
 
     def excluded(self, path: str) -> bool:
-        """Whether ``path`` (a file or directory) or a directory above it matches an ``exclude`` pattern."""
+        """Whether ``path`` (a file or directory) matches the ``exclude`` patterns, read as a ``.gitignore`` in
+        the settings' directory is (``pathspec``'s gitwildmatch: a later ``!pattern`` re-includes), directories
+        above it included: a file named inside an excluded directory is excluded too."""
         if not self.exclude or self.root is None:
             return False
         relative = os.path.relpath(os.path.abspath(path), self.root)
         if relative == os.curdir or relative.startswith(os.pardir + os.sep) or relative == os.pardir:
             return False
         parts = relative.split(os.sep)
-        prefixes = ["/".join(parts[: end + 1]) for end in range(len(parts))]
-        return any(
-            pattern.fullmatch(prefix if anchored else prefix.rsplit("/", 1)[-1])
-            for anchored, pattern in _compiled(self.exclude)
-            for prefix in prefixes
-        )
-
-
-def _compiled(patterns: tuple[str, ...]) -> list[tuple[bool, re.Pattern[str]]]:
-    return [_compile(pattern) for pattern in patterns]
+        spec = _spec(self.exclude)
+        # Each directory above as a directory ("legacy/" matches it), then the path itself.
+        candidates = ["/".join(parts[: end + 1]) + "/" for end in range(len(parts) - 1)]
+        candidates.append("/".join(parts) + ("/" if os.path.isdir(path) else ""))
+        return any(spec.match_file(candidate) for candidate in candidates)
 
 
 @functools.lru_cache(maxsize=None)
-def _compile(pattern: str) -> tuple[bool, re.Pattern[str]]:
-    """A gitignore-style glob: without a ``/`` it matches a name at any depth, with one it is anchored at the
-    root; ``*`` and ``?`` stay within a name, ``**`` crosses directories, ``[...]`` is a character class."""
-    body = pattern.strip().rstrip("/")
-    anchored = "/" in body
-    body = body.lstrip("/")
-    regex, index = "", 0
-    while index < len(body):
-        if body.startswith("**/", index):
-            regex, index = regex + "(?:.*/)?", index + 3
-        elif body.startswith("**", index):
-            regex, index = regex + ".*", index + 2
-        elif body[index] == "*":
-            regex, index = regex + "[^/]*", index + 1
-        elif body[index] == "?":
-            regex, index = regex + "[^/]", index + 1
-        elif body[index] == "[" and "]" in body[index + 2 :]:
-            end = body.index("]", index + 2)
-            inside = body[index + 1 : end]
-            negated = inside.startswith("!")
-            inside = (inside[1:] if negated else inside).replace("\\", "\\\\").replace("^", "\\^")
-            regex += "[" + ("^" if negated else "") + inside + "]"
-            index = end + 1
-        else:
-            regex, index = regex + re.escape(body[index]), index + 1
-    return anchored, re.compile(regex)
+def _spec(patterns: tuple[str, ...]):
+    import pathspec
+
+    return pathspec.GitIgnoreSpec.from_lines(patterns)
 
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}

@@ -1,4 +1,5 @@
-"""What git ignores, for walked directories: the ``.gitignore`` files of the work tree and ``.git/info/exclude``.
+"""What git ignores, for walked directories: the ``.gitignore`` files of the work tree, ``.git/info/exclude`` and
+the user's global ignore file (``core.excludesFile``, by default ``~/.config/git/ignore``).
 
 As ruff does, only inside a git work tree; patterns follow git's rules (via ``pathspec``): a deeper
 ``.gitignore`` overrides a shallower one, and within a file the last matching pattern wins (``!`` re-includes).
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import subprocess
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -21,6 +23,22 @@ class GitIgnore:
             return directory
         parent = os.path.dirname(directory)
         return None if parent == directory else self._work_tree(parent)
+
+    @functools.lru_cache(maxsize=None)
+    def _global_excludes(self, work_tree: str) -> str | None:
+        """The user's global ignore file, as git finds it: ``core.excludesFile`` (``git config`` reads every
+        configuration file, includes and ``GIT_CONFIG_GLOBAL``), else ``$XDG_CONFIG_HOME/git/ignore``."""
+        try:
+            configured = subprocess.run(
+                ["git", "config", "--path", "--get", "core.excludesFile"],
+                cwd=work_tree, capture_output=True, text=True, timeout=30,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None  # no git here: no global configuration to honour
+        if configured.returncode == 0 and configured.stdout.strip():
+            return os.path.join(work_tree, os.path.expanduser(configured.stdout.strip()))
+        config_home = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+        return os.path.join(config_home, "git", "ignore")
 
     @functools.lru_cache(maxsize=None)
     def _spec(self, path: str) -> pathspec.GitIgnoreSpec | None:
@@ -38,13 +56,16 @@ class GitIgnore:
         if work_tree is None:
             return False
         suffix = "/" if os.path.isdir(absolute) else ""
-        # From the lowest precedence to the highest: info/exclude, then each directory's .gitignore downwards.
+        # From the lowest precedence to the highest: the global file, info/exclude, then each directory's
+        # .gitignore downwards.
         directories = [work_tree]
         relative_parent = os.path.relpath(os.path.dirname(absolute), work_tree)
         if relative_parent != os.curdir:
             for part in relative_parent.split(os.sep):
                 directories.append(os.path.join(directories[-1], part))
-        sources = [(work_tree, os.path.join(work_tree, ".git", "info", "exclude"))]
+        global_excludes = self._global_excludes(work_tree)
+        sources = [(work_tree, global_excludes)] if global_excludes else []
+        sources.append((work_tree, os.path.join(work_tree, ".git", "info", "exclude")))
         sources += [(directory, os.path.join(directory, ".gitignore")) for directory in directories]
         verdict = False
         for base, source in sources:

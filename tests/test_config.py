@@ -115,3 +115,47 @@ def test_an_unknown_code_to_select_or_ignore_is_refused_with_the_known_ones(tmp_
     # Prefixes of known codes stay good: MGP24 selects MGP240-MGP249.
     _project(tmp_path, 'to = "ddp"\nignore = ["MGP248", "MGP3"]\n')
     assert run_cli("train.py", "--check", "--select", "MGP24", cwd=project).returncode == 1
+
+
+def test_exclude_reads_as_gitignore_negations_included(tmp_path):
+    project = _project(tmp_path, 'to = "ddp"\nexclude = ["legacy/*", "!legacy/keep.py", "*_old.py"]\n')
+    (project / "legacy").mkdir()
+    for name in ("legacy/old.py", "legacy/keep.py", "train_old.py", "train.py"):
+        (project / name).write_text(DP_SCRIPT)
+    result = run_cli(".", cwd=project)
+    assert result.returncode == 0, result.stderr
+    migrated = {name for name in ("legacy/old.py", "legacy/keep.py", "train_old.py", "train.py")
+                if (project / name).read_text() != DP_SCRIPT}
+    assert migrated == {"legacy/keep.py", "train.py"}
+
+
+def test_exclude_applies_to_the_stdin_filename(tmp_path):
+    project = _project(tmp_path, 'to = "ddp"\nexclude = ["legacy/"]\n')
+    passed = run_cli("-", "--stdin-filename", "legacy/model.py", cwd=project, stdin=DP_SCRIPT.encode())
+    assert passed.returncode == 0, passed.stderr
+    assert passed.stdout == DP_SCRIPT.encode()
+    migrated = run_cli("-", "--stdin-filename", "model.py", cwd=project, stdin=DP_SCRIPT.encode())
+    assert b"mgpu_runtime.DistributedDataParallel" in migrated.stdout
+
+
+def test_the_global_gitignore_is_respected_in_walked_directories(tmp_path):
+    import os
+    import subprocess
+
+    from tests.cli_helpers import command
+
+    (tmp_path / "repo").mkdir()
+    project = _project(tmp_path / "repo", 'to = "ddp"\n')
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    (tmp_path / "global-ignore").write_text("generated_*.py\n")
+    (tmp_path / "gitconfig").write_text(f"[core]\n\texcludesFile = {tmp_path / 'global-ignore'}\n")
+    for name in ("generated_model.py", "train.py"):
+        (project / name).write_text(DP_SCRIPT)
+    environment = {**os.environ, "GIT_CONFIG_GLOBAL": str(tmp_path / "gitconfig")}
+    result = subprocess.run([*command(), "."], cwd=project, env=environment, capture_output=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert (project / "generated_model.py").read_text() == DP_SCRIPT
+    assert "mgpu_runtime" in (project / "train.py").read_text()
+    # Named explicitly, an ignored file is still migrated (as for .gitignore).
+    named = subprocess.run([*command(), "generated_model.py"], cwd=project, env=environment, capture_output=True, timeout=120)
+    assert named.returncode == 0 and "mgpu_runtime" in (project / "generated_model.py").read_text()
