@@ -532,6 +532,20 @@ _REVIEW_PAGES = {
         "Use `--to balanced` (its replicate calls `__data_parallel_replicate__`), or replace the package's "
         "BatchNorm with `nn.BatchNorm2d` and migrate with `--to ddp --sync-bn`.",
     ),
+    "MGP340": (
+        "unused-noqa",
+        "The rule that has the code looked at this file and found nothing at that line to silence, or the code "
+        "is none of mgpu-migrate's; the comment does nothing (ruff's RUF100).",
+        "Remove the code from the comment, or correct it (`--list-codes`). Codes of other tools and a bare "
+        "`# noqa` are left alone.",
+    ),
+    "MGP341": (
+        "wrap-kept-by-noqa",
+        "`--to ddp` migrates a file entirely or not at all: a DataParallel wrap that a `# noqa` keeps leaves every "
+        "other site of the file as it was, which the comment on one line does not show.",
+        "Remove the `# noqa` from the wrap to migrate the file, or add MGP341 to it (`# noqa: MGP101, MGP341`) "
+        "when the file is to stay DataParallel.",
+    ),
     "MGP310": (
         "numpy-draws-per-row",
         "The training loop, or a function or method of the project it calls (the message names the draw's "

@@ -206,3 +206,22 @@ def test_the_users_syntax_warnings_are_not_printed(tmp_path):
         )
         assert result.returncode == 1, result.stderr
         assert "Warning" not in result.stderr and "MGP101" in result.stderr
+
+
+def test_a_noqa_that_keeps_a_whole_file_or_silences_nothing_is_said(tmp_path):
+    kept = "import torch.nn as nn\nmodel = nn.DataParallel(nn.Linear(2, 2))  # noqa: MGP101\n"
+    (tmp_path / "kept.py").write_text(kept)
+    result = run_cli("kept.py", "--to", "ddp", "--check", "--fail-on", "review", cwd=tmp_path)
+    assert result.returncode == 1  # a site for a person: the file stays DataParallel
+    (line,) = [line for line in result.stderr.decode().splitlines() if line.startswith("kept.py:")]
+    assert line.startswith("kept.py:2:9: MGP341 the `# noqa` here (MGP101) keeps this DataParallel")
+    # Said on purpose, it is silent.
+    (tmp_path / "kept.py").write_text(kept.replace("MGP101", "MGP101, MGP341"))
+    assert run_cli("kept.py", "--to", "ddp", "--check", "--fail-on", "review", cwd=tmp_path).returncode == 0
+
+    stale = "import torch.nn as nn\nmodel = nn.DataParallel(nn.Linear(2, 2))  # noqa: F401\nx = 1  # noqa: MGP101, MGP999\n"
+    (tmp_path / "stale.py").write_text(stale)
+    said = run_cli("stale.py", "--to", "balanced", "--diff", cwd=tmp_path).stderr.decode().splitlines()
+    assert "stale.py:3:1: MGP340 `# noqa: MGP101` silences nothing on this line: remove it" in said
+    assert "stale.py:3:1: MGP340 `# noqa: MGP999`: mgpu-migrate has no code MGP999 (--list-codes)" in said
+    assert not [line for line in said if "F401" in line]  # another tool's code is not judged
