@@ -70,7 +70,8 @@ def test_round_trip_keeps_all_but_the_code_and_is_idempotent(tmp_path):
     assert after["metadata"] == before["metadata"] and after["cells"][0] == before["cells"][0]
     assert after["cells"][2] == before["cells"][2]
     setup, train = after["cells"][1]["source"], after["cells"][3]["source"]
-    assert setup == ["import mgpu_runtime\n", *SETUP_CELL]
+    # The kernel installs the runtime it now imports, above the import, once.
+    assert setup == ["%pip install mgpu-runtime\n", "import mgpu_runtime\n", *SETUP_CELL]
     assert "model = mgpu_runtime.DataParallelModel(model)\n" in train
     assert "%time model(torch.ones(1, 4))\n" in train and train[-1] == TRAIN_CELL[-1]
     text = path.read_text(encoding="utf-8")
@@ -152,3 +153,20 @@ for code, replicas in json.loads(sys.argv[1]):
         exec(compile(code, "<kernel>", "exec"), {"__name__": "__main__"})
     print(printed.getvalue().split()[-1])
 """
+
+
+def test_the_install_line_comes_once_and_not_over_the_notebooks_own(tmp_path):
+    own = copy.deepcopy(notebook())
+    own["cells"][1]["source"] = ["!pip install -q mgpu-runtime torch\n", *SETUP_CELL]
+    write_notebook(tmp_path / "own.ipynb", own)
+    write_notebook(tmp_path / "train.ipynb", notebook())
+    assert run_cli(".", "--to", "ddp", cwd=tmp_path).returncode == 0
+    sources = {name: ["".join(cell["source"]) for cell in json.loads((tmp_path / name).read_text(encoding="utf-8"))["cells"]]
+               for name in ("own.ipynb", "train.ipynb")}
+    assert sum(text.count("pip install") for text in sources["own.ipynb"]) == 1
+    first_code = sources["train.ipynb"][1]
+    assert first_code.startswith("%pip install mgpu-runtime\nimport mgpu_runtime\n")
+    # Migrating again adds nothing.
+    assert run_cli("train.ipynb", "--to", "ddp", cwd=tmp_path).returncode == 0
+    again = ["".join(cell["source"]) for cell in json.loads((tmp_path / "train.ipynb").read_text(encoding="utf-8"))["cells"]]
+    assert sum(text.count("%pip install mgpu-runtime") for text in again) == 1
