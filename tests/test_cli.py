@@ -225,3 +225,13 @@ def test_a_noqa_that_keeps_a_whole_file_or_silences_nothing_is_said(tmp_path):
     assert "stale.py:3:1: MGP340 `# noqa: MGP101` silences nothing on this line: remove it" in said
     assert "stale.py:3:1: MGP340 `# noqa: MGP999`: mgpu-migrate has no code MGP999 (--list-codes)" in said
     assert not [line for line in said if "F401" in line]  # another tool's code is not judged
+
+
+def test_a_filtered_device_ids_comprehension_names_gpus_not_the_first_n(tmp_path):
+    (tmp_path / "train.py").write_text(
+        "import torch.nn as nn\nmodel = nn.DataParallel(nn.Linear(2, 2), device_ids=[i for i in range(8) if i != 3])\n"
+    )
+    result = run_cli("train.py", "--to", "ddp", "--check", cwd=tmp_path)
+    said = result.stderr.decode()
+    assert "MGP283 `device_ids=[i for i in range(8) if i != 3]` names the GPUs to use" in said
+    assert "first" not in said and result.returncode == 0
