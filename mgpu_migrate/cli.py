@@ -264,7 +264,16 @@ class Choices:
         style = settings.style if self.style is None else self.style
         if style == TORCH_STYLE and target != DDP:
             raise click.UsageError(f"--style torch is a style of --to ddp, not of --to {target}")
-        return target, Options(sync_bn=settings.sync_bn if self.sync_bn is None else self.sync_bn, style=style)
+        sync_bn = settings.sync_bn if self.sync_bn is None else self.sync_bn
+        if sync_bn and target != DDP:
+            # One process, as DataParallel: each replica normalizes over its own chunk, and no SyncBatchNorm
+            # runs without a process per device. Saying nothing would migrate without what was asked.
+            where = "--sync-bn" if self.sync_bn else f"sync-bn = true ({settings.source})"
+            raise click.UsageError(
+                f"{where} is a choice of --to ddp; --to {target} keeps DataParallel's per-device BatchNorm statistics "
+                "(pass --no-sync-bn)"
+            )
+        return target, Options(sync_bn=sync_bn, style=style)
 
     def size_limit(self, path: str) -> int:
         """Bytes over which a file is left (0: no limit): the command line's, the file's settings', the default."""

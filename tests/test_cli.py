@@ -235,3 +235,16 @@ def test_a_filtered_device_ids_comprehension_names_gpus_not_the_first_n(tmp_path
     said = result.stderr.decode()
     assert "MGP283 `device_ids=[i for i in range(8) if i != 3]` names the GPUs to use" in said
     assert "first" not in said and result.returncode == 0
+
+
+def test_sync_bn_under_balanced_is_a_usage_error(tmp_path):
+    script = "import torch.nn as nn\nmodel = nn.DataParallel(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))\n"
+    (tmp_path / "train.py").write_text(script)
+    refused = run_cli("train.py", "--to", "balanced", "--sync-bn", cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "--sync-bn is a choice of --to ddp; --to balanced keeps DataParallel's per-device BatchNorm" in refused.stderr.decode()
+    (tmp_path / "pyproject.toml").write_text("[tool.mgpu-migrate]\nsync-bn = true\n")
+    from_settings = run_cli("train.py", "--to", "balanced", cwd=tmp_path)
+    assert from_settings.returncode == 2 and b"sync-bn = true (" in from_settings.stderr
+    assert (tmp_path / "train.py").read_text() == script
+    assert run_cli("train.py", "--to", "balanced", "--no-sync-bn", cwd=tmp_path).returncode == 0
