@@ -16,13 +16,16 @@ if TYPE_CHECKING:
     import pathspec
 
 
+@functools.lru_cache(maxsize=None)
+def work_tree(directory: str) -> str | None:
+    """The top of the git work tree holding the absolute ``directory`` (None: it is in none)."""
+    if os.path.exists(os.path.join(directory, ".git")):
+        return directory
+    parent = os.path.dirname(directory)
+    return None if parent == directory else work_tree(parent)
+
+
 class GitIgnore:
-    @functools.lru_cache(maxsize=None)
-    def _work_tree(self, directory: str) -> str | None:
-        if os.path.exists(os.path.join(directory, ".git")):
-            return directory
-        parent = os.path.dirname(directory)
-        return None if parent == directory else self._work_tree(parent)
 
     @functools.lru_cache(maxsize=None)
     def _global_excludes(self, work_tree: str) -> str | None:
@@ -52,7 +55,7 @@ class GitIgnore:
 
     def ignored(self, path: str) -> bool:
         absolute = os.path.abspath(path)
-        work_tree = self._work_tree(os.path.dirname(absolute))
+        work_tree = work_tree(os.path.dirname(absolute))
         if work_tree is None:
             return False
         suffix = "/" if os.path.isdir(absolute) else ""

@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 from mgpu_migrate import files
 from mgpu_migrate.diagnostics import FILE_CHANGED, INTERNAL_ERROR, OUTSIDE_TREE, READ_ERROR, TOO_LARGE, Diagnostic
 from mgpu_migrate.engine import MigrationResult, might_need_migration, migrate_source
+from mgpu_migrate.gitignore import work_tree
 from mgpu_migrate.options import DEFAULT_OPTIONS, Options
 from mgpu_migrate.output import display_path, markers
 from mgpu_migrate.results import CHANGED, FAILED, UNCHANGED, FileOutcome
@@ -22,13 +23,25 @@ from mgpu_migrate.results import CHANGED, FAILED, UNCHANGED, FileOutcome
 
 def unified_diff(before: str, after: str, path: str) -> str:
     lines = []
-    path = display_path(path)  # `git apply` rejects a/./x.py
+    path = _diff_path(path)
     old, new = (path, path) if path.startswith("/") else (f"a/{path}", f"b/{path}")
     for line in difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True), old, new):
         lines.append(line)
         if not line.endswith(("\n", "\r")):
             lines.append("\n\\ No newline at end of file\n")
     return "".join(lines)
+
+
+def _diff_path(path: str) -> str:
+    """The path a diff names, so that ``git apply`` takes it: relative to the current directory without
+    ``./`` (``a/./x.py`` is refused); a file outside it, in a git work tree, relative to the tree's top, as
+    ``git diff`` names it (``a/../x.py`` is refused: apply such a diff from the top); else absolute."""
+    shown = display_path(path)
+    if shown.startswith("<") or not shown.startswith(os.pardir + os.sep) and not os.path.isabs(shown):
+        return shown
+    absolute = os.path.abspath(path)
+    top = work_tree(os.path.dirname(absolute))
+    return os.path.relpath(absolute, top).replace(os.sep, "/") if top else absolute
 
 
 def _failed(path: str, code: str, message: str) -> FileOutcome:

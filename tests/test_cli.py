@@ -248,3 +248,21 @@ def test_sync_bn_under_balanced_is_a_usage_error(tmp_path):
     assert from_settings.returncode == 2 and b"sync-bn = true (" in from_settings.stderr
     assert (tmp_path / "train.py").read_text() == script
     assert run_cli("train.py", "--to", "balanced", "--no-sync-bn", cwd=tmp_path).returncode == 0
+
+
+def test_a_diff_of_a_file_outside_the_current_directory_applies_from_the_work_trees_top(tmp_path):
+    import subprocess
+
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "train.py").write_text(DP_SCRIPT)
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    diff = run_cli("../models/train.py", "--to", "ddp", "--diff", cwd=tmp_path / "scripts")
+    assert diff.returncode == 1, diff.stderr
+    assert diff.stdout.decode().splitlines()[:2] == ["--- a/models/train.py", "+++ b/models/train.py"]
+    subprocess.run(["git", "apply", "-"], cwd=tmp_path, input=diff.stdout, check=True)
+    assert "mgpu_runtime.DistributedDataParallel(model)" in (tmp_path / "models" / "train.py").read_text()
+    # Inside the current directory the path stays the one given, without ./
+    (tmp_path / "scripts" / "job.py").write_text(DP_SCRIPT)
+    inside = run_cli("./job.py", "--to", "ddp", "--diff", cwd=tmp_path / "scripts")
+    assert inside.stdout.decode().splitlines()[0] == "--- a/job.py"
