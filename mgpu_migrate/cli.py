@@ -210,6 +210,8 @@ def main(
     rewrites_shown = not check if show_rewrites is None else show_rewrites
     if not rewrites_shown:
         outcomes = [_without_rewrites(outcome) for outcome in outcomes]
+    elif check or diff:
+        outcomes = [_not_written(outcome) for outcome in outcomes]
 
     target_name = ",".join(sorted(targets))
     run = Run(target_name, mode, outcomes)
@@ -379,6 +381,16 @@ def _without_rewrites(outcome: FileOutcome) -> FileOutcome:
 
     kept = [diagnostic for diagnostic in outcome.diagnostics if not diagnostic.is_rewrite]
     return outcome if len(kept) == len(outcome.diagnostics) else replace(outcome, diagnostics=kept)
+
+
+def _not_written(outcome: FileOutcome) -> FileOutcome:
+    """A dry run's rewrites, said as what a run that writes would do (the rules say what they did)."""
+    from dataclasses import replace
+
+    if not any(diagnostic.is_rewrite for diagnostic in outcome.diagnostics):
+        return outcome
+    said = [replace(d, message=f"would be: {d.message}") if d.is_rewrite else d for d in outcome.diagnostics]
+    return replace(outcome, diagnostics=said)
 
 
 def _missing(path: str) -> FileOutcome:

@@ -26,20 +26,19 @@ def work_tree(directory: str) -> str | None:
 
 
 class GitIgnore:
-
     @functools.lru_cache(maxsize=None)
-    def _global_excludes(self, work_tree: str) -> str | None:
+    def _global_excludes(self, top: str) -> str | None:
         """The user's global ignore file, as git finds it: ``core.excludesFile`` (``git config`` reads every
         configuration file, includes and ``GIT_CONFIG_GLOBAL``), else ``$XDG_CONFIG_HOME/git/ignore``."""
         try:
             configured = subprocess.run(
                 ["git", "config", "--path", "--get", "core.excludesFile"],
-                cwd=work_tree, capture_output=True, text=True, timeout=30,
+                cwd=top, capture_output=True, text=True, timeout=30,
             )
         except (OSError, subprocess.SubprocessError):
             return None  # no git here: no global configuration to honour
         if configured.returncode == 0 and configured.stdout.strip():
-            return os.path.join(work_tree, os.path.expanduser(configured.stdout.strip()))
+            return os.path.join(top, os.path.expanduser(configured.stdout.strip()))
         config_home = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
         return os.path.join(config_home, "git", "ignore")
 
@@ -55,20 +54,20 @@ class GitIgnore:
 
     def ignored(self, path: str) -> bool:
         absolute = os.path.abspath(path)
-        work_tree = work_tree(os.path.dirname(absolute))
-        if work_tree is None:
+        top = work_tree(os.path.dirname(absolute))
+        if top is None:
             return False
         suffix = "/" if os.path.isdir(absolute) else ""
         # From the lowest precedence to the highest: the global file, info/exclude, then each directory's
         # .gitignore downwards.
-        directories = [work_tree]
-        relative_parent = os.path.relpath(os.path.dirname(absolute), work_tree)
+        directories = [top]
+        relative_parent = os.path.relpath(os.path.dirname(absolute), top)
         if relative_parent != os.curdir:
             for part in relative_parent.split(os.sep):
                 directories.append(os.path.join(directories[-1], part))
-        global_excludes = self._global_excludes(work_tree)
-        sources = [(work_tree, global_excludes)] if global_excludes else []
-        sources.append((work_tree, os.path.join(work_tree, ".git", "info", "exclude")))
+        global_excludes = self._global_excludes(top)
+        sources = [(top, global_excludes)] if global_excludes else []
+        sources.append((top, os.path.join(top, ".git", "info", "exclude")))
         sources += [(directory, os.path.join(directory, ".gitignore")) for directory in directories]
         verdict = False
         for base, source in sources:

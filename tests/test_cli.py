@@ -266,3 +266,13 @@ def test_a_diff_of_a_file_outside_the_current_directory_applies_from_the_work_tr
     (tmp_path / "scripts" / "job.py").write_text(DP_SCRIPT)
     inside = run_cli("./job.py", "--to", "ddp", "--diff", cwd=tmp_path / "scripts")
     assert inside.stdout.decode().splitlines()[0] == "--- a/job.py"
+
+
+def test_a_dry_run_says_its_rewrites_as_what_a_run_would_do(tmp_path):
+    (tmp_path / "train.py").write_text(DP_SCRIPT)
+    for mode in (["--diff"], ["--check", "--show-rewrites"]):
+        said = run_cli("train.py", "--to", "ddp", *mode, cwd=tmp_path).stderr.decode()
+        assert "train.py:3:9: MGP101 would be: DataParallel replaced with mgpu_runtime.DistributedDataParallel" in said
+        assert "would be migrated to ddp" in said
+    written = run_cli("train.py", "--to", "ddp", cwd=tmp_path).stderr.decode()
+    assert "MGP101 DataParallel replaced with" in written and "would be" not in written
