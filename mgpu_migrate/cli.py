@@ -111,6 +111,14 @@ def _process_stdin(target: str, check: bool, diff: bool, filename: str, options:
     help="Leave files larger than this (e.g. 5MB; 0: no limit) with MGP006. "
     "Default: [tool.mgpu-migrate] max-file-size, else 2MB.",
 )
+@click.option(
+    "--color",
+    "color_choice",
+    type=click.Choice(["auto", "always", "never"]),
+    default="auto",
+    show_default=True,
+    help="Colour the diagnostics and diffs: auto colours a terminal (NO_COLOR turns it off, FORCE_COLOR on).",
+)
 @click.option("--stdin-filename", default="<stdin>", show_default=True, help="Name used for '-' in diagnostics.")
 @click.option(
     "--output-format",
@@ -159,7 +167,7 @@ def _process_stdin(target: str, check: bool, diff: bool, filename: str, options:
 @click.option("--list-codes", is_flag=True, help="List every diagnostic code (code, kind, summary) and exit.")
 @click.version_option(__version__, prog_name="mgpu-migrate")
 def main(
-    paths, target, diff, check, quiet, show_rewrites, jobs, sync_bn, style, max_file_size, stdin_filename, output_format, fail_on, report_path, add_markers,
+    paths, target, diff, check, quiet, show_rewrites, jobs, sync_bn, style, max_file_size, color_choice, stdin_filename, output_format, fail_on, report_path, add_markers,
     config_file, select_codes, ignore_codes, explain, list_codes,
 ):
     """Rewrite PyTorch scripts that use nn.DataParallel.
@@ -200,7 +208,7 @@ def main(
             outcomes, targets = _process_paths(paths, choices, write, diff or document or bool(report_path), jobs, quiet)
             if diff and not document:
                 for outcome in outcomes:
-                    click.echo(outcome.diff, nl=False)
+                    click.echo(text.coloured_diff(outcome.diff), nl=False, color=_colour(color_choice))
             mode = "write" if write else "diff" if diff else "check"
         outcomes = [choices.reported(outcome) for outcome in outcomes]
     except ConfigError as error:
@@ -215,7 +223,7 @@ def main(
 
     target_name = ",".join(sorted(targets))
     run = Run(target_name, mode, outcomes)
-    colour = False if os.environ.get("NO_COLOR") else None
+    colour = _colour(color_choice)
     if output_format in TEXT_FORMATS:
         click.echo(text.render(run, quiet, full=output_format == "full"), err=True, nl=False, color=colour)
         if not (rewrites_shown or quiet):
@@ -241,6 +249,15 @@ def main(
     if fail_on == "review" and any(diagnostic.needs_review for diagnostic in run.diagnostics):
         sys.exit(EXIT_WOULD_CHANGE)
     sys.exit(EXIT_OK)
+
+
+def _colour(choice: str) -> bool | None:
+    """click's ``color``: True or False as chosen; None lets click colour a terminal only."""
+    if choice != "auto":
+        return choice == "always"
+    if os.environ.get("NO_COLOR"):
+        return False
+    return True if os.environ.get("FORCE_COLOR") else None
 
 
 class Choices:

@@ -63,3 +63,16 @@ def changed_files(run: Run) -> str:
         for outcome in run.outcomes
         if outcome.status == CHANGED
     )
+
+
+_DIFF_STYLES = (("+++", {"bold": True}), ("---", {"bold": True}), ("@@", {"fg": "cyan"}), ("+", {"fg": "green"}), ("-", {"fg": "red"}))
+
+
+def coloured_diff(diff: str) -> str:
+    """A unified diff with git's colours (``click.echo`` drops them where colour is off)."""
+    lines = []
+    for line in diff.splitlines(keepends=True):
+        style = next((style for start, style in _DIFF_STYLES if line.startswith(start)), None)
+        body = line.rstrip("\r\n")
+        lines.append(click.style(body, **style) + line[len(body):] if style and body else line)
+    return "".join(lines)
