@@ -22,26 +22,11 @@ from mgpu_runtime.distributed.environment import SINGLE, LaunchEnvironmentError,
 
 # The variables the runtime (or torch under it) reads to place a process, in the order they are shown.
 LAUNCHER_VARIABLES = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
+    *("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"),
     "TORCHELASTIC_RUN_ID",
-    "SLURM_PROCID",
-    "SLURM_LOCALID",
-    "SLURM_NTASKS",
-    "SLURM_STEP_NUM_TASKS",
-    "SLURM_NODEID",
-    "SLURM_JOB_ID",
-    "SLURM_JOB_NODELIST",
-    "SLURM_STEP_NODELIST",
-    "SLURM_TASKS_PER_NODE",
-    "SLURM_STEP_TASKS_PER_NODE",
-    "CUDA_VISIBLE_DEVICES",
-    "OMP_NUM_THREADS",
+    *("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_NODEID", "SLURM_JOB_ID"),
+    *("SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST", "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE"),
+    *("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"),
 )
 # Every variable with one of these prefixes is shown too: the runtime's own and NCCL's settings.
 SETTING_PREFIXES = ("MGPU_", "NCCL_")
