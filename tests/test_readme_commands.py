@@ -71,3 +71,18 @@ def test_the_marker_example_is_a_marker_the_tool_reports():
     (example,) = [block for block in blocks("python") if "mgpu-migrate: review" in block]
     (diagnostic,) = marked("train.py", example)
     assert diagnostic.code == "MGP248" and diagnostic.line == 2
+
+
+def test_the_readme_commands_ci_runs_are_there_and_the_try_it_job_prints_the_example():
+    """.ci/run runs these lines as they are (tests/readme_blocks.py): each is one line of the README."""
+    from tests.readme_blocks import COMMANDS, command
+
+    lines = {name: command(name) for name in COMMANDS}
+    assert lines["test"].endswith("&& python3 -m pytest -n 2")
+    assert "--index-url https://download.pytorch.org/whl/cpu" in lines["test"]
+    install, job = lines["try"].split(" && ", 1)
+    assert install == "pip install mgpu-migrate"
+    printed = run_cli(*job.split()[1:], cwd=ROOT)
+    assert printed.returncode == 1  # --diff: the file would change
+    (example,) = [block for block in blocks("diff") if block.startswith(f"$ {job}\n")]
+    assert [line.rstrip() for line in printed.stdout.decode().splitlines()] == example.splitlines()[1:]
