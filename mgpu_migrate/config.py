@@ -62,52 +62,27 @@ class Settings:
         return not any(code.startswith(prefix) for prefix in self.ignore)
 
     def excluded(self, path: str) -> bool:
-        """Whether ``path`` (a file or directory) or a directory above it matches an ``exclude`` pattern."""
+        """Whether ``path`` (a file or directory) matches the ``exclude`` patterns, read as a ``.gitignore`` in
+        the settings' directory is (``pathspec``'s gitwildmatch: a later ``!pattern`` re-includes), directories
+        above it included: a file named inside an excluded directory is excluded too."""
         if not self.exclude or self.root is None:
             return False
         relative = os.path.relpath(os.path.abspath(path), self.root)
         if relative == os.curdir or relative.startswith(os.pardir + os.sep) or relative == os.pardir:
             return False
         parts = relative.split(os.sep)
-        prefixes = ["/".join(parts[: end + 1]) for end in range(len(parts))]
-        return any(
-            pattern.fullmatch(prefix if anchored else prefix.rsplit("/", 1)[-1])
-            for anchored, pattern in _compiled(self.exclude)
-            for prefix in prefixes
-        )
-
-
-def _compiled(patterns: tuple[str, ...]) -> list[tuple[bool, re.Pattern[str]]]:
-    return [_compile(pattern) for pattern in patterns]
+        spec = _spec(self.exclude)
+        # Each directory above as a directory ("legacy/" matches it), then the path itself.
+        candidates = ["/".join(parts[: end + 1]) + "/" for end in range(len(parts) - 1)]
+        candidates.append("/".join(parts) + ("/" if os.path.isdir(path) else ""))
+        return any(spec.match_file(candidate) for candidate in candidates)
 
 
 @functools.lru_cache(maxsize=None)
-def _compile(pattern: str) -> tuple[bool, re.Pattern[str]]:
-    """A gitignore-style glob: without a ``/`` it matches a name at any depth, with one it is anchored at the
-    root; ``*`` and ``?`` stay within a name, ``**`` crosses directories, ``[...]`` is a character class."""
-    body = pattern.strip().rstrip("/")
-    anchored = "/" in body
-    body = body.lstrip("/")
-    regex, index = "", 0
-    while index < len(body):
-        if body.startswith("**/", index):
-            regex, index = regex + "(?:.*/)?", index + 3
-        elif body.startswith("**", index):
-            regex, index = regex + ".*", index + 2
-        elif body[index] == "*":
-            regex, index = regex + "[^/]*", index + 1
-        elif body[index] == "?":
-            regex, index = regex + "[^/]", index + 1
-        elif body[index] == "[" and "]" in body[index + 2 :]:
-            end = body.index("]", index + 2)
-            inside = body[index + 1 : end]
-            negated = inside.startswith("!")
-            inside = (inside[1:] if negated else inside).replace("\\", "\\\\").replace("^", "\\^")
-            regex += "[" + ("^" if negated else "") + inside + "]"
-            index = end + 1
-        else:
-            regex, index = regex + re.escape(body[index]), index + 1
-    return anchored, re.compile(regex)
+def _spec(patterns: tuple[str, ...]):
+    import pathspec
+
+    return pathspec.GitIgnoreSpec.from_lines(patterns)
 
 
 _SIZE_UNITS = {
@@ -156,7 +131,21 @@ def _codes(value: object, key: str, where: str) -> tuple[str, ...]:
                 f"{where}: {key}: {code} is {kind}, always reported; select and ignore choose among the sites "
                 "left for a person (MGP2xx). To leave one site as it is, put `# noqa: CODE` on its line"
             )
+    _check_known(codes, key, where)
     return codes
+
+
+def _check_known(codes: tuple[str, ...], key: str, where: str) -> None:
+    """Every code names a review code of the registry, or is a prefix of one (a typo would select nothing)."""
+    from mgpu_migrate.codes import CODES, REVIEW  # the registry loads the rules: only when codes are given
+
+    known = [code for code, info in CODES.items() if info.kind == REVIEW]
+    for code in codes:
+        if not any(candidate.startswith(code) for candidate in known):
+            raise ConfigError(
+                f"{where}: {key}: {code} is no code of mgpu-migrate's (the sites left for a person: {', '.join(known)}; "
+                "--list-codes says what each is)"
+            )
 
 
 def codes_option(value: str | None, option: str) -> tuple[str, ...]:

@@ -15,8 +15,9 @@ from mgpu_migrate import files
 from mgpu_migrate.diagnostics import FILE_CHANGED, INTERNAL_ERROR, OUTSIDE_TREE, READ_ERROR, TOO_LARGE, Diagnostic
 from mgpu_migrate.engine import MigrationResult, might_need_migration, migrate_source
 from mgpu_migrate.options import DEFAULT_OPTIONS, Options
-from mgpu_migrate.output import display_path, markers
+from mgpu_migrate.output import diff_path, markers
 from mgpu_migrate.results import CHANGED, FAILED, UNCHANGED, FileOutcome, unified_diff
+
 
 
 def _failed(path: str, code: str, message: str) -> FileOutcome:
@@ -73,7 +74,7 @@ def outcome_of(result: MigrationResult, want_diff: bool) -> FileOutcome:
         return FileOutcome(result.path, FAILED, [result.error, *result.diagnostics])
     if not result.changed:
         return FileOutcome(result.path, UNCHANGED, result.diagnostics)
-    diff = unified_diff(result.source, result.output, display_path(result.path)) if want_diff else ""
+    diff = unified_diff(result.source, result.output, diff_path(result.path)) if want_diff else ""
     return FileOutcome(result.path, CHANGED, result.diagnostics, diff)
 
 

@@ -109,8 +109,8 @@ def parse_annotations(output: str) -> list[dict]:
 
 
 def test_github_annotations_parse_back_to_the_diagnostics(project):
-    expected = _text_diagnostics(project, ".", "--to", "ddp", "--check")
-    result = run_cli(".", "--to", "ddp", "--check", "--output-format", "github", cwd=project)
+    expected = _text_diagnostics(project, ".", "--to", "ddp", "--check", "--show-rewrites")
+    result = run_cli(".", "--to", "ddp", "--check", "--show-rewrites", "--output-format", "github", cwd=project)
     assert result.returncode == 2
     annotations = parse_annotations(result.stdout.decode())
     assert [(a["file"], int(a["line"]), int(a["col"]), a["title"].split()[-1]) for a in annotations] == [
@@ -132,7 +132,7 @@ def test_github_escapes_what_the_runner_decodes():
 
 
 def test_sarif_validates_against_the_official_schema(project):
-    result = run_cli(".", "--to", "ddp", "--check", "--output-format", "sarif", cwd=project)
+    result = run_cli(".", "--to", "ddp", "--check", "--show-rewrites", "--output-format", "sarif", cwd=project)
     assert result.returncode == 2
     log = json.loads(result.stdout)
     jsonschema.Draft4Validator(SARIF_SCHEMA).validate(log)
@@ -222,3 +222,25 @@ def test_diffs_of_odd_file_names_and_lines_apply_with_git_apply(tmp_path, how):
     assert "DistributedDataParallel" in expected
     for name in ODD_NAMES:
         assert (tmp_path / name).read_text() == expected, name
+
+
+def test_check_reports_what_needs_a_person_and_names_the_files_that_would_change(project):
+    """--check leaves the rewrites out of every format (a CI job's annotations are the sites for a person and
+    the errors); --show-rewrites lists them, and a run that writes lists them unless --hide-rewrites."""
+    github = run_cli(".", "--to", "ddp", "--check", "--output-format", "github", cwd=project)
+    levels = [a["level"] for a in parse_annotations(github.stdout.decode())]
+    assert sorted(levels) == ["error", "warning"]  # broken.py's MGP002, dim.py's MGP201
+    shown = run_cli(".", "--to", "ddp", "--check", "--show-rewrites", "--output-format", "github", cwd=project)
+    assert "notice" in [a["level"] for a in parse_annotations(shown.stdout.decode())]
+    sarif = json.loads(run_cli(".", "--to", "ddp", "--check", "--output-format", "sarif", cwd=project).stdout)
+    assert {result["ruleId"] for result in sarif["runs"][0]["results"]} == {"MGP002", "MGP201"}
+
+    text = run_cli(".", "--to", "ddp", "--check", cwd=project).stderr.decode().splitlines()
+    assert "pkg/train.py: would be migrated (--show-rewrites lists the rewrites)" in text
+    assert not [line for line in text if ": MGP1" in line]
+    assert not [line for line in run_cli(".", "--to", "ddp", "--check", "-q", cwd=project).stderr.decode().splitlines()
+                if "would be migrated" in line]
+
+    hidden = run_cli("pkg", "--to", "ddp", "--hide-rewrites", "--output-format", "github", cwd=project)
+    assert hidden.returncode == 0 and hidden.stdout == b""
+    assert "mgpu_runtime" in (project / "pkg" / "train.py").read_text()  # written all the same

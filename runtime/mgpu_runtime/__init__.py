@@ -11,6 +11,7 @@ Two families, each in its own sub-package:
 This package depends on torch only; it never imports the ``mgpu_migrate`` tool.
 """
 
+from mgpu_runtime._version import __version__
 from mgpu_runtime.balanced import (
     DataParallelCriterion,
     DataParallelModel,

@@ -180,7 +180,7 @@ class TestRelaunch:
 
     def test_the_command_reruns_the_original_command_line(self):
         command = torchrun_command(4, "/usr/bin/python3", ["python3", "-X", "dev", "-m", "pkg.train", "--lr", "0.1"])
-        assert command[:5] == ["/usr/bin/python3", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4"]
+        assert command[:5] == ["/usr/bin/python3", "-m", "mgpu_runtime.distributed.agent", "--standalone", "--nproc_per_node=4"]
         assert command[5:] == ["--no-python", "/usr/bin/python3", "-u", "-X", "dev", "-m", "pkg.train", "--lr", "0.1"]
 
 
