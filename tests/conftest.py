@@ -31,6 +31,3 @@ def _no_emulated_devices_left():
     emulated = sys.modules.get("mgpu_runtime.emulation.devices")
     if emulated is not None and emulated.count():
         emulated.uninstall()
-        balanced = sys.modules.get("mgpu_runtime.balanced.devices")
-        if balanced is not None:
-            balanced._emulating = False

@@ -39,6 +39,7 @@ from mgpu_runtime.distributed import (
 from mgpu_runtime.wrappers import PARALLEL_WRAPPERS, unwrap
 
 __all__ = [
+    "__version__",
     "PARALLEL_WRAPPERS",
     "DataParallelCriterion",
     "DataParallelModel",

@@ -8,17 +8,19 @@ and where the loss is combined. One replica (or none) is the plain module: nothi
 
 from __future__ import annotations
 
+import functools
 import sys
 
 from mgpu_runtime.balanced.devices import CPU_REPLICAS_VARIABLE, Devices
 
-_announced: set[Devices] = set()
-
 
 def announce(devices: Devices) -> None:
-    if len(devices.replicas) < 2 or devices in _announced:
-        return
-    _announced.add(devices)
+    if len(devices.replicas) >= 2:
+        _say_once(devices)
+
+
+@functools.cache
+def _say_once(devices: Devices) -> None:
     print(f"mgpu_runtime: {describe(devices)}", file=sys.stderr, flush=True)
 
 

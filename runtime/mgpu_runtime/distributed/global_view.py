@@ -28,55 +28,32 @@ import torch
 import torch.distributed as dist
 
 from mgpu_runtime.emulation import devices as emulated
-from mgpu_runtime.distributed import lockstep
-from mgpu_runtime.sharded import RankGroup, gradients
+from mgpu_runtime.sharded import RankGroup
+from mgpu_runtime.sharded.gradients import Gradients
 from mgpu_runtime.sharded.groups import Monitor
 
-_group: RankGroup | None = None
-
-
-def join(rank: int, world_size: int, device: torch.device) -> None:
-    """Make this process's loop see the job's global values (see the module doc); once, at setup, on every rank."""
-    global _group
+def join(rank: int, world_size: int, device: torch.device, lockstep: Monitor) -> tuple[RankGroup, Gradients]:
+    """Make this process's loop see the job's global values (see the module doc); once, at setup, on every rank.
+    The rank group's collectives are told to ``lockstep``. What it returns, the job keeps."""
     metadata = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
-    _group = RankGroup(rank, world_size, device, metadata, _Lockstep())
-    gradients.install(_group)
+    group = RankGroup(rank, world_size, device, metadata, lockstep)
+    gradients = Gradients(group)
+    gradients.install()
     _take_rank_zero_generators(metadata)
     if device.type == "cpu" and not emulated.count():
         emulated.install(world_size)
+    return group, gradients
 
 
-class _Lockstep(Monitor):
-    """The rank group's collectives, told to the lockstep check: counted, carried, and where a rank waits."""
-
-    def counts(self, like: torch.Tensor) -> torch.Tensor:
-        return lockstep.collective_counts(like)
-
-    def check(self, counts: torch.Tensor, what: str) -> None:
-        lockstep.check_collective_counts(counts, what)
-
-    def waiting(self, what: str):
-        return lockstep.collective(what)
-
-
-def leave() -> None:
+def leave(gradients: Gradients) -> None:
     """Undo ``join`` (at teardown)."""
-    global _group
-    if _group is None:
-        return
-    _group = None
     gradients.uninstall()
     if emulated.count():
         emulated.uninstall()
 
 
-def group() -> RankGroup | None:
-    """The rank group of this job; None in a world of one."""
-    return _group
-
-
 @contextlib.contextmanager
-def own_forward(rank: int) -> Iterator[None]:
+def own_forward(gradients: Gradients, rank: int) -> Iterator[None]:
     """The wrapped model's forward on this rank: its own computation, drawing from its device's stream."""
     with gradients.own_computation():
         if emulated.count():

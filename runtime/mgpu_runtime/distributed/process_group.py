@@ -35,9 +35,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.utils.hooks import RemovableHandle
 
-from mgpu_runtime.distributed import global_view, lockstep, rank_output, safety
+from mgpu_runtime.distributed import global_view, rank_output
+from mgpu_runtime.distributed.lockstep import BARRIER, Lockstep
+from mgpu_runtime.distributed.safety import SafetyNet
+from mgpu_runtime.sharded import RankGroup
+from mgpu_runtime.sharded.gradients import Gradients
 from mgpu_runtime.distributed.environment import (
     SLURM,
     TORCHRUN,
@@ -54,21 +57,30 @@ DEFAULT_TIMEOUT_S = 300
 MAX_TIMEOUT_S = 365 * 24 * 3600
 
 
-@dataclass(frozen=True)
-class _Membership:
+@dataclass
+class Job:
+    """This process's part in the job: the runtime's whole state, made by ``setup()`` and dropped at teardown.
+
+    In a world of more than one process it holds the rank group of the loop's global values (with autograd's
+    convention for them, ``mgpu_runtime.sharded.gradients``), the lockstep check and the safety net.
+    """
+
     environment: LaunchEnvironment
     device: torch.device
     owns_process_group: bool
-    safety_net: RemovableHandle | None
+    lockstep: Lockstep | None = None
+    safety: SafetyNet | None = None
+    group: RankGroup | None = None
+    gradients: Gradients | None = None
 
 
-_membership: _Membership | None = None
+_job: Job | None = None
 
 
 def setup() -> None:
     """Join the job this process was launched into (see the module doc); a no-op after the first call."""
-    global _membership
-    if _membership is not None:
+    global _job
+    if _job is not None:
         return
     environment = detect_environment(os.environ)
     # torchrun --nproc_per_node=1 is a deliberate choice; one SLURM task is just SLURM's default.
@@ -84,31 +96,40 @@ def setup() -> None:
             f"a process group of {dist.get_world_size()} processes already exists, but the launch environment "
             f"says {environment.world_size}"
         )
-    safety_net = None
+    job = Job(environment, device, owns_process_group)
     if environment.world_size > 1:
-        safety_net = safety.install()
-        lockstep.start(environment.rank, environment.world_size, environment.master_addr, environment.master_port)
-        global_view.join(environment.rank, environment.world_size, device)
-    _membership = _Membership(environment, device, owns_process_group, safety_net)
+        job.safety = SafetyNet()
+        job.lockstep = Lockstep()
+        job.lockstep.start(environment.rank, environment.world_size, environment.master_addr, environment.master_port)
+        job.group, job.gradients = global_view.join(environment.rank, environment.world_size, device, job.lockstep)
+    _job = job
     rank_output.apply(environment)
 
 
 def teardown() -> None:
     """Leave the job: a note for the peers, then destroy the process group this module created. Runs at exit."""
-    global _membership
-    membership, _membership = _membership, None
+    global _job
+    job, _job = _job, None
     atexit.unregister(teardown)
-    if membership is None:
+    if job is None:
         return
-    if membership.safety_net is not None:
-        membership.safety_net.remove()
-    global_view.leave()
-    if membership.environment.world_size > 1:
+    if job.safety is not None:
+        job.safety.remove()
+    if job.gradients is not None:
+        global_view.leave(job.gradients)
+    if job.lockstep is not None:
         # Python sets sys.last_value when an uncaught exception ended the script.
         ended = getattr(sys, "last_value", None)
-        lockstep.stop(f"an uncaught {type(ended).__name__}" if ended is not None else "sys.exit() or the end of its script")
-    if membership.owns_process_group and dist.is_initialized():
+        job.lockstep.stop(f"an uncaught {type(ended).__name__}" if ended is not None else "sys.exit() or the end of its script")
+    if job.owns_process_group and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def job() -> Job:
+    """This process's part in the job (set up first)."""
+    setup()
+    assert _job is not None
+    return _job
 
 
 def rank() -> int:
@@ -138,21 +159,20 @@ def is_main_process() -> bool:
 
 def device() -> torch.device:
     """This process's device: ``cuda:<local rank>`` (modulo visible GPUs), or the CPU without CUDA."""
-    setup()
-    return _membership.device
+    return job().device
 
 
 def barrier() -> None:
     """Wait until every process gets here."""
-    setup()
-    if _membership.environment.world_size > 1:
-        with lockstep.waiting_in(lockstep.BARRIER, "a barrier"):  # a peer blocked elsewhere is told apart
-            _barrier(_membership.device)
+    current = job()
+    if current.lockstep is not None:
+        with current.lockstep.waiting_in(BARRIER, "a barrier"):  # a peer blocked elsewhere is told apart
+            _barrier(current.device)
 
 
 def _environment() -> LaunchEnvironment:
-    if _membership is not None:
-        return _membership.environment
+    if _job is not None:
+        return _job.environment
     return detect_environment(os.environ)
 
 

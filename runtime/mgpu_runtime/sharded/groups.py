@@ -63,6 +63,10 @@ class Group(ABC):
         """``value`` on the device of the ``index``-th held part (a replica's input)."""
         return value
 
+    def note_mixing(self, value: torch.Tensor) -> None:  # noqa: B027 - one process needs nothing here
+        """``value``, held alike by every part, goes into one part's own computation (an operand of a per-piece
+        operation, a replica's input); in one process nothing follows from it."""
+
     @abstractmethod
     def row_table(self, rows: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
         """Given, for each held part, the rows of each of several values, each value's rows in every part."""
@@ -153,13 +157,22 @@ class RankGroup(Group):
         self._metadata = metadata
         """The process group for small host-side exchanges (row counts, objects): gloo, also under NCCL."""
         self.monitor = monitor or Monitor()
+        self.mixings = 0
+        """How many times a value held alike by every rank, computed with autograd (a collective's result, or
+        something computed from one), went into a rank's own computation (``note_mixing``)."""
+
+    def note_mixing(self, value: torch.Tensor) -> None:
+        """From now on the gradient ``value`` receives differs between the ranks. A leaf (a parameter) cannot
+        be downstream of a collective, and is not counted."""
+        if value.requires_grad and value.grad_fn is not None and torch.is_grad_enabled():
+            self.mixings += 1
 
     def sum(self, *quantities: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         values = [partials[0] for partials in quantities]
-        return list(_SumOverRanks.apply(self.monitor, len(values), *values))
+        return list(_SumOverRanks.apply(self, len(values), *values))
 
     def concatenate(self, pieces: Sequence[torch.Tensor], splits: Sequence[int]) -> torch.Tensor:
-        return _GatherOverRanks.apply(tuple(splits), self.rank, self.monitor, pieces[0])
+        return _GatherOverRanks.apply(tuple(splits), self, pieces[0])
 
     def row_counts(self, rows: Sequence[int]) -> tuple[int, ...]:
         return self.row_table([[rows[0]]])[0]
@@ -187,26 +200,12 @@ class RankGroup(Group):
         return hash((self.rank, self.parts))
 
 
-_mixings = 0
-"""How many times a value held alike by every rank, computed with autograd (a collective's result, or something
-computed from one), went into a rank's own computation (``note_mixing``)."""
-
-
-def note_mixing(value: torch.Tensor) -> None:
-    """``value``, held alike by every rank, goes into this rank's own computation (an operand of a per-piece
-    operation, a replica's input): from now on the gradient it receives differs between the ranks. A leaf
-    (a parameter) cannot be downstream of a collective, and is not counted."""
-    global _mixings
-    if value.requires_grad and value.grad_fn is not None and torch.is_grad_enabled():
-        _mixings += 1
-
-
-def _summed_parts(gradient: torch.Tensor, ranks: int, since: int) -> torch.Tensor:
+def _summed_parts(gradient: torch.Tensor, group: RankGroup, since: int) -> torch.Tensor:
     """The true gradient of a collective's result from this rank's part: the parts summed over the ranks. When no
     value held alike went into a rank's own computation since the result was made, every rank's part is the
     same (a backward from values held alike starts at 1/W everywhere), and the sum is W times this one's."""
-    if _mixings == since:
-        return gradient * ranks
+    if group.mixings == since:
+        return gradient * group.parts
     summed = gradient.contiguous().clone()
     dist.all_reduce(summed)
     return summed
@@ -230,8 +229,9 @@ class _SumOverRanks(torch.autograd.Function):
     input's gradient."""
 
     @staticmethod
-    def forward(ctx, monitor: Monitor, count: int, *values: torch.Tensor):
-        ctx.mixings = _mixings
+    def forward(ctx, group: RankGroup, count: int, *values: torch.Tensor):
+        ctx.group, ctx.mixings = group, group.mixings
+        monitor = group.monitor
         ctx.shapes = [value.shape for value in values]
         ctx.dtypes = [value.dtype for value in values]
         carrier = _carrier_dtype(values)
@@ -264,7 +264,7 @@ class _SumOverRanks(torch.autograd.Function):
         if present:
             carrier = _carrier_dtype([gradient for _, gradient in present])
             packed = torch.cat([gradient.reshape(-1).to(carrier) for _, gradient in present])
-            packed = _summed_parts(packed, dist.get_world_size(), ctx.mixings)
+            packed = _summed_parts(packed, ctx.group, ctx.mixings)
             sizes = [gradient.numel() for _, gradient in present]
             for (index, gradient), part in zip(present, packed.split(sizes)):
                 result[index] = part.reshape(gradient.shape).to(gradient.dtype)
@@ -277,8 +277,9 @@ class _GatherOverRanks(torch.autograd.Function):
     keeps its rows."""
 
     @staticmethod
-    def forward(ctx, splits: tuple[int, ...], rank: int, monitor: Monitor, piece: torch.Tensor) -> torch.Tensor:
-        ctx.splits, ctx.rank, ctx.mixings = splits, rank, _mixings
+    def forward(ctx, splits: tuple[int, ...], group: RankGroup, piece: torch.Tensor) -> torch.Tensor:
+        ctx.splits, ctx.group, ctx.mixings = splits, group, group.mixings
+        monitor = group.monitor
         largest = max(splits)
         carried = piece.detach()
         if carried.dtype == torch.bool:
@@ -294,6 +295,7 @@ class _GatherOverRanks(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, gradient: torch.Tensor):
-        summed = _summed_parts(gradient, len(ctx.splits), ctx.mixings)
-        start = sum(ctx.splits[: ctx.rank])
-        return None, None, None, summed[start : start + ctx.splits[ctx.rank]]
+        summed = _summed_parts(gradient, ctx.group, ctx.mixings)
+        rank = ctx.group.rank
+        start = sum(ctx.splits[:rank])
+        return None, None, summed[start : start + ctx.splits[rank]]

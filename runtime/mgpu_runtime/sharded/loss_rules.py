@@ -15,6 +15,7 @@ per-element ``weight`` of a binary cross-entropy) are cut like the batch; a per-
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -27,16 +28,12 @@ from mgpu_runtime.sharded.tensor import Sharded
 
 _BATCH = frozenset({"input", "target", "input1", "input2", "anchor", "positive", "negative", "var"})
 _PER_ELEMENT_WEIGHT = frozenset({F.binary_cross_entropy, F.binary_cross_entropy_with_logits})
-_SIGNATURES: dict[Any, inspect.Signature | None] = {}
-
-
+@functools.cache
 def _signature(func: Any) -> inspect.Signature | None:
-    if func not in _SIGNATURES:
-        try:
-            _SIGNATURES[func] = inspect.signature(func)
-        except (TypeError, ValueError):
-            _SIGNATURES[func] = None
-    return _SIGNATURES[func]
+    try:
+        return inspect.signature(func)
+    except (TypeError, ValueError):
+        return None
 
 
 def loss_rule(func, args, kwargs):
