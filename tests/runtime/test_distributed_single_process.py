@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from mgpu_runtime.distributed import process_group
 from mgpu_runtime.distributed.environment import LaunchEnvironmentError
 from mgpu_runtime.distributed.slicing import batch_rows, take_rows
-from mgpu_runtime.losses import loss_parts
+from mgpu_runtime.losses import bind, loss_parts
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -191,7 +191,7 @@ def test_a_loss_splits_into_what_it_averaged_over(function, target, options):
     unsplit loss; the middle piece of the class-index cases holds only an ignored target."""
     source = _PREDICTED if function in (F.mse_loss, F.binary_cross_entropy) else _LOGITS
     parts = [
-        loss_parts(function, (source[a:b], target[a:b]), options) for a, b in ((0, 4), (4, 5), (5, 9))
+        loss_parts(function, bind(function, (source[a:b], target[a:b]), options)) for a, b in ((0, 4), (4, 5), (5, 9))
     ]
     numerator = sum(part.numerator for part in parts)
     expected = function(source, target, **options)

@@ -24,6 +24,7 @@ collectives.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -123,10 +124,13 @@ def _per_piece(
     split: bool = True,
     splits: Sequence[int] | None = None,
     local: Callable[[int], tuple[tuple, dict]] | None = None,
+    ndim: int | None = None,
 ) -> Any:
     """``func`` on each held piece (plain operands cut or placed, see ``_operand``); the results wrapped with
-    ``splits`` (default: the reference's). ``local(index)`` gives a piece's own arguments instead."""
-    ndim = max((value.dim() for value in _tensors(args, kwargs)), default=0)
+    ``splits`` (default: the reference's). ``local(index)`` gives a piece's own arguments instead; ``ndim`` is
+    the result's dimensions, when the caller knows them."""
+    if ndim is None and local is None:
+        ndim = max((value.dim() for value in _tensors(args, kwargs)), default=0)
     results = []
     for index in range(len(reference._pieces)):
         if local is not None:
@@ -146,6 +150,7 @@ def _tensors(args: tuple, kwargs: dict):
             yield from (part for part in value if isinstance(part, torch.Tensor))
 
 
+@functools.cache
 def _in_place(func: Callable) -> bool:
     name = _name(func)
     return (name.endswith("_") and not name.endswith("__")) or name in _IN_PLACE_DUNDERS
@@ -290,17 +295,19 @@ def _pointwise(func, args, kwargs):
     dimension; a plain operand with the batch's rows there is cut like them."""
     if "out" in kwargs:
         return _materialized(func, args, kwargs)
-    reference = _reference(args, kwargs)
+    found = _sharded_in(args) + _sharded_in(list(kwargs.values())) if kwargs else _sharded_in(args)
+    reference = found[0]
     ndim = max(value.dim() for value in _tensors(args, kwargs))
-    if reference is None or any(value.dim() != ndim for value in _sharded_in(args) + _sharded_in(list(kwargs.values()))):
-        return _materialized(func, args, kwargs)
+    for other in found:
+        if other._splits != reference._splits or other._group != reference._group or other.dim() != ndim:
+            return _materialized(func, args, kwargs)
     if _in_place(func):
         target = args[0]
         if type(target) is not Sharded:
             return _materialized(func, args, kwargs)  # a plain tensor changed by a global value
-        _per_piece(func, args, kwargs, reference)
+        _per_piece(func, args, kwargs, reference, ndim=ndim)
         return target
-    return _per_piece(func, args, kwargs, reference)
+    return _per_piece(func, args, kwargs, reference, ndim=ndim)
 
 
 def _conversion(func, args, kwargs):
