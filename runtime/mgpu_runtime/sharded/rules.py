@@ -136,8 +136,9 @@ def _per_piece(
         if local is not None:
             piece_args, piece_kwargs = local(index)
         else:
-            piece_args = tuple(_operand(value, index, reference, split, ndim) for value in args)
-            piece_kwargs = {name: _operand(value, index, reference, split, ndim) for name, value in kwargs.items()}
+            width = ndim or 0
+            piece_args = tuple(_operand(value, index, reference, split, width) for value in args)
+            piece_kwargs = {name: _operand(value, index, reference, split, width) for name, value in kwargs.items()}
         results.append(func(*piece_args, **piece_kwargs))
     return _wrap(results, reference._splits if splits is None else splits, reference)
 

@@ -59,11 +59,11 @@ class Sharded(torch.Tensor):
     def dim(self) -> int:
         return self._pieces[0].dim()
 
-    @property
+    @property  # type: ignore[override]
     def ndim(self) -> int:
         return self._pieces[0].dim()
 
-    @property
+    @property  # type: ignore[override]
     def shape(self) -> torch.Size:
         return torch.Size((sum(self._splits), *self._pieces[0].shape[1:]))
 
@@ -80,7 +80,7 @@ class Sharded(torch.Tensor):
     def __len__(self) -> int:
         return sum(self._splits)
 
-    @property
+    @property  # type: ignore[override]
     def dtype(self) -> torch.dtype:
         return self._pieces[0].dtype
 
