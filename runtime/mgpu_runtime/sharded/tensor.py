@@ -59,12 +59,12 @@ class Sharded(torch.Tensor):
     def dim(self) -> int:
         return self._pieces[0].dim()
 
-    @property  # type: ignore[override]
-    def ndim(self) -> int:
+    @property
+    def ndim(self) -> int:  # type: ignore[override]
         return self._pieces[0].dim()
 
-    @property  # type: ignore[override]
-    def shape(self) -> torch.Size:
+    @property
+    def shape(self) -> torch.Size:  # type: ignore[override]
         return torch.Size((sum(self._splits), *self._pieces[0].shape[1:]))
 
     def size(self, dim: int | None = None):
@@ -80,8 +80,8 @@ class Sharded(torch.Tensor):
     def __len__(self) -> int:
         return sum(self._splits)
 
-    @property  # type: ignore[override]
-    def dtype(self) -> torch.dtype:
+    @property
+    def dtype(self) -> torch.dtype:  # type: ignore[override]
         return self._pieces[0].dtype
 
     def rows_of_part(self, part: int) -> tuple[int, int]:
