@@ -44,6 +44,10 @@ def join(rank: int, world_size: int, device: torch.device) -> None:
     _take_rank_zero_generators(metadata)
     if device.type == "cpu" and not emulated.count():
         emulated.install(world_size)
+        # A script seeds before setup as often as after (at import, at the top of main). On GPUs that seed
+        # reached every device when CUDA started (torch.manual_seed queues it); devices emulated only now
+        # take it here, rank 0's, so each rank's forward draws what its device drew under DataParallel.
+        torch.cuda.manual_seed_all(torch.initial_seed())
 
 
 class _Lockstep(Monitor):

@@ -59,8 +59,10 @@ class Scenario:
 
 SCENARIOS = {
     # First, seeding nothing: numpy's and python's draws continue from setup, the same on every rank (not the
-    # original's: each process seeds them from the OS).
+    # original's: each process seeds them from the OS); the second's dropout draws from the devices' streams
+    # as the script's seed before setup left them (the first draws nothing there).
     "mixup_unseeded": Scenario(23, 6, loss="mixup", seed=None, seed_python_and_numpy=False, shuffle=True),
+    "dropout_seeded_before_setup": Scenario(30, 8, model="normalised", seed=None, shuffle=True),
     "shuffled": Scenario(40, 8, epochs=3, shuffle=True),
     "shuffled_drifting_generators": Scenario(40, 8, epochs=3, shuffle=True, drifting_generators=True),
     "even_split": Scenario(36, 12),
