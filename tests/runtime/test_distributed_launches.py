@@ -233,52 +233,73 @@ def _first_step(out: pathlib.Path, *modes: str, **environment: str) -> dict[str,
     """Each mode's results, per rank: all the modes trained in turn by one torchrun job of 2 processes."""
     command = _torchrun("--standalone", "--nproc_per_node=2", str(FIRST_STEP), str(out), *modes)
     _run_together([(command, _clean_environment(**environment))])
-    return {mode: [torch.load(out / mode / f"rank{rank}.pt") for rank in range(2)] for mode in modes}
+    return _first_step_results(out, modes, 2)
+
+
+def _first_step_results(out: pathlib.Path, modes, ranks: int) -> dict[str, list[dict]]:
+    return {mode: [torch.load(out / mode / f"rank{rank}.pt") for rank in range(ranks)] for mode in modes}
+
+
+class FirstSteps(NamedTuple):
+    out: pathlib.Path
+    modes: dict[str, list[dict]]
+    originals: dict[str, dict]
 
 
 @pytest.fixture(scope="module")
-def first_steps(tmp_path_factory) -> tuple[pathlib.Path, dict[str, list[dict]]]:
+def first_steps(tmp_path_factory) -> FirstSteps:
     """One job for the modes that leave the processes able to go on: seeded whole batches first (the batches
-    are compared at a process's first step), then the modes with distributed loaders."""
+    are compared at a process's first step), then the modes with distributed loaders; beside it, the
+    DataParallel original of the modes that train like one, on 2 emulated devices."""
     out = tmp_path_factory.mktemp("first_steps")
-    return out, _first_step(out, "seeded", "reinitialized", "divergent_save")
+    modes = ("seeded", "reinitialized", "divergent_save")
+    compared = ("seeded", "reinitialized")
+    job = _torchrun("--standalone", "--nproc_per_node=2", str(FIRST_STEP), str(out / "migrated"), *modes)
+    emulation = [sys.executable, "-m", "mgpu_runtime.emulation", "--devices", "2"]
+    original = [*emulation, str(FIRST_STEP), str(out / "original"), "--original", *compared]
+    _run_together([(job, _clean_environment()), (original, _clean_environment())])
+    originals = {mode: results[0] for mode, results in _first_step_results(out / "original", compared, 1).items()}
+    return FirstSteps(out / "migrated", _first_step_results(out / "migrated", modes, 2), originals)
+
+
+def _largest_difference(weights: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> float:
+    return max((weights[name] - value).abs().max().item() for name, value in expected.items())
 
 
 @pytest.mark.slow
 @FIRST_STEPS
 def test_whole_batches_that_differ_stop_the_first_step(tmp_path, first_steps):
-    """A loader left whole, shuffled differently in each process: the run stops instead of training on
-    twice the data per step; the same batches everywhere train exactly like one process."""
+    """A loader left whole, shuffled differently in each process: the run stops instead of training each
+    process on batches of its own; the same batches everywhere train exactly like the original."""
     for result in _first_step(tmp_path / "refused", "unseeded")["unseeded"]:
         assert "trained their first step on whole batches that differ" in result["error"]
         assert "mgpu_runtime.distribute_loader(loader)" in result["error"]
     allowed = _first_step(tmp_path / "allowed", "unseeded", MGPU_ALLOW_DIFFERENT_BATCHES="1")["unseeded"]
     assert all("weights" in result for result in allowed)
-    _run_together([([sys.executable, str(FIRST_STEP), str(tmp_path / "single"), "seeded"], _clean_environment())])
-    single = torch.load(tmp_path / "single" / "seeded" / "rank0.pt")["weights"]
-    for result in first_steps[1]["seeded"]:
-        for name, value in single.items():
-            assert (result["weights"][name] - value).abs().max().item() <= TOLERANCE, name
+    for result in first_steps.modes["seeded"]:
+        assert _largest_difference(result["weights"], first_steps.originals["seeded"]["weights"]) <= TOLERANCE
 
 
 @pytest.mark.slow
 @FIRST_STEPS
 def test_weights_changed_after_the_wrap_are_made_rank_0s_at_the_first_training_forward(first_steps):
-    ranks = first_steps[1]["reinitialized"]
+    ranks = first_steps.modes["reinitialized"]
     for name, value in ranks[0]["weights"].items():
         assert torch.equal(ranks[1]["weights"][name], value), name
+    assert _largest_difference(ranks[0]["weights"], first_steps.originals["reinitialized"]["weights"]) <= TOLERANCE
     assert any("rank 0's were copied to every process" in warning for warning in ranks[0]["warnings"])
     assert not any("rank 0's were copied" in warning for warning in ranks[1]["warnings"])
     # The seeded mode before it (one model for all) had nothing to copy.
-    assert not any("rank 0's were copied" in warning for warning in first_steps[1]["seeded"][0]["warnings"])
+    assert not any("rank 0's were copied" in warning for warning in first_steps.modes["seeded"][0]["warnings"])
 
 
 @pytest.mark.slow
 @FIRST_STEPS
 def test_a_save_only_one_rank_reaches_does_not_wait_for_the_others(first_steps):
-    out, modes = first_steps  # with the wait, rank 0 would wait forever and the job would not have ended
-    ranks = modes["divergent_save"]
-    assert torch.equal(torch.load(out / "divergent_save" / "best.pt")["weight"], ranks[0]["weights"]["weight"])
+    # with the wait, rank 0 would wait forever and the job would not have ended
+    ranks = first_steps.modes["divergent_save"]
+    saved = torch.load(first_steps.out / "divergent_save" / "best.pt")["weight"]
+    assert torch.equal(saved, ranks[0]["weights"]["weight"])
 
 
 AUGMENTED = SCRIPT.parent / "augmented.py"
@@ -288,16 +309,17 @@ AUGMENTED = SCRIPT.parent / "augmented.py"
 def test_random_augmentation_is_the_originals_with_whole_batches(tmp_path):
     """A dataset that draws per sample: by default each rank loads only its rows, whose draws are not the
     original's numbers (the test shows they differ); MGPU_WHOLE_BATCHES=1 loads whole batches on every rank,
-    and the float64 weights are the original's (2 processes, uneven last batch). One job trains both ways."""
-    subprocess.run([sys.executable, str(AUGMENTED), str(tmp_path), "--original"], check=True, env=_clean_environment())
-    original = torch.load(tmp_path / "original.pt")
-    command = _torchrun("--standalone", "--nproc_per_node=2", str(AUGMENTED), str(tmp_path), "1", "0")
-    _run_together([(command, _clean_environment())])
-    differences = {}
-    for whole in ("1", "0"):
-        migrated = torch.load(tmp_path / f"whole{whole}.pt")
-        differences[whole] = max((migrated[name] - value).abs().max().item() for name, value in original.items())
-    assert differences["1"] < 1e-9, differences
+    and the float64 weights are those of the original on 2 emulated devices (2 processes, uneven last batch).
+    One job trains both ways."""
+    emulation = [sys.executable, "-m", "mgpu_runtime.emulation", "--devices", "2"]
+    job = _torchrun("--standalone", "--nproc_per_node=2", str(AUGMENTED), str(tmp_path), "1", "0")
+    original = [*emulation, str(AUGMENTED), str(tmp_path), "--original"]
+    _run_together([(job, _clean_environment()), (original, _clean_environment())])
+    original_weights = torch.load(tmp_path / "original.pt")
+    differences = {
+        whole: _largest_difference(torch.load(tmp_path / f"whole{whole}.pt"), original_weights) for whole in ("1", "0")
+    }
+    assert differences["1"] <= TOLERANCE, differences
     assert differences["0"] > 1e-3, differences
 
 
