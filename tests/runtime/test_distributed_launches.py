@@ -186,7 +186,7 @@ def _setup_problems(original: dict, ranks: list[dict]) -> list[str]:
     though each process seeded python and numpy from the OS and each rank drew numbers of its own before."""
     problems = []
     draws = ranks[0]["at_setup"]["draws"]
-    if ranks[0]["at_setup"]["draws"][2] != original["at_setup"]["draws"][2]:
+    if draws[2] != original["at_setup"]["draws"][2]:
         problems.append("rank 0's torch generator after setup is not the original's")
     for rank, result in enumerate(ranks):
         seen = result["at_setup"]
