@@ -221,6 +221,7 @@ def _check_coordinates(coordinates: list[dict], world: int, processes_per_node: 
         assert c["local_rank"] == c["rank"] % processes_per_node
         assert c["node_rank"] == c["rank"] // processes_per_node
         assert c["device"] == "cpu"
+        assert c["reduced"] == [world * (world + 1) // 2, (world - 1) / 2]
 
 
 FIRST_STEP = pathlib.Path(__file__).parent / "distributed_scripts" / "first_step.py"

@@ -259,6 +259,8 @@ def run(out: pathlib.Path, api: Any) -> None:
             "node_rank": mgpu_runtime.node_rank(),
             "is_main_process": mgpu_runtime.is_main_process(),
             "device": str(mgpu_runtime.device()),
+            # The metric helpers still combine what each rank counted of its own (not the loop's global values).
+            "reduced": [mgpu_runtime.reduce_sum(mgpu_runtime.rank() + 1), mgpu_runtime.reduce_mean(float(mgpu_runtime.rank()))],
         }
     out.mkdir(parents=True, exist_ok=True)
     scenarios = {
