@@ -32,6 +32,7 @@ from mgpu_runtime.sharded import RankGroup
 from mgpu_runtime.sharded.gradients import Gradients
 from mgpu_runtime.sharded.groups import Monitor
 
+
 def join(rank: int, world_size: int, device: torch.device, lockstep: Monitor) -> tuple[RankGroup, Gradients]:
     """Make this process's loop see the job's global values (see the module doc); once, at setup, on every rank.
     The rank group's collectives are told to ``lockstep``. What it returns, the job keeps."""
@@ -42,6 +43,10 @@ def join(rank: int, world_size: int, device: torch.device, lockstep: Monitor) ->
     _take_rank_zero_generators(metadata)
     if device.type == "cpu" and not emulated.count():
         emulated.install(world_size)
+        # A script seeds before setup as often as after (at import, at the top of main). On GPUs that seed
+        # reached every device when CUDA started (torch.manual_seed queues it); devices emulated only now
+        # take it here, rank 0's, so each rank's forward draws what its device drew under DataParallel.
+        torch.cuda.manual_seed_all(torch.initial_seed())
     return group, gradients
 
 

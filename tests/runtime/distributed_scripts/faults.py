@@ -71,7 +71,7 @@ def _loss_on_rank_0() -> None:
         loss = nn.functional.mse_loss(output, y)
         if step == 3 and mgpu_runtime.rank() == 0:
             print("started", flush=True)
-            loss = loss + 0.1 * nn.functional.l1_loss(output, y)  # a watched loss on rank 0 only
+            loss = loss + 0.1 * nn.functional.l1_loss(output, y)  # a sum over the ranks, on rank 0 only
         loss.backward()
         optimizer.step()
     print("done", mgpu_runtime.rank(), flush=True)
