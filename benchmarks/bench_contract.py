@@ -106,7 +106,6 @@ def _trainer(name: str, side: str, rows: int):
     from torch.utils.data import DataLoader, DistributedSampler
 
     import mgpu_runtime
-    from mgpu_runtime.sharded import gradients
 
     torch.manual_seed(0)
     module = models[name]()
@@ -141,7 +140,7 @@ def _trainer(name: str, side: str, rows: int):
         if side == "runtime":
             loss.backward()
         else:
-            with gradients.own_computation():  # torch's autograd as it is, for the bare script
+            with mgpu_runtime.distributed.process_group.job().gradients.own_computation():  # torch's own autograd
                 loss.backward()
         optimizer.step()
         accuracy.item()

@@ -1,3 +1,5 @@
 """mgpu-migrate: move PyTorch training code off ``nn.DataParallel``."""
 
-__version__ = "0.1.0"
+from mgpu_migrate._version import __version__
+
+__all__ = ["__version__"]

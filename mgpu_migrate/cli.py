@@ -8,7 +8,7 @@ import sys
 import click
 
 from mgpu_migrate import __version__, notebook
-from mgpu_migrate.config import ConfigError, Resolver, codes_option, parse_size
+from mgpu_migrate.config import SIZE_UNITS_SHOWN, ConfigError, Resolver, codes_option, parse_size
 from mgpu_migrate.engine import TARGETS, migrate_source
 from mgpu_migrate.options import DDP, STYLES, TORCH_STYLE, Options
 from mgpu_migrate.output import DOCUMENT_FORMATS, FORMATS, TEXT_FORMATS, Run, markers, render, text
@@ -78,6 +78,12 @@ def _process_stdin(target: str, check: bool, diff: bool, filename: str, options:
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 if any file would change.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only sites left for review, errors and nothing else.")
 @click.option(
+    "--show-rewrites/--hide-rewrites",
+    default=None,
+    help="List each rewrite (MGP1xx) in every output format. Default: listed, except with --check, which reports "
+    "what needs a person (sites left for review, errors) and names the files that would change.",
+)
+@click.option(
     "-j",
     "--jobs",
     type=click.IntRange(min=1),
@@ -104,6 +110,14 @@ def _process_stdin(target: str, check: bool, diff: bool, filename: str, options:
     metavar="SIZE",
     help="Leave files larger than this (e.g. 5MB; 0: no limit) with MGP006. "
     "Default: [tool.mgpu-migrate] max-file-size, else 2MB.",
+)
+@click.option(
+    "--color",
+    "color_choice",
+    type=click.Choice(["auto", "always", "never"]),
+    default="auto",
+    show_default=True,
+    help="Colour the diagnostics and diffs: auto colours a terminal (NO_COLOR turns it off, FORCE_COLOR on).",
 )
 @click.option("--stdin-filename", default="<stdin>", show_default=True, help="Name used for '-' in diagnostics.")
 @click.option(
@@ -153,7 +167,7 @@ def _process_stdin(target: str, check: bool, diff: bool, filename: str, options:
 @click.option("--list-codes", is_flag=True, help="List every diagnostic code (code, kind, summary) and exit.")
 @click.version_option(__version__, prog_name="mgpu-migrate")
 def main(
-    paths, target, diff, check, quiet, jobs, sync_bn, style, max_file_size, stdin_filename, output_format, fail_on, report_path, add_markers,
+    paths, target, diff, check, quiet, show_rewrites, jobs, sync_bn, style, max_file_size, color_choice, stdin_filename, output_format, fail_on, report_path, add_markers,
     config_file, select_codes, ignore_codes, explain, list_codes,
 ):
     """Rewrite PyTorch scripts that use nn.DataParallel.
@@ -183,26 +197,40 @@ def main(
         if paths == ("-",):
             name = stdin_filename if stdin_filename != "<stdin>" else os.path.join(os.getcwd(), "-")
             file_target, options = choices.migration(name)
-            outcomes = [_process_stdin(file_target, check, diff, stdin_filename, options, document)]
+            if stdin_filename != "<stdin>" and choices.resolver.excluded(stdin_filename):
+                # As a named file that `exclude` matches is skipped: the code goes through untouched.
+                data = sys.stdin.buffer.read()
+                if not (check or diff or document):
+                    sys.stdout.buffer.write(data)
+                outcomes = [FileOutcome(stdin_filename, UNCHANGED)]
+            else:
+                outcomes = [_process_stdin(file_target, check, diff, stdin_filename, options, document)]
             mode, targets = "stdin", {file_target}
         else:
             write = not (check or diff)
             outcomes, targets = _process_paths(paths, choices, write, diff or document or bool(report_path), jobs, quiet)
             if diff and not document:
                 for outcome in outcomes:
-                    click.echo(outcome.diff, nl=False)
+                    click.echo(text.coloured_diff(outcome.diff), nl=False, color=_colour(color_choice))
             mode = "write" if write else "diff" if diff else "check"
         outcomes = [choices.reported(outcome) for outcome in outcomes]
     except ConfigError as error:
         raise click.UsageError(str(error)) from error
     if add_markers:
         outcomes = [_mark(outcome) for outcome in outcomes]
+    rewrites_shown = not check if show_rewrites is None else show_rewrites
+    if not rewrites_shown:
+        outcomes = [_without_rewrites(outcome) for outcome in outcomes]
+    elif check or diff:
+        outcomes = [_not_written(outcome) for outcome in outcomes]
 
     target_name = ",".join(sorted(targets))
     run = Run(target_name, mode, outcomes)
-    colour = False if os.environ.get("NO_COLOR") else None
+    colour = _colour(color_choice)
     if output_format in TEXT_FORMATS:
         click.echo(text.render(run, quiet, full=output_format == "full"), err=True, nl=False, color=colour)
+        if not (rewrites_shown or quiet):
+            click.echo(text.changed_files(run), err=True, nl=False, color=colour)
     else:
         click.echo(render(output_format, run), nl=False)
     if not quiet:
@@ -226,6 +254,15 @@ def main(
     sys.exit(EXIT_OK)
 
 
+def _colour(choice: str) -> bool | None:
+    """click's ``color``: True or False as chosen; None lets click colour a terminal only."""
+    if choice != "auto":
+        return choice == "always"
+    if os.environ.get("NO_COLOR"):
+        return False
+    return True if os.environ.get("FORCE_COLOR") else None
+
+
 class Choices:
     """What each file is migrated with: the command line's choices over the file's own settings."""
 
@@ -236,7 +273,8 @@ class Choices:
             self.max_file_size = parse_size(max_file_size) if max_file_size is not None else None
         except ValueError:
             raise click.BadParameter(
-                f"{max_file_size!r} is not a size (bytes, or like 5MB)", param_hint="--max-file-size"
+                f"{max_file_size!r} is not a size (bytes, or like 5MB; units {SIZE_UNITS_SHOWN})",
+                param_hint="--max-file-size",
             ) from None
         self.select = codes_option(select_codes, "--select")
         self.ignore = codes_option(ignore_codes, "--ignore")
@@ -251,7 +289,16 @@ class Choices:
         style = settings.style if self.style is None else self.style
         if style == TORCH_STYLE and target != DDP:
             raise click.UsageError(f"--style torch is a style of --to ddp, not of --to {target}")
-        return target, Options(sync_bn=settings.sync_bn if self.sync_bn is None else self.sync_bn, style=style)
+        sync_bn = settings.sync_bn if self.sync_bn is None else self.sync_bn
+        if sync_bn and target != DDP:
+            # One process, as DataParallel: each replica normalizes over its own chunk, and no SyncBatchNorm
+            # runs without a process per device. Saying nothing would migrate without what was asked.
+            where = "--sync-bn" if self.sync_bn else f"sync-bn = true ({settings.source})"
+            raise click.UsageError(
+                f"{where} is a choice of --to ddp; --to {target} keeps DataParallel's per-device BatchNorm statistics "
+                "(pass --no-sync-bn)"
+            )
+        return target, Options(sync_bn=sync_bn, style=style)
 
     def size_limit(self, path: str) -> int:
         """Bytes over which a file is left (0: no limit): the command line's, the file's settings', the default."""
@@ -290,11 +337,12 @@ def _is_python(path: str) -> bool:
         return True
     if os.path.splitext(os.path.basename(path))[1]:
         return False
+    from mgpu_migrate.files import head
+
     try:
-        with open(path, "rb") as handle:
-            first = handle.readline(200)
+        first = head(path, 200).split(b"\n", 1)[0]
     except OSError:
-        return True  # reading it again reports why it cannot be read
+        return True  # reading it again reports why it cannot be read (a FIFO: not a regular file)
     return first.startswith(b"#!") and b"python" in first
 
 
@@ -350,6 +398,23 @@ def _mark(outcome: FileOutcome) -> FileOutcome:
         click.echo(f"{outcome.path}: no review markers added: {getattr(error, 'strerror', None) or error}", err=True)
         return outcome
     return replace(outcome, diagnostics=diagnostics)
+
+
+def _without_rewrites(outcome: FileOutcome) -> FileOutcome:
+    from dataclasses import replace
+
+    kept = [diagnostic for diagnostic in outcome.diagnostics if not diagnostic.is_rewrite]
+    return outcome if len(kept) == len(outcome.diagnostics) else replace(outcome, diagnostics=kept)
+
+
+def _not_written(outcome: FileOutcome) -> FileOutcome:
+    """A dry run's rewrites, said as what a run that writes would do (the rules say what they did)."""
+    from dataclasses import replace
+
+    if not any(diagnostic.is_rewrite for diagnostic in outcome.diagnostics):
+        return outcome
+    said = [replace(d, message=f"would be: {d.message}") if d.is_rewrite else d for d in outcome.diagnostics]
+    return replace(outcome, diagnostics=said)
 
 
 def _missing(path: str) -> FileOutcome:

@@ -17,12 +17,14 @@ import os
 import re
 import sys
 from dataclasses import dataclass
+from fractions import Fraction
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on older interpreters only
     import tomli as tomllib
 
+from mgpu_migrate import files
 from mgpu_migrate.diagnostics import REVIEW_PREFIXES
 from mgpu_migrate.engine import TARGETS
 from mgpu_migrate.options import RUNTIME_STYLE, STYLES
@@ -60,66 +62,46 @@ class Settings:
         return not any(code.startswith(prefix) for prefix in self.ignore)
 
     def excluded(self, path: str) -> bool:
-        """Whether ``path`` (a file or directory) or a directory above it matches an ``exclude`` pattern."""
+        """Whether ``path`` (a file or directory) matches the ``exclude`` patterns, read as a ``.gitignore`` in
+        the settings' directory is (``pathspec``'s gitwildmatch: a later ``!pattern`` re-includes), directories
+        above it included: a file named inside an excluded directory is excluded too."""
         if not self.exclude or self.root is None:
             return False
         relative = os.path.relpath(os.path.abspath(path), self.root)
         if relative == os.curdir or relative.startswith(os.pardir + os.sep) or relative == os.pardir:
             return False
         parts = relative.split(os.sep)
-        prefixes = ["/".join(parts[: end + 1]) for end in range(len(parts))]
-        return any(
-            pattern.fullmatch(prefix if anchored else prefix.rsplit("/", 1)[-1])
-            for anchored, pattern in _compiled(self.exclude)
-            for prefix in prefixes
-        )
-
-
-def _compiled(patterns: tuple[str, ...]) -> list[tuple[bool, re.Pattern[str]]]:
-    return [_compile(pattern) for pattern in patterns]
+        spec = _spec(self.exclude)
+        # Each directory above as a directory ("legacy/" matches it), then the path itself.
+        candidates = ["/".join(parts[: end + 1]) + "/" for end in range(len(parts) - 1)]
+        candidates.append("/".join(parts) + ("/" if os.path.isdir(path) else ""))
+        return any(spec.match_file(candidate) for candidate in candidates)
 
 
 @functools.lru_cache(maxsize=None)
-def _compile(pattern: str) -> tuple[bool, re.Pattern[str]]:
-    """A gitignore-style glob: without a ``/`` it matches a name at any depth, with one it is anchored at the
-    root; ``*`` and ``?`` stay within a name, ``**`` crosses directories, ``[...]`` is a character class."""
-    body = pattern.strip().rstrip("/")
-    anchored = "/" in body
-    body = body.lstrip("/")
-    regex, index = "", 0
-    while index < len(body):
-        if body.startswith("**/", index):
-            regex, index = regex + "(?:.*/)?", index + 3
-        elif body.startswith("**", index):
-            regex, index = regex + ".*", index + 2
-        elif body[index] == "*":
-            regex, index = regex + "[^/]*", index + 1
-        elif body[index] == "?":
-            regex, index = regex + "[^/]", index + 1
-        elif body[index] == "[" and "]" in body[index + 2 :]:
-            end = body.index("]", index + 2)
-            inside = body[index + 1 : end]
-            negated = inside.startswith("!")
-            inside = (inside[1:] if negated else inside).replace("\\", "\\\\").replace("^", "\\^")
-            regex += "[" + ("^" if negated else "") + inside + "]"
-            index = end + 1
-        else:
-            regex, index = regex + re.escape(body[index]), index + 1
-    return anchored, re.compile(regex)
+def _spec(patterns: tuple[str, ...]):
+    import pathspec
+
+    return pathspec.GitIgnoreSpec.from_lines(patterns)
 
 
-_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+_SIZE_UNITS = {
+    "": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+SIZE_UNITS_SHOWN = "B, kB, MB, GB, TB, KiB, MiB, GiB, TiB"
 
 
 def parse_size(value: int | str) -> int:
-    """A size in bytes from ``2000000``, ``"2MB"``, ``"512 KiB"``...; ValueError when it is none."""
+    """A size in bytes from ``2000000``, ``"2MB"``, ``"512 KiB"``...; ValueError when it is none. Exact for any
+    number of digits (a fraction, not a float that overflows)."""
     if isinstance(value, int) and not isinstance(value, bool):
-        number, unit = value, ""
+        number, unit = Fraction(value), ""
     else:
         match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(value))
         if match is None or match.group(2).lower() not in _SIZE_UNITS:
             raise ValueError(value)
-        number, unit = float(match.group(1)), match.group(2).lower()
+        number, unit = Fraction(match.group(1)), match.group(2).lower()
     if number < 0:
         raise ValueError(value)
     return int(number * _SIZE_UNITS[unit])
@@ -131,7 +113,7 @@ def _size_setting(table: dict, where: str) -> int | None:
     try:
         return parse_size(table["max-file-size"])
     except ValueError:
-        raise ConfigError(f'{where}: max-file-size must be a size in bytes or like "5MB" (0: no limit)') from None
+        raise ConfigError(f'{where}: max-file-size must be a size in bytes or like "5MB" ({SIZE_UNITS_SHOWN}; 0: no limit)') from None
 
 
 def _codes(value: object, key: str, where: str) -> tuple[str, ...]:
@@ -149,7 +131,21 @@ def _codes(value: object, key: str, where: str) -> tuple[str, ...]:
                 f"{where}: {key}: {code} is {kind}, always reported; select and ignore choose among the sites "
                 "left for a person (MGP2xx). To leave one site as it is, put `# noqa: CODE` on its line"
             )
+    _check_known(codes, key, where)
     return codes
+
+
+def _check_known(codes: tuple[str, ...], key: str, where: str) -> None:
+    """Every code names a review code of the registry, or is a prefix of one (a typo would select nothing)."""
+    from mgpu_migrate.codes import CODES, REVIEW  # the registry loads the rules: only when codes are given
+
+    known = [code for code, info in CODES.items() if info.kind == REVIEW]
+    for code in codes:
+        if not any(candidate.startswith(code) for candidate in known):
+            raise ConfigError(
+                f"{where}: {key}: {code} is no code of mgpu-migrate's (the sites left for a person: {', '.join(known)}; "
+                "--list-codes says what each is)"
+            )
 
 
 def codes_option(value: str | None, option: str) -> tuple[str, ...]:
@@ -201,10 +197,22 @@ def settings_from_table(table: object, source: str) -> Settings:
     )
 
 
+# A settings file is a few lines; one larger than this is no settings file (and is not read into memory).
+_MAX_SETTINGS_BYTES = 1 << 20
+
+
 def _read_toml(path: str) -> dict:
+    """The TOML document at ``path``; any reason it cannot be had (a FIFO or a device, not UTF-8, nested past
+    the parser's recursion) is a ``ConfigError`` naming the file."""
     try:
-        with open(path, "rb") as handle:
-            return tomllib.load(handle)
+        data, _ = files.read(path, _MAX_SETTINGS_BYTES)
+        return tomllib.loads(data.decode("utf-8"))
+    except files.TooLarge:
+        raise ConfigError(f"{path}: over {_MAX_SETTINGS_BYTES >> 20} MiB, not a settings file") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 (byte {error.start}: {error.reason}), as TOML must be") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to read") from None
     except (OSError, tomllib.TOMLDecodeError) as error:
         raise ConfigError(f"{path}: {getattr(error, 'strerror', None) or error}") from error
 

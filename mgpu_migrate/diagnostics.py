@@ -95,6 +95,13 @@ def shorten(code: str, limit: int = 40) -> str:
 # What starts a new line for Python, LibCST and line numbers in diagnostics. Not str.splitlines(), which
 # also breaks at form feeds and other separators and would shift every line number after one.
 LINE_BREAK = re.compile(r"\r\n?|\n")
+_LINE = re.compile(r"[^\r\n]*(?:\r\n?|\n)|[^\r\n]+\Z")
+
+
+def source_lines(text: str) -> list[str]:
+    """The lines of ``text`` as Python counts them, each with its line break (``splitlines(keepends=True)``
+    at ``LINE_BREAK`` only)."""
+    return _LINE.findall(text)
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*))?", re.IGNORECASE)
 
 

@@ -5,12 +5,15 @@ so an edit made while the tool ran, or another run's rewrite, is refused rather 
 content goes to a temporary file beside the original, renamed over it (atomic: an interrupted run leaves
 the old file or the new one), keeping mode, owner and group. Where a rename would lose something (a file
 with several hard links, or an owner this process cannot give the new file), the file is rewritten in place
-instead, as black and ruff always do, with interrupts held off for the few microseconds of the write.
+instead, as black and ruff always do, with interrupts held off for the few microseconds of the write; the
+space it needs is claimed first (a full disk or ``ulimit -f`` refuses it there), and the original bytes are
+put back if the write fails, so a file that cannot be rewritten is left byte-identical either way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import signal
@@ -18,10 +21,15 @@ import stat
 import tempfile
 import threading
 import tokenize
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+
+try:
+    import resource
+except ImportError:  # Windows: no file-size limit to respect
+    resource = None  # type: ignore[assignment]
 
 # Directories never walked into (they are someone else's code or generated); a path named explicitly
 # on the command line is always processed.
@@ -71,7 +79,7 @@ def discover(
                     real = os.path.join(real_root, name)
                     if os.path.islink(candidate):
                         real = os.path.realpath(candidate)
-                        if not _inside(real, boundary):
+                        if not inside(real, boundary):
                             if outside is not None:
                                 outside.append(candidate)
                             continue
@@ -83,7 +91,7 @@ def discover(
     return found, missing
 
 
-def _inside(real: str, boundary: str) -> bool:
+def inside(real: str, boundary: str) -> bool:
     return os.path.commonpath([real, boundary]) == boundary
 
 
@@ -119,20 +127,42 @@ class NotARegularFile(OSError):
     pass
 
 
+class TooLarge(OSError):
+    """More bytes than the reader's bound."""
+
+
 class FileChanged(OSError):
     """The file on disk is no longer what was read: someone edited or replaced it meanwhile."""
 
 
-def read(path: str) -> tuple[bytes, Stamp]:
+def read(path: str, limit: int | None = None) -> tuple[bytes, Stamp]:
     """A regular file's content and stamp. A FIFO, socket or device is refused rather than read (it could
-    block forever)."""
+    block forever, or never end: ``/dev/zero``), and so, with ``limit``, is a file of more bytes than that."""
+    with _regular_file(path) as (handle, status):
+        if limit is None:
+            return handle.read(), Stamp.of(status)
+        data = handle.read(limit + 1) if status.st_size <= limit else b""
+        if status.st_size > limit or len(data) > limit:
+            raise TooLarge(errno.EFBIG, f"over {limit} bytes")
+        return data, Stamp.of(status)
+
+
+def head(path: str, size: int) -> bytes:
+    """The first ``size`` bytes of a regular file (refused as by ``read`` otherwise)."""
+    with _regular_file(path) as (handle, _):
+        return handle.read(size)
+
+
+@contextlib.contextmanager
+def _regular_file(path: str) -> Iterator[tuple[IO[bytes], os.stat_result]]:
+    # O_NONBLOCK: opening a FIFO that has no writer would otherwise wait for one.
     descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     status = os.fstat(descriptor)
     if not stat.S_ISREG(status.st_mode):
         os.close(descriptor)
-        raise NotARegularFile("not a regular file")
+        raise NotARegularFile(errno.EINVAL, "not a regular file")
     with open(descriptor, "rb") as handle:
-        return handle.read(), Stamp.of(status)
+        yield handle, status
 
 
 def source_file(path: str, data: bytes, stamp: Stamp | None = None) -> SourceFile:
@@ -159,7 +189,7 @@ def write_atomically(path: str, text: str, encoding: str, read_as: SourceFile | 
         # A Ctrl-C or SIGTERM while the temporary file is made is delivered once its name is known (here, where
         # the cleanup below sees it), not between its creation and this try, which would leave it behind.
         with interrupts_held():
-            descriptor, temporary = tempfile.mkstemp(prefix=".mgpu-migrate-", suffix=".tmp", dir=directory)
+            descriptor, temporary = tempfile.mkstemp(prefix=temporary_prefix(os.getpid()), suffix=TEMPORARY_SUFFIX, dir=directory)
             handle = os.fdopen(descriptor, "wb")
         with handle:
             handle.write(data)
@@ -182,6 +212,26 @@ def write_atomically(path: str, text: str, encoding: str, read_as: SourceFile | 
         raise
 
 
+TEMPORARY_SUFFIX = ".tmp"
+
+
+def temporary_prefix(pid: int) -> str:
+    """The start of the names of the temporary files process ``pid`` writes (``remove_temporaries`` finds them)."""
+    return f".mgpu-migrate-{pid}-"
+
+
+def remove_temporaries(pid: int, directories: set[str]) -> None:
+    """Remove what a killed writer (process ``pid``) left of its writes in ``directories``: a process killed
+    outright cannot remove its temporary file itself."""
+    prefix = temporary_prefix(pid)
+    for directory in directories:
+        with contextlib.suppress(OSError), os.scandir(directory) as entries:
+            for entry in entries:
+                if entry.name.startswith(prefix) and entry.name.endswith(TEMPORARY_SUFFIX):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+
+
 def _can_give_owner(status: os.stat_result) -> bool:
     """Whether a new file made by this process can be given ``status``'s owner and group: as root, or as the
     owner when the group is one of this process's."""
@@ -200,14 +250,61 @@ def _check_unchanged(handle: IO[bytes], read_as: SourceFile) -> None:
 
 
 def _rewrite_in_place(target: str, data: bytes, read_as: SourceFile | None) -> None:
-    with open(target, "r+b") as handle, interrupts_held():
+    """Write ``data`` through the file's own inode, leaving it byte-identical when the write cannot finish.
+
+    The space the new text needs is claimed before the first byte changes (``posix_fallocate``: a full disk,
+    a quota or ``ulimit -f`` fail there, the file untouched), so what can still fail after is an I/O error;
+    then the original bytes are written back."""
+    with open(target, "r+b", buffering=0) as handle, interrupts_held():
         if read_as is not None:
             _check_unchanged(handle, read_as)
-        handle.seek(0)
-        handle.write(data)
-        handle.truncate()
-        handle.flush()
-        os.fsync(handle.fileno())
+            original = read_as.data
+        else:
+            original = handle.read()
+        descriptor = handle.fileno()
+        _claim_space(descriptor, len(original), len(data))
+        try:
+            _write_from_start(descriptor, data)
+        except BaseException as failure:
+            try:
+                _write_from_start(descriptor, original)
+            except OSError as second:
+                raise OSError(
+                    failure.errno if isinstance(failure, OSError) else None,
+                    f"{getattr(failure, 'strerror', None) or failure}; putting the original back failed too "
+                    f"({second.strerror or second}): the file may be incomplete",
+                ) from failure
+            raise
+
+
+def _claim_space(descriptor: int, size: int, needed: int) -> None:
+    """Fail, changing nothing, unless the file can grow from ``size`` to ``needed`` bytes (and be written to
+    that size under this process's file-size limit, ``ulimit -f``)."""
+    if _over_size_limit(max(size, needed)):
+        raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+    if needed <= size or not hasattr(os, "posix_fallocate"):
+        return
+    try:
+        os.posix_fallocate(descriptor, size, needed - size)
+    except OSError as error:
+        os.ftruncate(descriptor, size)  # a partial claim may have grown the file
+        if error.errno not in (errno.EINVAL, errno.EOPNOTSUPP):  # no fallocate here: the write-back covers it
+            raise
+
+
+def _over_size_limit(size: int) -> bool:
+    if resource is None:
+        return False
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return limit != resource.RLIM_INFINITY and size > limit
+
+
+def _write_from_start(descriptor: int, data: bytes) -> None:
+    written = 0
+    while written < len(data):
+        written += os.pwrite(descriptor, data[written:], written)
+    os.ftruncate(descriptor, len(data))
+    os.fsync(descriptor)
 
 
 @contextlib.contextmanager

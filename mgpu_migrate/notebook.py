@@ -19,7 +19,7 @@ from mgpu_migrate import files
 from mgpu_migrate.diagnostics import INTERNAL_ERROR, LINE_BREAK, READ_ERROR, Diagnostic
 from mgpu_migrate.engine import migrate_source, might_need_migration
 from mgpu_migrate.options import Options
-from mgpu_migrate.output import display_path
+from mgpu_migrate.output import diff_path
 from mgpu_migrate.output.lines import moved_to_new_lines
 from mgpu_migrate.report import CHANGED, FAILED, UNCHANGED, FileOutcome, changed_on_disk
 from mgpu_migrate.results import unified_diff
@@ -29,6 +29,10 @@ _BOUNDARY = "# %% mgpu-migrate cell {}"
 _BOUNDARY_LINE = re.compile(r"^# %% mgpu-migrate cell (\d+)$")
 _MAGIC = re.compile(r"^[ \t]*(?:[%!?]|[\w.]+[ \t]*=[ \t]*[%!])|^[^#\n]*\?[ \t]*$")
 _PLACEHOLDER = "pass  # mgpu-migrate magic {}"
+# A migrated notebook imports the runtime: its kernel installs it first (Colab and a fresh Jupyter lack it).
+RUNTIME_INSTALL = "%pip install mgpu-runtime"
+_RUNTIME_IMPORT = re.compile(r"^import mgpu_runtime$", re.M)
+_INSTALLS_RUNTIME = re.compile(r"pip install\b.*\bmgpu[-_]runtime\b")
 _RESTORE = re.compile(r"^([ \t]*)pass  # mgpu-migrate magic (\d+)$")
 
 
@@ -84,6 +88,16 @@ def _split(output: str, magics: list[str], expected: list[int]) -> dict[int, str
     return {number: "\n".join(lines).strip("\n") for number, lines in cells.items()}
 
 
+def _with_runtime_install(output: str, magics: list[str], cells: list[dict]) -> str:
+    """The rewritten code with ``%pip install mgpu-runtime`` above the runtime import the rewrite added (set
+    aside as the magics are), unless a cell installs it already."""
+    found = _RUNTIME_IMPORT.search(output)
+    if found is None or any(_INSTALLS_RUNTIME.search(_cell_text(cell)) for cell in cells):
+        return output
+    magics.append(RUNTIME_INSTALL)
+    return f"{output[: found.start()]}{_PLACEHOLDER.format(len(magics) - 1)}\n{output[found.start():]}"
+
+
 def _cell_lines(text: str) -> list[tuple[int, int]]:
     """For each line of the joined source: (cell number, line within the cell)."""
     positions, cell, first = [], 1, 0
@@ -125,6 +139,27 @@ def _has_non_ascii(text: str) -> bool:
     return any(ord(character) > 127 for character in text)
 
 
+class NotANotebook(ValueError):
+    pass
+
+
+def _checked_cells(notebook: object) -> list[dict]:
+    """The notebook's cells, each an object whose source is what nbformat makes it (a string, or a list of them)."""
+    if not isinstance(notebook, dict) or not isinstance(notebook.get("cells"), list):
+        raise NotANotebook("no list of cells")
+    for number, cell in enumerate(notebook["cells"], start=1):
+        if not isinstance(cell, dict):
+            raise NotANotebook(f"cell {number} is no object")
+        source = cell.get("source", "")
+        if not (isinstance(source, str) or isinstance(source, list) and all(isinstance(line, str) for line in source)):
+            raise NotANotebook(f"the source of cell {number} is neither a string nor a list of strings")
+    return notebook["cells"]
+
+
+def _unreadable(path: str, why: str) -> FileOutcome:
+    return FileOutcome(path, FAILED, [Diagnostic(path, 1, 1, READ_ERROR, f"cannot read: {why}")])
+
+
 def migrate_notebook(path: str, target: str, write: bool, want_diff: bool, options: Options) -> FileOutcome:
     """Migrate one notebook. Never raises for a bad file: it comes back as FAILED, untouched."""
     try:
@@ -133,32 +168,35 @@ def migrate_notebook(path: str, target: str, write: bool, want_diff: bool, optio
             return FileOutcome(path, UNCHANGED)
         original = data.decode("utf-8")
         notebook = json.loads(original)
-        cells = notebook["cells"]
-        assert isinstance(cells, list) and all(isinstance(cell, dict) for cell in cells)
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AssertionError) as error:
-        message = getattr(error, "strerror", None) or f"not a Jupyter notebook ({type(error).__name__})"
-        return FileOutcome(path, FAILED, [Diagnostic(path, 1, 1, READ_ERROR, f"cannot read: {message}")])
+        cells = _checked_cells(notebook)
+    except RecursionError:
+        return _unreadable(path, "not a Jupyter notebook (JSON nested too deeply)")
+    except NotANotebook as error:
+        return _unreadable(path, f"not a Jupyter notebook ({error})")
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        return _unreadable(path, getattr(error, "strerror", None) or f"not a Jupyter notebook ({type(error).__name__})")
     source, magics = _joined(cells)
     result = migrate_source(source, target, path, options)
     if result.error is not None:
         return FileOutcome(path, FAILED, _in_cells(path, [result.error, *result.diagnostics], source))
     if not result.changed:
         return FileOutcome(path, UNCHANGED, _in_cells(path, result.diagnostics, source))
-    rewritten = _split(result.output, magics, [int(m[1]) for m in map(_BOUNDARY_LINE.match, LINE_BREAK.split(source)) if m])
+    output = _with_runtime_install(result.output, magics, cells)
+    rewritten = _split(output, magics, [int(m[1]) for m in map(_BOUNDARY_LINE.match, LINE_BREAK.split(source)) if m])
     if rewritten is None:
         message = "internal error: the rewrite moved code across cells; notebook left unchanged, please report"
         return FileOutcome(path, FAILED, [Diagnostic(path, 1, 1, INTERNAL_ERROR, message)])
     new_cells = [_with_source(cell, rewritten[number]) if number in rewritten else cell for number, cell in enumerate(cells, start=1)]
-    output = _serialized({**notebook, "cells": new_cells}, original)
+    serialized = _serialized({**notebook, "cells": new_cells}, original)
     if write:
         try:
-            files.write_atomically(path, output, "utf-8", read_as=files.SourceFile(path, data, "utf-8", stamp))
+            files.write_atomically(path, serialized, "utf-8", read_as=files.SourceFile(path, data, "utf-8", stamp))
         except files.FileChanged:
             return changed_on_disk(path)
         except (OSError, UnicodeEncodeError) as error:
             message = f"cannot write: {getattr(error, 'strerror', None) or error}"
             return FileOutcome(path, FAILED, [Diagnostic(path, 1, 1, READ_ERROR, message)])
-        diagnostics = _in_cells(path, moved_to_new_lines(result.diagnostics, source, result.output), result.output)
+        diagnostics = _in_cells(path, moved_to_new_lines(result.diagnostics, source, output), output)
     else:
         diagnostics = _in_cells(path, result.diagnostics, source)
-    return FileOutcome(path, CHANGED, diagnostics, unified_diff(original, output, display_path(path)) if want_diff else "")
+    return FileOutcome(path, CHANGED, diagnostics, unified_diff(original, serialized, diff_path(path)) if want_diff else "")

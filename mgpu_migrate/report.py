@@ -15,8 +15,9 @@ from mgpu_migrate import files
 from mgpu_migrate.diagnostics import FILE_CHANGED, INTERNAL_ERROR, OUTSIDE_TREE, READ_ERROR, TOO_LARGE, Diagnostic
 from mgpu_migrate.engine import MigrationResult, might_need_migration, migrate_source
 from mgpu_migrate.options import DEFAULT_OPTIONS, Options
-from mgpu_migrate.output import display_path, markers
+from mgpu_migrate.output import diff_path, markers
 from mgpu_migrate.results import CHANGED, FAILED, UNCHANGED, FileOutcome, unified_diff
+
 
 
 def _failed(path: str, code: str, message: str) -> FileOutcome:
@@ -73,7 +74,7 @@ def outcome_of(result: MigrationResult, want_diff: bool) -> FileOutcome:
         return FileOutcome(result.path, FAILED, [result.error, *result.diagnostics])
     if not result.changed:
         return FileOutcome(result.path, UNCHANGED, result.diagnostics)
-    diff = unified_diff(result.source, result.output, display_path(result.path)) if want_diff else ""
+    diff = unified_diff(result.source, result.output, diff_path(result.path)) if want_diff else ""
     return FileOutcome(result.path, CHANGED, result.diagnostics, diff)
 
 
@@ -190,7 +191,7 @@ def _map_in_processes(migrate: Callable, source_files: list, workers: int, ticke
                     message = "internal error: the process migrating this file stopped; file left unchanged, please report"
                     outcomes.append(_failed(source_file.path, INTERNAL_ERROR, message))
         except KeyboardInterrupt:
-            _stop_workers(pool)
+            _stop_workers(pool, {os.path.dirname(os.path.realpath(source_file.path)) for source_file in source_files})
             raise
         return outcomes
 
@@ -239,8 +240,10 @@ def _in_worker(migrate: Callable, source_file: files.SourceFile) -> FileOutcome:
         os._exit(stopped.code)  # the pool would otherwise take the next file
 
 
-def _stop_workers(pool) -> None:
-    """On Ctrl-C: no new file is started; each worker finishes or undoes the file it is writing, and exits."""
+def _stop_workers(pool, directories: set[str]) -> None:
+    """On Ctrl-C: no new file is started; each worker finishes or undoes the file it is writing, and exits. One
+    that has not within seconds (an fsync on a loaded disk can take longer) is killed, and the temporary file
+    of its write, in one of ``directories``, removed here."""
     workers = list((pool._processes or {}).values())  # the executor offers no public way to stop them
     pool.shutdown(wait=False, cancel_futures=True)
     for worker in workers:
@@ -249,3 +252,5 @@ def _stop_workers(pool) -> None:
         worker.join(timeout=5)
         if worker.is_alive():
             worker.kill()
+            worker.join()
+            files.remove_temporaries(worker.pid, directories)

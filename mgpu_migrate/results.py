@@ -7,7 +7,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 
-from mgpu_migrate.diagnostics import Diagnostic
+from mgpu_migrate.diagnostics import Diagnostic, source_lines
 
 
 @dataclass
@@ -40,8 +40,24 @@ def unified_diff(before: str, after: str, path: str) -> str:
     (``output.display_path``: `git apply` rejects a/./x.py)."""
     lines = []
     old, new = (path, path) if path.startswith("/") else (f"a/{path}", f"b/{path}")
-    for line in difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True), old, new):
+    for line in difflib.unified_diff(source_lines(before), source_lines(after), _git_quoted(old), _git_quoted(new)):
         lines.append(line)
         if not line.endswith(("\n", "\r")):
             lines.append("\n\\ No newline at end of file\n")
     return "".join(lines)
+
+
+_GIT_ESCAPES = {"\a": "\\a", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\v": "\\v", "\f": "\\f", "\r": "\\r", '"': '\\"', "\\": "\\\\"}
+
+
+def _git_quoted(name: str) -> str:
+    """A file name in a diff header as git writes it: in double quotes with C escapes when it holds a control
+    character, a quote or a backslash (a newline would end the header line), else as it is."""
+    escaped = "".join(map(_git_escaped, name))
+    return name if escaped == name else f'"{escaped}"'
+
+
+def _git_escaped(character: str) -> str:
+    if character in _GIT_ESCAPES:
+        return _GIT_ESCAPES[character]
+    return f"\\{ord(character):03o}" if ord(character) < 0x20 or ord(character) == 0x7F else character

@@ -88,7 +88,7 @@ def test_syntax_error_file_among_good_ones_exits_2(project):
     assert (project / "broken.py").read_text() == broken
     assert "DistributedDataParallel" in (project / "train.py").read_text()
     error_lines = [line for line in result.stderr.decode().splitlines() if "MGP002" in line]
-    assert len(error_lines) == 1 and error_lines[0].startswith("./broken.py:")
+    assert len(error_lines) == 1 and error_lines[0].startswith("broken.py:")
     assert "1 failed" in result.stderr.decode()
 
 
@@ -206,3 +206,73 @@ def test_the_users_syntax_warnings_are_not_printed(tmp_path):
         )
         assert result.returncode == 1, result.stderr
         assert "Warning" not in result.stderr and "MGP101" in result.stderr
+
+
+def test_a_noqa_that_keeps_a_whole_file_or_silences_nothing_is_said(tmp_path):
+    kept = "import torch.nn as nn\nmodel = nn.DataParallel(nn.Linear(2, 2))  # noqa: MGP101\n"
+    (tmp_path / "kept.py").write_text(kept)
+    result = run_cli("kept.py", "--to", "ddp", "--check", "--fail-on", "review", cwd=tmp_path)
+    assert result.returncode == 1  # a site for a person: the file stays DataParallel
+    (line,) = [line for line in result.stderr.decode().splitlines() if line.startswith("kept.py:")]
+    assert line.startswith("kept.py:2:9: MGP351 the `# noqa` here (MGP101) keeps this DataParallel")
+    # Said on purpose, it is silent.
+    (tmp_path / "kept.py").write_text(kept.replace("MGP101", "MGP101, MGP351"))
+    assert run_cli("kept.py", "--to", "ddp", "--check", "--fail-on", "review", cwd=tmp_path).returncode == 0
+
+    stale = "import torch.nn as nn\nmodel = nn.DataParallel(nn.Linear(2, 2))  # noqa: F401\nx = 1  # noqa: MGP101, MGP999\n"
+    (tmp_path / "stale.py").write_text(stale)
+    said = run_cli("stale.py", "--to", "balanced", "--diff", cwd=tmp_path).stderr.decode().splitlines()
+    assert "stale.py:3:1: MGP350 `# noqa: MGP101` silences nothing on this line: remove it" in said
+    assert "stale.py:3:1: MGP350 `# noqa: MGP999`: mgpu-migrate has no code MGP999 (--list-codes)" in said
+    assert not [line for line in said if "F401" in line]  # another tool's code is not judged
+
+
+def test_a_filtered_device_ids_comprehension_names_gpus_not_the_first_n(tmp_path):
+    (tmp_path / "train.py").write_text(
+        "import torch.nn as nn\nmodel = nn.DataParallel(nn.Linear(2, 2), device_ids=[i for i in range(8) if i != 3])\n"
+    )
+    result = run_cli("train.py", "--to", "ddp", "--check", cwd=tmp_path)
+    said = result.stderr.decode()
+    assert "MGP283 `device_ids=[i for i in range(8) if i != 3]` names the GPUs to use" in said
+    assert "first" not in said and result.returncode == 0
+
+
+def test_sync_bn_under_balanced_is_a_usage_error(tmp_path):
+    script = "import torch.nn as nn\nmodel = nn.DataParallel(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))\n"
+    (tmp_path / "train.py").write_text(script)
+    refused = run_cli("train.py", "--to", "balanced", "--sync-bn", cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "--sync-bn is a choice of --to ddp; --to balanced keeps DataParallel's per-device BatchNorm" in refused.stderr.decode()
+    (tmp_path / "pyproject.toml").write_text("[tool.mgpu-migrate]\nsync-bn = true\n")
+    from_settings = run_cli("train.py", "--to", "balanced", cwd=tmp_path)
+    assert from_settings.returncode == 2 and b"sync-bn = true (" in from_settings.stderr
+    assert (tmp_path / "train.py").read_text() == script
+    assert run_cli("train.py", "--to", "balanced", "--no-sync-bn", cwd=tmp_path).returncode == 0
+
+
+def test_a_diff_of_a_file_outside_the_current_directory_applies_from_the_work_trees_top(tmp_path):
+    import subprocess
+
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "train.py").write_text(DP_SCRIPT)
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    diff = run_cli("../models/train.py", "--to", "ddp", "--diff", cwd=tmp_path / "scripts")
+    assert diff.returncode == 1, diff.stderr
+    assert diff.stdout.decode().splitlines()[:2] == ["--- a/models/train.py", "+++ b/models/train.py"]
+    subprocess.run(["git", "apply", "-"], cwd=tmp_path, input=diff.stdout, check=True)
+    assert "mgpu_runtime.DistributedDataParallel(model)" in (tmp_path / "models" / "train.py").read_text()
+    # Inside the current directory the path stays the one given, without ./
+    (tmp_path / "scripts" / "job.py").write_text(DP_SCRIPT)
+    inside = run_cli("./job.py", "--to", "ddp", "--diff", cwd=tmp_path / "scripts")
+    assert inside.stdout.decode().splitlines()[0] == "--- a/job.py"
+
+
+def test_a_dry_run_says_its_rewrites_as_what_a_run_would_do(tmp_path):
+    (tmp_path / "train.py").write_text(DP_SCRIPT)
+    for mode in (["--diff"], ["--check", "--show-rewrites"]):
+        said = run_cli("train.py", "--to", "ddp", *mode, cwd=tmp_path).stderr.decode()
+        assert "train.py:3:9: MGP101 would be: DataParallel replaced with mgpu_runtime.DistributedDataParallel" in said
+        assert "would be migrated to ddp" in said
+    written = run_cli("train.py", "--to", "ddp", cwd=tmp_path).stderr.decode()
+    assert "MGP101 DataParallel replaced with" in written and "would be" not in written

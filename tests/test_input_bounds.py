@@ -47,3 +47,14 @@ def test_a_bad_size_is_a_usage_error_naming_the_setting(tmp_path):
     (tmp_path / "pyproject.toml").write_text("[tool.mgpu-migrate]\nmax-file-size = -1\n")
     setting = run_cli("--to", "ddp", "train.py", cwd=tmp_path)
     assert setting.returncode == 2 and b"max-file-size must be a size in bytes" in setting.stderr
+
+
+def test_a_size_of_any_number_of_digits_is_a_size(tmp_path):
+    """99999999999999999999999TB used to be "not a size" (no TB unit, and a float that overflows)."""
+    (tmp_path / "train.py").write_text(DP_SCRIPT)
+    for size in ("99999999999999999999999TB", "9" * 400 + "MB", "1.5 TiB"):
+        result = run_cli("--to", "ddp", "--check", "--show-rewrites", "--max-file-size", size, "train.py", cwd=tmp_path)
+        assert result.returncode == 1 and b"MGP101" in result.stderr, (size, result.stderr)
+    unknown = run_cli("--to", "ddp", "--max-file-size", "5XB", "train.py", cwd=tmp_path)
+    assert unknown.returncode == 2
+    assert b"'5XB' is not a size (bytes, or like 5MB; units B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)" in unknown.stderr

@@ -70,14 +70,15 @@ def test_round_trip_keeps_all_but_the_code_and_is_idempotent(tmp_path):
     assert after["metadata"] == before["metadata"] and after["cells"][0] == before["cells"][0]
     assert after["cells"][2] == before["cells"][2]
     setup, train = after["cells"][1]["source"], after["cells"][3]["source"]
-    assert setup == ["import mgpu_runtime\n", *SETUP_CELL]
+    # The kernel installs the runtime it now imports, above the import, once.
+    assert setup == ["%pip install mgpu-runtime\n", "import mgpu_runtime\n", *SETUP_CELL]
     assert "model = mgpu_runtime.DataParallelModel(model)\n" in train
     assert "%time model(torch.ones(1, 4))\n" in train and train[-1] == TRAIN_CELL[-1]
     text = path.read_text(encoding="utf-8")
     assert text.startswith('{\n "cells": [\n') and "(é)" in text and text.endswith("}\n")
     # Diagnostics name the cell and the line within it, in the notebook as written.
     (line,) = [line for line in result.stderr.decode().splitlines() if "MGP101" in line]
-    assert line.startswith("./train.ipynb:cell 4:3:9: MGP101 ")
+    assert line.startswith("train.ipynb:cell 4:3:9: MGP101 ")
     assert train[2].startswith("model = mgpu_runtime.DataParallelModel")
     # A second run changes nothing.
     again = run_cli("train.ipynb", "--to", "balanced", "--check", cwd=tmp_path)
@@ -93,8 +94,36 @@ def test_untouched_notebooks_are_byte_identical_and_bad_ones_fail(tmp_path):
     result = run_cli(".", "--to", "ddp", cwd=tmp_path)
     assert result.returncode == 2
     assert (tmp_path / "plain.ipynb").read_bytes() == before
-    assert b"./broken.ipynb:1:1: MGP001 cannot read: not a Jupyter notebook" in result.stderr
+    assert b"broken.ipynb:1:1: MGP001 cannot read: not a Jupyter notebook" in result.stderr
     assert (tmp_path / "broken.ipynb").read_text() == '{"cells": [ "DataParallel"'
+
+
+def _with_train_source(source) -> dict:
+    content = copy.deepcopy(notebook())
+    content["cells"][3]["source"] = source
+    return content
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        (json.dumps(_with_train_source(5)), "the source of cell 4 is neither a string nor a list of strings"),
+        (json.dumps(_with_train_source([*TRAIN_CELL, 3])), "the source of cell 4 is neither a string nor a list"),
+        (json.dumps(_with_train_source({"text": TRAIN_CELL})), "the source of cell 4 is neither a string nor a list"),
+        ('{"cells": [], "nested": ' + "[" * 100_000 + "]" * 100_000 + ', "x": "DataParallel"}', "JSON nested too deeply"),
+        (json.dumps({**notebook(), "cells": [*notebook()["cells"], "DataParallel"]}), "cell 5 is no object"),
+    ],
+    ids=["number", "list-with-a-number", "object", "deep", "cell-not-an-object"],
+)
+def test_a_malformed_notebook_fails_alone_with_one_line_and_the_run_goes_on(tmp_path, text, reason):
+    """Each used to stop the whole run with a traceback (AttributeError, TypeError, RecursionError), exit 1."""
+    (tmp_path / "bad.ipynb").write_text(text)
+    write_notebook(tmp_path / "good.ipynb", notebook())
+    result = run_cli("bad.ipynb", "good.ipynb", "--to", "ddp", cwd=tmp_path)
+    assert result.returncode == 2 and b"Traceback" not in result.stderr
+    assert f"bad.ipynb:1:1: MGP001 cannot read: not a Jupyter notebook ({reason}".encode() in result.stderr
+    assert b"1 file migrated to ddp, 0 unchanged, 1 failed" in result.stderr
+    assert (tmp_path / "bad.ipynb").read_text() == text
 
 
 def test_notebook_diff_applies_and_json_names_the_cell(tmp_path):
@@ -105,7 +134,7 @@ def test_notebook_diff_applies_and_json_names_the_cell(tmp_path):
     subprocess.run(["git", "apply", "-"], cwd=tmp_path, input=diff.stdout, check=True)
     assert "DataParallelModel" in (tmp_path / "train.ipynb").read_text()
     write_notebook(tmp_path / "train.ipynb", notebook())
-    report = json.loads(run_cli("train.ipynb", "--to", "balanced", "--check", "--output-format", "json", cwd=tmp_path).stdout)
+    report = json.loads(run_cli("train.ipynb", "--to", "balanced", "--check", "--show-rewrites", "--output-format", "json", cwd=tmp_path).stdout)
     schema = json.loads((ROOT / "mgpu_migrate" / "schemas" / "report-v1.json").read_text())
     jsonschema.Draft202012Validator(schema).validate(report)
     (entry,) = [d for d in report["diagnostics"] if d["code"] == "MGP101"]
@@ -163,3 +192,20 @@ for code, emulated, replicas in json.loads(sys.argv[1]):
         runner.run(code, devices=emulated, float64=True)
     print(printed.getvalue().split()[-1])
 """
+
+
+def test_the_install_line_comes_once_and_not_over_the_notebooks_own(tmp_path):
+    own = copy.deepcopy(notebook())
+    own["cells"][1]["source"] = ["!pip install -q mgpu-runtime torch\n", *SETUP_CELL]
+    write_notebook(tmp_path / "own.ipynb", own)
+    write_notebook(tmp_path / "train.ipynb", notebook())
+    assert run_cli(".", "--to", "ddp", cwd=tmp_path).returncode == 0
+    sources = {name: ["".join(cell["source"]) for cell in json.loads((tmp_path / name).read_text(encoding="utf-8"))["cells"]]
+               for name in ("own.ipynb", "train.ipynb")}
+    assert sum(text.count("pip install") for text in sources["own.ipynb"]) == 1
+    first_code = sources["train.ipynb"][1]
+    assert first_code.startswith("%pip install mgpu-runtime\nimport mgpu_runtime\n")
+    # Migrating again adds nothing.
+    assert run_cli("train.ipynb", "--to", "ddp", cwd=tmp_path).returncode == 0
+    again = ["".join(cell["source"]) for cell in json.loads((tmp_path / "train.ipynb").read_text(encoding="utf-8"))["cells"]]
+    assert sum(text.count("%pip install mgpu-runtime") for text in again) == 1

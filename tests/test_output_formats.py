@@ -109,8 +109,8 @@ def parse_annotations(output: str) -> list[dict]:
 
 
 def test_github_annotations_parse_back_to_the_diagnostics(project):
-    expected = _text_diagnostics(project, ".", "--to", "ddp", "--check")
-    result = run_cli(".", "--to", "ddp", "--check", "--output-format", "github", cwd=project)
+    expected = _text_diagnostics(project, ".", "--to", "ddp", "--check", "--show-rewrites")
+    result = run_cli(".", "--to", "ddp", "--check", "--show-rewrites", "--output-format", "github", cwd=project)
     assert result.returncode == 2
     annotations = parse_annotations(result.stdout.decode())
     assert [(a["file"], int(a["line"]), int(a["col"]), a["title"].split()[-1]) for a in annotations] == [
@@ -132,7 +132,7 @@ def test_github_escapes_what_the_runner_decodes():
 
 
 def test_sarif_validates_against_the_official_schema(project):
-    result = run_cli(".", "--to", "ddp", "--check", "--output-format", "sarif", cwd=project)
+    result = run_cli(".", "--to", "ddp", "--check", "--show-rewrites", "--output-format", "sarif", cwd=project)
     assert result.returncode == 2
     log = json.loads(result.stdout)
     jsonschema.Draft4Validator(SARIF_SCHEMA).validate(log)
@@ -189,3 +189,58 @@ def test_full_text_shows_the_line_of_code_as_it_now_is(tmp_path):
     assert concise.stderr.decode().splitlines()[0] == (
         "dim.py:2:5: MGP201 DataParallel with dim != 0 has no DistributedDataParallel equivalent; not rewritten"
     )
+
+
+ODD_NAMES = ["new\nline.py", "tab\tname.py", 'quo"te.py', "back\\slash.py", "bell\a.py", "caf\u00e9 au lait.py"]
+# Characters str.splitlines() breaks at but Python does not: a diff split there said "No newline at end of
+# file" in the middle of the file, and git apply refused it.
+NOT_LINE_BREAKS = "\x0c\n# page \x1c one \x85 two \u2028 three\n"
+
+
+@pytest.mark.parametrize("how", ["diff", "json"])
+def test_diffs_of_odd_file_names_and_lines_apply_with_git_apply(tmp_path, how):
+    """A name with a newline broke the header line of the text diff and of the JSON fix; git quotes such
+    names, and so does the tool."""
+    import subprocess
+
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    source = DP_SCRIPT + NOT_LINE_BREAKS + "print(model)\n"
+    for name in ODD_NAMES:
+        (tmp_path / name).write_text(source)
+    if how == "diff":
+        result = run_cli("--to", "ddp", "--diff", *ODD_NAMES, cwd=tmp_path)
+        patches = [result.stdout.decode()]
+    else:
+        result = run_cli("--to", "ddp", "--check", "--output-format", "json", *ODD_NAMES, cwd=tmp_path)
+        patches = [entry["fix"]["diff"] for entry in json.loads(result.stdout)["files"]]
+        assert len(patches) == len(ODD_NAMES)
+    assert result.returncode == 1, result.stderr
+    assert any('--- "a/new\\nline.py"\n+++ "b/new\\nline.py"\n' in patch for patch in patches)
+    for patch in patches:
+        subprocess.run(["git", "apply", "-"], cwd=tmp_path, input=patch.encode(), check=True)
+    expected = run_cli("-", "--to", "ddp", stdin=source.encode()).stdout.decode()
+    assert "DistributedDataParallel" in expected
+    for name in ODD_NAMES:
+        assert (tmp_path / name).read_text() == expected, name
+
+
+def test_check_reports_what_needs_a_person_and_names_the_files_that_would_change(project):
+    """--check leaves the rewrites out of every format (a CI job's annotations are the sites for a person and
+    the errors); --show-rewrites lists them, and a run that writes lists them unless --hide-rewrites."""
+    github = run_cli(".", "--to", "ddp", "--check", "--output-format", "github", cwd=project)
+    levels = [a["level"] for a in parse_annotations(github.stdout.decode())]
+    assert sorted(levels) == ["error", "warning"]  # broken.py's MGP002, dim.py's MGP201
+    shown = run_cli(".", "--to", "ddp", "--check", "--show-rewrites", "--output-format", "github", cwd=project)
+    assert "notice" in [a["level"] for a in parse_annotations(shown.stdout.decode())]
+    sarif = json.loads(run_cli(".", "--to", "ddp", "--check", "--output-format", "sarif", cwd=project).stdout)
+    assert {result["ruleId"] for result in sarif["runs"][0]["results"]} == {"MGP002", "MGP201"}
+
+    text = run_cli(".", "--to", "ddp", "--check", cwd=project).stderr.decode().splitlines()
+    assert "pkg/train.py: would be migrated (--show-rewrites lists the rewrites)" in text
+    assert not [line for line in text if ": MGP1" in line]
+    assert not [line for line in run_cli(".", "--to", "ddp", "--check", "-q", cwd=project).stderr.decode().splitlines()
+                if "would be migrated" in line]
+
+    hidden = run_cli("pkg", "--to", "ddp", "--hide-rewrites", "--output-format", "github", cwd=project)
+    assert hidden.returncode == 0 and hidden.stdout == b""
+    assert "mgpu_runtime" in (project / "pkg" / "train.py").read_text()  # written all the same

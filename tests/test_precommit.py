@@ -1,13 +1,21 @@
-"""The hook from .pre-commit-hooks.yaml, run by the real pre-commit tool the way users configure it."""
+"""The hooks from .pre-commit-hooks.yaml, run by the real pre-commit tool as the README configures them: its
+snippet as written, with ``rev:`` the release tag it names, made in a copy of this repository."""
 
 import os
 import shutil
 import subprocess
 
 import pytest
+import yaml
 
+from mgpu_migrate import __version__
 from tests.cli_helpers import DP_SCRIPT, command
 from tests.fixture_cases import ROOT
+from tests.readme_blocks import blocks
+
+# The README's .pre-commit-config.yaml; its repo: is a placeholder, its rev: the release tag.
+README_CONFIG = yaml.safe_load(next(block for block in blocks("yaml") if block.startswith("repos:")))
+(README_REPO,) = README_CONFIG["repos"]
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("pre-commit")]
 
@@ -42,37 +50,61 @@ def snapshot_of_this_repository(destination):
 
 @pytest.fixture(scope="module")
 def hook_repository(tmp_path_factory):
-    """A snapshot of this repository and one pre-commit cache for the module's tests: pre-commit builds the
-    hooks' environment (a virtualenv with the package installed) once for a repository and revision, and
-    both hooks come from this one. The tests run on one xdist worker (xdist_group, --dist loadgroup)."""
+    """A snapshot of this repository with the README's release tag on it, and one pre-commit cache for the
+    module's tests: pre-commit builds the hooks' environment (a virtualenv with the package installed) once
+    for a repository and revision, and both hooks come from this one. The tests run on one xdist worker
+    (xdist_group, --dist loadgroup).
+
+    A commit after the tag breaks both hooks, so a hook that runs at all ran from the tag, not the branch."""
     hook_repo = tmp_path_factory.mktemp("hook")
     with pytest.MonkeyPatch.context() as patch:
         for key, value in ENV.items():
             patch.setenv(key, value)
-        revision = snapshot_of_this_repository(hook_repo)
-    return hook_repo, revision, tmp_path_factory.mktemp("pre-commit-cache")
+        snapshot_of_this_repository(hook_repo)
+        git("tag", "-a", README_REPO["rev"], "-m", f"mgpu-migrate {__version__}", cwd=hook_repo)
+        hooks = hook_repo / ".pre-commit-hooks.yaml"
+        hooks.write_text(hooks.read_text().replace("entry: mgpu-migrate", "entry: false"))
+        git("commit", "-q", "-am", "after the release", cwd=hook_repo)
+    return hook_repo, tmp_path_factory.mktemp("pre-commit-cache")
 
 
-def user_repository(tmp_path, monkeypatch, hook_repository, hook_id):
-    """A user's git repository whose .pre-commit-config.yaml uses ``hook_id`` from a snapshot of this one."""
-    hook_repo, revision, cache = hook_repository
+def user_repository(tmp_path, monkeypatch, hook_repository, hook_id, args=None):
+    """A user's git repository whose .pre-commit-config.yaml is the README's, with the tagged snapshot of this
+    repository as its repo and ``hook_id`` alone (with its README arguments, or ``args``)."""
+    hook_repo, cache = hook_repository
     for key, value in ENV.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("PRE_COMMIT_HOME", str(cache))
     user = tmp_path / "user"
     user.mkdir()
     git("init", "-q", cwd=user)
-    (user / ".pre-commit-config.yaml").write_text(
-        f"repos:\n- repo: {hook_repo}\n  rev: {revision}\n  hooks:\n  - id: {hook_id}\n    args: [--to, ddp]\n"
-    )
+    (hook,) = [dict(hook) for hook in README_REPO["hooks"] if hook["id"] == hook_id]
+    if args is not None:
+        hook["args"] = args
+    config = {"repos": [{**README_REPO, "repo": str(hook_repo), "hooks": [hook]}]}
+    (user / ".pre-commit-config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return user
 
 
-def run_hooks(user):
+def run_hooks(user, *options):
     return subprocess.run(
-        ["pre-commit", "run", "--all-files"], cwd=user, capture_output=True, text=True, timeout=900,
+        ["pre-commit", "run", "--all-files", *options], cwd=user, capture_output=True, text=True, timeout=900,
         env={**os.environ},
     )
+
+
+def test_the_readme_names_this_releases_tag():
+    assert README_REPO["rev"] == f"v{__version__}"
+    assert [hook["id"] for hook in README_REPO["hooks"]] == ["mgpu-migrate", "mgpu-migrate-check"]
+
+
+def test_the_tag_installs_that_release(tmp_path, monkeypatch, hook_repository):
+    user = user_repository(tmp_path, monkeypatch, hook_repository, "mgpu-migrate", args=["--version"])
+    (user / "train.py").write_text(DP_SCRIPT)
+    git("add", "-A", cwd=user)
+    shown = run_hooks(user, "--verbose")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert f"mgpu-migrate, version {__version__}" in shown.stdout
 
 
 def test_hook_rewrites_then_passes(tmp_path, monkeypatch, hook_repository):

@@ -28,7 +28,7 @@ def _diagnostics(stderr: bytes) -> list[tuple[str, int, int, str]]:
 
 def test_positions_after_an_in_place_rewrite_are_in_the_new_file(tmp_path):
     shutil.copy(ROOT / "fixtures" / "scripts" / "flat_script.py", tmp_path / "train.py")
-    shown = run_cli("train.py", "--to", "ddp", "--check", cwd=tmp_path)
+    shown = run_cli("train.py", "--to", "ddp", "--check", "--show-rewrites", cwd=tmp_path)
     before = {code: line for _, line, _, code in _diagnostics(shown.stderr)}
     written = run_cli("train.py", "--to", "ddp", cwd=tmp_path)
     assert written.returncode == 0, written.stderr

@@ -45,3 +45,25 @@ def test_colour_and_progress_on_a_terminal_only(tmp_path):
     piped = run_cli(".", "--to", "ddp", "--check", "-j", "1", cwd=tmp_path)
     assert b"\x1b" not in piped.stderr and b"migrating" not in piped.stderr
     assert piped.stderr.count(b"MGP201") == 10
+
+
+def test_color_always_and_force_color_colour_piped_diffs_and_diagnostics(tmp_path):
+    import re
+
+    from tests.cli_helpers import DP_SCRIPT
+
+    (tmp_path / "train.py").write_text(DP_SCRIPT)
+    plain = run_cli("train.py", "--to", "ddp", "--diff", cwd=tmp_path)
+    assert b"\x1b[" not in plain.stdout + plain.stderr  # piped: plain
+    environment = {key: value for key, value in os.environ.items() if key not in ("NO_COLOR", "FORCE_COLOR")}
+
+    def piped(*arguments: str, **variables: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*command(), "train.py", "--to", "ddp", "--diff", *arguments], cwd=tmp_path,
+                              capture_output=True, env={**environment, **variables}, timeout=120)
+
+    for coloured in (piped("--color", "always"), piped(FORCE_COLOR="1")):
+        assert b"\x1b[32m+import mgpu_runtime\x1b[0m" in coloured.stdout and b"\x1b[36m@@ " in coloured.stdout
+        assert b"\x1b[1m" in coloured.stderr  # the diagnostics too
+        assert re.sub(rb"\x1b\[[0-9;]*m", b"", coloured.stdout) == plain.stdout
+    for off in (piped("--color", "never", FORCE_COLOR="1"), piped(FORCE_COLOR="1", NO_COLOR="1")):
+        assert b"\x1b[" not in off.stdout + off.stderr

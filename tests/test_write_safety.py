@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -13,8 +14,15 @@ import time
 import pytest
 
 from mgpu_migrate import files
+from mgpu_migrate.engine import migrate_source
 from tests.cli_helpers import DP_SCRIPT, command, run_cli
 
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None
+
+FLAT_SCRIPT = pathlib.Path(__file__).parents[1] / "fixtures" / "scripts" / "flat_script.py"
 EDIT = "# an edit made while mgpu-migrate ran\n"
 
 
@@ -165,3 +173,87 @@ def test_a_symlink_leading_out_of_a_walked_tree_is_skipped_with_a_note(tmp_path)
     # Named outright, the link is the user's choice and is followed.
     assert run_cli("--to", "ddp", str(tree / "link.py")).returncode == 0
     assert "mgpu_runtime" in (elsewhere / "victim.py").read_text()
+
+
+def _without_room_to_grow(limit_bytes):
+    """A child's file-size limit (``ulimit -f``, in bytes here), set between fork and exec."""
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, resource.RLIM_INFINITY))
+
+
+@pytest.mark.skipif(resource is None, reason="no ulimit here")
+@pytest.mark.parametrize("links", [1, 2], ids=["renamed", "in_place"])
+def test_a_rewrite_that_would_pass_ulimit_f_leaves_the_file_byte_identical(tmp_path, links):
+    """The in-place write (several links) used to leave the first 1024 bytes of the new text: a file that still
+    compiled and had lost its save."""
+    path = tmp_path / "train.py"
+    shutil.copy(FLAT_SCRIPT, path)
+    if links == 2:
+        os.link(path, tmp_path / "other_name.py")
+    original = path.read_bytes()
+    assert len(original) < 1024 < len(migrate_source(original.decode(), "ddp", str(path)).output.encode())
+    result = subprocess.run(
+        [*command(), "--to", "ddp", str(path)], capture_output=True, timeout=120, preexec_fn=_without_room_to_grow(1024)
+    )
+    assert result.returncode == 2
+    assert f"{path}:1:1: MGP001 cannot write: File too large".encode() in result.stderr
+    assert path.read_bytes() == original
+    assert sorted(os.listdir(tmp_path)) == sorted(["train.py", "other_name.py"][:links])
+
+
+# In a private mount namespace (root, or a user namespace mapped to root), a 64 KiB tmpfs filled to the last
+# page; the script is padded to end on a page boundary, so the rewrite needs a page the disk does not have.
+_ON_A_FULL_DISK = """
+set -e
+mount -t tmpfs -o size=64k tmpfs "$1"
+cd "$1"
+cp "$2" train.py
+[ "$3" = 2 ] && ln train.py other_name.py
+cp train.py "$4/original"
+dd if=/dev/zero of=filler bs=4096 2>/dev/null || true
+status=0
+"${@:5}" --to ddp train.py 2> "$4/stderr" || status=$?
+cmp -s train.py "$4/original" && echo identical
+echo "exit $status"
+rm filler
+ls -a
+"""
+
+
+def _padded_to_a_page(directory):
+    source = FLAT_SCRIPT.read_text()
+    padding = 8192 - len(source.encode())
+    path = directory / "padded.py"
+    path.write_text(source + "#" * (padding - 1) + "\n")
+    return path
+
+
+def _can_mount_privately():
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return False
+    probe = subprocess.run(
+        [unshare, "--mount", "--map-root-user", "sh", "-c", 'mount -t tmpfs -o size=4k tmpfs "$(mktemp -d)"'],
+        capture_output=True, timeout=30,
+    )
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _can_mount_privately(), reason="cannot mount a private tmpfs (no unshare, or user namespaces off)")
+@pytest.mark.parametrize("links", [1, 2], ids=["renamed", "in_place"])
+def test_a_rewrite_on_a_full_disk_leaves_the_file_byte_identical(tmp_path, links):
+    mount_point, notes = tmp_path / "disk", tmp_path / "notes"
+    mount_point.mkdir()
+    notes.mkdir()
+    script = _padded_to_a_page(tmp_path)
+    result = subprocess.run(
+        ["unshare", "--mount", "--map-root-user", "bash", "-c", _ON_A_FULL_DISK, "full-disk",
+         str(mount_point), str(script), str(links), str(notes), *command()],
+        capture_output=True, text=True, timeout=120,
+    )
+    listing = result.stdout.split()
+    assert result.returncode == 0 and "identical" in listing, result.stdout + result.stderr
+    assert "exit 2" in result.stdout
+    assert "train.py:1:1: MGP001 cannot write: No space left on device" in (notes / "stderr").read_text()
+    assert [name for name in listing[listing.index("exit") + 2 :] if name not in (".", "..")] == sorted(
+        ["train.py", "other_name.py"][:links]
+    ), "a temporary file was left"

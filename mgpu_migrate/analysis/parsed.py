@@ -26,6 +26,10 @@ class ParsedFile:
         self.source = source
         self.module = module
         self._resolved: dict[cst.BaseExpression, str | None] = {}
+        # What the rules asked of the noqa comments: every code asked about, and (line, code) of each
+        # comment that silenced one (the noqa check reports the comments that silenced nothing).
+        self.noqa_asked: set[str] = set()
+        self.noqa_used: set[tuple[int, str]] = set()
 
     @cached_property
     def _index(self) -> tuple[Tree, names.Bindings, FlowIndex]:
@@ -141,12 +145,18 @@ class ParsedFile:
         line, column = self._positions.start(node)
         return line, column + 1
 
+    def noqa_lines(self, node: cst.CSTNode) -> set[int]:
+        """The lines whose ``# noqa`` covers the node: its first and its last."""
+        return {self._positions.start(node)[0], self._positions.end(node)[0]}
+
     def silenced(self, node: cst.CSTNode, code: str) -> bool:
         """True when a ``# noqa`` comment on the node's first or last line covers ``code``."""
         if not self.noqa:
             return False
-        for line in {self._positions.start(node)[0], self._positions.end(node)[0]}:
+        self.noqa_asked.add(code)
+        for line in self.noqa_lines(node):
             codes = self.noqa.get(line, frozenset())
             if codes is None or code in codes:
+                self.noqa_used.add((line, code))
                 return True
         return False

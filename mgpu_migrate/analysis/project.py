@@ -18,16 +18,20 @@ from __future__ import annotations
 import ast
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from typing import Union
 
+from mgpu_migrate import files
 from mgpu_migrate.analysis import names
 
 _ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
 # How far above a file its project root is looked for, and how deep a chain of definitions is followed.
 _MAX_LEVELS = 12
 _MAX_DEPTH = 6
+# A module larger than this is generated (a data table), not read: nothing in it is a training loop to find.
+_MODULE_BYTES = 8 << 20
 _TORCH_DATA_PARALLEL = {names.DATA_PARALLEL, "torch.nn.parallel.data_parallel.DataParallel"}
 # torch's pieces of DataParallel: a function calling both is DataParallel written by hand.
 _REPLICATE = {"torch.nn.parallel.replicate", "torch.nn.parallel.replicate.replicate"}
@@ -315,8 +319,23 @@ _SKIPPED_DIRECTORIES = frozenset({"node_modules", "site-packages", "__pycache__"
 
 @cache
 def _tree(top: str) -> tuple[tuple[str, bytes], ...]:
-    files = []
+    found = []
     total = 0
+    for file in _modules_under(top):
+        if len(found) == _SEARCH_FILES or total > _SEARCH_TOTAL:
+            break
+        try:
+            data, _ = files.read(file, _SEARCH_BYTES)  # a FIFO, a device or a file over the bound is not read
+        except OSError:
+            continue
+        found.append((file, data))
+        total += len(data)
+    _SEARCHED[top] = searched = tuple(found)
+    return searched
+
+
+def _modules_under(top: str) -> Iterator[str]:
+    boundary = os.path.realpath(top)
     for directory, subdirectories, names_here in os.walk(top):
         # A folder holding a project marker is another project (a tree with no marker of its own may be a
         # folder of scripts beside whole repositories): its modules do not import this one.
@@ -329,21 +348,10 @@ def _tree(top: str) -> tuple[tuple[str, bytes], ...]:
             and not any(os.path.exists(os.path.join(directory, d, marker)) for marker in _ROOT_MARKERS)
         )
         for name in sorted(names_here):
-            if not name.endswith(".py"):
-                continue
-            if len(files) == _SEARCH_FILES or total > _SEARCH_TOTAL:
-                _SEARCHED[top] = found = tuple(files)
-                return found
             file = os.path.join(directory, name)
-            try:
-                if os.path.getsize(file) <= _SEARCH_BYTES:
-                    with open(file, "rb") as handle:
-                        files.append((file, handle.read()))
-                        total += len(files[-1][1])
-            except OSError:
-                continue
-    _SEARCHED[top] = found = tuple(files)
-    return found
+            # As the walker does, a link leading out of the tree is not followed: someone else's file, or /dev/zero.
+            if name.endswith(".py") and not (os.path.islink(file) and not files.inside(os.path.realpath(file), boundary)):
+                yield file
 
 
 def _import_line(data: bytes, parts: list[str], nearby: bool) -> int:
@@ -399,8 +407,7 @@ def _script_paths(path: str) -> list[str]:
     os.path.join(sys.path[0], '../utils'))``, ``os.path.dirname(__file__)``), where its imports resolve too.
     Only module-level statements, and only when the text mentions ``sys.path`` (most files are not parsed)."""
     try:
-        with open(path, "rb") as handle:
-            source = handle.read()
+        source, _ = files.read(path, _MODULE_BYTES)
     except OSError:
         return []
     if b"sys.path" not in source:
@@ -490,8 +497,7 @@ def _parsed(path: str, package: str, stamp: int) -> ProjectModule | None:
     """One project module, read once per run (and again only if it changed on disk)."""
     _READ.add(path)
     try:
-        with open(path, "rb") as handle:
-            tree = ast.parse(handle.read(), path)
+        tree = ast.parse(files.read(path, _MODULE_BYTES)[0], path)
     except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
         return None  # Python 2 code, a broken file: nothing is known about it
     return _module_of(tree, path, package)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mgpu_migrate.diagnostics import Diagnostic
+from mgpu_migrate.gitignore import work_tree
 
 if TYPE_CHECKING:
     from mgpu_migrate.results import FileOutcome
@@ -35,6 +36,18 @@ def display_path(path: str) -> str:
     """A path as review tools expect it: relative ones without a leading ``./`` (``git apply`` and GitHub
     annotations want ``x.py``, not ``./x.py``), absolute ones as they are."""
     return path if os.path.isabs(path) or path.startswith("<") else os.path.normpath(path)
+
+
+def diff_path(path: str) -> str:
+    """The path a diff names, so that ``git apply`` takes it: relative to the current directory without
+    ``./`` (``a/./x.py`` is refused); a file outside it, in a git work tree, relative to the tree's top, as
+    ``git diff`` names it (``a/../x.py`` is refused: apply such a diff from the top); else absolute."""
+    shown = display_path(path)
+    if shown.startswith("<") or not shown.startswith(os.pardir + os.sep) and not os.path.isabs(shown):
+        return shown
+    absolute = os.path.abspath(path)
+    top = work_tree(os.path.dirname(absolute))
+    return os.path.relpath(absolute, top).replace(os.sep, "/") if top else absolute
 
 
 def split_cell(path: str) -> tuple[str, int | None]:

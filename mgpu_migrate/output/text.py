@@ -11,7 +11,8 @@ import click
 
 from mgpu_migrate.diagnostics import LINE_BREAK
 
-from mgpu_migrate.output import ERROR, REVIEW, Run, kind_of
+from mgpu_migrate.output import ERROR, REVIEW, Run, display_path, kind_of
+from mgpu_migrate.results import CHANGED
 
 _COLOURS = {REVIEW: "yellow", ERROR: "red"}
 
@@ -45,10 +46,33 @@ def render(run: Run, quiet: bool, full: bool = False) -> str:
         kind = kind_of(diagnostic)
         if quiet and kind not in _COLOURS:
             continue
-        place = click.style(f"{diagnostic.path}:{diagnostic.line}:{diagnostic.col}:", bold=True)
+        place = click.style(f"{display_path(diagnostic.path)}:{diagnostic.line}:{diagnostic.col}:", bold=True)
         code = click.style(diagnostic.code, fg=_COLOURS.get(kind, "green"), bold=True)
         lines.append(f"{place} {code} {diagnostic.message}\n")
         if full:
             lines.append(_frame(diagnostic.path, diagnostic.line, diagnostic.col))
             lines.append(f"      = help: mgpu-migrate --explain {diagnostic.code}\n\n")
+    return "".join(lines)
+
+
+def changed_files(run: Run) -> str:
+    """With the rewrites not listed (``--check``'s default): one line for each file that would change."""
+    return "".join(
+        f"{click.style(display_path(outcome.path), bold=True)}: would be migrated "
+        "(--show-rewrites lists the rewrites)\n"
+        for outcome in run.outcomes
+        if outcome.status == CHANGED
+    )
+
+
+_DIFF_STYLES = (("+++", {"bold": True}), ("---", {"bold": True}), ("@@", {"fg": "cyan"}), ("+", {"fg": "green"}), ("-", {"fg": "red"}))
+
+
+def coloured_diff(diff: str) -> str:
+    """A unified diff with git's colours (``click.echo`` drops them where colour is off)."""
+    lines = []
+    for line in diff.splitlines(keepends=True):
+        style = next((style for start, style in _DIFF_STYLES if line.startswith(start)), None)
+        body = line.rstrip("\r\n")
+        lines.append(click.style(body, **style) + line[len(body):] if style and body else line)
     return "".join(lines)

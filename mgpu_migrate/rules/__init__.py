@@ -23,6 +23,7 @@ from mgpu_migrate.rules.local_rank_argument import LocalRankArgument
 from mgpu_migrate.rules.main_process_collective import MainProcessCollective
 from mgpu_migrate.rules.per_rank_steps import PerRankSteps
 from mgpu_migrate.rules.mixed_rows import MixedRows
+from mgpu_migrate.rules.noqa_comments import NoqaComments
 from mgpu_migrate.rules.process_randomness import ProcessRandomness
 from mgpu_migrate.rules.progress_bar import ProgressBar
 from mgpu_migrate.rules.project_losses import ProjectLosses
@@ -88,6 +89,8 @@ RULES: tuple[type[Rule], ...] = (
     UnsplitData,
     # Counts a split training loop adds up from its rows: the global batch's.
     GlobalMetrics,
+    # Last: what the file's noqa comments silenced, once every other rule has asked them.
+    NoqaComments,
 )
 
 

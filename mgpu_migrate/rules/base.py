@@ -129,6 +129,10 @@ class Rule(ABC):
             return
         self.edits.report_at(node, code, message)
 
+    def left_at_line(self, line: int, code: Review, message: str) -> None:
+        """Report a line of the file itself (a comment, which is no node): what a ``# noqa`` there said."""
+        self.edits.report(line, 1, code, message)
+
 
 # The targets and styles are re-exported for the rules, which name them beside the phases.
 __all__ = [

@@ -68,6 +68,17 @@ class DeviceSelection(Rule):
             DDP,
             (CHOSEN_DEVICES,),
         ),
+        # A filtered comprehension names GPUs (every one but GPU 3), not the first N.
+        Example(
+            """
+            import torch.nn as nn
+
+            model = nn.DataParallel(model, device_ids=[i for i in range(8) if i != 3])
+            """,
+            None,
+            DDP,
+            (CHOSEN_DEVICES,),
+        ),
         Example(
             """
             import torch.nn as nn
@@ -117,8 +128,12 @@ class DeviceSelection(Rule):
             for index, element in enumerate(value.elements)
         ):
             return cst.Integer(str(len(value.elements)))
-        if type(value) is cst.ListComp and type(value.for_in.iter) is cst.Call:
-            value = value.for_in.iter
+        if type(value) is cst.ListComp:
+            loop = value.for_in
+            # Only `[i for i in ...]` keeps every index: a condition or another expression picks GPUs.
+            if loop.ifs or loop.inner_for_in is not None or not _same_name(value.elt, loop.target):
+                return None
+            value = loop.iter
         if _called(value, "list") and len(value.args) == 1:
             value = value.args[0].value
         if _called(value, "range") and len(value.args) == 1:
@@ -131,6 +146,10 @@ class DeviceSelection(Rule):
 
 def _called(value: cst.BaseExpression, builtin: str) -> bool:
     return type(value) is cst.Call and type(value.func) is cst.Name and value.func.value == builtin
+
+
+def _same_name(first: cst.BaseExpression, second: cst.BaseExpression) -> bool:
+    return type(first) is cst.Name and type(second) is cst.Name and first.value == second.value
 
 
 def _is_none(value: cst.BaseExpression) -> bool:

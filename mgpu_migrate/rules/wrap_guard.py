@@ -184,6 +184,7 @@ class WrapGuard(Rule):
         seen: set[cst.CSTNode] = set()
         dropped = self._dropped_by_rewrite(program.wraps)
         for wrap in program.wraps:
+            conditions: list[str] = []  # those it runs under that are not a GPU count, innermost first
             for guard, in_else in gpu_guards(self.analysis, wrap):
                 if guard in seen or mentions(guard.test, "world_size"):
                     continue
@@ -191,12 +192,7 @@ class WrapGuard(Rule):
                 condition = self.analysis.code_of(guard.test)
                 if in_else or is_elif or not is_gpu_condition(guard.test):
                     branch = "the else branch of" if in_else else "the elif" if is_elif else "the condition"
-                    self.left(
-                        wrap,
-                        WRAP_UNDER_OTHER_CONDITION,
-                        f"the wrap runs only under {branch} `{shorten(condition)}`: make sure it holds on every "
-                        f"process (e.g. `... or {MANY_PROCESSES}`)",
-                    )
+                    conditions.append(f"{branch} `{shorten(condition)}`")
                     continue
                 switched_off = self._switched_off(guard.test, wrap)
                 if switched_off is not None:
@@ -219,6 +215,15 @@ class WrapGuard(Rule):
                 others = self._other_statements(guard, program.wraps)
                 also = f" (and runs the {others} other statement{'s' if others > 1 else ''} under it)" if others else ""
                 self.rewrote(guard.test, f"`{shorten(condition)}` extended: every process of a multi-process run wraps{also}")
+            if conditions:
+                # One line for the site, however deep the nesting (95 nested ifs printed 95 lines).
+                more = f" and {len(conditions) - 1} more around it" if len(conditions) > 1 else ""
+                self.left(
+                    wrap,
+                    WRAP_UNDER_OTHER_CONDITION,
+                    f"the wrap runs only under {conditions[0]}{more}: make sure {'they hold' if more else 'it holds'} on "
+                    f"every process (e.g. `... or {MANY_PROCESSES}`)",
+                )
 
     def _switched_off(self, test: cst.BaseExpression, wrap: cst.Call) -> int | None:
         """The line of ``USE_DATA_PARALLEL = False`` when the guard is a name bound only to False there."""

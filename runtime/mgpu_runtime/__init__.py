@@ -11,6 +11,7 @@ Two families, each in its own sub-package:
 This package depends on torch only; it never imports the ``mgpu_migrate`` tool.
 """
 
+from mgpu_runtime._version import __version__
 from mgpu_runtime.balanced import (
     DataParallelCriterion,
     DataParallelModel,
@@ -38,6 +39,7 @@ from mgpu_runtime.distributed import (
 from mgpu_runtime.wrappers import PARALLEL_WRAPPERS, unwrap
 
 __all__ = [
+    "__version__",
     "PARALLEL_WRAPPERS",
     "DataParallelCriterion",
     "DataParallelModel",

@@ -9,18 +9,15 @@ sum of denominators), whatever the pieces hold: padding, ignored tokens, masked 
 targets are all ignored adds 0 to both sums (0 over 0 is never formed). ``reduction='sum'`` has no
 denominator: the pieces' sums add up.
 
-A full reduction of a tensor whose rows are the batch's (``torch.sum(torch.abs(code))``, ``per_row.mean()``,
-a penalty of a loss function of the script's own) is the same kind of loss: a sum, or a mean over its
-elements. ``reduction_parts`` splits it so, for tensors that require grad and hold exactly the piece's rows;
-anything else (a count, a metric, a sum over the weights) is not a loss and is left alone.
-
-``loss_parts`` answers for a call of one of those functions (what a ``TorchFunctionMode`` sees, including
-the calls that loss modules such as ``nn.CrossEntropyLoss`` make); ``None`` for anything else (other
-reductions, the deprecated ``size_average``/``reduce`` arguments, a function it does not know).
+``loss_parts`` answers for a call of one of those functions, given its bound arguments (``bind``: every
+parameter by name, defaults filled in); ``None`` for anything else (other reductions, the deprecated
+``size_average``/``reduce`` arguments, a function it does not know). The op rules of ``mgpu_runtime.sharded``
+use it on each piece of a global batch.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -40,9 +37,6 @@ _ELEMENTWISE = (
     F.kl_div,
 )
 WATCHED: frozenset[Callable[..., Any]] = frozenset((*_CLASS_INDEX, *_ELEMENTWISE))
-_SIGNATURES = {function: inspect.signature(function) for function in WATCHED}
-_FULL_SUMS = frozenset({torch.sum, torch.Tensor.sum})
-FULL_REDUCTIONS: frozenset[Callable[..., Any]] = _FULL_SUMS | {torch.mean, torch.Tensor.mean}
 # reduction='batchmean' is kl_div's mean over rows; every other mean is over what the loss counts.
 _MEANS = ("mean", "batchmean")
 
@@ -55,21 +49,49 @@ class LossParts:
     denominator: torch.Tensor | None
 
 
-def loss_parts(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> LossParts | None:
-    """The numerator and denominator of a call of a watched loss function with a mean or sum reduction."""
+@functools.cache
+def _parameters(function: Callable[..., Any]) -> tuple[tuple[str, ...], dict[str, Any]] | None:
+    """``function``'s parameter names in order, and their defaults; None when it has no Python signature."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return None
+    names = tuple(signature.parameters)
+    defaults = {n: p.default for n, p in signature.parameters.items() if p.default is not inspect.Parameter.empty}
+    return names, defaults
+
+
+def bind(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """The call's arguments by name, defaults filled in (``inspect.Signature.bind`` at a tenth of its cost, for the
+    plain signatures of torch's loss functions); None when they do not bind."""
+    parameters = _parameters(function)
+    if parameters is None:
+        return None
+    names, defaults = parameters
+    if len(args) > len(names) or set(kwargs) - set(names):
+        return None
+    arguments = dict(zip(names, args))
+    if any(name in arguments for name in kwargs):
+        return None
+    arguments.update(kwargs)
+    for name in names:
+        if name not in arguments:
+            if name not in defaults:
+                return None
+            arguments[name] = defaults[name]
+    return arguments
+
+
+def loss_parts(function: Callable[..., Any], arguments: dict[str, Any]) -> LossParts | None:
+    """The numerator and denominator of a call of a known loss function (``arguments`` as ``bind`` gives them)
+    with a mean or sum reduction."""
     if function not in WATCHED:
         return None
-    try:
-        bound = _SIGNATURES[function].bind(*args, **kwargs)
-    except TypeError:
-        return None
-    bound.apply_defaults()
-    arguments = bound.arguments
     reduction = arguments.get("reduction")
     if arguments.get("size_average") is not None or arguments.get("reduce") is not None:
         return None
     if reduction == "sum":
-        return LossParts(function(*args, **kwargs), None)
+        return LossParts(function(**arguments), None)
     if reduction not in _MEANS:
         return None
     summed = function(**{**arguments, "reduction": "sum"})
@@ -90,24 +112,3 @@ def _denominator(function: Callable[..., Any], arguments: dict[str, Any], reduct
     if reduction == "batchmean":
         return torch.tensor(source.shape[0] if source.dim() > 0 else 1, device=source.device)
     return torch.tensor(torch.broadcast_shapes(source.shape, target.shape).numel(), device=source.device)
-
-
-def reduction_parts(
-    function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], rows: int
-) -> LossParts | None:
-    """The parts of a full ``sum``/``mean`` (no ``dim``) of a tensor that requires grad and has ``rows`` rows."""
-    if function not in FULL_REDUCTIONS or len(args) != 1 or set(kwargs) - {"dtype"}:
-        return None
-    tensor = args[0]
-    if not (
-        isinstance(tensor, torch.Tensor)
-        and tensor.requires_grad
-        and tensor.is_floating_point()
-        and tensor.dim() > 0
-        and tensor.shape[0] == rows
-    ):
-        return None
-    summed = torch.sum(tensor, **kwargs)
-    if function in _FULL_SUMS:
-        return LossParts(summed, None)
-    return LossParts(summed, torch.tensor(tensor.numel(), dtype=summed.dtype, device=summed.device))

@@ -26,3 +26,15 @@ def test_a_helper_called_under_a_main_process_block_saves_without_waiting_and_sa
         "mgpu_runtime.save(..., wait=False): written once, by the main process; no process waits, "
         "as line 38 calls it on the main process only"
     )
+
+
+def test_a_wrap_under_many_conditions_is_one_line_naming_the_innermost():
+    """95 nested `if`s around one wrap printed 95 MGP233 lines for the one site."""
+    source, indent = "import torch.nn as nn\nmodel = nn.Linear(2, 2)\n", ""
+    for depth in range(95):
+        source, indent = source + f"{indent}if flag_{depth}:\n", indent + " "
+    result = migrate_source(source + f"{indent}model = nn.DataParallel(model)\n", "ddp", "nested.py")
+    assert [d.message for d in result.diagnostics if d.code == "MGP233"] == [
+        "the wrap runs only under the condition `flag_94` and 94 more around it: make sure they hold on every "
+        "process (e.g. `... or mgpu_runtime.world_size() > 1`)"
+    ]

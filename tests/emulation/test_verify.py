@@ -74,7 +74,7 @@ def test_a_run_that_fails_is_an_error_with_its_output(flat_script):
 def test_verify_is_a_command_only_as_the_first_argument(tmp_path):
     (tmp_path / "verify").mkdir()
     (tmp_path / "verify" / "train.py").write_text(DP_SCRIPT)
-    for args in (["./verify", "--to", "ddp", "--check"], ["--to", "ddp", "--check", "verify"]):
+    for args in (["./verify", "--to", "ddp", "--check", "--show-rewrites"], ["--to", "ddp", "--check", "--show-rewrites", "verify"]):
         result = run_cli(*args, cwd=tmp_path)
         assert result.returncode == 1 and b"train.py:3:9: MGP101" in result.stderr, result.stderr
     help_text = run_cli("verify", "--help", cwd=tmp_path)

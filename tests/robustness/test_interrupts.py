@@ -4,6 +4,7 @@ takes its workers with it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -188,3 +189,47 @@ def test_a_worker_sending_an_outcome_back_stops_at_the_signal(tmp_path, stopped_
     finally:
         parent.kill()
         parent.wait()
+
+
+# A worker that does not act on the main process's SIGTERM while its temporary file exists (as one inside an
+# fsync of a loaded disk, which no signal interrupts): the main process kills it after its grace and removes
+# what it left. Such a worker, killed, left a .mgpu-migrate-*.tmp behind (seen once in a full suite under load).
+_STUCK_IN_A_WRITE = """
+import os, pathlib, signal, sys, time, types
+from mgpu_migrate import files, report
+
+def migrate(source_file):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    directory = os.path.dirname(os.path.realpath(source_file.path))
+    name = files.temporary_prefix(os.getpid()) + "stuck" + files.TEMPORARY_SUFFIX
+    pathlib.Path(directory, name).write_text("half a rewrite")
+    pathlib.Path(sys.argv[1]).write_text(name)
+    time.sleep(60)
+
+paths = [os.path.join(sys.argv[2], f"train_{n}.py") for n in range(2)]
+report._map_in_processes(migrate, [types.SimpleNamespace(path=path) for path in paths], 1, lambda outcome: outcome)
+"""
+
+
+@pytest.mark.slow
+def test_a_worker_killed_in_its_write_leaves_no_temporary_file(tmp_path):
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    started = tmp_path / "started"
+    (tmp_path / "pool.py").write_text(_STUCK_IN_A_WRITE)
+    parent = subprocess.Popen(
+        [sys.executable, "pool.py", str(started), str(tree)], cwd=tmp_path, stderr=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not started.exists() or not started.read_text():
+            assert time.monotonic() < deadline and parent.poll() is None, "the worker wrote nothing"
+            time.sleep(0.01)
+        assert os.listdir(tree) == [started.read_text()]
+        os.killpg(parent.pid, signal.SIGINT)
+        parent.communicate(timeout=STOP_WITHIN_S)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
+    assert os.listdir(tree) == [], "the killed worker's temporary file was left"

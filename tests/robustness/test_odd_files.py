@@ -1,10 +1,15 @@
 """Files nobody tidied, through the command line: encodings, line ends, links, things that are not files."""
 
 import os
+import pathlib
+import shutil
+import subprocess
 
 import pytest
 
-from tests.cli_helpers import DP_SCRIPT, run_cli
+from tests.cli_helpers import DP_SCRIPT, command, run_cli
+
+FIXTURES = pathlib.Path(__file__).parents[2] / "fixtures"
 
 REWRITTEN = b"mgpu_runtime.DistributedDataParallel(model)"
 
@@ -54,6 +59,34 @@ def test_odd_but_valid_files_are_rewritten_keeping_their_form(tmp_path, name, da
 
 
 @pytest.mark.parametrize(
+    ("data", "site"),
+    [
+        (b"\x0c" + DP_SCRIPT.encode(), b":3:9: MGP101"),
+        (b"import torch.nn as nn\n\x0cmodel = nn.DataParallel(model)\n", b":2:10: MGP101"),
+        (b"import torch.nn as nn\n  \x0cmodel = nn.DataParallel(model)\n", b":2:12: MGP101"),
+        (b"import torch.nn as nn\ndef wrap(model):\n\x0c    return nn.DataParallel(model)\n", b":3:13: MGP101"),
+        (b"import torch.nn as nn\ndef wrap(model):\n    x = 1\n  \x0c    return nn.DataParallel(model)\n", b":4:15: MGP101"),
+        (b"import torch.nn as nn\nclass A:\n\x0c    def wrap(self, m):\n        return nn.DataParallel(m)\n", b":4:16: MGP101"),
+        (b'import torch.nn as nn\ns = """\n\x0c  kept\n"""\n\x0cmodel = nn.DataParallel(model)\n', b":5:10: MGP101"),
+    ],
+    ids=["first-byte", "before-a-statement", "inside-the-indentation", "first-of-a-block", "later-in-a-block",
+         "class-body", "in-a-string-too"],
+)
+def test_form_feeds_in_the_indentation_are_migrated_and_kept(tmp_path, data, site):
+    """CPython resets the column at a form feed in the indentation; LibCST read these as an unexpected indent
+    ("Syntax Error @ 1:1"), an indent of '\\x0c    ' (MGP003 internal error) or text lost at the end (MGP002)."""
+    (tmp_path / "paged.py").write_bytes(data)
+    checked = run_cli("--to", "ddp", "--check", "--show-rewrites", "paged.py", cwd=tmp_path)
+    assert checked.returncode == 1 and b"paged.py" + site in checked.stderr, checked.stderr
+    migrate(tmp_path, "paged.py")
+    after = (tmp_path / "paged.py").read_bytes()
+    assert b"DistributedDataParallel" in after and compiles(after)
+    assert after.count(b"\x0c") == data.count(b"\x0c")
+    assert b"\x0c  kept" in after or b"kept" not in data
+    assert run_cli("--to", "ddp", "--check", "--show-rewrites", "paged.py", cwd=tmp_path).returncode == 0
+
+
+@pytest.mark.parametrize(
     ("name", "data"),
     [
         ("empty.py", b""),
@@ -96,7 +129,7 @@ def test_an_unreadable_file_fails_alone_and_stays_as_it_was(tmp_path, make, reas
     make(bad)
     before = bad.read_bytes() if bad.is_file() else None
     stderr = migrate(tmp_path, ".", expect=2)
-    assert "./bad.py:1:1: MGP001 cannot read: " in stderr and reason in stderr
+    assert "bad.py:1:1: MGP001 cannot read: " in stderr and reason in stderr
     assert "1 file migrated to ddp, 0 unchanged, 1 failed" in stderr
     assert REWRITTEN in (tmp_path / "good.py").read_bytes()
     if before is not None:
@@ -161,7 +194,7 @@ def test_a_file_too_deep_for_the_compiler_fails_alone(tmp_path):
     (tmp_path / "deep.py").write_text(data)
     (tmp_path / "good.py").write_text(DP_SCRIPT)
     stderr = migrate(tmp_path, ".", expect=2)
-    assert "./deep.py:1:1: MGP00" in stderr  # unprocessable (CPython cannot compile it either)
+    assert "deep.py:1:1: MGP00" in stderr  # unprocessable (CPython cannot compile it either)
     assert (tmp_path / "deep.py").read_text() == data
     assert REWRITTEN in (tmp_path / "good.py").read_bytes()
 
@@ -174,3 +207,35 @@ def test_code_nested_too_deeply_to_parse_is_refused_not_crashed(tmp_path):
     assert result.returncode == 2
     assert b"deep.py:1:1: MGP002 cannot parse" in result.stderr and b"MGP003" not in result.stderr
     assert (tmp_path / "deep.py").read_text() == deep
+
+
+def _memory_bounded():
+    """A child's address space bounded (4 GiB): reading /dev/zero without a bound ends in a MemoryError there,
+    not in the machine's out-of-memory killer."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, resource.RLIM_INFINITY))
+
+
+@pytest.mark.parametrize(
+    "plant",
+    [
+        lambda path: os.mkfifo(path),
+        lambda path: os.symlink("/dev/zero", path),
+        lambda path: os.symlink("/dev/urandom", path),
+    ],
+    ids=["fifo", "link-to-dev-zero", "link-to-dev-urandom"],
+)
+def test_the_importer_search_reads_no_fifo_and_no_device(tmp_path, plant):
+    """A builder hands its wrap to the modules importing it, so the project is searched for them: a FIFO named
+    `*.py` there blocked the run forever, a link to /dev/zero read until memory ran out (never imported, never
+    named on the command line)."""
+    project = tmp_path / "builders"
+    shutil.copytree(FIXTURES / "projects" / "builders", project)
+    plant(project / "models" / "planted.py")
+    result = subprocess.run(
+        [*command(), "--to", "ddp", "--check", "models/loading.py"],
+        cwd=project, capture_output=True, timeout=60, preexec_fn=_memory_bounded,
+    )
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    assert b"models/loading.py:12:17: MGP320 no training here" in result.stderr

@@ -116,6 +116,13 @@ def test_first_host_of_a_node_list(node_list, host):
     assert first_host(node_list) == host
 
 
+@pytest.mark.parametrize("node_list", ["node[1-2", "node1]", "node[1-2]]", "node[1-[2]]"])
+def test_a_malformed_node_list_is_an_error_not_a_guess(node_list):
+    """`node[1-2` gave the master `node`: every rank then waited for a host that does not exist."""
+    with pytest.raises(LaunchEnvironmentError, match=r"is malformed at .*: set MASTER_ADDR to the first node's address"):
+        first_host(node_list)
+
+
 @pytest.mark.parametrize(("text", "node", "tasks"), [("4", 0, 4), ("2(x3),1", 2, 2), ("2(x3),1", 3, 1), ("1,3", 1, 3)])
 def test_tasks_on_a_node(text, node, tasks):
     assert tasks_on_node(text, node) == tasks
@@ -173,7 +180,7 @@ class TestRelaunch:
 
     def test_the_command_reruns_the_original_command_line(self):
         command = torchrun_command(4, "/usr/bin/python3", ["python3", "-X", "dev", "-m", "pkg.train", "--lr", "0.1"])
-        assert command[:5] == ["/usr/bin/python3", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4"]
+        assert command[:5] == ["/usr/bin/python3", "-m", "mgpu_runtime.distributed.agent", "--standalone", "--nproc_per_node=4"]
         assert command[5:] == ["--no-python", "/usr/bin/python3", "-u", "-X", "dev", "-m", "pkg.train", "--lr", "0.1"]
 
 

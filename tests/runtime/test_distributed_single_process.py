@@ -9,8 +9,10 @@ from __future__ import annotations
 import collections
 import os
 import pickle
+import random
 
 import mgpu_runtime
+import numpy
 import pytest
 import torch
 import torch.distributed as dist
@@ -18,7 +20,7 @@ import torch.nn.functional as F
 from mgpu_runtime.distributed import process_group
 from mgpu_runtime.distributed.environment import LaunchEnvironmentError
 from mgpu_runtime.distributed.slicing import batch_rows, take_rows
-from mgpu_runtime.losses import loss_parts
+from mgpu_runtime.losses import bind, loss_parts
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -107,6 +109,18 @@ class TestWrappersInAWorldOfOne:
         x = torch.randn(4, 3)
         assert torch.equal(model(x), teacher(x))
 
+    def test_setup_leaves_the_generators_and_the_device_count_as_they_are(self, single_process):
+        """Rank 0's generators and W emulated devices are for a job of several processes; one process is the
+        original's already."""
+        random.seed(1)
+        numpy.random.seed(2)
+        torch.manual_seed(3)
+        states = (random.getstate(), numpy.random.get_state()[1].copy(), torch.get_rng_state())
+        devices = torch.cuda.device_count()
+        mgpu_runtime.setup()
+        assert random.getstate() == states[0] and (numpy.random.get_state()[1] == states[1]).all()
+        assert torch.equal(torch.get_rng_state(), states[2]) and torch.cuda.device_count() == devices
+
     def test_loader_and_criterion_are_the_originals(self, single_process):
         loader = DataLoader(TensorDataset(torch.arange(10.0)), batch_size=4)
         assert mgpu_runtime.distribute_loader(loader) is loader
@@ -191,7 +205,7 @@ def test_a_loss_splits_into_what_it_averaged_over(function, target, options):
     unsplit loss; the middle piece of the class-index cases holds only an ignored target."""
     source = _PREDICTED if function in (F.mse_loss, F.binary_cross_entropy) else _LOGITS
     parts = [
-        loss_parts(function, (source[a:b], target[a:b]), options) for a, b in ((0, 4), (4, 5), (5, 9))
+        loss_parts(function, bind(function, (source[a:b], target[a:b]), options)) for a, b in ((0, 4), (4, 5), (5, 9))
     ]
     numerator = sum(part.numerator for part in parts)
     expected = function(source, target, **options)
@@ -200,28 +214,3 @@ def test_a_loss_splits_into_what_it_averaged_over(function, target, options):
         torch.testing.assert_close(numerator, expected)
     else:
         torch.testing.assert_close(numerator / sum(part.denominator for part in parts), expected)
-
-
-@pytest.mark.parametrize(
-    ("args", "kwargs"),
-    [((0, 4, (3,)), {}), ((4, (3, 2)), {}), ((1, 9), {"size": (3,), "dtype": torch.int32})],
-)
-def test_integers_drawn_per_row_are_the_global_draws_rows(args, kwargs):
-    """``torch.randint([low,] high, (rows, ...))`` for a piece of 3 rows is drawn as the 5-row global batch's."""
-    from mgpu_runtime.randomness import per_row_draw
-
-    draw = per_row_draw(torch.randint, args, kwargs, 3)
-    torch.manual_seed(5)
-    drawn = draw(5)
-    torch.manual_seed(5)
-    size = kwargs.get("size", args[-1])
-    bounds = args if "size" in kwargs else args[:-1]
-    expected = torch.randint(*bounds, (5, *size[1:]), **{k: v for k, v in kwargs.items() if k != "size"})
-    assert torch.equal(drawn, expected)
-
-
-@pytest.mark.parametrize(("args", "kwargs"), [((0, 4, (6,)), {}), ((0, 4, 3), {}), ((0, 4, (3,)), {"high": 2})])
-def test_integers_of_another_shape_are_not_sliced(args, kwargs):
-    from mgpu_runtime.randomness import per_row_draw
-
-    assert per_row_draw(torch.randint, args, kwargs, 3) is None

@@ -31,18 +31,18 @@ def _environment(**extra: str) -> dict[str, str]:
     return {**kept, "CUDA_VISIBLE_DEVICES": "", **extra}
 
 
-def _run(tmp_path, command: list[str], **extra: str) -> subprocess.CompletedProcess:
-    (tmp_path / "job.py").write_text(SCRIPT)
+def _run(tmp_path, command: list[str], script: str = SCRIPT, **extra: str) -> subprocess.CompletedProcess:
+    (tmp_path / "job.py").write_text(script)
     return subprocess.run(command, cwd=tmp_path, env=_environment(**extra), capture_output=True, text=True, timeout=240)
 
 
-def _torchrun(tmp_path, **extra: str) -> subprocess.CompletedProcess:
+def _torchrun(tmp_path, script: str = SCRIPT, **extra: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "job.py"]
-    result = _run(tmp_path, command, **extra)
+    result = _run(tmp_path, command, script, **extra)
     if result.returncode != 0 and "connectFullMesh failed" in result.stderr:
         # gloo's mesh set-up, before any line of the script runs, occasionally loses a connection on a loaded
         # two-core machine; what is tested here (how ranks print) starts after it.
-        result = _run(tmp_path, command, **extra)
+        result = _run(tmp_path, command, script, **extra)
     assert result.returncode == 0, result.stderr
     return result
 
@@ -86,6 +86,20 @@ def test_prefix_names_the_rank_of_each_line(tmp_path):
     result = _torchrun(tmp_path, MGPU_LOG="prefix")
     assert sorted(result.stdout.splitlines()) == ["[rank 0] hello from 0", "[rank 0] logged once", "[rank 1] hello from 1"]
     assert "[rank 1] info from 1" in result.stderr.splitlines()
+
+
+def test_prefix_reaches_the_logging_handlers_made_before_setup(tmp_path):
+    early = (
+        "import logging\n"
+        "logging.basicConfig(level=logging.INFO, format='%(message)s')  # holds sys.stderr as it was\n"
+        "logging.getLogger('train').addHandler(logging.StreamHandler(__import__('sys').stdout))\n"
+        "import mgpu_runtime\n"
+        "mgpu_runtime.setup()\n"
+        "logging.getLogger('train').info(f'info from {mgpu_runtime.rank()}')\n"
+    )
+    result = _torchrun(tmp_path, early, MGPU_LOG="prefix")
+    assert sorted(line for line in result.stderr.splitlines() if "info from" in line) == ["[rank 0] info from 0", "[rank 1] info from 1"]
+    assert sorted(result.stdout.splitlines()) == ["[rank 0] info from 0", "[rank 1] info from 1"]
 
 
 def test_an_unknown_mode_is_an_error(tmp_path):

@@ -131,3 +131,30 @@ def test_two_jobs_saving_one_path_always_leave_a_loadable_checkpoint(tmp_path):
     errors = [saver.communicate(timeout=CHILD_TIMEOUT)[1] for saver in savers]
     assert [saver.returncode for saver in savers] == [0, 0], errors
     assert os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+# A checkpoint of 400 kB under a file-size limit of 100 kB, over an old one of a few bytes.
+OVER_THE_LIMIT = """
+import resource, sys
+import torch
+import mgpu_runtime
+mgpu_runtime.save({"step": 1}, sys.argv[1])
+resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, resource.RLIM_INFINITY))
+try:
+    mgpu_runtime.save({"weights": torch.zeros(100_000)}, sys.argv[1])
+except OSError as error:
+    print("OSError:", error)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no ulimit")
+def test_a_save_past_ulimit_f_says_file_too_large_and_keeps_the_old_checkpoint(tmp_path):
+    """torch's own error there is `enforce fail at inline_container.cc:672 . unexpected pos`."""
+    result = subprocess.run(
+        [sys.executable, "-c", OVER_THE_LIMIT, str(tmp_path / "ckpt.pt")],
+        env=_clean_environment(MGPU_NPROC="1"), capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"OSError: [Errno 27] cannot save the checkpoint: File too large: '{tmp_path / 'ckpt.pt'}'"
+    assert torch.load(tmp_path / "ckpt.pt") == {"step": 1}
+    assert os.listdir(tmp_path) == ["ckpt.pt"]

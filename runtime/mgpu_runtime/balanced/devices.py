@@ -74,22 +74,20 @@ def resolve_devices(
     return Devices(replicas=(), output=None)
 
 
-_emulating = False
-"""Whether the devices emulated now are the CPU replicas' (and not a distributed job's)."""
+_INSTALLER = "MGPU_CPU_REPLICAS"
 
 
 def emulate_cpu_replicas() -> None:
     """Emulate ``MGPU_CPU_REPLICAS`` devices when there is no GPU (read now: tests change the variable between
-    scripts), so that the script sees the machine its original ran on; called at import and for each wrapper."""
-    global _emulating
+    scripts), so that the script sees the machine its original ran on; called at import and for each wrapper.
+    Devices a distributed job emulates are left as they are."""
     wanted = cpu_replica_count() if not torch.cuda.is_available() else 1
-    if wanted > 1 and emulated.count() != wanted and (_emulating or not emulated.count()):
+    ours = emulated.installed_by() == _INSTALLER
+    if wanted > 1 and emulated.count() != wanted and (ours or not emulated.count()):
         emulated.uninstall()
-        emulated.install(wanted)
-        _emulating = True
-    elif wanted <= 1 and _emulating:
+        emulated.install(wanted, by=_INSTALLER)
+    elif wanted <= 1 and ours:
         emulated.uninstall()
-        _emulating = False
 
 
 def cpu_replica_count() -> int:

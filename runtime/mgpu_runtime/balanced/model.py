@@ -7,6 +7,7 @@ from typing import Any
 
 from torch import nn
 
+from mgpu_runtime.balanced.banner import announce
 from mgpu_runtime.balanced.devices import DeviceId, Devices, resolve_devices
 from mgpu_runtime.balanced.functional import parallel_forward
 from mgpu_runtime.pickling import as_data_parallel
@@ -40,6 +41,7 @@ class DataParallelModel(nn.DataParallel):
         self._devices = resolve_devices(device_ids, output_device)
         self.device_ids = _device_ids(self._devices)
         self.output_device = _output_device_id(self._devices)
+        announce(self._devices)
         if len(self._devices.replicas) == 1:
             module.to(self._devices.replicas[0])  # as nn.DataParallel does for a single device
 

@@ -54,9 +54,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, Sampler, default_collate
 
-from mgpu_runtime.distributed import global_view
 from mgpu_runtime.distributed.generators import generator_states, take_generator_states
-from mgpu_runtime.distributed.process_group import rank, setup, world_size
+from mgpu_runtime.distributed.process_group import job, rank, setup, world_size
 from mgpu_runtime.distributed.slicing import Span, batch_rows, global_batch, spans, take_rows
 from mgpu_runtime.structure import tensors
 
@@ -145,7 +144,7 @@ class _IndexShardedLoader(_LoaderTwin):
         self._local = DataLoader(loader.dataset, batch_sampler=self._shards, **settings)
 
     def _batches_and_spans(self) -> Iterator[Any]:
-        group = global_view.group()
+        group = job().group
         for batch in self._local:
             span = self._shards.handed_out.popleft()
             if not self._whole_batches and not span.rows:
@@ -180,12 +179,14 @@ class _ShardedBatchSampler(Sampler[list[Any]]):
 
 class _ScatteredLoader(_LoaderTwin):
     def _batches_and_spans(self) -> Iterator[Any]:
-        group = global_view.group()
+        group = job().group
         batches = iter(self._loader) if rank() == 0 else None
         while True:
             pieces = _pieces(next(batches, None)) if batches is not None else None
             received: list[Any] = [None]
-            dist.scatter_object_list(received, pieces, src=0)
+            group.monitor.counts(torch.zeros(1))
+            with group.monitor.waiting("the loader's scatter of rank 0's next batch"):
+                dist.scatter_object_list(received, pieces, src=0)
             if received[0] is None:
                 return
             piece, span, generator_state, cut = received[0]
@@ -223,7 +224,10 @@ def _shared_from_rank_zero(items: Iterable[T]) -> Iterator[T]:
             if iterator is not None
             else None
         ]
-        dist.broadcast_object_list(chunk, src=0)
+        monitor = job().lockstep
+        monitor.counts(torch.zeros(1))
+        with monitor.waiting("the loader's broadcast of rank 0's next index batches"):
+            dist.broadcast_object_list(chunk, src=0)
         items_now, generator_state = chunk[0]
         if iterator is None:
             take_generator_states(generator_state)

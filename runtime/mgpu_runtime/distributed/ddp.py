@@ -34,9 +34,9 @@ import torch
 from torch import nn
 
 from mgpu_runtime.distributed import global_view, lockstep, safety, sync_batchnorm
-from mgpu_runtime.distributed.process_group import device, rank, setup, world_size
+from mgpu_runtime.distributed.process_group import Job, device, job, setup, world_size
 from mgpu_runtime.pickling import as_data_parallel
-from mgpu_runtime.sharded import gradients, scatter_gather
+from mgpu_runtime.sharded import scatter_gather
 
 _TorchDDP = nn.parallel.DistributedDataParallel
 # Renamed in recent torch (broadcast_buffers is deprecated there); the spelling this torch understands.
@@ -84,9 +84,10 @@ class DistributedDataParallel(_TorchDDP):
             dim=dim,
             **kwargs,
         )
-        self.register_comm_hook(None, _summed if processes > 1 else _keep_local)
-        gradients.note_synchronised([parameter for parameter in module.parameters() if parameter.requires_grad])
-        self._group = global_view.group()
+        self._job = job()
+        self.register_comm_hook(self._job.lockstep, _summed if processes > 1 else _keep_local)
+        if self._job.gradients is not None:
+            self._job.gradients.note_synchronised([p for p in module.parameters() if p.requires_grad])
         self._aligned = False
         # What the original's nn.DataParallel was given: a pickle of this wrapper is that DataParallel.
         listed = None if device_ids is None else list(device_ids)
@@ -96,30 +97,42 @@ class DistributedDataParallel(_TorchDDP):
         return as_data_parallel(self.module, **self._data_parallel_arguments)
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        group = self._group
-        if group is None:
+        current = self._job
+        if current.group is None:
             return super().forward(*inputs, **kwargs)
         training = self.training and torch.is_grad_enabled()
         if training:
             if not self._aligned:
                 self._aligned = True  # every process trains in step, so this collective is met everywhere
                 safety.align_replicas(self.module, self.process_group)
-            safety.note_forward(inputs, kwargs)
-            lockstep.note_forward()
-        output, active = _replica_forward(super().forward, inputs, kwargs, group)
+            current.safety.note_forward(inputs, kwargs)
+            current.lockstep.note_forward()
+        output, active = _replica_forward(super().forward, inputs, kwargs, current)
         if self.training and not torch.is_grad_enabled():
             # Buffers changed without a training forward (BatchNorm statistics recomputed under no_grad): the next
             # forward gives every rank rank 0's again, as DataParallel's replicas always took the module's.
             self.require_forward_param_sync = True
-        return scatter_gather.gather([output], active, group)
+        return scatter_gather.gather([output], active, current.group)
+
+    def _sync_buffers(self) -> None:
+        # A collective of DDP's own, before the forward: told to the lockstep check as ours are, so that a rank
+        # held here while a peer waits in a collective only it makes (an evaluation on the main process) is named.
+        monitor = self._job.lockstep
+        if monitor is None:
+            return super()._sync_buffers()
+        monitor.counts(torch.zeros(1))
+        with monitor.waiting("the broadcast of rank 0's buffers at the start of a forward"):
+            return super()._sync_buffers()
 
 
-def _replica_forward(forward, inputs: tuple, kwargs: dict, group) -> tuple[Any, int]:
+def _replica_forward(forward, inputs: tuple, kwargs: dict, current: Job) -> tuple[Any, int]:
     """This rank's replica's output (DataParallel's scatter over the ranks), and how many devices ran."""
+    group = current.group
     active = scatter_gather.active_devices(inputs, kwargs, group.parts)
     ((local_inputs, local_kwargs),) = scatter_gather.scatter(inputs, kwargs, group, active)
-    with global_view.own_forward(rank()):
+    with global_view.own_forward(current.gradients, group.rank):
         return forward(*local_inputs, **local_kwargs), active
+
 
 
 class FrozenModule(nn.Module):
@@ -133,11 +146,11 @@ class FrozenModule(nn.Module):
         self.module = module.to(device())
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        group = global_view.group()
-        if group is None:
+        current = job()
+        if current.group is None:
             return self.module(*inputs, **kwargs)
-        output, active = _replica_forward(self.module, inputs, kwargs, group)
-        return scatter_gather.gather([output], active, group)
+        output, active = _replica_forward(self.module, inputs, kwargs, current)
+        return scatter_gather.gather([output], active, current.group)
 
     def __reduce_ex__(self, protocol: int) -> Any:
         return as_data_parallel(self.module)
@@ -145,8 +158,9 @@ class FrozenModule(nn.Module):
 
 # The hooks are unannotated: DDP rejects annotations that are not the real types, and here they are strings.
 def _summed(state, bucket):
-    """Sum over ranks of each rank's gradient part (a ``dist.GradBucket``), carrying the lockstep counts."""
-    return lockstep.all_reduce(bucket.buffer(), bucket.index())
+    """Sum over ranks of each rank's gradient part (a ``dist.GradBucket``), carrying the lockstep counts (``state``
+    is the job's lockstep check)."""
+    return state.all_reduce(bucket.buffer(), bucket.index())
 
 
 def _keep_local(state, bucket):

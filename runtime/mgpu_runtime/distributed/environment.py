@@ -1,6 +1,7 @@
 """Where this process sits in the job, read from what its launcher put in the environment.
 
-Three launchers are recognised, in this order (after Lightning Fabric's cluster environments):
+Two launchers are recognised, in this order (after Lightning Fabric's cluster environments: each is a
+``Launcher`` of ``LAUNCHERS``, with ``detect`` and ``read`` over the same mapping), else a single process:
 
 * torchrun (torchelastic): ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
   ``MASTER_ADDR``, ``MASTER_PORT``. Checked first, so torchrun started inside a SLURM allocation wins.
@@ -17,6 +18,7 @@ error that names what is missing and how to fix it, never a guess.
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -68,12 +70,61 @@ class LaunchEnvironment:
 SINGLE_PROCESS = LaunchEnvironment(SINGLE, rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0)
 
 
-def detect_environment(environ: Mapping[str, str]) -> LaunchEnvironment:
-    """The launch environment described by ``environ`` (normally ``os.environ``)."""
-    if any(name in environ for name in _TORCHRUN_MARKERS):
+class Launcher(ABC):
+    """A way of launching the job's processes: whether ``environ`` shows it (``detect``), and where this process
+    sits in the job it launched (``read``). A new launcher is one more subclass in ``LAUNCHERS``."""
+
+    name: str
+
+    @staticmethod
+    @abstractmethod
+    def detect(environ: Mapping[str, str]) -> bool:
+        """Whether this launcher started the process."""
+
+    @staticmethod
+    @abstractmethod
+    def read(environ: Mapping[str, str]) -> LaunchEnvironment:
+        """This process's place in the job (a half-set environment raises ``LaunchEnvironmentError``)."""
+
+
+class Torchrun(Launcher):
+    """torchrun (torchelastic): ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and the rest of its variables."""
+
+    name = TORCHRUN
+
+    @staticmethod
+    def detect(environ: Mapping[str, str]) -> bool:
+        return any(name in environ for name in _TORCHRUN_MARKERS)
+
+    @staticmethod
+    def read(environ: Mapping[str, str]) -> LaunchEnvironment:
         return _torchrun(environ)
-    if "SLURM_PROCID" in environ:
+
+
+class Slurm(Launcher):
+    """SLURM's ``srun``: ``SLURM_PROCID`` and its companions, the master from the node list."""
+
+    name = SLURM
+
+    @staticmethod
+    def detect(environ: Mapping[str, str]) -> bool:
+        return "SLURM_PROCID" in environ
+
+    @staticmethod
+    def read(environ: Mapping[str, str]) -> LaunchEnvironment:
         return _slurm(environ)
+
+
+LAUNCHERS: tuple[type[Launcher], ...] = (Torchrun, Slurm)
+"""In the order they are asked: torchrun's variables win over SLURM's (torchrun inside an allocation)."""
+
+
+def detect_environment(environ: Mapping[str, str]) -> LaunchEnvironment:
+    """The launch environment described by ``environ`` (normally ``os.environ``): the first launcher that
+    shows in it, else a single process."""
+    for launcher in LAUNCHERS:
+        if launcher.detect(environ):
+            return launcher.read(environ)
     return SINGLE_PROCESS
 
 
@@ -83,9 +134,14 @@ def first_host(node_list: str) -> str:
     ``node[01-04,07],gpu5`` gives ``node01``; ``rack[1-2]-n[07-09]`` gives ``rack1-n07``: the first entry (commas
     inside brackets do not separate entries), with each bracket replaced by the start of its first range.
     """
-    entry = re.match(r"(?:[^,\[]|\[[^\]]*\])+", node_list.strip())
+    entry = re.match(r"(?:[^,\[\]]|\[[^\[\]]*\])+", node_list.strip())
     if entry is None:
         raise LaunchEnvironmentError(f"the SLURM node list {node_list!r} names no host")
+    rest = node_list.strip()[entry.end() :]
+    if rest and not rest.startswith(","):  # `node[1-2`: a bracket never closed (or one never opened)
+        raise LaunchEnvironmentError(
+            f"the SLURM node list {node_list!r} is malformed at {rest!r}: set MASTER_ADDR to the first node's address"
+        )
     return re.sub(r"\[([^\],\-]*)[^\]]*\]", r"\1", entry.group())
 
 

@@ -28,40 +28,37 @@ import torch
 import torch.distributed as dist
 
 from mgpu_runtime.emulation import devices as emulated
-from mgpu_runtime.sharded import RankGroup, gradients
+from mgpu_runtime.sharded import RankGroup
+from mgpu_runtime.sharded.gradients import Gradients
+from mgpu_runtime.sharded.groups import Monitor
 
-_group: RankGroup | None = None
 
-
-def join(rank: int, world_size: int, device: torch.device) -> None:
-    """Make this process's loop see the job's global values (see the module doc); once, at setup, on every rank."""
-    global _group
+def join(rank: int, world_size: int, device: torch.device, lockstep: Monitor) -> tuple[RankGroup, Gradients]:
+    """Make this process's loop see the job's global values (see the module doc); once, at setup, on every rank.
+    The rank group's collectives are told to ``lockstep``. What it returns, the job keeps."""
     metadata = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
-    _group = RankGroup(rank, world_size, device, metadata)
-    gradients.install(_group)
+    group = RankGroup(rank, world_size, device, metadata, lockstep)
+    gradients = Gradients(group)
+    gradients.install()
     _take_rank_zero_generators(metadata)
     if device.type == "cpu" and not emulated.count():
         emulated.install(world_size)
+        # A script seeds before setup as often as after (at import, at the top of main). On GPUs that seed
+        # reached every device when CUDA started (torch.manual_seed queues it); devices emulated only now
+        # take it here, rank 0's, so each rank's forward draws what its device drew under DataParallel.
+        torch.cuda.manual_seed_all(torch.initial_seed())
+    return group, gradients
 
 
-def leave() -> None:
+def leave(gradients: Gradients) -> None:
     """Undo ``join`` (at teardown)."""
-    global _group
-    if _group is None:
-        return
-    _group = None
     gradients.uninstall()
     if emulated.count():
         emulated.uninstall()
 
 
-def group() -> RankGroup | None:
-    """The rank group of this job; None in a world of one."""
-    return _group
-
-
 @contextlib.contextmanager
-def own_forward(rank: int) -> Iterator[None]:
+def own_forward(gradients: Gradients, rank: int) -> Iterator[None]:
     """The wrapped model's forward on this rank: its own computation, drawing from its device's stream."""
     with gradients.own_computation():
         if emulated.count():

@@ -68,7 +68,7 @@ def _save_atomically(obj: Any, path: str, **kwargs: Any) -> None:
         with os.fdopen(descriptor, "wb") as stream:
             if fcntl is not None:
                 fcntl.flock(stream.fileno(), fcntl.LOCK_EX)  # held until closed: "being written"
-            torch.save(obj, stream, **kwargs)
+            _save_reporting_write_errors(obj, stream, path, **kwargs)
             stream.flush()
             os.chmod(temporary, mode)
             os.fsync(stream.fileno())  # the data is on disk before the name points at it
@@ -78,6 +78,37 @@ def _save_atomically(obj: Any, path: str, **kwargs: Any) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.remove(temporary)
         raise
+
+
+class _Writes:
+    """A stream that keeps the first ``OSError`` of its writes: torch's archive writer turns it into an
+    ``enforce fail at inline_container.cc`` that names neither the cause nor the file."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self.stream = stream
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        try:
+            return self.stream.write(data)
+        except OSError as error:
+            self.error = self.error or error
+            raise
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def _save_reporting_write_errors(obj: Any, stream: IO[bytes], path: str, **kwargs: Any) -> None:
+    """``torch.save`` into ``stream``; a write that fails (a full disk, ``ulimit -f``) is raised as itself."""
+    writes = _Writes(stream)
+    try:
+        torch.save(obj, writes, **kwargs)
+    except RuntimeError as failure:
+        if writes.error is None:
+            raise
+        error = writes.error
+        raise OSError(error.errno, f"cannot save the checkpoint: {error.strerror or error}", path) from failure
 
 
 def _mode_for(path: str) -> int:

@@ -4,7 +4,8 @@ The DataParallel original used all visible GPUs from one process. Its migration 
 so when a script is started without a launcher and more than one process is wanted, ``setup()`` replaces
 the process (``exec``) with ``torchrun --standalone --nproc_per_node=N`` running the same command line.
 Exec rather than a child process: the exit status, signals (Ctrl-C, SLURM's SIGTERM) and the process id
-are torchrun's own, with nothing in between to forward them or to outlive them.
+are torchrun's own, with nothing in between to forward them or to outlive them. torchrun runs through
+``agent.py``, which ends a failed job with the failing rank's exception and line, and a Ctrl-C with one line.
 
 How many processes: ``MGPU_NPROC=N`` if set (also on CPU; 1 keeps one process), else the number of visible
 CUDA devices. N is at most four processes per core (more GPUs than that are never visible to one
@@ -56,7 +57,7 @@ def torchrun_command(process_count: int, interpreter: str, original_argv: Sequen
     return [
         interpreter,
         "-m",
-        "torch.distributed.run",
+        "mgpu_runtime.distributed.agent",  # torchrun, ending a failed or interrupted job with one line
         "--standalone",
         f"--nproc_per_node={process_count}",
         "--no-python",

@@ -30,13 +30,17 @@ import datetime
 import os
 import socket
 import sys
+import threading
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.utils.hooks import RemovableHandle
 
-from mgpu_runtime.distributed import global_view, lockstep, rank_output, safety
+from mgpu_runtime.distributed import global_view, rank_output
+from mgpu_runtime.distributed.lockstep import BARRIER, Lockstep
+from mgpu_runtime.distributed.safety import SafetyNet
+from mgpu_runtime.sharded import RankGroup
+from mgpu_runtime.sharded.gradients import Gradients
 from mgpu_runtime.distributed.environment import (
     SLURM,
     TORCHRUN,
@@ -50,23 +54,33 @@ BACKEND_VARIABLE = "MGPU_BACKEND"
 SHARE_DEVICE_VARIABLE = "MGPU_SHARE_DEVICE"
 TIMEOUT_VARIABLE = "MGPU_TIMEOUT"
 DEFAULT_TIMEOUT_S = 300
+MAX_TIMEOUT_S = 365 * 24 * 3600
 
 
-@dataclass(frozen=True)
-class _Membership:
+@dataclass
+class Job:
+    """This process's part in the job: the runtime's whole state, made by ``setup()`` and dropped at teardown.
+
+    In a world of more than one process it holds the rank group of the loop's global values (with autograd's
+    convention for them, ``mgpu_runtime.sharded.gradients``), the lockstep check and the safety net.
+    """
+
     environment: LaunchEnvironment
     device: torch.device
     owns_process_group: bool
-    safety_net: RemovableHandle | None
+    lockstep: Lockstep | None = None
+    safety: SafetyNet | None = None
+    group: RankGroup | None = None
+    gradients: Gradients | None = None
 
 
-_membership: _Membership | None = None
+_job: Job | None = None
 
 
 def setup() -> None:
     """Join the job this process was launched into (see the module doc); a no-op after the first call."""
-    global _membership
-    if _membership is not None:
+    global _job
+    if _job is not None:
         return
     environment = detect_environment(os.environ)
     # torchrun --nproc_per_node=1 is a deliberate choice; one SLURM task is just SLURM's default.
@@ -82,31 +96,40 @@ def setup() -> None:
             f"a process group of {dist.get_world_size()} processes already exists, but the launch environment "
             f"says {environment.world_size}"
         )
-    safety_net = None
+    job = Job(environment, device, owns_process_group)
     if environment.world_size > 1:
-        safety_net = safety.install()
-        lockstep.start(environment.rank, environment.world_size, environment.master_addr, environment.master_port)
-        global_view.join(environment.rank, environment.world_size, device)
-    _membership = _Membership(environment, device, owns_process_group, safety_net)
+        job.safety = SafetyNet()
+        job.lockstep = Lockstep()
+        job.lockstep.start(environment.rank, environment.world_size, environment.master_addr, environment.master_port)
+        job.group, job.gradients = global_view.join(environment.rank, environment.world_size, device, job.lockstep)
+    _job = job
     rank_output.apply(environment)
 
 
 def teardown() -> None:
     """Leave the job: a note for the peers, then destroy the process group this module created. Runs at exit."""
-    global _membership
-    membership, _membership = _membership, None
+    global _job
+    job, _job = _job, None
     atexit.unregister(teardown)
-    if membership is None:
+    if job is None:
         return
-    if membership.safety_net is not None:
-        membership.safety_net.remove()
-    global_view.leave()
-    if membership.environment.world_size > 1:
+    if job.safety is not None:
+        job.safety.remove()
+    if job.gradients is not None:
+        global_view.leave(job.gradients)
+    if job.lockstep is not None:
         # Python sets sys.last_value when an uncaught exception ended the script.
         ended = getattr(sys, "last_value", None)
-        lockstep.stop(f"an uncaught {type(ended).__name__}" if ended is not None else "sys.exit() or the end of its script")
-    if membership.owns_process_group and dist.is_initialized():
+        job.lockstep.stop(f"an uncaught {type(ended).__name__}" if ended is not None else "sys.exit() or the end of its script")
+    if job.owns_process_group and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def job() -> Job:
+    """This process's part in the job (set up first)."""
+    setup()
+    assert _job is not None
+    return _job
 
 
 def rank() -> int:
@@ -136,20 +159,20 @@ def is_main_process() -> bool:
 
 def device() -> torch.device:
     """This process's device: ``cuda:<local rank>`` (modulo visible GPUs), or the CPU without CUDA."""
-    setup()
-    return _membership.device
+    return job().device
 
 
 def barrier() -> None:
     """Wait until every process gets here."""
-    setup()
-    if _membership.environment.world_size > 1:
-        _barrier(_membership.device)
+    current = job()
+    if current.lockstep is not None:
+        with current.lockstep.waiting_in(BARRIER, "a barrier"):  # a peer blocked elsewhere is told apart
+            _barrier(current.device)
 
 
 def _environment() -> LaunchEnvironment:
-    if _membership is not None:
-        return _membership.environment
+    if _job is not None:
+        return _job.environment
     return detect_environment(os.environ)
 
 
@@ -179,13 +202,68 @@ def _init_process_group(environment: LaunchEnvironment, backend: str) -> None:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         return
     _check_master_address(environment)
-    dist.init_process_group(
-        backend,
-        init_method=environment.init_method,
-        rank=environment.rank,
-        world_size=environment.world_size,
-        timeout=datetime.timedelta(seconds=timeout_seconds(os.environ)),
-    )
+    timeout = datetime.timedelta(seconds=timeout_seconds(os.environ))
+    joining = {"rank": environment.rank, "world_size": environment.world_size, "timeout": timeout}
+    if environment.launcher == TORCHRUN:  # torchrun's agent serves the store, and its rendezvous bounds the wait
+        dist.init_process_group(backend, init_method=environment.init_method, **joining)
+    else:
+        dist.init_process_group(backend, store=_rendezvous_store(environment, timeout), **joining)
+
+
+def _rendezvous_store(environment: LaunchEnvironment, timeout: datetime.timedelta) -> dist.Store:
+    """The job's store at MASTER_ADDR:MASTER_PORT, served by rank 0, as ``tcp://`` would make it, but with every
+    wait bounded: torch's client, connected to another program's listener that never answers, waits forever
+    (and rank 0's port already taken is said in torch's words, naming no variable)."""
+    host, port, seconds = environment.master_addr, environment.master_port, timeout.total_seconds()
+    if environment.rank == 0:
+        try:
+            return dist.TCPStore(
+                host, port, environment.world_size, is_master=True, timeout=timeout, wait_for_workers=False,
+                multi_tenant=True,
+            )
+        except dist.DistNetworkError as error:
+            if "EADDRINUSE" not in str(error):
+                raise
+            raise LaunchEnvironmentError(
+                f"MASTER_PORT={port} is in use on {host} by another program, so rank 0 cannot serve the job's store "
+                "there: choose a free port, the same for every process"
+            ) from None
+    connected: dict[str, object] = {}
+
+    def connect() -> None:
+        try:
+            connected["store"] = dist.TCPStore(host, port, environment.world_size, is_master=False, timeout=timeout)
+        except Exception as error:  # noqa: BLE001 -- raised below, in the thread that waits
+            connected["error"] = error
+
+    # In a thread that can be abandoned: the client's own timeout does not cover a listener that never answers.
+    attempt = threading.Thread(target=connect, name="mgpu_runtime rendezvous", daemon=True)
+    attempt.start()
+    attempt.join(seconds + _GRACE_S)
+    if "store" in connected:
+        return connected["store"]
+    if "error" in connected and "EADDRINUSE" in str(connected["error"]):
+        raise connected["error"]
+    raise LaunchEnvironmentError(
+        f"rank {environment.rank} could not join the job's store at {host}:{port} (MASTER_ADDR, MASTER_PORT) within "
+        f"{TIMEOUT_VARIABLE}={seconds:g} s: {_what_listens(host, port)}"
+    ) from connected.get("error")
+
+
+# Beyond the store client's own timeout, before its thread is abandoned.
+_GRACE_S = 5.0
+
+
+def _what_listens(host: str, port: int) -> str:
+    """What a rank that could not join finds at the store's address, said for the person reading why."""
+    try:
+        with socket.create_connection((host, port), timeout=_GRACE_S):
+            return (
+                "a program there accepts connections but does not answer as torch's store (another program holds "
+                "the port, or rank 0 is stuck): choose a free MASTER_PORT, the same for every process"
+            )
+    except OSError as error:
+        return f"nothing answers there ({error.strerror or error}): rank 0 did not start, or ended, or is elsewhere"
 
 
 def _check_master_address(environment: LaunchEnvironment) -> None:
@@ -200,7 +278,8 @@ def _check_master_address(environment: LaunchEnvironment) -> None:
 
 
 def timeout_seconds(environ) -> float:
-    """How long any collective may wait for the other ranks: ``MGPU_TIMEOUT`` seconds, else 300."""
+    """How long any collective may wait for the other ranks: ``MGPU_TIMEOUT`` seconds, else 300. At most a
+    year: torch counts the timeout in milliseconds, and ``inf`` or ``1e308`` overflowed on every rank."""
     text = environ.get(TIMEOUT_VARIABLE, "").strip()
     if not text:
         return DEFAULT_TIMEOUT_S
@@ -208,8 +287,10 @@ def timeout_seconds(environ) -> float:
         value = float(text)
     except ValueError:
         value = 0.0
-    if not value > 0:
-        raise LaunchEnvironmentError(f"{TIMEOUT_VARIABLE}={text!r} must be a positive number of seconds")
+    if not 0 < value <= MAX_TIMEOUT_S:
+        raise LaunchEnvironmentError(
+            f"{TIMEOUT_VARIABLE}={text!r} must be a positive number of seconds, at most {MAX_TIMEOUT_S} (a year)"
+        )
     return value
 
 

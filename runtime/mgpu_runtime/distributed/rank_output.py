@@ -22,6 +22,7 @@ import os
 import sys
 from typing import TextIO
 
+from mgpu_runtime.distributed import failures
 from mgpu_runtime.distributed.environment import LaunchEnvironment, LaunchEnvironmentError
 
 LOG_VARIABLE = "MGPU_LOG"
@@ -70,16 +71,31 @@ def apply(environment: LaunchEnvironment) -> None:
     mode = os.environ.get(LOG_VARIABLE, "").strip().lower() or DEFAULT_MODE
     if mode not in MODES:
         raise LaunchEnvironmentError(f"{LOG_VARIABLE}={mode!r}: expected one of {', '.join(MODES)}")
-    if environment.world_size == 1 or mode == "all":
+    if environment.world_size == 1:
+        return
+    failures.install()
+    if mode == "all":
         return
     if mode == "prefix":
         prefix = f"[rank {environment.rank}] "
-        sys.stdout = _Prefixed(sys.stdout, prefix)
-        sys.stderr = _Prefixed(sys.stderr, prefix)
+        _replace_stream("stdout", _Prefixed(sys.stdout, prefix))
+        _replace_stream("stderr", _Prefixed(sys.stderr, prefix))
     elif environment.rank != 0:
         sys.stdout.flush()
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 -- held for the life of the process
+        _replace_stream("stdout", open(os.devnull, "w"))  # noqa: SIM115 -- held for the life of the process
         logging.disable(logging.INFO)
+
+
+def _replace_stream(name: str, replacement: TextIO) -> None:
+    """``sys.stdout`` or ``sys.stderr`` replaced, also in the logging handlers made before ``setup()`` (a
+    ``logging.basicConfig()`` at the top of the script), which hold the stream they were given."""
+    original = getattr(sys, name)
+    setattr(sys, name, replacement)
+    loggers = [logging.getLogger(), *(value for value in logging.Logger.manager.loggerDict.values() if isinstance(value, logging.Logger))]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler) and handler.stream is original:
+                handler.setStream(replacement)
 
 
 def print_once(*values, **options) -> None:

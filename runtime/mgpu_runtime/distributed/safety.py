@@ -30,30 +30,68 @@ import torch
 import torch.distributed as dist
 from torch.optim import Optimizer
 from torch.optim.optimizer import register_optimizer_step_pre_hook
-from torch.utils.hooks import RemovableHandle
 
 from mgpu_runtime.sharded import Sharded
 from mgpu_runtime.structure import tensors
 
 ALLOW_DIFFERENT_BATCHES_VARIABLE = "MGPU_ALLOW_DIFFERENT_BATCHES"
 
-_verified: weakref.WeakSet[Optimizer] = weakref.WeakSet()
-_batches_compared = False
-_whole_batch: torch.Tensor | None = None
-"""The fingerprint of the plain tensors of the last training forward (None: it had none)."""
-
 
 class DifferentBatchesError(RuntimeError):
     """Processes were given plain inputs that differ (each would train on its own batches)."""
 
 
-def note_forward(inputs: tuple, kwargs: dict[str, Any]) -> None:
-    """Called by the wrapper's training forward in a multi-process run: keep what the first-step check compares."""
-    global _whole_batch
-    if _batches_compared:
-        return
-    plain = [tensor for tensor in tensors((inputs, kwargs)) if type(tensor) is not Sharded and tensor.dim() > 0]
-    _whole_batch = _batch_fingerprint(plain) if plain else None
+class SafetyNet:
+    """The first-step check of one job (see the module doc): checks every optimizer's first step, present and
+    future, from when it is made until ``remove()`` (at teardown)."""
+
+    def __init__(self) -> None:
+        self._verified: weakref.WeakSet[Optimizer] = weakref.WeakSet()
+        self._batches_compared = False
+        self._whole_batch: torch.Tensor | None = None
+        """The fingerprint of the plain tensors of the last training forward (None: it had none)."""
+        self._hook = register_optimizer_step_pre_hook(self._check_first_step)
+
+    def note_forward(self, inputs: tuple, kwargs: dict[str, Any]) -> None:
+        """Called by the wrapper's training forward in a multi-process run: keep what the first-step check compares."""
+        if self._batches_compared:
+            return
+        plain = [tensor for tensor in tensors((inputs, kwargs)) if type(tensor) is not Sharded and tensor.dim() > 0]
+        self._whole_batch = _batch_fingerprint(plain) if plain else None
+
+    def remove(self) -> None:
+        self._hook.remove()
+
+    def _check_first_step(self, optimizer: Optimizer, args: tuple, kwargs: dict) -> None:
+        if optimizer in self._verified:
+            return
+        self._verified.add(optimizer)
+        self._compare_whole_batches()
+
+    def _compare_whole_batches(self) -> None:
+        """Once per run, on every process alike (the same collective everywhere, so none can hang)."""
+        if self._batches_compared:
+            return
+        self._batches_compared = True
+        mine = torch.zeros(5, dtype=torch.float64, device=_gather_device())
+        if self._whole_batch is not None:
+            mine[0], mine[1:] = 1.0, self._whole_batch
+        self._whole_batch = None
+        everyone = _gathered(mine)
+        if everyone[:, 0].sum() == 0 or os.environ.get(ALLOW_DIFFERENT_BATCHES_VARIABLE, "") not in ("", "0"):
+            return
+        if not torch.equal(everyone, everyone[0].expand_as(everyone)):
+            raise DifferentBatchesError(
+                f"mgpu_runtime: the {dist.get_world_size()} processes trained their first step on whole batches "
+                "that differ. Data that does not come through mgpu_runtime.distribute_loader gives every process "
+                "whole batches, which matches the original single-process training only when every process draws "
+                "the same ones; here they did not (an unseeded shuffle, or random augmentation), so each step would "
+                "average the gradients of different batches. Pass the training loader through "
+                "mgpu_runtime.distribute_loader(loader) where it is built (each process then gets its rows of the "
+                "original batches), or seed every process alike before building it. A script that splits its data "
+                f"itself (a DistributedSampler) means the batches to differ: {ALLOW_DIFFERENT_BATCHES_VARIABLE}=1 "
+                "skips this check."
+            )
 
 
 def align_replicas(module: torch.nn.Module, group: Any = None) -> bool:
@@ -99,45 +137,6 @@ def _batch_fingerprint(value: Any) -> torch.Tensor:
     return total
 
 
-def install() -> RemovableHandle:
-    """Check every optimizer's first step (for all optimizers, present and future)."""
-    return register_optimizer_step_pre_hook(_check_first_step)
-
-
-def _check_first_step(optimizer: Optimizer, args: tuple, kwargs: dict) -> None:
-    if optimizer in _verified:
-        return
-    _verified.add(optimizer)
-    _compare_whole_batches()
-
-
-def _compare_whole_batches() -> None:
-    """Once per run, on every process alike (the same collective everywhere, so none can hang)."""
-    global _batches_compared, _whole_batch
-    if _batches_compared:
-        return
-    _batches_compared = True
-    mine = torch.zeros(5, dtype=torch.float64, device=_gather_device())
-    if _whole_batch is not None:
-        mine[0], mine[1:] = 1.0, _whole_batch
-    _whole_batch = None
-    everyone = _gathered(mine)
-    if everyone[:, 0].sum() == 0 or os.environ.get(ALLOW_DIFFERENT_BATCHES_VARIABLE, "") not in ("", "0"):
-        return
-    if not torch.equal(everyone, everyone[0].expand_as(everyone)):
-        raise DifferentBatchesError(
-            f"mgpu_runtime: the {dist.get_world_size()} processes trained their first step on whole batches "
-            "that differ. Data that does not come through mgpu_runtime.distribute_loader gives every process "
-            "whole batches, which matches the original single-process training only when every process draws "
-            "the same ones; here they did not (an unseeded shuffle, or random augmentation), so each step would "
-            "average the gradients of different batches. Pass the training loader through "
-            "mgpu_runtime.distribute_loader(loader) where it is built (each process then gets its rows of the "
-            "original batches), or seed every process alike before building it. A script that splits its data "
-            f"itself (a DistributedSampler) means the batches to differ: {ALLOW_DIFFERENT_BATCHES_VARIABLE}=1 "
-            "skips this check."
-        )
-
-
 def _gather_device() -> torch.device:
     # nccl gathers only CUDA tensors; gloo takes CPU ones.
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
@@ -149,3 +148,5 @@ def _gathered(local: torch.Tensor, group: Any = None) -> torch.Tensor:
     gathered = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
     dist.all_gather(gathered, local, group=group)
     return torch.stack(gathered).cpu()
+
+

@@ -67,15 +67,17 @@ _SEED_BITS = 53  # CUDA's nondeterministic seeds are limited to 53 bits (exact a
 
 _generators: list[torch.Generator] = []
 _installed = False
+_installer = ""  # who installed the devices now emulated (``installed_by``)
 _replaced: list[tuple[object, str, object]] = []  # (namespace, name, torch's function) to put back
 _host = torch.Generator()  # the process's own CPU stream while a device draws through the default generator
 _owner: int | None = None  # whose stream the default generator holds: a device index, or None (the process's)
 
 
-def install(device_count: int) -> None:
+def install(device_count: int, by: str = "") -> None:
     """Emulate ``device_count`` CUDA devices in this process. Idempotent for the same count; a different
-    count needs ``uninstall()`` first. 0 emulates a machine without GPUs (the count stays 0)."""
-    global _installed
+    count needs ``uninstall()`` first. 0 emulates a machine without GPUs (the count stays 0). ``by`` names the
+    installer, for ``installed_by``."""
+    global _installed, _installer
     if device_count < 0:
         raise ValueError(f"a device count cannot be negative, got {device_count}")
     if _installed:
@@ -88,6 +90,12 @@ def install(device_count: int) -> None:
             _replaced.append((namespace, name, getattr(namespace, name)))
             setattr(namespace, name, function)
     _installed = True
+    _installer = by
+
+
+def installed_by() -> str:
+    """Who installed the devices emulated now (``install``'s ``by``); "" when none are, or nobody said."""
+    return _installer if _installed else ""
 
 
 def uninstall() -> None:
@@ -100,6 +108,7 @@ def uninstall() -> None:
         setattr(namespace, name, function)
     _generators.clear()
     _installed = False
+_installer = ""  # who installed the devices now emulated (``installed_by``)
 
 
 def count() -> int:

@@ -6,7 +6,7 @@ for any loop: a value every rank holds alike (a parameter, the loss, anything th
 collectives) has on each rank a gradient *part*, and the parts sum over the ranks to its true gradient; a
 piece's gradient is whole on its rank. So:
 
-* a backward from values held alike starts at ``1/W`` on every rank (``install`` wraps
+* a backward from values held alike starts at ``1/W`` on every rank (``Gradients.install`` wraps
   ``torch.autograd.backward`` and ``torch.autograd.grad``, so ``loss.backward()``, ``scaler.scale(loss).backward()``
   and ``torch.autograd.grad(loss, ...)`` all do); one from a ``Sharded`` value starts at its pieces' gradients;
 * a collective's backward sums the parts again (``groups.py``);
@@ -33,73 +33,91 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from mgpu_runtime.sharded.groups import Group
 from mgpu_runtime.sharded.rules import _autograd_backward, _autograd_grad, roots
 
-_synchronised: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
-"""Parameters whose gradients DDP sums (registered by the wrapper), by id (a tensor's ``==`` is element-wise)."""
-_local = threading.local()
-_installed: dict[str, Any] = {}
+class Gradients:
+    """Autograd's convention for the processes of one group (see the module doc), from ``install()`` until
+    ``uninstall()``: one per job (the process group's)."""
 
+    def __init__(self, group: Group) -> None:
+        self.group = group
+        self._synchronised: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+        """Parameters whose gradients DDP sums (registered by the wrapper), by id (a tensor's ``==`` is
+        element-wise)."""
+        self._local = threading.local()
+        self._hook: Any = None
 
-def note_synchronised(parameters: Sequence[torch.Tensor]) -> None:
-    """These parameters' gradients are summed by DDP's reduction; the step must not sum them again."""
-    _synchronised.update((id(parameter), parameter) for parameter in parameters)
+    def note_synchronised(self, parameters: Sequence[torch.Tensor]) -> None:
+        """These parameters' gradients are summed by DDP's reduction; the step must not sum them again."""
+        self._synchronised.update((id(parameter), parameter) for parameter in parameters)
 
+    @contextmanager
+    def own_computation(self) -> Iterator[None]:
+        """The wrapped model's forward: each rank's own computation, whose autograd is left alone."""
+        self._local.depth = getattr(self._local, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            self._local.depth -= 1
 
-@contextmanager
-def own_computation() -> Iterator[None]:
-    """The wrapped model's forward: each rank's own computation, whose autograd is left alone."""
-    _local.depth = getattr(_local, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _local.depth -= 1
+    def _left_alone(self) -> bool:
+        return getattr(self._local, "depth", 0) > 0 or torch._C._current_graph_task_id() != -1
 
+    def install(self) -> None:
+        """Make autograd follow the convention for the processes of the group."""
+        group = self.group
 
-def _left_alone() -> bool:
-    return getattr(_local, "depth", 0) > 0 or torch._C._current_graph_task_id() != -1
+        def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False, grad_variables=None, inputs=None):
+            if self._left_alone():
+                return _autograd_backward(tensors, grad_tensors, retain_graph, create_graph, grad_variables, inputs)
+            outputs = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
+            given = grad_tensors if grad_tensors is not None else grad_variables
+            listed = list(given) if isinstance(given, (list, tuple)) else [given]
+            roots_, grads = roots(outputs, listed if given is not None else [None] * len(outputs), group)
+            return _autograd_backward(roots_, grads, retain_graph, create_graph, inputs=inputs)
 
+        def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, only_inputs=True,
+                 allow_unused=None, is_grads_batched=False, materialize_grads=False):
+            if self._left_alone():
+                return _autograd_grad(outputs, inputs, grad_outputs, retain_graph, create_graph, only_inputs,
+                                      allow_unused, is_grads_batched, materialize_grads)
+            outputs_ = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+            given = list(grad_outputs) if isinstance(grad_outputs, (list, tuple)) else [grad_outputs] * len(outputs_)
+            roots_, grads = roots(outputs_, given if grad_outputs is not None else [None] * len(outputs_), group)
+            found = _autograd_grad(roots_, inputs, grads, retain_graph, create_graph, only_inputs, allow_unused,
+                                   is_grads_batched, materialize_grads)
+            present = [gradient for gradient in found if gradient is not None]
+            whole = iter(whole_gradients(group, present))
+            return tuple(None if gradient is None else next(whole) for gradient in found)
 
-def install(group: Group) -> None:
-    """Make autograd follow the convention above for the processes of ``group``; idempotent."""
-    if _installed:
-        return
+        torch.autograd.backward = backward
+        torch.autograd.grad = grad
+        self._hook = register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: self._sum_unsynchronised(optimizer))
 
-    def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False, grad_variables=None, inputs=None):
-        if _left_alone():
-            return _autograd_backward(tensors, grad_tensors, retain_graph, create_graph, grad_variables, inputs)
-        outputs = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
-        given = grad_tensors if grad_tensors is not None else grad_variables
-        gradients = (list(given) if isinstance(given, (list, tuple)) else [given]) if given is not None else [None] * len(outputs)
-        roots_, grads = roots(outputs, gradients, group)
-        return _autograd_backward(roots_, grads, retain_graph, create_graph, inputs=inputs)
+    def uninstall(self) -> None:
+        """Give autograd torch's own functions back (at teardown)."""
+        torch.autograd.backward = _autograd_backward
+        torch.autograd.grad = _autograd_grad
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
 
-    def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, only_inputs=True,
-             allow_unused=None, is_grads_batched=False, materialize_grads=False):
-        if _left_alone():
-            return _autograd_grad(outputs, inputs, grad_outputs, retain_graph, create_graph, only_inputs,
-                                  allow_unused, is_grads_batched, materialize_grads)
-        outputs_ = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
-        given = list(grad_outputs) if isinstance(grad_outputs, (list, tuple)) else [grad_outputs] * len(outputs_)
-        roots_, grads = roots(outputs_, given if grad_outputs is not None else [None] * len(outputs_), group)
-        found = _autograd_grad(roots_, inputs, grads, retain_graph, create_graph, only_inputs, allow_unused,
-                               is_grads_batched, materialize_grads)
-        present = [gradient for gradient in found if gradient is not None]
-        whole = iter(whole_gradients(group, present))
-        return tuple(None if gradient is None else next(whole) for gradient in found)
-
-    torch.autograd.backward = backward
-    torch.autograd.grad = grad
-    _installed["hook"] = register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: _sum_unsynchronised(optimizer))
-    _installed["group"] = group
-
-
-def uninstall() -> None:
-    """Undo ``install`` (at teardown)."""
-    if not _installed:
-        return
-    torch.autograd.backward = _autograd_backward
-    torch.autograd.grad = _autograd_grad
-    _installed.pop("hook").remove()
-    _installed.clear()
+    def _sum_unsynchronised(self, optimizer: torch.optim.Optimizer) -> None:
+        """Before a step: sum over the ranks the gradient parts of parameters DDP did not reduce."""
+        gradients = [
+            parameter.grad
+            for group in optimizer.param_groups
+            for parameter in group["params"]
+            if parameter.grad is not None and self._synchronised.get(id(parameter)) is not parameter
+        ]
+        by_kind: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+        for gradient in gradients:
+            by_kind.setdefault((gradient.dtype, gradient.device), []).append(gradient)
+        for members in by_kind.values():
+            flat = torch.cat([gradient.reshape(-1) for gradient in members])
+            dist.all_reduce(flat)
+            offset = 0
+            for gradient in members:
+                gradient.copy_(flat[offset : offset + gradient.numel()].view_as(gradient))
+                offset += gradient.numel()
 
 
 def whole_gradients(group: Group, parts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -107,26 +125,3 @@ def whole_gradients(group: Group, parts: Sequence[torch.Tensor]) -> list[torch.T
     if not parts or group.seed_scale == 1.0:
         return list(parts)
     return group.sum(*([part] for part in parts))
-
-
-def _sum_unsynchronised(optimizer: torch.optim.Optimizer) -> None:
-    """Before a step: sum over the ranks the gradient parts of parameters DDP did not reduce."""
-    parameters = [
-        parameter
-        for group in optimizer.param_groups
-        for parameter in group["params"]
-        if parameter.grad is not None and _synchronised.get(id(parameter)) is not parameter
-    ]
-    if not parameters:
-        return
-    by_kind: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
-    for parameter in parameters:
-        by_kind.setdefault((parameter.grad.dtype, parameter.grad.device), []).append(parameter)
-    for members in by_kind.values():
-        flat = torch.cat([parameter.grad.reshape(-1) for parameter in members])
-        dist.all_reduce(flat)
-        offset = 0
-        for parameter in members:
-            size = parameter.grad.numel()
-            parameter.grad.copy_(flat[offset : offset + size].view_as(parameter.grad))
-            offset += size

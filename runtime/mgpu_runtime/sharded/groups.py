@@ -16,6 +16,7 @@ Both answer the same questions, so the op rules (``rules.py``) are written once.
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from itertools import accumulate
@@ -61,6 +62,10 @@ class Group(ABC):
     def place_on(self, value: torch.Tensor, index: int) -> torch.Tensor:
         """``value`` on the device of the ``index``-th held part (a replica's input)."""
         return value
+
+    def note_mixing(self, value: torch.Tensor) -> None:  # noqa: B027 - one process needs nothing here
+        """``value``, held alike by every part, goes into one part's own computation (an operand of a per-piece
+        operation, a replica's input); in one process nothing follows from it."""
 
     @abstractmethod
     def row_table(self, rows: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
@@ -122,10 +127,28 @@ class ReplicaGroup(Group):
         return hash((self.devices, self.device, self.held))
 
 
+class Monitor:
+    """What a rank group tells the job's lockstep check of its collectives (``distributed/lockstep.py``); the
+    default tells nothing."""
+
+    def counts(self, like: torch.Tensor) -> torch.Tensor | None:
+        """Elements a reduction carries so that every rank sees whether all made the same ones (None: none)."""
+        return None
+
+    def check(self, counts: torch.Tensor, what: str) -> None:
+        """After the reduction: the counts it carried."""
+
+    def waiting(self, what: str) -> contextlib.AbstractContextManager[None]:
+        """Around the collective: this rank waits in it."""
+        return contextlib.nullcontext()
+
+
 class RankGroup(Group):
     """The processes of the job, one part each (the distributed runtime)."""
 
-    def __init__(self, rank: int, world_size: int, device: torch.device, metadata: Any = None) -> None:
+    def __init__(
+        self, rank: int, world_size: int, device: torch.device, metadata: Any = None, monitor: Monitor | None = None
+    ) -> None:
         self.rank = rank
         self.parts = world_size
         self.held = (rank,)
@@ -133,29 +156,41 @@ class RankGroup(Group):
         self.seed_scale = 1.0 / world_size
         self._metadata = metadata
         """The process group for small host-side exchanges (row counts, objects): gloo, also under NCCL."""
+        self.monitor = monitor or Monitor()
+        self.mixings = 0
+        """How many times a value held alike by every rank, computed with autograd (a collective's result, or
+        something computed from one), went into a rank's own computation (``note_mixing``)."""
+
+    def note_mixing(self, value: torch.Tensor) -> None:
+        """From now on the gradient ``value`` receives differs between the ranks. A leaf (a parameter) cannot
+        be downstream of a collective, and is not counted."""
+        if value.requires_grad and value.grad_fn is not None and torch.is_grad_enabled():
+            self.mixings += 1
 
     def sum(self, *quantities: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         values = [partials[0] for partials in quantities]
-        return list(_SumOverRanks.apply(len(values), *values))
+        return list(_SumOverRanks.apply(self, len(values), *values))
 
     def concatenate(self, pieces: Sequence[torch.Tensor], splits: Sequence[int]) -> torch.Tensor:
-        return _GatherOverRanks.apply(tuple(splits), self.rank, pieces[0])
+        return _GatherOverRanks.apply(tuple(splits), self, pieces[0])
 
     def row_counts(self, rows: Sequence[int]) -> tuple[int, ...]:
-        gathered = [torch.zeros(1, dtype=torch.int64) for _ in range(self.parts)]
-        dist.all_gather(gathered, torch.tensor([rows[0]], dtype=torch.int64), group=self._metadata)
-        return tuple(int(count) for count in torch.cat(gathered).tolist())
+        return self.row_table([[rows[0]]])[0]
 
     def row_table(self, rows: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
         mine = torch.tensor(rows[0], dtype=torch.int64)
         everyone = [torch.empty_like(mine) for _ in range(self.parts)]
-        dist.all_gather(everyone, mine, group=self._metadata)
+        self.monitor.counts(torch.zeros(1))  # counted, not carried: an all-gather sums nothing
+        with self.monitor.waiting("an exchange of the rows of the model's outputs or of a selection"):
+            dist.all_gather(everyone, mine, group=self._metadata)
         table = torch.stack(everyone).tolist()
         return [tuple(table[part][index] for part in range(self.parts)) for index in range(len(rows[0]))]
 
     def objects(self, pieces: Sequence[list[Any]]) -> list[Any]:
         gathered: list[Any] = [None] * self.parts
-        dist.all_gather_object(gathered, list(pieces[0]), group=self._metadata)
+        self.monitor.counts(torch.zeros(1))
+        with self.monitor.waiting("a gather of the batch's per-row values"):
+            dist.all_gather_object(gathered, list(pieces[0]), group=self._metadata)
         return [value for piece in gathered for value in piece]
 
     def __eq__(self, other: object) -> bool:
@@ -165,26 +200,12 @@ class RankGroup(Group):
         return hash((self.rank, self.parts))
 
 
-_mixings = 0
-"""How many times a value held alike by every rank, computed with autograd (a collective's result, or something
-computed from one), went into a rank's own computation (``note_mixing``)."""
-
-
-def note_mixing(value: torch.Tensor) -> None:
-    """``value``, held alike by every rank, goes into this rank's own computation (an operand of a per-piece
-    operation, a replica's input): from now on the gradient it receives differs between the ranks. A leaf
-    (a parameter) cannot be downstream of a collective, and is not counted."""
-    global _mixings
-    if value.requires_grad and value.grad_fn is not None and torch.is_grad_enabled():
-        _mixings += 1
-
-
-def _summed_parts(gradient: torch.Tensor, ranks: int, since: int) -> torch.Tensor:
+def _summed_parts(gradient: torch.Tensor, group: RankGroup, since: int) -> torch.Tensor:
     """The true gradient of a collective's result from this rank's part: the parts summed over the ranks. When no
     value held alike went into a rank's own computation since the result was made, every rank's part is the
     same (a backward from values held alike starts at 1/W everywhere), and the sum is W times this one's."""
-    if _mixings == since:
-        return gradient * ranks
+    if group.mixings == since:
+        return gradient * group.parts
     summed = gradient.contiguous().clone()
     dist.all_reduce(summed)
     return summed
@@ -208,14 +229,25 @@ class _SumOverRanks(torch.autograd.Function):
     input's gradient."""
 
     @staticmethod
-    def forward(ctx, count: int, *values: torch.Tensor):
-        ctx.mixings = _mixings
+    def forward(ctx, group: RankGroup, count: int, *values: torch.Tensor):
+        ctx.group, ctx.mixings = group, group.mixings
+        monitor = group.monitor
         ctx.shapes = [value.shape for value in values]
         ctx.dtypes = [value.dtype for value in values]
         carrier = _carrier_dtype(values)
         packed = torch.cat([value.detach().reshape(-1).to(carrier) for value in values])
-        dist.all_reduce(packed)
+        counts = monitor.counts(packed)
         sizes = [value.numel() for value in values]
+        what = "a sum of global values (a loss, a metric, a count of the batch)"
+        with monitor.waiting(what):
+            if counts is None:
+                dist.all_reduce(packed)
+            else:
+                packed = torch.cat([packed, counts])
+                dist.all_reduce(packed)
+                packed, counts = packed[: -len(counts)], packed[-len(counts) :]
+        if counts is not None:
+            monitor.check(counts, what)
         totals = [
             part.reshape(shape).to(dtype)
             for part, shape, dtype in zip(packed.split(sizes), ctx.shapes, ctx.dtypes)
@@ -232,11 +264,11 @@ class _SumOverRanks(torch.autograd.Function):
         if present:
             carrier = _carrier_dtype([gradient for _, gradient in present])
             packed = torch.cat([gradient.reshape(-1).to(carrier) for _, gradient in present])
-            packed = _summed_parts(packed, dist.get_world_size(), ctx.mixings)
+            packed = _summed_parts(packed, ctx.group, ctx.mixings)
             sizes = [gradient.numel() for _, gradient in present]
             for (index, gradient), part in zip(present, packed.split(sizes)):
                 result[index] = part.reshape(gradient.shape).to(gradient.dtype)
-        return (None, *result)
+        return (None, None, *result)
 
 
 class _GatherOverRanks(torch.autograd.Function):
@@ -245,8 +277,9 @@ class _GatherOverRanks(torch.autograd.Function):
     keeps its rows."""
 
     @staticmethod
-    def forward(ctx, splits: tuple[int, ...], rank: int, piece: torch.Tensor) -> torch.Tensor:
-        ctx.splits, ctx.rank, ctx.mixings = splits, rank, _mixings
+    def forward(ctx, splits: tuple[int, ...], group: RankGroup, piece: torch.Tensor) -> torch.Tensor:
+        ctx.splits, ctx.group, ctx.mixings = splits, group, group.mixings
+        monitor = group.monitor
         largest = max(splits)
         carried = piece.detach()
         if carried.dtype == torch.bool:
@@ -254,12 +287,15 @@ class _GatherOverRanks(torch.autograd.Function):
         padded = carried.new_zeros((largest, *piece.shape[1:]))
         padded[: piece.shape[0]] = carried
         gathered = [torch.empty_like(padded) for _ in splits]
-        dist.all_gather(gathered, padded)
+        monitor.counts(torch.zeros(1))  # counted, not carried: an all-gather sums nothing
+        with monitor.waiting("a gather of a global value (materialised for an operation with no rule of its own)"):
+            dist.all_gather(gathered, padded)
         full = torch.cat([part[:rows] for part, rows in zip(gathered, splits)])
         return full.to(piece.dtype)
 
     @staticmethod
     def backward(ctx, gradient: torch.Tensor):
-        summed = _summed_parts(gradient, len(ctx.splits), ctx.mixings)
-        start = sum(ctx.splits[: ctx.rank])
-        return None, None, summed[start : start + ctx.splits[ctx.rank]]
+        summed = _summed_parts(gradient, ctx.group, ctx.mixings)
+        rank = ctx.group.rank
+        start = sum(ctx.splits[:rank])
+        return None, None, summed[start : start + ctx.splits[rank]]

@@ -15,40 +15,21 @@ per-element ``weight`` of a binary cross-entropy) are cut like the batch; a per-
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from mgpu_runtime.losses import WATCHED, loss_parts
+from mgpu_runtime.losses import WATCHED, bind, loss_parts
 from mgpu_runtime.sharded.rules import _materialized, _operand, _per_piece, _reference
 from mgpu_runtime.sharded.tensor import Sharded
 
 _BATCH = frozenset({"input", "target", "input1", "input2", "anchor", "positive", "negative", "var"})
 _PER_ELEMENT_WEIGHT = frozenset({F.binary_cross_entropy, F.binary_cross_entropy_with_logits})
-_SIGNATURES: dict[Any, inspect.Signature | None] = {}
-
-
-def _signature(func: Any) -> inspect.Signature | None:
-    if func not in _SIGNATURES:
-        try:
-            _SIGNATURES[func] = inspect.signature(func)
-        except (TypeError, ValueError):
-            _SIGNATURES[func] = None
-    return _SIGNATURES[func]
-
-
 def loss_rule(func, args, kwargs):
-    signature = _signature(func)
-    if signature is None:
+    arguments = bind(func, args, kwargs)
+    if arguments is None:
         return _materialized(func, args, kwargs)
-    try:
-        bound = signature.bind(*args, **kwargs)
-    except TypeError:
-        return _materialized(func, args, kwargs)
-    bound.apply_defaults()
-    arguments = dict(bound.arguments)
     if arguments.get("size_average") is not None or arguments.get("reduce") is not None:
         return _materialized(func, args, kwargs)
     batch = _BATCH | ({"weight"} if func in _PER_ELEMENT_WEIGHT else set())
@@ -74,7 +55,7 @@ def loss_rule(func, args, kwargs):
     for index in range(len(first._pieces)):
         piece_arguments = local(index)
         if func in WATCHED:
-            parts = loss_parts(func, (), piece_arguments)
+            parts = loss_parts(func, piece_arguments)
             if parts is None:
                 return _materialized(func, args, kwargs)
             numerator, denominator = parts.numerator, parts.denominator

@@ -24,14 +24,14 @@ collectives.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from mgpu_runtime.sharded.groups import note_mixing, starts
+from mgpu_runtime.sharded.groups import starts
 from mgpu_runtime.sharded.tensor import Sharded, materialize
 from mgpu_runtime.structure import children, rebuild
 
@@ -93,7 +93,7 @@ def _wrap(results: list[Any], splits: Sequence[int], reference: Sharded) -> Any:
     parts = children(first) if isinstance(first, tuple) else None
     if parts is None:
         return first
-    per_piece = [children(result) for result in results]
+    per_piece = [children(result) or [] for result in results]
     return rebuild(first, [_wrap([piece[index] for piece in per_piece], splits, reference) for index in range(len(parts))])
 
 
@@ -109,7 +109,7 @@ def _operand(value: Any, index: int, reference: Sharded, split: bool, ndim: int)
         if split and value.dim() == ndim and ndim > 0 and value.shape[0] == rows and rows != 1:
             start, count = reference.rows_of_part(reference._group.held[index])
             value = value.narrow(0, start, count)
-        note_mixing(value)
+        reference._group.note_mixing(value)
         return reference._group.place(value, piece)
     if type(value) in (list, tuple):
         return type(value)(_operand(part, index, reference, split, ndim) for part in value)
@@ -124,17 +124,21 @@ def _per_piece(
     split: bool = True,
     splits: Sequence[int] | None = None,
     local: Callable[[int], tuple[tuple, dict]] | None = None,
+    ndim: int | None = None,
 ) -> Any:
     """``func`` on each held piece (plain operands cut or placed, see ``_operand``); the results wrapped with
-    ``splits`` (default: the reference's). ``local(index)`` gives a piece's own arguments instead."""
-    ndim = max((value.dim() for value in _tensors(args, kwargs)), default=0)
+    ``splits`` (default: the reference's). ``local(index)`` gives a piece's own arguments instead; ``ndim`` is
+    the result's dimensions, when the caller knows them."""
+    if ndim is None and local is None:
+        ndim = max((value.dim() for value in _tensors(args, kwargs)), default=0)
     results = []
     for index in range(len(reference._pieces)):
         if local is not None:
             piece_args, piece_kwargs = local(index)
         else:
-            piece_args = tuple(_operand(value, index, reference, split, ndim) for value in args)
-            piece_kwargs = {name: _operand(value, index, reference, split, ndim) for name, value in kwargs.items()}
+            width = ndim or 0
+            piece_args = tuple(_operand(value, index, reference, split, width) for value in args)
+            piece_kwargs = {name: _operand(value, index, reference, split, width) for name, value in kwargs.items()}
         results.append(func(*piece_args, **piece_kwargs))
     return _wrap(results, reference._splits if splits is None else splits, reference)
 
@@ -147,6 +151,7 @@ def _tensors(args: tuple, kwargs: dict):
             yield from (part for part in value if isinstance(part, torch.Tensor))
 
 
+@functools.cache
 def _in_place(func: Callable) -> bool:
     name = _name(func)
     return (name.endswith("_") and not name.endswith("__")) or name in _IN_PLACE_DUNDERS
@@ -176,7 +181,7 @@ def _write_back(target: Sharded, full: torch.Tensor) -> None:
     """After an in-place change of ``target``'s global tensor ``full``: its pieces are its rows of ``full``."""
     held = target._group.held
     firsts = starts(target._splits)
-    note_mixing(full)
+    target._group.note_mixing(full)
     target._pieces = tuple(
         target._group.place(full.narrow(0, firsts[part], target._splits[part]), piece)
         for part, piece in zip(held, target._pieces)
@@ -291,17 +296,19 @@ def _pointwise(func, args, kwargs):
     dimension; a plain operand with the batch's rows there is cut like them."""
     if "out" in kwargs:
         return _materialized(func, args, kwargs)
-    reference = _reference(args, kwargs)
+    found = _sharded_in(args) + _sharded_in(list(kwargs.values())) if kwargs else _sharded_in(args)
+    reference = found[0]
     ndim = max(value.dim() for value in _tensors(args, kwargs))
-    if reference is None or any(value.dim() != ndim for value in _sharded_in(args) + _sharded_in(list(kwargs.values()))):
-        return _materialized(func, args, kwargs)
+    for other in found:
+        if other._splits != reference._splits or other._group != reference._group or other.dim() != ndim:
+            return _materialized(func, args, kwargs)
     if _in_place(func):
         target = args[0]
         if type(target) is not Sharded:
             return _materialized(func, args, kwargs)  # a plain tensor changed by a global value
-        _per_piece(func, args, kwargs, reference)
+        _per_piece(func, args, kwargs, reference, ndim=ndim)
         return target
-    return _per_piece(func, args, kwargs, reference)
+    return _per_piece(func, args, kwargs, reference, ndim=ndim)
 
 
 def _conversion(func, args, kwargs):
@@ -408,10 +415,7 @@ class _Along:
         reference = _reference(args, kwargs)
         if reference is None:
             return _materialized(func, args, kwargs)
-        if len(args) > self.at:
-            given = args[self.at]
-        else:
-            given = kwargs.get(self.name, self.default)
+        given = args[self.at] if len(args) > self.at else kwargs.get(self.name, self.default)
         if given is _REQUIRED:
             return _materialized(func, args, kwargs)  # torch's own error, or a form this rule does not know
         ndim = reference.dim() + self.offset
@@ -767,12 +771,12 @@ def _getitem(func, args, kwargs):
             return _masked(value, mask, entries[1:])
     if _is_row_range(first, rows) and len(entries) == 2 and isinstance(entries[1], torch.Tensor):
         index = entries[1]
-        if index.dim() == 1 and len(index) == rows and not index.is_floating_point():
-            if type(index) is not Sharded or index._splits == value._splits:
-                return _per_piece(
-                    lambda piece, local: piece[torch.arange(len(piece), device=piece.device), local],
-                    (value, index), {}, value,
-                )
+        aligned = type(index) is not Sharded or index._splits == value._splits
+        if index.dim() == 1 and len(index) == rows and not index.is_floating_point() and aligned:
+            return _per_piece(
+                lambda piece, local: piece[torch.arange(len(piece), device=piece.device), local],
+                (value, index), {}, value,
+            )
     return _materialized(func, args, kwargs)
 
 
@@ -865,7 +869,8 @@ def roots(outputs: Sequence[Any], gradients: Sequence[Any], group: Any = None) -
     """Autograd roots for global outputs: a Sharded output gives its pieces (each piece's gradient is whole on its
     process); a plain output, held alike everywhere, starts at the group's seed scale (``1/W`` over processes;
     ``group`` when no output names one). A missing gradient is torch's implicit one, for one-element outputs."""
-    tensors, grads = [], []
+    tensors: list[torch.Tensor] = []
+    grads: list[Any] = []
     group = next((value._group for value in outputs if type(value) is Sharded), group)
     for output, gradient in zip(outputs, gradients):
         if type(output) is Sharded:
@@ -916,7 +921,7 @@ def _backward(func, args, kwargs):
 
 
 def _leaves(values: list[Any]) -> list[torch.Tensor]:
-    found = []
+    found: list[torch.Tensor] = []
     for value in values:
         found.extend(value._pieces if type(value) is Sharded else [value])
     return found
@@ -973,7 +978,10 @@ _DUNDER_ATEN = {
     "__invert__": "bitwise_not", "__neg__": "neg", "__pos__": "positive", "__abs__": "abs",
     "__eq__": "eq", "__ne__": "ne", "__lt__": "lt", "__le__": "le", "__gt__": "gt", "__ge__": "ge",
 }
-_DUNDER_ATEN.update({f"__i{name[2:]}": aten for name, aten in list(_DUNDER_ATEN.items()) if not name.startswith("__r")})
+_DUNDER_ATEN = {
+    **_DUNDER_ATEN,
+    **{f"__i{name[2:]}": aten for name, aten in _DUNDER_ATEN.items() if not name.startswith("__r")},
+}
 # Composite element-wise functions of torch.nn.functional with no aten operator of their name.
 _POINTWISE_EXTRA = frozenset(
     {
@@ -987,7 +995,7 @@ _CONVERSIONS = frozenset(
         "to", "type", "float", "double", "half", "bfloat16", "int", "long", "bool", "byte", "char", "short",
         "cfloat", "cdouble", "cpu", "cuda", "xpu", "mps", "detach", "detach_", "clone", "contiguous",
         "requires_grad_", "pin_memory", "share_memory_", "retain_grad", "type_as", "data", "_base",
-        "requires_grad_", "float16", "to_dense", "resolve_conj", "resolve_neg", "conj", "real", "imag",
+        "float16", "to_dense", "resolve_conj", "resolve_neg", "conj", "real", "imag",
     }
 )
 _ROW_WISE = frozenset(

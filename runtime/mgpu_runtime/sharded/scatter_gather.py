@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from mgpu_runtime.sharded.groups import Group, note_mixing, starts
+from mgpu_runtime.sharded.groups import Group, starts
 from mgpu_runtime.sharded.tensor import Sharded, materialize
 from mgpu_runtime.structure import children, chunk_sizes, rebuild
 
@@ -88,7 +88,7 @@ def scatter(inputs: tuple, kwargs: dict, group: Group, active: int) -> list[tupl
                 piece = tensor._pieces[index]
             else:
                 piece = materialize(tensor).narrow(0, starts(sizes)[part], sizes[part])
-                note_mixing(piece)  # a replica's input cut from a value every rank holds
+                group.note_mixing(piece)  # a replica's input cut from a value every rank holds
             if part >= active:
                 piece = piece.narrow(0, 0, 0)
             return group.place_on(piece, index)
@@ -143,7 +143,7 @@ def _gathered(value: Any, leaf: Callable[[torch.Tensor], Any], active: int, one_
         # A plain dataclass DataParallel cannot gather (it fails to iterate it): its fields are gathered as the
         # one-device run returned them, rows concatenated, its other values as they are.
         one_device = one_device or not isinstance(value, dict)
-        return rebuild(value, [_gathered(part, leaf, active, one_device) for part in children(value)])
+        return rebuild(value, [_gathered(part, leaf, active, one_device) for part in children(value) or []])
     if one_device:
         return value
     raise TypeError(

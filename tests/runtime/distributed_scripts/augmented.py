@@ -1,6 +1,6 @@
 """A dataset that draws per sample (random augmentation in ``__getitem__``), trained in float64.
 
-    python augmented.py OUT_DIR --original   the original: one process, nn.DataParallel, a plain loader
+    python augmented.py OUT_DIR --original   the original: nn.DataParallel (under the emulation), a plain loader
     python augmented.py OUT_DIR 1 0          its migration (mgpu_runtime), however it is launched, trained
                                              once per MGPU_WHOLE_BATCHES value, in turn in the same processes
 

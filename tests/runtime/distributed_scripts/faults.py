@@ -5,13 +5,16 @@
     python faults.py stall           rank 1 sleeps 60 s before its backward (the others wait in the reduction)
     python faults.py stall_barrier   rank 1 sleeps 60 s before a barrier (the others wait in the barrier)
     python faults.py rank0_loss      batches of the distributed loader; rank 0 alone computes an extra loss at step 3
+    python faults.py no_backward     rank 1 makes no backward from step 3 on, 5 s a step, then all save (a barrier)
+    python faults.py skip_last       rank 1 skips the backward of the last step (7), then all save (a barrier)
     python faults.py healthy         nobody misbehaves
 
-Prints "started" (rank 0, at step 3) and "done <rank>" when a rank finishes its loop.
+Prints "started" (rank 0, at the step where rank 1 misbehaves) and "done <rank>" when a rank finishes its loop.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -30,16 +33,20 @@ def main(mode: str) -> None:
     if mode == "rank0_loss":
         _loss_on_rank_0()
         return
+    misbehaving_step = 7 if mode == "skip_last" else 3
     for step in range(8):
         x = torch.randn(6, 4)
         optimizer.zero_grad()
         loss = model(x).square().mean()
-        if step == 3 and mgpu_runtime.rank() == 0:
+        if step == misbehaving_step and mgpu_runtime.rank() == 0:
             print("started", flush=True)
-        if mgpu_runtime.rank() == 1 and step == 3:
+        if mgpu_runtime.rank() == 1 and (step == misbehaving_step or mode == "no_backward" and step > misbehaving_step):
             if mode == "exit_early":
                 sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
-            if mode == "skip_backward":
+            if mode in ("skip_backward", "skip_last"):
+                continue
+            if mode == "no_backward":
+                time.sleep(5)
                 continue
             if mode.startswith("stall"):
                 time.sleep(60)
@@ -47,6 +54,8 @@ def main(mode: str) -> None:
             mgpu_runtime.barrier()
         loss.backward()
         optimizer.step()
+    if mode in ("no_backward", "skip_last"):
+        mgpu_runtime.save(model.module.state_dict(), os.devnull)
     print("done", mgpu_runtime.rank(), flush=True)
 
 
@@ -62,7 +71,7 @@ def _loss_on_rank_0() -> None:
         loss = nn.functional.mse_loss(output, y)
         if step == 3 and mgpu_runtime.rank() == 0:
             print("started", flush=True)
-            loss = loss + 0.1 * nn.functional.l1_loss(output, y)  # a watched loss on rank 0 only
+            loss = loss + 0.1 * nn.functional.l1_loss(output, y)  # a sum over the ranks, on rank 0 only
         loss.backward()
         optimizer.step()
     print("done", mgpu_runtime.rank(), flush=True)

@@ -32,10 +32,9 @@ def main(out: pathlib.Path, target: str) -> None:
         mgpu_runtime.save(mgpu_runtime.DistributedDataParallel(nn.Linear(3, 2).requires_grad_(False)), out / "teacher.pt")
         model = mgpu_runtime.DistributedDataParallel(bare)
         loader = mgpu_runtime.distribute_loader(loader)
-        criterion = mgpu_runtime.DistributedCriterion(nn.MSELoss())
     else:
         model = mgpu_runtime.DataParallelModel(bare)
-        criterion = mgpu_runtime.DataParallelCriterion(nn.MSELoss())
+    criterion = nn.MSELoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for inputs, targets in loader:
         optimizer.zero_grad()

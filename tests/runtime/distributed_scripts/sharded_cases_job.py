@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from mgpu_runtime.sharded import RankGroup, Sharded, materialize
-from mgpu_runtime.sharded import gradients
+from mgpu_runtime.sharded.gradients import Gradients
 from mgpu_runtime.structure import chunk_sizes
 from tests.runtime.sharded_cases import CASES, Batch, difference, global_data
 
@@ -28,7 +28,8 @@ def main(output: str) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     group = RankGroup(rank, world, torch.device("cpu"))
-    gradients.install(group)
+    gradients = Gradients(group)
+    gradients.install()
     results = {}
     for rows in ROWS:
         splits = chunk_sizes(rows, world)
@@ -40,7 +41,7 @@ def main(output: str) -> None:
 
         for case in CASES:
             data = global_data(rows)
-            whole = _whole(case, data)
+            whole = _whole(case, data, gradients)
             x = data["x"][start : start + splits[rank]].clone().requires_grad_(True)
             w = data["w"].clone().requires_grad_(True)
             sharded_x = Sharded([x], splits, group)
@@ -63,7 +64,7 @@ def main(output: str) -> None:
     dist.destroy_process_group()
 
 
-def _whole(case, data):
+def _whole(case, data, gradients):
     x = data["x"].clone().requires_grad_(True)
     w = data["w"].clone().requires_grad_(True)
     with gradients.own_computation():  # one process's own arithmetic: autograd as it is

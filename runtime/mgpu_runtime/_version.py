@@ -1,0 +1,1 @@
+../../mgpu_migrate/_version.py
