@@ -66,8 +66,8 @@ NO_PROJECT_ROOT = Review(
         "The wrap is in a function that returns the model (`build_model()`) or in a class that keeps it on `self`, "
         "and nothing in this file trains it: the code that imports this file does. Inside a project (a directory "
         "above holding `pyproject.toml`, `setup.py`, `setup.cfg` or `.git`) the tool reads that code and says "
-        "where it is (MGP320); here it finds no project root (a lone file in a scratch folder, or text from "
-        "stdin), so it cannot see who trains the model. Migrating the wrap alone would give a program whose every "
+        "where it is (MGP320); here it finds no project root (a lone file in a scratch folder) and no importer "
+        "beside the file, so it cannot see who trains the model. Migrating the wrap alone would give a program whose every "
         "process trains on whole batches. The file is left as it is."
     ),
     todo="Run the tool in the project's checkout, over the training script together with this file.",
@@ -89,8 +89,8 @@ class ProjectTraining(Rule):
     a function that returns the model (``load_model()``) or in a class that holds it (``self.model =
     DataParallel(...)`` in a wrapper ``nn.Module``), the model goes to the modules that import this one, which
     a bounded byte search of the project finds: the file is left, and the diagnostic names the importer that
-    uses the function or class (MGP320). Such a file with no project root above it (a lone file in a scratch
-    folder, text from stdin) is left too, since nothing shows who trains the model (MGP321).
+    uses the function or class (MGP320). Such a file with no project root above it and no importer beside it
+    (a lone file in a scratch folder) is left too, since nothing shows who trains the model (MGP321).
 
     ## Why is this bad?
     The training step, its loss and the loop over the data are in that module: the tool cannot tell from
@@ -140,21 +140,6 @@ class ProjectTraining(Rule):
             DDP,
             ("MGP101", "MGP120", "MGP236"),
         ),
-        Example(
-            """
-            import torch.nn as nn
-
-
-            def build_model(cfg):
-                return nn.DataParallel(Net(cfg))
-            """,
-            None,
-            DDP,
-            (NO_PROJECT_ROOT,),
-            message="the function `build_model` hands the model to the code importing this file, and no project root",
-            line=5,
-            name="a builder with no project root",
-        ),
     )
 
     def apply(self) -> None:
@@ -162,8 +147,7 @@ class ProjectTraining(Rule):
         if not program.migrates or any(self.analysis.loaders.is_backward(call) for call in self.analysis.calls):
             return
         project = project_of(self.analysis.path)
-        if project is None:
-            self._left_without_project(program)
+        if project is None:  # text that is no file (stdin): nothing to read
             return
         evaluated = []  # the project's functions that get the model and do not train it
         unknown = False  # a call out of sight (a library's) gets the model

@@ -197,8 +197,8 @@ def test_the_files_own_functions_are_read_from_the_text_being_migrated(tmp_path)
 
 def test_a_builder_with_no_project_root_is_left(tmp_path):
     """Issue 23, item 10: the same builders that their checkout leaves (MGP320, importers found) are left when
-    passed alone from a scratch folder with no project marker above it (MGP321), and from stdin, rather than
-    migrated as wraps whose trainer nothing shows."""
+    passed alone from a scratch folder with no project marker above it (MGP321), rather than migrated as wraps
+    whose trainer nothing shows."""
     builders = FIXTURES / "projects" / "builders" / "models"
     scratch = tmp_path / "scratch"  # the importer search reads the folder above it: only this one
     scratch.mkdir()
@@ -207,9 +207,8 @@ def test_a_builder_with_no_project_root_is_left(tmp_path):
         in_checkout = migrate_source((builders / name).read_text(), "ddp", str(builders / name))
         assert codes(in_checkout) == ["MGP320"]
         shutil.copy(builders / name, scratch / name)
-        for path in (str(scratch / name), "<stdin>"):
-            alone = migrate_source((builders / name).read_text(), "ddp", path)
-            assert codes(alone) == ["MGP321"] and alone.diagnostics[0].line == line, (name, path, alone.diagnostics)
-            assert alone.output == (builders / name).read_text()
+        alone = migrate_source((builders / name).read_text(), "ddp", str(scratch / name))
+        assert codes(alone) == ["MGP321"] and alone.diagnostics[0].line == line, (name, alone.diagnostics)
+        assert alone.output == (builders / name).read_text()
     done = run_cli("loading.py", "--to", "ddp", "--check", cwd=scratch)
     assert done.returncode == 0 and b"loading.py:12:17: MGP321" in done.stderr, done.stderr
