@@ -30,6 +30,7 @@ torch = pytest.importorskip("torch")
 CASES = {
     "margin_head": ("scripts", "margin_head.py", []),
     "frozen_backbone": ("scripts", "frozen_backbone.py", []),
+    "triplet_by_name": ("scripts", "triplet_by_name.py", []),
 }
 WORLD_SIZES = (2, 3)
 TOLERANCE = 1e-9
