@@ -5,7 +5,7 @@ A file's settings come from the nearest ``pyproject.toml`` above it that has a `
 when ``--to`` is not given), ``sync-bn`` (the default of ``--sync-bn``), ``style`` (of ``--style``), ``exclude`` and ``extend-exclude``
 (glob patterns, relative to the settings file's directory, of files and directories never migrated: also
 when named on the command line, so a pre-commit hook honours them too), ``select``/``ignore`` (which sites
-left for a person are reported, by code or prefix: ``MGP2``, ``MGP24``, ``MGP248``) and
+left for a person are reported, by code or prefix: ``MGP2``, ``MGP26``, ``MGP262``) and
 ``respect-gitignore`` (default true: a walked directory leaves out what git ignores) and ``max-file-size``
 (the default of ``--max-file-size``: bytes, or a size such as ``"5MB"``; 0 for no limit).
 """
@@ -138,11 +138,11 @@ def _codes(value: object, key: str, where: str) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(code, str) for code in value):
-        raise ConfigError(f'{where}: {key} must be a list of codes or prefixes, e.g. ["MGP248"] or ["MGP24"]')
+        raise ConfigError(f'{where}: {key} must be a list of codes or prefixes, e.g. ["MGP262"] or ["MGP26"]')
     codes = tuple(code.strip().upper() for code in value)
     for code in codes:
         if not _CODE_PREFIX.fullmatch(code):
-            raise ConfigError(f"{where}: {key}: {code!r} is not a code or a prefix of one (MGP2, MGP24, MGP248)")
+            raise ConfigError(f"{where}: {key}: {code!r} is not a code or a prefix of one (MGP2, MGP26, MGP262)")
         if code[3:4] in ("0", "1"):
             kind = "a rewrite" if code[3] == "1" else "a file that cannot be processed"
             raise ConfigError(

@@ -24,7 +24,7 @@ def test_sync_bn_from_pyproject_and_overridden_by_no_sync_bn(tmp_path):
     assert b"train.py:2:9: MGP129 " in shown.stderr
     plain = run_cli("--diff", "--no-sync-bn", "train.py", cwd=project)
     assert b"SyncBatchNorm" not in plain.stdout
-    assert b"train.py:2:9: MGP248 " in plain.stderr
+    assert b"train.py:2:9: MGP101 " in plain.stderr
     # stdin reads the settings of the directory it is run in.
     piped = run_cli("-", cwd=project, stdin=BATCHNORM_SCRIPT.encode())
     assert b"convert_sync_batchnorm" in piped.stdout

@@ -70,4 +70,4 @@ def test_shell_and_slurm_scripts_parse():
 def test_the_marker_example_is_a_marker_the_tool_reports():
     (example,) = [block for block in blocks("python") if "mgpu-migrate: review" in block]
     (diagnostic,) = marked("train.py", example)
-    assert diagnostic.code == "MGP248" and diagnostic.line == 2
+    assert diagnostic.code == "MGP262" and diagnostic.line == 2

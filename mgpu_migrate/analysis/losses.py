@@ -8,11 +8,10 @@ The prediction is either *direct* (the output or a part of it: ``out``, ``main``
 
 A *criterion* groups the places a criterion object passes through (``criterion`` in ``main``, the
 ``criterion`` parameter of ``train``, ``self.criterion``) with where it is built (the *constructions*:
-``nn.CrossEntropyLoss(...)``, possibly ``.cuda()``-chained, inline as an argument, or a parameter's default),
-what cannot be followed, and the uses a wrapper in its place would not support (reading ``.weight``,
-passing it to code outside the file). Calls to anything that is neither a known criterion nor built in
-this file as one (an imported ``accuracy``, a ``build_loss(cfg)`` result) are not loss calls: they are
-where the outputs leave the file (``ModelFlow.output_escapes``).
+``nn.CrossEntropyLoss(...)``, possibly ``.cuda()``-chained, inline as an argument, or a parameter's default).
+Calls to anything that is neither a known criterion nor built in this file as one (an imported ``accuracy``,
+a ``build_loss(cfg)`` result) are not loss calls: they are where the outputs leave the file
+(``ModelFlow.output_escapes``).
 """
 
 from __future__ import annotations
@@ -66,8 +65,6 @@ LOSS_PARAMETERS = {
     "hinge_embedding_loss": ("margin", "size_average", "reduce", "reduction"),
 }
 FUNCTIONAL_ONLY = {"mse_loss": frozenset({"weight"}), "l1_loss": frozenset({"weight"}), "huber_loss": frozenset({"weight"})}
-# Loss classes whose ``weight`` rescales each *batch element*: it would have to be split with the batch.
-PER_SAMPLE_WEIGHT = frozenset({"BCELoss", "BCEWithLogitsLoss"})
 # Losses whose mean is over the weight of the targets, not over rows (class weights, ignore_index).
 CLASS_INDEX_LOSSES = frozenset({"CrossEntropyLoss", "NLLLoss"})
 # The functional losses, by canonical name, with their class.
@@ -75,10 +72,6 @@ FUNCTIONAL_LOSSES = {f"{names.TORCH_FUNCTIONAL}.{function}": cls for cls, functi
 # Criteria that already take per-device outputs.
 PARALLEL_CRITERIA = frozenset({names.RUNTIME_CRITERION, names.ENCODING_CRITERION, names.RUNTIME_DISTRIBUTED_CRITERION})
 
-_HARMLESS_BUILTINS = frozenset({"print", "repr", "str", "format", "id"})
-
-# How a construction is classified.
-SPLITTABLE, PARALLEL, UNSPLITTABLE, CUSTOM = "splittable", "parallel", "unsplittable", "custom"
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,17 +93,10 @@ class Construction:
     """The expression that builds the criterion, wrapped as a whole (``nn.CrossEntropyLoss().cuda()``)."""
     core: cst.Call
     """The constructor call inside ``value``."""
-    kind: str
-    """SPLITTABLE, PARALLEL, UNSPLITTABLE or CUSTOM."""
-    reason: str = ""
     loss_class: Optional[str] = None
-    """The name of torch's loss class (``CrossEntropyLoss``), when it is one."""
-
-
-@dataclass(frozen=True)
-class Use:
-    node: cst.CSTNode
-    what: str
+    """The name of torch's loss class (``CrossEntropyLoss``), when it is one (None: a loss class of the project)."""
+    parallel: bool = False
+    """A criterion that takes a wrapper's per-device outputs (the runtime's, or PyTorch-Encoding's)."""
 
 
 @dataclass(eq=False)
@@ -118,10 +104,6 @@ class Criterion:
     places: set[Place] = field(default_factory=set)
     calls: list[LossCall] = field(default_factory=list)
     constructions: list[Construction] = field(default_factory=list)
-    unfollowed: list[Use] = field(default_factory=list)
-    """Sources that cannot be followed: a parameter nothing in this file passes, a factory's result."""
-    misuses: list[Use] = field(default_factory=list)
-    """Uses a ``DataParallelCriterion`` in its place would not support."""
 
 
 class LossFlow:
@@ -176,7 +158,7 @@ class LossFlow:
                 continue
             criterion.places.add(place)
             pending.extend(self._sources(place, criterion))
-            pending.extend(self._uses(place, criterion))
+            pending.extend(self._uses(place))
         return criterion
 
     def _sources(self, place: Place, criterion: Criterion) -> list[Place]:
@@ -197,8 +179,6 @@ class LossFlow:
             default = _parameter_default(function, name)
             if default is not None and not (type(default) is cst.Name and default.value == "None"):
                 more.extend(self._value_source(default, scope.parent or scope, criterion))
-            if not sites:
-                criterion.unfollowed.append(Use(function, f"the caller of `{function.name.value}()`"))
         return more
 
     def _value_source(self, value: cst.BaseExpression, scope: Scope, criterion: Criterion) -> list[Place]:
@@ -225,8 +205,6 @@ class LossFlow:
         construction = self._construction(value, core, scope)
         if construction is not None:
             criterion.constructions.append(construction)
-        else:
-            criterion.unfollowed.append(Use(value, f"`{self.analysis.code_of(value)}`"))
         return []
 
     def _construction(self, value: cst.BaseExpression, core: cst.BaseExpression, scope: Scope) -> Optional[Construction]:
@@ -234,20 +212,12 @@ class LossFlow:
             return None
         qualified = self.analysis.resolve(core.func)
         if qualified in PARALLEL_CRITERIA:
-            return Construction(value, core, PARALLEL)
+            return Construction(value, core, parallel=True)
         if qualified is not None and qualified.startswith("torch.nn."):
             name = qualified[len("torch.nn."):]
-            if name in SPLITTABLE_LOSSES:
-                if name in PER_SAMPLE_WEIGHT and _has_argument(core, "weight", 0):
-                    reason = f"`{name}(weight=...)` weighs each sample of the batch"
-                    return Construction(value, core, UNSPLITTABLE, reason, name)
-                return Construction(value, core, SPLITTABLE, loss_class=name)
-            if name.endswith("Loss"):
-                return Construction(value, core, UNSPLITTABLE, f"`{name}` does not split along the batch", name)
-            return None
+            return Construction(value, core, loss_class=name) if name.endswith("Loss") else None
         if self._is_loss_class(core.func, scope):
-            code = self.analysis.code_of(core.func)
-            return Construction(value, core, CUSTOM, f"`{code}` is not one of torch's losses")
+            return Construction(value, core)
         return None
 
     def _is_loss_class(self, func: cst.BaseExpression, scope: Scope) -> bool:
@@ -259,42 +229,17 @@ class LossFlow:
         last = func.attr.value if type(func) is cst.Attribute else getattr(func, "value", "")
         return isinstance(last, str) and last[:1].isupper() and last.endswith(("Loss", "Criterion"))
 
-    def _uses(self, place: Place, criterion: Criterion) -> list[Place]:
-        """Check every read of ``place``; return the places the criterion is copied to."""
+    def _uses(self, place: Place) -> list[Place]:
+        """The places the criterion at ``place`` is copied to: assigned, or passed to a function of this file."""
         more: list[Place] = []
         index = self.index
         for node, scope, slot in index.references(place):
-            kind = slot.kind if slot else "other"
-            parent = slot.parent if slot else None
-            if kind == "func":
+            if slot is None:
                 continue
-            if kind == "attr" and type(parent) is cst.Attribute:
-                method = parent.attr.value
-                parent_slot = index.slots.get(parent)
-                if parent_slot is not None and parent_slot.kind == "func" and method in (*MODULE_METHODS_RETURNING_SELF, "forward"):
-                    continue
-                criterion.misuses.append(Use(parent, f"its `.{method}` is used"))
-            elif kind == "assign":
-                for target_place in self._assignment_targets(parent, scope):
-                    more.append(target_place)
-            elif kind == "arg" and type(parent) is cst.Call:
-                parameters = index.parameters_receiving(parent, node, scope)
-                if parameters is not None:
-                    for param in parameters:
-                        if param is not None:
-                            more.append(param)
-                        else:
-                            criterion.misuses.append(Use(parent, "it is passed as `*args`"))
-                elif not (type(parent.func) is cst.Name and parent.func.value in _HARMLESS_BUILTINS):
-                    code = self.analysis.code_of(parent.func)
-                    criterion.misuses.append(Use(parent, f"it is passed to `{code}(...)`"))
-            elif kind == "return":
-                function = _enclosing_function(scope)
-                if function is None or not index.call_sites(function):
-                    name = function.name.value if function is not None else "?"
-                    criterion.misuses.append(Use(node, f"it is returned to the caller of `{name}()`"))
-            else:
-                criterion.misuses.append(Use(node, "it is used in a way the tool cannot follow"))
+            if slot.kind == "assign":
+                more.extend(self._assignment_targets(slot.parent, scope))
+            elif slot.kind == "arg" and type(slot.parent) is cst.Call:
+                more.extend(param for param in index.parameters_receiving(slot.parent, node, scope) or () if param is not None)
         return more
 
     def _assignment_targets(self, statement: cst.CSTNode, scope: Scope) -> list[Place]:
@@ -378,18 +323,9 @@ def _prediction(call: cst.Call) -> Optional[cst.BaseExpression]:
     return None
 
 
-def _has_argument(call: cst.Call, keyword: str, position: int) -> bool:
-    positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
-    return len(positional) > position or any(arg.keyword is not None and arg.keyword.value == keyword for arg in call.args)
-
-
 def _parameter_default(function: cst.FunctionDef, name: str) -> Optional[cst.BaseExpression]:
     params = function.params
     for param in (*params.posonly_params, *params.params, *params.kwonly_params):
         if param.name.value == name:
             return param.default
     return None
-
-
-def _enclosing_function(scope: Scope) -> Optional[cst.FunctionDef]:
-    return scope.node if type(scope.node) is cst.FunctionDef else None

@@ -9,7 +9,6 @@ from mgpu_migrate.rules.base import TARGETS, Rule
 from mgpu_migrate.rules.batch_coupling import BatchCoupling
 from mgpu_migrate.rules.checkpoint_load import CheckpointLoad
 from mgpu_migrate.rules.checkpoint_save import CheckpointSave, TorchCheckpointSave
-from mgpu_migrate.rules.criterion_wrap import CriterionWrap, TorchCriterion
 from mgpu_migrate.rules.data_parallel_subclass import DataParallelSubclass
 from mgpu_migrate.rules.device_selection import DeviceSelection
 from mgpu_migrate.rules.encoding_pair import EncodingPair
@@ -32,6 +31,7 @@ from mgpu_migrate.rules.remote_training import RemoteTraining
 from mgpu_migrate.rules.replication_callback import ReplicationCallback
 from mgpu_migrate.rules.shared_files import SharedFiles
 from mgpu_migrate.rules.sync_batchnorm import SyncBatchNorm
+from mgpu_migrate.rules.torch_criterion import TorchCriterion
 from mgpu_migrate.rules.training_data import TorchTrainingData, TrainingData
 from mgpu_migrate.rules.unsplit_data import UnsplitData
 from mgpu_migrate.rules.unsynced_draws import UnsyncedDraws
@@ -46,7 +46,6 @@ RULES: tuple[type[Rule], ...] = (
     DataParallelSubclass,
     EncodingPair,
     FunctionalDataParallel,
-    CriterionWrap,
     TorchCriterion,
     FunctionalLoss,
     # (each Torch* rule is its default's twin under --style torch: plain PyTorch, no runtime)

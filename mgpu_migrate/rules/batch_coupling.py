@@ -1,4 +1,4 @@
-"""MGP264: a loss that compares the rows of a batch with each other keeps the file off DDP (``--to ddp``)."""
+"""MGP264: under ``--style torch`` a loss that compares the rows of a batch with each other keeps the file off DDP."""
 
 from __future__ import annotations
 
@@ -7,18 +7,22 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, TORCH_STYLE, Example, Review, Rule
+from mgpu_migrate.rules.torch_style import TORCH_OPTIONS
 
 BATCH_COUPLED = Review(
     "MGP264",
     name="rows-compared",
-    summary="the rows of a batch are compared with each other: under DDP only within each process",
+    summary="--style torch: the rows of a batch are compared with each other: under plain DDP only within each process",
     why=(
         "The loss compares the rows of the batch with each other (`cdist`, a similarity matrix, batch-wide "
-        "statistics): under DDP each process would compare only its own rows, another loss than the "
+        "statistics): under `--style torch` each process would compare only its own rows, another loss than the "
         "original's. The file is left as it is."
     ),
-    todo="Use `--to balanced`, which keeps one process and is exact for such losses.",
+    todo=(
+        "Use the default style (`--to ddp`), whose runtime compares the rows of the global batch, exactly as "
+        "before, or `--to balanced`."
+    ),
     veto=True,
 )
 _PRODUCTS = frozenset({"torch.mm", "torch.matmul", "torch.bmm"})
@@ -28,16 +32,16 @@ _TRANSPOSES = frozenset({"t", "T", "transpose", "permute", "mT"})
 class BatchCoupling(Rule):
     """
     ## What it does
-    Reports a computation on the model's outputs that compares the rows of the batch with each other: a
-    distance or similarity matrix between outputs (``torch.cdist(emb, emb)``, ``emb @ emb.t()``,
-    ``torch.mm(a, b.T)``), as batch-hard triplet, contrastive and InfoNCE losses build. The file is then
-    left as it is.
+    Under ``--to ddp --style torch``, reports a computation on the model's outputs that compares the rows of
+    the batch with each other: a distance or similarity matrix between outputs (``torch.cdist(emb, emb)``,
+    ``emb @ emb.t()``, ``torch.mm(a, b.T)``), as batch-hard triplet, contrastive and InfoNCE losses build. The
+    file is then left as it is. The default style migrates it: its runtime's outputs are the global batch's,
+    and such a product of them is computed over the whole batch, as the original computed it.
 
     ## Why is this bad?
-    Under DDP each process holds its own rows of the batch, so such a loss compares each row only with the
-    rows of its own process: fewer negatives, other hardest pairs, another loss than the original's. The
-    gradient weighting cannot make it exact. ``--to balanced`` keeps one process and computes such a loss on
-    the gathered outputs, exactly as before.
+    Under plain DDP each process holds its own rows of the batch, so such a loss compares each row only with
+    the rows of its own process: fewer negatives, other hardest pairs, another loss than the original's, and
+    no scaling of the gradients can make it exact.
 
     ## Example
     ```python
@@ -45,7 +49,7 @@ class BatchCoupling(Rule):
     ```
 
     ## Use instead
-    Migrate the file with ``--to balanced``, or gather the embeddings from every process
+    Migrate the file with the default style (``--to ddp``), or gather the embeddings from every process
     (``torch.distributed.nn.all_gather``) before comparing them, then migrate it by hand.
 
     ## Fix safety
@@ -56,8 +60,9 @@ class BatchCoupling(Rule):
     PHASE = PROGRAM
     USES = ("flow", "models")
     REVIEW_CODES = (BATCH_COUPLED,)
-    DESCRIPTION = "losses that compare the rows of a batch with each other keep the file off DDP"
+    DESCRIPTION = "--style torch: losses that compare the rows of a batch with each other keep the file off DDP"
     TARGETS = (DDP,)
+    STYLES = (TORCH_STYLE,)
     EXAMPLES = (
         Example(
             """
@@ -73,6 +78,7 @@ class BatchCoupling(Rule):
             None,
             DDP,
             ("MGP264",),
+            TORCH_OPTIONS,
         ),
     )
 
@@ -89,7 +95,7 @@ class BatchCoupling(Rule):
                 node,
                 BATCH_COUPLED,
                 f"`{shorten(code)}` compares the rows of the batch with each other: the file is left as it is "
-                "(--to balanced is exact here)",
+                "(the default style is exact here)",
             )
 
     def _compared_rows(self, node: cst.CSTNode) -> Optional[tuple[cst.BaseExpression, cst.BaseExpression]]:

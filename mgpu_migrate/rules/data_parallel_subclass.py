@@ -45,7 +45,7 @@ class DataParallelSubclass(Rule):
     Rebases a class deriving from ``nn.DataParallel`` on ``mgpu_runtime.DataParallelModel`` for
     ``--to balanced``, when the class only adds conveniences: an ``__init__`` that calls ``super()``,
     attribute forwarding (``__getattr__`` to ``self.module``), extra methods. Its instances then
-    behave like the runtime's wrapper, and the losses on their outputs are wrapped by MGP102/MGP103.
+    behave like the runtime's wrapper: their outputs are the global batch's values, held per device.
 
     ## Why is this bad?
     The subclass inherits ``nn.DataParallel``'s gather of every output on the first device.

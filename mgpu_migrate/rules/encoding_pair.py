@@ -41,8 +41,8 @@ class EncodingPair(Rule):
     DataParallelCriterion``, or a vendored copy of its ``parallel.py``: a module of the user's own called
     ``parallel``, in a file that imports torch and no other framework) with the runtime's:
     ``mgpu_runtime.DataParallelModel`` and ``mgpu_runtime.DataParallelCriterion(criterion)`` for
-    ``--to balanced``; ``mgpu_runtime.DistributedDataParallel(module)`` and
-    ``mgpu_runtime.DistributedCriterion(criterion)`` for ``--to ddp``. The imports the rewrite leaves unused
+    ``--to balanced``; ``mgpu_runtime.DistributedDataParallel(module)`` and the criterion itself for
+    ``--to ddp`` (``criterion = DataParallelCriterion(criterion)`` goes). The imports the rewrite leaves unused
     are removed. torch's ``gather(outputs, 0, dim=0)`` of the per-device outputs (how Encoding's scripts
     evaluate) becomes ``mgpu_runtime.gather(outputs)``. GluonCV's pair of the same names
     (``gluoncv.utils.parallel``, for MXNet), and any ``parallel`` module of another framework, is not
@@ -51,7 +51,10 @@ class EncodingPair(Rule):
     ## Why is this bad?
     Encoding's criterion averages the per-device losses with equal weights, which is wrong when the batch
     does not split evenly (batch 5 on 2 devices gives 1.6302 where the cross-entropy is 1.5898), gives NaN
-    when a device's targets are all ``ignore_index``, and fails on a batch that yields a single piece.
+    when a device's targets are all ``ignore_index``, and fails on a batch that yields a single piece. The
+    runtime's model gives the outputs as the global batch's values, on which the criterion computes the loss
+    of the whole batch: the runtime's ``DataParallelCriterion`` only calls it, and keeps the pair's shape in
+    a balanced script.
 
     ## Example
     ```python
@@ -72,7 +75,7 @@ class EncodingPair(Rule):
     outputs; when code in this file uses that list as one (indexes it, iterates over it, unpacks it, passes
     it anywhere but to a criterion or to torch's gather onto the first device, or reads it after such a gather
     without reassigning it), the pair is left as it is, with MGP208. The criterion's
-    ``device_ids``/``output_device``/``dim`` are dropped: the runtime takes them from the outputs.
+    ``device_ids``/``output_device``/``dim`` are dropped: the outputs carry their devices.
     """
 
     CODE = Rewrite("MGP104")
@@ -110,12 +113,29 @@ class EncodingPair(Rule):
             import torch
             import mgpu_runtime
             model = mgpu_runtime.DistributedDataParallel(model)
-            criterion = mgpu_runtime.DistributedCriterion(criterion)
             outputs = model(image)
             loss = criterion(outputs, target)
             """,
             DDP,
             ("MGP104",),
+        ),
+        Example(
+            """
+            from encoding.parallel import DataParallelModel, DataParallelCriterion
+            self.model = DataParallelModel(self.model).cuda()
+            self.criterion = DataParallelCriterion(self.criterion, device_ids=[0, 1]).cuda()
+            loss = self.criterion(self.model(image), target)
+            """,
+            """
+            import mgpu_runtime
+            self.model = mgpu_runtime.DistributedDataParallel(self.model).cuda()
+            self.criterion = self.criterion.cuda()
+            loss = self.criterion(self.model(image), target)
+            """,
+            DDP,
+            ("MGP104",),
+            message="PyTorch-Encoding's DataParallelCriterion dropped: the criterion",
+            line=3,
         ),
         Example(
             """
@@ -170,7 +190,7 @@ class EncodingPair(Rule):
         if not sites and not criteria:
             return
         self._gathers: list[cst.Call] = []
-        reason = self._blocker(sites)
+        reason = self._blocker(sites, criteria)
         if reason is not None:
             node, why = reason
             line = self.analysis.position(node)[0]
@@ -204,11 +224,21 @@ class EncodingPair(Rule):
     def _swap_criterion(self, call: cst.Call) -> None:
         if not self.rewrite_allowed(call):
             return
-        name = "DataParallelCriterion" if self.target == BALANCED else "DistributedCriterion"
-        kept = _without_device_arguments(call)
-        self.edits.replace(call, lambda updated: _keep_args(updated, kept, name))
-        self.edits.need_import(RUNTIME)
-        self.rewrote(call, f"PyTorch-Encoding's DataParallelCriterion replaced with {RUNTIME}.{name}")
+        if self.target == BALANCED:
+            kept = _without_device_arguments(call)
+            self.edits.replace(call, lambda updated: _keep_args(updated, kept, "DataParallelCriterion"))
+            self.edits.need_import(RUNTIME)
+            self.rewrote(call, f"PyTorch-Encoding's DataParallelCriterion replaced with {RUNTIME}.DataParallelCriterion")
+            return
+        # The runtime's outputs are the global batch's: the criterion itself computes the whole batch's loss.
+        module = _argument(call, "module", 0)
+        statement = self.analysis.tree.parent(call)
+        code = self.analysis.code_of
+        if type(statement) is cst.Assign and len(statement.targets) == 1 and code(statement.targets[0].target) == code(module):
+            self.edits.replace(statement, lambda _: cst.RemovalSentinel.REMOVE)  # `criterion = criterion`
+        else:
+            self.edits.replace(call, lambda updated: _argument(updated, "module", 0))
+        self.rewrote(call, "PyTorch-Encoding's DataParallelCriterion dropped: the criterion computes the whole batch's loss")
 
     def _swap_gather(self, call: cst.Call) -> None:
         if not self.rewrite_allowed(call):
@@ -228,9 +258,13 @@ class EncodingPair(Rule):
         return all(value is None or is_zero(value) for value in (_argument(call, "target_device", 1), _argument(call, "dim", 2)))
 
     # -- precondition: Encoding's list of outputs only reaches its criterion or torch's gather ----------
-    def _blocker(self, sites: list[WrapSite]) -> Optional[tuple[cst.CSTNode, str]]:
+    def _blocker(self, sites: list[WrapSite], criteria: list[cst.Call]) -> Optional[tuple[cst.CSTNode, str]]:
         models = self.analysis.models
         if self.target == DDP:
+            for call in criteria:
+                module = _argument(call, "module", 0)
+                if module is None or any(arg.star for arg in call.args):
+                    return call, "the criterion it wraps is not an argument the tool can read"
             for site in sites:
                 dim = _argument(site.call, "dim", 3)
                 if dim is not None and not (type(dim) is cst.Integer and dim.evaluated_value == 0):

@@ -42,12 +42,12 @@ class FunctionalDataParallel(Rule):
     ## Use instead
     ```python
     out = mgpu_runtime.data_parallel(net, x, device_ids=[0, 1])
-    loss = criterion(out, y)   # criterion = mgpu_runtime.DataParallelCriterion(...)
+    loss = criterion(out, y)   # on the output's pieces, no gather
     ```
 
     ## Fix safety
-    Balanced: safe; the same arguments, and the output behaves like the gathered output wherever it is used
-    as one. DDP: each call replicates the module anew over the devices of one process; there is no
+    Balanced: safe; the same arguments, and the output is the gathered output's value wherever it is used,
+    held per device. DDP: each call replicates the module anew over the devices of one process; there is no
     per-call DDP equivalent, so the call is left for a person (wrap the module once with
     ``mgpu_runtime.DistributedDataParallel`` and call it).
     """

@@ -1,4 +1,4 @@
-"""MGP103: a functional loss on a wrapped model's outputs becomes the runtime's criterion around its class."""
+"""MGP103: under ``--style torch`` a functional loss whose gradient DDP's average changes leaves the file for the runtime."""
 
 from __future__ import annotations
 
@@ -13,29 +13,30 @@ from mgpu_migrate.analysis.losses import (
     FUNCTIONAL_LOSSES,
     FUNCTIONAL_ONLY,
     LOSS_PARAMETERS,
-    PER_SAMPLE_WEIGHT,
     LossCall,
     exact_under_ddp_without_wrapper,
     reduction_of,
 )
-from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Review, Rewrite, Rule
+from mgpu_migrate.rules.base import DDP, TORCH_STYLE, WRAPS, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr, torch_nn_spelling
-from mgpu_migrate.diagnostics import shorten
+from mgpu_migrate.rules.torch_style import TORCH_OPTIONS
 
 FUNCTIONAL_LOSS_KEPT = Review(
     "MGP212",
     name="functional-loss-kept",
     summary=(
-        "a functional loss on the model's outputs was left as it is (a transformed input, or options "
-        "the loss's class cannot take); it is computed on the gathered output"
+        "--style torch: a functional loss whose gradient DDP's average changes, in a form the tool cannot read; "
+        "left as it is"
     ),
     why=(
-        "The functional loss gets a transformed input, or options its loss class cannot take, so it cannot be "
-        "handed to the runtime's criterion; it is computed on the gathered output."
+        "Under `--style torch` DDP averages the processes' gradients, which changes this functional loss (a sum, or a "
+        "cross-entropy mean over the targets not ignored), and its arguments are in a form the tool cannot read (an "
+        "input or target given by keyword, `*args`, an option its loss class does not take), so the tool cannot "
+        "tell whether the file needs the runtime. The loss is left as it is."
     ),
     todo=(
-        "Nothing, if the loss on the gathered output is fine. Otherwise compute the transformation in the "
-        "model's `forward` and pass the outputs to the loss directly."
+        "Check the loss's scale against the original (multiply a sum by `dist.get_world_size()`), or migrate with the "
+        "default style, whose runtime computes every loss over the global batch."
     ),
 )
 
@@ -43,19 +44,18 @@ FUNCTIONAL_LOSS_KEPT = Review(
 class FunctionalLoss(Rule):
     """
     ## What it does
-    Rewrites a functional loss computed on a wrapped model's outputs (``F.cross_entropy(out, y)``,
-    ``F.mse_loss``, ``F.nll_loss``, ``F.binary_cross_entropy_with_logits`` ... every ``torch.nn.functional``
-    loss that splits along the batch) into the runtime's criterion around the loss's class, with the same
-    options: ``mgpu_runtime.DataParallelCriterion(nn.CrossEntropyLoss(ignore_index=0))(out, y)`` for
-    ``--to balanced``; ``mgpu_runtime.DistributedCriterion(...)`` for ``--to ddp``, only for the losses
-    whose gradient the DDP runtime cannot make exact alone (cross-entropy/NLL, sums: see MGP102).
+    Under ``--to ddp --style torch``, finds a functional loss on a wrapped model's outputs
+    (``F.cross_entropy(out, y)``, ``F.kl_div(..., reduction="sum")`` ... every ``torch.nn.functional`` loss that
+    splits along the batch) whose gradient DDP's average of the processes' gradients changes: a cross-entropy
+    or NLL mean (over the weight of the targets: class weights, ``ignore_index``), a sum that is not divided by
+    the batch's rows, a reduction the code does not show. Its exact form sums the loss's numerator and
+    denominator over the processes, which only the runtime does, so the file is left as it is (MGP295). The
+    default style needs nothing here: its runtime computes every loss over the global batch.
 
     ## Why is this bad?
-    A functional loss called on the outputs of ``nn.DataParallel`` works on the gathered output: the whole
-    batch's output, and its gradient, sit on the first device. The runtime's criterion computes the loss
-    beside each piece of the output; it needs the loss's class to combine the pieces exactly (the mean of a
-    cross-entropy with ``ignore_index`` is a sum over a count, not an average of averages). Under DDP the
-    same class tells the distributed criterion what to sum over processes.
+    Each process computes the loss over its own share of the batch and DDP averages the gradients: a mean over
+    each process's targets, averaged, is not the mean over the batch's when the shares hold different numbers of
+    targets that count, and a sum steps ``1/world_size`` as far.
 
     ## Example
     ```python
@@ -64,93 +64,22 @@ class FunctionalLoss(Rule):
     ```
 
     ## Use instead
-    ```python
-    logits = model(x)                       # model = mgpu_runtime.DataParallelModel(...)
-    loss = mgpu_runtime.DataParallelCriterion(nn.CrossEntropyLoss(ignore_index=0))(logits, y)
-    ```
+    The default style (``--to ddp``), which leaves the loss as it is.
 
     ## Fix safety
-    Safe: the class computes what the function computes with the same options (positional options become
-    keywords), and given plain tensors the runtime's criterion is the plain loss. Not applied (MGP212) when
-    the loss gets a value computed from the outputs (``F.nll_loss(F.log_softmax(out, 1), y)``: gathered
-    first), when the input or target is given by keyword or through ``*args``, or when an option has no
-    counterpart on the class (``F.mse_loss(..., weight=w)``) or weighs each sample
-    (``F.binary_cross_entropy(..., weight=w)``). Under DDP a transformed input is fine (nothing is gathered).
+    Nothing is written: the file is left as it is. A loss whose arguments the tool cannot read (an input or
+    target given by keyword, ``*args``, an option the loss's class does not take: ``F.mse_loss(..., weight=w)``)
+    is reported (MGP212) and left.
     """
 
     CODE = Rewrite("MGP103")
     PHASE = WRAPS
     USES = ("losses", "models")
+    TARGETS = (DDP,)
+    STYLES = (TORCH_STYLE,)
     REVIEW_CODES = (FUNCTIONAL_LOSS_KEPT,)
-    DESCRIPTION = "functional loss on a wrapped model's outputs computed per device by the runtime's criterion"
+    DESCRIPTION = "--style torch: a functional loss whose gradient DDP's average changes leaves the file for the runtime"
     EXAMPLES = (
-        Example(
-            """
-            import torch.nn.functional as F
-            from torch import nn
-            model = nn.DataParallel(model)
-            logits = model(x)
-            loss = F.cross_entropy(logits, y, None, ignore_index=0)
-            """,
-            """
-            from torch import nn
-            import mgpu_runtime
-            model = mgpu_runtime.DataParallelModel(model)
-            logits = model(x)
-            loss = mgpu_runtime.DataParallelCriterion(nn.CrossEntropyLoss(weight=None, ignore_index=0))(logits, y)
-            """,
-            BALANCED,
-            ("MGP101", "MGP103"),
-        ),
-        Example(
-            """
-            import torch
-            model = torch.nn.DataParallel(model)
-            loss = torch.nn.functional.mse_loss(model(x)[0], y, reduction='sum')
-            """,
-            """
-            import torch
-            import mgpu_runtime
-            model = mgpu_runtime.DataParallelModel(model)
-            loss = mgpu_runtime.DataParallelCriterion(torch.nn.MSELoss(reduction='sum'))(model(x)[0], y)
-            """,
-            BALANCED,
-            ("MGP101", "MGP103"),
-        ),
-        Example(
-            """
-            import torch.nn.functional as F
-            from torch.nn import DataParallel
-            model = DataParallel(model)
-            out = model(x)
-            loss = F.nll_loss(F.log_softmax(out, dim=1), y)
-            """,
-            """
-            import torch.nn.functional as F
-            import mgpu_runtime
-            model = mgpu_runtime.DataParallelModel(model)
-            out = model(x)
-            loss = F.nll_loss(F.log_softmax(out, dim=1), y)
-            """,
-            BALANCED,
-            ("MGP101", "MGP212"),
-        ),
-        Example(
-            """
-            import torch.nn.functional as F
-            from torch.nn import DataParallel
-            model = DataParallel(model)
-            loss = F.mse_loss(model(x), y, weight=w)
-            """,
-            """
-            import torch.nn.functional as F
-            import mgpu_runtime
-            model = mgpu_runtime.DataParallelModel(model)
-            loss = F.mse_loss(model(x), y, weight=w)
-            """,
-            BALANCED,
-            ("MGP101", "MGP212"),
-        ),
         Example(
             """
             import torch.nn.functional as F
@@ -160,17 +89,31 @@ class FunctionalLoss(Rule):
             loss = F.cross_entropy(logits.view(-1, v), y.view(-1)) + F.mse_loss(logits, z)
             loss.backward()
             """,
+            None,
+            DDP,
+            ("MGP295",),
+            TORCH_OPTIONS,
+            message="no plain-PyTorch form for MGP103",
+            line=5,
+        ),
+        Example(
             """
             import torch.nn.functional as F
             from torch import nn
-            import mgpu_runtime
-            model = mgpu_runtime.DistributedDataParallel(model)
-            logits = model(x)
-            loss = mgpu_runtime.DistributedCriterion(nn.CrossEntropyLoss())(logits.view(-1, v), y.view(-1)) + F.mse_loss(logits, z)
+            model = nn.DataParallel(model)
+            loss = F.kl_div(model(x), target=y, reduction="sum")
+            loss.backward()
+            """,
+            """
+            import torch.nn.functional as F
+            import torch
+            model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[torch.cuda.current_device()] if torch.cuda.is_available() else None)
+            loss = F.kl_div(model(x), target=y, reduction="sum")
             loss.backward()
             """,
             DDP,
-            ("MGP101", "MGP103"),
+            ("MGP160", FUNCTIONAL_LOSS_KEPT),
+            TORCH_OPTIONS,
         ),
     )
 
@@ -178,30 +121,10 @@ class FunctionalLoss(Rule):
         if not self.analysis.models.sites:
             return
         for call in self.analysis.losses.calls:
-            if call.functional is None:
-                continue
-            if self.target == BALANCED:
-                self._for_balanced(call)
-            else:
-                self._for_ddp(call)
+            if call.functional is not None:
+                self._check(call)
 
-    def _for_balanced(self, loss: LossCall) -> None:
-        function = _function_name(loss)
-        if not loss.direct:
-            code = shorten(self.analysis.code_of(loss.prediction))
-            self.left(
-                loss.call,
-                FUNCTIONAL_LOSS_KEPT,
-                f"`{function}` gets `{code}`, computed from the model's outputs, so they are gathered first",
-            )
-            return
-        plan = _plan(loss.call, function, per_sample_weight_allowed=False)
-        if isinstance(plan, str):
-            self.left(loss.call, FUNCTIONAL_LOSS_KEPT, f"`{function}` not rewritten: {plan}; it is computed on the gathered output")
-            return
-        self._rewrite(loss, plan, "DataParallelCriterion", "beside each piece of the output")
-
-    def _for_ddp(self, loss: LossCall) -> None:
+    def _check(self, loss: LossCall) -> None:
         if not becomes_ddp(loss.direct | loss.transformed):
             return
         function = _function_name(loss)
@@ -211,7 +134,7 @@ class FunctionalLoss(Rule):
             return
         if reduction == "sum" and scaled_by_row_count(self.analysis, loss.call, cst.Divide):
             return  # `F.kl_div(..., reduction="sum") / x.size(0)`: a mean over the process's rows, exact as it is
-        plan = _plan(loss.call, function, per_sample_weight_allowed=True)
+        plan = _plan(loss.call, function)
         if isinstance(plan, str):
             self.left(
                 loss.call,
@@ -219,9 +142,11 @@ class FunctionalLoss(Rule):
                 f"`{function}` not rewritten: {plan}; its gradient over uneven shares of the batch is not exact",
             )
             return
-        self._rewrite(loss, plan, "DistributedCriterion", "exact over the global batch")
+        self._rewrite(loss, plan)
 
-    def _rewrite(self, loss: LossCall, plan, wrapper: str, how: str) -> None:
+    def _rewrite(self, loss: LossCall, plan) -> None:
+        """The runtime's form (which leaves the file under this style, MGP295): the loss's class, with the
+        call's options, in the criterion that sums its numerator and denominator over the processes."""
         if not self.rewrite_allowed(loss.call):
             return
         function = _function_name(loss)
@@ -239,27 +164,22 @@ class FunctionalLoss(Rule):
                 constructor_args[-1] = constructor_args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
             call_args = [args[index] for index in inputs]
             call_args[-1] = call_args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-            criterion = cst.Call(func=runtime_attr(wrapper), args=[cst.Arg(cst.Call(func=loss_class, args=constructor_args))])
+            criterion = cst.Call(func=runtime_attr("DistributedCriterion"), args=[cst.Arg(cst.Call(func=loss_class, args=constructor_args))])
             return updated.with_changes(func=criterion, args=call_args)
 
         self.edits.replace(loss.call, rewrite)
         self.edits.need_import(RUNTIME)
-        self.rewrote(loss.call, f"`{function}` computed by {RUNTIME}.{wrapper}({nn_spelling}.{class_name}(...)): {how}")
+        self.rewrote(loss.call, f"`{function}` needs {RUNTIME}: its numerator and denominator summed over the processes")
 
 
 def _function_name(loss: LossCall) -> str:
     return loss.functional[len(names.TORCH_FUNCTIONAL) + 1 :]
 
 
-def _plan(
-    call: cst.Call, function: str, per_sample_weight_allowed: bool
-) -> Union[str, tuple[list[int], list[tuple[int, Optional[str]]]]]:
+def _plan(call: cst.Call, function: str) -> Union[str, tuple[list[int], list[tuple[int, Optional[str]]]]]:
     """Which arguments are the loss's (input, target) and which become the class's options (with the
     keyword a positional option takes), or why the call cannot be rewritten."""
     parameters = LOSS_PARAMETERS[function]
-    per_sample_weight = (
-        not per_sample_weight_allowed and FUNCTIONAL_LOSSES[f"{names.TORCH_FUNCTIONAL}.{function}"] in PER_SAMPLE_WEIGHT
-    )
     inputs: list[int] = []
     options: list[tuple[int, Optional[str]]] = []
     positional_options = 0
@@ -280,8 +200,6 @@ def _plan(
                 return "its input or target is given by keyword"
         if keyword in FUNCTIONAL_ONLY.get(function, ()):
             return f"`{keyword}` has no counterpart on the loss's class"
-        if keyword == "weight" and per_sample_weight:
-            return "`weight` weighs each sample of the batch"
         options.append((index, rename))
     if len(inputs) < 2:
         return "its input or target is given by keyword"

@@ -1,29 +1,30 @@
-"""MGP140: a loss divided by a count of the batch's tokens or rows gets the count of the global batch (``--to ddp``)."""
+"""MGP140: under ``--style torch`` a loss divided by a count of the batch leaves the file for the runtime."""
 
 from __future__ import annotations
 
 
 import libcst as cst
 
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, TORCH_STYLE, Example, Rule
 from mgpu_migrate.rules.counting import GLOBAL_COUNT, is_count
 from mgpu_migrate.rules.syntax import RUNTIME, wrap_in_runtime
+from mgpu_migrate.rules.torch_style import TORCH_OPTIONS
 
 
 
 class GlobalCount(Rule):
     """
     ## What it does
-    Where a loss on the model's outputs is divided by a count computed from the batch
-    (``criterion(out, tgt) / ntokens`` after ``ntokens = tgt.ne(PAD).sum()``, as fairseq and OpenNMT
-    normalise a summed token loss), the count is summed over the processes:
-    ``ntokens = mgpu_runtime.reduce_sum(tgt.ne(PAD).sum())``, at its assignment or inline.
+    Under ``--to ddp --style torch``, finds a loss on the model's outputs divided by a count computed from the
+    batch (``criterion(out, tgt) / ntokens`` after ``ntokens = tgt.ne(PAD).sum()``, as fairseq and OpenNMT
+    normalise a summed token loss). Its exact form divides by the count of the global batch, which only the
+    runtime gives (``mgpu_runtime.reduce_sum`` of the count), so the file is left as it is (MGP295). The default
+    style needs nothing here: the runtime's batches are the global batch's, and so is every count of them.
 
     ## Why is this bad?
-    Under DDP each process holds its span of the batch, so a count computed from the batch is the
-    process's own. The runtime makes the loss the global batch's (a sum summed over processes), and a
-    global sum divided by a local count is about W times too large, with a gradient to match. With the count
-    of the global batch, the quotient and its gradient are the original's.
+    Under plain DDP each process holds its share of the batch, so a count computed from it is the process's
+    own, and each process's quotient weighs its rows by its own count: another loss than the original's
+    whenever the shares hold different numbers of tokens.
 
     ## Example
     ```python
@@ -32,21 +33,18 @@ class GlobalCount(Rule):
     ```
 
     ## Use instead
-    ```python
-    ntokens = mgpu_runtime.reduce_sum(target.ne(PAD).sum())
-    loss = criterion(output, target) / ntokens
-    ```
+    The default style (``--to ddp``), which leaves both lines as they are.
 
     ## Fix safety
-    Safe: in a world of one ``reduce_sum`` returns its input. Every other use of the count (logging,
-    throughput) then sees the global batch's count, which is what the original counted.
+    Nothing is written: the file is left as it is.
     """
 
     CODE = GLOBAL_COUNT
     PHASE = PROGRAM
     USES = ("losses",)
-    DESCRIPTION = "a count that divides a loss is summed over the processes"
+    DESCRIPTION = "--style torch: a count of the batch that divides a loss is each process's own; file left for the runtime"
     TARGETS = (DDP,)
+    STYLES = (TORCH_STYLE,)
     EXAMPLES = (
         Example(
             """
@@ -58,18 +56,12 @@ class GlobalCount(Rule):
                 ntokens = y.ne(0).sum()
                 loss = criterion(model(x), y) / ntokens
             """,
-            """
-            import torch.nn as nn
-            import mgpu_runtime
-
-            model = mgpu_runtime.DistributedDataParallel(model)
-            criterion = mgpu_runtime.DistributedCriterion(nn.CrossEntropyLoss(reduction='sum'))
-            for x, y in loader:
-                ntokens = mgpu_runtime.reduce_sum(y.ne(0).sum())
-                loss = criterion(model(x), y) / ntokens
-            """,
+            None,
             DDP,
-            ("MGP101", "MGP102", "MGP140"),
+            ("MGP295",),
+            TORCH_OPTIONS,
+            message="no plain-PyTorch form for MGP140",
+            line=6,
         ),
     )
 
@@ -93,8 +85,8 @@ class GlobalCount(Rule):
             self.edits.need_import(RUNTIME)
             self.rewrote(
                 count,
-                f"`{self.analysis.code_of(count)}` divides a loss: summed over the processes "
-                "(mgpu_runtime.reduce_sum), the count of the global batch",
+                f"`{self.analysis.code_of(count)}` divides a loss: the count of the global batch needs "
+                "mgpu_runtime.reduce_sum",
             )
 
     def _count(self, divisor: cst.BaseExpression, division: cst.CSTNode) -> cst.BaseExpression | None:

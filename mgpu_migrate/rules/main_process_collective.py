@@ -85,7 +85,7 @@ class MainProcessCollective(Rule):
     ## Use instead
     ```python
     results = evaluate(args, model.module, tokenizer)   # the bare model: no collectives
-    # or evaluate on every process, then reduce the metrics with mgpu_runtime.reduce_sum
+    # or evaluate on every process: its metrics are the global batch's
     ```
 
     ## Fix safety
@@ -172,7 +172,7 @@ class MainProcessCollective(Rule):
     def apply(self) -> None:
         if not self.program.wraps:
             return
-        # A loss on the outputs in a training loop: the runtime's loss watch makes it a collective (losses.py).
+        # A loss on the outputs in a training loop: a reduction of the runtime's global values, a collective.
         loss_calls = {loss.call for loss in self.analysis.losses.calls}
         loops = set(self.analysis.loaders.training_loops)
         for block in main_process_blocks(self.analysis):

@@ -1,25 +1,29 @@
-"""MGP265: a permutation of the batch's rows (mixup, cutmix) keeps the file off DDP (``--to ddp``)."""
+"""MGP265: under ``--style torch`` a permutation of the batch's rows (mixup, cutmix) keeps the file off DDP."""
 
 from __future__ import annotations
 
 import libcst as cst
 
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, TORCH_STYLE, Example, Review, Rule
+from mgpu_migrate.rules.torch_style import TORCH_OPTIONS
 from mgpu_migrate.analysis.batch import rows_of_a_tensor
 
 # The file is left as it is when this is reported (rules.settle).
 MIXED_ROWS = Review(
     "MGP265",
     name="mixed-rows",
-    summary="the rows of a batch are permuted and mixed: under DDP only within each process",
+    summary="--style torch: the rows of a batch are permuted and mixed: under plain DDP only within each process",
     why=(
         "The training loop permutes the rows of the batch (mixup, CutMix: `index = torch.randperm(x.size(0))`, "
-        "then `lam * x + (1 - lam) * x[index]`). Under DDP each process holds only its rows, so it would mix "
-        "only those: another augmentation and another loss, which no split of the data can make the original's "
-        "without moving rows between processes. The file is left as it is."
+        "then `lam * x + (1 - lam) * x[index]`). Under `--style torch` each process holds only its rows, so it "
+        "would mix only those: another augmentation and another loss, which no split of the data can make the "
+        "original's without moving rows between processes. The file is left as it is."
     ),
-    todo="Use `--to balanced`, which keeps the whole batch in one process and is exact for it.",
+    todo=(
+        "Use the default style (`--to ddp`), whose runtime mixes the rows of the global batch as the original "
+        "did, or `--to balanced`."
+    ),
     veto=True,
 )
 
@@ -27,16 +31,17 @@ MIXED_ROWS = Review(
 class MixedRows(Rule):
     """
     ## What it does
-    Reports a random permutation of the batch's rows (``torch.randperm(x.size(0))``, also through a name
-    assigned the batch's size, as mixup, cutmix and manifold-mixup helpers draw it; not
-    ``torch.randperm(len(dataset))``, a shuffle of the data). The file is then left
-    as it is.
+    Under ``--to ddp --style torch``, reports a random permutation of the batch's rows
+    (``torch.randperm(x.size(0))``, also through a name assigned the batch's size, as mixup, cutmix and
+    manifold-mixup helpers draw it; not ``torch.randperm(len(dataset))``, a shuffle of the data). The file is
+    then left as it is. The default style migrates it: every process draws the same permutation of the
+    global batch (the runtime keeps the generators in step) and mixes the global batch's rows, as the
+    original did.
 
     ## Why is this bad?
-    The permutation pairs each row with another row of the whole batch. Under DDP each process holds its own
-    rows, so it can only pair them with each other: other pairs, another mixed batch, another loss than the
-    original's, and no weighting of the gradients can restore it. ``--to balanced`` keeps one process, mixes
-    the whole batch as before, and is exact.
+    The permutation pairs each row with another row of the whole batch. Under plain DDP each process holds its
+    own rows, so it can only pair them with each other: other pairs, another mixed batch, another loss than
+    the original's, and no scaling of the gradients can restore it.
 
     ## Example
     ```python
@@ -45,8 +50,8 @@ class MixedRows(Rule):
     ```
 
     ## Use instead
-    Migrate the file with ``--to balanced``, or gather the batch from every process before mixing it
-    (``torch.distributed.nn.all_gather``), then migrate it by hand.
+    Migrate the file with the default style (``--to ddp``), or gather the batch from every process before
+    mixing it (``torch.distributed.nn.all_gather``), then migrate it by hand.
 
     ## Fix safety
     Nothing is rewritten, in the whole file: ``--to ddp`` migrates a file entirely or not at all.
@@ -56,8 +61,9 @@ class MixedRows(Rule):
     PHASE = PROGRAM
     USES = ("values",)
     REVIEW_CODES = (MIXED_ROWS,)
-    DESCRIPTION = "a permutation of the batch's rows (mixup) keeps the file off DDP"
+    DESCRIPTION = "--style torch: a permutation of the batch's rows (mixup) keeps the file off DDP"
     TARGETS = (DDP,)
+    STYLES = (TORCH_STYLE,)
     EXAMPLES = (
         Example(
             """
@@ -74,6 +80,7 @@ class MixedRows(Rule):
             None,
             DDP,
             ("MGP265",),
+            TORCH_OPTIONS,
         ),
     )
 
@@ -92,8 +99,8 @@ class MixedRows(Rule):
             self.left(
                 call,
                 MIXED_ROWS,
-                f"`{shorten(code)}` permutes the rows of the batch: under DDP each process would mix only its own; "
-                "file left as it is",
+                f"`{shorten(code)}` permutes the rows of the batch: under plain DDP each process would mix only its "
+                "own; file left as it is",
             )
 
 

@@ -6,22 +6,29 @@ import libcst as cst
 
 from mgpu_migrate.analysis.tree import contains, item_target
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, TORCH_STYLE, Example, Review, Rule
+from mgpu_migrate.rules.torch_style import TORCH_OPTIONS
 
 PER_RANK_STEP = Review(
     "MGP282",
     name="per-process-step",
-    summary="each process would decide alone, from its own rows, whether to take a training step",
+    summary=(
+        "each process would decide alone whether to take a training step (an error it catches; --style torch: "
+        "its own rows)"
+    ),
     why=(
-        "A statement before `backward` decides from the batch whether to take the training step (`if "
-        "loss == 0: continue`, `if labels.numel() == 0: continue`, a `try: ... except: continue` around the "
-        "step). Under DDP each process would decide alone from its own rows: one process skips while another "
-        "reduces its gradients, the reductions of different steps pair up, and training drifts without an "
-        "error. The file is left as it is."
+        "A `try: ... except ...: continue` around the training step skips it on the process where the error is "
+        "raised, and only there (running out of memory is one process's error): the others go on into the step's "
+        "collectives, so the reductions of different steps pair up, or the run hangs. Under `--style torch` the "
+        "same holds for a statement before `backward` that decides from the batch whether to take the step (`if "
+        "loss == 0: continue`, `if labels.numel() == 0: continue`): each process would decide from its own rows. "
+        "(The default style migrates such an `if`: its runtime's batches, outputs and losses are the global "
+        "batch's, so every process decides alike, as the original did.) The file is left as it is."
     ),
     todo=(
-        "Make the decision the same on every process (from the whole batch, or agreed across processes), or "
-        "remove it; then run the tool again. `--to balanced` keeps one process and is exact."
+        "Make the decision the same on every process (`skip = mgpu_runtime.reduce_sum(torch.tensor(float(failed))) > "
+        "0`, skipping when any process failed), or remove it; then run the tool again. `--to balanced` keeps one "
+        "process and is exact."
     ),
     veto=True,
 )
@@ -34,29 +41,32 @@ _LEAVES = (cst.Continue, cst.Break, cst.Return)
 class PerRankSteps(Rule):
     """
     ## What it does
-    Reports a decision inside a training loop, before its backward pass, that each process would take from
-    its own share of the batch: ``if labels.numel() == 0: continue``, ``if bool(loss == 0): continue``,
-    ``if torch.isnan(loss.item()): break``, a backward pass under such an ``if``, or a step inside
-    ``try: ... except ...: continue``. The file is then left as it is.
+    Reports a training step inside ``try: ... except ...: continue`` (or ``pass``), which each process would
+    skip alone, where its own error is raised. Under ``--style torch`` it also reports a decision inside a
+    training loop, before its backward pass, that each process would take from its own share of the batch:
+    ``if labels.numel() == 0: continue``, ``if bool(loss == 0): continue``,
+    ``if torch.isnan(loss.item()): break``, a backward pass under such an ``if``. The file is then left as it
+    is. The default style migrates such an ``if``: the values it reads are the global batch's on every process.
 
     ## Why is this bad?
-    DataParallel took the decision once, for the whole batch. Under DDP each process decides on its own rows:
-    one skips while the others run their backward pass, so the gradient reductions of different steps pair
-    up. Training drifts without an error (or hangs at the end), and no rewrite of the ``if`` alone can say
-    what the original meant for a batch some processes would skip and others not.
+    DataParallel took the decision once, in its one process. Under DDP a process that skips while the others
+    run their backward pass pairs the gradient reductions of different steps: training drifts without an
+    error (or hangs at the end), and no rewrite of the ``try`` alone can say what the original meant for a
+    step that failed on one device.
 
     ## Example
     ```python
     for images, labels in loader:
-        if labels.numel() == 0:
+        try:
+            loss = criterion(model(images), labels)
+            loss.backward()
+        except RuntimeError:   # out of memory
             continue
-        loss = criterion(model(images), labels)
-        loss.backward()
     ```
 
     ## Use instead
-    Make the decision the same on every process (``skip = mgpu_runtime.reduce_sum(torch.tensor(float(cond)))
-    > 0``, skipping when any process would), then migrate the file.
+    Make the decision the same on every process (``skip = mgpu_runtime.reduce_sum(torch.tensor(float(failed)))
+    > 0``, skipping when any process failed), then migrate the file.
 
     ## Fix safety
     Nothing is rewritten, in the whole file: ``--to ddp`` migrates a file entirely or not at all.
@@ -66,9 +76,52 @@ class PerRankSteps(Rule):
     PHASE = PROGRAM
     USES = ("loaders", "models", "values")
     REVIEW_CODES = (PER_RANK_STEP,)
-    DESCRIPTION = "per-process decisions before the backward pass keep the file off DDP"
+    DESCRIPTION = "per-process decisions to skip a training step keep the file off DDP"
     TARGETS = (DDP,)
     EXAMPLES = (
+        Example(
+            """
+            import torch.nn as nn
+
+            model = nn.DataParallel(model)
+            for x, y in loader:
+                try:
+                    loss = model(x).sum()
+                    loss.backward()
+                except RuntimeError:
+                    continue
+            """,
+            None,
+            DDP,
+            (PER_RANK_STEP,),
+            message="skips the step on the process where it fails",
+            line=5,
+        ),
+        Example(
+            """
+            import torch.nn as nn
+
+            model = nn.DataParallel(model)
+            for x, y in loader:
+                if y.numel() == 0:
+                    continue
+                loss = model(x).sum()
+                loss.backward()
+            """,
+            """
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            for x, y in loader:
+                if y.numel() == 0:
+                    continue
+                loss = model(x).sum()
+                loss.backward()
+            """,
+            DDP,
+            ("MGP101",),
+            name="a-decision-from-the-global-batch-is-every-processs",
+        ),
         Example(
             """
             import torch.nn as nn
@@ -83,6 +136,9 @@ class PerRankSteps(Rule):
             None,
             DDP,
             (PER_RANK_STEP,),
+            TORCH_OPTIONS,
+            message="decides from this process's own rows whether to skip the step",
+            line=5,
         ),
         Example(
             """
@@ -148,6 +204,8 @@ class PerRankSteps(Rule):
         for node in path:
             if type(node) is cst.Try and any(_leaves_or_passes(handler.body) for handler in node.handlers):
                 return node, "skips the step on the process where it fails, and only there"
+        if self.options.style != TORCH_STYLE:
+            return None  # the runtime's values are the global batch's: every process takes the same branch
         for before in loop.body.body:
             if before is statement or before in path:
                 for node in path:

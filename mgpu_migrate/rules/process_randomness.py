@@ -1,21 +1,20 @@
-"""MGP260: random numbers drawn per row in a split training loop that the runtime cannot slice (``--to ddp``)."""
+"""MGP260: under ``--style torch`` random numbers drawn per row in a split training loop keep the file off DDP."""
 
 from __future__ import annotations
 
 import libcst as cst
 
-from mgpu_migrate.analysis.batch import rows_of_a_tensor, split_training_loops
+from mgpu_migrate.analysis.batch import split_training_loops
 from mgpu_migrate.analysis.draws import names_a_size
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, TORCH_STYLE, Example, Review, Rule
+from mgpu_migrate.rules.torch_style import TORCH_OPTIONS
 
 # Draws from torch's global generator whose size is given as an argument (reported when it is the batch's).
 _SIZED_DRAWS = frozenset(f"torch.{name}" for name in ("randn", "rand", "randint", "normal", "empty"))
 # Draws shaped like a tensor of the batch.
 _LIKE_DRAWS = frozenset(f"torch.{name}" for name in ("randn_like", "rand_like", "randint_like", "bernoulli", "poisson"))
-# Draws the runtime makes for the global batch and slices per process when sized by the batch's rows.
-_SLICED_BY_RUNTIME = frozenset({"torch.randn", "torch.rand", "torch.randn_like", "torch.rand_like", "torch.randint"})
 # In-place fills of a tensor (``z.normal_()``), by method name.
 _FILLS = frozenset({"normal_", "uniform_", "bernoulli_", "exponential_", "geometric_", "cauchy_", "log_normal_", "random_"})
 
@@ -24,20 +23,16 @@ _FILLS = frozenset({"normal_", "uniform_", "bernoulli_", "exponential_", "geomet
 PER_ROW_RANDOMNESS = Review(
     "MGP260",
     name="per-row-randomness",
-    summary=(
-        "random numbers drawn per row in a split training loop, not sliced by the runtime: processes draw the same ones"
-    ),
+    summary="--style torch: random numbers drawn per row in a split training loop: processes draw the same ones",
     why=(
-        "The training loop draws random numbers for each row of the batch in a way the runtime does not draw "
-        "for the global batch (an in-place `normal_()` fill, `torch.bernoulli`, a size that is the batch's but "
-        "not its rows first). The runtime keeps every process's torch generator where the original's was, "
-        "seeded or not, so every process would draw the first rows' numbers for its own rows. The file is left "
-        "as it is."
+        "The training loop draws random numbers for each row of the batch (`torch.randn(x.size(0), nz)`, "
+        "`randn_like(x)`, an in-place `normal_()` fill, `torch.bernoulli`). Under `--style torch` every process "
+        "seeds its torch generator as the original did, so each would draw the first rows' numbers for its own "
+        "rows. The file is left as it is."
     ),
     todo=(
-        "Draw with `torch.randn`/`rand(x.size(0), ...)`, `randn_like`/`rand_like(x)` or "
-        "`torch.randint(low, high, (x.size(0), ...))`, which the runtime draws for the global batch and slices, "
-        "then migrate; or use `--to balanced`."
+        "Use the default style (`--to ddp`), whose loop draws for the global batch on every process, as the "
+        "original did, or `--to balanced`."
     ),
     veto=True,
 )
@@ -46,34 +41,28 @@ PER_ROW_RANDOMNESS = Review(
 class ProcessRandomness(Rule):
     """
     ## What it does
-    Reports random numbers drawn for each row of the batch inside a training loop whose data is split
-    across processes that the runtime does not draw for the global batch: in-place fills of a tensor with the
-    batch's rows (``torch.empty(b, nz).normal_()``), ``torch.bernoulli``/``randint_like``/``poisson`` of one,
-    draws sized by the batch that do not start with its rows (``torch.randn(args.batch_size, nz)``,
-    ``torch.normal(0, 1, (b, nz))``). The file is then left as it is.
+    Under ``--to ddp --style torch``, reports random numbers drawn for each row of the batch inside a training
+    loop whose data is split across processes: draws sized by the batch (``torch.randn(real.size(0), nz)``,
+    ``torch.randn(args.batch_size, nz)``, ``torch.normal(0, 1, (b, nz))``), draws shaped like a tensor of it
+    (``randn_like``, ``torch.bernoulli``, ``poisson``), in-place fills of a tensor with the batch's rows
+    (``torch.empty(b, nz).normal_()``). The file is then left as it is. The default style migrates such a
+    file: its runtime keeps every process's generators in step and the loop draws for the global batch, which
+    the wrapped model then takes in chunks, as DataParallel did.
 
     ## Why is this bad?
-    The runtime keeps every process's torch generator where the original process's was (the loader hands
-    rank 0's state to the others), seeded or not. A process that draws for its own rows then gets the numbers
-    the original drew for the first rows, as every other process does: a GAN trained on 8 GPUs would see 8
-    copies of one share's latent vectors each step, where the original drew one vector per row. Seeding each
-    process differently does not help: the next batch brings rank 0's state again. Not reported:
-    ``torch.randn``/``rand`` sized by a tensor's rows (``real.size(0)``, ``len(x)``, a name assigned only
-    those), ``randint`` whose size starts so (``torch.randint(0, n, (x.shape[0],))``) and
-    ``randn_like``/``rand_like``, which the runtime draws for the global batch and slices per process,
-    exactly as the original drew them.
+    Every process seeds its generator as the original process did, so a process that draws for its own rows
+    gets the numbers the original drew for the first rows, as every other process does: a GAN trained on 8
+    GPUs would see 8 copies of one share's latent vectors each step, where the original drew one vector per
+    row. Seeding each process differently makes the draws different, not the original's.
 
     ## Example
     ```python
     for real, _ in loader:
-        noise = torch.empty(real.size(0), nz).normal_()
+        noise = torch.randn(real.size(0), nz)
     ```
 
     ## Use instead
-    ```python
-    for real, _ in loader:
-        noise = torch.randn(real.size(0), nz)   # drawn for the global batch, this process's rows kept
-    ```
+    The default style (``--to ddp``), which leaves the draw as it is.
 
     ## Fix safety
     Nothing is rewritten, in the whole file: ``--to ddp`` migrates a file entirely or not at all.
@@ -83,8 +72,9 @@ class ProcessRandomness(Rule):
     PHASE = PROGRAM
     USES = ("values",)
     REVIEW_CODES = (PER_ROW_RANDOMNESS,)
-    DESCRIPTION = "per-row random draws the runtime cannot slice keep the file off DDP"
+    DESCRIPTION = "--style torch: per-row random draws keep the file off DDP"
     TARGETS = (DDP,)
+    STYLES = (TORCH_STYLE,)
     EXAMPLES = (
         Example(
             """
@@ -101,6 +91,7 @@ class ProcessRandomness(Rule):
             None,
             DDP,
             ("MGP260",),
+            TORCH_OPTIONS,
         ),
     )
 
@@ -114,15 +105,13 @@ class ProcessRandomness(Rule):
                     self.left(
                         call,
                         PER_ROW_RANDOMNESS,
-                        f"`{shorten(code)}` draws per row, which the runtime does not slice: every process would draw "
-                        "the first rows' numbers; file left as it is",
+                        f"`{shorten(code)}` draws per row: under plain DDP every process would draw the first rows' "
+                        "numbers; file left as it is",
                     )
                     return
 
     def _draws_per_row(self, call: cst.Call) -> bool:
         qualified = self.analysis.resolve(call.func)
-        if qualified in _SLICED_BY_RUNTIME and self._sized_by_the_loops_rows(qualified, call):
-            return False
         if qualified in _LIKE_DRAWS:
             return True
         if qualified in _SIZED_DRAWS:
@@ -134,23 +123,6 @@ class ProcessRandomness(Rule):
             and self._filled_per_row(call.func.value, call)
         )
 
-    def _sized_by_the_loops_rows(self, qualified: str, call: cst.Call) -> bool:
-        """A draw the runtime makes for the global batch and slices (mgpu_runtime/randomness.py): shaped like a
-        tensor, or sized by a tensor's rows (``x.size(0)``, ``len(x)``, a name assigned only such values)."""
-        if qualified.endswith("_like"):
-            return True
-        if qualified == "torch.randint":
-            first = _randint_rows(call)
-        else:
-            first = call.args[0].value if call.args and call.args[0].keyword is None else None
-        if first is None:
-            return False
-        if rows_of_a_tensor(first):
-            return True
-        values = self.analysis.values
-        assigned = values.of(first, values.scope_of(call)) if type(first) is cst.Name else []
-        return bool(assigned) and all(rows_of_a_tensor(value) for value in assigned)
-
     def _filled_per_row(self, tensor: cst.BaseExpression, fill: cst.Call) -> bool:
         # `torch.empty(b, nz).normal_()`, `z.normal_()` where z was made with the batch's size.
         if type(tensor) is cst.Call:
@@ -160,16 +132,6 @@ class ProcessRandomness(Rule):
             type(value) is cst.Call and any(mentions_batch_size(arg.value) for arg in value.args)
             for value in values.of(tensor, values.scope_of(fill))
         )
-
-
-def _randint_rows(call: cst.Call) -> cst.BaseExpression | None:
-    """The first extent of ``torch.randint([low,] high, (rows, ...))``'s size (also ``size=``)."""
-    sizes = [arg.value for arg in call.args if arg.keyword is not None and arg.keyword.value == "size"]
-    positional = [arg.value for arg in call.args if arg.keyword is None]
-    size = sizes[0] if sizes else (positional[-1] if len(positional) in (2, 3) else None)
-    if type(size) in (cst.Tuple, cst.List) and size.elements:
-        return size.elements[0].value
-    return None
 
 
 def mentions_batch_size(expr: cst.BaseExpression) -> bool:

@@ -1,4 +1,4 @@
-"""MGP287: a loss class of the project that no per-process mean reproduces keeps the file off DDP."""
+"""MGP287: under ``--style torch`` a loss class of the project that no per-process mean reproduces keeps the file off DDP."""
 
 from __future__ import annotations
 
@@ -6,18 +6,22 @@ import libcst as cst
 
 from mgpu_migrate.analysis.models import MODULE_METHODS_RETURNING_SELF
 from mgpu_migrate.analysis.project import project_of
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, TORCH_STYLE, Example, Review, Rule
+from mgpu_migrate.rules.torch_style import TORCH_OPTIONS
 
 UNEVEN_LOSS = Review(
     "MGP287",
     name="uneven-project-loss",
-    summary="a loss class of the project that a mean over each process's rows cannot reproduce",
+    summary="--style torch: a loss class of the project that a mean over each process's rows cannot reproduce",
     why=(
         "A loss class of the project ranks the rows of the batch (`topk`, `sort`: OHEM) or averages over a "
-        "count that varies with them (`masked_select`, `ignore_index`). Under DDP each process's loss over its "
-        "own rows, averaged, is another loss than the original's. The file is left as it is."
+        "count that varies with them (`masked_select`, `ignore_index`). Under `--style torch` each process's loss "
+        "over its own rows, averaged by DDP, is another loss than the original's. The file is left as it is."
     ),
-    todo="Use `--to balanced`, which keeps the whole batch in one process and is exact for such losses.",
+    todo=(
+        "Use the default style (`--to ddp`), whose runtime computes the loss over the global batch, exactly as "
+        "before, or `--to balanced`."
+    ),
     veto=True,
 )
 
@@ -25,19 +29,20 @@ UNEVEN_LOSS = Review(
 class ProjectLosses(Rule):
     """
     ## What it does
-    Reads the class of each criterion that is not one of torch's losses when the project defines it in
+    Under ``--to ddp --style torch``, reads the class of each criterion that is not one of torch's losses when
+    the project defines it in
     another module (``from utils.loss import MixSoftmaxCrossEntropyOHEMLoss``, ``from model import
     FastSpeech2Loss``). When its code ranks or compares the rows of the batch (``topk``, ``sort``, ``cdist``:
     OHEM, hard mining) or averages over a number of elements that varies with the data (``masked_select``,
     ``ignore_index``, ``nonzero``), the file is left as it is, and the diagnostic names that line.
 
     ## Why is this bad?
-    Under DDP each process computes the loss on its own rows and the gradients are averaged with equal
+    Under plain DDP each process computes the loss on its own rows and the gradients are averaged with equal
     weights. That is the original's loss only for a mean over rows with equal shares. OHEM would keep the
     hardest pixels of each process instead of the batch's; a mean over the valid frames or pixels of each
     process, averaged, weighs a process with few of them as much as one with many. Training changes
-    without an error. The runtime's ``DistributedCriterion`` makes torch's losses exact; it cannot know
-    what a class of the project divides by.
+    without an error. The default style migrates such a file: its runtime's outputs are the global batch's,
+    so the loss class sees the whole batch, as it did in the original.
 
     ## Example
     ```python
@@ -46,8 +51,8 @@ class ProjectLosses(Rule):
     ```
 
     ## Use instead
-    ``--to balanced`` (one process: the loss sees the whole batch), or rewrite the loss to return a sum and
-    a count that the processes add up, then migrate by hand.
+    The default style (``--to ddp``), or rewrite the loss to return a sum and a count that the processes add
+    up, then migrate by hand.
 
     ## Fix safety
     Nothing is rewritten, in the whole file: ``--to ddp`` migrates a file entirely or not at all.
@@ -57,8 +62,9 @@ class ProjectLosses(Rule):
     PHASE = PROGRAM
     USES = ("losses", "models", "values")
     REVIEW_CODES = (UNEVEN_LOSS,)
-    DESCRIPTION = "the project's loss classes that rank rows or average over masks keep the file off DDP"
+    DESCRIPTION = "--style torch: the project's loss classes that rank rows or average over masks keep the file off DDP"
     TARGETS = (DDP,)
+    STYLES = (TORCH_STYLE,)
     EXAMPLES = (
         Example(
             """
@@ -71,15 +77,16 @@ class ProjectLosses(Rule):
             """,
             """
             import torch.nn as nn
-            import mgpu_runtime
+            import torch
 
-            model = mgpu_runtime.DistributedDataParallel(model)
+            model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[torch.cuda.current_device()] if torch.cuda.is_available() else None)
             criterion = nn.MSELoss()
             for x, y in loader:
                 criterion(model(x), y).backward()
             """,
             DDP,
-            ("MGP101",),
+            ("MGP160",),
+            TORCH_OPTIONS,
         ),
     )
 

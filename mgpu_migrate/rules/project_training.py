@@ -138,7 +138,7 @@ class ProjectTraining(Rule):
                 model(x).sum().backward()
             """,
             DDP,
-            ("MGP101", "MGP120", "MGP236"),
+            ("MGP101", "MGP120", "MGP235"),
         ),
     )
 

@@ -26,8 +26,9 @@ FILE_WRITTEN_BY_EVERY_PROCESS = Review(
         "duplicated, or it comes out garbled."
     ),
     todo=(
-        "Unless each process writes a file of its own, do it under `if mgpu_runtime.is_main_process():`, "
-        "writing values reduced over the processes (e.g. `mgpu_runtime.reduce_mean(loss.detach())`)."
+        "Unless each process writes a file of its own, do it under `if mgpu_runtime.is_main_process():`, writing "
+        "values computed before the block, on every process (the runtime's losses and metrics are the global "
+        "batch's; computed inside the block, a reduction of the batch would wait for processes that never come)."
     ),
 )
 
@@ -58,8 +59,8 @@ class SharedFiles(Rule):
     ```
 
     ## Fix safety
-    Nothing is rewritten: a value written may be the process's own (a loss over its rows) rather than the
-    whole batch's, which ``mgpu_runtime.reduce_mean`` gives; and code in the block may need every process.
+    Nothing is rewritten: code in the block may need every process (a value written may be computed there
+    from the batch, and a reduction of the runtime's global values is a collective).
     """
 
     CODE = FILE_WRITTEN_BY_EVERY_PROCESS

@@ -46,8 +46,8 @@ EVALUATION_LOADER_WHOLE = Review(
         "original's, without a speed-up."
     ),
     todo=(
-        "To split it, pass it through `mgpu_runtime.distribute_loader(...)` and reduce the metrics over the "
-        "processes with `mgpu_runtime.reduce_sum`."
+        "To split it, pass it through `mgpu_runtime.distribute_loader(...)`: the metrics the loop computes from its "
+        "batches and outputs are still the whole batch's, as for training data."
     ),
 )
 TRAINING_DATA_NOT_FOLLOWED = Review(
@@ -56,21 +56,25 @@ TRAINING_DATA_NOT_FOLLOWED = Review(
     summary="training data the tool cannot follow to a DataLoader, or cannot tell is trained on: not split",
     why=(
         "The tool cannot follow this training loop's data to a DataLoader, or cannot tell whether the loop "
-        "trains, so the data is not split. Each process then trains on whole batches: the original's training "
-        "only if every process draws the same ones (seeded alike, or not shuffled); the runtime stops the "
-        "first step when they differ."
+        "trains, so the data is not split: every process loads each whole batch. With the runtime the wrapped "
+        "model still runs each process's chunk of it, as DataParallel ran each GPU's, so the training is the "
+        "original's as long as every process draws the same batches (the runtime keeps their generators in step, "
+        "and stops the first step when the batches differ); only the loading is repeated on every process. "
+        "Under `--style torch` every process trains on the whole batch, which DDP's average makes the original's "
+        "only for a mean loss over batches drawn alike."
     ),
-    todo="Pass the loader through `mgpu_runtime.distribute_loader(...)` where it is built.",
+    todo="Pass the loader through `mgpu_runtime.distribute_loader(...)` where it is built, to load each batch once.",
 )
 SUMMED_LOSS = Review(
     "MGP236",
     name="summed-loss",
-    summary="a loss summed by hand: the runtime cannot weight it, so that loop's data is not split",
+    summary="--style torch: a loss summed by hand, which DDP's gradient average cannot weight: that loop's data is not split",
     why=(
-        "The loss is summed by hand, which the runtime cannot weight by each process's share of the batch, so "
-        "this loop's data is not split (each process trains on whole batches, as for MGP235)."
+        "Under `--style torch` DDP averages the processes' gradients, which is the original's gradient only for a "
+        "mean over rows with equal shares. The loss is summed by hand, so this loop's data is not split (each "
+        "process trains on whole batches, as for MGP235)."
     ),
-    todo="Use a mean, or a criterion wrapped in `mgpu_runtime.DistributedCriterion`, then distribute the loader.",
+    todo="Use a mean and migrate again, or use the default style, whose runtime computes the sum over the global batch.",
     accounts_for_data=True,
 )
 CUSTOM_SAMPLER = Review(
@@ -103,10 +107,11 @@ class TrainingData(Rule):
     left whole.
 
     ## Why is this bad?
-    Under DDP each process must train on its own part of every batch, or every process computes the same
-    gradient and the run is no faster. ``distribute_loader`` gives each process its slice of each of the
-    original's global batches, in the original order and with the original sampler's randomness, and the
-    runtime weights the gradients by each slice's share, so the run trains on exactly the original batches.
+    Under DDP each process should load only its part of every batch, or every process loads the whole batch
+    for the one chunk its model runs. ``distribute_loader`` gives each process its slice of each of the
+    original's global batches, in the original order and with the original sampler's randomness, while the
+    loop sees the global batch (its ``len``, ``shape`` and every value computed from it are the original's), so
+    the run trains on exactly the original batches.
 
     ## Example
     ```python
@@ -122,24 +127,22 @@ class TrainingData(Rule):
     ```
 
     ## Fix safety
-    Safe for losses that are a mean over the batch (also computed inside the model), and for criteria the
-    runtime sees through ``DistributedCriterion``. A loss summed by hand (``.sum()``, ``reduction="sum"`` in
-    a functional loss) would be counted with the wrong weight, so that loop's data is left whole (MGP236).
-    Data the analysis cannot follow to a ``DataLoader`` is left whole too (MGP235), and so is data that
+    Safe whatever the loss (a mean, a sum, a loss computed inside the model): the loop's values are the global
+    batch's. Data the analysis cannot follow to a ``DataLoader`` is left whole (MGP235), and so is data that
     reaches a loop training only for some callers (``if train: loss.backward()``) through a call whose
-    ``train`` the tool cannot read. Data left whole gives every process whole batches: that is the
-    original's training only when every process draws the same batches (a loader seeded alike in every
-    process, or not shuffled), and the runtime stops the first optimizer step when they differ. Loops that
-    only count (``for epoch in range(epochs)``) are not data loops. An evaluation loader is left whole
-    (MGP234): every process evaluates all of it, so metrics are the original's. A custom sampler (MGP237)
-    or an iterable dataset (MGP238) is distributed, with a note on what to check.
+    ``train`` the tool cannot read. Data left whole gives every process whole batches, of which the wrapped
+    model runs each process's chunk: still the original's training when every process draws the same batches
+    (the runtime keeps their generators in step and stops the first optimizer step when the batches differ),
+    only the loading is repeated. Loops that only count (``for epoch in range(epochs)``) are not data loops. An
+    evaluation loader is left whole (MGP234): every process evaluates all of it, so metrics are the original's.
+    A custom sampler (MGP237) or an iterable dataset (MGP238) is distributed, with a note on what to check.
     """
 
     CODE = Rewrite("MGP122", accounts_for_data=True)
     PHASE = PROGRAM
-    USES: tuple[str, ...] = ("flow", "loaders", "values")
+    USES: tuple[str, ...] = ("loaders", "values")
     STYLES = (RUNTIME_STYLE,)
-    REVIEW_CODES: tuple[Review, ...] = (EVALUATION_LOADER_WHOLE, TRAINING_DATA_NOT_FOLLOWED, SUMMED_LOSS, CUSTOM_SAMPLER, ITERABLE_DATASET)
+    REVIEW_CODES: tuple[Review, ...] = (EVALUATION_LOADER_WHOLE, TRAINING_DATA_NOT_FOLLOWED, CUSTOM_SAMPLER, ITERABLE_DATASET)
     DESCRIPTION = "training loaders distributed with mgpu_runtime.distribute_loader"
     TARGETS = (DDP,)
     EXAMPLES = (
@@ -183,13 +186,14 @@ class TrainingData(Rule):
             import mgpu_runtime
 
             model = mgpu_runtime.DistributedDataParallel(model)
-            loader = DataLoader(data, batch_size=8)
+            loader = mgpu_runtime.distribute_loader(DataLoader(data, batch_size=8))
             for x, y in loader:
                 loss = (model(x) - y).pow(2).sum()
                 loss.backward()
             """,
             DDP,
-            ("MGP101", "MGP236"),
+            ("MGP101", "MGP122"),
+            name="a-summed-loss-is-split",
         ),
     )
 
@@ -237,16 +241,7 @@ class TrainingData(Rule):
                     f"`{shorten(code(draw), 30)}` drawn with `next()`: the distributed loader's iterator, like torch's "
                     "since 1.0, has no Python 2 `.next()`",
                 )
-        counters = dict.fromkeys(counter for loop in split for counter in sample_counters(self.analysis, loop))
-        for counter in counters:
-            if self.rewrite_allowed(counter.value):
-                self.edits.replace(counter.value, lambda expr: runtime_call("reduce_sum", expr))
-                self.rewrote(
-                    counter,
-                    f"`{shorten(code(counter.target), 30)}` counts the samples of the global batch (summed over the "
-                    "processes), as the original did",
-                    GLOBAL_COUNT,
-                )
+        self._count_samples(list(dict.fromkeys(counter for loop in split for counter in sample_counters(self.analysis, loop))))
         for trace in flow.traces:
             if not trace.training and trace.kind == LOADER and flow.feeds(trace.origin) == {False}:
                 self._report_once(
@@ -311,117 +306,14 @@ class TrainingData(Rule):
             reported.add(node)
             self.left(node, code, message)
 
-    # -- sum-reduced losses ------------------------------------------------------------------------
     def _summed_loss(self, loop: cst.For) -> Optional[cst.CSTNode]:
-        """A value summed by hand that a backward pass of this training loop is called on, if any (the pass
-        in the loop's body, or in a function of this file the loop calls)."""
-        for call in self.analysis.loaders.backward_calls(loop):
-            receiver = (
-                call.func.value if type(call.func) is cst.Attribute else (call.args[0].value if call.args else None)
-            )
-            region = self._region(call, loop)
-            for value in self._values_of(receiver, region, loop, _ARGUMENT_DEPTH):
-                if self._is_summed(value):
-                    return value
-            accumulated = self._accumulated_over_rows(receiver, region)
-            if accumulated is not None:
-                return accumulated
+        """A loss summed by hand that keeps this loop's data whole (the torch style's twin finds them). None: the
+        runtime's batches are the global batch's, and so is a loss on them, whatever its reduction."""
         return None
 
-    def _accumulated_over_rows(self, receiver, region: cst.CSTNode) -> Optional[cst.CSTNode]:
-        """``loss += f(out[b], y[b])`` in ``for b in range(out.shape[0])``: one term per row, a sum."""
-        if type(receiver) is not cst.Name:
-            return None
-        for node in contains(region, lambda n: type(n) is cst.AugAssign and type(n.operator) is cst.AddAssign):
-            if type(node.target) is not cst.Name or node.target.value != receiver.value:
-                continue
-            for loop in self.analysis.tree.ancestors(node):
-                if loop is region:
-                    break
-                if (
-                    type(loop) is cst.For
-                    and type(loop.iter) is cst.Call
-                    and type(loop.iter.func) is cst.Name
-                    and loop.iter.func.value == "range"
-                    and len(loop.iter.args) == 1
-                    and is_row_count(self.analysis, loop.iter.args[0].value)
-                ):
-                    return node
-        return None
-
-    def _region(self, node: cst.CSTNode, loop: cst.For) -> cst.CSTNode:
-        """Where the names ``node`` reads are assigned: the loop's body when ``node`` is in it, otherwise the
-        body of the function that holds ``node`` (the module at top level)."""
-        tree = self.analysis.tree
-        if loop in tree.ancestors(node) and tree.function(node) is tree.function(loop):
-            return loop.body
-        function = tree.function(node)
-        return function.body if function is not None else self.analysis.module
-
-    def _values_of(self, receiver, region: cst.CSTNode, loop: cst.For, depth: int) -> list[cst.BaseExpression]:
-        """What ``receiver`` may hold: what ``region`` assigns to it, or what this file's calls pass to it
-        when it is a parameter of the function whose body ``region`` is."""
-        # `scaler.scale(loss).backward()`: the scaled value.
-        while (
-            type(receiver) is cst.Call
-            and type(receiver.func) is cst.Attribute
-            and receiver.func.attr.value == "scale"
-            and receiver.args
-        ):
-            receiver = receiver.args[0].value
-        if type(receiver) is not cst.Name:
-            return [receiver] if receiver is not None else []
-        assigned = [
-            node.value
-            for node in contains(region, lambda n: type(n) in (cst.Assign, cst.AugAssign))
-            for target in ([t.target for t in node.targets] if type(node) is cst.Assign else [node.target])
-            if type(target) is cst.Name and target.value == receiver.value
-        ]
-        if assigned:
-            return assigned
-        index = self.analysis.flow
-        function = self.analysis.tree.parent(region)
-        if depth == 0 or type(function) is not cst.FunctionDef or receiver.value not in index.parameters(function):
-            return []
-        place = (index.scopes[function], receiver.value)
-        return [
-            value
-            for call, _, implicit in index.call_sites(function)
-            for position, arg in enumerate(call.args)
-            if index.parameter_place(function, call, position, implicit) == place
-            for value in self._values_of(arg.value, self._region(call, loop), loop, depth - 1)
-        ]
-
-    def _is_summed(self, value: cst.BaseExpression) -> bool:
-        if type(value) is cst.BinaryOperation:
-            if type(value.operator) is cst.Divide and is_row_count(self.analysis, value.right):
-                return False  # a sum over the rows divided by their count: a mean
-            if type(value.operator) is cst.Multiply and (
-                is_row_count(self.analysis, value.left) or is_row_count(self.analysis, value.right)
-            ):
-                return True  # a mean times the row count: a sum
-            return self._is_summed(value.left) or self._is_summed(value.right)
-        if type(value) is not cst.Call:
-            return False
-        if type(value.func) is cst.Attribute and value.func.attr.value == "sum":
-            return True
-        if self.analysis.resolve(value.func) == "torch.sum":
-            return True
-        if value in self.rewritten:
-            return False  # a loss the criterion rules hand to DistributedCriterion, which weights sums itself
-        for arg in value.args:
-            if arg.keyword is not None and arg.keyword.value == "reduction":
-                return type(arg.value) is cst.SimpleString and arg.value.evaluated_value == "sum"
-            if arg.keyword is not None and arg.keyword.value == "size_average":
-                return type(arg.value) is cst.Name and arg.value.value == "False"
-        return False
-
-    def _summed_message(self, value: cst.CSTNode) -> str:
-        line, _ = self.analysis.position(value)
-        return (
-            f"the loss is summed by hand (line {line}), which the runtime cannot weight by each share: this loop's "
-            "data is not split"
-        )
+    def _count_samples(self, counters: list[cst.AugAssign]) -> None:
+        """What becomes of the sample counters of the loops split (the torch style's twin sums them). Nothing: a
+        count of the runtime's batches (``x.shape[0]``, ``mask.sum()``) is the global batch's already."""
 
     # -- what to check on a distributed loader ------------------------------------------------------
     def _custom_sampler(self, loader: cst.Call) -> Optional[cst.BaseExpression]:
@@ -521,7 +413,7 @@ class TorchTrainingData(TrainingData):
     CODE = Rewrite("MGP162", accounts_for_data=True)
     USES = ("bindings", "flow", "loaders", "values")
     STYLES = (TORCH_STYLE,)
-    REVIEW_CODES = (DATA_ORDER, GLOBAL_BATCH)
+    REVIEW_CODES = (SUMMED_LOSS, DATA_ORDER, GLOBAL_BATCH)
     DESCRIPTION = "training DataLoader given a DistributedSampler and the per-process batch size (--style torch)"
     EXAMPLES = (
         Example(
@@ -568,6 +460,132 @@ class TorchTrainingData(TrainingData):
             TORCH_OPTIONS,
         ),
     )
+
+    # -- sum-reduced losses ------------------------------------------------------------------------
+    def _summed_loss(self, loop: cst.For) -> Optional[cst.CSTNode]:
+        """A value summed by hand that a backward pass of this training loop is called on, if any (the pass
+        in the loop's body, or in a function of this file the loop calls)."""
+        for call in self.analysis.loaders.backward_calls(loop):
+            receiver = (
+                call.func.value if type(call.func) is cst.Attribute else (call.args[0].value if call.args else None)
+            )
+            region = self._region(call, loop)
+            for value in self._values_of(receiver, region, loop, _ARGUMENT_DEPTH):
+                if self._is_summed(value):
+                    return value
+            accumulated = self._accumulated_over_rows(receiver, region)
+            if accumulated is not None:
+                return accumulated
+        return None
+
+    def _accumulated_over_rows(self, receiver, region: cst.CSTNode) -> Optional[cst.CSTNode]:
+        """``loss += f(out[b], y[b])`` in ``for b in range(out.shape[0])``: one term per row, a sum."""
+        if type(receiver) is not cst.Name:
+            return None
+        for node in contains(region, lambda n: type(n) is cst.AugAssign and type(n.operator) is cst.AddAssign):
+            if type(node.target) is not cst.Name or node.target.value != receiver.value:
+                continue
+            for loop in self.analysis.tree.ancestors(node):
+                if loop is region:
+                    break
+                if (
+                    type(loop) is cst.For
+                    and type(loop.iter) is cst.Call
+                    and type(loop.iter.func) is cst.Name
+                    and loop.iter.func.value == "range"
+                    and len(loop.iter.args) == 1
+                    and is_row_count(self.analysis, loop.iter.args[0].value)
+                ):
+                    return node
+        return None
+
+    def _region(self, node: cst.CSTNode, loop: cst.For) -> cst.CSTNode:
+        """Where the names ``node`` reads are assigned: the loop's body when ``node`` is in it, otherwise the
+        body of the function that holds ``node`` (the module at top level)."""
+        tree = self.analysis.tree
+        if loop in tree.ancestors(node) and tree.function(node) is tree.function(loop):
+            return loop.body
+        function = tree.function(node)
+        return function.body if function is not None else self.analysis.module
+
+    def _values_of(self, receiver, region: cst.CSTNode, loop: cst.For, depth: int) -> list[cst.BaseExpression]:
+        """What ``receiver`` may hold: what ``region`` assigns to it, or what this file's calls pass to it
+        when it is a parameter of the function whose body ``region`` is."""
+        # `scaler.scale(loss).backward()`: the scaled value.
+        while (
+            type(receiver) is cst.Call
+            and type(receiver.func) is cst.Attribute
+            and receiver.func.attr.value == "scale"
+            and receiver.args
+        ):
+            receiver = receiver.args[0].value
+        if type(receiver) is not cst.Name:
+            return [receiver] if receiver is not None else []
+        assigned = [
+            node.value
+            for node in contains(region, lambda n: type(n) in (cst.Assign, cst.AugAssign))
+            for target in ([t.target for t in node.targets] if type(node) is cst.Assign else [node.target])
+            if type(target) is cst.Name and target.value == receiver.value
+        ]
+        if assigned:
+            return assigned
+        index = self.analysis.flow
+        function = self.analysis.tree.parent(region)
+        if depth == 0 or type(function) is not cst.FunctionDef or receiver.value not in index.parameters(function):
+            return []
+        place = (index.scopes[function], receiver.value)
+        return [
+            value
+            for call, _, implicit in index.call_sites(function)
+            for position, arg in enumerate(call.args)
+            if index.parameter_place(function, call, position, implicit) == place
+            for value in self._values_of(arg.value, self._region(call, loop), loop, depth - 1)
+        ]
+
+    def _is_summed(self, value: cst.BaseExpression) -> bool:
+        if type(value) is cst.BinaryOperation:
+            if type(value.operator) is cst.Divide and is_row_count(self.analysis, value.right):
+                return False  # a sum over the rows divided by their count: a mean
+            if type(value.operator) is cst.Multiply and (
+                is_row_count(self.analysis, value.left) or is_row_count(self.analysis, value.right)
+            ):
+                return True  # a mean times the row count: a sum
+            return self._is_summed(value.left) or self._is_summed(value.right)
+        if type(value) is not cst.Call:
+            return False
+        if type(value.func) is cst.Attribute and value.func.attr.value == "sum":
+            return True
+        if self.analysis.resolve(value.func) == "torch.sum":
+            return True
+        if value in self.rewritten:
+            return False  # a loss FunctionalLoss hands to the runtime, which leaves the file (MGP295)
+        for arg in value.args:
+            if arg.keyword is not None and arg.keyword.value == "reduction":
+                return type(arg.value) is cst.SimpleString and arg.value.evaluated_value == "sum"
+            if arg.keyword is not None and arg.keyword.value == "size_average":
+                return type(arg.value) is cst.Name and arg.value.value == "False"
+        return False
+
+    def _summed_message(self, value: cst.CSTNode) -> str:
+        line, _ = self.analysis.position(value)
+        return (
+            f"the loss is summed by hand (line {line}), which DDP's gradient average cannot weight: this loop's "
+            "data is not split"
+        )
+
+    def _count_samples(self, counters: list[cst.AugAssign]) -> None:
+        """``used_sample += x.shape[0]`` counts this process's share: the global batch's count is the runtime's
+        ``reduce_sum`` of it, which has no plain form, so the file is left as it is (MGP295)."""
+        for counter in counters:
+            if self.rewrite_allowed(counter.value):
+                self.edits.replace(counter.value, lambda expr: runtime_call("reduce_sum", expr))
+                self.edits.need_import(RUNTIME)
+                self.rewrote(
+                    counter,
+                    f"`{shorten(self.analysis.code_of(counter.target), 30)}` counts this process's samples: the global "
+                    "batch's count needs the runtime",
+                    GLOBAL_COUNT,
+                )
 
     def _distribute(self, point: cst.BaseExpression, origin: cst.Call, trace: LoaderTrace) -> None:
         reason = self._no_textbook_form(point, origin)

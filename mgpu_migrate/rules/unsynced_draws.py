@@ -1,4 +1,4 @@
-"""MGP310, MGP311: random draws for the batch that the runtime cannot make the original's keep the file off DDP."""
+"""MGP310, MGP311: under ``--style torch`` random draws for the batch that each process makes alone keep the file off DDP."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from mgpu_migrate.analysis.draws import GENERATOR_DRAWS, GENERATORS, names_rows,
 from mgpu_migrate.analysis.project import project_of
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, TORCH_STYLE, Example, Review, Rule
+from mgpu_migrate.rules.torch_style import TORCH_OPTIONS
 from mgpu_migrate.analysis.batch import rows_of_a_tensor, split_training_loops
 
 # The file is left as it is when either is reported (rules.settle).
@@ -16,21 +17,21 @@ NUMPY_DRAWS = Review(
     "MGP310",
     name="numpy-draws-per-row",
     summary=(
-        "numpy's or Python's generator draws for the batch in training (per row, or unseeded): each process its own"
+        "--style torch: numpy's or Python's generator draws for the batch in training (per row, or unseeded): "
+        "each process its own"
     ),
     why=(
         "The training loop, or a function or method of the project it calls (the message names the draw's "
         "line), draws from numpy's or Python's generator for the batch's rows (a mixup lambda per pair of rows, "
         "`np.random.beta(a, a, len(x))`), or once a step in a file that seeds neither generator (CutMix's "
-        "`np.random.rand(1)`). The original drew once for the whole batch; under DDP each process would draw "
-        "for its own rows from its own generator (seeded alike: every process gets the first rows' numbers; "
-        "unseeded: a coefficient or decision of its own). The runtime keeps torch's generators in step and "
-        "slices torch's per-row draws, not numpy's. The file is left as it is."
+        "`np.random.rand(1)`). The original drew once for the whole batch; under `--style torch` each process "
+        "would draw for its own rows from its own generator (seeded alike: every process gets the first rows' "
+        "numbers; unseeded: a coefficient or decision of its own). The file is left as it is."
     ),
     todo=(
-        "Use `--to balanced` (one process draws for the whole batch), or draw with torch for the batch's rows "
-        "(`torch.rand(len(x))`, transformed as needed), which the runtime makes the original's, or seed numpy "
-        "alike in every process for a draw once a step, then migrate."
+        "Use the default style (`--to ddp`): its runtime makes every process's Python, numpy and torch generators "
+        "rank 0's and draws for the global batch, as the original did. Or seed numpy alike in every process for a "
+        "draw once a step, then migrate."
     ),
     veto=True,
 )
@@ -38,17 +39,17 @@ _NUMPY_SEEDS = frozenset({"numpy.random.seed", "random.seed"})
 REPEATED_ROWS_DRAW = Review(
     "MGP311",
     name="repeated-rows-draw",
-    summary="a torch draw for repeated rows of the batch in training: the runtime cannot slice it per process",
+    summary="--style torch: a torch draw for repeated rows of the batch in training: each process draws its own",
     why=(
         "A function of the project that the training loop calls draws torch random numbers for copies of the "
         "batch laid end to end (`dup = x.expand(n, *x.shape).reshape(-1, ...)`, then `torch.randn_like(dup)`: "
-        "sliced score matching's particles). The runtime makes a per-row draw the original's by drawing it for "
-        "the global batch and keeping the process's rows; a process's rows of a repeated batch are no "
-        "contiguous piece of that draw. The file is left as it is."
+        "sliced score matching's particles). Under `--style torch` each process draws them for its own rows from "
+        "a generator seeded alike: every process gets the numbers the original drew for the first rows. The file "
+        "is left as it is."
     ),
     todo=(
-        "Use `--to balanced`, or draw per copy (`torch.randn_like(x)` once per particle, then concatenate), "
-        "which the runtime slices, then migrate."
+        "Use the default style (`--to ddp`), whose runtime draws for the global batch as the original did, or "
+        "`--to balanced`."
     ),
     veto=True,
 )
@@ -65,27 +66,26 @@ def _may_draw(source: str) -> bool:
 class UnsyncedDraws(Rule):
     """
     ## What it does
-    Reads each training loop whose data is split across processes, and the project's functions and methods
-    it calls (in other modules too: ``Mixup.get_lambda`` in ``utils/utilities.py``), for random draws made
-    for the batch that the runtime cannot make the original's:
+    Under ``--to ddp --style torch``, reads each training loop whose data is split across processes, and the
+    project's functions and methods it calls (in other modules too: ``Mixup.get_lambda`` in
+    ``utils/utilities.py``), for random draws made for the batch that each process would make alone:
 
     * numpy's or Python's generator drawing for the batch's rows (``np.random.beta(a, a, len(x))``, a
       ``RandomState`` method called with the batch's size) (MGP310);
     * a torch draw shaped like copies of the batch laid end to end (``torch.randn_like(dup)`` after
       ``dup = x.expand(n, *x.shape).reshape(-1, ...)``) (MGP311).
 
-    The file is then left as it is.
+    The file is then left as it is. The default style migrates such a file: its runtime gives every process
+    rank 0's Python, numpy and torch generators at set-up and keeps them in step, and the loop draws for the
+    global batch, so every process draws the original's numbers.
 
     ## Why is this bad?
-    The original drew these numbers once for the whole batch. Under DDP each process draws them for its
+    The original drew these numbers once for the whole batch. Under plain DDP each process draws them for its
     own rows from its own generator: seeded alike, every process gets the first rows' numbers (a mixup
-    lambda, a noise vector), and the generators drift apart when the shares differ. The runtime draws
-    torch's per-row randomness for the global batch and keeps each process's rows of it, and keeps torch's
-    generators in step; it cannot do that for numpy's or Python's generators, nor slice a draw for repeated
-    rows, whose process rows are not one contiguous piece of it. A draw once per step for the whole batch
-    (``lam = np.random.beta(a, a)``) is reported only when the file does not seed numpy's or Python's generator
-    (``np.random.seed``, ``random.seed``): seeded alike, every process draws the original's number; unseeded,
-    each process would mix its rows with a coefficient of its own.
+    lambda, a noise vector), and the generators drift apart when the shares differ. A draw once per step for
+    the whole batch (``lam = np.random.beta(a, a)``) is reported only when the file does not seed numpy's or
+    Python's generator (``np.random.seed``, ``random.seed``): seeded alike, every process draws the original's
+    number; unseeded, each process would mix its rows with a coefficient of its own.
 
     ## Example
     ```python
@@ -95,9 +95,7 @@ class UnsyncedDraws(Rule):
     ```
 
     ## Use instead
-    ``--to balanced`` (one process draws for the whole batch, as before), or draw with torch's generator for
-    the batch's rows (``torch.distributions.Beta(a, a).sample((len(x),))`` sized by the rows is not sliced
-    either: draw ``torch.rand(len(x))`` and transform it), then migrate.
+    The default style (``--to ddp``), or ``--to balanced`` (one process draws for the whole batch, as before).
 
     ## Fix safety
     Nothing is rewritten, in the whole file: ``--to ddp`` migrates a file entirely or not at all.
@@ -107,8 +105,9 @@ class UnsyncedDraws(Rule):
     PHASE = PROGRAM
     USES = ("bindings", "values")
     REVIEW_CODES = (NUMPY_DRAWS, REPEATED_ROWS_DRAW)
-    DESCRIPTION = "draws for the batch that the runtime cannot make the original's keep the file off DDP"
+    DESCRIPTION = "--style torch: draws for the batch that each process makes alone keep the file off DDP"
     TARGETS = (DDP,)
+    STYLES = (TORCH_STYLE,)
     EXAMPLES = (
         Example(
             """
@@ -125,6 +124,7 @@ class UnsyncedDraws(Rule):
             None,
             DDP,
             ("MGP310",),
+            TORCH_OPTIONS,
         ),
     )
 
@@ -142,8 +142,8 @@ class UnsyncedDraws(Rule):
             self.left(
                 call,
                 NUMPY_DRAWS,
-                f"`{code}` draws from numpy's or Python's generator for the batch's rows: per process under DDP; "
-                "file left as it is",
+                f"`{code}` draws from numpy's or Python's generator for the batch's rows: per process under plain "
+                "DDP; file left as it is",
             )
             return True
         if self._draws_here(call) and not self._seeds_numpy():
@@ -161,7 +161,7 @@ class UnsyncedDraws(Rule):
                     call,
                     NUMPY_DRAWS,
                     f"`{code}` draws from numpy's or Python's generator ({draw.where}) for the batch: per "
-                    "process under DDP; file left",
+                    "process under plain DDP; file left",
                 )
                 return True
             if not draw.numpy:
@@ -169,7 +169,7 @@ class UnsyncedDraws(Rule):
                     call,
                     REPEATED_ROWS_DRAW,
                     f"the call draws `{shorten(draw.code, 32)}` ({draw.where}) for repeated rows of the batch: "
-                    "no process's share of it is sliceable; file left",
+                    "each process draws its own; file left",
                 )
                 return True
         return False

@@ -58,9 +58,9 @@ DIM_NOT_ZERO = Review(
         "dim 0), wrap it in `mgpu_runtime.distribute_loader(...)`, wrap the model in "
         "`mgpu_runtime.DistributedDataParallel(model)` without `dim`, and turn each batch sequence-first in the "
         "loop (`source, target = source.transpose(0, 1), target.transpose(0, 1)`). Each rank then holds the "
-        "columns DataParallel's GPU of that index held, and the loss watch makes a token-mean loss over them "
-        "exact. Splitting a whole batch by hand (`source.chunk(world_size(), dim=1)[rank()]`) is exact only "
-        "when every rank gets the same number of rows and tokens: the runtime then knows no shares."
+        "columns DataParallel's GPU of that index held, and every value the loop computes from them (a token-mean "
+        "loss) is the global batch's. Splitting a whole batch by hand (`source.chunk(world_size(), dim=1)[rank()]`) "
+        "gives each process a piece the runtime does not know: what the loop computes from it is the process's own."
     ),
     kept_when_left=True,
 )
@@ -164,8 +164,9 @@ class WrapperSwap(Rule):
     ```
 
     ## Fix safety
-    Balanced: always safe; the wrapper takes the same arguments and its outputs behave like the gathered
-    output. DDP: ``device_ids`` and ``output_device`` are dropped (each process owns one device); a
+    Balanced: always safe; the wrapper takes the same arguments and its outputs are the gathered output's
+    values, held on each device, so the loop (its losses, counts, ``if n_gpu > 1: loss = loss.mean()``) stays
+    as it is. DDP: ``device_ids`` and ``output_device`` are dropped (each process owns one device); a
     ``dim`` other than 0 has no DDP equivalent, so such a site is left with MGP201. A wrap of part of a model
     (``model.features = DataParallel(model.features)``) is left as it is (MGP250): DDP would average that
     part's gradients only, and processes would train different copies of the rest.
@@ -439,9 +440,9 @@ class TorchWrapperSwap(WrapperSwap):
 
     ## Fix safety
     The wrap is the textbook one: gradients are averaged over the processes, which equals the original
-    gradient only for a mean loss over the rows of equal shares of each batch (see MGP297, MGP299); a mean
-    over tokens or valid targets computed inside the model's ``forward``, and dropout masks (each process
-    draws its own), are not the original's, where the default style's runtime makes them so. ``device_ids`` and
+    gradient only for a mean loss over the rows of equal shares of each batch (see MGP297, MGP299). What the
+    model computes inside its ``forward`` (BatchNorm statistics, dropout masks, a loss over its rows) is each
+    process's own, as it was each GPU's under DataParallel. ``device_ids`` and
     ``output_device`` of the original are dropped: each process owns one device. The model must be on that
     device before the wrap, as DataParallel needed it on the first one (``.cuda()`` goes there once the
     set-up ran).

@@ -6,15 +6,7 @@ import libcst as cst
 import pytest
 
 from mgpu_migrate.analysis import FileAnalysis
-from mgpu_migrate.analysis.losses import (
-    CUSTOM,
-    PARALLEL,
-    SPLITTABLE,
-    UNSPLITTABLE,
-    class_parameters,
-    exact_under_ddp_without_wrapper,
-    reduction_of,
-)
+from mgpu_migrate.analysis.losses import class_parameters, exact_under_ddp_without_wrapper, reduction_of
 
 
 def analyse(source: str) -> FileAnalysis:
@@ -26,8 +18,9 @@ def code(analysis: FileAnalysis, node: cst.CSTNode) -> str:
     return analysis.module.code_for_node(node)
 
 
-def constructions(analysis: FileAnalysis) -> list[tuple[str, str]]:
-    return [(c.kind, code(analysis, c.value)) for criterion in analysis.losses.criteria for c in criterion.constructions]
+def constructions(analysis: FileAnalysis) -> list[tuple[str | None, str]]:
+    """Each construction's torch loss class and code."""
+    return [(c.loss_class, code(analysis, c.value)) for criterion in analysis.losses.criteria for c in criterion.constructions]
 
 
 class TestCriteria:
@@ -43,9 +36,9 @@ class TestCriteria:
                 train(model, criterion, x, y)
             """
         )
-        assert constructions(analysis) == [(SPLITTABLE, "nn.CrossEntropyLoss(ignore_index=-1).cuda()")]
+        assert constructions(analysis) == [("CrossEntropyLoss", "nn.CrossEntropyLoss(ignore_index=-1).cuda()")]
         (criterion,) = analysis.losses.criteria
-        assert not criterion.misuses and not criterion.unfollowed
+        assert {code(analysis, call.call) for call in criterion.calls} == {"criterion(model(x), y)"}
 
     def test_inline_arguments_defaults_and_factories_are_constructions(self):
         analysis = analyse(
@@ -60,9 +53,9 @@ class TestCriteria:
             """
         )
         assert sorted(constructions(analysis)) == [
-            (SPLITTABLE, "torch.nn.HuberLoss()"),
-            (SPLITTABLE, "torch.nn.L1Loss()"),
-            (SPLITTABLE, "torch.nn.MSELoss()"),
+            ("HuberLoss", "torch.nn.HuberLoss()"),
+            ("L1Loss", "torch.nn.L1Loss()"),
+            ("MSELoss", "torch.nn.MSELoss()"),
         ]
 
     def test_kinds(self):
@@ -79,22 +72,10 @@ class TestCriteria:
             loss = a(model(x), y) + b(model(x), y, n, m) + c(model(x), y) + d(model(x), y)
             """
         )
-        assert [kind for kind, _ in constructions(analysis)] == [UNSPLITTABLE, UNSPLITTABLE, CUSTOM, PARALLEL]
-
-    def test_uses_a_wrapper_would_not_support(self):
-        analysis = analyse(
-            """
-            import torch.nn as nn
-            model = nn.DataParallel(net)
-            criterion = nn.CrossEntropyLoss()
-            criterion.cuda()
-            weights = criterion.weight
-            external_fit(model, criterion)
-            loss = criterion(model(x), y)
-            """
-        )
-        (criterion,) = analysis.losses.criteria
-        assert [use.what for use in criterion.misuses] == ["its `.weight` is used", "it is passed to `external_fit(...)`"]
+        found = [(c.loss_class, c.parallel) for criterion in analysis.losses.criteria for c in criterion.constructions]
+        # torch's losses by their class (a project's loss has none), and the runtime's criterion, which takes
+        # per-device outputs.
+        assert found == [("BCELoss", False), ("CTCLoss", False), (None, False), (None, True)]
 
     def test_a_callable_not_built_as_a_criterion_here_is_not_a_loss(self):
         analysis = analyse(

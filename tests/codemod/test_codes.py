@@ -13,7 +13,7 @@ import mgpu_migrate
 
 from mgpu_migrate.cli import main
 from mgpu_migrate.diagnostics import Code, Review, Rewrite
-from mgpu_migrate.codes import CODES, ERROR, REVIEW, REWRITE, lookup, registry
+from mgpu_migrate.codes import CODES, ERROR, RETIRED, REVIEW, REWRITE, lookup, registry
 from mgpu_migrate.engine import migrate_source
 from mgpu_migrate.rules import RULES
 from tests.fixture_cases import cases
@@ -24,6 +24,7 @@ SECTIONS = {
     REWRITE: ("## What it does", "## Why is this bad?", "## Example", "## Use instead", "## Fix safety"),
     REVIEW: ("## Why it was left", "## What to do"),
     ERROR: ("## What happened", "## What to do"),
+    RETIRED: ("## Why it is retired", "## What to do"),
 }
 
 
@@ -77,6 +78,29 @@ def test_the_registry_refuses_a_code_declared_twice():
 
     with pytest.raises(ValueError, match=f"{RULES[0].CODE.code} is declared twice"):
         registry([RULES[0], Twice])
+
+
+def test_a_retired_number_is_never_reused():
+    retired = next(code for code, info in CODES.items() if info.kind == RETIRED)
+
+    class Reusing(RULES[0]):
+        CODE = Rewrite(retired)
+
+    with pytest.raises(ValueError, match=f"{retired} is retired"):
+        registry([Reusing])
+
+
+@pytest.mark.parametrize("code", sorted(code for code, info in CODES.items() if info.kind == RETIRED))
+def test_a_retired_code_is_explained_never_emitted_and_its_noqa_is_harmless(code, tmp_path):
+    explained = CliRunner().invoke(main, ["--explain", code])
+    assert explained.exit_code == 0 and explained.output.startswith(f"# {code} (") and ": retired: " in explained.output
+    assert code not in {d.code for _, result in every_run() for d in result.diagnostics}
+    # A `# noqa` naming it, and a `select`/`ignore` of it, written when it was reported, still run as they did.
+    script = tmp_path / "train.py"
+    script.write_text(f"import torch.nn as nn\nmodel = nn.DataParallel(model)  # noqa: {code}\n")
+    (tmp_path / "pyproject.toml").write_text(f'[tool.mgpu-migrate]\nignore = ["{code}"]\n' if code[3] != "1" else "")
+    result = CliRunner().invoke(main, [str(script), "--to", "ddp", "--diff"])
+    assert result.exit_code == 1 and "MGP101" in result.output, result.output
 
 
 def test_every_emitted_code_is_registered():

@@ -13,6 +13,7 @@ import shutil
 from mgpu_migrate.analysis import project
 from mgpu_migrate.diagnostics import error_summary
 from mgpu_migrate.engine import migrate_source
+from mgpu_migrate.rules.torch_style import TORCH_OPTIONS
 from tests.cli_helpers import run_cli
 from tests.fixture_cases import FIXTURES
 
@@ -95,7 +96,7 @@ def test_a_pair_that_gathers_is_not_encodings(tmp_path):
 
 
 def test_the_ohem_loss_left_by_mgp287_would_change_under_ddp():
-    """Why MGP287 leaves the file: each of 2 or 3 processes keeping its own hardest pixels, averaged, is not the
+    """Why MGP287 leaves the file under --style torch: each of 2 or 3 processes keeping its own hardest pixels, averaged, is not the
     loss of the batch (float64, the fixture project's own loss class)."""
     import importlib.util
 
@@ -128,7 +129,7 @@ def test_a_directory_the_script_puts_on_sys_path_is_read(tmp_path):
 
 
 def test_the_mixup_lambdas_left_by_mgp310_would_change_under_ddp():
-    """Why MGP310 leaves the file: processes drawing their own rows' coefficients from generators seeded alike get
+    """Why MGP310 leaves the file under --style torch: processes drawing their own rows' coefficients from generators seeded alike get
     the first rows' coefficients, not the batch's (the fixture project's own Mixup, 2 and 3 processes)."""
     import importlib.util
 
@@ -144,9 +145,9 @@ def test_the_mixup_lambdas_left_by_mgp310_would_change_under_ddp():
 
 
 def test_the_particles_left_by_mgp311_would_change_under_ddp():
-    """Why MGP311 leaves the file: a process's rows of the original's draw for 2 copies of the batch are rows
-    `i` and `B + i` of it; the process itself draws a prefix of 2 * its rows (generators in step, as the runtime
-    keeps them), so no process gets the original's numbers."""
+    """Why MGP311 leaves the file under --style torch: a process's rows of the original's draw for 2 copies of the
+    batch are rows `i` and `B + i` of it; the process itself draws a prefix of 2 * its rows (generators seeded
+    alike), so no process gets the original's numbers."""
     torch = __import__("pytest").importorskip("torch")
     batch, copies = 6, 2
     torch.manual_seed(0)
@@ -192,7 +193,7 @@ def test_the_files_own_functions_are_read_from_the_text_being_migrated(tmp_path)
     source = (FIXTURES / "shapes" / "sliced_score_in_file.py").read_text()
     path = tmp_path / "sliced_score_in_file.py"
     path.write_text("")
-    assert "MGP311" in codes(migrate_source(source, "ddp", str(path)))
+    assert "MGP311" in codes(migrate_source(source, "ddp", str(path), TORCH_OPTIONS))
 
 
 def test_a_builder_with_no_project_root_is_left(tmp_path):

@@ -12,6 +12,8 @@ import pytest
 
 from mgpu_migrate.analysis import FileAnalysis
 from mgpu_migrate.engine import migrate_source
+from mgpu_migrate.options import DEFAULT_OPTIONS, Options
+from mgpu_migrate.rules.torch_style import TORCH_OPTIONS
 
 
 def analyse(source: str) -> FileAnalysis:
@@ -31,8 +33,8 @@ def roles(source: str) -> dict[str, set[str]]:
     return found
 
 
-def diagnostics(source: str) -> list[tuple[int, str]]:
-    result = migrate_source(textwrap.dedent(source), "ddp", "example.py")
+def diagnostics(source: str, options: Options = DEFAULT_OPTIONS) -> list[tuple[int, str]]:
+    result = migrate_source(textwrap.dedent(source), "ddp", "example.py", options)
     assert result.error is None
     return sorted((d.line, d.code) for d in result.diagnostics)
 
@@ -81,35 +83,40 @@ class TestHelperSteps:
 
     @pytest.mark.parametrize(
         "loss, code",
-        [("model(x).mean()", "MGP122"), ("model(x).sum()", "MGP236"), ("(model(x) - 1).pow(2).sum() / 2", "MGP236")],
+        [("model(x).mean()", "MGP162"), ("model(x).sum()", "MGP236"), ("(model(x) - 1).pow(2).sum() / 2", "MGP236")],
     )
-    def test_a_loss_handed_to_a_helper_is_checked_for_a_sum(self, loss, code):
+    def test_a_loss_handed_to_a_helper_is_checked_for_a_sum_under_style_torch(self, loss, code):
+        """DDP's gradient average cannot weight a sum: --style torch leaves that loop's data whole (MGP236); the
+        default style splits it whatever the loss, its runtime's loss being the global batch's."""
         source = HEADER + textwrap.dedent(
             f"""
             def apply(loss):
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-            for (x,) in DataLoader(train_set, batch_size=4):
+            loader = DataLoader(train_set, batch_size=4)
+            for (x,) in loader:
                 apply({loss})
             """
         )
-        codes = {code for _, code in diagnostics(source)}
+        codes = {code for _, code in diagnostics(source, TORCH_OPTIONS)}
         assert code in codes
-        assert codes.isdisjoint({"MGP122", "MGP236"} - {code})
+        assert codes.isdisjoint({"MGP162", "MGP236"} - {code})
+        assert "MGP122" in {code for _, code in diagnostics(source)}
 
-    def test_a_loss_summed_inside_the_helper(self):
+    def test_a_loss_summed_inside_the_helper_under_style_torch(self):
         source = HEADER + textwrap.dedent(
             """
             def step(x):
                 loss = model(x).sum()
                 loss.backward()
-            for (x,) in DataLoader(train_set, batch_size=4):
+            loader = DataLoader(train_set, batch_size=4)
+            for (x,) in loader:
                 step(x)
             """
         )
-        codes = {code for _, code in diagnostics(source)}
-        assert "MGP236" in codes and "MGP122" not in codes
+        codes = {code for _, code in diagnostics(source, TORCH_OPTIONS)}
+        assert "MGP236" in codes and "MGP162" not in codes
 
 
 class TestCountingLoops:
