@@ -32,6 +32,7 @@ from mgpu_migrate.rules.replication_callback import ReplicationCallback
 from mgpu_migrate.rules.shared_files import SharedFiles
 from mgpu_migrate.rules.sync_batchnorm import SyncBatchNorm
 from mgpu_migrate.rules.torch_criterion import TorchCriterion
+from mgpu_migrate.rules.torch_per_process import TorchPerProcess
 from mgpu_migrate.rules.training_data import TorchTrainingData, TrainingData
 from mgpu_migrate.rules.unsplit_data import UnsplitData
 from mgpu_migrate.rules.unsynced_draws import UnsyncedDraws
@@ -59,6 +60,7 @@ RULES: tuple[type[Rule], ...] = (
     TorchTrainingData,
     RemoteTraining,
     BatchCoupling,
+    TorchPerProcess,
     GlobalCount,
     MixedRows,
     UnsyncedDraws,
