@@ -31,6 +31,7 @@ CASES = {
     "margin_head": ("scripts", "margin_head.py", []),
     "frozen_backbone": ("scripts", "frozen_backbone.py", []),
     "triplet_by_name": ("scripts", "triplet_by_name.py", []),
+    "own_batches": ("scripts", "own_batches.py", []),
 }
 WORLD_SIZES = (2, 3)
 TOLERANCE = 1e-9
