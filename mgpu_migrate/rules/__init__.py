@@ -25,6 +25,7 @@ from mgpu_migrate.rules.mixed_rows import MixedRows
 from mgpu_migrate.rules.process_randomness import ProcessRandomness
 from mgpu_migrate.rules.progress_bar import ProgressBar
 from mgpu_migrate.rules.project_losses import ProjectLosses
+from mgpu_migrate.rules.project_side_effects import ProjectSideEffects
 from mgpu_migrate.rules.project_training import ProjectTraining
 from mgpu_migrate.rules.project_wrappers import ProjectWrappers
 from mgpu_migrate.rules.remote_training import RemoteTraining
@@ -75,6 +76,7 @@ RULES: tuple[type[Rule], ...] = (
     MainProcessCollective,
     ProcessRandomness,
     SharedFiles,
+    ProjectSideEffects,
     # Both targets (a check): checks for a wrapper recognize the new ones.
     WrapperCheck,
     # What the file alone does not show: the project's own wrappers and training code (analysis/project.py),

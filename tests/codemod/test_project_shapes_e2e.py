@@ -32,6 +32,7 @@ CASES = {
     "frozen_backbone": ("scripts", "frozen_backbone.py", []),
     "triplet_by_name": ("scripts", "triplet_by_name.py", []),
     "own_batches": ("scripts", "own_batches.py", []),
+    "utils_writers": ("projects/utils_writers", "train.py", []),
 }
 WORLD_SIZES = (2, 3)
 TOLERANCE = 1e-9
@@ -64,7 +65,7 @@ def _copy(case: str, directory: Path, migrated: bool) -> Path:
         chosen = source / (f"{Path(entry).stem}.ddp.py" if migrated else entry)
         (directory / entry).write_text(chosen.read_text())
         return directory / entry
-    shutil.copytree(source, directory, ignore=shutil.ignore_patterns("*.ddp.*", "*.balanced.*", "*.ddp-torch.*"))
+    shutil.copytree(source, directory, ignore=shutil.ignore_patterns("*.ddp.*", "*.balanced.*", "*.ddp-torch.*"), dirs_exist_ok=True)
     if migrated:
         for path in directory.rglob("*.py"):
             expected = source / path.relative_to(directory).with_name(f"{path.stem}.ddp.py")
