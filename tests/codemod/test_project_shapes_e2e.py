@@ -4,11 +4,14 @@ Each case is a fixture script (``fixtures/scripts/NAME.py``) or a fixture projec
 its entry script), with the committed migration beside each file (``NAME.ddp.py``). The original runs under
 DataParallel emulated on W devices (``mgpu_runtime.emulation``), the migration under ``torchrun
 --nproc_per_node=W`` (gloo on the CPU), W = 2 and 3, both in float64; every tensor the script saves
-(``FIXTURE_OUTPUT``: the model, a head outside the wrap, logged numbers) must agree within 1e-9.
+(``FIXTURE_OUTPUT``: the model, a head outside the wrap, logged numbers) must agree within 1e-9. A file left
+with its own distributed path runs under the command its MGP231 diagnostic names, read from the tool's output
+(N the processes, B the batch the original was given).
 
 One interpreter runs every original in turn, and one torchrun job per W runs every migration in turn in its
-workers, so torch is imported and the process group set up once per job. A project runs from a copy whose
-files are its migrations (a file the tool leaves is copied as it is).
+workers, so torch is imported and the process group set up once per job (a script that sets up its own
+process group runs in a job of its own). A project runs from a copy whose files are its migrations (a file the
+tool leaves is copied as it is).
 """
 
 from __future__ import annotations
@@ -21,18 +24,22 @@ from pathlib import Path
 
 import pytest
 
+from mgpu_migrate.engine import migrate_source
 from tests.codemod.test_ddp_e2e import _environment
 from tests.fixture_cases import FIXTURES, is_input
 
 torch = pytest.importorskip("torch")
 
 # name -> (directory under fixtures/, the entry script, its arguments)
+# (own_path's migration runs with the command its MGP231 names, the original with its default batch of 12.)
+OWN_PATH, OWN_PATH_BATCH = "own_path", 12
 CASES = {
     "margin_head": ("scripts", "margin_head.py", []),
     "frozen_backbone": ("scripts", "frozen_backbone.py", []),
     "triplet_by_name": ("scripts", "triplet_by_name.py", []),
     "own_batches": ("scripts", "own_batches.py", []),
     "utils_writers": ("projects/utils_writers", "train.py", []),
+    OWN_PATH: ("projects/own_path", "train.py", []),
 }
 WORLD_SIZES = (2, 3)
 TOLERANCE = 1e-9
@@ -74,6 +81,17 @@ def _copy(case: str, directory: Path, migrated: bool) -> Path:
     return directory / entry
 
 
+def _own_path_command(processes: int) -> list[str]:
+    """The command MGP231 names for the fixture, for ``processes`` processes and the original's batch."""
+    path = FIXTURES / CASES[OWN_PATH][0] / CASES[OWN_PATH][1]
+    result = migrate_source(path.read_text(), "ddp", str(path))
+    (message,) = [d.message for d in result.diagnostics if d.code == "MGP231"]
+    command = message.split("`")[1].replace("B/N", str(OWN_PATH_BATCH // processes)).replace("=N", f"={processes}")
+    words = command.split()
+    assert words[:3] == ["torchrun", f"--nproc_per_node={processes}", "train.py"], command
+    return words[3:]
+
+
 def _start(command: list[str], cwd: Path) -> subprocess.Popen:
     return subprocess.Popen(command, cwd=cwd, env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -84,7 +102,7 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("project_shapes")
     driver = root / "in_turn.py"
     driver.write_text(_IN_TURN)
-    originals, migrations = [], {processes: [] for processes in WORLD_SIZES}
+    originals, migrations = [], {}
     for case, (_, _, args) in CASES.items():
         for processes in WORLD_SIZES:
             home = root / f"{case}-original{processes}"
@@ -95,11 +113,13 @@ def runs(tmp_path_factory):
         home.mkdir()
         script = _copy(case, home, migrated=True)
         for processes in WORLD_SIZES:
-            migrations[processes].append((str(script), args, str(root / f"{case}-torchrun{processes}.pt"), None))
+            job = (processes, case if case == OWN_PATH else "")
+            launched = _own_path_command(processes) if case == OWN_PATH else args
+            migrations.setdefault(job, []).append((str(script), launched, str(root / f"{case}-torchrun{processes}.pt"), None))
     jobs = {"the originals": _start([sys.executable, str(driver), json.dumps(originals)], root)}
-    for processes, scripts in migrations.items():
+    for (processes, alone), scripts in migrations.items():
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
-        jobs[f"torchrun {processes}"] = _start([*command, str(driver), json.dumps(scripts)], root)
+        jobs[f"torchrun {processes} {alone}"] = _start([*command, str(driver), json.dumps(scripts)], root)
     failures = []
     for name, job in jobs.items():
         try:
