@@ -1,4 +1,4 @@
-"""MGP340, MGP341: under ``--style torch`` a loss normalised by a count of the batch, or parameters trained
+"""MGP360, MGP361: under ``--style torch`` a loss normalised by a count of the batch, or parameters trained
 outside the wrap, keep the file off plain DDP."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from mgpu_migrate.rules.base import DDP, PROGRAM, TORCH_STYLE, Example, Review, 
 from mgpu_migrate.rules.torch_style import TORCH_OPTIONS
 
 BATCH_NORMALISER = Review(
-    "MGP340",
+    "MGP360",
     name="torch-style-batch-normaliser",
     summary="--style torch: the loss is divided by a count taken from the batch: each process would take its own",
     why=(
@@ -30,7 +30,7 @@ BATCH_NORMALISER = Review(
     veto=True,
 )
 TRAINED_OUTSIDE_WRAP = Review(
-    "MGP341",
+    "MGP361",
     name="torch-style-trained-outside-wrap",
     summary="--style torch: the optimizer steps parameters outside the wrap: plain DDP averages only the wrap's",
     why=(
@@ -59,9 +59,9 @@ class TorchPerProcess(Rule):
 
     - a loss normalised by a count of the batch's contents: ``criterion(out, y) / (y != pad).sum()``,
       ``loss.sum() / num_pos`` with ``num_pos = (labels > 0).sum()``, ``loss[mask].mean()``,
-      ``torch.masked_select(loss, mask).mean()`` (MGP340);
+      ``torch.masked_select(loss, mask).mean()`` (MGP360);
     - parameters an optimizer steps that no wrapped model holds: ``SGD([{"params": model.parameters()},
-      {"params": head.parameters()}])`` with ``head`` unwrapped, a learnable ``nn.Parameter`` (MGP341).
+      {"params": head.parameters()}])`` with ``head`` unwrapped, a learnable ``nn.Parameter`` (MGP361).
 
     ## Why is this bad?
     Each process holds its own rows and DDP averages the wrapped model's gradients. A count that depends on
