@@ -7,9 +7,18 @@ site hint, the files rewritten, the rewrites made (MGP1xx), the sites left for r
 files that could not be parsed (MGP002, expected for Python 2 code), the tool errors (MGP003, or an exception
 escaping the tool) and the time. The diffs and the diagnostics go to ``--keep DIR`` for review.
 
-    python benchmarks/real_projects.py [CORPUS] [--keep DIR] [--json FILE] [--only NAME,...]
+The verdicts are a person's (or a reviewing agent's), read from the kept diffs as each project's maintainer
+would, and recorded in a verdict file (``--verdicts``, default ``benchmarks/verdicts/after.tsv``): one row a
+project and target, with the fingerprint of what was reviewed, the verdict (``merge`` as is, ``edits``: merge
+after edits, ``no``: not mergeable, ``left``: the tool leaves the project, or the files that train, for any
+reason), the silent changes found (a diff that trains, saves, logs or prints differently with no diagnostic
+saying so, found by reading or by running a reduction) and the reason of every verdict but ``merge``. A row
+whose fingerprint is not the run's was reviewed on another diff: it counts as *unreviewed* until someone reads
+the new one (``--fingerprints`` prints the run's). The totals go against the goal of issue 23.
 
-CORPUS defaults to ``../shared/corpus`` relative to the repository. Prints a markdown table.
+    python benchmarks/real_projects.py [CORPUS] [--keep DIR] [--json FILE] [--only NAME,...] [--verdicts FILE]
+
+CORPUS defaults to ``../shared/corpus`` relative to the repository. Prints markdown tables.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import argparse
 import ast
 import collections
 import csv
+import hashlib
 import json
 import sys
 import time
@@ -34,6 +44,12 @@ from mgpu_migrate.files import discover
 from mgpu_migrate.report import CHANGED, process_files
 
 TARGETS = ("balanced", "ddp")
+VERDICTS = ROOT / "benchmarks" / "verdicts" / "after.tsv"
+MERGE, EDITS, NO, LEFT = "merge", "edits", "no", "left"
+OUTCOMES = (MERGE, EDITS, NO, LEFT)
+# Issue 23's goal, as shares of the projects: (merge as is, merge as is or after edits, left) at least, at least,
+# at most; silent changes and tool errors are 0 for every target.
+GOALS = {"ddp": (0.40, 0.70, 0.20), "balanced": (0.90, None, 0.10)}
 
 
 @dataclass
@@ -48,6 +64,7 @@ class ProjectRun:
     parse_errors: int = 0
     tool_errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    fingerprint: str = ""
 
     @property
     def left_total(self) -> int:
@@ -96,11 +113,87 @@ def run_project(corpus: Path, row: dict[str, str], target: str, keep: Path | Non
         if outcome.diff:
             diffs.append(outcome.diff.replace(str(corpus) + "/", ""))
     run.left = dict(sorted(left.items()))
+    run.fingerprint = fingerprint("".join(diffs), lines)
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
         (keep / f"{row['dir']}.{target}.diff").write_text("".join(diffs))
         (keep / f"{row['dir']}.{target}.diagnostics").write_text("\n".join(sorted(lines)) + ("\n" if lines else ""))
     return run
+
+
+def fingerprint(diff: str, diagnostics: list[str]) -> str:
+    """What a verdict was given on: the diff, and where each diagnostic is and its code (not its wording, which
+    may be reworded without changing what a maintainer gets)."""
+    places = sorted(" ".join(line.split(" ", 2)[:2]) for line in diagnostics)
+    return hashlib.sha256((diff + "\n".join(places)).encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    project: str
+    target: str
+    reviewed: str  # the fingerprint of the run that was read
+    verdict: str
+    silent: int
+    reason: str
+
+
+def read_verdicts(path: Path) -> dict[tuple[str, str], Verdict]:
+    with open(path, newline="") as handle:
+        rows = [Verdict(**{**row, "silent": int(row["silent"])}) for row in csv.DictReader(handle, delimiter="\t")]
+    for row in rows:
+        if row.verdict not in OUTCOMES:
+            raise SystemExit(f"{path}: {row.project} ({row.target}): verdict {row.verdict!r} is none of {OUTCOMES}")
+        if row.verdict != MERGE and not row.reason:
+            raise SystemExit(f"{path}: {row.project} ({row.target}): a verdict other than merge needs its reason")
+    return {(row.project, row.target): row for row in rows}
+
+
+def share(count: int, total: int) -> str:
+    return f"{count}/{total} ({100 * count / total:.0f}%)" if total else "-"
+
+
+def verdict_tables(runs: list[ProjectRun], verdicts: dict[tuple[str, str], Verdict], label: str) -> str:
+    """The totals against the goal, then each project's verdicts with their reasons."""
+    out = [
+        "| target | merge as is | merge after edits | merge + edits | not mergeable | left (any reason) | silent changes "
+        "| tool errors | unreviewed |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for target in TARGETS:
+        mine = [run for run in runs if run.target == target]
+        if not mine:
+            continue
+        total = len(mine)
+        merge, edits, lowest_left = GOALS[target]
+        out.append(
+            f"| {target}, goal | >= {merge:.0%} | | {'>= %.0f%%' % (100 * edits) if edits else '-'} | | <= {lowest_left:.0%} "
+            "| 0 | 0 | |"
+        )
+        given = [verdicts.get((run.project, target)) for run in mine]
+        current = [v for v, run in zip(given, mine) if v is not None and v.reviewed == run.fingerprint]
+        counts = collections.Counter(v.verdict for v in current)
+        out.append(
+            f"| {target}, {label} | {share(counts[MERGE], total)} | {share(counts[EDITS], total)} | "
+            f"**{share(counts[MERGE] + counts[EDITS], total)}** | {share(counts[NO], total)} | "
+            f"**{share(counts[LEFT], total)}** | {sum(v.silent for v in current)} | "
+            f"{sum(len(run.tool_errors) for run in mine)} | {total - len(current)} |"
+        )
+    out += ["", "| project | " + " | ".join(target for target in TARGETS) + " |", "|---|" + "---|" * len(TARGETS)]
+    for project in dict.fromkeys(run.project for run in runs):
+        cells = []
+        for target in TARGETS:
+            run = next((run for run in runs if run.project == project and run.target == target), None)
+            verdict = verdicts.get((project, target))
+            if run is None:
+                cells.append("")
+            elif verdict is None or verdict.reviewed != run.fingerprint:
+                cells.append(f"unreviewed ({run.fingerprint})")
+            else:
+                silent = f" **{verdict.silent} silent**" if verdict.silent else ""
+                cells.append(f"**{verdict.verdict}**{silent}" + (f": {verdict.reason}" if verdict.reason else ""))
+        out.append(f"| {project} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
 
 
 def markdown(runs: list[ProjectRun]) -> str:
@@ -164,6 +257,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the numbers as JSON here")
     parser.add_argument("--only", help="comma-separated project directories")
     parser.add_argument("--to", choices=TARGETS, action="append", help="a target (default: both)")
+    parser.add_argument("--verdicts", type=Path, default=VERDICTS, help="the verdict file (default: %(default)s)")
+    parser.add_argument("--label", default="after", help="the totals row's name (default: %(default)s)")
+    parser.add_argument("--fingerprints", action="store_true", help="print each run's fingerprint, for the verdict file")
     args = parser.parse_args()
     corpus = Path(args.corpus).resolve()
     rows = manifest(corpus)
@@ -173,6 +269,12 @@ def main() -> None:
     runs = [run_project(corpus, row, target, args.keep) for row in rows for target in (args.to or TARGETS)]
     if args.json:
         args.json.write_text(json.dumps([asdict(run) for run in runs], indent=1) + "\n")
+    if args.fingerprints:
+        for run in runs:
+            print(f"{run.project}\t{run.target}\t{run.fingerprint}")
+        return
+    if args.verdicts.exists():
+        print(verdict_tables(runs, read_verdicts(args.verdicts), args.label) + "\n")
     print(markdown(runs))
     print("\n" + project_reading())
 

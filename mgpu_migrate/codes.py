@@ -191,9 +191,9 @@ def _kebab(name: str) -> str:
 
 
 def _review_page(code: Review, owner: str) -> str:
-    summary = code.summary
+    # The title is what it found (its summary); the page goes on with why and what to do.
     return (
-        f"# {code.code} ({code.name}): {summary}\n\nReported by {owner}.\n\n## What it found\n{summary[0].upper()}{summary[1:]}.\n\n"
+        f"# {code.code} ({code.name}): {code.summary}\n\nReported by {owner}.\n\n"
         f"## Why it was left\n{code.why}\n\n## What to do\n{code.todo}\n"
     )
 

@@ -30,6 +30,8 @@ class Edits:
     unplaced: list[tuple[Diagnostic, cst.CSTNode]] = field(default_factory=list)
     # The code object of each code reported, by its number (what the pipeline reads of a diagnostic).
     codes: dict[str, Code] = field(default_factory=dict)
+    # Nodes whose replacements stay when a veto leaves the file (``keep_if_left``), with the imports they need.
+    survivors: dict[cst.CSTNode, tuple[str, ...]] = field(default_factory=dict)
 
     def replace(self, node: cst.CSTNode, replacement: Replacement) -> None:
         self.replacements[node].append(replacement)
@@ -39,6 +41,11 @@ class Edits:
 
     def insert_after(self, statement: cst.CSTNode, new: cst.BaseStatement) -> None:
         self.after[statement].append(new)
+
+    def keep_if_left(self, node: cst.CSTNode, *imports: str) -> None:
+        """Keep the replacements of ``node`` (and ``imports``) when a veto leaves the file (``program.settle``):
+        an edit that serves the file's own way of running, which the veto leaves in place (MGP131)."""
+        self.survivors[node] = imports
 
     def need_import(self, module: str) -> None:
         """Ask for ``import <module>`` at the top of the file (added once, if not there)."""
@@ -77,18 +84,25 @@ class Edits:
         """The codes of the diagnostics reported so far."""
         return frozenset(self.codes[diagnostic.code] for diagnostic in self.diagnostics)
 
-    def discard_rewrites(self, keep: Callable[[Code], bool] | None = None) -> None:
+    def discard_rewrites(self, keep: Callable[[Code], bool] | None = None, survivors: bool = False) -> None:
         """Forget every edit and the diagnostics that announce them: the file stays as it is, with the
-        diagnostics of what was left for review (only those whose code ``keep`` holds, when given)."""
+        diagnostics of what was left for review (only those whose code ``keep`` holds, when given). With
+        ``survivors``, the edits kept by ``keep_if_left`` stay, with the rewrites whose code is ``kept_when_left``."""
+        kept = {node: self.replacements[node] for node in self.survivors if survivors and node in self.replacements}
+        imports = [module for node in kept for module in self.survivors[node]]
         self.replacements.clear()
+        self.replacements.update(kept)
         self.before.clear()
         self.after.clear()
-        self.imports.clear()
-        self.diagnostics = [
-            diagnostic
-            for diagnostic in self.diagnostics
-            if not diagnostic.is_rewrite and (keep is None or keep(self.codes[diagnostic.code]))
-        ]
+        self.imports[:] = [module for module in self.imports if module in imports]
+
+        def stays(diagnostic: Diagnostic) -> bool:
+            code = self.codes[diagnostic.code]
+            if diagnostic.is_rewrite:
+                return bool(kept) and code.kept_when_left
+            return keep is None or keep(code)
+
+        self.diagnostics = [diagnostic for diagnostic in self.diagnostics if stays(diagnostic)]
 
     def discard_diagnostics(self, drop: Callable[[Code], bool]) -> None:
         """Forget the diagnostics whose code ``drop`` holds."""

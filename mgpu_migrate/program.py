@@ -111,10 +111,11 @@ def settle(program: Program, edits: Edits) -> None:
     A kept wrap keeps every review diagnostic (its isinstance checks and criteria stay as they are too). A
     veto (a code with ``veto`` reported) keeps only the vetoes reported and what the wrap rules said about the
     wraps (``kept_when_left``): what was said about the distributed program the file would have become no longer
-    applies.
+    applies. The edits a rule kept for the file's own way of running stay (``Edits.keep_if_left``: the
+    ``--local_rank`` default of a file that launches its own distributed path, MGP131).
     """
     if program.left_whole:
         edits.discard_rewrites()
         return
     if any(code.veto for code in edits.reported()):
-        edits.discard_rewrites(keep=lambda code: code.veto or code.kept_when_left)
+        edits.discard_rewrites(keep=lambda code: code.veto or code.kept_when_left, survivors=True)

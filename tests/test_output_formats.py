@@ -143,7 +143,7 @@ def test_sarif_validates_against_the_official_schema(project):
         summary, page = code_help(rule["id"])
         assert rule["shortDescription"]["text"] == summary and summary
         assert page and rule["help"]["markdown"] == page
-        heading = "## What it does" if lookup(rule["id"]).kind == "rewrite" else "## What it found"
+        heading = "## What it does" if lookup(rule["id"]).kind == "rewrite" else "## Why it was left"
         assert heading in page or lookup(rule["id"]).kind == "error"
     for sarif_result in sarif_run["results"]:
         assert rules[sarif_result["ruleIndex"]]["id"] == sarif_result["ruleId"]

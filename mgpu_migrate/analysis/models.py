@@ -553,8 +553,27 @@ class ModelFlow:
                 return code(target)
         return None
 
-    def _holds_other_modules(self, cls: cst.ClassDef, wrapped: str) -> bool:
-        """Whether an ``nn.Module`` class may hold parameters besides its attribute ``wrapped``: another
+    def parts_wrapped_alone(self, site: WrapSite) -> tuple[str, int] | None:
+        """For a site kept on ``self.X`` by an ``nn.Module`` class that holds no module or parameter but
+        DataParallel wraps, each of its parts wrapped on its own (MuZero's networks): the class's name and how
+        many attributes hold a wrap."""
+        for target, scope in self.assigned_to(site):
+            place = self.index.place_of(target, scope) if type(target) is cst.Attribute else None
+            if place is None or not place[1].startswith("self.") or not place[0].is_class:
+                continue
+            cls = place[0].node
+            wrapped = [
+                other.attr.value
+                for other_site in self.sites
+                for other, _ in self.assigned_to(other_site)
+                if _is_self_attribute(other) and cls in self.analysis.tree.ancestors(other)
+            ]
+            if len(set(wrapped)) > 1 and not self._holds_other_modules(cls, *wrapped):
+                return cls.name.value, len(set(wrapped))
+        return None
+
+    def _holds_other_modules(self, cls: cst.ClassDef, *wrapped: str) -> bool:
+        """Whether an ``nn.Module`` class may hold parameters besides its attributes ``wrapped``: another
         attribute is given a module (``torch.nn``'s, or what an unknown call returns), is called (``self.head(x)``)
         or asked for its parameters, or the class registers parameters, buffers or modules itself."""
         resolve = self.analysis.resolve
@@ -570,14 +589,14 @@ class ModelFlow:
                 if type(owner) is cst.Name and owner.value == "self":
                     if func.attr.value.startswith(("register_", "add_module")):
                         return True
-                    if func.attr.value not in methods | _MODULE_METHODS and func.attr.value != wrapped:
+                    if func.attr.value not in methods | _MODULE_METHODS and func.attr.value not in wrapped:
                         return True  # `self.head(x)`: a module held here
-                elif _is_self_attribute(owner) and owner.attr.value != wrapped and func.attr.value == "parameters":
+                elif _is_self_attribute(owner) and owner.attr.value not in wrapped and func.attr.value == "parameters":
                     return True
                 continue
             targets = [t.target for t in node.targets] if type(node) is cst.Assign else [node.target]
             for target in targets:
-                if not _is_self_attribute(target) or target.attr.value == wrapped or node.value is None:
+                if not _is_self_attribute(target) or target.attr.value in wrapped or node.value is None:
                     continue
                 value = node.value
                 if type(value) is cst.Call:

@@ -205,6 +205,12 @@ class Project:
     def backward_line(self, found: Found) -> int:
         return _backward_lines(found)[0]
 
+    def writes(self, found: Found) -> tuple[int, str] | None:
+        """The line and the call of the first file write in a function (or a class's methods, and those of the
+        project classes it derives from): ``open(path, "w")`` or ``"a"``, ``torch.save``, numpy's, OpenCV's or
+        torchvision's image and array writers, a TensorBoard writer, a copy of a file, ``savefig``."""
+        return self._in_class_or_bases(found, _first_write)
+
 
 def _backward_lines(found: Found) -> list[int]:
     return [
@@ -212,6 +218,45 @@ def _backward_lines(found: Found) -> list[int]:
         for call in _calls(found.node)
         if isinstance(call.func, ast.Attribute) and call.func.attr == "backward"
     ]
+
+
+_WRITERS = frozenset(
+    {
+        "torch.save",
+        "numpy.save",
+        "numpy.savez",
+        "numpy.savez_compressed",
+        "numpy.savetxt",
+        "cv2.imwrite",
+        "imageio.imwrite",
+        "imageio.imsave",
+        "imageio.mimsave",
+        "scipy.misc.imsave",
+        "torchvision.utils.save_image",
+        "shutil.copyfile",
+        "shutil.copy",
+        "shutil.copy2",
+        "torch.utils.tensorboard.SummaryWriter",
+        "tensorboardX.SummaryWriter",
+    }
+)
+_WRITING_METHODS = frozenset({"savefig", "write_text", "write_bytes", "to_csv"})
+
+
+def _first_write(found: Found) -> tuple[int, str] | None:
+    for call in sorted(_calls(found.node), key=lambda call: (call.lineno, call.col_offset)):
+        func = call.func
+        if isinstance(func, ast.Name) and func.id == "open" and func.id not in found.module.imports:
+            mode = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "mode"), None)
+            if isinstance(mode, ast.Constant) and isinstance(mode.value, str) and set(mode.value) & set("wax"):
+                return call.lineno, f"open(..., {mode.value!r})"
+            continue
+        qualified = found.module.qualified(func)
+        if qualified in _WRITERS:
+            return call.lineno, qualified
+        if isinstance(func, ast.Attribute) and func.attr in _WRITING_METHODS:
+            return call.lineno, f".{func.attr}()"
+    return None
 
 
 def _uneven_operation(found: Found) -> tuple[int, str] | None:

@@ -27,6 +27,7 @@ from mgpu_migrate.rules.noqa_comments import NoqaComments
 from mgpu_migrate.rules.process_randomness import ProcessRandomness
 from mgpu_migrate.rules.progress_bar import ProgressBar
 from mgpu_migrate.rules.project_losses import ProjectLosses
+from mgpu_migrate.rules.project_side_effects import ProjectSideEffects
 from mgpu_migrate.rules.project_training import ProjectTraining
 from mgpu_migrate.rules.project_wrappers import ProjectWrappers
 from mgpu_migrate.rules.remote_training import RemoteTraining
@@ -34,6 +35,7 @@ from mgpu_migrate.rules.replication_callback import ReplicationCallback
 from mgpu_migrate.rules.shared_files import SharedFiles
 from mgpu_migrate.rules.sync_batchnorm import SyncBatchNorm
 from mgpu_migrate.rules.torch_criterion import TorchCriterion
+from mgpu_migrate.rules.torch_per_process import TorchPerProcess
 from mgpu_migrate.rules.training_data import TorchTrainingData, TrainingData
 from mgpu_migrate.rules.unsplit_data import UnsplitData
 from mgpu_migrate.rules.unsynced_draws import UnsyncedDraws
@@ -63,6 +65,7 @@ RULES: tuple[type[Rule], ...] = (
     TorchTrainingData,
     RemoteTraining,
     BatchCoupling,
+    TorchPerProcess,
     GlobalCount,
     MixedRows,
     UnsyncedDraws,
@@ -77,6 +80,7 @@ RULES: tuple[type[Rule], ...] = (
     MainProcessCollective,
     ProcessRandomness,
     SharedFiles,
+    ProjectSideEffects,
     # Both targets (a check): checks for a wrapper recognize the new ones.
     WrapperCheck,
     # What the file alone does not show: the project's own wrappers and training code (analysis/project.py),

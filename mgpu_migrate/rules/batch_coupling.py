@@ -6,6 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
+from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, TORCH_STYLE, Example, Review, Rule
 from mgpu_migrate.rules.torch_style import TORCH_OPTIONS
@@ -34,8 +35,9 @@ class BatchCoupling(Rule):
     ## What it does
     Under ``--to ddp --style torch``, reports a computation on the model's outputs that compares the rows of
     the batch with each other: a distance or similarity matrix between outputs (``torch.cdist(emb, emb)``,
-    ``emb @ emb.t()``, ``torch.mm(a, b.T)``), as batch-hard triplet, contrastive and InfoNCE losses build. The
-    file is then left as it is. The default style migrates it: its runtime's outputs are the global batch's,
+    ``emb @ emb.t()``, ``torch.mm(a, b.T)``), as batch-hard triplet, contrastive and InfoNCE losses build, also
+    in the ``forward`` of a loss object of this file's classes called on the outputs (``triplet = TripletLoss(0.3)``,
+    ``triplet(features, ids)``). The file is then left as it is. The default style migrates it: its runtime's outputs are the global batch's,
     and such a product of them is computed over the whole batch, as the original computed it.
 
     ## Why is this bad?
@@ -58,7 +60,7 @@ class BatchCoupling(Rule):
 
     CODE = BATCH_COUPLED
     PHASE = PROGRAM
-    USES = ("flow", "models")
+    USES = ("flow", "models", "values")
     REVIEW_CODES = (BATCH_COUPLED,)
     DESCRIPTION = "--style torch: losses that compare the rows of a batch with each other keep the file off DDP"
     TARGETS = (DDP,)
@@ -97,6 +99,56 @@ class BatchCoupling(Rule):
                 f"`{shorten(code)}` compares the rows of the batch with each other: the file is left as it is "
                 "(the default style is exact here)",
             )
+        for call in self.analysis.calls:
+            found = self._loss_object_comparing_rows(call)
+            if found is not None:
+                cls, compared = found
+                self.left(
+                    call,
+                    BATCH_COUPLED,
+                    f"`{shorten(self.analysis.code_of(call))}`: `{cls.name.value}.forward` compares the rows of the batch "
+                    f"(line {self.analysis.position(compared)[0]}): the file is left as it is (the default style is exact here)",
+                )
+
+    def _loss_object_comparing_rows(self, call: cst.Call) -> Optional[tuple[cst.ClassDef, cst.CSTNode]]:
+        """A call on the outputs of an object of this file's classes (``triplet(features, ids)`` with ``triplet =
+        TripletLoss(0.3)``) whose ``forward`` compares its arguments' rows: a distance or a product of one with
+        the transpose of one (``torch.cdist(x, x)``, ``x @ x.t()``)."""
+        if type(call.func) is not cst.Name:
+            return None
+        values = self.analysis.values
+        scope = values.scope_of(call)
+        if not any(self._outputs(arg.value, scope) for arg in call.args):
+            return None
+        classes = {node.name.value: node for node in self.analysis.module.body if type(node) is cst.ClassDef}
+        for value in values.of(call.func, scope):
+            if type(value) is not cst.Call or type(value.func) is not cst.Name or value.func.value not in classes:
+                continue
+            cls = classes[value.func.value]
+            forward = next((s for s in cls.body.body if type(s) is cst.FunctionDef and s.name.value == "forward"), None)
+            if forward is None:
+                continue
+            parameters = {param.name.value for param in forward.params.params[1:]}
+            for node in contains(forward, lambda n: type(n) in (cst.Call, cst.BinaryOperation)):
+                pair = self._operands(node)
+                if pair is not None and all(_mentions(side, parameters | _locals(forward)) for side in pair):
+                    return cls, node
+        return None
+
+    def _operands(self, node: cst.CSTNode) -> Optional[tuple[cst.BaseExpression, cst.BaseExpression]]:
+        """The two sides of a distance, or of a product with a transpose."""
+        if type(node) is cst.BinaryOperation:
+            if type(node.operator) is not cst.MatrixMultiply:
+                return None
+            left, right = node.left, node.right
+            distance = False
+        else:
+            qualified = self.analysis.resolve(node.func)
+            distance = qualified == "torch.cdist"
+            if not (distance or qualified in _PRODUCTS) or len(node.args) < 2:
+                return None
+            left, right = node.args[0].value, node.args[1].value
+        return (left, right) if distance or _transposed(left) or _transposed(right) else None
 
     def _compared_rows(self, node: cst.CSTNode) -> Optional[tuple[cst.BaseExpression, cst.BaseExpression]]:
         """The two operands when ``node`` is a distance or product of the model's outputs with their transpose."""
@@ -116,6 +168,20 @@ class BatchCoupling(Rule):
 
     def _outputs(self, expr: cst.BaseExpression, scope) -> bool:
         return bool(self.analysis.models.derived_sites(expr, scope))
+
+
+def _mentions(expr: cst.BaseExpression, names: set[str]) -> bool:
+    return any(node.value in names for node in contains(expr, lambda n: type(n) is cst.Name))
+
+
+def _locals(function: cst.FunctionDef) -> set[str]:
+    """The names a function assigns (``features = F.normalize(inputs)``): computed from its arguments."""
+    return {
+        target.target.value
+        for assign in contains(function, lambda n: type(n) is cst.Assign)
+        for target in assign.targets
+        if type(target.target) is cst.Name
+    }
 
 
 def _scope_of(analysis, node: cst.CSTNode):

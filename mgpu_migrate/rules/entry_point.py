@@ -6,12 +6,15 @@ environment, and torn down.
 
 from __future__ import annotations
 
+import os
+from typing import Optional
+
 import libcst as cst
 
 from mgpu_migrate.analysis.entrypoint import EntryPoint
 from mgpu_migrate.program import SETUP
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, TORCH_STYLE, Example, Review, Rewrite, Rule
-from mgpu_migrate.rules.syntax import RUNTIME, runtime_call
+from mgpu_migrate.rules.syntax import RUNTIME, keyword, runtime_call
 from mgpu_migrate.rules.torch_style import (
     DIST_IMPORT,
     NEEDS_RUNTIME,
@@ -20,6 +23,23 @@ from mgpu_migrate.rules.torch_style import (
     dist_taken,
     statement,
 )
+
+# What torchrun sets, read by a file whose own distributed path it chooses.
+_LAUNCH_VARIABLES = frozenset({"LOCAL_RANK", "RANK", "WORLD_SIZE"})
+
+
+def _is_add_argument(call: cst.Call) -> bool:
+    return type(call.func) is cst.Attribute and call.func.attr.value == "add_argument"
+
+
+def _options(call: cst.Call) -> set[str]:
+    """The option strings an ``add_argument`` call declares (``-b``, ``--batch_size``)."""
+    return {
+        arg.value.evaluated_value
+        for arg in call.args
+        if arg.keyword is None and type(arg.value) is cst.SimpleString and str(arg.value.evaluated_value).startswith("-")
+    }
+
 
 NO_ENTRY_POINT = Review(
     "MGP230",
@@ -38,14 +58,15 @@ EXISTING_DISTRIBUTED_SETUP = Review(
     summary="the file runs distributed training of its own: its DataParallel fallback is left as it is",
     why=(
         "The file sets up distributed training itself (`init_process_group`, torch's or apex's DDP, "
-        "`DistributedSampler`, `mp.spawn`). Only its DataParallel fallback is migrated; its data and "
-        "checkpoints are left as they are. Started plainly on several GPUs, the fallback relaunches the script "
-        "under torchrun."
+        "`DistributedSampler`, `mp.spawn`), beside a DataParallel fallback. Processes relaunched from the "
+        "fallback would not provably take the file's own path with the original's global batch, so the file is "
+        "left as it is. When the file's own path is chosen by `LOCAL_RANK`, `RANK` or `WORLD_SIZE` (read from "
+        "the environment, or a `--local_rank` argument, which now defaults to `LOCAL_RANK`: MGP131), the message "
+        "gives the command that runs it on the GPUs the fallback used: `torchrun --nproc_per_node=N` with "
+        "N the number of GPUs, and the option that sets its per-process batch (the training loader's with a "
+        "`DistributedSampler`) at the fallback's batch divided by N, so that the global batch is the original's."
     ),
-    todo=(
-        "Check that the relaunched script takes its own distributed path (it reads `LOCAL_RANK` or `WORLD_SIZE` "
-        "from the environment)."
-    ),
+    todo="Launch the file's own distributed path with the command in the message (B: the batch the fallback was given).",
     veto=True,
 )
 FILE_KEEPS_A_WRAP = Review(
@@ -106,7 +127,7 @@ class EntryPointSetup(Rule):
 
     CODE = SETUP
     PHASE = PROGRAM
-    USES = ("entry_point", "loaders")
+    USES = ("entry_point", "loaders", "values")
     STYLES = (RUNTIME_STYLE,)
     REVIEW_CODES = (NO_ENTRY_POINT, EXISTING_DISTRIBUTED_SETUP, FILE_KEEPS_A_WRAP)
     DESCRIPTION = "mgpu_runtime.setup() inserted where the program starts"
@@ -275,11 +296,14 @@ class EntryPointSetup(Rule):
         first = program.wraps[0]
         if program.existing:
             line, _ = self.analysis.position(program.existing[0])
+            command = self._own_path_command()
             self.left(
                 first,
                 EXISTING_DISTRIBUTED_SETUP,
-                f"this file sets up distributed training itself (line {line}): its DataParallel fallback is left; "
-                "launch its own distributed path",
+                f"own distributed path (line {line}), DataParallel fallback left: launch that path with `{command}`"
+                if command
+                else f"this file sets up distributed training itself (line {line}): its DataParallel fallback is "
+                "left; launch its own distributed path",
             )
             return
         if program.kept:
@@ -307,6 +331,49 @@ class EntryPointSetup(Rule):
         if not self.rewrite_allowed(entry.anchor):
             return
         self._set_up(entry)
+
+    def _own_path_command(self) -> Optional[str]:
+        """The torchrun command that runs the file's own distributed path, when the launch environment chooses it
+        (``LOCAL_RANK``, ``RANK`` or ``WORLD_SIZE`` read, or a ``--local_rank`` argument) and a command-line option
+        sets its per-process batch: that option at the fallback's batch ``B`` over the ``N`` processes."""
+        analysis = self.analysis
+        arguments = [call for call in analysis.calls if _is_add_argument(call)]
+        local_rank = any(_options(call) & {"--local_rank", "--local-rank"} for call in arguments)
+        if not local_rank and not any(
+            type(node) is cst.SimpleString and node.evaluated_value in _LAUNCH_VARIABLES
+            for node in analysis.tree.nodes(cst.SimpleString)
+        ):
+            return None
+        # Without the option that sets the per-process batch, no command keeps the fallback's global batch.
+        option = self._batch_option(arguments)
+        return f"torchrun --nproc_per_node=N {os.path.basename(analysis.path)} {option} B/N" if option else None
+
+    def _batch_option(self, arguments: list[cst.Call]) -> Optional[str]:
+        """The command-line option of the batch size a loader with a ``DistributedSampler`` reads
+        (``batch_size=args.train_batch_size``, ``--train_batch_size``)."""
+        analysis = self.analysis
+        values = analysis.values
+        for call in analysis.calls_to("torch.utils.data.DataLoader"):
+            sampler, size = keyword(call, "sampler"), keyword(call, "batch_size")
+            if sampler is None or size is None or type(size.value) is not cst.Attribute:
+                continue
+            scope = values.scope_of(call)
+            samplers = [sampler.value, *values.of(sampler.value, scope)]
+            if not any(
+                type(value) is cst.Call and (analysis.resolve(value.func) or "").endswith("DistributedSampler")
+                for value in samplers
+                for value in ([value.body, value.orelse] if type(value) is cst.IfExp else [value])
+            ):
+                continue
+            dest = size.value.attr.value
+            for argument in arguments:
+                declared = _options(argument)
+                named = keyword(argument, "dest")
+                if (named is not None and type(named.value) is cst.SimpleString and named.value.evaluated_value == dest) or any(
+                    option.lstrip("-").replace("-", "_") == dest for option in declared
+                ):
+                    return max(declared, key=len)
+        return None
 
     def _set_up(self, entry: EntryPoint) -> None:
         """Insert the set-up at the entry point."""
@@ -425,6 +492,49 @@ class TorchSetup(EntryPointSetup):
         ):
             # The runtime's wrapper would set up when built; torch's needs the process group before.
             self.left(program.wraps[0], NO_TORCH_FORM, "it trains, but has no main block or main() for init_process_group; file left")
+
+    def _own_path_command(self) -> Optional[str]:
+        """The torchrun command that runs the file's own distributed path, when the launch environment chooses it
+        (``LOCAL_RANK``, ``RANK`` or ``WORLD_SIZE`` read, or a ``--local_rank`` argument) and a command-line option
+        sets its per-process batch: that option at the fallback's batch ``B`` over the ``N`` processes."""
+        analysis = self.analysis
+        arguments = [call for call in analysis.calls if _is_add_argument(call)]
+        local_rank = any(_options(call) & {"--local_rank", "--local-rank"} for call in arguments)
+        if not local_rank and not any(
+            type(node) is cst.SimpleString and node.evaluated_value in _LAUNCH_VARIABLES
+            for node in analysis.tree.nodes(cst.SimpleString)
+        ):
+            return None
+        # Without the option that sets the per-process batch, no command keeps the fallback's global batch.
+        option = self._batch_option(arguments)
+        return f"torchrun --nproc_per_node=N {os.path.basename(analysis.path)} {option} B/N" if option else None
+
+    def _batch_option(self, arguments: list[cst.Call]) -> Optional[str]:
+        """The command-line option of the batch size a loader with a ``DistributedSampler`` reads
+        (``batch_size=args.train_batch_size``, ``--train_batch_size``)."""
+        analysis = self.analysis
+        values = analysis.values
+        for call in analysis.calls_to("torch.utils.data.DataLoader"):
+            sampler, size = keyword(call, "sampler"), keyword(call, "batch_size")
+            if sampler is None or size is None or type(size.value) is not cst.Attribute:
+                continue
+            scope = values.scope_of(call)
+            samplers = [sampler.value, *values.of(sampler.value, scope)]
+            if not any(
+                type(value) is cst.Call and (analysis.resolve(value.func) or "").endswith("DistributedSampler")
+                for value in samplers
+                for value in ([value.body, value.orelse] if type(value) is cst.IfExp else [value])
+            ):
+                continue
+            dest = size.value.attr.value
+            for argument in arguments:
+                declared = _options(argument)
+                named = keyword(argument, "dest")
+                if (named is not None and type(named.value) is cst.SimpleString and named.value.evaluated_value == dest) or any(
+                    option.lstrip("-").replace("-", "_") == dest for option in declared
+                ):
+                    return max(declared, key=len)
+        return None
 
     def _set_up(self, entry: EntryPoint) -> None:
         if dist_taken(self.analysis):

@@ -32,11 +32,15 @@ class LocalRankArgument(Rule):
     parser.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", -1)))
     ```
 
+    A file that sets up distributed training itself is otherwise left as it is (MGP231), its DataParallel
+    fallback too; this rewrite stays, so that ``torchrun`` launches its own distributed path.
+
     ## Fix safety
     Safe: an explicit ``--local_rank=N`` still wins, and without a launcher the default is the old one.
     """
 
-    CODE = Rewrite("MGP131")
+    # Kept when the file stays as it is because it runs distributed training of its own (MGP231).
+    CODE = Rewrite("MGP131", kept_when_left=True)
     PHASE = PROGRAM
     USES = ("bindings",)
     DESCRIPTION = "--local_rank arguments default to the LOCAL_RANK variable torchrun sets"
@@ -77,8 +81,12 @@ class LocalRankArgument(Rule):
             if not self.rewrite_allowed(call):
                 continue
             old = self.analysis.code_of(default.value)
-            from_environment = parse(f'int({self._os_name()}.environ.get("LOCAL_RANK", {old}))')
+            os_name = self._os_name()
+            from_environment = parse(f'int({os_name}.environ.get("LOCAL_RANK", {old}))')
             self.edits.replace(default.value, lambda _, new=from_environment: new)
+            if self.program.existing:
+                # The file's own distributed path stays (MGP231): torchrun launches it once the rank is read.
+                self.edits.keep_if_left(default.value, *(() if self._imports_os() else ("os",)))
             self.rewrote(
                 call, "the local rank defaults to LOCAL_RANK, which torchrun sets instead of passing --local_rank"
             )
@@ -101,6 +109,10 @@ class LocalRankArgument(Rule):
                 return name
         self.edits.need_import("os")
         return "os"
+
+    def _imports_os(self) -> bool:
+        bindings = self.analysis.bindings
+        return any(bindings.qualified_name(name) == "os" for name in bindings.imported)
 
 
 def _is_integer(node: cst.BaseExpression) -> bool:

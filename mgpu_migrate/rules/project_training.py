@@ -58,6 +58,21 @@ TRAINED_BY_IMPORTER = Review(
     ),
     veto=True,
 )
+NO_PROJECT_ROOT = Review(
+    "MGP321",
+    name="handed-out-without-project",
+    summary="the model is handed to the code importing this file, and no project root shows that code: file left",
+    why=(
+        "The wrap is in a function that returns the model (`build_model()`) or in a class that keeps it on `self`, "
+        "and nothing in this file trains it: the code that imports this file does. Inside a project (a directory "
+        "above holding `pyproject.toml`, `setup.py`, `setup.cfg` or `.git`) the tool reads that code and says "
+        "where it is (MGP320); here it finds no project root (a lone file in a scratch folder) and no importer "
+        "beside the file, so it cannot see who trains the model. Migrating the wrap alone would give a program whose every "
+        "process trains on whole batches. The file is left as it is."
+    ),
+    todo="Run the tool in the project's checkout, over the training script together with this file.",
+    veto=True,
+)
 _BUILTINS = frozenset(dir(builtins))
 
 
@@ -74,7 +89,8 @@ class ProjectTraining(Rule):
     a function that returns the model (``load_model()``) or in a class that holds it (``self.model =
     DataParallel(...)`` in a wrapper ``nn.Module``), the model goes to the modules that import this one, which
     a bounded byte search of the project finds: the file is left, and the diagnostic names the importer that
-    uses the function or class (MGP320).
+    uses the function or class (MGP320). Such a file with no project root above it and no importer beside it
+    (a lone file in a scratch folder) is left too, since nothing shows who trains the model (MGP321).
 
     ## Why is this bad?
     The training step, its loss and the loop over the data are in that module: the tool cannot tell from
@@ -100,7 +116,7 @@ class ProjectTraining(Rule):
     CODE = TRAINED_ELSEWHERE
     PHASE = CHECKS
     USES = ("bindings", "loaders", "models", "values")
-    REVIEW_CODES = (TRAINED_BY_IMPORTER, TRAINED_ELSEWHERE, EVALUATED_ELSEWHERE)
+    REVIEW_CODES = (TRAINED_BY_IMPORTER, TRAINED_ELSEWHERE, EVALUATED_ELSEWHERE, NO_PROJECT_ROOT)
     DESCRIPTION = "models handed to the project's training code in other modules keep the file off DDP"
     TARGETS = (DDP,)
     EXAMPLES = (
@@ -128,10 +144,10 @@ class ProjectTraining(Rule):
 
     def apply(self) -> None:
         program = self.program
-        project = project_of(self.analysis.path)
-        if project is None or not program.migrates:
+        if not program.migrates or any(self.analysis.loaders.is_backward(call) for call in self.analysis.calls):
             return
-        if any(self.analysis.loaders.is_backward(call) for call in self.analysis.calls):
+        project = project_of(self.analysis.path)
+        if project is None:  # text that is no file (stdin): nothing to read
             return
         evaluated = []  # the project's functions that get the model and do not train it
         unknown = False  # a call out of sight (a library's) gets the model
@@ -158,17 +174,10 @@ class ProjectTraining(Rule):
                 "of another module: file left as it is",
             )
             return
-        holder = self._holder(program.wraps[0])
-        found = importers(self.analysis.path, holder.name.value) if holder is not None else []
-        if found:
-            kind = "class" if type(holder) is cst.ClassDef else "function"
-            where = found[0].where(os.path.dirname(os.path.abspath(self.analysis.path)))
-            self.left(
-                program.wraps[0],
-                TRAINED_BY_IMPORTER,
-                f"no training here: the {kind} `{holder.name.value}` hands the model to the modules importing this one "
-                f"({where}{', which trains' if found[0].trains else ''}): migrate there; file left as it is",
-            )
+        if self._handed_to_importers(program):
+            return
+        if project.root is None:  # importers were searched for in the file's own folder only
+            self._left_without_project(program)
             return
         # The model runs (in this file, or in the project's code it goes to), and nothing can train it; an
         # evaluation script already left as one needs no second word.
@@ -184,6 +193,32 @@ class ProjectTraining(Rule):
                 EVALUATED_ELSEWHERE,
                 f"the model is only evaluated (it goes to {where}, no backward pass, no optimizer): file left as it is",
             )
+
+    def _left_without_project(self, program) -> None:
+        """MGP321 when the wrap is held by a function or class whose users no project shows."""
+        holder = self._holder(program.wraps[0])
+        if holder is not None:
+            self.left(
+                program.wraps[0],
+                NO_PROJECT_ROOT,
+                f"no training here: the {_kind(holder)} `{holder.name.value}` hands the model to the code importing "
+                "this file, and no project root above it shows that code: file left as it is",
+            )
+
+    def _handed_to_importers(self, program) -> bool:
+        """Report MGP320 when the wrap is held by a function or class that modules of the project import."""
+        holder = self._holder(program.wraps[0])
+        found = importers(self.analysis.path, holder.name.value) if holder is not None else []
+        if not found:
+            return False
+        where = found[0].where(os.path.dirname(os.path.abspath(self.analysis.path)))
+        self.left(
+            program.wraps[0],
+            TRAINED_BY_IMPORTER,
+            f"no training here: the {_kind(holder)} `{holder.name.value}` hands the model to the modules importing this "
+            f"one ({where}{', which trains' if found[0].trains else ''}): migrate there; file left as it is",
+        )
+        return True
 
     def _holder(self, wrap: cst.Call) -> Optional[cst.FunctionDef | cst.ClassDef]:
         """The function that returns the wrapped model to its callers, or the class whose method keeps it on
@@ -235,6 +270,10 @@ class ProjectTraining(Rule):
         scope = self.analysis.values.scope_of(call)
         models = self.analysis.models
         return any(models.model_sites(arg.value, scope) for arg in call.args)
+
+
+def _kind(holder: cst.FunctionDef | cst.ClassDef) -> str:
+    return "class" if type(holder) is cst.ClassDef else "function"
 
 
 def _is_self_attribute(target: cst.Attribute) -> bool:

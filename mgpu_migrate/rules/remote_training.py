@@ -4,23 +4,25 @@ from __future__ import annotations
 
 import libcst as cst
 
+from mgpu_migrate.analysis.project import project_of
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rule
 
 
 INFERENCE_ONLY = Review(
     "MGP263",
     name="evaluation-script",
-    summary="an evaluation script (the model runs here; no backward pass, no optimizer): left as DataParallel",
+    summary="a script that does not train (no backward pass, no optimizer): left as DataParallel",
     why=(
-        "The file only evaluates (the model runs here, with no backward pass and no optimizer, and goes nowhere "
-        "else): one process per GPU would evaluate everything once per process, where DataParallel splits each "
-        "batch over the GPUs. The file is left as it is."
+        "Nothing in the file trains (no backward pass, no optimizer), and the model stays in it: the script "
+        "evaluates it (runs it here, or hands it to a test function or an evaluator engine out of sight), or only "
+        "loads and writes its weights (a checkpoint converter). One process per GPU would do all of that once per "
+        "process, every process writing the same files, where DataParallel splits each batch over the GPUs. The "
+        "file is left as it is."
     ),
     todo="Nothing; add `# noqa: MGP263` at the wrap to migrate it anyway.",
     veto=True,
     only_evaluates=True,
 )
-_NO_GRADIENTS = frozenset({"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad"})
 
 
 TRAINED_ELSEWHERE = Review(
@@ -66,9 +68,11 @@ class RemoteTraining(Rule):
     loader = mgpu_runtime.distribute_loader(DataLoader(dataset, batch_size=256, shuffle=True))
     ```
 
-    A file that only evaluates (its model runs in it, with no backward pass and no optimizer, and goes
-    nowhere else), an evaluation or inference script, is left as it is (MGP263): under DDP every process
-    would evaluate everything, while DataParallel splits each batch over the GPUs.
+    A script that does not train (no backward pass, no optimizer) and keeps the model to itself, whether it
+    runs the model (an evaluation, a demo), hands it to a function or engine out of sight (``test(model,
+    loader)``, ``create_supervised_evaluator(model)``), or only loads and writes its weights (a checkpoint
+    converter), is left as it is (MGP263): under DDP every process would do all the work and write the same
+    files, while DataParallel splits each batch over the GPUs.
 
     ## Fix safety
     Only the wrap is rewritten (MGP101); the runtime's wrapper calls ``setup()`` when it is built.
@@ -76,7 +80,7 @@ class RemoteTraining(Rule):
 
     CODE = TRAINED_ELSEWHERE
     PHASE = PROGRAM
-    USES = ("loaders", "models")
+    USES = ("loaders", "models", "values")
     REVIEW_CODES = (TRAINED_ELSEWHERE, INFERENCE_ONLY)
     DESCRIPTION = "wraps whose training loop is in another file reported"
     TARGETS = (DDP,)
@@ -94,6 +98,39 @@ class RemoteTraining(Rule):
             None,
             DDP,
             ("MGP263",),
+        ),
+        Example(
+            """
+            import sys
+
+            import torch
+            import torch.nn as nn
+
+            model = nn.DataParallel(Net())
+            model.load_state_dict(torch.load(sys.argv[1]))
+            torch.save(model.module.state_dict(), sys.argv[2])
+            """,
+            None,
+            DDP,
+            ("MGP263",),
+            message="does not train or run the model (it loads its weights",
+            line=6,
+            name="a checkpoint converter",
+        ),
+        Example(
+            """
+            import torch.nn as nn
+            from evaluation_kit import test
+
+            model = nn.DataParallel(Net()).cuda()
+            print(test(model, test_loader))
+            """,
+            None,
+            DDP,
+            ("MGP263",),
+            message="the model goes to `test(...)`): left as DataParallel, one process",
+            line=4,
+            name="a test function out of sight",
         ),
         Example(
             """
@@ -120,9 +157,11 @@ class RemoteTraining(Rule):
         if not program.migrates or self.analysis.loaders.training_loops:
             return
         escapes = self.analysis.models.model_escapes()
-        if self._only_evaluates(program, escapes):
+        sites = [site for site in map(self.analysis.models.site_of, program.wraps) if site is not None]
+        if self._does_not_train(sites, escapes):
+            said = self._what_it_does(sites, escapes)
             for wrap in program.wraps:  # each wrap stays: each says why
-                self._left_for_evaluation(wrap)
+                self.left(wrap, INFERENCE_ONLY, said)
             return
         for wrap in program.wraps:  # once per file: the advice is the same for every wrap
             site = self.analysis.models.site_of(wrap)
@@ -139,51 +178,81 @@ class RemoteTraining(Rule):
             )
             return
 
-    def _left_for_evaluation(self, wrap: cst.Call) -> None:
-        self.left(
-            wrap,
-            INFERENCE_ONLY,
-            "this file only evaluates (no backward pass, no optimizer): left as DataParallel, which splits each batch",
-        )
+    def _what_it_does(self, sites, escapes) -> str:
+        if self._runs_here(sites):
+            return "this file only evaluates (no backward pass, no optimizer): left as DataParallel, which splits each batch"
+        gone = [escape for site in sites for escape in escapes.get(site, [])]
+        if gone:
+            return (
+                f"this file does not train (no backward pass, no optimizer; the model goes to {gone[0].what}): left as "
+                "DataParallel, one process"
+            )
+        return "this file does not train or run the model (it loads its weights; no backward pass, no optimizer): left as DataParallel"
 
-    def _run_without_gradients(self, sites) -> set:
-        """The sites whose every forward call runs under ``torch.no_grad()`` / ``inference_mode()``: their outputs
-        hold no graph, so no code they go to (``np.argsort``, a plot) can train the model through them."""
-        calls: dict = {}
-        for call, _, found in self.analysis.models.model_calls():
-            for site in found & sites:
-                calls.setdefault(site, []).append(call)
-        return {site for site, forwards in calls.items() if all(self._without_gradients(call) for call in forwards)}
-
-    def _without_gradients(self, node: cst.CSTNode) -> bool:
-        for ancestor in self.analysis.tree.ancestors(node):
-            if type(ancestor) is cst.With and any(
-                type(item.item) is cst.Call and self.analysis.resolve(item.item.func) in _NO_GRADIENTS
-                for item in ancestor.items
-            ):
-                return True
-        return False
-
-    def _only_evaluates(self, program, escapes) -> bool:
-        """The model runs in this file, nothing here trains (no backward pass, no optimizer built), and no
-        wrapped model goes to code elsewhere."""
-        models = self.analysis.models
-        sites = {models.site_of(wrap) for wrap in program.wraps} - {None}
-        outputs_escape = models.output_escapes()
-        graphless = self._run_without_gradients(sites)
-        if any(escapes.get(site) or (outputs_escape.get(site) and site not in graphless) for site in sites):
-            return False  # the model or its outputs (with their graph) go to code that may train them
+    def _does_not_train(self, sites, escapes) -> bool:
+        """Nothing here trains (no backward pass, no optimizer made); the model stays in this program (it is not
+        returned to callers or kept by a class for its importers: MGP262 and MGP320 say where it goes), and
+        neither it nor its outputs go to the project's own code (MGP285 or MGP286 say what that code does); and
+        the program does something with it: runs it, hands it to a function out of sight (``test(model,
+        loader)``, an ignite evaluator), or loads weights into it (a checkpoint converter). Then the file
+        evaluates, converts or exports the model, and one process does that best."""
+        analysis = self.analysis
+        if not sites or any(
+            analysis.loaders.is_backward(call) or (analysis.resolve(call.func) or "").startswith("torch.optim.")
+            for call in analysis.calls
+        ):
+            return False
+        models = analysis.models
         index = models.index
+        returned = {value for _, value, _ in index.returns}
+        if any(self._held(site) for site in sites) or any(
+            escape.node in returned for site in sites for escape in escapes.get(site, [])
+        ):
+            return False
         if any(
-            not index.call_sites(function) and models.derived_sites(value, scope) & sites
+            not index.call_sites(function) and models.derived_sites(value, scope) & set(sites)
             for function, value, scope in index.returns
         ):
             return False  # a step function returns a loss (or outputs) to a caller elsewhere
-        if not any(found & sites for _, _, found in models.model_calls()):
-            return False  # a module that builds the model: it runs elsewhere
-        calls = self.analysis.calls
-        return not any(
-            self.analysis.loaders.is_backward(call)
-            or (self.analysis.resolve(call.func) or "").startswith("torch.optim.")
-            for call in calls
+        project = project_of(analysis.path)
+        outputs = models.output_escapes()
+        for site in sites:
+            for escape in [*escapes.get(site, []), *outputs.get(site, [])]:
+                qualified = analysis.resolve(escape.node.func) if type(escape.node) is cst.Call else None
+                if project is not None and qualified and project.find(qualified) is not None:
+                    return False  # the project's own code: ProjectTraining reads it
+        handed = any(escapes.get(site) for site in sites)
+        return self._runs_here(sites) or handed or self._loads_weights(sites)
+
+    def _runs_here(self, sites) -> bool:
+        """A forward call of the model at module level or in a function this file calls."""
+        tree, index = self.analysis.tree, self.analysis.models.index
+        for call, _, found in self.analysis.models.model_calls():
+            function = tree.function(call)
+            if found & set(sites) and (function is None or index.call_sites(function)):
+                return True
+        return False
+
+    def _loads_weights(self, sites) -> bool:
+        """``model.load_state_dict(...)`` (or ``model.module.load_state_dict``) on a wrapped model."""
+        models = self.analysis.models
+        for call in self.analysis.calls:
+            if type(call.func) is not cst.Attribute or call.func.attr.value != "load_state_dict":
+                continue
+            owner = call.func.value
+            if type(owner) is cst.Attribute and owner.attr.value == "module":
+                owner = owner.value
+            if models.model_sites(owner, self.analysis.values.scope_of(call)) & set(sites):
+                return True
+        return False
+
+    def _held(self, site) -> bool:
+        """The wrapped model is kept on ``self`` by a method of a class: the class's users run it."""
+        tree = self.analysis.tree
+        function = tree.function(site.call)
+        if function is None or not any(type(node) is cst.ClassDef for node in tree.ancestors(function)):
+            return False
+        return any(
+            type(target) is cst.Attribute and type(target.value) is cst.Name and target.value.value == "self"
+            for target, _ in self.analysis.models.assigned_to(site)
         )

@@ -223,7 +223,7 @@ class TrainingData(Rule):
                         trace.loop,
                         TRAINING_DATA_NOT_FOLLOWED,
                         f"this training loop's data (`{shorten(code(data))}`) is not followed to a DataLoader: not "
-                        "split",
+                        "split, every process loads each whole batch",
                     )
             elif trace.kind == LOADER:
                 point = self._wrap_point(trace, summed)
@@ -257,7 +257,25 @@ class TrainingData(Rule):
         if not self.analysis.loaders.counts(trace.loop):
             return trace.path[-1] if trace.path else trace.loop.iter
         drawn = contains(trace.loop.body, lambda n: type(n) is cst.Call and _is_name(n.func, "next"))
-        return drawn[0] if drawn else None
+        if drawn:
+            return drawn[0]
+        # A batch fetched each step by a call of the script's own (`x, y = train_set.next_batch()`, a chainer-style
+        # `batch = convert(train_iter.next())`): the first such value the loop's body stores in names it then
+        # passes to a call.
+        passed = {
+            name.value
+            for call in contains(trace.loop.body, lambda n: type(n) is cst.Call)
+            for arg in call.args
+            for name in contains(arg.value, lambda n: type(n) is cst.Name)
+        }
+        for assign in contains(trace.loop.body, lambda n: type(n) is cst.Assign):
+            value = assign.value
+            if type(value) is not cst.Call or (self.analysis.resolve(value.func) or "").startswith("torch."):
+                continue
+            stored = {name.value for target in assign.targets for name in contains(target.target, lambda n: type(n) is cst.Name)}
+            if stored & passed:
+                return value
+        return None
 
     def _unsure_message(self, trace: LoaderTrace) -> str:
         line = self.analysis.position

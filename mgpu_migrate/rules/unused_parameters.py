@@ -26,12 +26,16 @@ class UnusedParameters(Rule):
     ## What it does
     Adds ``find_unused_parameters=True`` to the wrapper of a model (a class of this file) whose ``forward``
     may run without some of its layers: a layer built in ``__init__`` that ``forward`` (or a method it calls)
-    never uses, uses only under a condition, or uses only after an early ``return``.
+    never uses, uses only under a condition, or uses only after an early ``return``. Also to the wrapper of
+    a model whose parameters are frozen after the wrap: ``requires_grad`` set (or ``requires_grad_()``
+    called) after the wrap in this file, or in a method of the model's class that is called through the
+    wrapper (``model.module.freeze_backbone(epoch == 0)``).
 
     ## Why is this bad?
     DDP reduces each parameter's gradient when it is ready, and by default waits for all of them: a step
     in which a layer got no gradient fails ("Expected to have finished reduction in the prior iteration")
-    or hangs. DataParallel did not care.
+    or hangs. DataParallel did not care. A parameter frozen after the wrap is one DDP still waits for: its
+    message blames the ``forward`` for not using it, when the script froze it.
 
     ## Example
     ```python
@@ -55,7 +59,7 @@ class UnusedParameters(Rule):
 
     CODE = Rewrite("MGP130")
     PHASE = PROGRAM
-    USES = ("values",)
+    USES = ("models", "values")
     DESCRIPTION = "find_unused_parameters=True for a model whose forward may skip layers"
     TARGETS = (DDP,)
     EXAMPLES = (
@@ -149,15 +153,45 @@ class UnusedParameters(Rule):
             return
         classes = {s.name.value: s for s in self.analysis.module.body if type(s) is cst.ClassDef}
         for wrap in program.wraps:
-            if keyword(wrap, "find_unused_parameters") is not None:
+            if keyword(wrap, "find_unused_parameters") is not None or not self.rewrite_allowed(wrap):
                 continue
             model = self._model_class(wrap, classes)
             skipped = _maybe_skipped_layers(self.analysis, model, classes) if model is not None else []
-            if not skipped or not self.rewrite_allowed(wrap):
-                continue
+            if skipped:
+                layers = ", ".join(f"self.{name}" for name in skipped)
+                why = f"{model.name.value}.forward may run without {layers}"
+            else:
+                why = self._frozen_after(wrap, model)
+                if why is None:
+                    continue
             self.edits.replace(wrap, lambda call: with_keyword(call, "find_unused_parameters", cst.Name("True")))
-            layers = ", ".join(f"self.{name}" for name in skipped)
-            self.rewrote(wrap, f"find_unused_parameters=True: {model.name.value}.forward may run without {layers}")
+            self.rewrote(wrap, f"find_unused_parameters=True: {why}")
+
+    def _frozen_after(self, wrap: cst.Call, model: Optional[cst.ClassDef]) -> Optional[str]:
+        """What freezes parameters after ``wrap`` wrapped them: a method of the model's class that sets
+        ``requires_grad``, called through a wrapped model; or such a statement after the wrap in this file."""
+        analysis = self.analysis
+        models = analysis.models
+        site = models.site_of(wrap)
+        freezing = {}
+        if model is not None:
+            freezing = {name: method for name, method in _methods(model).items() if _freezes(method) and name != "__init__"}
+        for call in analysis.calls:
+            func = call.func
+            if type(func) is not cst.Attribute or func.attr.value not in freezing:
+                continue
+            owner = func.value
+            if type(owner) is cst.Attribute and owner.attr.value == "module":
+                owner = owner.value
+            if site in models.model_sites(owner, analysis.values.scope_of(call)):
+                line = analysis.position(call)[0]
+                return f"`{model.name.value}.{func.attr.value}` freezes parameters after the wrap (line {line})"
+        wrapped_at = analysis.position(wrap)
+        for node in _freezes(analysis.module):
+            in_class = any(type(ancestor) is cst.ClassDef for ancestor in analysis.tree.ancestors(node))
+            if not in_class and analysis.position(node) > wrapped_at:
+                return f"line {analysis.position(node)[0]} freezes parameters after the wrap"
+        return None
 
     def _model_class(self, wrap: cst.Call, classes: dict[str, cst.ClassDef]) -> Optional[cst.ClassDef]:
         module = argument(wrap, "module", 0)
@@ -174,6 +208,19 @@ class UnusedParameters(Rule):
             if type(value) is cst.Call and type(value.func) is cst.Name and value.func.value in classes:
                 return classes[value.func.value]
         return None
+
+
+def _freezes(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """``x.requires_grad = ...`` and ``x.requires_grad_(...)`` inside ``node``."""
+    return contains(
+        node,
+        lambda n: (
+            type(n) is cst.Assign
+            and any(type(t.target) is cst.Attribute and t.target.attr.value == "requires_grad" for t in n.targets)
+        )
+        or (type(n) is cst.Call and type(n.func) is cst.Attribute and n.func.attr.value == "requires_grad_"),
+        into_functions=True,
+    )
 
 
 def _methods(cls: cst.ClassDef) -> dict[str, cst.FunctionDef]:

@@ -92,10 +92,13 @@ PARTIAL_MODEL_WRAP = Review(
     summary="only part of a model is wrapped: DistributedDataParallel would average that part's gradients only",
     why=(
         "Only part of a model is wrapped: DistributedDataParallel would average that part's gradients only, "
-        "and each process would train its own copy of the rest. The wrap stays DataParallel, so the file is not "
-        "made a distributed program."
+        "and each process would train its own copy of the rest. Or every part of a model class is wrapped on its "
+        "own (its networks each in a DataParallel, the class holding nothing else): one DistributedDataParallel "
+        "per part would reduce each part's gradients at its own time, over forward calls that differ from step to "
+        "step (a network unrolled several times). The wrap stays DataParallel, so the file is not made a "
+        "distributed program."
     ),
-    todo="Wrap the whole model to migrate it.",
+    todo="Wrap the whole model, once, where it is trained, to migrate it.",
     kept_when_left=True,
 )
 WRAP_OF_NON_MODEL = Review(
@@ -362,11 +365,13 @@ class WrapperSwap(Rule):
         site = self.analysis.models.site_of(call)
         part = self.analysis.models.is_submodule(site) if site is not None else None
         if part is not None:
-            self.left(
-                call,
-                PARTIAL_MODEL_WRAP,
-                f"only part of a model is wrapped (`{shorten(part)}`): left as DataParallel, and so is the file",
+            alone = self.analysis.models.parts_wrapped_alone(site)
+            said = (
+                f"each part of `{alone[0]}` is wrapped alone ({alone[1]} networks, nothing else in it)"
+                if alone
+                else f"only part of a model is wrapped (`{shorten(part)}`)"
             )
+            self.left(call, PARTIAL_MODEL_WRAP, f"{said}: left as DataParallel, and so is the file")
             return False
         unwrapped = self._unwrapped_later(site) if site is not None else None
         if unwrapped is not None:

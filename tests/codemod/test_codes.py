@@ -22,7 +22,7 @@ PACKAGE = Path(mgpu_migrate.__file__).parent
 MAX_MESSAGE = 160
 SECTIONS = {
     REWRITE: ("## What it does", "## Why is this bad?", "## Example", "## Use instead", "## Fix safety"),
-    REVIEW: ("## What it found", "## Why it was left", "## What to do"),
+    REVIEW: ("## Why it was left", "## What to do"),
     ERROR: ("## What happened", "## What to do"),
     RETIRED: ("## Why it is retired", "## What to do"),
 }

@@ -48,7 +48,7 @@ def test_a_module_that_does_not_parse_is_unknown(tmp_path):
     (tmp_path / "setup.py").write_text("")
     (tmp_path / "legacy.py").write_text("print 'python 2'\nclass Wrapper(object): pass\n")
     script = tmp_path / "train.py"
-    script.write_text("import torch.nn as nn\nfrom legacy import Wrapper\n\nmodel = Wrapper(nn.DataParallel(net))\n")
+    script.write_text("import torch.nn as nn\nfrom legacy import Wrapper\n\nmodel = Wrapper(nn.DataParallel(net))\nmodel(x).sum().backward()\n")
     result = migrate_source(script.read_text(), "ddp", str(script))
     assert result.error is None and "MGP101" in codes(result)
 
@@ -194,3 +194,22 @@ def test_the_files_own_functions_are_read_from_the_text_being_migrated(tmp_path)
     path = tmp_path / "sliced_score_in_file.py"
     path.write_text("")
     assert "MGP311" in codes(migrate_source(source, "ddp", str(path), TORCH_OPTIONS))
+
+
+def test_a_builder_with_no_project_root_is_left(tmp_path):
+    """Issue 23, item 10: the same builders that their checkout leaves (MGP320, importers found) are left when
+    passed alone from a scratch folder with no project marker above it (MGP321), rather than migrated as wraps
+    whose trainer nothing shows."""
+    builders = FIXTURES / "projects" / "builders" / "models"
+    scratch = tmp_path / "scratch"  # the importer search reads the folder above it: only this one
+    scratch.mkdir()
+    assert project.find_root(str(scratch)) is None
+    for name, line in (("loading.py", 12), ("wrapper.py", 14)):
+        in_checkout = migrate_source((builders / name).read_text(), "ddp", str(builders / name))
+        assert codes(in_checkout) == ["MGP320"]
+        shutil.copy(builders / name, scratch / name)
+        alone = migrate_source((builders / name).read_text(), "ddp", str(scratch / name))
+        assert codes(alone) == ["MGP321"] and alone.diagnostics[0].line == line, (name, alone.diagnostics)
+        assert alone.output == (builders / name).read_text()
+    done = run_cli("loading.py", "--to", "ddp", "--check", cwd=scratch)
+    assert done.returncode == 0 and b"loading.py:12:17: MGP321" in done.stderr, done.stderr

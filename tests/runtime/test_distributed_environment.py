@@ -13,6 +13,7 @@ from mgpu_runtime.distributed.environment import (
     first_host,
     tasks_on_node,
 )
+from mgpu_runtime.distributed import process_group
 from mgpu_runtime.distributed.launch import requested_process_count, torchrun_command
 from mgpu_runtime.distributed.slicing import spans
 
@@ -172,6 +173,33 @@ class TestRelaunch:
 
     def test_without_it_one_process_per_visible_gpu(self):
         assert requested_process_count({}) == max(1, torch.cuda.device_count())
+
+    def test_gpus_the_script_chose_are_one_process_each(self):
+        expected = 2 if torch.cuda.is_available() else 1  # no GPU: one process, whatever was chosen
+        assert requested_process_count({}, (2, 3)) == expected
+        assert requested_process_count({"MGPU_NPROC": "3"}, (2, 3)) == 3
+
+
+class TestChosenDevices:
+    """``setup(devices=...)``: a DataParallel's device_ids, kept as the GPUs the processes run on."""
+
+    @pytest.mark.parametrize(
+        ("devices", "chosen"),
+        [([2, 3], (2, 3)), ("2,3", (2, 3)), (["1", " 0"], (1, 0)), ((torch.device("cuda:3"),), (3,)), (None, None)],
+    )
+    def test_the_spellings_of_a_choice(self, devices, chosen):
+        assert process_group.chosen_devices(devices) == chosen
+
+    @pytest.mark.parametrize("devices", [[], "", ["-1"], [torch.device("cuda")]])
+    def test_no_gpu_is_an_error(self, devices):
+        with pytest.raises((LaunchEnvironmentError, ValueError)):
+            process_group.chosen_devices(devices)
+
+    def test_local_ranks_take_the_chosen_gpus_in_turn(self):
+        assert [process_group.device_index(rank, 8, (2, 5)) for rank in range(3)] == [2, 5, 2]
+        assert [process_group.device_index(rank, 2, None) for rank in range(3)] == [0, 1, 0]
+        with pytest.raises(LaunchEnvironmentError, match="GPU 4, but only 2 are visible"):
+            process_group.device_index(0, 2, (4,))
 
     @pytest.mark.parametrize("value", ["0", "two", "-1"])
     def test_nonsense_is_an_error(self, value):

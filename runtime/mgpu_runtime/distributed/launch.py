@@ -29,13 +29,16 @@ _PROCESSES_PER_CORE = 4
 RELAUNCHED_VARIABLE = "MGPU_RELAUNCHED"
 
 
-def requested_process_count(environ: Mapping[str, str]) -> int:
-    """Processes wanted for a plainly started script: ``MGPU_NPROC``, else one per visible CUDA device."""
+def requested_process_count(environ: Mapping[str, str], chosen: Sequence[int] | None = None) -> int:
+    """Processes wanted for a plainly started script: ``MGPU_NPROC``, else one per GPU the script chose
+    (``setup(devices=...)``), else one per visible CUDA device."""
     text = environ.get(NPROC_VARIABLE, "").strip()
     if not text:
         # device_count() asks the driver without creating a context, so the device is still unchosen. Only real
         # GPUs count: devices emulated on the CPU (MGPU_CPU_REPLICAS, a test's) are no reason to relaunch.
-        return max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1
+        if not torch.cuda.is_available():
+            return 1
+        return len(chosen) if chosen else max(1, torch.cuda.device_count())
     if not text.isdigit() or int(text) < 1:
         raise LaunchEnvironmentError(f"{NPROC_VARIABLE}={text!r} must be a whole number of processes, 1 or more")
     wanted = int(text)
@@ -67,24 +70,30 @@ def torchrun_command(process_count: int, interpreter: str, original_argv: Sequen
     ]
 
 
-def relaunch_notice(process_count: int, environ: Mapping[str, str]) -> str:
+def relaunch_notice(process_count: int, environ: Mapping[str, str], chosen: Sequence[int] | None = None) -> str:
     """The one line said before relaunching: how many processes, on which devices, and how to choose."""
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and chosen:
+        devices = "GPUs " + ",".join(map(str, chosen)) + f" of the {torch.cuda.device_count()} visible"
+    elif torch.cuda.is_available():
         visible = environ.get("CUDA_VISIBLE_DEVICES")
         devices = f"GPUs {visible}" if visible else f"GPUs 0-{torch.cuda.device_count() - 1}"
         devices += f" ({torch.cuda.device_count()} visible)" if process_count != torch.cuda.device_count() else ""
     else:
         devices = "the CPU (gloo)"
-    how = f"{NPROC_VARIABLE}={process_count}" if environ.get(NPROC_VARIABLE) else "one per visible GPU"
+    how = (
+        f"{NPROC_VARIABLE}={process_count}"
+        if environ.get(NPROC_VARIABLE)
+        else "one per GPU the script chose" if chosen else "one per visible GPU"
+    )
     return (
         f"mgpu_runtime: relaunching under torchrun as {process_count} processes on {devices} ({how}); "
         f"{NPROC_VARIABLE}=N chooses N, {NPROC_VARIABLE}=1 keeps one process, MGPU_LOG=all|prefix shows every rank's output"
     )
 
 
-def relaunch_if_requested() -> None:
+def relaunch_if_requested(chosen: Sequence[int] | None = None) -> None:
     """Exec torchrun when a plainly started script wants more than one process; return when it wants one."""
-    process_count = requested_process_count(os.environ)
+    process_count = requested_process_count(os.environ, chosen)
     if process_count == 1:
         return
     if os.environ.get(RELAUNCHED_VARIABLE):
@@ -100,7 +109,7 @@ def relaunch_if_requested() -> None:
         )
         return
     command = torchrun_command(process_count, sys.executable, getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
-    print(relaunch_notice(process_count, os.environ), file=sys.stderr)
+    print(relaunch_notice(process_count, os.environ, chosen), file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, command, {**os.environ, RELAUNCHED_VARIABLE: "1"})

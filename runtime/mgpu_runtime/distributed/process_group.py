@@ -31,6 +31,7 @@ import os
 import socket
 import sys
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -77,16 +78,21 @@ class Job:
 _job: Job | None = None
 
 
-def setup() -> None:
-    """Join the job this process was launched into (see the module doc); a no-op after the first call."""
+def setup(devices: Sequence[int | str | torch.device] | str | None = None) -> None:
+    """Join the job this process was launched into (see the module doc); a no-op after the first call.
+
+    ``devices``: the GPUs the script chose (a DataParallel's ``device_ids``: indices among the visible GPUs,
+    ``"2,3"``, ``torch.device("cuda:2")``). A plainly started script then relaunches as one process per chosen
+    GPU, and local rank r runs on ``devices[r]``, also under a launcher; without CUDA they are ignored."""
     global _job
     if _job is not None:
         return
+    chosen = chosen_devices(devices)
     environment = detect_environment(os.environ)
     # torchrun --nproc_per_node=1 is a deliberate choice; one SLURM task is just SLURM's default.
     if environment.world_size == 1 and environment.launcher != TORCHRUN:
-        relaunch_if_requested()
-    device, shares_device = _bind_device(environment)
+        relaunch_if_requested(chosen)
+    device, shares_device = _bind_device(environment, chosen)
     owns_process_group = not dist.is_initialized()
     if owns_process_group:
         _init_process_group(environment, _backend(device, shares_device))
@@ -176,15 +182,41 @@ def _environment() -> LaunchEnvironment:
     return detect_environment(os.environ)
 
 
-def _bind_device(environment: LaunchEnvironment) -> tuple[torch.device, bool]:
+def chosen_devices(devices: Sequence[int | str | torch.device] | str | None) -> tuple[int, ...] | None:
+    """``setup(devices=...)`` as GPU indices: ``[2, 3]``, ``"2,3"``, ``["2", "3"]``, ``[torch.device("cuda:2")]``."""
+    if devices is None:
+        return None
+    items = devices.split(",") if isinstance(devices, str) else list(devices)
+    chosen = []
+    for item in items:
+        index = item.index if isinstance(item, torch.device) else int(str(item).strip())
+        if index is None or index < 0:
+            raise LaunchEnvironmentError(f"setup(devices={devices!r}): {item!r} is no GPU index")
+        chosen.append(index)
+    if not chosen:
+        raise LaunchEnvironmentError(f"setup(devices={devices!r}) chooses no GPU")
+    return tuple(chosen)
+
+
+def device_index(local_rank: int, visible: int, chosen: tuple[int, ...] | None) -> int:
+    """The GPU a local rank runs on: the chosen GPUs in turn, else every visible one."""
+    if chosen is None:
+        return local_rank % visible
+    missing = [index for index in chosen if index >= visible]
+    if missing:
+        raise LaunchEnvironmentError(f"the script chose GPU {missing[0]}, but only {visible} are visible")
+    return chosen[local_rank % len(chosen)]
+
+
+def _bind_device(environment: LaunchEnvironment, chosen: tuple[int, ...] | None = None) -> tuple[torch.device, bool]:
     """This process's device, made current before any CUDA work; and whether it is shared with other ranks."""
     if not torch.cuda.is_available():
         return torch.device("cpu"), False
     visible = torch.cuda.device_count()
     shares_device = os.environ.get(SHARE_DEVICE_VARIABLE, "") not in ("", "0") or (
-        environment.launcher != SLURM and environment.local_world_size > visible
+        environment.launcher != SLURM and environment.local_world_size > (len(chosen) if chosen else visible)
     )
-    index = environment.local_rank % visible
+    index = device_index(environment.local_rank, visible, chosen)
     torch.cuda.set_device(index)
     return torch.device("cuda", index), shares_device
 
