@@ -136,12 +136,14 @@ def _codes(value: object, key: str, where: str) -> tuple[str, ...]:
 
 
 def _check_known(codes: tuple[str, ...], key: str, where: str) -> None:
-    """Every code names a review code of the registry, or is a prefix of one (a typo would select nothing)."""
-    from mgpu_migrate.codes import CODES, REVIEW  # the registry loads the rules: only when codes are given
+    """Every code names a review code of the registry, or is a prefix of one (a typo would select nothing). A
+    retired code is known too: a setting written when it was reported stays harmless."""
+    from mgpu_migrate.codes import CODES, RETIRED, REVIEW  # the registry loads the rules: only when codes are given
 
     known = [code for code, info in CODES.items() if info.kind == REVIEW]
+    retired = [code for code, info in CODES.items() if info.kind == RETIRED]
     for code in codes:
-        if not any(candidate.startswith(code) for candidate in known):
+        if not any(candidate.startswith(code) for candidate in known + retired):
             raise ConfigError(
                 f"{where}: {key}: {code} is no code of mgpu-migrate's (the sites left for a person: {', '.join(known)}; "
                 "--list-codes says what each is)"
