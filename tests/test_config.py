@@ -143,7 +143,7 @@ def test_exclude_pattern_semantics(tmp_path, pattern, path, excluded):
 @pytest.mark.parametrize("where", ["command line", "pyproject"])
 def test_an_unknown_code_to_select_or_ignore_is_refused_with_the_known_ones(tmp_path, where):
     if where == "pyproject":
-        project = _project(tmp_path, 'to = "ddp"\nignore = ["MGP248", "MGP999"]\n')
+        project = _project(tmp_path, 'to = "ddp"\nignore = ["MGP249", "MGP999"]\n')
         arguments = ["train.py"]
     else:
         project = _project(tmp_path, 'to = "ddp"\n')
@@ -152,7 +152,7 @@ def test_an_unknown_code_to_select_or_ignore_is_refused_with_the_known_ones(tmp_
     refused = run_cli(*arguments, "--check", cwd=project)
     assert refused.returncode == 2
     message = refused.stderr.decode()
-    assert "MGP999 is no code of mgpu-migrate's" in message and "MGP201, MGP202" in message and "MGP248" in message
+    assert "MGP999 is no code of mgpu-migrate's" in message and "MGP201, MGP202" in message and "MGP249" in message
     assert (project / "train.py").read_text() == DP_SCRIPT
     # Prefixes of known codes stay good: MGP24 selects MGP240-MGP249.
     _project(tmp_path, 'to = "ddp"\nignore = ["MGP248", "MGP3"]\n')

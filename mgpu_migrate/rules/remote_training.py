@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from mgpu_migrate.analysis.project import project_of
@@ -136,6 +138,25 @@ class RemoteTraining(Rule):
             """
             import torch.nn as nn
 
+            model = nn.DataParallel(Net())
+            trainer.fit(model)
+            """,
+            """
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(Net())
+            trainer.fit(model)
+            """,
+            DDP,
+            ("MGP101", "MGP262"),
+            message="no training loop here: the model goes to `trainer.fit(...)`",
+            line=3,
+            name="a trainer out of sight trains it",
+        ),
+        Example(
+            """
+            import torch.nn as nn
+
 
             def build_model(cfg):
                 return nn.DataParallel(Net(cfg))
@@ -221,6 +242,8 @@ class RemoteTraining(Rule):
                 qualified = analysis.resolve(escape.node.func) if type(escape.node) is cst.Call else None
                 if project is not None and qualified and project.find(qualified) is not None:
                     return False  # the project's own code: ProjectTraining reads it
+        if any(_trains_by_name(escape.node) for site in sites for escape in escapes.get(site, [])):
+            return False  # trainer.fit(model), train(model, loader): the training is out of sight, not absent
         handed = any(escapes.get(site) for site in sites)
         return self._runs_here(sites) or handed or self._loads_weights(sites)
 
@@ -256,3 +279,22 @@ class RemoteTraining(Rule):
             type(target) is cst.Attribute and type(target.value) is cst.Name and target.value.value == "self"
             for target, _ in self.analysis.models.assigned_to(site)
         )
+
+
+_TRAINING_WORDS = re.compile(r"(^|_)(fit|train|training|trainer)(_|$)", re.I)
+
+
+def _trains_by_name(node: cst.CSTNode) -> bool:
+    """A call whose name says it trains what it is given (``trainer.fit(model)``, ``train(model, loader)``,
+    ``engine.train_epoch(...)``, ``Trainer(model)``): the model goes to a training loop out of sight."""
+    if type(node) is not cst.Call:
+        return False
+    names = []
+    func = node.func
+    while type(func) is cst.Attribute:
+        names.append(func.attr.value)
+        func = func.value
+    if type(func) is cst.Name:
+        names.append(func.value)
+    return any(_TRAINING_WORDS.search(name) for name in names)
+

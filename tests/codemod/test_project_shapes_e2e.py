@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from mgpu_migrate.engine import migrate_source
-from tests.codemod.test_ddp_e2e import _environment
+from tests.codemod.e2e_runs import environment as _environment
 from tests.fixture_cases import FIXTURES, is_input
 
 torch = pytest.importorskip("torch")

@@ -76,6 +76,8 @@ def test_form_feeds_in_the_indentation_are_migrated_and_kept(tmp_path, data, sit
     """CPython resets the column at a form feed in the indentation; LibCST read these as an unexpected indent
     ("Syntax Error @ 1:1"), an indent of '\\x0c    ' (MGP003 internal error) or text lost at the end (MGP002)."""
     (tmp_path / "paged.py").write_bytes(data)
+    # A project root: a lone file whose function hands the wrap to importers would be left (MGP321).
+    (tmp_path / "setup.cfg").write_text("")
     checked = run_cli("--to", "ddp", "--check", "--show-rewrites", "paged.py", cwd=tmp_path)
     assert checked.returncode == 1 and b"paged.py" + site in checked.stderr, checked.stderr
     migrate(tmp_path, "paged.py")

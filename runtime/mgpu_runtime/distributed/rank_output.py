@@ -74,10 +74,9 @@ def apply(environment: LaunchEnvironment) -> None:
     if environment.world_size == 1:
         return
     failures.install()
-    if mode == "all":
-        return
-    if mode == "prefix":
-        prefix = f"[rank {environment.rank}] "
+    if mode in ("all", "prefix"):
+        # Every rank's lines, each whole (with no prefix for "all"): unbuffered output cut mid-line otherwise.
+        prefix = f"[rank {environment.rank}] " if mode == "prefix" else ""
         _replace_stream("stdout", _Prefixed(sys.stdout, prefix))
         _replace_stream("stderr", _Prefixed(sys.stderr, prefix))
     elif environment.rank != 0:
