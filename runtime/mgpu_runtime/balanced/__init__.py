@@ -1,8 +1,10 @@
 """Balanced data parallelism: one process, several devices, nothing large gathered on the first one.
 
 ``DataParallelModel`` splits the batch like ``nn.DataParallel`` but leaves each replica's output where
-it was computed; ``DataParallelCriterion`` computes the loss beside each piece and combines the pieces
-into exactly the unsplit batch's loss. See ``runtime/README_balanced.md``.
+it was computed, as a ``Sharded`` value: the loop's loss and arithmetic run beside each piece and give
+exactly what the gathered output would (the runtime contract, ``runtime/README.md``).
+``DataParallelCriterion`` is a pass-through kept for code written against the PyTorch-Encoding pair. See
+``runtime/README_balanced.md``.
 """
 
 from mgpu_runtime.balanced.criterion import DataParallelCriterion
