@@ -8,6 +8,8 @@ gradient.
 
 from __future__ import annotations
 
+import types
+
 import copy
 from collections import OrderedDict, namedtuple
 from dataclasses import dataclass, fields
@@ -180,3 +182,20 @@ class TokenModel(nn.Module):
 
 def token_ids(rows: int, tokens: int = 3, seed: int = 2) -> torch.Tensor:
     return torch.randint(0, VOCABULARY, (rows, tokens), generator=seeded(seed))
+
+
+def patch_replication_callback(wrapper: nn.Module) -> None:
+    """What the synchronized-BatchNorm packages' ``patch_replication_callback`` does to a DataParallel: its
+    ``replicate``, then every layer of every replica told its copy number, with one context per layer."""
+    old = wrapper.replicate
+
+    def replicate(module, device_ids):
+        replicas = old(module, device_ids)
+        contexts = [types.SimpleNamespace() for _ in replicas[0].modules()]
+        for copy_id, replica in enumerate(replicas):
+            for context, layer in zip(contexts, replica.modules()):
+                if hasattr(layer, "__data_parallel_replicate__"):
+                    layer.__data_parallel_replicate__(context, copy_id)
+        return replicas
+
+    wrapper.replicate = replicate

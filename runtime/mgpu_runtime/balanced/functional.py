@@ -9,7 +9,7 @@ wherever the loop uses them, so nothing large is gathered on the output device u
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import chain
 from typing import Any
 
@@ -18,13 +18,18 @@ from torch import nn
 
 from mgpu_runtime.balanced.devices import DeviceId, Devices, resolve_devices
 from mgpu_runtime.balanced.parallel_apply import parallel_apply
-from mgpu_runtime.balanced.replicate import replicate
+from mgpu_runtime.balanced.replicate import replicate as replicate_module
 from mgpu_runtime.balanced.scatter import batch_size, scatter_inputs, split_sizes
 from mgpu_runtime.sharded import ReplicaGroup, materialize, scatter_gather
 
 
 def parallel_forward(
-    module: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any], devices: Devices, dim: int
+    module: nn.Module,
+    inputs: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    devices: Devices,
+    dim: int,
+    replicate: Callable[[nn.Module, Sequence[torch.device]], Sequence[nn.Module]] = replicate_module,
 ) -> Any:
     """``module(*inputs, **kwargs)`` split over ``devices`` (see the module doc).
 
@@ -34,7 +39,7 @@ def parallel_forward(
     if not devices.replicas:
         return module(*materialize(inputs), **materialize(kwargs))
     if dim != 0:
-        return _along_another_dimension(module, inputs, kwargs, devices, dim)
+        return _along_another_dimension(module, inputs, kwargs, devices, dim, replicate)
     active = scatter_gather.active_devices(inputs, kwargs, len(devices.replicas))
     group = ReplicaGroup(devices.replicas, devices.output, active)
     per_part = scatter_gather.scatter(inputs, kwargs, group, active)
@@ -42,13 +47,18 @@ def parallel_forward(
         with devices.stream(0):
             return module(*per_part[0][0], **per_part[0][1])
     _check_module_device(module, devices.replicas[0])
-    replicas = replicate(module, devices.replicas[:active])
+    replicas = replicate(module, devices.replicas[:active])  # a wrapper's own (patch_replication_callback)
     outputs = parallel_apply(replicas, [args for args, _ in per_part], [kw for _, kw in per_part], devices)
     return scatter_gather.gather(outputs, active, group)
 
 
 def _along_another_dimension(
-    module: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any], devices: Devices, dim: int
+    module: nn.Module,
+    inputs: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    devices: Devices,
+    dim: int,
+    replicate: Callable[[nn.Module, Sequence[torch.device]], Sequence[nn.Module]],
 ) -> Any:
     """``dim != 0`` (a sequence-first RNN): DataParallel's forward, gathered along ``dim`` on the output device.
     The loop's values are held in pieces along the rows only, so here they are plain tensors."""

@@ -10,6 +10,7 @@ from torch import nn
 from mgpu_runtime.balanced.banner import announce
 from mgpu_runtime.balanced.devices import DeviceId, Devices, resolve_devices
 from mgpu_runtime.balanced.functional import parallel_forward
+from mgpu_runtime.balanced.replicate import replicate
 from mgpu_runtime.pickling import as_data_parallel
 
 
@@ -46,7 +47,13 @@ class DataParallelModel(nn.DataParallel):
             module.to(self._devices.replicas[0])  # as nn.DataParallel does for a single device
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        return parallel_forward(self.module, inputs, kwargs, self._devices, self.dim)
+        # Through self.replicate, which a synchronized-BatchNorm package's patch_replication_callback replaces
+        # to tell each replica's layers their copy (as it does on nn.DataParallel).
+        return parallel_forward(self.module, inputs, kwargs, self._devices, self.dim, self.replicate)
+
+    def replicate(self, module: nn.Module, device_ids: Sequence[Any]) -> list[nn.Module]:  # type: ignore[override]
+        """``module``'s replicas for ``device_ids`` (the replicas' devices, as this wrapper's forward gives them)."""
+        return replicate(module, device_ids)
 
     def __reduce_ex__(self, protocol: int) -> Any:
         # Without a GPU nn.DataParallel ignores device ids, so CPU replicas' ids do not reach the file.

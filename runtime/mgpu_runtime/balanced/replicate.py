@@ -9,13 +9,14 @@ A replica is a shallow copy of every submodule (``Module._replicate_for_data_par
 
 Buffers follow ``nn.DataParallel``'s rule: the first replica shares the originals, so running statistics
 updated in its forward persist; the others get copies, so concurrent in-place updates never race.
+Every replica is a copy, the first one too, as torch's: attributes a ``forward`` sets on its module (a step
+counter, an auxiliary loss kept on ``self``) are lost with the replica, as under ``nn.DataParallel``.
 torch's ``replicate`` cannot be used: it only broadcasts to CUDA devices and always copies.
 
-After replicating, every module that defines ``__data_parallel_replicate__(ctx, copy_id)`` is told its copy
-number with a context shared by the copies of that module, as the Synchronized-BatchNorm package's
-``DataParallelWithCallback``/``patch_replication_callback`` arrange around ``nn.DataParallel.replicate``:
-its BatchNorm then synchronises its statistics across the replica threads instead of silently becoming
-per-replica BatchNorm.
+torch's ``replicate`` never calls ``__data_parallel_replicate__``: the Synchronized-BatchNorm packages'
+wrappers do, from their own ``replicate`` (``patch_replication_callback`` replaces the wrapper's
+``replicate`` method). So does a ``DataParallelModel`` they patch, since its forward replicates through its
+``replicate`` method; a plain one leaves such layers per replica, as ``nn.DataParallel`` does.
 """
 
 from __future__ import annotations
@@ -27,30 +28,13 @@ from torch import nn
 
 
 def replicate(module: nn.Module, devices: Sequence[torch.device]) -> list[nn.Module]:
-    """One replica of ``module`` per entry of ``devices``; replica 0 on the module's own device is the module."""
+    """One replica of ``module`` per entry of ``devices``; the first, on the module's own device, shares its
+    buffers."""
     home = _home_device(module)
-    replicas = [module] if devices[0] == home else []
-    for device in devices[len(replicas) :]:
-        replicas.append(_replica(module, device, home))
-    _run_replication_callbacks(replicas)
-    return replicas
+    return [_replica(module, device, home, index == 0 and device == home) for index, device in enumerate(devices)]
 
 
-class _CallbackContext:
-    """What the copies of one module share in ``__data_parallel_replicate__`` (attributes they set)."""
-
-
-def _run_replication_callbacks(replicas: Sequence[nn.Module]) -> None:
-    if len(replicas) < 2 or not any(hasattr(m, "__data_parallel_replicate__") for m in replicas[0].modules()):
-        return
-    contexts = [_CallbackContext() for _ in replicas[0].modules()]
-    for copy_id, replica in enumerate(replicas):
-        for context, module in zip(contexts, replica.modules()):
-            if hasattr(module, "__data_parallel_replicate__"):
-                module.__data_parallel_replicate__(context, copy_id)
-
-
-def _replica(module: nn.Module, device: torch.device, home: torch.device) -> nn.Module:
+def _replica(module: nn.Module, device: torch.device, home: torch.device, shares_buffers: bool) -> nn.Module:
     copies: dict[nn.Module, nn.Module] = {}
     parameters: dict[torch.Tensor, torch.Tensor] = {}  # shared (tied) parameters stay shared in the replica
 
@@ -73,7 +57,7 @@ def _replica(module: nn.Module, device: torch.device, home: torch.device) -> nn.
                 # setattr registers an original Parameter as a parameter, and a copy as a plain attribute
                 setattr(replica, name, place_parameter(parameter))
         for name, buffer in original._buffers.items():
-            replica._buffers[name] = None if buffer is None else buffer.to(device, copy=True)
+            replica._buffers[name] = buffer if buffer is None or shares_buffers else buffer.to(device, copy=True)
         return replica
 
     return copy(module)
