@@ -176,9 +176,8 @@ class ProjectTraining(Rule):
             return
         if self._handed_to_importers(program):
             return
-        if project.root is None:  # importers were searched for in the file's own folder only
-            self._left_without_project(program)
-            return
+        if project.root is None and self._left_without_project(program):
+            return  # importers were searched for in the file's own folder only
         # The model runs (in this file, or in the project's code it goes to), and nothing can train it; an
         # evaluation script already left as one needs no second word.
         runs = bool(evaluated) or bool(self.analysis.models.model_calls())
@@ -194,7 +193,7 @@ class ProjectTraining(Rule):
                 f"the model is only evaluated (it goes to {where}, no backward pass, no optimizer): file left as it is",
             )
 
-    def _left_without_project(self, program) -> None:
+    def _left_without_project(self, program) -> bool:
         """MGP321 when the wrap is held by a function or class whose users no project shows."""
         holder = self._holder(program.wraps[0])
         if holder is not None:
@@ -204,6 +203,7 @@ class ProjectTraining(Rule):
                 f"no training here: the {_kind(holder)} `{holder.name.value}` hands the model to the code importing "
                 "this file, and no project root above it shows that code: file left as it is",
             )
+        return holder is not None
 
     def _handed_to_importers(self, program) -> bool:
         """Report MGP320 when the wrap is held by a function or class that modules of the project import."""

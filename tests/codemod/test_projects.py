@@ -213,3 +213,15 @@ def test_a_builder_with_no_project_root_is_left(tmp_path):
         assert alone.output == (builders / name).read_text()
     done = run_cli("loading.py", "--to", "ddp", "--check", cwd=scratch)
     assert done.returncode == 0 and b"loading.py:12:17: MGP321" in done.stderr, done.stderr
+
+
+def test_an_evaluation_in_a_project_with_no_root_marker_is_still_read(tmp_path):
+    """A checkout without pyproject.toml, setup.py, setup.cfg or .git (a downloaded archive of a research
+    project, Unsupervised-Classification's moco.py) still has its imported modules read: a model that only goes
+    to the project's evaluation helper is left (MGP286), not migrated with a note to distribute a training
+    loader (the lone-file rule, MGP321, is for wraps handed to importers)."""
+    copy = tmp_path / "reid"
+    shutil.copytree(REID, copy, ignore=shutil.ignore_patterns("*.ddp.*", "*.balanced.*", "pyproject.toml"))
+    assert project.find_root(str(copy)) is None
+    result = migrate_source((copy / "evaluate.py").read_text(), "ddp", str(copy / "evaluate.py"))
+    assert codes(result) == ["MGP286"] and result.output == (copy / "evaluate.py").read_text(), result.diagnostics
