@@ -12,6 +12,7 @@ from torch import nn
 
 from mgpu_runtime.balanced import DataParallelCriterion, DataParallelModel, gather
 from mgpu_runtime.balanced.devices import resolve_devices
+from mgpu_runtime.emulation.data_parallel import DataParallel as EmulatedDataParallel
 from tests.runtime.conftest_balanced import (
     CLASSES,
     Classifier,
@@ -309,3 +310,25 @@ def test_replicas_that_wait_for_each_other_run_at_once(monkeypatch):
     wrapped = DataParallelModel(module)
     patch_replication_callback(wrapped)  # the package's patch: each replica's layer meets the others'
     assert torch.allclose(gather(wrapped(x)), expected)
+
+
+class _MeetsAtABarrier(nn.Module):
+    """CCNet's InPlaceABNSync's shape: queues or a barrier made in ``__init__``, met by every replica's forward
+    in DataParallel's threads (no ``__data_parallel_replicate__``)."""
+
+    def __init__(self, replicas: int) -> None:
+        super().__init__()
+        self.barrier = threading.Barrier(replicas, timeout=10)
+
+    def forward(self, x):
+        self.barrier.wait()
+        return x * 2
+
+
+def test_replicas_that_meet_through_queues_they_hold_run_at_once_as_in_data_parallel(monkeypatch):
+    use_cpu_replicas(monkeypatch, 2)
+    module = nn.Sequential(nn.Linear(4, 4), _MeetsAtABarrier(2))
+    x = torch.randn(6, 4)
+    balanced = gather(DataParallelModel(module)(x))  # one replica after the other would wait at the barrier
+    original = EmulatedDataParallel(module)(x)
+    assert torch.equal(balanced, original)

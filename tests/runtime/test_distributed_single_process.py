@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import os
 import pickle
+import queue
 import random
 
 import mgpu_runtime
@@ -214,3 +215,20 @@ def test_a_loss_splits_into_what_it_averaged_over(function, target, options):
         torch.testing.assert_close(numerator, expected)
     else:
         torch.testing.assert_close(numerator / sum(part.denominator for part in parts), expected)
+
+
+class _SyncedOverReplicaThreads(nn.Module):
+    """CCNet's InPlaceABNSync's shape: the first device's replica waits on queues for the others' statistics."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+        self.master_queue = queue.Queue(1)
+        self.worker_queues = [queue.Queue(1)]
+
+
+def test_a_layer_that_meets_its_copies_in_replica_threads_is_refused_at_the_wrap():
+    """Under DDP each process holds one replica: the first would wait forever for copies in other processes."""
+    model = nn.Sequential(nn.Linear(3, 3), _SyncedOverReplicaThreads())
+    with pytest.raises(TypeError, match=r"`1` \(.*_SyncedOverReplicaThreads\) meets its copies across nn.DataParallel's"):
+        mgpu_runtime.DistributedDataParallel(model)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from mgpu_runtime.balanced.devices import Devices
+from mgpu_runtime.replica_links import waits_for_copies
 
 _AUTOCAST_DEVICE_TYPES = ("cuda", "cpu")
 
@@ -122,6 +123,6 @@ def _reraise(failure: BaseException, where: str) -> None:
 
 
 def _wait_for_each_other(functions: Sequence[Callable[..., Any]]) -> bool:
-    """Whether the replicas are modules with a layer that a replication callback links to its copies."""
+    """Whether the replicas are modules with a layer that meets its copies (``mgpu_runtime.replica_links``)."""
     first = functions[0]
-    return isinstance(first, torch.nn.Module) and any(hasattr(layer, "__data_parallel_replicate__") for layer in first.modules())
+    return isinstance(first, torch.nn.Module) and waits_for_copies(first)

@@ -36,6 +36,7 @@ from torch import nn
 from mgpu_runtime.distributed import global_view, lockstep, safety, sync_batchnorm
 from mgpu_runtime.distributed.process_group import Job, device, job, setup, world_size
 from mgpu_runtime.pickling import as_data_parallel
+from mgpu_runtime.replica_links import thread_linked
 from mgpu_runtime.sharded import scatter_gather
 
 _TorchDDP = nn.parallel.DistributedDataParallel
@@ -68,6 +69,7 @@ class DistributedDataParallel(_TorchDDP):
         dim: int = 0,
         **kwargs: Any,
     ) -> None:
+        _refuse_thread_linked_layers(module)
         setup()
         local = device()
         processes = world_size()
@@ -168,4 +170,20 @@ def _keep_local(state, bucket):
     future = torch.futures.Future()
     future.set_result(bucket.buffer())
     return future
+
+
+def _refuse_thread_linked_layers(module: nn.Module) -> None:
+    """A layer that meets its copies in DataParallel's replica threads would wait forever here, where each
+    process holds one replica (``mgpu_runtime.replica_links``): say so at the wrap, before any process waits."""
+    linked = list(thread_linked(module))
+    if linked:
+        name, layer = linked[0]
+        others = f", and {len(linked) - 1} more layer(s)" if len(linked) > 1 else ""
+        raise TypeError(
+            f"mgpu_runtime.DistributedDataParallel: `{name or 'the model'}` ({type(layer).__module__}."
+            f"{type(layer).__qualname__}{others}) meets its copies across "
+            "nn.DataParallel's replica threads through queues or barriers it holds; under DDP each process holds "
+            "one replica, and the first would wait forever for the others. Use torch.nn.SyncBatchNorm (or the "
+            "layer's own DistributedDataParallel version) in its place, or migrate with --to balanced"
+        )
 

@@ -38,7 +38,8 @@ What torch 2.13 does, read in ``torch/nn/parallel/`` (``data_parallel.py``, ``sc
   ``Caught X in replica i on device d.``, after all have run. Here they run one after another in device
   order, each inside ``devices.on_device(d)``: exact, since each GPU draws from its own generator, and the
   failure is raised the same way. Replicas that wait for each other (a synchronized BatchNorm, whose layers
-  define ``__data_parallel_replicate__``, meeting at a barrier) cannot run one after another: those run in
+  define ``__data_parallel_replicate__`` or hold queues or barriers: ``mgpu_runtime.replica_links``) cannot
+  run one after another: those run in
   threads, as torch runs them, and a random draw among them is refused (they would share one stream).
 * **Gather.** Tensors are concatenated along ``dim`` into a new tensor, one output included, with
   ``comm.gather``'s shape checks and messages. When every output is 0-dim and ``dim`` is 0, each becomes a
@@ -72,6 +73,7 @@ from torch._utils import ExceptionWrapper
 from torch.nn.parallel.parallel_apply import get_a_var
 
 from mgpu_runtime.emulation import devices
+from mgpu_runtime.replica_links import waits_for_copies
 
 _TorchDataParallel = nn.DataParallel
 
@@ -262,7 +264,7 @@ def parallel_apply(modules: Sequence[nn.Module], inputs: Sequence, kwargs_tup: S
     else:
         indices = [_device_index(device) for device in devices_]
     work = list(zip(range(len(modules)), modules, inputs, kwargs_tup, indices))
-    if len(modules) > 1 and any(hasattr(layer, "__data_parallel_replicate__") for layer in modules[0].modules()):
+    if len(modules) > 1 and waits_for_copies(modules[0]):
         results = _apply_together(work)
     else:
         results = [_apply_one(*item, as_device=True) for item in work]
