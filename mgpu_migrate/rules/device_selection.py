@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import libcst as cst
-
-from mgpu_migrate.analysis import names
+from mgpu_migrate.analysis.devices import first_n
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rewrite, Rule
-from mgpu_migrate.rules.syntax import argument
+from mgpu_migrate.rules.base import DDP, PROGRAM, TORCH_STYLE, Example, Review, Rewrite, Rule
+from mgpu_migrate.rules.syntax import RUNTIME
 
 CHOSEN_DEVICES = Review(
     "MGP283",
@@ -23,7 +21,6 @@ CHOSEN_DEVICES = Review(
     ),
     veto=True,
 )
-_DEVICE_COUNT = "torch.cuda.device_count"
 
 
 class DeviceSelection(Rule):
@@ -99,58 +96,22 @@ class DeviceSelection(Rule):
         program = self.program
         if not program.migrates:
             return
-        for call in program.wraps:
-            if self.analysis.resolve(call.func) != names.DATA_PARALLEL:
-                continue
-            chosen = argument(call, "device_ids", 1)
-            if chosen is None or _is_none(chosen.value):
-                continue
-            text = self.analysis.code_of(chosen.value)
-            count = self._first_n(chosen.value)
-            if count is None:
-                self.left(
-                    call,
-                    CHOSEN_DEVICES,
-                    f"`device_ids={shorten(text)}` names the GPUs to use (under DDP every visible GPU runs a process): "
-                    "file left as it is",
-                )
-            elif not self._all_devices(count):
+        chosen = program.chosen_devices(self.analysis)
+        if chosen is None:
+            return
+        passed = chosen.passed is not None and self.options.style != TORCH_STYLE
+        for call, value in chosen.sites:
+            text = shorten(self.analysis.code_of(value))
+            count = first_n(value)
+            if passed:
+                self.rewrote(call, f"`device_ids={text}` moved to `{RUNTIME}.setup(devices=...)`: one process runs on each of those GPUs")
+            elif count is not None:
                 self.rewrote(
                     call,
                     f"`device_ids={text}` (the first {self.analysis.code_of(count)} GPUs) dropped: one "
                     f"process runs per visible GPU, so launch that many (`torchrun --nproc_per_node=N`)",
                 )
-
-    def _first_n(self, value: cst.BaseExpression) -> cst.BaseExpression | None:
-        """N for ``range(N)``, ``list(range(N))``, ``[i for i in range(N)]``, ``[0, 1, ..., N - 1]``."""
-        if type(value) in (cst.List, cst.Tuple) and value.elements and all(
-            type(element.value) is cst.Integer and element.value.evaluated_value == index
-            for index, element in enumerate(value.elements)
-        ):
-            return cst.Integer(str(len(value.elements)))
-        if type(value) is cst.ListComp:
-            loop = value.for_in
-            # Only `[i for i in ...]` keeps every index: a condition or another expression picks GPUs.
-            if loop.ifs or loop.inner_for_in is not None or not _same_name(value.elt, loop.target):
-                return None
-            value = loop.iter
-        if _called(value, "list") and len(value.args) == 1:
-            value = value.args[0].value
-        if _called(value, "range") and len(value.args) == 1:
-            return value.args[0].value
-        return None
-
-    def _all_devices(self, count: cst.BaseExpression) -> bool:
-        return type(count) is cst.Call and self.analysis.resolve(count.func) == _DEVICE_COUNT
-
-
-def _called(value: cst.BaseExpression, builtin: str) -> bool:
-    return type(value) is cst.Call and type(value.func) is cst.Name and value.func.value == builtin
-
-
-def _same_name(first: cst.BaseExpression, second: cst.BaseExpression) -> bool:
-    return type(first) is cst.Name and type(second) is cst.Name and first.value == second.value
-
-
-def _is_none(value: cst.BaseExpression) -> bool:
-    return type(value) is cst.Name and value.value == "None"
+            elif self.options.style == TORCH_STYLE:
+                self.left(call, CHOSEN_DEVICES, f"`device_ids={text}` names the GPUs to use (under DDP every visible GPU runs a process): file left as it is")
+            else:
+                self.left(call, CHOSEN_DEVICES, f"`device_ids={text}` names the GPUs to use, but {chosen.unknown}: file left as it is")

@@ -12,6 +12,7 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis.entrypoint import EntryPoint
+from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.program import SETUP
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, TORCH_STYLE, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, keyword, runtime_call
@@ -376,9 +377,16 @@ class EntryPointSetup(Rule):
         return None
 
     def _set_up(self, entry: EntryPoint) -> None:
-        """Insert the set-up at the entry point."""
+        """Insert the set-up at the entry point, given the GPUs the wraps chose when it can be (MGP150)."""
         self.edits.need_import(RUNTIME)
-        statement = cst.SimpleStatementLine([cst.Expr(runtime_call("setup"))])
+        setup, given = runtime_call("setup"), ""
+        chosen = self.program.chosen_devices(self.analysis)
+        if chosen is not None and chosen.passed is not None:
+            no_space = cst.SimpleWhitespace("")
+            equal = cst.AssignEqual(whitespace_before=no_space, whitespace_after=no_space)
+            setup = setup.with_changes(args=[cst.Arg(chosen.passed.deep_clone(), keyword=cst.Name("devices"), equal=equal)])
+            given = f"devices={shorten(self.analysis.code_of(chosen.passed))}"
+        statement = cst.SimpleStatementLine([cst.Expr(setup)])
         if entry.after:
             self.edits.insert_after(entry.anchor, statement)
         else:
@@ -386,7 +394,7 @@ class EntryPointSetup(Rule):
             if leading and not leading[0].comment:
                 statement = statement.with_changes(leading_lines=[leading[0]])
             self.edits.insert_before(entry.anchor, statement)
-        self.rewrote(entry.anchor, f"{RUNTIME}.setup() inserted {entry.place}")
+        self.rewrote(entry.anchor, f"{RUNTIME}.setup({given}) inserted {entry.place}")
 
 
 _SET_UP = (
