@@ -90,8 +90,10 @@ class EntryPointSetup(Rule):
     ## What it does
     Inserts ``mgpu_runtime.setup()`` once, where it runs before any model or tensor touches CUDA: at the top
     of the ``if __name__ == "__main__":`` block; in the function that block calls first when that function
-    sets ``CUDA_VISIBLE_DEVICES`` (right after it does); after the imports of a flat script; or at the top of
-    ``def main()`` in a module without a main block.
+    sets ``CUDA_VISIBLE_DEVICES`` (right after it does, also inside an ``if``), or when a wrap's
+    ``device_ids`` reads what that function's command-line parsing binds (right after it); after the imports
+    of a flat script; or at the top of ``def main()`` in a module without a main block. The GPUs the wraps
+    chose go with it when they hold there what they hold at the wraps (``setup(devices=args.gpus)``, MGP150).
 
     It also decides whether the file becomes a distributed program at all: a file that already sets up
     distributed training itself (``init_process_group``, torch's or apex's ``DistributedDataParallel``,
@@ -287,6 +289,90 @@ class EntryPointSetup(Rule):
             None,
             DDP,
             ("MGP231",),
+        ),
+        # The GPUs parsed in main() go to the set-up, which comes right after the parsing.
+        Example(
+            """
+            import torch.nn as nn
+
+
+            def main():
+                global args
+                args = parser.parse_args()
+                model = nn.DataParallel(nn.Linear(2, 2), device_ids=args.gpus)
+                for x in batches:
+                    model(x).mean().backward()
+
+
+            if __name__ == "__main__":
+                main()
+            """,
+            """
+            import torch.nn as nn
+            import mgpu_runtime
+
+
+            def main():
+                global args
+                args = parser.parse_args()
+                mgpu_runtime.setup(devices=args.gpus)
+                model = mgpu_runtime.DistributedDataParallel(nn.Linear(2, 2))
+                for x in batches:
+                    model(x).mean().backward()
+
+
+            if __name__ == "__main__":
+                main()
+            """,
+            DDP,
+            ("MGP101", "MGP120"),
+            message="setup(devices=args.gpus) inserted in main(), after its command line is parsed",
+            line=7,
+        ),
+        # CUDA_VISIBLE_DEVICES set under an `if`: the set-up follows that `if`, with the GPUs renumbered in it.
+        Example(
+            """
+            import os
+            import torch.nn as nn
+
+
+            def main():
+                device_ids = config["gpu_ids"]
+                if config["cuda"]:
+                    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in device_ids)
+                    device_ids = list(range(len(device_ids)))
+                model = nn.DataParallel(nn.Linear(2, 2), device_ids=device_ids)
+                for x in batches:
+                    model(x).mean().backward()
+
+
+            if __name__ == "__main__":
+                main()
+            """,
+            """
+            import os
+            import torch.nn as nn
+            import mgpu_runtime
+
+
+            def main():
+                device_ids = config["gpu_ids"]
+                if config["cuda"]:
+                    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in device_ids)
+                    device_ids = list(range(len(device_ids)))
+                mgpu_runtime.setup(devices=device_ids)
+                model = mgpu_runtime.DistributedDataParallel(nn.Linear(2, 2))
+                for x in batches:
+                    model(x).mean().backward()
+
+
+            if __name__ == "__main__":
+                main()
+            """,
+            DDP,
+            ("MGP101", "MGP120"),
+            message="setup(devices=device_ids) inserted after CUDA_VISIBLE_DEVICES is set in main()",
+            line=7,
         ),
     )
 
