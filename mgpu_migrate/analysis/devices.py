@@ -23,7 +23,7 @@ from mgpu_migrate.analysis.walk import children
 if TYPE_CHECKING:
     from mgpu_migrate.analysis.parsed import ParsedFile
 
-DEVICE_COUNT = "torch.cuda.device_count"
+_DEVICE_COUNT = "torch.cuda.device_count"
 # Builtins that neither change their arguments nor depend on anything but them.
 _PURE_BUILTINS = frozenset(
     {"abs", "all", "any", "bool", "enumerate", "float", "format", "int", "isinstance", "len", "list", "map", "max",
@@ -79,7 +79,7 @@ def first_n(value: cst.BaseExpression) -> Optional[cst.BaseExpression]:
 def every_visible(analysis: ParsedFile, value: cst.BaseExpression) -> bool:
     """``range(torch.cuda.device_count())`` and its spellings: what DDP runs on anyway."""
     count = first_n(value)
-    return type(count) is cst.Call and analysis.resolve(count.func) == DEVICE_COUNT
+    return type(count) is cst.Call and analysis.resolve(count.func) == _DEVICE_COUNT
 
 
 def why_unknown(
@@ -155,7 +155,7 @@ def _runs_after(
 ) -> bool:
     if wrap_scope is not setup_scope:
         # A wrap at module level runs on import, before a set-up in a function; one in a function runs when called.
-        return not (wrap_scope is analysis.flow.module_scope and setup_scope is not wrap_scope)
+        return wrap_scope is not analysis.flow.module_scope
     if after:
         return anchor not in analysis.tree.ancestors(wrap) and analysis.position(wrap) > analysis.position(anchor)
     return analysis.position(wrap) >= analysis.position(anchor)
