@@ -101,6 +101,14 @@ def why_unknown(
             return f"`{analysis.code_of(read)}` is not followed"
         owner, path = place
         root = _root_name(path)
+        handing = _handing_on(analysis, wrap_scope, root, setup_scope, anchor, after) if owner is wrap_scope else []
+        if handing:
+            # `main(args)` after the set-up: the parameter is the set-up's `args`, unless main() changes it.
+            reason = _changed_after(analysis, place, value, setup_scope, anchor, after)
+            if reason is not None:
+                return f"`{analysis.code_of(read)}` {reason}"
+            owner = setup_scope.lookup(root)
+            place = (owner, path)
         outside = _outside_setup(analysis, read, place, wrap_scope) if owner is not setup_scope else None
         if outside is not None:
             return outside
@@ -108,10 +116,32 @@ def why_unknown(
             return f"`{root}` is local to {_function_name(owner)}()"
         if setup_scope.lookup(root) is not owner:
             return f"`{root}` is another name where the set-up runs"
-        reason = _changed_after(analysis, place, value, setup_scope, anchor, after)
+        reason = _changed_after(analysis, place, value, setup_scope, anchor, after, handing)
         if reason is not None:
             return f"`{analysis.code_of(read)}` {reason}"
     return None
+
+
+def _handing_on(
+    analysis: ParsedFile, function_scope: Scope, name: str, setup_scope: Scope, anchor: cst.CSTNode, after: bool
+) -> list[cst.Call]:
+    """The calls of the function, when each runs where the set-up does, after it, handing its parameter ``name``
+    the name of the same spelling there (``main(args)``); none otherwise."""
+    function = function_scope.node
+    if type(function) is not cst.FunctionDef or name not in function_scope.params:
+        return []
+    calls = analysis.flow.call_sites(function)
+    for call, scope, implicit in calls:
+        if scope is not setup_scope or not _runs_after(analysis, call, scope, setup_scope, anchor, after):
+            return []
+        given = [
+            arg.value
+            for position, arg in enumerate(call.args)
+            if analysis.flow.parameter_place(function, call, position, implicit) == (function_scope, name)
+        ]
+        if len(given) != 1 or type(given[0]) is not cst.Name or given[0].value != name:
+            return []
+    return [call for call, _, _ in calls]
 
 
 def what_they_are(analysis: ParsedFile, value: cst.BaseExpression, wrap: cst.Call) -> Optional[str]:
@@ -217,10 +247,17 @@ def _related(first: str, second: str) -> bool:
 
 
 def _changed_after(
-    analysis: ParsedFile, place: Place, value: cst.BaseExpression, setup_scope: Scope, anchor: cst.CSTNode, after: bool
+    analysis: ParsedFile,
+    place: Place,
+    value: cst.BaseExpression,
+    setup_scope: Scope,
+    anchor: cst.CSTNode,
+    after: bool,
+    handing: Iterable[cst.Call] = (),
 ) -> Optional[str]:
     """Why what ``place`` holds may change after the set-up ran (None when nothing may): every statement that
-    writes it or what it is read from, and every call that may change it, runs before the set-up."""
+    writes it or what it is read from, and every call that may change it, runs before the set-up. The calls
+    ``handing`` it to the wrap's function (whose changes to it were looked at there) do not count."""
     index = analysis.flow
     owner, path = place
     changes: list[cst.CSTNode] = [
@@ -238,10 +275,11 @@ def _changed_after(
     if not bound:
         return "is bound nowhere in this file"
     inside = set(map(id, contains(value, lambda node: True)))
+    handed = set(handing)
     prefixes = [path[: position] for position, letter in enumerate(path) if letter in ".["] + [path]
     for prefix in dict.fromkeys(prefixes):
         for node, _, slot in index.references((owner, prefix)):
-            if id(node) not in inside and slot is not None and _may_change(analysis, slot):
+            if id(node) not in inside and slot is not None and slot.parent not in handed and _may_change(analysis, slot):
                 changes.append(node)
     for node in changes:
         if not _before_setup(analysis, node, setup_scope, anchor, after):

@@ -99,6 +99,39 @@ def test_gpus_parsed_in_main_move_the_set_up_after_the_parsing():
     assert lines[-1] == "    main()" and lines[-2] == 'if __name__ == "__main__":'
 
 
+_HANDED = """
+    import argparse
+    import torch.nn as nn
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--gpus", type=int, nargs="+")
+
+
+    def main(args):
+        {in_main}
+        model = nn.DataParallel(nn.Linear(2, 2), device_ids=args.gpus)
+        for x in loader:
+            model(x).sum().backward()
+
+
+    if __name__ == "__main__":
+        args = parser.parse_args()
+        main(args)
+"""
+
+
+def test_gpus_parsed_in_the_main_block_and_handed_to_main_go_to_the_set_up():
+    result = _migrated(_HANDED.format(in_main="pass"))
+    lines = result.output.splitlines()
+    assert lines[-3:] == ["    args = parser.parse_args()", "    mgpu_runtime.setup(devices=args.gpus)", "    main(args)"]
+
+
+def test_gpus_handed_to_main_and_changed_there_leave_the_file():
+    result = _migrated(_HANDED.format(in_main="args.gpus = args.gpus[:1]"))
+    (message,) = [d.message for d in result.diagnostics if d.code == CHOSEN]
+    assert "but `args.gpus` may change at line 9, after the set-up" in message
+
+
 def test_without_devices_to_keep_the_set_up_stays_in_the_main_block():
     result = _migrated(
         """
