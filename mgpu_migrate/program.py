@@ -126,7 +126,7 @@ class Program:
         placed = self.setup_statement(analysis)
         if placed is None:
             described = what_they_are(analysis, value, sites[0][0])
-            return None, f"{described + ', and ' if described else ''}no set-up runs first here"
+            return None, f"{described + ', and ' if described else ''}no set-up here takes them"
         anchor, how = placed
         if how == "called at":
             given = next((arg.value for arg in _setup_call(analysis).args if arg.keyword and arg.keyword.value == "devices"), None)

@@ -91,7 +91,7 @@ class DeviceSelection(Rule):
             None,
             DDP,
             (CHOSEN_DEVICES,),
-            message="but no set-up runs first here",
+            message="but no set-up here takes them",
         ),
         # A filtered comprehension names GPUs (every one but GPU 3), not the first N.
         Example(
@@ -191,7 +191,7 @@ class DeviceSelection(Rule):
             None,
             DDP,
             (CHOSEN_DEVICES,),
-            message="`self.gpus` is the `gpus` given to BaseModel(), and no set-up runs first here",
+            message="`self.gpus` is the `gpus` given to BaseModel(), and no set-up here takes them",
             line=10,
         ),
         # Under --style torch no set-up takes them.

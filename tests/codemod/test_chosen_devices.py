@@ -173,7 +173,7 @@ def test_without_devices_to_keep_the_set_up_stays_in_the_main_block():
                     for batch in x:
                         model(batch).sum().backward()
             """,
-            "but `self.gpus` is the `gpus` given to BaseModel(), and no set-up runs first here",
+            "but `self.gpus` is the `gpus` given to BaseModel(), and no set-up here takes them",
         ),
         (
             """
@@ -185,7 +185,7 @@ def test_without_devices_to_keep_the_set_up_stays_in_the_main_block():
                 for x in batches:
                     model(x).sum().backward()
             """,
-            "but `gpus` is a parameter of fit(), and no set-up runs first here",
+            "but `gpus` is a parameter of fit(), and no set-up here takes them",
         ),
         # A processor class with a main block: the attribute is set in a method, after the set-up.
         (
