@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from mgpu_migrate.analysis import FileAnalysis, names
+from mgpu_migrate.analysis.devices import device_ids, every_visible, what_they_are, why_unknown
 from mgpu_migrate.analysis.entrypoint import RUNTIME_SETUP
 from mgpu_migrate.analysis.models import RUNTIME
 from mgpu_migrate.diagnostics import Rewrite
@@ -41,6 +42,17 @@ _EXISTING_DISTRIBUTED = {
     "torch.utils.data.distributed.DistributedSampler",
     "torch.multiprocessing.spawn",
 }
+
+
+@dataclass(frozen=True)
+class ChosenDevices:
+    """The GPUs the file's DataParallel wraps chose (``device_ids=args.gpus``), which ``--to ddp`` hands to
+    ``mgpu_runtime.setup(devices=...)``: ``passed``, the expression the set-up takes, or why it cannot take it
+    (``unknown``, in a diagnostic's words). ``sites``: each wrap that chose, with its ``device_ids``."""
+
+    sites: tuple[tuple[cst.Call, cst.BaseExpression], ...]
+    passed: cst.BaseExpression | None
+    unknown: str | None
 
 
 @dataclass(frozen=True)
@@ -78,13 +90,60 @@ class Program:
         ("inserted before", "inserted after"), or the one that already calls it ("called at"). None when none is
         inserted (no entry point, or a ``# noqa`` there silences the set-up)."""
         if self.already_set_up:
-            call = next(call for call in analysis.calls if analysis.resolve(call.func) == RUNTIME_SETUP)
-            statement = analysis.tree.statement(call)
+            statement = analysis.tree.statement(_setup_call(analysis))
             return (statement, "called at") if statement is not None else None
         entry = analysis.entry_point
         if entry is None or analysis.silenced(entry.anchor, SETUP.code):
             return None
         return entry.anchor, "inserted after" if entry.after else "inserted before"
+
+    def chosen_devices(self, analysis: FileAnalysis) -> ChosenDevices | None:
+        """The GPUs the DataParallel wraps chose, and whether the set-up can take them; None when no wrap chose
+        (no ``device_ids``, or every visible GPU). The set-up takes the wraps' one expression when every wrap
+        chose it and it holds, where ``setup()`` runs, what it holds at each wrap (``analysis.devices``)."""
+        sites = []
+        for call in self.wraps:
+            if analysis.resolve(call.func) != names.DATA_PARALLEL:
+                continue
+            chosen = device_ids(call)
+            if chosen is not None and not every_visible(analysis, chosen):
+                sites.append((call, chosen))
+        if not sites:
+            return None
+        return ChosenDevices(tuple(sites), *self._setup_takes(analysis, sites))
+
+    def _setup_takes(
+        self, analysis: FileAnalysis, sites: list[tuple[cst.Call, cst.BaseExpression]]
+    ) -> tuple[cst.BaseExpression | None, str | None]:
+        """What ``setup(devices=...)`` is given, or why it cannot be."""
+        value = sites[0][1]
+        text = analysis.code_of(value)
+        chosen = {call: analysis.code_of(expression) for call, expression in sites}
+        if any(chosen.get(call) != text for call in self.wraps):
+            lines = ", ".join(str(analysis.position(call)[0]) for call in self.wraps)
+            every = " or every visible one" if len(chosen) < len(self.wraps) else ""
+            return None, f"the wraps (lines {lines}) choose different GPUs{every}"
+        placed = self.setup_statement(analysis)
+        if placed is None:
+            described = what_they_are(analysis, value, sites[0][0])
+            return None, f"{described + ', and ' if described else ''}no set-up here takes them"
+        anchor, how = placed
+        if how == "called at":
+            given = next((arg.value for arg in _setup_call(analysis).args if arg.keyword and arg.keyword.value == "devices"), None)
+            if given is not None and analysis.code_of(given) == text:
+                return given, None
+            line, _ = analysis.position(anchor)
+            return None, f"the `mgpu_runtime.setup()` at line {line} is not given them"
+        for call, expression in sites:
+            reason = why_unknown(analysis, expression, call, anchor, how == "inserted after")
+            if reason is not None:
+                return None, reason
+        return value, None
+
+
+def _setup_call(analysis: FileAnalysis) -> cst.Call:
+    """The file's own call of ``mgpu_runtime.setup()`` (a file that makes one)."""
+    return next(call for call in analysis.calls if analysis.resolve(call.func) == RUNTIME_SETUP)
 
 
 def existing_setup(analysis: FileAnalysis) -> tuple[cst.Call, ...]:

@@ -7,6 +7,9 @@ GPU) and after the script has chosen its GPUs with ``CUDA_VISIBLE_DEVICES``. The
   imports, or after its last module-level ``CUDA_VISIBLE_DEVICES`` assignment;
 * the function the ``if __name__ == "__main__":`` block calls first, when that function sets
   ``CUDA_VISIBLE_DEVICES`` itself (right after it does);
+* in the function the ``if __name__ == "__main__":`` block calls first, right after its leading statements
+  that parse the command line, when a wrap's ``device_ids`` reads what they bind (``args.gpus``): the set-up
+  is given those GPUs (``setup(devices=args.gpus)``);
 * the top of the ``if __name__ == "__main__":`` block;
 * a module without a main block: the top of its ``def main()``.
 
@@ -170,23 +173,34 @@ def _at_top(
     """Setup right after the block's last statement that sets ``CUDA_VISIBLE_DEVICES`` (also inside an ``if``
     or ``with`` there), else at its top, after the command line is parsed (so ``--help`` or a bad argument
     stops before any process starts)."""
-    chosen = [
-        statement
-        for statement in body
-        if sets_cuda_visible_devices(statement)
-        or (
-            type(statement) in (cst.If, cst.With, cst.Try)
-            and contains(statement, sets_cuda_visible_devices)
-        )
-    ]
+    chosen = [statement for statement in body if chooses_visible_devices(statement)]
     if chosen:
         return EntryPoint(chosen[-1], True, f"after CUDA_VISIBLE_DEVICES is set {place.replace('at the top of ', 'in ', 1)}")
     start = 1 if skip_docstring and body and _is_docstring(body[0]) else 0
-    while start < len(body) and parses_arguments(analysis, body[start]):
+    while start < len(body) and (parses_arguments(analysis, body[start]) or _is_global(body[start])):
         start += 1
     if start < len(body):
         return EntryPoint(body[start], False, place)
     return EntryPoint(body[-1], True, place) if body else None
+
+
+def _is_global(statement: cst.CSTNode) -> bool:
+    return type(statement) is cst.SimpleStatementLine and all(type(small) is cst.Global for small in statement.body)
+
+
+def _parses(analysis: ParsedFile, body: list[cst.BaseStatement]) -> set[str]:
+    """The names the block's leading statements that parse the command line bind (``args``)."""
+    bound: set[str] = set()
+    start = 1 if body and _is_docstring(body[0]) else 0
+    for statement in body[start:]:
+        if _is_global(statement):
+            continue
+        if not parses_arguments(analysis, statement):
+            break
+        for small in statement.body:
+            if type(small) is cst.Assign:
+                bound |= {target.target.value for target in small.targets if type(target.target) is cst.Name}
+    return bound
 
 
 def parses_arguments(analysis: ParsedFile, statement: cst.CSTNode) -> bool:
@@ -205,6 +219,13 @@ def parses_arguments(analysis: ParsedFile, statement: cst.CSTNode) -> bool:
         if analysis.resolve(func) != "argparse.ArgumentParser":
             return False
     return True
+
+
+def chooses_visible_devices(statement: cst.CSTNode) -> bool:
+    """A statement of a block that sets ``CUDA_VISIBLE_DEVICES``, also inside an ``if``, ``with`` or ``try`` there."""
+    return sets_cuda_visible_devices(statement) or (
+        type(statement) in (cst.If, cst.With, cst.Try) and bool(contains(statement, sets_cuda_visible_devices))
+    )
 
 
 def _after_imports(analysis: ParsedFile) -> Optional[EntryPoint]:
@@ -251,8 +272,11 @@ def _top_level_function(module: cst.Module, name: str) -> Optional[cst.FunctionD
     return None
 
 
-def find_entry_point(analysis: ParsedFile, training_loops: list[cst.For]) -> Optional[EntryPoint]:
-    """The place for ``setup()`` (see the module doc); ``training_loops``: the file's (``LoaderFlow``)."""
+def find_entry_point(
+    analysis: ParsedFile, training_loops: list[cst.For], device_names: frozenset[str] = frozenset()
+) -> Optional[EntryPoint]:
+    """The place for ``setup()`` (see the module doc); ``training_loops``: the file's (``LoaderFlow``);
+    ``device_names``: the names the wraps' ``device_ids`` read (``args`` of ``args.gpus``)."""
     module = analysis.module
     main = main_block(module)
     tree = analysis.tree
@@ -270,12 +294,13 @@ def find_entry_point(analysis: ParsedFile, training_loops: list[cst.For]) -> Opt
         if type(main.body) is not cst.IndentedBlock:
             return None
         function = _first_called_function(analysis, main)
-        if (
-            function is not None
-            and type(function.body) is cst.IndentedBlock
-            and any(sets_cuda_visible_devices(statement) for statement in function.body.body)
-        ):
-            return _at_top(analysis, list(function.body.body), f"in {function.name.value}()", skip_docstring=True)
+        if function is not None and type(function.body) is cst.IndentedBlock:
+            body = list(function.body.body)
+            if any(chooses_visible_devices(statement) for statement in body):
+                return _at_top(analysis, body, f"in {function.name.value}()", skip_docstring=True)
+            if _parses(analysis, body) & device_names:
+                place = f"in {function.name.value}(), after its command line is parsed"
+                return _at_top(analysis, body, place, skip_docstring=True)
         return _at_top(analysis, list(main.body.body), 'at the top of the `if __name__ == "__main__":` block', False)
     function = _top_level_function(module, "main")
     if function is not None and type(function.body) is cst.IndentedBlock:

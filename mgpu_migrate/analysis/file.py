@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import cached_property
 
+from mgpu_migrate.analysis.devices import read_names
 from mgpu_migrate.analysis.entrypoint import EntryPoint, find_entry_point
 from mgpu_migrate.analysis.loaders import LoaderFlow
 from mgpu_migrate.analysis.losses import LossFlow
@@ -28,7 +29,7 @@ class FileAnalysis(ParsedFile):
     @cached_property
     def entry_point(self) -> EntryPoint | None:
         """Where ``mgpu_runtime.setup()`` goes (None: the file has no place that runs first)."""
-        return find_entry_point(self, self.loaders.training_loops)
+        return find_entry_point(self, self.loaders.training_loops, read_names(site.call for site in self.models.sites))
 
     @cached_property
     def loaders(self) -> LoaderFlow:

@@ -2,37 +2,46 @@
 
 from __future__ import annotations
 
-import libcst as cst
-
-from mgpu_migrate.analysis import names
+from mgpu_migrate.analysis.devices import first_n
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rewrite, Rule
-from mgpu_migrate.rules.syntax import argument
+from mgpu_migrate.rules.base import DDP, PROGRAM, TORCH_STYLE, Example, Review, Rewrite, Rule
+from mgpu_migrate.rules.syntax import RUNTIME
+from mgpu_migrate.rules.torch_style import TORCH_OPTIONS
 
 CHOSEN_DEVICES = Review(
     "MGP283",
     name="chosen-devices",
-    summary="device_ids names the GPUs to use: under DDP every visible GPU would run a process",
+    summary="device_ids names the GPUs to use, and mgpu_runtime.setup() cannot be given them: the file is left",
     why=(
-        "`device_ids` names the GPUs DataParallel uses (`device_ids=args.gpus`). Under DDP every visible GPU "
-        "runs one process, so a user who picked 2 of 8 GPUs would get 8 processes. The file is left as it is."
+        "`device_ids` names the GPUs DataParallel uses (`device_ids=args.gpus`). Under DDP one process runs per "
+        "GPU the set-up is given, else per visible GPU, so `--to ddp` hands those GPUs to "
+        "`mgpu_runtime.setup(devices=...)`. It cannot here: the message says why (what they are, for a wrap in a "
+        "function that is handed them: a parameter of `fit()`, the `gpus` given to a class; something that may "
+        "change them after the set-up; no set-up in this file; wraps that choose different GPUs). A user who picked "
+        "2 of 8 GPUs would get 8 processes, so the file is left as it is."
     ),
     todo=(
-        "Choose the GPUs when launching (`CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc_per_node=2 ...`), drop "
-        "`device_ids` from the wrap, then run the tool again."
+        "Where your program starts, before anything touches CUDA, call `mgpu_runtime.setup(devices=...)` with "
+        "the GPUs the message names (the list the user gave: `devices=args.gpus`), then mark the wrap "
+        "`# noqa: MGP283` and run the tool again. Or choose the GPUs when launching "
+        "(`CUDA_VISIBLE_DEVICES=2,3 torchrun --nproc_per_node=2 ...`) and drop `device_ids`."
     ),
     veto=True,
 )
-_DEVICE_COUNT = "torch.cuda.device_count"
 
 
 class DeviceSelection(Rule):
     """
     ## What it does
-    Looks at the ``device_ids`` of each DataParallel that becomes ``DistributedDataParallel``, which drops
-    them (a process owns one GPU). Every visible GPU (``range(torch.cuda.device_count())``) needs nothing.
-    The first N (``range(args.ngpu)``, ``list(range(n))``, ``[0, 1]``) is said (MGP150): launch N processes to keep that
-    choice. Named GPUs (``[2, 3]``, ``args.gpus``, a list built from a flag) leave the file as it is (MGP283).
+    Keeps the GPUs each DataParallel chose (``device_ids``) when it becomes ``DistributedDataParallel``, which
+    runs one process per GPU. Every visible GPU (``range(torch.cuda.device_count())``) needs nothing. GPUs
+    chosen by name or by count (``args.gpus``, ``[cfg.GPU_ID]``, a positional list, ``range(args.ngpu)``) go to
+    ``mgpu_runtime.setup(devices=...)`` (MGP150, the set-up's MGP120 names them), when every wrap chose the same
+    and that expression holds the same where ``setup()`` runs: each name it reads is bound there, and nothing
+    that may change it (an assignment, a method called on it, a call it is passed to) runs after the set-up.
+    The set-up moves for it into the function the main block calls first, right after its command line is
+    parsed (``args = parser.parse_args()``). Otherwise the first N (``range(n)``) is said (MGP150: launch N
+    processes), and named GPUs leave the file as it is (MGP283), saying what they are.
 
     ## Why is this bad?
     Under DDP one process runs per visible GPU: a user who chose 2 of a machine's 8 GPUs would get 8
@@ -40,24 +49,39 @@ class DeviceSelection(Rule):
 
     ## Example
     ```python
-    model = nn.DataParallel(model, device_ids=args.gpus)
+    def main():
+        args = parser.parse_args()
+        model = nn.DataParallel(model, device_ids=args.gpus)
+
+
+    if __name__ == "__main__":
+        main()
     ```
 
     ## Use instead
-    Choose the GPUs when launching, drop ``device_ids``, then migrate:
-    ``CUDA_VISIBLE_DEVICES=2,3 torchrun --standalone --nproc_per_node=2 train.py``.
+    ```python
+    def main():
+        args = parser.parse_args()
+        mgpu_runtime.setup(devices=args.gpus)
+        model = mgpu_runtime.DistributedDataParallel(model)
+    ```
+    A plainly started script then relaunches as one process per chosen GPU, and local rank r runs on GPU
+    ``args.gpus[r]``, also under ``torchrun``.
 
     ## Fix safety
-    MGP150 is a note on a rewrite that is exact for any number of processes (the same global batch, split
-    more or fewer ways). With MGP283 nothing is rewritten, in the whole file.
+    Safe: the set-up is given the very expression the wrap was, where it holds the same value, and the
+    training is exact for any number of processes (the same global batch, split more or fewer ways). Without
+    CUDA the devices are ignored. MGP150 on the first N without a set-up to take them is a note: launch that
+    many. With MGP283 nothing is rewritten, in the whole file; ``--style torch`` always leaves named GPUs so.
     """
 
     CODE = Rewrite("MGP150")
     PHASE = PROGRAM
     REVIEW_CODES = (CHOSEN_DEVICES,)
-    DESCRIPTION = "DataParallel's choice of GPUs said (the first N) or kept by leaving the file (named GPUs)"
+    DESCRIPTION = "DataParallel's choice of GPUs handed to mgpu_runtime.setup(devices=...), said, or kept by leaving the file"
     TARGETS = (DDP,)
     EXAMPLES = (
+        # No set-up in a snippet: the file cannot keep the choice.
         Example(
             """
             import torch.nn as nn
@@ -67,6 +91,7 @@ class DeviceSelection(Rule):
             None,
             DDP,
             (CHOSEN_DEVICES,),
+            message="but no set-up here takes them",
         ),
         # A filtered comprehension names GPUs (every one but GPU 3), not the first N.
         Example(
@@ -92,6 +117,99 @@ class DeviceSelection(Rule):
             """,
             DDP,
             ("MGP101", "MGP150"),
+            message="(the first args.ngpu GPUs) dropped",
+        ),
+        # Parsed where the set-up runs: it takes them (the set-up's own rule writes `setup(devices=args.gpus)`).
+        Example(
+            """
+            import argparse
+            import torch.nn as nn
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--gpus", type=int, nargs="+")
+            args = parser.parse_args()
+            model = nn.DataParallel(nn.Linear(2, 2), args.gpus)
+            for x in batches:
+                model(x).sum().backward()
+            """,
+            """
+            import argparse
+            import torch.nn as nn
+            import mgpu_runtime
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--gpus", type=int, nargs="+")
+            args = parser.parse_args()
+            model = mgpu_runtime.DistributedDataParallel(nn.Linear(2, 2))
+            for x in batches:
+                model(x).sum().backward()
+            """,
+            DDP,
+            ("MGP101", "MGP150"),
+            message="`device_ids=args.gpus` moved to `mgpu_runtime.setup(devices=...)`",
+            line=7,
+        ),
+        # Changed after the set-up would have run: the set-up cannot be given them.
+        Example(
+            """
+            import torch.nn as nn
+            from config import cfg
+
+
+            def main():
+                cfg.merge_from_file("gpus.yaml")
+                model = nn.DataParallel(nn.Linear(2, 2), device_ids=[cfg.GPU_ID])
+                for x in batches:
+                    model(x).sum().backward()
+
+
+            if __name__ == "__main__":
+                main()
+            """,
+            None,
+            DDP,
+            (CHOSEN_DEVICES,),
+            message="`cfg.GPU_ID` may change at line 6, after the set-up",
+            line=7,
+        ),
+        # A library's method is handed its GPUs: the message says which to give the set-up.
+        Example(
+            """
+            import torch.nn as nn
+
+
+            class BaseModel(nn.Module):
+                def __init__(self, gpus=None):
+                    super().__init__()
+                    self.gpus = gpus
+
+                def fit(self, batches):
+                    model = nn.DataParallel(self, device_ids=self.gpus)
+                    for x in batches:
+                        model(x).sum().backward()
+            """,
+            None,
+            DDP,
+            (CHOSEN_DEVICES,),
+            message="`self.gpus` is the `gpus` given to BaseModel(), and no set-up here takes them",
+            line=10,
+        ),
+        # Under --style torch no set-up takes them.
+        Example(
+            """
+            import argparse
+            import torch.nn as nn
+
+            args = argparse.ArgumentParser().parse_args()
+            model = nn.DataParallel(nn.Linear(2, 2), device_ids=args.gpus)
+            for x in batches:
+                model(x).sum().backward()
+            """,
+            None,
+            DDP,
+            (CHOSEN_DEVICES,),
+            options=TORCH_OPTIONS,
+            message="(under DDP every visible GPU runs a process)",
         ),
     )
 
@@ -99,58 +217,22 @@ class DeviceSelection(Rule):
         program = self.program
         if not program.migrates:
             return
-        for call in program.wraps:
-            if self.analysis.resolve(call.func) != names.DATA_PARALLEL:
-                continue
-            chosen = argument(call, "device_ids", 1)
-            if chosen is None or _is_none(chosen.value):
-                continue
-            text = self.analysis.code_of(chosen.value)
-            count = self._first_n(chosen.value)
-            if count is None:
-                self.left(
-                    call,
-                    CHOSEN_DEVICES,
-                    f"`device_ids={shorten(text)}` names the GPUs to use (under DDP every visible GPU runs a process): "
-                    "file left as it is",
-                )
-            elif not self._all_devices(count):
+        chosen = program.chosen_devices(self.analysis)
+        if chosen is None:
+            return
+        passed = chosen.passed is not None and self.options.style != TORCH_STYLE
+        for call, value in chosen.sites:
+            text = shorten(self.analysis.code_of(value))
+            count = first_n(value)
+            if passed:
+                self.rewrote(call, f"`device_ids={text}` moved to `{RUNTIME}.setup(devices=...)`: one process runs on each of those GPUs")
+            elif count is not None:
                 self.rewrote(
                     call,
                     f"`device_ids={text}` (the first {self.analysis.code_of(count)} GPUs) dropped: one "
                     f"process runs per visible GPU, so launch that many (`torchrun --nproc_per_node=N`)",
                 )
-
-    def _first_n(self, value: cst.BaseExpression) -> cst.BaseExpression | None:
-        """N for ``range(N)``, ``list(range(N))``, ``[i for i in range(N)]``, ``[0, 1, ..., N - 1]``."""
-        if type(value) in (cst.List, cst.Tuple) and value.elements and all(
-            type(element.value) is cst.Integer and element.value.evaluated_value == index
-            for index, element in enumerate(value.elements)
-        ):
-            return cst.Integer(str(len(value.elements)))
-        if type(value) is cst.ListComp:
-            loop = value.for_in
-            # Only `[i for i in ...]` keeps every index: a condition or another expression picks GPUs.
-            if loop.ifs or loop.inner_for_in is not None or not _same_name(value.elt, loop.target):
-                return None
-            value = loop.iter
-        if _called(value, "list") and len(value.args) == 1:
-            value = value.args[0].value
-        if _called(value, "range") and len(value.args) == 1:
-            return value.args[0].value
-        return None
-
-    def _all_devices(self, count: cst.BaseExpression) -> bool:
-        return type(count) is cst.Call and self.analysis.resolve(count.func) == _DEVICE_COUNT
-
-
-def _called(value: cst.BaseExpression, builtin: str) -> bool:
-    return type(value) is cst.Call and type(value.func) is cst.Name and value.func.value == builtin
-
-
-def _same_name(first: cst.BaseExpression, second: cst.BaseExpression) -> bool:
-    return type(first) is cst.Name and type(second) is cst.Name and first.value == second.value
-
-
-def _is_none(value: cst.BaseExpression) -> bool:
-    return type(value) is cst.Name and value.value == "None"
+            elif self.options.style == TORCH_STYLE:
+                self.left(call, CHOSEN_DEVICES, f"`device_ids={text}` names the GPUs to use (under DDP every visible GPU runs a process): file left as it is")
+            else:
+                self.left(call, CHOSEN_DEVICES, f"`device_ids={text}` names the GPUs to use, but {chosen.unknown}: file left as it is")

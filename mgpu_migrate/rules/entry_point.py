@@ -12,6 +12,7 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis.entrypoint import EntryPoint
+from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.program import SETUP
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, TORCH_STYLE, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, keyword, runtime_call
@@ -89,8 +90,10 @@ class EntryPointSetup(Rule):
     ## What it does
     Inserts ``mgpu_runtime.setup()`` once, where it runs before any model or tensor touches CUDA: at the top
     of the ``if __name__ == "__main__":`` block; in the function that block calls first when that function
-    sets ``CUDA_VISIBLE_DEVICES`` (right after it does); after the imports of a flat script; or at the top of
-    ``def main()`` in a module without a main block.
+    sets ``CUDA_VISIBLE_DEVICES`` (right after it does, also inside an ``if``), or when a wrap's
+    ``device_ids`` reads what that function's command-line parsing binds (right after it); after the imports
+    of a flat script; or at the top of ``def main()`` in a module without a main block. The GPUs the wraps
+    chose go with it when they hold there what they hold at the wraps (``setup(devices=args.gpus)``, MGP150).
 
     It also decides whether the file becomes a distributed program at all: a file that already sets up
     distributed training itself (``init_process_group``, torch's or apex's ``DistributedDataParallel``,
@@ -287,6 +290,90 @@ class EntryPointSetup(Rule):
             DDP,
             ("MGP231",),
         ),
+        # The GPUs parsed in main() go to the set-up, which comes right after the parsing.
+        Example(
+            """
+            import torch.nn as nn
+
+
+            def main():
+                global args
+                args = parser.parse_args()
+                model = nn.DataParallel(nn.Linear(2, 2), device_ids=args.gpus)
+                for x in batches:
+                    model(x).mean().backward()
+
+
+            if __name__ == "__main__":
+                main()
+            """,
+            """
+            import torch.nn as nn
+            import mgpu_runtime
+
+
+            def main():
+                global args
+                args = parser.parse_args()
+                mgpu_runtime.setup(devices=args.gpus)
+                model = mgpu_runtime.DistributedDataParallel(nn.Linear(2, 2))
+                for x in batches:
+                    model(x).mean().backward()
+
+
+            if __name__ == "__main__":
+                main()
+            """,
+            DDP,
+            ("MGP101", "MGP120"),
+            message="setup(devices=args.gpus) inserted in main(), after its command line is parsed",
+            line=7,
+        ),
+        # CUDA_VISIBLE_DEVICES set under an `if`: the set-up follows that `if`, with the GPUs renumbered in it.
+        Example(
+            """
+            import os
+            import torch.nn as nn
+
+
+            def main():
+                device_ids = config["gpu_ids"]
+                if config["cuda"]:
+                    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in device_ids)
+                    device_ids = list(range(len(device_ids)))
+                model = nn.DataParallel(nn.Linear(2, 2), device_ids=device_ids)
+                for x in batches:
+                    model(x).mean().backward()
+
+
+            if __name__ == "__main__":
+                main()
+            """,
+            """
+            import os
+            import torch.nn as nn
+            import mgpu_runtime
+
+
+            def main():
+                device_ids = config["gpu_ids"]
+                if config["cuda"]:
+                    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in device_ids)
+                    device_ids = list(range(len(device_ids)))
+                mgpu_runtime.setup(devices=device_ids)
+                model = mgpu_runtime.DistributedDataParallel(nn.Linear(2, 2))
+                for x in batches:
+                    model(x).mean().backward()
+
+
+            if __name__ == "__main__":
+                main()
+            """,
+            DDP,
+            ("MGP101", "MGP120"),
+            message="setup(devices=device_ids) inserted after CUDA_VISIBLE_DEVICES is set in main()",
+            line=7,
+        ),
     )
 
     def apply(self) -> None:
@@ -376,9 +463,16 @@ class EntryPointSetup(Rule):
         return None
 
     def _set_up(self, entry: EntryPoint) -> None:
-        """Insert the set-up at the entry point."""
+        """Insert the set-up at the entry point, given the GPUs the wraps chose when it can be (MGP150)."""
         self.edits.need_import(RUNTIME)
-        statement = cst.SimpleStatementLine([cst.Expr(runtime_call("setup"))])
+        setup, given = runtime_call("setup"), ""
+        chosen = self.program.chosen_devices(self.analysis)
+        if chosen is not None and chosen.passed is not None:
+            no_space = cst.SimpleWhitespace("")
+            equal = cst.AssignEqual(whitespace_before=no_space, whitespace_after=no_space)
+            setup = setup.with_changes(args=[cst.Arg(chosen.passed.deep_clone(), keyword=cst.Name("devices"), equal=equal)])
+            given = f"devices={shorten(self.analysis.code_of(chosen.passed))}"
+        statement = cst.SimpleStatementLine([cst.Expr(setup)])
         if entry.after:
             self.edits.insert_after(entry.anchor, statement)
         else:
@@ -386,7 +480,7 @@ class EntryPointSetup(Rule):
             if leading and not leading[0].comment:
                 statement = statement.with_changes(leading_lines=[leading[0]])
             self.edits.insert_before(entry.anchor, statement)
-        self.rewrote(entry.anchor, f"{RUNTIME}.setup() inserted {entry.place}")
+        self.rewrote(entry.anchor, f"{RUNTIME}.setup({given}) inserted {entry.place}")
 
 
 _SET_UP = (

@@ -30,18 +30,21 @@ from tests.fixture_cases import FIXTURES, is_input
 
 torch = pytest.importorskip("torch")
 
-# name -> (directory under fixtures/, the entry script, its arguments)
-# (own_path's migration runs with the command its MGP231 names, the original with its default batch of 12.)
-OWN_PATH, OWN_PATH_BATCH = "own_path", 12
-CASES = {
-    "margin_head": ("scripts", "margin_head.py", []),
-    "frozen_backbone": ("scripts", "frozen_backbone.py", []),
-    "triplet_by_name": ("scripts", "triplet_by_name.py", []),
-    "own_batches": ("scripts", "own_batches.py", []),
-    "utils_writers": ("projects/utils_writers", "train.py", []),
-    OWN_PATH: ("projects/own_path", "train.py", []),
-}
 WORLD_SIZES = (2, 3)
+# name -> (directory under fixtures/, the entry script, its arguments at each W)
+# (own_path's migration runs with the command its MGP231 names, the original with its default batch of 12;
+# chosen_gpus is given the config that chooses W GPUs, and the original runs on exactly those.)
+OWN_PATH, OWN_PATH_BATCH = "own_path", 12
+NO_ARGUMENTS = {processes: [] for processes in WORLD_SIZES}
+CASES = {
+    "margin_head": ("scripts", "margin_head.py", NO_ARGUMENTS),
+    "frozen_backbone": ("scripts", "frozen_backbone.py", NO_ARGUMENTS),
+    "triplet_by_name": ("scripts", "triplet_by_name.py", NO_ARGUMENTS),
+    "own_batches": ("scripts", "own_batches.py", NO_ARGUMENTS),
+    "utils_writers": ("projects/utils_writers", "train.py", NO_ARGUMENTS),
+    OWN_PATH: ("projects/own_path", "train.py", NO_ARGUMENTS),
+    "chosen_gpus": ("projects/chosen_gpus", "train.py", {2: ["--config", "two_gpus"], 3: ["--config", "three_gpus"]}),
+}
 TOLERANCE = 1e-9
 TIMEOUT_S = 500
 
@@ -108,13 +111,13 @@ def runs(tmp_path_factory):
             home = root / f"{case}-original{processes}"
             home.mkdir()
             script = _copy(case, home, migrated=False)
-            originals.append((str(script), args, str(root / f"{case}-original{processes}.pt"), processes))
+            originals.append((str(script), args[processes], str(root / f"{case}-original{processes}.pt"), processes))
         home = root / f"{case}-migrated"
         home.mkdir()
         script = _copy(case, home, migrated=True)
         for processes in WORLD_SIZES:
             job = (processes, case if case == OWN_PATH else "")
-            launched = _own_path_command(processes) if case == OWN_PATH else args
+            launched = _own_path_command(processes) if case == OWN_PATH else args[processes]
             migrations.setdefault(job, []).append((str(script), launched, str(root / f"{case}-torchrun{processes}.pt"), None))
     jobs = {"the originals": _start([sys.executable, str(driver), json.dumps(originals)], root)}
     for (processes, alone), scripts in migrations.items():

@@ -1,0 +1,354 @@
+"""The GPUs a DataParallel's ``device_ids`` chose, and whether the program knows them where it starts.
+
+``--to ddp`` hands the GPUs a wrap chose to ``mgpu_runtime.setup(devices=...)``, which runs before the wrap
+(``analysis.entrypoint``). That is the wrap's own expression written at the set-up (``args.gpus``), so it
+must hold there what it holds at the wrap: every name it reads is bound where the set-up runs, and nothing
+that may change it (an assignment to it or to what it is read from, ``del``, a method call on it, passing it
+to a function that may change it) runs after the set-up. ``why_unknown`` says, in the message's words, why
+an expression fails that, as conservatively as the flow index it reads is simple (aliases are not followed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Optional
+
+import libcst as cst
+
+from mgpu_migrate.analysis.entrypoint import main_block
+from mgpu_migrate.analysis.scopes import Place, Scope, Slot
+from mgpu_migrate.analysis.tree import contains
+from mgpu_migrate.analysis.walk import children
+
+if TYPE_CHECKING:
+    from mgpu_migrate.analysis.parsed import ParsedFile
+
+_DEVICE_COUNT = "torch.cuda.device_count"
+# Builtins that neither change their arguments nor depend on anything but them.
+_PURE_BUILTINS = frozenset(
+    {"abs", "all", "any", "bool", "enumerate", "float", "format", "int", "isinstance", "len", "list", "map", "max",
+     "min", "print", "range", "repr", "reversed", "set", "sorted", "str", "sum", "tuple", "zip"}
+)
+# Methods of strings, lists, dicts and loggers that read their object without changing it.
+_READING_METHODS = frozenset(
+    {"copy", "count", "debug", "endswith", "format", "get", "index", "info", "items", "join", "keys", "lower",
+     "replace", "split", "startswith", "strip", "upper", "values", "warning"}
+)
+
+
+def device_ids(call: cst.Call) -> Optional[cst.BaseExpression]:
+    """The ``device_ids`` a DataParallel call is given, by keyword or second (None when absent or ``None``)."""
+    chosen = next((arg for arg in call.args if arg.keyword is not None and arg.keyword.value == "device_ids"), None)
+    leading = [arg for arg in call.args[:2] if arg.keyword is None and not arg.star]
+    if chosen is None and len(leading) == 2 and call.args[1] is leading[1]:
+        chosen = leading[1]
+    if chosen is None or (type(chosen.value) is cst.Name and chosen.value.value == "None"):
+        return None
+    return chosen.value
+
+
+def read_names(wraps: Iterable[cst.Call]) -> frozenset[str]:
+    """The names the wraps' ``device_ids`` are read from (``args`` of ``device_ids=args.gpus``)."""
+    found = set()
+    for call in wraps:
+        chosen = device_ids(call)
+        if chosen is not None:
+            found |= {root.value for read in _reads(chosen, set()) if (root := _root(read)) is not None}
+    return frozenset(found)
+
+
+def first_n(value: cst.BaseExpression) -> Optional[cst.BaseExpression]:
+    """N for ``range(N)``, ``list(range(N))``, ``[i for i in range(N)]``, ``[0, 1, ..., N - 1]``."""
+    if (type(value) is cst.List or type(value) is cst.Tuple) and value.elements and all(
+        type(element.value) is cst.Integer and element.value.evaluated_value == index
+        for index, element in enumerate(value.elements)
+    ):
+        return cst.Integer(str(len(value.elements)))
+    if type(value) is cst.ListComp:
+        loop = value.for_in
+        # Only `[i for i in ...]` keeps every index: a condition or another expression picks GPUs.
+        if loop.ifs or loop.inner_for_in is not None or not _same_name(value.elt, loop.target):
+            return None
+        value = loop.iter
+    inner = _only_argument(value, "list")
+    if inner is not None:
+        value = inner
+    return _only_argument(value, "range")
+
+
+def every_visible(analysis: ParsedFile, value: cst.BaseExpression) -> bool:
+    """``range(torch.cuda.device_count())`` and its spellings: what DDP runs on anyway."""
+    count = first_n(value)
+    return type(count) is cst.Call and analysis.resolve(count.func) == _DEVICE_COUNT
+
+
+def why_unknown(
+    analysis: ParsedFile, value: cst.BaseExpression, wrap: cst.Call, anchor: cst.CSTNode, after: bool
+) -> Optional[str]:
+    """Why ``value`` (a ``device_ids`` of ``wrap``) may not hold, right before ``anchor`` (right after it when
+    ``after``), what it holds at the wrap; None when it holds the same there."""
+    index = analysis.flow
+    wrap_scope = analysis.values.scope_of(wrap)
+    setup_function = analysis.tree.function(anchor)
+    setup_scope = index.scopes[setup_function] if setup_function is not None else index.module_scope
+    if not _runs_after(analysis, wrap, wrap_scope, setup_scope, anchor, after):
+        return "the wrap runs before the set-up"
+    for read in _reads(value, _comprehension_names(value)):
+        if type(read) is cst.Call:
+            return f"`{analysis.code_of(read.func)}(...)` chooses them"
+        place = index.place_of(read, wrap_scope)
+        if place is None:
+            return f"`{analysis.code_of(read)}` is not followed"
+        owner, path = place
+        root = _root_name(path)
+        handing = _handing_on(analysis, wrap_scope, root, setup_scope, anchor, after) if owner is wrap_scope else []
+        if handing:
+            # `main(args)` after the set-up: the parameter is the set-up's `args`, unless main() changes it.
+            reason = _changed_after(analysis, place, value, setup_scope, anchor, after)
+            if reason is not None:
+                return f"`{analysis.code_of(read)}` {reason}"
+            owner = setup_scope.lookup(root)
+            place = (owner, path)
+        outside = _outside_setup(analysis, read, place, wrap_scope) if owner is not setup_scope else None
+        if outside is not None:
+            return outside
+        if owner is not setup_scope and owner is not index.module_scope:
+            return f"`{root}` is local to {_function_name(owner)}()"
+        if setup_scope.lookup(root) is not owner:
+            return f"`{root}` is another name where the set-up runs"
+        reason = _changed_after(analysis, place, value, setup_scope, anchor, after, handing)
+        if reason is not None:
+            return f"`{analysis.code_of(read)}` {reason}"
+    return None
+
+
+def _handing_on(
+    analysis: ParsedFile, function_scope: Scope, name: str, setup_scope: Scope, anchor: cst.CSTNode, after: bool
+) -> list[cst.Call]:
+    """The calls of the function, when each runs where the set-up does, after it, handing its parameter ``name``
+    the name of the same spelling there (``main(args)``); none otherwise."""
+    function = function_scope.node
+    if type(function) is not cst.FunctionDef or name not in function_scope.params:
+        return []
+    calls = analysis.flow.call_sites(function)
+    for call, scope, implicit in calls:
+        if scope is not setup_scope or not _runs_after(analysis, call, scope, setup_scope, anchor, after):
+            return []
+        given = [
+            arg.value
+            for position, arg in enumerate(call.args)
+            if analysis.flow.parameter_place(function, call, position, implicit) == (function_scope, name)
+        ]
+        if len(given) != 1 or type(given[0]) is not cst.Name or given[0].value != name:
+            return []
+    return [call for call, _, _ in calls]
+
+
+def what_they_are(analysis: ParsedFile, value: cst.BaseExpression, wrap: cst.Call) -> Optional[str]:
+    """What a wrap's ``device_ids`` are, when its function is handed them (``self.gpus`` is the ``gpus`` given to
+    ``BaseModel()``, ``gpus`` is a parameter of ``fit()``): what the program must pass to the set-up."""
+    wrap_scope = analysis.values.scope_of(wrap)
+    for read in _reads(value, _comprehension_names(value)):
+        place = analysis.flow.place_of(read, wrap_scope) if type(read) is not cst.Call else None
+        described = _outside_setup(analysis, read, place, wrap_scope) if place is not None else None
+        if described is not None:
+            return described
+    return None
+
+
+def _outside_setup(analysis: ParsedFile, read: cst.BaseExpression, place: Place, wrap_scope: Scope) -> Optional[str]:
+    """A read that no set-up outside the wrap's function can name: an attribute, or the function's parameter."""
+    owner, path = place
+    if owner.is_class:
+        return _attribute(analysis, place, analysis.code_of(read))
+    root = _root_name(path)
+    if owner is wrap_scope and root in owner.params:
+        return f"`{root}` is a parameter of {_function_name(owner)}()"
+    return None
+
+
+def _root_name(path: str) -> str:
+    return path.split(".", 1)[0].split("[", 1)[0]
+
+
+def _comprehension_names(value: cst.BaseExpression) -> set[str]:
+    """The names the comprehensions of an expression bind (``i`` of ``[gpus[i] for i in ...]``)."""
+    return {
+        name.value
+        for loop in contains(value, lambda node: type(node) is cst.CompFor)
+        for name in contains(loop.target, lambda node: type(node) is cst.Name)
+    }
+
+
+def _runs_after(
+    analysis: ParsedFile, wrap: cst.Call, wrap_scope: Scope, setup_scope: Scope, anchor: cst.CSTNode, after: bool
+) -> bool:
+    if wrap_scope is not setup_scope:
+        # A wrap at module level runs on import, before a set-up in a function; one in a function runs when called.
+        return wrap_scope is not analysis.flow.module_scope
+    if after:
+        return anchor not in analysis.tree.ancestors(wrap) and analysis.position(wrap) > analysis.position(anchor)
+    return analysis.position(wrap) >= analysis.position(anchor)
+
+
+def _reads(value: cst.BaseExpression, local_names: set[str]) -> Iterator[cst.BaseExpression]:
+    """The references ``value`` reads (``args.gpus``, ``cfg.GPU_ID``), and the calls it makes of anything but a
+    reading builtin or method (``get_gpus()``), outside the names its comprehensions bind."""
+    todo: list[cst.CSTNode] = [value]
+    while todo:
+        node = todo.pop()
+        if not isinstance(node, cst.BaseExpression):
+            todo.extend(children(node))
+            continue
+        root = _root(node) if type(node) in (cst.Name, cst.Attribute, cst.Subscript) else None
+        if root is not None:
+            if root.value not in local_names:
+                yield node
+            todo.extend(_indices(node))
+            continue
+        if type(node) is cst.Call:
+            func = node.func
+            if type(func) is cst.Name and func.value in _PURE_BUILTINS:
+                todo.extend(arg.value for arg in node.args)
+                continue
+            if type(func) is cst.Attribute and func.attr.value in _READING_METHODS:
+                todo.extend([func.value, *(arg.value for arg in node.args)])
+                continue
+            yield node
+            continue
+        if type(node) is cst.Lambda:
+            yield cst.Call(cst.Name("lambda"))
+            continue
+        todo.extend(children(node))
+
+
+def _root(node: cst.BaseExpression) -> Optional[cst.Name]:
+    """The name a reference is read from: ``args`` of ``args.gpus[0]``."""
+    while type(node) is cst.Attribute or type(node) is cst.Subscript:
+        node = node.value
+    return node if type(node) is cst.Name else None
+
+
+def _indices(node: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """What the subscripts along a reference read (``i`` of ``args.gpus[i]``)."""
+    found: list[cst.BaseExpression] = []
+    while type(node) is cst.Attribute or type(node) is cst.Subscript:
+        if type(node) is cst.Subscript:
+            found += [element.slice.value for element in node.slice if type(element.slice) is cst.Index]
+        node = node.value
+    return found
+
+
+def _related(first: str, second: str) -> bool:
+    """Whether writing one path may change the other: one is the other or holds it (``args``, ``args.gpus``,
+    ``args.gpus[]``)."""
+    shorter, longer = sorted((first, second), key=len)
+    return longer == shorter or longer.startswith((shorter + ".", shorter + "["))
+
+
+def _changed_after(
+    analysis: ParsedFile,
+    place: Place,
+    value: cst.BaseExpression,
+    setup_scope: Scope,
+    anchor: cst.CSTNode,
+    after: bool,
+    handing: Iterable[cst.Call] = (),
+) -> Optional[str]:
+    """Why what ``place`` holds may change after the set-up ran (None when nothing may): every statement that
+    writes it or what it is read from, and every call that may change it, runs before the set-up. The calls
+    ``handing`` it to the wrap's function (whose changes to it were looked at there) do not count."""
+    index = analysis.flow
+    owner, path = place
+    changes: list[cst.CSTNode] = [
+        node
+        for node, scope in index.stores.items()
+        if isinstance(node, cst.BaseExpression)
+        and (written := index.place_of(node, scope)) is not None
+        and written[0] is owner
+        and _related(written[1], path)
+    ]
+    root = _root_name(path)
+    bound = root in owner.params or analysis.bindings.imported.get(root) or any(
+        type(node) is cst.Name and node.value == root for node in changes
+    )
+    if not bound:
+        return "is bound nowhere in this file"
+    inside = set(map(id, contains(value, lambda node: True)))
+    handed = set(handing)
+    prefixes = [path[: position] for position, letter in enumerate(path) if letter in ".["] + [path]
+    for prefix in dict.fromkeys(prefixes):
+        for node, _, slot in index.references((owner, prefix)):
+            if id(node) not in inside and slot is not None and slot.parent not in handed and _may_change(analysis, slot):
+                changes.append(node)
+    for node in changes:
+        if not _before_setup(analysis, node, setup_scope, anchor, after):
+            line, _ = analysis.position(node)
+            return f"may change at line {line}, after the set-up"
+    return None
+
+
+def _may_change(analysis: ParsedFile, slot: Slot) -> bool:
+    """A reference that a call may change: passed to one (but a reading builtin), or its method called."""
+    parent = slot.parent
+    if slot.kind == "arg" and type(parent) is cst.Call:
+        func = parent.func
+        return not (type(func) is cst.Name and func.value in _PURE_BUILTINS) and not (
+            type(func) is cst.Attribute and func.attr.value in _READING_METHODS
+        )
+    if slot.kind == "attr" and type(parent) is cst.Attribute:
+        method = analysis.flow.slots.get(parent)
+        return method is not None and method.kind == "func" and parent.attr.value not in _READING_METHODS
+    return False
+
+
+def _before_setup(analysis: ParsedFile, node: cst.CSTNode, setup_scope: Scope, anchor: cst.CSTNode, after: bool) -> bool:
+    """Whether ``node`` runs before the set-up: in its block, above it; at module level, before the set-up's
+    function is called (a function the file never calls runs after the whole module was imported)."""
+    function = analysis.tree.function(node)
+    scope = analysis.flow.scopes[function] if function is not None else analysis.flow.module_scope
+    position = analysis.position(node)
+    if scope is setup_scope:
+        return position < analysis.position(anchor) or (after and anchor in analysis.tree.ancestors(node))
+    setup_function = setup_scope.node
+    if function is not None or type(setup_function) is not cst.FunctionDef:
+        return False
+    calls = analysis.flow.call_sites(setup_function)
+    main = main_block(analysis.module)
+    # The main block runs only when the file is the script: a write there counts once it precedes each call.
+    in_main = main is not None and main in analysis.tree.ancestors(node)
+    return (bool(calls) or not in_main) and all(position < analysis.position(call) for call, _, _ in calls)
+
+
+def _attribute(analysis: ParsedFile, place: Place, text: str) -> str:
+    """What an attribute holds, when the file stores it once: ``the `gpus` given to BaseModel()`` (a parameter
+    of ``__init__``), else where it is set."""
+    stored = analysis.values.stored.get(place, [])
+    if len(stored) != 1 or analysis.flow.store_count(place) != 1:
+        return f"`{text}` is an attribute"
+    value, scope, _ = stored[0]
+    function = scope.node
+    if type(function) is not cst.FunctionDef:
+        return f"`{text}` is an attribute"
+    if type(value) is cst.Name and value.value in scope.params:
+        cls = scope.owner.node if scope.owner is not None and function.name.value == "__init__" else None
+        owner = cls.name.value if type(cls) is cst.ClassDef else None
+        return f"`{text}` is the `{value.value}` given to {owner or function.name.value}()"
+    line, _ = analysis.position(value)
+    return f"`{text}` is an attribute set in {function.name.value}() (line {line})"
+
+
+def _function_name(scope: Scope) -> str:
+    node = scope.node
+    return node.name.value if type(node) is cst.FunctionDef else "<module>"
+
+
+def _only_argument(value: cst.BaseExpression, builtin: str) -> Optional[cst.BaseExpression]:
+    """``x`` of ``builtin(x)``."""
+    if type(value) is cst.Call and type(value.func) is cst.Name and value.func.value == builtin and len(value.args) == 1:
+        return value.args[0].value
+    return None
+
+
+def _same_name(first: cst.BaseExpression, second: cst.BaseExpression) -> bool:
+    return type(first) is cst.Name and type(second) is cst.Name and first.value == second.value

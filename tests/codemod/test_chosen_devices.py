@@ -1,0 +1,351 @@
+"""The GPUs a DataParallel chose go to mgpu_runtime.setup(devices=...) under --to ddp (issue 23, item 2; MGP150),
+when they hold there what they hold at the wrap; otherwise the file is left, saying what they are (MGP283).
+
+On the CPU the runtime ignores the devices, so the end-to-end run (test_project_shapes_e2e's chosen_gpus) cannot
+tell whether they were passed: here the set-up's text is pinned for each way a wrap names its GPUs, and the
+migrated fixture is run to see the ids the set-up is given."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from mgpu_migrate.engine import migrate_source
+from mgpu_migrate.options import TORCH_STYLE, Options
+from tests.fixture_cases import FIXTURES
+
+CHOSEN = "MGP283"
+
+
+def _migrated(source: str, path: str = "train.py"):
+    result = migrate_source(textwrap.dedent(source).lstrip("\n"), "ddp", path)
+    assert result.error is None
+    return result
+
+
+def _setups(output: str) -> list[str]:
+    return [line.strip() for line in output.splitlines() if "mgpu_runtime.setup(" in line]
+
+
+_FLAT = """
+    import argparse
+    import torch.nn as nn
+    {imports}
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--gpus", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--ngpu", type=int, default=2)
+    args = parser.parse_args()
+    model = nn.DataParallel(nn.Linear(2, 2), {chosen})
+    for x in batches:
+        model(x).sum().backward()
+"""
+
+
+@pytest.mark.parametrize(
+    ("chosen", "imports", "passed"),
+    [
+        ("device_ids=args.gpus", "", "args.gpus"),
+        ("args.gpus", "", "args.gpus"),  # positional
+        ("device_ids=[cfg.GPU_ID]", "from config import cfg", "[cfg.GPU_ID]"),
+        ("device_ids=range(args.ngpu)", "", "range(args.ngpu)"),
+        ("device_ids=[int(g) for g in args.gpus]", "", "[int(g) for g in args.gpus]"),
+        ("device_ids=[2, 3]", "", "[2, 3]"),
+    ],
+)
+def test_the_set_up_is_given_the_gpus_the_wrap_chose(chosen, imports, passed):
+    result = _migrated(_FLAT.format(chosen=chosen, imports=imports))
+    assert _setups(result.output) == [f"mgpu_runtime.setup(devices={passed})"]
+    assert "device_ids" not in result.output and "args.gpus)" not in result.output.split("DistributedDataParallel")[1]
+    assert CHOSEN not in {d.code for d in result.diagnostics}
+    assert any(d.code == "MGP150" and "moved to `mgpu_runtime.setup(devices=...)`" in d.message for d in result.diagnostics)
+    again = migrate_source(result.output, "ddp", "train.py")
+    assert again.output == result.output
+
+
+def test_every_visible_gpu_needs_no_devices():
+    result = _migrated(_FLAT.format(chosen="device_ids=list(range(torch.cuda.device_count()))", imports="import torch"))
+    assert _setups(result.output) == ["mgpu_runtime.setup()"]
+    assert not [d for d in result.diagnostics if d.code in ("MGP150", CHOSEN)]
+
+
+def test_gpus_parsed_in_main_move_the_set_up_after_the_parsing():
+    result = _migrated(
+        """
+        import torch.nn as nn
+        from opts import parser
+
+
+        def main():
+            global args
+            args = parser.parse_args()
+            model = nn.DataParallel(nn.Linear(2, 2), device_ids=args.gpus).cuda()
+            for x in loader:
+                model(x).sum().backward()
+
+
+        if __name__ == "__main__":
+            main()
+        """
+    )
+    lines = result.output.splitlines()
+    setup = lines.index("    mgpu_runtime.setup(devices=args.gpus)")
+    assert lines[setup - 1] == "    args = parser.parse_args()"
+    assert lines[-1] == "    main()" and lines[-2] == 'if __name__ == "__main__":'
+
+
+_HANDED = """
+    import argparse
+    import torch.nn as nn
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--gpus", type=int, nargs="+")
+
+
+    def main(args):
+        {in_main}
+        model = nn.DataParallel(nn.Linear(2, 2), device_ids=args.gpus)
+        for x in loader:
+            model(x).sum().backward()
+
+
+    if __name__ == "__main__":
+        args = parser.parse_args()
+        main(args)
+"""
+
+
+def test_gpus_parsed_in_the_main_block_and_handed_to_main_go_to_the_set_up():
+    result = _migrated(_HANDED.format(in_main="pass"))
+    lines = result.output.splitlines()
+    assert lines[-3:] == ["    args = parser.parse_args()", "    mgpu_runtime.setup(devices=args.gpus)", "    main(args)"]
+
+
+def test_gpus_handed_to_main_and_changed_there_leave_the_file():
+    result = _migrated(_HANDED.format(in_main="args.gpus = args.gpus[:1]"))
+    (message,) = [d.message for d in result.diagnostics if d.code == CHOSEN]
+    assert "but `args.gpus` may change at line 9, after the set-up" in message
+
+
+def test_without_devices_to_keep_the_set_up_stays_in_the_main_block():
+    result = _migrated(
+        """
+        import torch.nn as nn
+
+
+        def main():
+            args = parser.parse_args()
+            model = nn.DataParallel(nn.Linear(2, 2))
+            for x in loader:
+                model(x).sum().backward()
+
+
+        if __name__ == "__main__":
+            main()
+        """
+    )
+    assert result.output.splitlines()[-2:] == ["    mgpu_runtime.setup()", "    main()"]
+
+
+@pytest.mark.parametrize(
+    ("source", "said"),
+    [
+        # A library's method: what the set-up must be given, and that this file has none.
+        (
+            """
+            import torch.nn as nn
+
+
+            class BaseModel(nn.Module):
+                def __init__(self, device="cpu", gpus=None):
+                    super().__init__()
+                    self.gpus = gpus
+
+                def fit(self, x):
+                    model = self.train()
+                    if self.gpus:
+                        model = nn.DataParallel(model, device_ids=self.gpus)
+                    for batch in x:
+                        model(batch).sum().backward()
+            """,
+            "but `self.gpus` is the `gpus` given to BaseModel(), and no set-up here takes them",
+        ),
+        (
+            """
+            import torch.nn as nn
+
+
+            def fit(model, batches, gpus):
+                model = nn.DataParallel(model, device_ids=gpus)
+                for x in batches:
+                    model(x).sum().backward()
+            """,
+            "but `gpus` is a parameter of fit(), and no set-up here takes them",
+        ),
+        # A processor class with a main block: the attribute is set in a method, after the set-up.
+        (
+            """
+            import torch.nn as nn
+
+
+            class Processor:
+                def load_gpu(self, device):
+                    gpus = list(device)
+                    self.gpus = gpus
+
+                def train(self, model, batches):
+                    model = nn.DataParallel(model, device_ids=self.gpus)
+                    for x in batches:
+                        model(x).sum().backward()
+
+
+            if __name__ == "__main__":
+                Processor().train(model, batches)
+            """,
+            "but `self.gpus` is an attribute set in load_gpu() (line 7)",
+        ),
+        # Changed by a call after the set-up (a config merged in main()).
+        (
+            """
+            import torch.nn as nn
+            from config import cfg, update_config
+
+
+            def main():
+                update_config(cfg)
+                model = nn.DataParallel(nn.Linear(2, 2), device_ids=[cfg.GPU_ID])
+                for x in loader:
+                    model(x).sum().backward()
+
+
+            if __name__ == "__main__":
+                main()
+            """,
+            "but `cfg.GPU_ID` may change at line 6, after the set-up",
+        ),
+        # Parsed at module level, but changed in main().
+        (
+            """
+            import argparse
+            import torch.nn as nn
+
+            args = argparse.ArgumentParser().parse_args()
+
+
+            def main():
+                args.gpus = [int(g) for g in args.gpus.split(",")]
+                model = nn.DataParallel(nn.Linear(2, 2), device_ids=args.gpus)
+                for x in loader:
+                    model(x).sum().backward()
+
+
+            if __name__ == "__main__":
+                main()
+            """,
+            "but `args.gpus` may change at line 8, after the set-up",
+        ),
+        # Two wraps on two choices: one set of processes cannot keep both.
+        (
+            """
+            import torch.nn as nn
+
+            args = parser.parse_args()
+            encoder = nn.DataParallel(nn.Linear(2, 2), device_ids=args.gpus)
+            decoder = nn.DataParallel(nn.Linear(2, 2))
+            for x in loader:
+                decoder(encoder(x)).sum().backward()
+            """,
+            "but the wraps (lines 4, 5) choose different GPUs or every visible one",
+        ),
+        # A function of the script's own picks them: not followed.
+        (
+            """
+            import torch.nn as nn
+
+            model = nn.DataParallel(nn.Linear(2, 2), device_ids=free_gpus(2))
+            for x in loader:
+                model(x).sum().backward()
+            """,
+            "but `free_gpus(...)` chooses them",
+        ),
+    ],
+)
+def test_gpus_the_set_up_cannot_be_given_leave_the_file_saying_what_they_are(source, said):
+    result = _migrated(source)
+    assert result.output == textwrap.dedent(source).lstrip("\n")
+    messages = [d.message for d in result.diagnostics if d.code == CHOSEN]
+    assert messages and all(said in message for message in messages), messages
+    assert all(len(message) <= 160 for message in messages)
+
+
+def test_a_file_that_gives_the_set_up_its_gpus_itself_is_migrated():
+    """The fix MGP283's page asks for: the set-up called with the GPUs, the wrap left to the tool."""
+    result = _migrated(
+        """
+        import argparse
+        import mgpu_runtime
+        import torch.nn as nn
+
+        args = argparse.ArgumentParser().parse_args()
+        mgpu_runtime.setup(devices=args.gpus)
+        model = nn.DataParallel(nn.Linear(2, 2), device_ids=args.gpus)
+        for x in loader:
+            model(x).sum().backward()
+        """
+    )
+    assert "mgpu_runtime.DistributedDataParallel(nn.Linear(2, 2))" in result.output
+    assert _setups(result.output) == ["mgpu_runtime.setup(devices=args.gpus)"]
+    assert CHOSEN not in {d.code for d in result.diagnostics}
+
+
+def test_under_the_torch_style_named_gpus_still_leave_the_file():
+    source = textwrap.dedent(_FLAT.format(chosen="device_ids=args.gpus", imports="")).lstrip("\n")
+    result = migrate_source(source, "ddp", "train.py", Options(style=TORCH_STYLE))
+    assert result.output == source
+    assert [d.code for d in result.diagnostics if d.code == CHOSEN] == [CHOSEN]
+
+
+# Runs the migrated script plainly (a world of one) with the real runtime, the set-up recorded as it is called:
+# what the script hands it, and the CUDA_VISIBLE_DEVICES it had set by then.
+_RECORDED = """
+import json, os, runpy, sys
+import mgpu_runtime
+
+real = mgpu_runtime.setup
+given = []
+
+def recorded(devices=None):
+    given.append({"devices": devices, "visible": os.environ.get("CUDA_VISIBLE_DEVICES")})
+    real(devices=devices)
+
+mgpu_runtime.setup = recorded
+script, output = sys.argv[1], sys.argv[2]
+sys.argv = [script, *sys.argv[3:]]
+runpy.run_path(script, run_name="__main__")
+with open(output, "w") as written:
+    json.dump(given, written)
+"""
+
+
+@pytest.mark.parametrize(("config", "ids"), [("two_gpus", [0, 1]), ("three_gpus", [0, 1, 2])])
+def test_the_migrated_project_gives_the_set_up_the_gpus_its_config_chose(tmp_path, config, ids):
+    project = FIXTURES / "projects" / "chosen_gpus"
+    for name in ("trainer.py", "utils/__init__.py", "utils/tools.py", f"configs/{config}.json"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text((project / name).read_text())
+    (tmp_path / "train.py").write_text((project / "train.ddp.py").read_text())
+    (tmp_path / "recorded.py").write_text(_RECORDED)
+    environment = {key: value for key, value in os.environ.items() if key not in ("CUDA_VISIBLE_DEVICES", "MGPU_NPROC")}
+    environment["FIXTURE_OUTPUT"] = str(tmp_path / "weights.pt")
+    command = [sys.executable, "recorded.py", "train.py", str(tmp_path / "given.json"), "--config", config]
+    done = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # The config's GPUs, made visible and renumbered by the script, are the ones the set-up is given.
+    visible = ",".join(map(str, json.loads((project / "configs" / f"{config}.json").read_text())["gpu_ids"]))
+    assert json.loads((tmp_path / "given.json").read_text()) == [{"devices": ids, "visible": visible}]
+    assert (tmp_path / "weights.pt").exists()
