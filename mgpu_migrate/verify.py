@@ -139,8 +139,9 @@ for run in runs:
         if (getattr(sys.modules[name], "__file__", None) or "").startswith(own):
             del sys.modules[name]
     gc.collect()
-    with open(".mgpu-verify.status" + suffix, "w") as written:
+    with open(".mgpu-verify.status.partial" + suffix, "w") as written:
         written.write(str(status))
+    os.replace(".mgpu-verify.status.partial" + suffix, ".mgpu-verify.status" + suffix)  # read while the job runs
     if status and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         sys.exit(status)
 """
@@ -181,6 +182,12 @@ class Job:
         with open(os.path.join(self.root, f"{self.name}-{self.attempts}.log"), encoding="utf-8", errors="replace") as handle:
             return handle.read()
 
+    def stop(self) -> None:
+        """End the job if it still runs (verify was interrupted, or ended early)."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
     def check(self, timeout: float) -> bool:
         """Whether the job still works, after ending a run past ``timeout`` seconds, and starting the job again
         on the runs it did not reach when it ended in one (each start ends at least one run, or all)."""
@@ -190,8 +197,7 @@ class Job:
         if process.poll() is None:
             if begun and time.time() - max(run.started or 0 for run in begun) > timeout:
                 begun[-1].timed_out = True
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+                self.stop()
             else:
                 return True
         waiting = self._waiting()
@@ -442,24 +448,36 @@ def verify(scripts, target, procs, steps, tolerance, migrated, data_paths, style
     options = VerifyOptions(target, style, sync_bn, migrated, script_args, procs, steps, data_paths)
     found = {script: _migrate(script, options) for script in scripts}
     migrations = [migration for migration in found.values() if migration is not None]
-    statuses = []
+    statuses: list[int] = []
+    jobs: list[Job] = []
     root = tempfile.mkdtemp(prefix="mgpu-verify-")
     try:
         pairs, jobs = _start(root, migrations, options)
         while [job for job in jobs if job.check(timeout)]:
             time.sleep(0.1)
         several = len(scripts) > 1
-        ended = [_ended(migration, runs, timeout, several) for migration, runs in zip(migrations, pairs)]
-        compared = iter(_compare([runs for runs, status in zip(pairs, ended) if status is None]))
-        for index, (migration, runs) in enumerate(zip(migrations, pairs)):
+        failures = [_failed(runs, timeout) for runs in pairs]
+        if not several and failures and failures[0] is not None:
+            _fail(*failures[0])
+        compared = iter(_compare([runs for runs, failure in zip(pairs, failures) if failure is None]))
+        for index, (migration, runs, failure) in enumerate(zip(migrations, pairs, failures)):
             if several:
                 click.echo(f"{chr(10) if index else ''}{migration.script}:")
-            statuses.append(ended[index] if ended[index] is not None else _report(runs, next(compared), tolerance, migration.target, procs))
+            if failure is None:
+                statuses.append(_report(runs, next(compared), tolerance, migration.target, procs))
+                continue
+            message, output = failure
+            click.echo(f"mgpu-migrate verify: {migration.script}: {message}", err=True)
+            click.echo(output.rstrip("\n"), err=True)
+            click.echo(f"error: {message.partition(':')[0]}")
+            statuses.append(EXIT_ERROR)
         if several:
             verified = statuses.count(EXIT_VERIFIED)
             left = len(scripts) - len(migrations)
             click.echo(f"\n{verified} of {_count(len(migrations), 'migration')} verified, {_count(left, 'script')} left by the tool")
     finally:
+        for job in jobs:
+            job.stop()
         if keep:
             click.echo(f"the runs' directories: {root}", err=True)
         else:
@@ -472,6 +490,9 @@ def _start(root: str, migrations: list[Migration], options: VerifyOptions) -> tu
     job of its own for each migration that sets up its process group itself (--style torch, its own path)."""
     with open(os.path.join(root, DRIVER), "w", encoding="utf-8") as handle:
         handle.write(_DRIVER)
+    python = (sys.executable,)
+    torchrun = (*python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={options.procs}")
+    replicas = (f"{CPU_REPLICAS}={options.procs}", *python)
     pairs = []
     for index, migration in enumerate(migrations):
         # Each script's runs have directories of their own (two scripts may have one name).
@@ -479,48 +500,36 @@ def _start(root: str, migrations: list[Migration], options: VerifyOptions) -> tu
         script, home = os.path.basename(migration.script), os.path.dirname(os.path.abspath(migration.script))
         original = _prepare(place, ORIGINAL, migration.script, migration.original, options.data_paths)
         migrated = _prepare(place, MIGRATED, migration.script, migration.migrated, options.data_paths)
+        launcher = torchrun if migration.target == DDP else replicas
         pairs.append(
             [
-                ScriptRun(ORIGINAL, original, script, home, options.script_args, options.steps, options.procs),
-                ScriptRun(MIGRATED, migrated, script, home, migration.migrated_args, options.steps),
+                ScriptRun(ORIGINAL, original, script, home, options.script_args, options.steps, options.procs, python),
+                ScriptRun(MIGRATED, migrated, script, home, migration.migrated_args, options.steps, None, launcher),
             ]
         )
     homes = [os.path.dirname(os.path.abspath(migration.script)) for migration in migrations]
-    python = [sys.executable]
-    torchrun = [*python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={options.procs}"]
-    replicas = f"{CPU_REPLICAS}={options.procs}"
-    for migration, (original, migrated) in zip(migrations, pairs):
-        original.launcher = tuple(python)
-        migrated.launcher = tuple(torchrun if migration.target == DDP else [replicas, *python])
     ddp = [(migration, runs[1]) for migration, runs in zip(migrations, pairs) if migration.target == DDP]
     shared = [run for migration, run in ddp if not migration.own_process_group]
     alone = [[run] for migration, run in ddp if migration.own_process_group]
     balanced = [runs[1] for migration, runs in zip(migrations, pairs) if migration.target != DDP]
-    jobs = [Job("originals", python, [runs[0] for runs in pairs], _environment(homes), root)] if pairs else []
-    jobs += [Job(f"torchrun-{index}", torchrun, runs, _environment(homes), root) for index, runs in enumerate([shared, *alone]) if runs]
+    jobs = [Job("originals", [*python], [runs[0] for runs in pairs], _environment(homes), root)] if pairs else []
+    jobs += [Job(f"torchrun-{index}", [*torchrun], runs, _environment(homes), root) for index, runs in enumerate([shared, *alone]) if runs]
     if balanced:
-        jobs.append(Job("balanced", python, balanced, _environment(homes, **{CPU_REPLICAS: str(options.procs)}), root))
+        jobs.append(Job("balanced", [*python], balanced, _environment(homes, **{CPU_REPLICAS: str(options.procs)}), root))
     for job in jobs:
         job.start()
     return pairs, jobs
 
 
-def _ended(migration: Migration, runs: list[ScriptRun], timeout: float, several: bool) -> int | None:
-    """None when both runs ended well. Else one script's failure ends the command (``_fail``); of several,
-    the failure is said and the others still report."""
+def _failed(runs: list[ScriptRun], timeout: float) -> tuple[str, str] | None:
+    """What went wrong with a script's runs, and the failed run's output; None when both ended well."""
     for run in runs:
         if run.status == 0:
             continue
         how = f"did not finish in {timeout:g} s" if run.timed_out else f"failed (exit {run.status})"
         where = f" under nn.DataParallel emulated on {_count(run.devices, 'device')}" if run.devices else ""
         message = f"the {run.name} run {how}{where}: {' '.join(run.command)}"
-        output = run.output("stdout") + run.output("stderr") + run.job_output
-        if not several:
-            _fail(message, output)
-        click.echo(f"mgpu-migrate verify: {migration.script}: {message}", err=True)
-        click.echo(output.rstrip("\n"), err=True)
-        click.echo(f"error: the {run.name} run failed")
-        return EXIT_ERROR
+        return message, run.output("stdout") + run.output("stderr") + run.job_output
     return None
 
 
