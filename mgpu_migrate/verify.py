@@ -418,8 +418,9 @@ def verify(scripts, target, procs, steps, tolerance, migrated, data_paths, style
     Migrates a copy of SCRIPT, runs the original under nn.DataParallel emulated on W CPU devices and the
     migrated copy at W processes (--to ddp: torchrun, gloo) or W CPU replicas (--to balanced), both in
     float64 on the CPU for the same optimizer steps, and compares the wrapped models' final weights and
-    buffers and the lines each printed (the migrated job prints its main process's). Numbers printed with a
-    fraction may differ by one unit of their last digit.
+    buffers (and the parameters the optimizers trained outside them) and the lines each printed (the
+    migrated job prints its main process's). Numbers printed with a fraction may differ by one unit of
+    their last digit.
 
     Each run works in a new temporary directory, its current directory, which holds its copy of SCRIPT and
     receives whatever the script writes there: neither run writes into your files by a relative path or
@@ -572,7 +573,8 @@ def _report(runs: list[ScriptRun], found: dict, tolerance: float, target: str, p
     if largest is None:
         click.echo("largest difference: none measured (no wrapped model's tensor is in both runs)")
     else:
-        where = f"model {largest['model']} {largest['name']!r}"
+        model = largest["model"]
+        where = f"model {model} {largest['name']!r}" if model is not None else f"{largest['name']} (trained outside the wrapped models)"
         click.echo(f"largest difference: {largest['difference']:.3g} in {where} (tolerance {tolerance:g})")
         if largest["difference"] > tolerance:
             problems.append(f"{where} is {largest['difference']:.3g} apart, past the tolerance {tolerance:g}")

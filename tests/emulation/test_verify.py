@@ -70,6 +70,21 @@ def test_a_wrong_migration_is_past_the_tolerance_and_named_by_its_tensor(flat_sc
 
 
 @pytest.mark.slow
+def test_a_head_trained_outside_the_wrap_is_compared_too(tmp_path):
+    """margin_head's optimizer steps a head the wrap does not hold: a migration that trains it otherwise is
+    named by the head's place in the optimizer."""
+    shutil.copy(SCRIPTS / "margin_head.py", tmp_path)
+    migration = (SCRIPTS / "margin_head.balanced.py").read_text()
+    wrong = migration.replace('{"params": head.parameters()}', '{"params": head.parameters(), "lr": 0.11}')
+    assert wrong != migration
+    (tmp_path / "wrong.py").write_text(wrong)
+    result = verify("margin_head.py", "--to", "balanced", "--steps", "2", "--migrated", "wrong.py", cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    differs = [line for line in result.stdout.splitlines() if line.startswith("differs: ")]
+    assert len(differs) == 1 and differs[0].startswith("differs: optimizer 0 parameter 4 (trained outside the wrapped models) is "), differs
+
+
+@pytest.mark.slow
 def test_a_run_that_fails_is_an_error_with_its_output(flat_script):
     (flat_script / "broken.py").write_text("import sys\nprint('loading')\nsys.exit('no data here')\n")
     result = verify("flat_script.py", "--to", "balanced", "--migrated", "broken.py", cwd=flat_script)
