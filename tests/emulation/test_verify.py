@@ -2,6 +2,7 @@
 migration at W processes or replicas. The slow tests run torch; the others stop before it."""
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -98,6 +99,8 @@ def _sections(report: str, scripts: list[str]) -> dict[str, list[str]]:
     current = None
     for line in report.splitlines():
         name = line.split(": ")[0]
+        if re.fullmatch(r"\d+ of \d+ migrations? verified, .*", line):
+            break  # the count that ends the report
         if line.endswith(": no migration to verify") and name in scripts:
             sections[name] = [line]
         elif line.endswith(":") and line[:-1] in scripts:
