@@ -94,3 +94,4 @@ def test_the_state_holds_each_wrapped_module_once_in_order_without_the_module_pr
         first, second = (model["state"] for model in state["models"])
         assert list(first) == ["0.0.weight", "0.0.bias", "1.weight", "1.bias"] and list(second) == ["weight", "bias"]
         assert first["0.0.weight"].dtype == dtype
+        assert state["outside"] == {}  # the optimizer steps only wrapped parameters

@@ -2,6 +2,7 @@
 migration at W processes or replicas. The slow tests run torch; the others stop before it."""
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -10,8 +11,14 @@ import pytest
 
 from mgpu_migrate.verify import same_line
 from tests.cli_helpers import DP_SCRIPT, command, run_cli
+from tests.codemod.e2e_runs import BALANCED_SCRIPTS, DDP_SCRIPTS, ORIGINALS
+from tests.codemod.test_ddp_e2e import UNTRAINABLE_ON_SEVERAL
 
-SCRIPTS = Path(__file__).parents[2] / "fixtures" / "scripts"
+FIXTURES = Path(__file__).parents[2] / "fixtures"
+SCRIPTS = FIXTURES / "scripts"
+# The fixture projects' entry scripts that train as they are, without arguments (own_path's take some).
+PROJECT_SCRIPTS = ["projects/utils_writers/train.py"]
+OWN_PATH = "projects/own_path/train.py"
 
 
 def verify(*args: str, cwd: Path, **environment: str) -> subprocess.CompletedProcess:
@@ -64,11 +71,96 @@ def test_a_wrong_migration_is_past_the_tolerance_and_named_by_its_tensor(flat_sc
 
 
 @pytest.mark.slow
+def test_a_head_trained_outside_the_wrap_is_compared_too(tmp_path):
+    """margin_head's optimizer steps a head the wrap does not hold: a migration that trains it otherwise is
+    named by the head's place in the optimizer."""
+    shutil.copy(SCRIPTS / "margin_head.py", tmp_path)
+    migration = (SCRIPTS / "margin_head.balanced.py").read_text()
+    wrong = migration.replace('{"params": head.parameters()}', '{"params": head.parameters(), "lr": 0.11}')
+    assert wrong != migration
+    (tmp_path / "wrong.py").write_text(wrong)
+    result = verify("margin_head.py", "--to", "balanced", "--steps", "2", "--migrated", "wrong.py", cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    differs = [line for line in result.stdout.splitlines() if line.startswith("differs: ")]
+    assert len(differs) == 1 and differs[0].startswith("differs: optimizer 0 parameter 4 (trained outside the wrapped models) is "), differs
+
+
+@pytest.mark.slow
 def test_a_run_that_fails_is_an_error_with_its_output(flat_script):
     (flat_script / "broken.py").write_text("import sys\nprint('loading')\nsys.exit('no data here')\n")
     result = verify("flat_script.py", "--to", "balanced", "--migrated", "broken.py", cwd=flat_script)
     assert result.returncode == 2
     assert "the migrated run failed (exit 1)" in result.stderr and "loading" in result.stderr and "no data here" in result.stderr
+
+
+def _sections(report: str, scripts: list[str]) -> dict[str, list[str]]:
+    """Each script's lines in the report of several: under its name, or the one line of a script left."""
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in report.splitlines():
+        name = line.split(": ")[0]
+        if re.fullmatch(r"\d+ of \d+ migrations? verified, .*", line):
+            break  # the count that ends the report
+        if line.endswith(": no migration to verify") and name in scripts:
+            sections[name] = [line]
+        elif line.endswith(":") and line[:-1] in scripts:
+            current = sections.setdefault(line[:-1], [])
+        elif current is not None and line:
+            current.append(line)
+    return sections
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("target", "procs"), [("ddp", 2), ("balanced", 3)])
+def test_every_runnable_fixture_verifies_in_one_command(target, procs):
+    """One step of each runnable fixture, all in one command, on each target and one W each (the sweep of
+    both W to the scripts' ends is in benchmarks/RESULTS.md): each migration verifies, each script the tool
+    leaves says so, and the one DataParallel could not train on several devices fails there as it did."""
+    scripts = [f"scripts/{name}.py" for name in ORIGINALS] + PROJECT_SCRIPTS
+    result = verify(*scripts, "--to", target, "--procs", str(procs), "--steps", "1", cwd=FIXTURES)
+    sections = _sections(result.stdout, scripts)
+    assert sorted(sections) == sorted(scripts), result.stdout + result.stderr[-3000:]
+    migrated = {f"scripts/{name}.py" for name in (DDP_SCRIPTS if target == "ddp" else BALANCED_SCRIPTS)} | set(PROJECT_SCRIPTS)
+    untrainable = f"scripts/{UNTRAINABLE_ON_SEVERAL}.py"
+    for script, lines in sections.items():
+        if script not in migrated:
+            assert lines == [f"{script}: the tool leaves it as it is (--to {target}): no migration to verify"]
+        elif script == untrainable:
+            assert lines == [f"error: the original run failed (exit 1) under nn.DataParallel emulated on {procs} devices"], lines
+        else:
+            assert lines[-1] == f"verified: the migration trains as the original on {procs} devices, within 1e-09", (script, lines)
+            assert lines[0].endswith(": 1 optimizer step, 0 lines printed") and lines[1].endswith(": 1 optimizer step, 0 lines printed")
+    verified = len(migrated - {untrainable})
+    left = len(scripts) - len(migrated)
+    assert result.stdout.splitlines()[-1] == f"{verified} of {len(migrated)} migrations verified, {left} scripts left by the tool"
+    if untrainable in migrated:
+        assert result.returncode == 2 and "grad can be implicitly created only for scalar outputs" in result.stderr
+        assert f"{untrainable}: the original run failed (exit 1) under nn.DataParallel emulated on {procs} devices" in result.stderr
+    else:
+        assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_files_own_distributed_path_is_launched_with_the_originals_batch_over_the_processes():
+    """own_path's training is its own DDP path (MGP231): torchrun with --train_batch_size B/N trains as the
+    fallback did with B under DataParallel, to the end of the script."""
+    result = verify(OWN_PATH, "--to", "ddp", "--procs", "2", "--steps", "0", "--", "--train_batch_size", "12", cwd=FIXTURES)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[:2] == [
+        "original: nn.DataParallel emulated on 2 devices: 12 optimizer steps, 0 lines printed",
+        "migrated: --to ddp at 2 processes (torchrun, gloo): 12 optimizer steps, 0 lines printed",
+    ]
+
+
+def test_a_files_own_distributed_path_needs_the_originals_batch(tmp_path):
+    own_path = FIXTURES / "projects" / "own_path"
+    cases = {
+        (): "give the original's batch B after --, as in: -- --train_batch_size B",
+        ("--", "--train_batch_size=10"): "--train_batch_size 10: the original's batch must split evenly over the 3 processes",
+    }
+    for args, message in cases.items():
+        result = verify("train.py", "--to", "ddp", "--procs", "3", *args, cwd=own_path)
+        assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
 
 
 def test_verify_is_a_command_only_as_the_first_argument(tmp_path):
@@ -78,7 +170,7 @@ def test_verify_is_a_command_only_as_the_first_argument(tmp_path):
         result = run_cli(*args, cwd=tmp_path)
         assert result.returncode == 1 and b"train.py:3:9: MGP101" in result.stderr, result.stderr
     help_text = run_cli("verify", "--help", cwd=tmp_path)
-    assert help_text.returncode == 0 and help_text.stdout.startswith(b"Usage: mgpu-migrate verify [OPTIONS] SCRIPT")
+    assert help_text.returncode == 0 and help_text.stdout.startswith(b"Usage: mgpu-migrate verify [OPTIONS] SCRIPT... [-- SCRIPT_ARGS...]")
     assert b"mgpu-migrate verify SCRIPT.py --to ddp" in run_cli("--help").stdout
     assert run_cli("verify", "--to", "ddp", cwd=tmp_path).returncode == 2  # `verify` itself, without its SCRIPT
 
@@ -92,6 +184,7 @@ def test_usage_errors_stop_before_any_run(tmp_path):
         ("train.py", "--to", "ddp", "--data", "missing.csv"): "give an existing path inside the current directory",
         ("book.ipynb", "--to", "ddp"): "verify runs scripts",
         ("train.py", "--to", "balanced", "--style", "torch"): "--style torch is a style of --to ddp",
+        ("train.py", "train.py", "--to", "ddp", "--migrated", "train.py"): "--migrated is the migration of one SCRIPT",
     }
     for args, message in cases.items():
         result = verify(*args, cwd=tmp_path)

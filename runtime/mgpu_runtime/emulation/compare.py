@@ -2,7 +2,8 @@
 
 Both files are states the runner wrote (``--state``). Prints one JSON document:
 ``{"steps": [original's, migrated's], "models": [count, count], "largest": {"difference", "model", "name"}
-or null, "mismatches": [sentence, ...]}``. The difference of two tensors is the largest absolute difference
+or null, "mismatches": [sentence, ...]}`` (``model`` null: a parameter trained outside the wrapped models,
+named by its optimizer's place). The difference of two tensors is the largest absolute difference
 of their elements in float64 (NaN against NaN is 0, NaN against a number infinite); a mismatch is what
 no number measures: a model or a tensor only one run has, shapes or dtypes that differ.
 ``mgpu-migrate verify`` reads it (the tool never imports torch).
@@ -31,20 +32,22 @@ def compare(original: dict, migrated: dict) -> dict:
     originals, migrations = original["models"], migrated["models"]
     if len(originals) != len(migrations):
         mismatches.append(f"the original has {len(originals)} wrapped models, the migrated run {len(migrations)}")
-    for index, (first, second) in enumerate(zip(originals, migrations)):
-        first_state, second_state = first["state"], second["state"]
+    pairs = [(index, first["state"], second["state"]) for index, (first, second) in enumerate(zip(originals, migrations))]
+    pairs.append((None, original.get("outside", {}), migrated.get("outside", {})))
+    for index, first_state, second_state in pairs:
+        label = f"model {index}: " if index is not None else ""
         for name in sorted(first_state.keys() - second_state.keys()):
-            mismatches.append(f"model {index}: {name!r} is only in the original")
+            mismatches.append(f"{label}{name!r} is only in the original")
         for name in sorted(second_state.keys() - first_state.keys()):
-            mismatches.append(f"model {index}: {name!r} is only in the migrated run")
+            mismatches.append(f"{label}{name!r} is only in the migrated run")
         for name in (name for name in first_state if name in second_state):
             a, b = first_state[name], second_state[name]
             if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
                 if a != b:
-                    mismatches.append(f"model {index}: {name!r} differs ({a!r} against {b!r})")
+                    mismatches.append(f"{label}{name!r} differs ({a!r} against {b!r})")
                 continue
             if a.shape != b.shape or a.dtype != b.dtype:
-                mismatches.append(f"model {index}: {name!r} is {a.dtype} {list(a.shape)} in the original, {b.dtype} {list(b.shape)} migrated")
+                mismatches.append(f"{label}{name!r} is {a.dtype} {list(a.shape)} in the original, {b.dtype} {list(b.shape)} migrated")
                 continue
             apart = difference(a, b)
             if largest is None or apart > largest["difference"]:

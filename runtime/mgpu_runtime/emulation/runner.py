@@ -15,7 +15,10 @@
   wrapped model, in the order the wrappers took their module, the ``state_dict()`` of the bare module inside
   (keys without ``module.``). A wrapper is an ``nn.DataParallel`` (the emulated one included), torch's
   ``DistributedDataParallel``, or one of ``mgpu_runtime.PARALLEL_WRAPPERS`` (once the script imported
-  ``mgpu_runtime``); wrappers of one module are counted once. Under torchrun only rank 0 writes OUT.
+  ``mgpu_runtime``); wrappers of one module are counted once. Beside them, ``"outside"``: each parameter an
+  optimizer stepped that no wrapped model holds (a head trained after the wrap), by its place
+  (``optimizer 0 parameter 3``: the optimizers in the order of their first step). Under torchrun only rank
+  0 writes OUT.
 
 The script runs as ``__main__`` (``runpy``) with its absolute path as ``__file__`` and ``sys.argv[0]``, its
 arguments after it, and its directory in place of this command's first ``sys.path`` entry, as ``python
@@ -56,6 +59,7 @@ class Capture:
         self.steps = 0
         self.written = False
         self.wrappers: list[nn.Module] = []
+        self.optimizers: list[torch.optim.Optimizer] = []
         self.hooks = [
             nn.modules.module.register_module_module_registration_hook(self._module_set),
             register_optimizer_step_post_hook(self._step_made),
@@ -70,6 +74,8 @@ class Capture:
             self.wrappers.append(parent)
 
     def _step_made(self, optimizer, args, kwargs) -> None:
+        if all(optimizer is not seen for seen in self.optimizers):
+            self.optimizers.append(optimizer)
         self.steps += 1
         if self.step_limit is not None and self.steps >= self.step_limit:
             self.write()
@@ -88,9 +94,18 @@ class Capture:
         return found
 
     def state(self) -> dict:
-        """What ``--state`` writes: the steps made, and each wrapped model's wrapper and ``state_dict()``."""
-        models = [{"wrapper": type(wrapper).__name__, "state": module.state_dict()} for wrapper, module in self.models()]
-        return {"steps": self.steps, "models": models}
+        """What ``--state`` writes: the steps made, each wrapped model's wrapper and ``state_dict()``, and the
+        parameters the optimizers stepped outside them."""
+        found = self.models()
+        models = [{"wrapper": type(wrapper).__name__, "state": module.state_dict()} for wrapper, module in found]
+        wrapped = {id(parameter) for _, module in found for parameter in module.parameters()}
+        outside = {}
+        for index, optimizer in enumerate(self.optimizers):
+            parameters = [parameter for group in optimizer.param_groups for parameter in group["params"]]
+            for place, parameter in enumerate(parameters):
+                if id(parameter) not in wrapped:
+                    outside[f"optimizer {index} parameter {place}"] = parameter.detach()
+        return {"steps": self.steps, "models": models, "outside": outside}
 
     def write(self) -> None:
         """Write the state once (the first call counts), on rank 0 only."""
