@@ -32,7 +32,9 @@ def compare(original: dict, migrated: dict) -> dict:
     originals, migrations = original["models"], migrated["models"]
     if len(originals) != len(migrations):
         mismatches.append(f"the original has {len(originals)} wrapped models, the migrated run {len(migrations)}")
-    pairs = [(index, first["state"], second["state"]) for index, (first, second) in enumerate(zip(originals, migrations))]
+    pairs: list[tuple[int | None, dict, dict]] = [
+        (index, first["state"], second["state"]) for index, (first, second) in enumerate(zip(originals, migrations))
+    ]
     pairs.append((None, original.get("outside", {}), migrated.get("outside", {})))
     for index, first_state, second_state in pairs:
         label = f"model {index}: " if index is not None else ""
