@@ -174,7 +174,7 @@ class DirectoriesOnce(Rule):
             """,
             DDP,
             ("MGP101", DIRECTORY_ON_EVERY_PROCESS),
-            message="in the loop over the batches (line 6)",
+            message="in the loop over the batches at line 6",
             line=9,
             name="a reset in the loop over the batches is reported, not given a wait each step",
         ),
@@ -387,13 +387,13 @@ class DirectoriesOnce(Rule):
         around = set(tree.ancestors(first))
         for loop in self.analysis.loaders.training_loops:
             if loop in around:
-                return f"in the loop over the batches (line {self.analysis.position(loop)[0]})"
+                return f"in the loop over the batches at line {self.analysis.position(loop)[0]}"
         for guard, _ in tree.enclosing_ifs(first):
             if any(self._qualified(check) in _EXISTS for check in contains(guard.test, lambda n: type(n) is cst.Call)):
                 return f"under the `if` at line {self.analysis.position(guard)[0]}, which each process judges from the disk"
         caller = main_process_caller(self.analysis, call)
         if caller is not None:
-            return f"its function is called on the main process only (line {self.analysis.position(caller)[0]})"
+            return f"its function is called on the main process only, at line {self.analysis.position(caller)[0]}"
         return None
 
     def _shared(self, call: cst.Call) -> bool:

@@ -39,6 +39,7 @@ CASES = {
     "triplet_by_name": ("scripts", "triplet_by_name.py", []),
     "own_batches": ("scripts", "own_batches.py", []),
     "utils_writers": ("projects/utils_writers", "train.py", []),
+    "directories": ("projects/directories", "train.py", []),
     OWN_PATH: ("projects/own_path", "train.py", []),
 }
 WORLD_SIZES = (2, 3)
