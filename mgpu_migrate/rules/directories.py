@@ -390,10 +390,10 @@ class DirectoriesOnce(Rule):
                 return f"in the loop over the batches at line {self.analysis.position(loop)[0]}"
         for guard, _ in tree.enclosing_ifs(first):
             if any(self._qualified(check) in _EXISTS for check in contains(guard.test, lambda n: type(n) is cst.Call)):
-                return f"under the `if` at line {self.analysis.position(guard)[0]}, which each process judges from the disk"
+                return f"under the `if` at line {self.analysis.position(guard)[0]}, judged by each from the disk"
         caller = main_process_caller(self.analysis, call)
         if caller is not None:
-            return f"its function is called on the main process only, at line {self.analysis.position(caller)[0]}"
+            return f"its function is called by the main process only, line {self.analysis.position(caller)[0]}"
         return None
 
     def _shared(self, call: cst.Call) -> bool:
@@ -417,6 +417,6 @@ class DirectoriesOnce(Rule):
         self.left(
             call,
             DIRECTORY_ON_EVERY_PROCESS,
-            f"`{shorten(self.analysis.code_of(call))}` runs on every process ({why}): do it on the main process, then "
-            "wait (barrier)",
+            f"`{shorten(self.analysis.code_of(call))}` runs on every process ({why}): do it on the main one, then "
+            "barrier()",
         )

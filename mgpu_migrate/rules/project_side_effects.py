@@ -39,15 +39,19 @@ class ProjectSideEffects(Rule):
     Follows the calls of a file that becomes a distributed program into the project's own modules (project
     reading), and finds the functions and classes there that write files: ``open(path, "w")`` or ``"a"``,
     ``torch.save``, numpy's, OpenCV's and torchvision's writers, a TensorBoard ``SummaryWriter``, a copy of a
-    file, ``savefig``. A call of such a function as a statement of its own, given nothing that comes from the
-    batch or the model's outputs, goes under ``if mgpu_runtime.is_main_process():``, then every process
-    waits for it (``mgpu_runtime.barrier()``), as ``mgpu_runtime.save`` does. Any other (an object built and
+    file, ``savefig``; and those that make or delete directories (``os.makedirs`` without ``exist_ok=True``,
+    ``shutil.rmtree``), themselves or through the project's functions they call (audioset_tagging_cnn's
+    ``create_logging`` calling ``create_folder``). A call of such a function as a statement of its own, given
+    nothing that comes from the batch or the model's outputs, goes under ``if mgpu_runtime.is_main_process():``,
+    then every process waits for it (``mgpu_runtime.barrier()``), as ``mgpu_runtime.save`` does. Any other (an object built and
     used later, a call given the batch's values) is reported (MGP322).
 
     ## Why is this bad?
     Every process runs the script: a helper that writes a checkpoint, a log or images writes them once per
     process, the writers racing on the same files (``"w"``) or repeating each line (``"a"``), where the
-    original wrote them once. Same-file saves are rewritten by MGP123; these live in ``utils/``.
+    original wrote them once. A helper's check-then-create (``if not os.path.exists(d): os.makedirs(d)``)
+    fails with FileExistsError on a process that another beat to it. Same-file saves are rewritten by MGP123,
+    same-file directories by MGP133; these live in ``utils/``.
 
     ## Example
     ```python
