@@ -393,7 +393,7 @@ class DirectoriesOnce(Rule):
                 return f"under the `if` at line {self.analysis.position(guard)[0]}, judged by each from the disk"
         caller = main_process_caller(self.analysis, call)
         if caller is not None:
-            return f"its function is called by the main process only, line {self.analysis.position(caller)[0]}"
+            return f"called only on the main process at line {self.analysis.position(caller)[0]}"
         return None
 
     def _shared(self, call: cst.Call) -> bool:
@@ -417,6 +417,6 @@ class DirectoriesOnce(Rule):
         self.left(
             call,
             DIRECTORY_ON_EVERY_PROCESS,
-            f"`{shorten(self.analysis.code_of(call))}` runs on every process ({why}): do it on the main one, then "
-            "barrier()",
+            f"`{shorten(self.analysis.code_of(call))}` on every process, not moved ({why}): do it on the main one, "
+            "then barrier()",
         )
