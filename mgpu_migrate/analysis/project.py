@@ -228,9 +228,10 @@ class Project:
             return self._changes[key]
         self._changes[key] = None  # a function that calls itself changes nothing more by doing so
         change = None
+        caught = {id(call) for call in _calls_catching_existing(found.node)}
         for call in sorted(_calls(found.node), key=lambda call: (call.lineno, call.col_offset)):
             qualified = found.module.qualified(call.func)
-            if _changes_a_directory(call, qualified):
+            if id(call) not in caught and _changes_a_directory(call, qualified):
                 change = Write(call.lineno, qualified or ".mkdir()", directory=True)
                 break
             if isinstance(call.func, ast.Name) and depth < _MAX_DEPTH:
@@ -296,6 +297,27 @@ def _changes_a_directory(call: ast.Call, qualified: str | None) -> bool:
         keyword.arg == "exist_ok" and isinstance(keyword.value, ast.Constant) and keyword.value.value is True
         for keyword in call.keywords
     )
+
+
+# What a handler catches when a directory that exists already is no error to it (``except OSError as e: if
+# e.errno != errno.EEXIST: raise``): a making under it is safe on every process.
+EXISTING_CAUGHT = frozenset({"OSError", "FileExistsError", "IOError", "EnvironmentError", "Exception", "BaseException"})
+
+
+def _calls_catching_existing(node: ast.AST) -> list[ast.Call]:
+    """The calls in the body of a ``try`` with a handler that catches a directory's existing already."""
+    found = []
+    for statement in ast.walk(node):
+        if isinstance(statement, ast.Try) and any(
+            handler.type is None or any(ast.unparse(kind).rpartition(".")[2] in EXISTING_CAUGHT for kind in _kinds(handler.type))
+            for handler in statement.handlers
+        ):
+            found.extend(call for part in statement.body for call in _calls(part))
+    return found
+
+
+def _kinds(caught: ast.expr) -> list[ast.expr]:
+    return list(caught.elts) if isinstance(caught, ast.Tuple) else [caught]
 
 
 def _first_file_write(found: Found) -> Write | None:

@@ -7,6 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis.guards import main_process_caller, under_main_process_block
+from mgpu_migrate.analysis.project import EXISTING_CAUGHT
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review, Rewrite, Rule
@@ -116,7 +117,7 @@ class DirectoriesOnce(Rule):
             """,
             DDP,
             ("MGP101", "MGP133"),
-            message="`if not os.path.exists(opt.expr_dir)`, then `os.makedirs(opt.expr_dir)`: made with exist_ok=True",
+            message="`os.makedirs(opt.expr_dir)` after `not os.path.exists(opt.expr_dir)`: exist_ok=True",
             line=5,
         ),
         Example(
@@ -324,8 +325,8 @@ class DirectoriesOnce(Rule):
         self.edits.replace(guard, replaced)
         self.rewrote(
             guard,
-            f"`if not {shorten(self.analysis.code_of(check))}`, then `{shorten(self.analysis.code_of(call))}`: made with "
-            "exist_ok=True, so that a directory another process made first is no error",
+            f"`{shorten(self.analysis.code_of(call))}` after `not {shorten(self.analysis.code_of(check))}`: exist_ok=True, "
+            "no error where another process made it first",
         )
 
     def _reset(self, call: cst.Call, resets: set[cst.CSTNode]) -> None:
@@ -399,7 +400,7 @@ class DirectoriesOnce(Rule):
     def _shared(self, call: cst.Call) -> bool:
         """Whether every process would make or delete the same directory here: not under a main-process block,
         and not a path ``tempfile`` made (each process's own)."""
-        if under_main_process_block(self.analysis, call):
+        if under_main_process_block(self.analysis, call) or self._existing_caught(call):
             return False
         if self._qualified(call) is None and type(call.func) is cst.Attribute:
             path: Optional[cst.BaseExpression] = call.func.value
@@ -412,6 +413,22 @@ class DirectoriesOnce(Rule):
             type(value) is cst.Call and (self.analysis.resolve(value.func) or "").startswith("tempfile.")
             for value in values.of(path, values.scope_of(call))
         )
+
+    def _existing_caught(self, call: cst.Call) -> bool:
+        """Under a ``try`` whose handler takes a directory that exists already for no error (``except OSError``):
+        the script made it safe for several processes itself."""
+        tree = self.analysis.tree
+        child: cst.CSTNode = call
+        for ancestor in tree.ancestors(call):
+            if type(ancestor) in (cst.FunctionDef, cst.ClassDef):
+                return False
+            if type(ancestor) is cst.Try and child is ancestor.body:
+                for handler in ancestor.handlers:
+                    kinds = [] if handler.type is None else list(contains(handler.type, lambda n: type(n) is cst.Name))
+                    if handler.type is None or any(kind.value in EXISTING_CAUGHT for kind in kinds):
+                        return True
+            child = ancestor
+        return False
 
     def _report(self, call: cst.Call, why: str) -> None:
         self.left(
