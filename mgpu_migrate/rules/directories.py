@@ -398,8 +398,9 @@ class DirectoriesOnce(Rule):
         return None
 
     def _shared(self, call: cst.Call) -> bool:
-        """Whether every process would make or delete the same directory here: not under a main-process block,
-        and not a path ``tempfile`` made (each process's own)."""
+        """Whether every process would make or delete the same directory here, and fail: not under a
+        main-process block or a ``try`` taking an existing directory for no error, and not a path ``tempfile``
+        made (each process's own)."""
         if under_main_process_block(self.analysis, call) or self._existing_caught(call):
             return False
         if self._qualified(call) is None and type(call.func) is cst.Attribute:
