@@ -255,6 +255,25 @@ def main_process_blocks(analysis: FileAnalysis) -> list[cst.If]:
     return [node for node in analysis.tree.nodes(cst.If) if is_main_process_condition(node.test)]
 
 
+def main_process_caller(analysis: FileAnalysis, node: cst.CSTNode) -> cst.Call | None:
+    """A call of the function holding ``node``, by its name in this file, under a main-process-only block
+    (``if args.local_rank in [-1, 0]: save_model(model, path)``): the other processes never reach ``node``
+    from there, so a wait for them at ``node`` would last forever."""
+    function = analysis.tree.function(node)
+    if function is None:
+        return None
+    return next(
+        (
+            caller
+            for caller in analysis.calls
+            if type(caller.func) is cst.Name
+            and caller.func.value == function.name.value
+            and under_main_process_block(analysis, caller)
+        ),
+        None,
+    )
+
+
 def under_main_process_block(analysis: FileAnalysis, node: cst.CSTNode) -> bool:
     """Whether ``node`` sits in the body of a main-process-only ``if`` in its function."""
     return any(

@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
-from typing import Union
+from typing import NamedTuple, Union
 
 from mgpu_migrate import files
 from mgpu_migrate.analysis import names
@@ -102,6 +102,7 @@ class Project:
             bases.append(self.root)
         self.bases = tuple(dict.fromkeys(bases))
         self._found: dict[tuple[str, int], Found | None] = {}
+        self._changes: dict[int, Write | None] = {}  # by definition node: its first directory change
 
     def find(self, qualified: str, depth: int = 0) -> Found | None:
         key = (qualified, depth)
@@ -205,11 +206,51 @@ class Project:
     def backward_line(self, found: Found) -> int:
         return _backward_lines(found)[0]
 
-    def writes(self, found: Found) -> tuple[int, str] | None:
-        """The line and the call of the first file write in a function (or a class's methods, and those of the
-        project classes it derives from): ``open(path, "w")`` or ``"a"``, ``torch.save``, numpy's, OpenCV's or
-        torchvision's image and array writers, a TensorBoard writer, a copy of a file, ``savefig``."""
-        return self._in_class_or_bases(found, _first_write)
+    def writes(self, found: Found) -> Write | None:
+        """The first file write in a function (or a class's methods, and those of the project classes it derives
+        from): ``open(path, "w")`` or ``"a"``, ``torch.save``, numpy's, OpenCV's or torchvision's image and array
+        writers, a TensorBoard writer, a copy of a file, ``savefig``; or a directory made or deleted there or in
+        a project function it calls (``create_folder(d)``)."""
+        return self._in_class_or_bases(found, self._first_write)
+
+    def _first_write(self, found: Found) -> Write | None:
+        written = _first_file_write(found)
+        changed = self._directory_change(found, 0)
+        if written is None or (changed is not None and changed.line < written.line):
+            return changed
+        return written
+
+    def _directory_change(self, found: Found, depth: int) -> Write | None:
+        """The first call that makes or deletes a directory in ``found``, itself or through the project's
+        functions it calls by name (``create_logging`` calling ``create_folder``), followed ``_MAX_DEPTH`` deep."""
+        key = id(found.node)
+        if key in self._changes:
+            return self._changes[key]
+        self._changes[key] = None  # a function that calls itself changes nothing more by doing so
+        change = None
+        caught = {id(call) for call in _calls_catching_existing(found.node)}
+        for call in sorted(_calls(found.node), key=lambda call: (call.lineno, call.col_offset)):
+            qualified = found.module.qualified(call.func)
+            if id(call) not in caught and _changes_a_directory(call, qualified):
+                change = Write(call.lineno, qualified or ".mkdir()", directory=True)
+                break
+            if isinstance(call.func, ast.Name) and depth < _MAX_DEPTH:
+                _, helper = self.resolve_in(found, call.func, depth)
+                functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+                if helper is not None and isinstance(helper.node, functions) and self._directory_change(helper, depth + 1):
+                    change = Write(call.lineno, f"{call.func.id}(...)", directory=True)
+                    break
+        self._changes[key] = change
+        return change
+
+
+class Write(NamedTuple):
+    """Where a project definition writes (its line, in its module), the call that does, and whether what it
+    writes is a directory (made or deleted) rather than a file."""
+
+    line: int
+    call: str
+    directory: bool = False
 
 
 def _backward_lines(found: Found) -> list[int]:
@@ -243,19 +284,55 @@ _WRITERS = frozenset(
 _WRITING_METHODS = frozenset({"savefig", "write_text", "write_bytes", "to_csv"})
 
 
-def _first_write(found: Found) -> tuple[int, str] | None:
+# Calls that make or delete a directory: every process making it at once fails (FileExistsError) but the first,
+# and one deleting it deletes what the others have made there. ``os.makedirs(d, exist_ok=True)`` is safe on each.
+_DIRECTORY_CHANGES = frozenset({"os.makedirs", "os.mkdir", "shutil.rmtree", "os.rmdir", "os.removedirs"})
+
+
+def _changes_a_directory(call: ast.Call, qualified: str | None) -> bool:
+    path_method = qualified is None and isinstance(call.func, ast.Attribute) and call.func.attr == "mkdir"
+    if qualified not in _DIRECTORY_CHANGES and not path_method:
+        return False
+    return not any(
+        keyword.arg == "exist_ok" and isinstance(keyword.value, ast.Constant) and keyword.value.value is True
+        for keyword in call.keywords
+    )
+
+
+# What a handler catches when a directory that exists already is no error to it (``except OSError as e: if
+# e.errno != errno.EEXIST: raise``): a making under it is safe on every process.
+EXISTING_CAUGHT = frozenset({"OSError", "FileExistsError", "IOError", "EnvironmentError", "Exception", "BaseException"})
+
+
+def _calls_catching_existing(node: ast.AST) -> list[ast.Call]:
+    """The calls in the body of a ``try`` with a handler that catches a directory's existing already."""
+    found = []
+    for statement in ast.walk(node):
+        if isinstance(statement, ast.Try) and any(
+            handler.type is None or any(ast.unparse(kind).rpartition(".")[2] in EXISTING_CAUGHT for kind in _kinds(handler.type))
+            for handler in statement.handlers
+        ):
+            found.extend(call for part in statement.body for call in _calls(part))
+    return found
+
+
+def _kinds(caught: ast.expr) -> list[ast.expr]:
+    return list(caught.elts) if isinstance(caught, ast.Tuple) else [caught]
+
+
+def _first_file_write(found: Found) -> Write | None:
     for call in sorted(_calls(found.node), key=lambda call: (call.lineno, call.col_offset)):
         func = call.func
         if isinstance(func, ast.Name) and func.id == "open" and func.id not in found.module.imports:
             mode = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "mode"), None)
             if isinstance(mode, ast.Constant) and isinstance(mode.value, str) and set(mode.value) & set("wax"):
-                return call.lineno, f"open(..., {mode.value!r})"
+                return Write(call.lineno, f"open(..., {mode.value!r})")
             continue
         qualified = found.module.qualified(func)
         if qualified in _WRITERS:
-            return call.lineno, qualified
+            return Write(call.lineno, qualified)
         if isinstance(func, ast.Attribute) and func.attr in _WRITING_METHODS:
-            return call.lineno, f".{func.attr}()"
+            return Write(call.lineno, f".{func.attr}()")
     return None
 
 

@@ -11,6 +11,7 @@ from mgpu_migrate.rules.checkpoint_load import CheckpointLoad
 from mgpu_migrate.rules.checkpoint_save import CheckpointSave, TorchCheckpointSave
 from mgpu_migrate.rules.data_parallel_subclass import DataParallelSubclass
 from mgpu_migrate.rules.device_selection import DeviceSelection
+from mgpu_migrate.rules.directories import DirectoriesOnce
 from mgpu_migrate.rules.encoding_pair import EncodingPair
 from mgpu_migrate.rules.entry_point import EntryPointSetup, TorchSetup
 from mgpu_migrate.rules.explicit_device import ExplicitDevice
@@ -72,6 +73,7 @@ RULES: tuple[type[Rule], ...] = (
     ReplicationCallback,
     CheckpointSave,
     TorchCheckpointSave,
+    DirectoriesOnce,
     CheckpointLoad,
     ProgressBar,
     ExplicitDevice,

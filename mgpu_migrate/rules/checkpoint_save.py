@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mgpu_migrate.analysis.guards import under_main_process_block
+from mgpu_migrate.analysis.guards import main_process_caller, under_main_process_block
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, TORCH_STYLE, Example, Review, Rewrite, Rule
-from mgpu_migrate.rules.syntax import RUNTIME, argument, runtime_attr, runtime_call, with_keyword
+from mgpu_migrate.rules.syntax import RUNTIME, argument, on_the_main_process, runtime_attr, with_keyword
 from mgpu_migrate.rules.torch_style import DIST_IMPORT, NO_TORCH_FORM, TORCH_OPTIONS, statement
 
 TORCH_SAVE = "torch.save"
@@ -149,7 +149,7 @@ class CheckpointSave(Rule):
                 continue
             if not self.rewrite_allowed(call):
                 continue
-            self._save_once(call, self._decided_per_process(call), self._called_by_main_process_only(call))
+            self._save_once(call, self._decided_per_process(call), main_process_caller(self.analysis, call))
         for call in self.analysis.calls:
             if (
                 type(call.func) is cst.Attribute
@@ -182,24 +182,6 @@ class CheckpointSave(Rule):
             )
         else:
             self.rewrote(call, f"{RUNTIME}.save: written once, by the main process, atomically")
-
-    def _called_by_main_process_only(self, call: cst.Call) -> cst.Call | None:
-        """A call of the function holding the save, by its name in this file, under a main-process-only
-        block (``if args.local_rank in [-1, 0]: save_model(model, path)``): the other processes never reach
-        the save, so a save that waits for them would wait forever."""
-        function = self.analysis.tree.function(call)
-        if function is None:
-            return None
-        return next(
-            (
-                caller
-                for caller in self.analysis.calls
-                if type(caller.func) is cst.Name
-                and caller.func.value == function.name.value
-                and under_main_process_block(self.analysis, caller)
-            ),
-            None,
-        )
 
     @staticmethod
     def _to_runtime_save(call: cst.Call, alone: bool) -> cst.Call:
@@ -249,11 +231,7 @@ class CheckpointSave(Rule):
         waits = self._decided_per_process(call) is None
 
         def guarded(updated: cst.SimpleStatementLine):
-            block = cst.IndentedBlock([updated.with_changes(leading_lines=()), move_statement.with_changes(leading_lines=())])
-            statements = [cst.If(runtime_call("is_main_process"), block, leading_lines=updated.leading_lines)]
-            if waits:
-                statements.append(cst.SimpleStatementLine([cst.Expr(runtime_call("barrier"))]))
-            return cst.FlattenSentinel(statements)
+            return cst.FlattenSentinel(on_the_main_process([updated, move_statement.with_changes(leading_lines=())], waits))
 
         self.edits.replace(save_statement, guarded)
         self.edits.replace(move_statement, lambda _: cst.RemovalSentinel.REMOVE)

@@ -8,11 +8,11 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis.guards import under_main_process_block
-from mgpu_migrate.analysis.project import Found, Project, project_of
+from mgpu_migrate.analysis.project import Found, Project, Write, project_of
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rewrite, Rule
-from mgpu_migrate.rules.syntax import RUNTIME, runtime_call
+from mgpu_migrate.rules.syntax import RUNTIME, on_the_main_process
 
 WRITTEN_BY_EVERY_PROCESS = Review(
     "MGP322",
@@ -39,15 +39,19 @@ class ProjectSideEffects(Rule):
     Follows the calls of a file that becomes a distributed program into the project's own modules (project
     reading), and finds the functions and classes there that write files: ``open(path, "w")`` or ``"a"``,
     ``torch.save``, numpy's, OpenCV's and torchvision's writers, a TensorBoard ``SummaryWriter``, a copy of a
-    file, ``savefig``. A call of such a function as a statement of its own, given nothing that comes from the
-    batch or the model's outputs, goes under ``if mgpu_runtime.is_main_process():``, then every process
-    waits for it (``mgpu_runtime.barrier()``), as ``mgpu_runtime.save`` does. Any other (an object built and
+    file, ``savefig``; and those that make or delete directories (``os.makedirs`` without ``exist_ok=True``,
+    ``shutil.rmtree``), themselves or through the project's functions they call (audioset_tagging_cnn's
+    ``create_logging`` calling ``create_folder``). A call of such a function as a statement of its own, given
+    nothing that comes from the batch or the model's outputs, goes under ``if mgpu_runtime.is_main_process():``,
+    then every process waits for it (``mgpu_runtime.barrier()``), as ``mgpu_runtime.save`` does. Any other (an object built and
     used later, a call given the batch's values) is reported (MGP322).
 
     ## Why is this bad?
     Every process runs the script: a helper that writes a checkpoint, a log or images writes them once per
     process, the writers racing on the same files (``"w"``) or repeating each line (``"a"``), where the
-    original wrote them once. Same-file saves are rewritten by MGP123; these live in ``utils/``.
+    original wrote them once. A helper's check-then-create (``if not os.path.exists(d): os.makedirs(d)``)
+    fails with FileExistsError on a process that another beat to it. Same-file saves are rewritten by MGP123,
+    same-file directories by MGP133; these live in ``utils/``.
 
     ## Example
     ```python
@@ -107,8 +111,9 @@ class ProjectSideEffects(Rule):
             found = self._project_writer(project, call)
             if found is None or under_main_process_block(self.analysis, call):
                 continue
-            definition, (line, what) = found
-            where = f"{definition.where.rpartition(':')[0]}:{line}: `{what}`"
+            definition, written = found
+            where = f"{definition.where.rpartition(':')[0]}:{written.line}: `{written.call}`"
+            writes = "makes or deletes directories" if written.directory else "writes files"
             statement = self._own_statement(call)
             if statement is not None and not self._given_the_batch(call) and isinstance(definition.node, _FUNCTIONS):
                 if not self.rewrite_allowed(call):
@@ -117,18 +122,18 @@ class ProjectSideEffects(Rule):
                 self.edits.need_import(RUNTIME)
                 self.rewrote(
                     call,
-                    f"`{shorten(self.analysis.code_of(call.func))}(...)` writes files ({where}): called on the main "
+                    f"`{shorten(self.analysis.code_of(call.func))}(...)` {writes} ({where}): called on the main "
                     "process only, then every process waits",
                 )
                 continue
             self.left(
                 call,
                 WRITTEN_BY_EVERY_PROCESS,
-                f"`{shorten(self.analysis.code_of(call.func))}(...)` writes files on every process ({where}): build or "
+                f"`{shorten(self.analysis.code_of(call.func))}(...)` {writes} on every process ({where}): build or "
                 f"call it under `if {RUNTIME}.is_main_process():`",
             )
 
-    def _project_writer(self, project: Project, call: cst.Call) -> Optional[tuple[Found, tuple[int, str]]]:
+    def _project_writer(self, project: Project, call: cst.Call) -> Optional[tuple[Found, Write]]:
         qualified = self.analysis.resolve(call.func)
         if not qualified or qualified.startswith(("torch.", "builtins.")):
             return None
@@ -169,10 +174,4 @@ _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 def _on_the_main_process(updated: cst.CSTNode) -> cst.FlattenSentinel:
     assert type(updated) is cst.SimpleStatementLine  # the replaced node is a statement line (_own_statement)
-    block = cst.IndentedBlock([updated.with_changes(leading_lines=())])
-    return cst.FlattenSentinel(
-        [
-            cst.If(runtime_call("is_main_process"), block, leading_lines=updated.leading_lines),
-            cst.SimpleStatementLine([cst.Expr(runtime_call("barrier"))]),
-        ]
-    )
+    return cst.FlattenSentinel(on_the_main_process([updated]))
