@@ -26,7 +26,6 @@ from dataclasses import dataclass
 import click
 
 from mgpu_migrate.options import DDP, STYLES, TARGETS, TORCH_STYLE, Options
-from mgpu_migrate.rules.entry_point import EXISTING_DISTRIBUTED_SETUP
 
 EXIT_VERIFIED, EXIT_APART, EXIT_ERROR = 0, 1, 2
 ORIGINAL, MIGRATED = "original", "migrated"
@@ -266,16 +265,23 @@ def _migrate(script: str, options: VerifyOptions) -> Migration | None:
     if not result.changed:
         click.echo(f"{script}: the tool leaves it as it is (--to {target}): no migration to verify")
         return None
-    own_path = next((d.message for d in result.diagnostics if d.code == EXISTING_DISTRIBUTED_SETUP.code), None)
+    own_path = next((d.message for d in result.diagnostics if d.code == _own_path_code()), None)
     arguments = options.script_args if own_path is None else _own_path_arguments(script, own_path, options)
     migrated = result.output.encode(source.encoding)
     return Migration(script, target, style, data, migrated, arguments, own_path is not None or style == TORCH_STYLE)
 
 
+def _own_path_code() -> str:
+    # The rules (and libcst) load only when a script is verified: the CLI imports this module for every run.
+    from mgpu_migrate.rules.entry_point import EXISTING_DISTRIBUTED_SETUP
+
+    return EXISTING_DISTRIBUTED_SETUP.code
+
+
 def _own_path_arguments(script: str, message: str, options: VerifyOptions) -> tuple[str, ...]:
     """The arguments of a file's own distributed path, launched as its MGP231 message says: the option of the
     per-process batch at the original's batch (given after ``--``) over the processes."""
-    code = EXISTING_DISTRIBUTED_SETUP.code
+    code = _own_path_code()
     command = message.split("`")[1].split() if message.count("`") >= 2 else []
     if command[-1:] != ["B/N"]:
         _fail(f"{script}: the tool leaves its training to the file's own distributed path ({code}), launched by a command of your own: no migration verify can launch")
