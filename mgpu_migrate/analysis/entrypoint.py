@@ -214,11 +214,31 @@ def parses_arguments(analysis: ParsedFile, statement: cst.CSTNode) -> bool:
         func = value.func
         if type(func) is cst.Attribute and func.attr.value in _PARSER_METHODS:
             continue
-        if type(func) is cst.Name and func.value in _PARSER_FUNCTIONS:
+        if type(func) is cst.Name and func.value in _PARSER_FUNCTIONS and not _shows_something(analysis, func.value):
             continue
         if analysis.resolve(func) != "argparse.ArgumentParser":
             return False
     return True
+
+
+_SHOWING_CALLS = {"print", "pprint", "open", "info", "warning", "debug", "error", "write", "dump", "makedirs", "mkdir"}
+
+
+def _shows_something(analysis: ParsedFile, name: str) -> bool:
+    """Whether this file's own ``parse_args()``-named function also prints, logs or writes (Fast-SCNN's prints
+    the arguments): then it is not parsing alone, and every process would do it before the set-up."""
+    for statement in analysis.module.body:
+        if type(statement) is cst.FunctionDef and statement.name.value == name:
+            return bool(contains(statement, _is_showing_call))
+    return False
+
+
+def _is_showing_call(node: cst.CSTNode) -> bool:
+    if type(node) is not cst.Call:
+        return False
+    func = node.func
+    called = func.value if type(func) is cst.Name else func.attr.value if type(func) is cst.Attribute else None
+    return called in _SHOWING_CALLS
 
 
 def chooses_visible_devices(statement: cst.CSTNode) -> bool:

@@ -59,7 +59,8 @@ from mgpu_runtime.distributed.process_group import job, rank, setup, world_size
 from mgpu_runtime.distributed.slicing import Span, batch_rows, global_batch, spans, take_rows
 from mgpu_runtime.structure import tensors
 
-# Index batches per broadcast: bounded memory for huge datasets, few collectives per epoch.
+# Index batches per broadcast: bounded memory for huge datasets, few collectives per epoch. Only torch's own
+# samplers are read that far ahead: they draw at the start of an epoch and keep no state a script saves.
 _INDEX_BATCHES_PER_BROADCAST = 64
 # How a DataLoader is rebuilt around the sharded batch sampler: every setting but the sampling ones.
 _KEPT_LOADER_SETTINGS = (
@@ -166,7 +167,8 @@ class _ShardedBatchSampler(Sampler[list[Any]]):
 
     def __iter__(self) -> Iterator[list[Any]]:
         self.handed_out.clear()
-        for indices in _shared_from_rank_zero(self._batch_sampler):
+        ahead = _INDEX_BATCHES_PER_BROADCAST if _draws_up_front(self._batch_sampler) else 1
+        for indices in _shared_from_rank_zero(self._batch_sampler, ahead):
             span = spans(len(indices), world_size())[rank()]
             self.handed_out.append(span)
             start, stop = span.start, span.start + span.rows
@@ -210,8 +212,20 @@ def _pieces(batch: Any) -> list[tuple[Any, Span, Any, list[bool]] | None]:
     ]
 
 
-def _shared_from_rank_zero(items: Iterable[T]) -> Iterator[T]:
-    """The items of ``items``, iterated on rank 0 only and broadcast to every rank in chunks.
+def _draws_up_front(batch_sampler: Iterable[list[Any]]) -> bool:
+    """Whether reading the sampler ahead changes nothing the script sees: torch's own batch sampler over one of
+    torch's samplers, which draw their order when an epoch starts. A sampler of the script's own may draw from
+    the global generator as it goes, or keep a position the script saves with the checkpoint (audioset's
+    TrainSampler): it is read one batch at a time, as the original DataLoader read it (its own workers'
+    prefetch comes on top, as in the original)."""
+    sampler = getattr(batch_sampler, "sampler", None)
+    return all(
+        part is not None and type(part).__module__.startswith("torch.utils.data.") for part in (batch_sampler, sampler)
+    )
+
+
+def _shared_from_rank_zero(items: Iterable[T], ahead: int = _INDEX_BATCHES_PER_BROADCAST) -> Iterator[T]:
+    """The items of ``items``, iterated on rank 0 only and broadcast to every rank in chunks of ``ahead``.
 
     With each chunk goes rank 0's global generator state, which the other ranks take: only rank 0 drew the
     sampler's randomness, and every other draw of the loop is the same on every rank (``global_view.py``), so
@@ -220,7 +234,7 @@ def _shared_from_rank_zero(items: Iterable[T]) -> Iterator[T]:
     iterator = iter(items) if rank() == 0 else None
     while True:
         chunk = [
-            (list(islice(iterator, _INDEX_BATCHES_PER_BROADCAST)), generator_states())
+            (list(islice(iterator, ahead)), generator_states())
             if iterator is not None
             else None
         ]
@@ -232,5 +246,5 @@ def _shared_from_rank_zero(items: Iterable[T]) -> Iterator[T]:
         if iterator is None:
             take_generator_states(generator_state)
         yield from items_now
-        if len(items_now) < _INDEX_BATCHES_PER_BROADCAST:
+        if len(items_now) < ahead:
             return
