@@ -138,48 +138,6 @@ class EntryPointSetup(Rule):
     EXAMPLES = (
         Example(
             """
-            import argparse
-
-            import torch.nn as nn
-
-
-            def parse_args():
-                parser = argparse.ArgumentParser()
-                args = parser.parse_args()
-                print(args)
-                return args
-
-
-            if __name__ == "__main__":
-                args = parse_args()
-                model = nn.DataParallel(nn.Linear(2, 2))
-            """,
-            """
-            import argparse
-
-            import torch.nn as nn
-            import mgpu_runtime
-
-
-            def parse_args():
-                parser = argparse.ArgumentParser()
-                args = parser.parse_args()
-                print(args)
-                return args
-
-
-            if __name__ == "__main__":
-                mgpu_runtime.setup()
-                args = parse_args()
-                model = mgpu_runtime.DistributedDataParallel(nn.Linear(2, 2))
-            """,
-            DDP,
-            ("MGP101", "MGP120"),
-            message="mgpu_runtime.setup() inserted at the top of the",
-            name="a parse_args() that also prints runs after the set-up",
-        ),
-        Example(
-            """
             import torch.nn as nn
 
 
@@ -415,6 +373,48 @@ class EntryPointSetup(Rule):
             ("MGP101", "MGP120"),
             message="setup(devices=device_ids) inserted after CUDA_VISIBLE_DEVICES is set in main()",
             line=7,
+        ),
+        Example(
+            """
+            import argparse
+
+            import torch.nn as nn
+
+
+            def parse_args():
+                parser = argparse.ArgumentParser()
+                args = parser.parse_args()
+                print(args)
+                return args
+
+
+            if __name__ == "__main__":
+                args = parse_args()
+                model = nn.DataParallel(nn.Linear(2, 2))
+            """,
+            """
+            import argparse
+
+            import torch.nn as nn
+            import mgpu_runtime
+
+
+            def parse_args():
+                parser = argparse.ArgumentParser()
+                args = parser.parse_args()
+                print(args)
+                return args
+
+
+            if __name__ == "__main__":
+                mgpu_runtime.setup()
+                args = parse_args()
+                model = mgpu_runtime.DistributedDataParallel(nn.Linear(2, 2))
+            """,
+            DDP,
+            ("MGP101", "MGP120"),
+            message="mgpu_runtime.setup() inserted at the top of the",
+            name="a parse_args() that also prints runs after the set-up",
         ),
     )
 
