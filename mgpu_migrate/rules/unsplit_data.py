@@ -102,6 +102,10 @@ class UnsplitData(Rule):
             f"no DataLoader here (line {lines}) is split{why}: every process would train on whole batches: file left "
             "as it is",
         )
+        backward_line = self.analysis.position(backward)[0]
+        for wrap in self.program.wraps:
+            # Every wrap the file keeps is named at its own line, not only the first site of the reason.
+            self.left(wrap, UNSPLIT, f"kept as DataParallel: no DataLoader here is split (backward at line {backward_line})")
 
     def _unfollowed_loops(self) -> list[int]:
         """The lines of the training loops whose data the analysis did not follow to a loader, or whose training it

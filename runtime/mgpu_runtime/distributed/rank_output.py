@@ -79,10 +79,13 @@ def apply(environment: LaunchEnvironment) -> None:
         prefix = f"[rank {environment.rank}] " if mode == "prefix" else ""
         _replace_stream("stdout", _Prefixed(sys.stdout, prefix))
         _replace_stream("stderr", _Prefixed(sys.stderr, prefix))
-    elif environment.rank != 0:
-        sys.stdout.flush()
-        _replace_stream("stdout", open(os.devnull, "w"))  # noqa: SIM115 -- held for the life of the process
-        logging.disable(logging.INFO)
+    else:
+        # Every rank's warnings and errors still reach stderr, each line whole there too.
+        _replace_stream("stderr", _Prefixed(sys.stderr, ""))
+        if environment.rank != 0:
+            sys.stdout.flush()
+            _replace_stream("stdout", open(os.devnull, "w"))  # noqa: SIM115 -- held for the life of the process
+            logging.disable(logging.INFO)
 
 
 def _replace_stream(name: str, replacement: TextIO) -> None:
