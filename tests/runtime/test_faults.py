@@ -125,12 +125,16 @@ def test_a_loss_computed_on_one_rank_only_is_named_in_seconds():
     """Without the check the ranks wait for MGPU_TIMEOUT (300 s by default) in collectives that never meet."""
     returncode, output, seconds = _timed_from_the_fault("rank0_loss")
     assert returncode != 0 and "done" not in output
-    assert "mgpu_runtime: the ranks wait in collectives that can never meet (rank " in output
+    assert seconds < 15, f"the job ended {seconds:.0f}s after the mismatch"
+    if "mgpu_runtime: the ranks reduced gradients of different steps (rank 0 at step " in output:
+        # Rank 0's extra sum met rank 1's gradient reduction (both all-reduces of the one group) before the
+        # heartbeat saw them waiting: the gradient reduction's step check names it instead, as loudly.
+        return
+    assert "mgpu_runtime: the ranks wait in collectives that can never meet (rank " in output, output[-3000:]
     # Whichever rank sees it first says it (torchrun then stops the other), naming both.
     extra = re.search(rf"rank 0 at step 4 {COLLECTIVES}, in a sum of global values \(a loss, a metric, a count of the batch\) at faults\.py:\d+", output)
     others = re.search(rf"rank 1 at step 4 {COLLECTIVES}, in its gradient reduction of step 4 at faults\.py:", output)
     assert extra and others and int(extra[1]) == int(others[1]) + 1, output[-3000:]
-    assert seconds < 15, f"the job ended {seconds:.0f}s after the mismatch"
 
 
 @pytest.mark.slow

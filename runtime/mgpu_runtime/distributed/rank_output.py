@@ -74,18 +74,16 @@ def apply(environment: LaunchEnvironment) -> None:
     if environment.world_size == 1:
         return
     failures.install()
-    if mode in ("all", "prefix"):
-        # Every rank's lines, each whole (with no prefix for "all"): unbuffered output cut mid-line otherwise.
-        prefix = f"[rank {environment.rank}] " if mode == "prefix" else ""
-        _replace_stream("stdout", _Prefixed(sys.stdout, prefix))
-        _replace_stream("stderr", _Prefixed(sys.stderr, prefix))
+    # Every rank's lines go on whole (with "[rank R] " before each under "prefix"): unbuffered output from
+    # several processes is cut mid-line otherwise. Under "rank0" the other ranks' stdout and INFO logs go.
+    prefix = f"[rank {environment.rank}] " if mode == "prefix" else ""
+    _replace_stream("stderr", _Prefixed(sys.stderr, prefix))
+    if mode == "rank0" and environment.rank != 0:
+        sys.stdout.flush()
+        _replace_stream("stdout", open(os.devnull, "w"))  # noqa: SIM115 -- held for the life of the process
+        logging.disable(logging.INFO)
     else:
-        # Every rank's warnings and errors still reach stderr, each line whole there too.
-        _replace_stream("stderr", _Prefixed(sys.stderr, ""))
-        if environment.rank != 0:
-            sys.stdout.flush()
-            _replace_stream("stdout", open(os.devnull, "w"))  # noqa: SIM115 -- held for the life of the process
-            logging.disable(logging.INFO)
+        _replace_stream("stdout", _Prefixed(sys.stdout, prefix))
 
 
 def _replace_stream(name: str, replacement: TextIO) -> None:
