@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from typing import NamedTuple, Union
 
-from mgpu_migrate import files
+from mgpu_migrate import files, old_keywords
 from mgpu_migrate.analysis import names
 
 _ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
@@ -619,10 +619,28 @@ def _parsed(path: str, package: str, stamp: int) -> ProjectModule | None:
     """One project module, read once per run (and again only if it changed on disk)."""
     _READ.add(path)
     try:
-        tree = ast.parse(files.read(path, _MODULE_BYTES)[0], path)
+        tree = _ast_of(files.read(path, _MODULE_BYTES)[0], path)
     except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
         return None  # Python 2 code, a broken file: nothing is known about it
     return _module_of(tree, path, package)
+
+
+def _ast_of(source: bytes, path: str) -> ast.Module:
+    """The module's tree; one whose only syntax error is PyTorch's old ``async=`` keyword is read as the
+    migration reads it (``old_keywords``)."""
+    try:
+        return ast.parse(source, path)
+    except SyntaxError:
+        if b"async" not in source:
+            raise
+        try:
+            text = source.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SyntaxError("not UTF-8") from None
+        readable = old_keywords.readable(text)
+        if readable is None:
+            raise
+        return ast.parse(readable, path)
 
 
 @lru_cache(maxsize=4)
