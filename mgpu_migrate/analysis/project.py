@@ -718,6 +718,12 @@ def _ast_of(source: bytes, path: str) -> ast.Module:
         return ast.parse(readable, path)
 
 
+def module_of_text(path: str, source: str) -> ProjectModule | None:
+    """The file being migrated as the project reading sees a module (its imports and definitions), from its
+    text: also for text that is no file (stdin, a notebook's cells)."""
+    return _parsed_text(path, source)
+
+
 @lru_cache(maxsize=4)
 def _parsed_text(path: str, source: str) -> ProjectModule | None:
     """The file being migrated, from its text (each rule that asks gets the same one)."""

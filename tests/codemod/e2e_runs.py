@@ -72,6 +72,15 @@ def counted(self, *args, **kwargs):
     replicas.append(len(self.device_ids))
 
 mgpu_runtime.DataParallelModel.__init__ = counted
+# The functional form (mgpu_runtime.data_parallel, MGP105 and MGP107) splits over the replicas it resolves.
+from mgpu_runtime.balanced import functional
+forward = functional.parallel_forward
+
+def counted_forward(module, inputs, kwargs, devices, *args, **kwargs2):
+    replicas.append(len(devices.replicas))
+    return forward(module, inputs, kwargs, devices, *args, **kwargs2)
+
+functional.parallel_forward = counted_forward
 rank = os.environ.get("RANK", "0")
 for run in json.loads(sys.argv[1]):
     replicas.clear()
