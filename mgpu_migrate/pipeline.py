@@ -13,7 +13,7 @@ import warnings
 
 import libcst as cst
 
-from mgpu_migrate import form_feeds
+from mgpu_migrate import form_feeds, old_keywords
 from mgpu_migrate.analysis import FileAnalysis
 from mgpu_migrate.diagnostics import INTERNAL_ERROR, PARSE_ERROR, Diagnostic, error_summary, shorten
 from mgpu_migrate.edits import Edits, apply
@@ -57,9 +57,11 @@ def run_pipeline(
     source: str, target: str, path: str, options: Options = DEFAULT_OPTIONS, only: tuple[type[Rule], ...] | None = None
 ) -> MigrationResult:
     """Migrate one file's text (``only``: run the wrap rules and these rules alone, as a rule's examples do)."""
-    parsed, aside = form_feeds.set_aside(source)  # what LibCST would misread (form_feeds.py)
+    readable, renamed = old_keywords.set_aside(source)  # PyTorch's `async=`, a syntax error (old_keywords.py)
+    parsed, aside = form_feeds.set_aside(readable)  # what LibCST would misread (form_feeds.py)
     with _collector_paused():
-        return form_feeds.put_back(_run_pipeline(parsed, target, path, options, only), source, aside)
+        result = form_feeds.put_back(_run_pipeline(parsed, target, path, options, only), readable, aside)
+    return old_keywords.put_back(result, source) if renamed else result
 
 
 @contextlib.contextmanager

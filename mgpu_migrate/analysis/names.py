@@ -9,6 +9,7 @@ only make the tool more cautious (a local binding anywhere blocks a rewrite ever
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -99,6 +100,9 @@ class Bindings:
     # Modules of the project that hold a copy of PyTorch-Encoding's pair under another name
     # (``utils.encoding``), recognized by reading them (``analysis.project``).
     encoding_modules: frozenset[str] = frozenset()
+    # What a name bound by none of the file's statements comes from, when the project's copies of the modules it
+    # star-imports tell (``analysis.project.star_resolver``); None without star imports or a project.
+    star_resolver: Callable[[str], str | None] | None = None
 
     def imports_torch_only(self) -> bool:
         """Whether the file imports PyTorch (``torch`` or a package named after it: ``torchvision`` ...) and no
@@ -128,7 +132,12 @@ class Bindings:
         # Only the names the tool migrates are taken from a star import: what else such a module binds
         # is not known without importing it.
         found = {self.canonical(f"{module}.{name}") for module in self.star_modules} & MIGRATED_NAMES
-        return found.pop() if len(found) == 1 else None
+        if len(found) == 1:
+            return found.pop()
+        if found or self.star_resolver is None:
+            return None
+        resolved = self.star_resolver(name)
+        return self.canonical(resolved) if resolved is not None else None
 
     def star_sources(self, name: str) -> list[str]:
         """The star imports (``from mytools import *``) that may be where ``name`` comes from, when nothing

@@ -21,9 +21,9 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
-from typing import NamedTuple, Union
+from typing import Callable, NamedTuple, Union
 
-from mgpu_migrate import files
+from mgpu_migrate import files, old_keywords
 from mgpu_migrate.analysis import names
 
 _ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
@@ -43,6 +43,7 @@ _UNEVEN_LOSS_OPERATIONS = frozenset(
 )
 
 Definition = Union[ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef]
+NOT_BOUND = "<not bound>"  # what a star import binds a name to when it binds no such name
 
 
 @dataclass
@@ -53,6 +54,12 @@ class ProjectModule:
     package: str  # the dotted package the module sits in ("" at a base directory), for relative imports
     imports: dict[str, str] = field(default_factory=dict)  # local name -> qualified name it is imported as
     definitions: dict[str, Definition] = field(default_factory=dict)
+    # What a `from THIS import *` elsewhere needs: the modules it star-imports itself (absolute, in order), the
+    # top-level names bound other than by one plain import or definition (assigned, imported under an `if` or
+    # a `try`, bound twice), and its `__all__` when that is a literal list of names ("?" inside: not literal).
+    stars: list[str] = field(default_factory=list)
+    others: set[str] = field(default_factory=set)
+    exports: frozenset[str] | None = None
 
     def qualified(self, node: ast.expr) -> str | None:
         """The qualified name of a dotted expression through this module's imports (``nn.DataParallel`` ->
@@ -139,6 +146,52 @@ class Project:
             imported = module.imports[name]
             return self.find(imported, depth + 1) if imported != f"{module.package}.{name}" else None
         return None
+
+    def star_binding(self, module_name: str, name: str, depth: int = 0) -> str | None:
+        """What ``from MODULE import *`` binds ``name`` to, read from the project's copy of MODULE and the modules
+        it star-imports in turn: the qualified name it was imported as there (``torch`` for ``import torch``), or
+        ``MODULE.NAME`` for a definition of the module's own; ``NOT_BOUND`` when the star import binds no such
+        name; None when that cannot be told (a module outside the project, a name assigned or imported under a
+        condition, an ``__all__`` that is not a literal list)."""
+        module = self._module(module_name) if depth <= _MAX_DEPTH else None
+        if module is None:
+            return None
+        if module.exports is not None:
+            if "?" in module.exports:
+                return None
+            if name not in module.exports:
+                return NOT_BOUND
+        elif name.startswith("_"):
+            return NOT_BOUND
+        if name in module.others:
+            return None
+        found = set()
+        if name in module.definitions:
+            found.add(f"{module_name}.{name}")
+        if name in module.imports:
+            found.add(names.canonical(module.imports[name]))
+        for star in module.stars:
+            bound = self.star_binding(star, name, depth + 1)
+            if bound is None:
+                return None
+            if bound != NOT_BOUND:
+                found.add(bound)
+        if not found:
+            return NOT_BOUND
+        return found.pop() if len(found) == 1 else None
+
+    def _module(self, module_name: str) -> ProjectModule | None:
+        """The project's module of that name, as the file imports it (``.x`` relative to the file)."""
+        bases = self.bases
+        if module_name.startswith("."):
+            level = len(module_name) - len(module_name.lstrip("."))
+            base = os.path.dirname(self.path)
+            for _ in range(level - 1):
+                base = os.path.dirname(base)
+            bases, module_name = (base,), module_name[level:]
+        if not module_name:
+            return None
+        return next((module for module in (_module_at(base, module_name) for base in bases) if module is not None), None)
 
     def own(self, name: str, source: str) -> Found | None:
         """A top-level definition of the file itself (a loss function beside the training loop), read from
@@ -348,6 +401,28 @@ def _uneven_operation(found: Found) -> tuple[int, str] | None:
         if name in _UNEVEN_LOSS_OPERATIONS:
             uses.append((getattr(node, "lineno", None) or node.value.lineno, name))
     return min(uses) if uses else None
+
+
+def star_resolver(path: str, star_modules: set[str]) -> Callable[[str], str | None]:
+    """For a file with star imports: what a name the file does not bind itself comes from, when the project's
+    copies of every star-imported module tell (``from models import *``, where ``models`` imports torch), else
+    None. Every star import is read, and those that bind the name must agree (which binds last is not asked)."""
+    project = project_of(path)
+    ordered = sorted(star_modules)
+
+    def resolve(name: str) -> str | None:
+        if project is None:
+            return None
+        found = set()
+        for module in ordered:
+            bound = project.star_binding(module, name)
+            if bound is None:
+                return None
+            if bound != NOT_BOUND:
+                found.add(bound)
+        return found.pop() if len(found) == 1 else None
+
+    return resolve
 
 
 def encoding_pair_modules(path: str, imported: dict[str, set[str]]) -> frozenset[str]:
@@ -619,10 +694,34 @@ def _parsed(path: str, package: str, stamp: int) -> ProjectModule | None:
     """One project module, read once per run (and again only if it changed on disk)."""
     _READ.add(path)
     try:
-        tree = ast.parse(files.read(path, _MODULE_BYTES)[0], path)
+        tree = _ast_of(files.read(path, _MODULE_BYTES)[0], path)
     except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
         return None  # Python 2 code, a broken file: nothing is known about it
     return _module_of(tree, path, package)
+
+
+def _ast_of(source: bytes, path: str) -> ast.Module:
+    """The module's tree; one whose only syntax error is PyTorch's old ``async=`` keyword is read as the
+    migration reads it (``old_keywords``)."""
+    try:
+        return ast.parse(source, path)
+    except SyntaxError:
+        if b"async" not in source:
+            raise
+        try:
+            text = source.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SyntaxError("not UTF-8") from None
+        readable = old_keywords.readable(text)
+        if readable is None:
+            raise
+        return ast.parse(readable, path)
+
+
+def module_of_text(path: str, source: str) -> ProjectModule | None:
+    """The file being migrated as the project reading sees a module (its imports and definitions), from its
+    text: also for text that is no file (stdin, a notebook's cells)."""
+    return _parsed_text(path, source)
 
 
 @lru_cache(maxsize=4)
@@ -636,7 +735,17 @@ def _parsed_text(path: str, source: str) -> ProjectModule | None:
 
 def _module_of(tree: ast.Module, path: str, package: str) -> ProjectModule:
     module = ProjectModule(path, package)
+    bound: set[str] = set()
     for statement in tree.body:
+        names_bound = _top_level_names(statement)
+        module.others |= names_bound & bound  # bound twice: which one a star import sees depends on the order
+        bound |= names_bound
+        if isinstance(statement, ast.ImportFrom) and any(alias.name == "*" for alias in statement.names):
+            module.stars.append(_absolute(statement.module or "", statement.level, package))
+        if not isinstance(statement, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef, ast.Import, ast.ImportFrom)):
+            module.others |= names_bound
+            if "__all__" in names_bound:
+                module.exports = _literal_names(statement)
         if isinstance(statement, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             module.definitions[statement.name] = statement
         elif isinstance(statement, ast.Import):
@@ -652,6 +761,35 @@ def _module_of(tree: ast.Module, path: str, package: str) -> ProjectModule:
                 if alias.name != "*":
                     module.imports[alias.asname or alias.name] = f"{source}.{alias.name}" if source else alias.name
     return module
+
+
+def _top_level_names(statement: ast.stmt) -> set[str]:
+    """The names a module-level statement binds (in its branches too: an import under ``try`` or ``if``)."""
+    if isinstance(statement, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+        return {statement.name}
+    found = set()
+    for node in ast.walk(statement):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            found.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name != "*":
+                    found.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            found.add(node.name)
+    return found
+
+
+def _literal_names(statement: ast.stmt) -> frozenset[str]:
+    """``__all__ = ["a", "b"]`` (or a tuple): its names; anything else: a set holding "?" (no name is known)."""
+    value = statement.value if isinstance(statement, ast.Assign) else None
+    if isinstance(value, (ast.List, ast.Tuple)) and all(
+        isinstance(item, ast.Constant) and isinstance(item.value, str) for item in value.elts
+    ):
+        return frozenset(item.value for item in value.elts)  # type: ignore[union-attr]
+    return frozenset({"?"})
 
 
 def _absolute(module: str, level: int, package: str) -> str:

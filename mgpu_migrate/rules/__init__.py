@@ -20,6 +20,8 @@ from mgpu_migrate.rules.functional_data_parallel import FunctionalDataParallel
 from mgpu_migrate.rules.functional_loss import FunctionalLoss
 from mgpu_migrate.rules.global_count import GlobalCount
 from mgpu_migrate.rules.global_metrics import GlobalMetrics
+from mgpu_migrate.rules.hand_written import HandWrittenDataParallel
+from mgpu_migrate.rules.legacy_async import LegacyAsyncKeyword
 from mgpu_migrate.rules.local_rank_argument import LocalRankArgument
 from mgpu_migrate.rules.main_process_collective import MainProcessCollective
 from mgpu_migrate.rules.per_rank_steps import PerRankSteps
@@ -51,6 +53,7 @@ RULES: tuple[type[Rule], ...] = (
     DataParallelSubclass,
     EncodingPair,
     FunctionalDataParallel,
+    HandWrittenDataParallel,
     TorchCriterion,
     FunctionalLoss,
     # Both targets: a model DataParallel could not run on several GPUs (a dict of scalar losses from forward).
@@ -95,6 +98,8 @@ RULES: tuple[type[Rule], ...] = (
     UnsplitData,
     # Counts a split training loop adds up from its rows: the global batch's.
     GlobalMetrics,
+    # Both targets: PyTorch's old `async=` keyword, which made the file unparsable (old_keywords.py).
+    LegacyAsyncKeyword,
     # Last: what the file's noqa comments silenced, once every other rule has asked them.
     NoqaComments,
 )

@@ -10,8 +10,19 @@ from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 
 # nn.DataParallel's machinery, which the runtime's wrapper does not call: overriding it changes behaviour.
 _MACHINERY = frozenset({"forward", "scatter", "gather", "replicate", "parallel_apply"})
+# ... except ``replicate(self, module, device_ids)``, through which the runtime's wrapper makes its replicas (a
+# Synchronized-BatchNorm package's ``DataParallelWithCallback`` runs its replication callbacks there).
+_CALLED = "replicate"
 # nn.DataParallel's own attributes that the runtime's wrapper does not set.
 _PRIVATE_STATE = frozenset({"src_device_obj", "device_type"})
+
+
+def _called(method: cst.FunctionDef) -> bool:
+    """A ``replicate(self, module, device_ids)`` override: the runtime's wrapper calls it as DataParallel did."""
+    params = method.params
+    starred = isinstance(params.star_arg, (cst.Param, cst.ParamStar)) or params.star_kwarg is not None
+    plain = not (starred or params.kwonly_params or params.posonly_params)
+    return method.name.value == _CALLED and plain and len(params.params) == 3 and not method.decorators
 
 
 class _SelfAttributes(cst.CSTVisitor):
@@ -68,10 +79,13 @@ class DataParallelSubclass(Rule):
 
     ## Fix safety
     Safe for the classes it rewrites: ``DataParallelModel`` is an ``nn.DataParallel`` with the same
-    constructor, so ``super().__init__``, ``.module`` and ``isinstance`` checks hold. A class that overrides
-    ``forward``, ``scatter``, ``gather``, ``replicate`` or ``parallel_apply`` (the runtime's wrapper does not
-    call them), or reads ``nn.DataParallel``'s private state (``src_device_obj``, ``device_type``), is left
-    with MGP210. For ``--to ddp`` every subclass is left with MGP210: DDP has no such extension points.
+    constructor, so ``super().__init__``, ``.module`` and ``isinstance`` checks hold. Its forward makes the
+    replicas through ``self.replicate(module, device_ids)``, as DataParallel's does, so an override of that
+    (the Synchronized-BatchNorm packages' ``DataParallelWithCallback``, which then calls each layer's
+    ``__data_parallel_replicate__``) keeps working. A class that overrides ``forward``, ``scatter``, ``gather``
+    or ``parallel_apply`` (the runtime's wrapper does not call them), or reads ``nn.DataParallel``'s private
+    state (``src_device_obj``, ``device_type``), is left with MGP210. For ``--to ddp`` every subclass is left
+    with MGP210: DDP has no such extension points.
     """
 
     CODE = Rewrite("MGP106")
@@ -111,7 +125,28 @@ class DataParallelSubclass(Rule):
             from torch.nn.parallel import DataParallel
             class CallbackDP(DataParallel):
                 def replicate(self, module, device_ids):
-                    return super().replicate(module, device_ids)
+                    modules = super().replicate(module, device_ids)
+                    execute_replication_callbacks(modules)
+                    return modules
+            """,
+            """
+            import mgpu_runtime
+            class CallbackDP(mgpu_runtime.DataParallelModel):
+                def replicate(self, module, device_ids):
+                    modules = super().replicate(module, device_ids)
+                    execute_replication_callbacks(modules)
+                    return modules
+            """,
+            BALANCED,
+            ("MGP106",),
+            name="MGP106-replication-callback",
+        ),
+        Example(
+            """
+            from torch.nn.parallel import DataParallel
+            class ScatterDP(DataParallel):
+                def scatter(self, inputs, kwargs, device_ids):
+                    return super().scatter(inputs, kwargs, device_ids)
             """,
             None,
             BALANCED,
@@ -148,7 +183,7 @@ class DataParallelSubclass(Rule):
         overridden = sorted(
             statement.name.value
             for statement in cls.body.body
-            if type(statement) is cst.FunctionDef and statement.name.value in _MACHINERY
+            if type(statement) is cst.FunctionDef and statement.name.value in _MACHINERY and not _called(statement)
         )
         attributes = _SelfAttributes()
         cls.body.visit(attributes)

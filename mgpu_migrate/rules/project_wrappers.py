@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+
 import libcst as cst
 
 from mgpu_migrate.analysis import names
+from mgpu_migrate.analysis.hand_written import data_parallel_by_hand
 from mgpu_migrate.analysis.project import Project, project_of
 from mgpu_migrate.rules.base import BALANCED, CHECKS, DDP, Example, Review, Rule
 
@@ -123,7 +126,7 @@ class ProjectWrappers(Rule):
                         if origin.split(".")[0].lstrip(".") not in _KNOWN_TOPS and self._project_call(project, call, origin):
                             break
                 continue
-            if qualified in _REPLICATE and not replicated and self._applies_in_same_function(call):
+            if qualified in _REPLICATE and not replicated and self._applies_in_same_function(call) and not self._rewritten(call):
                 replicated = True
                 self.left(
                     call,
@@ -133,6 +136,11 @@ class ProjectWrappers(Rule):
                 )
             elif project is not None and qualified.split(".")[0].lstrip(".") not in _KNOWN_TOPS:
                 self._project_call(project, call, qualified)
+
+    def _rewritten(self, call: cst.Call) -> bool:
+        """The function holding ``call`` is torch's data_parallel by hand, whose body MGP107 replaced."""
+        function = self.analysis.tree.function(call)
+        return function is not None and function.body in self.rewritten
 
     def _applies_in_same_function(self, call: cst.Call) -> bool:
         function = self.analysis.tree.function(call)
@@ -162,6 +170,9 @@ class ProjectWrappers(Rule):
             )
             return True
         if project.hand_written_data_parallel(found):
+            by_hand = isinstance(found.node, ast.FunctionDef) and data_parallel_by_hand(found.node, found.module.qualified)
+            if self.target == BALANCED and by_hand:
+                return True  # its own module calls the runtime's data_parallel instead (MGP107)
             self.left(
                 call,
                 HAND_WRITTEN,

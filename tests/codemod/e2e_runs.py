@@ -48,6 +48,8 @@ BALANCED_SCRIPTS = _runnable("balanced")
 SYNC_BN = "batchnorm_last_batch"
 # The originals that run under DataParallel on one device too (main_argparse asks for two GPUs itself).
 ONE_DEVICE = [name for name in ORIGINALS if name != "main_argparse"]
+# A script of PyTorch 0.3's years (`.cuda(async=True)`): not Python from 3.7 on until MGP136 renames the keyword.
+LEGACY_ASYNC = FIXTURES / "shapes" / "legacy_async.py"
 # Variables of a launcher or of the runtime that an outer job (or a developer's shell) may have set.
 _LAUNCH_VARIABLES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}
 
@@ -70,6 +72,15 @@ def counted(self, *args, **kwargs):
     replicas.append(len(self.device_ids))
 
 mgpu_runtime.DataParallelModel.__init__ = counted
+# The functional form (mgpu_runtime.data_parallel, MGP105 and MGP107) splits over the replicas it resolves.
+from mgpu_runtime.balanced import functional
+forward = functional.parallel_forward
+
+def counted_forward(module, inputs, kwargs, devices, *args, **kwargs2):
+    replicas.append(len(devices.replicas))
+    return forward(module, inputs, kwargs, devices, *args, **kwargs2)
+
+functional.parallel_forward = counted_forward
 rank = os.environ.get("RANK", "0")
 for run in json.loads(sys.argv[1]):
     replicas.clear()
@@ -162,28 +173,38 @@ def plan(runs: list[tuple[Path, str, int | None, int | None]], directory: Path) 
 
 def extra_scripts(directory: Path) -> dict[str, tuple[Path, Path]]:
     """The scripts the runs add to the fixtures', each as (original, ddp migration): the sync-bn migration of
-    ``SYNC_BN`` and pytorch/examples' checkpoint helper (``test_save_best_e2e.py``)."""
+    ``SYNC_BN``, pytorch/examples' checkpoint helper (``test_save_best_e2e.py``) and ``LEGACY_ASYNC``, whose
+    original no Python from 3.7 on parses: its reference is the original with the keyword PyTorch 0.4 renamed,
+    as it runs on a PyTorch that has only that name (its balanced migration runs too)."""
     from tests.codemod.test_save_best_e2e import SCRIPT as SAVE_BEST
 
+    legacy = directory / f"{LEGACY_ASYNC.stem}.py"
+    legacy.write_text(LEGACY_ASYNC.read_text().replace("async=", "non_blocking="))
     synchronized = directory / f"{SYNC_BN}.sync-bn.ddp.py"
     synchronized.write_text(migrate_source((SCRIPTS / f"{SYNC_BN}.py").read_text(), "ddp", "x.py", Options(sync_bn=True)).output)
     save_best, save_best_ddp = directory / "save_best.py", directory / "save_best.ddp.py"
     save_best.write_text(SAVE_BEST)
     save_best_ddp.write_text(migrate_source(SAVE_BEST, "ddp", "train.py").output)
-    return {"sync-bn": (SCRIPTS / f"{SYNC_BN}.py", synchronized), "save_best": (save_best, save_best_ddp)}
+    return {
+        "sync-bn": (SCRIPTS / f"{SYNC_BN}.py", synchronized),
+        "save_best": (save_best, save_best_ddp),
+        LEGACY_ASYNC.stem: (legacy, LEGACY_ASYNC.with_name(f"{LEGACY_ASYNC.stem}.ddp.py")),
+    }
 
 
 def run_all(directory: Path) -> Runs:
     """Start every run at once and wait for them all."""
     extras = extra_scripts(directory)
     ddp = {name: (SCRIPTS / f"{name}.py", SCRIPTS / f"{name}.ddp.py") for name in DDP_SCRIPTS}
-    ddp.update({"save_best": extras["save_best"], "sync-bn": (extras["sync-bn"][0], extras["sync-bn"][1])})
-    originals = {name: SCRIPTS / f"{name}.py" for name in ORIGINALS} | {"save_best": extras["save_best"][0]}
+    ddp.update(extras)
+    originals = {name: SCRIPTS / f"{name}.py" for name in ORIGINALS}
+    originals |= {name: original for name, (original, _) in extras.items() if name != "sync-bn"}
     references = [(script, f"{name}-original", None, None) for name, script in originals.items()]
     references += [(script, f"{name}-emulated{w}", w, None) for name, script in originals.items() for w in WORLD_SIZES]
     references += [(originals[name], f"{name}-emulated1", 1, None) for name in ONE_DEVICE]
     references += [(migrated, f"{name}-python", None, None) for name, (_, migrated) in ddp.items()]
     balanced = [(SCRIPTS / f"{name}.balanced.py", name) for name in BALANCED_SCRIPTS]
+    balanced.append((LEGACY_ASYNC.with_name(f"{LEGACY_ASYNC.stem}.balanced.py"), LEGACY_ASYNC.stem))
     halves = [balanced[0::2], balanced[1::2]]
     jobs: dict[str, list[str]] = {"the originals and the worlds of one": [sys.executable, "-c", DRIVER, plan(references, directory)]}
     for index, half in enumerate(halves):

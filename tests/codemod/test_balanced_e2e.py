@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.codemod.e2e_runs import BALANCED_SCRIPTS, WORLD_SIZES, compare
+from tests.codemod.e2e_runs import BALANCED_SCRIPTS, LEGACY_ASYNC, WORLD_SIZES, compare
 from tests.codemod.test_ddp_e2e import UNTRAINABLE_ON_SEVERAL
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("e2e")]
@@ -32,3 +32,9 @@ def test_a_script_dataparallel_cannot_train_on_several_devices_fails_as_it_did(e
     """MGP340 keeps the wrap under --to balanced: on several replicas the migration fails as DataParallel did."""
     failure = e2e_runs(UNTRAINABLE_ON_SEVERAL, f"balanced{replicas}").failure
     assert failure is not None and "grad can be implicitly created only for scalar outputs" in failure
+
+
+@pytest.mark.parametrize("replicas", WORLD_SIZES)
+def test_a_script_with_pytorch_03s_async_keyword_trains_as_dataparallel_once_migrated(e2e_runs, replicas):
+    assert compare(e2e_runs, LEGACY_ASYNC.stem, f"emulated{replicas}", f"balanced{replicas}") == []
+    assert 1 < e2e_runs(LEGACY_ASYNC.stem, f"balanced{replicas}").replicas <= replicas

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.codemod.e2e_runs import DDP_SCRIPTS, SYNC_BN, WORLD_SIZES, compare
+from tests.codemod.e2e_runs import DDP_SCRIPTS, LEGACY_ASYNC, SYNC_BN, WORLD_SIZES, compare
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("e2e")]
 
@@ -70,3 +70,11 @@ def test_a_script_dataparallel_cannot_train_on_several_devices_fails_there_as_mg
     assert e2e_runs(UNTRAINABLE_ON_SEVERAL, "original").failure is None
     failure = e2e_runs(UNTRAINABLE_ON_SEVERAL, f"emulated{devices}").failure
     assert failure is not None and "grad can be implicitly created only for scalar outputs" in failure
+
+
+@pytest.mark.parametrize("processes", WORLD_SIZES)
+def test_a_script_with_pytorch_03s_async_keyword_trains_as_dataparallel_once_migrated(e2e_runs, processes):
+    """MGP136: the original parses on no Python from 3.7 on; its reference is the same script with the keyword's
+    new name, under the emulated DataParallel."""
+    assert compare(e2e_runs, LEGACY_ASYNC.stem, f"emulated{processes}", f"torchrun{processes}") == []
+    assert compare(e2e_runs, LEGACY_ASYNC.stem, "original", "python") == []
