@@ -53,6 +53,8 @@ class ProjectModule:
     package: str  # the dotted package the module sits in ("" at a base directory), for relative imports
     imports: dict[str, str] = field(default_factory=dict)  # local name -> qualified name it is imported as
     definitions: dict[str, Definition] = field(default_factory=dict)
+    # A name assigned at module level -> the values assigned (``BatchNorm2d = partial(InPlaceABNSync, ...)``).
+    assigned: dict[str, list[ast.expr]] = field(default_factory=dict)
 
     def qualified(self, node: ast.expr) -> str | None:
         """The qualified name of a dotted expression through this module's imports (``nn.DataParallel`` ->
@@ -350,6 +352,144 @@ def _uneven_operation(found: Found) -> tuple[int, str] | None:
     return min(uses) if uses else None
 
 
+# What a layer builds in its ``__init__`` to meet its copies in nn.DataParallel's replica threads (CCNet's
+# InPlaceABNSync: a master queue and a queue per worker), as ``mgpu_runtime.replica_links`` finds them held.
+REPLICA_LINKS = frozenset(
+    {
+        *(f"{module}.{name}" for module in ("queue", "Queue") for name in ("Queue", "LifoQueue", "PriorityQueue")),
+        *(f"threading.{name}" for name in ("Barrier", "Condition", "Event", "Semaphore", "BoundedSemaphore")),
+        *(
+            f"{module}.{name}"
+            for module in ("multiprocessing", "torch.multiprocessing")
+            for name in ("Queue", "SimpleQueue", "JoinableQueue", "Barrier", "Condition", "Event")
+        ),
+    }
+)
+# Modules whose names are never the project's: a model's reference to them is not followed.
+_NOT_THE_PROJECTS = frozenset(
+    {
+        "torch", "torchvision", "numpy", "math", "os", "sys", "functools", "collections", "itertools", "typing",
+        "re", "random", "time", "json", "copy", "warnings", "logging", "abc", "queue", "Queue", "threading",
+        "multiprocessing", "builtins", "scipy", "cv2", "PIL", "mgpu_runtime",
+    }
+)
+# How many definitions one search reads at most, and how deep it follows names.
+_LINK_BUDGET = 400
+_LINK_DEPTH = 10
+
+
+@dataclass(frozen=True)
+class ReplicaLink:
+    """A layer class (``layer``) whose ``__init__`` builds a queue, a barrier, a condition or an event
+    (``primitive``, at ``line`` of the layer's module)."""
+
+    layer: Found
+    line: int
+    primitive: str
+
+
+def replica_link(module: ProjectModule, expression: ast.expr, project: Project | None, seen_from: str) -> ReplicaLink | None:
+    """The first layer class that ``expression`` (a model's construction, read in ``module``: the file's own)
+    builds, through what it names in the project (``project``; only the file's own definitions when None): its
+    classes and functions, the classes they derive from and name in their bodies, and module-level aliases
+    (``BatchNorm2d = partial(InPlaceABNSync, ...)``), whose ``__init__`` builds one of ``REPLICA_LINKS``. A
+    layer is an ``nn.Module``: a class that derives, through the project's classes, from one of ``torch.nn``."""
+    return _LinkSearch(project, seen_from).expression(module, expression, 0)
+
+
+class _LinkSearch:
+    def __init__(self, project: Project | None, seen_from: str) -> None:
+        self.project = project
+        self.seen_from = seen_from
+        self.read: set[int] = set()
+
+    def expression(self, module: ProjectModule, node: ast.AST, depth: int) -> ReplicaLink | None:
+        for reference in _references(node):
+            for found in self._named(module, reference, depth):
+                link = self.definition(found, depth + 1)
+                if link is not None:
+                    return link
+        return None
+
+    def _named(self, module: ProjectModule, reference: ast.expr, depth: int) -> list[Found]:
+        """The project definitions a name or a dotted name stands for, through module-level aliases."""
+        qualified = module.qualified(reference)
+        if qualified is None:
+            if isinstance(reference, ast.Name) and reference.id in module.assigned and depth < _LINK_DEPTH:
+                key = id(module.assigned[reference.id])
+                if key in self.read:
+                    return []
+                self.read.add(key)
+                return [
+                    found
+                    for value in module.assigned[reference.id]
+                    for inner in _references(value)
+                    for found in self._named(module, inner, depth + 1)
+                ]
+            return []
+        if qualified.startswith("."):
+            return [Found(module, module.definitions[qualified[1:]], self.seen_from)]
+        if self.project is None or qualified.partition(".")[0] in _NOT_THE_PROJECTS:
+            return []
+        found = self.project.find(qualified)
+        return [found] if found is not None else []
+
+    def definition(self, found: Found, depth: int) -> ReplicaLink | None:
+        if id(found.node) in self.read or depth > _LINK_DEPTH or len(self.read) > _LINK_BUDGET:
+            return None
+        self.read.add(id(found.node))
+        node = found.node
+        if isinstance(node, ast.ClassDef):
+            init = next((item for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "__init__"), None)
+            built = next(
+                (call for call in _calls(init) if found.module.qualified(call.func) in REPLICA_LINKS), None
+            ) if init is not None else None
+            if built is not None and self._is_layer(found, 0):
+                return ReplicaLink(found, built.lineno, found.module.qualified(built.func) or "")
+            for base in node.bases:
+                link = self.expression(found.module, base, depth)
+                if link is not None:
+                    return link
+        for statement in node.body:
+            link = self.expression(found.module, statement, depth)
+            if link is not None:
+                return link
+        return None
+
+    def _is_layer(self, found: Found, depth: int) -> bool:
+        if not isinstance(found.node, ast.ClassDef) or depth > _MAX_DEPTH:
+            return False
+        for base in found.node.bases:
+            qualified = found.module.qualified(base)
+            if qualified is not None and qualified.startswith("torch.nn."):
+                return True
+            for inherited in self._named(found.module, base, _LINK_DEPTH) if qualified is not None else ():
+                if inherited.node is not found.node and self._is_layer(inherited, depth + 1):
+                    return True
+        return False
+
+
+def _references(node: ast.AST) -> list[ast.expr]:
+    """The names and dotted names ``node`` reads, in source order (``nn.Conv2d`` once, not also ``nn``);
+    nested functions and classes included, ``self.x`` and other attributes of values left out."""
+    found: list[ast.expr] = []
+    todo = [node]
+    while todo:
+        current = todo.pop()
+        if isinstance(current, ast.Attribute):
+            base = current.value
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            if isinstance(base, ast.Name) and isinstance(current.ctx, ast.Load):
+                found.append(current)
+                continue
+        elif isinstance(current, ast.Name) and isinstance(current.ctx, ast.Load):
+            found.append(current)
+            continue
+        todo.extend(reversed(list(ast.iter_child_nodes(current))))
+    return found
+
+
 def encoding_pair_modules(path: str, imported: dict[str, set[str]]) -> frozenset[str]:
     """The modules a file imports ``DataParallelModel`` or ``DataParallelCriterion`` from that hold a copy of
     PyTorch-Encoding's pair: both classes derive from torch's DataParallel, and the model's ``gather`` returns
@@ -625,6 +765,12 @@ def _parsed(path: str, package: str, stamp: int) -> ProjectModule | None:
     return _module_of(tree, path, package)
 
 
+def text_module(path: str, source: str) -> ProjectModule | None:
+    """The module a file's own text makes (its definitions, imports and module-level names), None when Python's
+    parser refuses it: what the project reading knows of the file being migrated, also when it is no file."""
+    return _parsed_text(path, source)
+
+
 @lru_cache(maxsize=4)
 def _parsed_text(path: str, source: str) -> ProjectModule | None:
     """The file being migrated, from its text (each rule that asks gets the same one)."""
@@ -639,19 +785,51 @@ def _module_of(tree: ast.Module, path: str, package: str) -> ProjectModule:
     for statement in tree.body:
         if isinstance(statement, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             module.definitions[statement.name] = statement
-        elif isinstance(statement, ast.Import):
-            for alias in statement.names:
-                if alias.asname:
-                    module.imports[alias.asname] = alias.name
-                else:
-                    top = alias.name.split(".")[0]
-                    module.imports[top] = top
-        elif isinstance(statement, ast.ImportFrom):
-            source = _absolute(statement.module or "", statement.level, package)
-            for alias in statement.names:
-                if alias.name != "*":
-                    module.imports[alias.asname or alias.name] = f"{source}.{alias.name}" if source else alias.name
+        elif isinstance(statement, (ast.Import, ast.ImportFrom)):
+            _add_imports(module, statement, package, guarded=False)
+        elif isinstance(statement, (ast.Try, ast.If)):
+            # `try: from queue import Queue` / `except ImportError: from Queue import Queue` (Python 2's name):
+            # the first import of a name in such a block is the one a current Python runs.
+            for inner in _guarded_statements(statement):
+                _add_imports(module, inner, package, guarded=True)
+        elif isinstance(statement, ast.Assign) and len(statement.targets) == 1 and isinstance(statement.targets[0], ast.Name):
+            module.assigned.setdefault(statement.targets[0].id, []).append(statement.value)
     return module
+
+
+def _guarded_statements(statement: ast.Try | ast.If, depth: int = 0) -> Iterator[ast.stmt]:
+    """The imports of a module-level ``try`` or ``if``, in the order its parts are written (nested two deep)."""
+    parts: list[list[ast.stmt]] = [statement.body]
+    if isinstance(statement, ast.Try):
+        parts += [handler.body for handler in statement.handlers] + [statement.orelse, statement.finalbody]
+    else:
+        parts.append(statement.orelse)
+    for part in parts:
+        for inner in part:
+            if isinstance(inner, (ast.Import, ast.ImportFrom)):
+                yield inner
+            elif isinstance(inner, (ast.Try, ast.If)) and depth < 2:
+                yield from _guarded_statements(inner, depth + 1)
+
+
+def _add_imports(module: ProjectModule, statement: ast.Import | ast.ImportFrom, package: str, guarded: bool) -> None:
+    """The names an import binds, by the qualified names they stand for (a guarded one only if none bound it yet)."""
+    bound: dict[str, str] = {}
+    if isinstance(statement, ast.Import):
+        for alias in statement.names:
+            if alias.asname:
+                bound[alias.asname] = alias.name
+            else:
+                top = alias.name.split(".")[0]
+                bound[top] = top
+    else:
+        source = _absolute(statement.module or "", statement.level, package)
+        for alias in statement.names:
+            if alias.name != "*":
+                bound[alias.asname or alias.name] = f"{source}.{alias.name}" if source else alias.name
+    for name, qualified in bound.items():
+        if not guarded or name not in module.imports:
+            module.imports[name] = qualified
 
 
 def _absolute(module: str, level: int, package: str) -> str:
