@@ -55,6 +55,9 @@ class ProjectModule:
     definitions: dict[str, Definition] = field(default_factory=dict)
     # A name assigned at module level -> the values assigned (``BatchNorm2d = partial(InPlaceABNSync, ...)``).
     assigned: dict[str, list[ast.expr]] = field(default_factory=dict)
+    # What a definition of this module leads to (``replica_link``), by the node's id: the layer's module and
+    # class, the line and the primitive, or None (the module holds its nodes, so no id is reused).
+    links: dict[int, tuple[ProjectModule, Definition, int, str] | None] = field(default_factory=dict, repr=False, compare=False)
 
     def qualified(self, node: ast.expr) -> str | None:
         """The qualified name of a dotted expression through this module's imports (``nn.DataParallel`` ->
@@ -398,10 +401,18 @@ def replica_link(module: ProjectModule, expression: ast.expr, project: Project |
 
 
 class _LinkSearch:
+    """One search of ``replica_link``. What a definition leads to is kept in its module (``ProjectModule.links``)
+    when its search was whole (no definition on the way cut off as already on the way, too deep, or past the
+    budget), so the files of one project that build the same model read its classes once."""
+
     def __init__(self, project: Project | None, seen_from: str) -> None:
         self.project = project
         self.seen_from = seen_from
-        self.read: set[int] = set()
+        self.read = 0
+        self.aliases: list[int] = []  # the aliases being read
+        self.on_the_way: list[ast.AST] = []  # the definitions being read
+        self.whole: list[bool] = []  # for each: whether nothing on the way from it was cut off
+        self.cut_off: set[int] = set()  # definitions read in this search whose reading was not whole
 
     def expression(self, module: ProjectModule, node: ast.AST, depth: int) -> ReplicaLink | None:
         for reference in _references(node):
@@ -411,21 +422,31 @@ class _LinkSearch:
                     return link
         return None
 
+    def _cut(self, above: int = -1) -> None:
+        """A definition was not read (too deep, past the budget): what the readings on the way to it found is not
+        whole; or only those above the ``above``-th, when it is that one, on the way already, which reads it whole."""
+        for index in range(above + 1, len(self.whole)):
+            self.whole[index] = False
+
     def _named(self, module: ProjectModule, reference: ast.expr, depth: int) -> list[Found]:
         """The project definitions a name or a dotted name stands for, through module-level aliases."""
         qualified = module.qualified(reference)
         if qualified is None:
-            if isinstance(reference, ast.Name) and reference.id in module.assigned and depth < _LINK_DEPTH:
+            if isinstance(reference, ast.Name) and reference.id in module.assigned:
                 key = id(module.assigned[reference.id])
-                if key in self.read:
+                if key in self.aliases or depth >= _LINK_DEPTH:
+                    self._cut()
                     return []
-                self.read.add(key)
-                return [
-                    found
-                    for value in module.assigned[reference.id]
-                    for inner in _references(value)
-                    for found in self._named(module, inner, depth + 1)
-                ]
+                self.aliases.append(key)
+                try:
+                    return [
+                        found
+                        for value in module.assigned[reference.id]
+                        for inner in _references(value)
+                        for found in self._named(module, inner, depth + 1)
+                    ]
+                finally:
+                    self.aliases.pop()
             return []
         if qualified.startswith("."):
             return [Found(module, module.definitions[qualified[1:]], self.seen_from)]
@@ -435,9 +456,33 @@ class _LinkSearch:
         return [found] if found is not None else []
 
     def definition(self, found: Found, depth: int) -> ReplicaLink | None:
-        if id(found.node) in self.read or depth > _LINK_DEPTH or len(self.read) > _LINK_BUDGET:
+        node, module = found.node, found.module
+        key = id(node)
+        if key in module.links:
+            kept = module.links[key]
+            return ReplicaLink(Found(kept[0], kept[1], self.seen_from), kept[2], kept[3]) if kept else None
+        on_the_way = next((index for index, way in enumerate(self.on_the_way) if way is node), None)
+        if on_the_way is not None:  # `super(ResNet, self)` in ResNet, or two classes that name each other
+            self._cut(on_the_way)
             return None
-        self.read.add(id(found.node))
+        if key in self.cut_off or depth > _LINK_DEPTH or self.read >= _LINK_BUDGET:
+            self._cut()
+            return None
+        self.read += 1
+        self.on_the_way.append(node)
+        self.whole.append(True)
+        try:
+            link = self._read(found, depth)
+        finally:
+            self.on_the_way.pop()
+            whole = self.whole.pop()
+        if not whole:
+            self.cut_off.add(key)
+        if whole or link is not None:  # a layer found is found, however the search went
+            module.links[key] = (link.layer.module, link.layer.node, link.line, link.primitive) if link else None
+        return link
+
+    def _read(self, found: Found, depth: int) -> ReplicaLink | None:
         node = found.node
         if isinstance(node, ast.ClassDef):
             init = next((item for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "__init__"), None)
@@ -461,11 +506,18 @@ class _LinkSearch:
             return False
         for base in found.node.bases:
             qualified = found.module.qualified(base)
-            if qualified is not None and qualified.startswith("torch.nn."):
+            if qualified is None:
+                continue
+            if qualified.startswith("torch.nn."):
                 return True
-            for inherited in self._named(found.module, base, _LINK_DEPTH) if qualified is not None else ():
-                if inherited.node is not found.node and self._is_layer(inherited, depth + 1):
-                    return True
+            if qualified.startswith("."):
+                inherited = [Found(found.module, found.module.definitions[qualified[1:]], self.seen_from)]
+            elif self.project is not None:
+                inherited = [f for f in (self.project.find(qualified),) if f is not None]
+            else:
+                inherited = []
+            if any(other.node is not found.node and self._is_layer(other, depth + 1) for other in inherited):
+                return True
         return False
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Optional
+from typing import Any, Optional
 
 import libcst as cst
 
@@ -290,15 +290,18 @@ class RepeatedBackward(Rule):
             function = analysis.tree.function(call)
             if function is not None:
                 runs[function] |= sites
-        calls = [(call, index.callee(call, scope)) for call, scope in index.calls]
-        calls = [(call, callee[0]) for call, callee in calls if callee is not None]
+        calls: list[tuple[cst.Call, cst.FunctionDef]] = []
+        for call, scope in index.calls:
+            made = index.callee(call, scope)
+            if made is not None:
+                calls.append((call, made[0]))
         for _ in range(4):
             grown = False
             for call, callee in calls:
-                sites = runs.get(callee)
+                reached = runs.get(callee, frozenset())
                 function = analysis.tree.function(call)
-                if sites and function is not None and not sites <= runs[function]:
-                    runs[function] |= sites
+                if reached and function is not None and not reached <= runs[function]:
+                    runs[function] |= reached
                     grown = True
             if not grown:
                 break
@@ -374,7 +377,7 @@ class RepeatedBackward(Rule):
         for ancestor in self.analysis.tree.ancestors(call):
             if ancestor is root:
                 break
-            if type(ancestor) in _LOOPS and child is ancestor.body:
+            if type(ancestor) in _LOOPS and child is getattr(ancestor, "body", None):
                 return ancestor
             child = ancestor
         return root
@@ -445,7 +448,7 @@ class _Reader:
         return frozenset(found)
 
     def _read(self, expr: cst.CSTNode, use: cst.CSTNode, depth: int, found: set[cst.Call], seen: set[int]) -> None:
-        stack = [expr]
+        stack: list[Any] = [expr]  # (each node is told apart by its type before its fields are read)
         while stack:
             node = stack.pop()
             kind = type(node)
@@ -468,9 +471,7 @@ class _Reader:
                         if id(value) not in seen:
                             seen.add(id(value))
                             self._read(value, value, depth - 1, found, seen)
-            if kind is cst.Attribute:
-                stack.append(node.value)
-            elif kind is cst.Subscript:
+            if kind is cst.Attribute or kind is cst.Subscript:
                 stack.append(node.value)
             elif kind is not cst.Name:
                 stack += children(node)
