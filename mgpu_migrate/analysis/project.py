@@ -60,6 +60,11 @@ class ProjectModule:
     stars: list[str] = field(default_factory=list)
     others: set[str] = field(default_factory=set)
     exports: frozenset[str] | None = None
+    # A name assigned at module level -> the values assigned (``BatchNorm2d = partial(InPlaceABNSync, ...)``).
+    assigned: dict[str, list[ast.expr]] = field(default_factory=dict)
+    # What a definition of this module leads to (``replica_link``), by the node's id: the layer's module and
+    # class, the line and the primitive, or None (the module holds its nodes, so no id is reused).
+    links: dict[int, tuple[ProjectModule, Definition, int, str] | None] = field(default_factory=dict, repr=False, compare=False)
 
     def qualified(self, node: ast.expr) -> str | None:
         """The qualified name of a dotted expression through this module's imports (``nn.DataParallel`` ->
@@ -425,6 +430,193 @@ def star_resolver(path: str, star_modules: set[str]) -> Callable[[str], str | No
     return resolve
 
 
+# What a layer builds in its ``__init__`` to meet its copies in nn.DataParallel's replica threads (CCNet's
+# InPlaceABNSync: a master queue and a queue per worker), as ``mgpu_runtime.replica_links`` finds them held.
+REPLICA_LINKS = frozenset(
+    {
+        *(f"{module}.{name}" for module in ("queue", "Queue") for name in ("Queue", "LifoQueue", "PriorityQueue")),
+        *(f"threading.{name}" for name in ("Barrier", "Condition", "Event", "Semaphore", "BoundedSemaphore")),
+        *(
+            f"{module}.{name}"
+            for module in ("multiprocessing", "torch.multiprocessing")
+            for name in ("Queue", "SimpleQueue", "JoinableQueue", "Barrier", "Condition", "Event")
+        ),
+    }
+)
+# Modules whose names are never the project's: a model's reference to them is not followed.
+_NOT_THE_PROJECTS = frozenset(
+    {
+        "torch", "torchvision", "numpy", "math", "os", "sys", "functools", "collections", "itertools", "typing",
+        "re", "random", "time", "json", "copy", "warnings", "logging", "abc", "queue", "Queue", "threading",
+        "multiprocessing", "builtins", "scipy", "cv2", "PIL", "mgpu_runtime",
+    }
+)
+# How many definitions one search reads at most, and how deep it follows names.
+_LINK_BUDGET = 400
+_LINK_DEPTH = 10
+
+
+@dataclass(frozen=True)
+class ReplicaLink:
+    """A layer class (``layer``) whose ``__init__`` builds a queue, a barrier, a condition or an event
+    (``primitive``, at ``line`` of the layer's module)."""
+
+    layer: Found
+    line: int
+    primitive: str
+
+
+def replica_link(module: ProjectModule, expression: ast.expr, project: Project | None, seen_from: str) -> ReplicaLink | None:
+    """The first layer class that ``expression`` (a model's construction, read in ``module``: the file's own)
+    builds, through what it names in the project (``project``; only the file's own definitions when None): its
+    classes and functions, the classes they derive from and name in their bodies, and module-level aliases
+    (``BatchNorm2d = partial(InPlaceABNSync, ...)``), whose ``__init__`` builds one of ``REPLICA_LINKS``. A
+    layer is an ``nn.Module``: a class that derives, through the project's classes, from one of ``torch.nn``."""
+    return _LinkSearch(project, seen_from).expression(module, expression, 0)
+
+
+class _LinkSearch:
+    """One search of ``replica_link``. What a definition leads to is kept in its module (``ProjectModule.links``)
+    when its search was whole (no definition on the way cut off as already on the way, too deep, or past the
+    budget), so the files of one project that build the same model read its classes once."""
+
+    def __init__(self, project: Project | None, seen_from: str) -> None:
+        self.project = project
+        self.seen_from = seen_from
+        self.read = 0
+        self.aliases: list[int] = []  # the aliases being read
+        self.on_the_way: list[ast.AST] = []  # the definitions being read
+        self.whole: list[bool] = []  # for each: whether nothing on the way from it was cut off
+        self.cut_off: set[int] = set()  # definitions read in this search whose reading was not whole
+
+    def expression(self, module: ProjectModule, node: ast.AST, depth: int) -> ReplicaLink | None:
+        for reference in _references(node):
+            for found in self._named(module, reference, depth):
+                link = self.definition(found, depth + 1)
+                if link is not None:
+                    return link
+        return None
+
+    def _cut(self, above: int = -1) -> None:
+        """A definition was not read (too deep, past the budget): what the readings on the way to it found is not
+        whole; or only those above the ``above``-th, when it is that one, on the way already, which reads it whole."""
+        for index in range(above + 1, len(self.whole)):
+            self.whole[index] = False
+
+    def _named(self, module: ProjectModule, reference: ast.expr, depth: int) -> list[Found]:
+        """The project definitions a name or a dotted name stands for, through module-level aliases."""
+        qualified = module.qualified(reference)
+        if qualified is None:
+            if isinstance(reference, ast.Name) and reference.id in module.assigned:
+                key = id(module.assigned[reference.id])
+                if key in self.aliases or depth >= _LINK_DEPTH:
+                    self._cut()
+                    return []
+                self.aliases.append(key)
+                try:
+                    return [
+                        found
+                        for value in module.assigned[reference.id]
+                        for inner in _references(value)
+                        for found in self._named(module, inner, depth + 1)
+                    ]
+                finally:
+                    self.aliases.pop()
+            return []
+        if qualified.startswith("."):
+            return [Found(module, module.definitions[qualified[1:]], self.seen_from)]
+        if self.project is None or qualified.partition(".")[0] in _NOT_THE_PROJECTS:
+            return []
+        found = self.project.find(qualified)
+        return [found] if found is not None else []
+
+    def definition(self, found: Found, depth: int) -> ReplicaLink | None:
+        node, module = found.node, found.module
+        key = id(node)
+        if key in module.links:
+            kept = module.links[key]
+            return ReplicaLink(Found(kept[0], kept[1], self.seen_from), kept[2], kept[3]) if kept else None
+        on_the_way = next((index for index, way in enumerate(self.on_the_way) if way is node), None)
+        if on_the_way is not None:  # `super(ResNet, self)` in ResNet, or two classes that name each other
+            self._cut(on_the_way)
+            return None
+        if key in self.cut_off or depth > _LINK_DEPTH or self.read >= _LINK_BUDGET:
+            self._cut()
+            return None
+        self.read += 1
+        self.on_the_way.append(node)
+        self.whole.append(True)
+        try:
+            link = self._read(found, depth)
+        finally:
+            self.on_the_way.pop()
+            whole = self.whole.pop()
+        if not whole:
+            self.cut_off.add(key)
+        if whole or link is not None:  # a layer found is found, however the search went
+            module.links[key] = (link.layer.module, link.layer.node, link.line, link.primitive) if link else None
+        return link
+
+    def _read(self, found: Found, depth: int) -> ReplicaLink | None:
+        node = found.node
+        if isinstance(node, ast.ClassDef):
+            init = next((item for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "__init__"), None)
+            built = next(
+                (call for call in _calls(init) if found.module.qualified(call.func) in REPLICA_LINKS), None
+            ) if init is not None else None
+            if built is not None and self._is_layer(found, 0):
+                return ReplicaLink(found, built.lineno, found.module.qualified(built.func) or "")
+            for base in node.bases:
+                link = self.expression(found.module, base, depth)
+                if link is not None:
+                    return link
+        for statement in node.body:
+            link = self.expression(found.module, statement, depth)
+            if link is not None:
+                return link
+        return None
+
+    def _is_layer(self, found: Found, depth: int) -> bool:
+        if not isinstance(found.node, ast.ClassDef) or depth > _MAX_DEPTH:
+            return False
+        for base in found.node.bases:
+            qualified = found.module.qualified(base)
+            if qualified is None:
+                continue
+            if qualified.startswith("torch.nn."):
+                return True
+            if qualified.startswith("."):
+                inherited = [Found(found.module, found.module.definitions[qualified[1:]], self.seen_from)]
+            elif self.project is not None:
+                inherited = [f for f in (self.project.find(qualified),) if f is not None]
+            else:
+                inherited = []
+            if any(other.node is not found.node and self._is_layer(other, depth + 1) for other in inherited):
+                return True
+        return False
+
+
+def _references(node: ast.AST) -> list[ast.expr]:
+    """The names and dotted names ``node`` reads, in source order (``nn.Conv2d`` once, not also ``nn``);
+    nested functions and classes included, ``self.x`` and other attributes of values left out."""
+    found: list[ast.expr] = []
+    todo = [node]
+    while todo:
+        current = todo.pop()
+        if isinstance(current, ast.Attribute):
+            base = current.value
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            if isinstance(base, ast.Name) and isinstance(current.ctx, ast.Load):
+                found.append(current)
+                continue
+        elif isinstance(current, ast.Name) and isinstance(current.ctx, ast.Load):
+            found.append(current)
+            continue
+        todo.extend(reversed(list(ast.iter_child_nodes(current))))
+    return found
+
+
 def encoding_pair_modules(path: str, imported: dict[str, set[str]]) -> frozenset[str]:
     """The modules a file imports ``DataParallelModel`` or ``DataParallelCriterion`` from that hold a copy of
     PyTorch-Encoding's pair: both classes derive from torch's DataParallel, and the model's ``gather`` returns
@@ -718,9 +910,9 @@ def _ast_of(source: bytes, path: str) -> ast.Module:
         return ast.parse(readable, path)
 
 
-def module_of_text(path: str, source: str) -> ProjectModule | None:
-    """The file being migrated as the project reading sees a module (its imports and definitions), from its
-    text: also for text that is no file (stdin, a notebook's cells)."""
+def text_module(path: str, source: str) -> ProjectModule | None:
+    """The module a file's own text makes (its definitions, imports and module-level names), None when Python's
+    parser refuses it: what the project reading knows of the file being migrated, also when it is no file."""
     return _parsed_text(path, source)
 
 
@@ -748,18 +940,15 @@ def _module_of(tree: ast.Module, path: str, package: str) -> ProjectModule:
                 module.exports = _literal_names(statement)
         if isinstance(statement, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             module.definitions[statement.name] = statement
-        elif isinstance(statement, ast.Import):
-            for alias in statement.names:
-                if alias.asname:
-                    module.imports[alias.asname] = alias.name
-                else:
-                    top = alias.name.split(".")[0]
-                    module.imports[top] = top
-        elif isinstance(statement, ast.ImportFrom):
-            source = _absolute(statement.module or "", statement.level, package)
-            for alias in statement.names:
-                if alias.name != "*":
-                    module.imports[alias.asname or alias.name] = f"{source}.{alias.name}" if source else alias.name
+        elif isinstance(statement, (ast.Import, ast.ImportFrom)):
+            _add_imports(module, statement, package, guarded=False)
+        elif isinstance(statement, (ast.Try, ast.If)):
+            # `try: from queue import Queue` / `except ImportError: from Queue import Queue` (Python 2's name):
+            # the first import of a name in such a block is the one a current Python runs.
+            for inner in _guarded_statements(statement):
+                _add_imports(module, inner, package, guarded=True)
+        elif isinstance(statement, ast.Assign) and len(statement.targets) == 1 and isinstance(statement.targets[0], ast.Name):
+            module.assigned.setdefault(statement.targets[0].id, []).append(statement.value)
     return module
 
 
@@ -790,6 +979,41 @@ def _literal_names(statement: ast.stmt) -> frozenset[str]:
     ):
         return frozenset(item.value for item in value.elts)  # type: ignore[union-attr]
     return frozenset({"?"})
+
+
+def _guarded_statements(statement: ast.Try | ast.If, depth: int = 0) -> Iterator[ast.stmt]:
+    """The imports of a module-level ``try`` or ``if``, in the order its parts are written (nested two deep)."""
+    parts: list[list[ast.stmt]] = [statement.body]
+    if isinstance(statement, ast.Try):
+        parts += [handler.body for handler in statement.handlers] + [statement.orelse, statement.finalbody]
+    else:
+        parts.append(statement.orelse)
+    for part in parts:
+        for inner in part:
+            if isinstance(inner, (ast.Import, ast.ImportFrom)):
+                yield inner
+            elif isinstance(inner, (ast.Try, ast.If)) and depth < 2:
+                yield from _guarded_statements(inner, depth + 1)
+
+
+def _add_imports(module: ProjectModule, statement: ast.Import | ast.ImportFrom, package: str, guarded: bool) -> None:
+    """The names an import binds, by the qualified names they stand for (a guarded one only if none bound it yet)."""
+    bound: dict[str, str] = {}
+    if isinstance(statement, ast.Import):
+        for alias in statement.names:
+            if alias.asname:
+                bound[alias.asname] = alias.name
+            else:
+                top = alias.name.split(".")[0]
+                bound[top] = top
+    else:
+        source = _absolute(statement.module or "", statement.level, package)
+        for alias in statement.names:
+            if alias.name != "*":
+                bound[alias.asname or alias.name] = f"{source}.{alias.name}" if source else alias.name
+    for name, qualified in bound.items():
+        if not guarded or name not in module.imports:
+            module.imports[name] = qualified
 
 
 def _absolute(module: str, level: int, package: str) -> str:

@@ -34,6 +34,8 @@ from mgpu_migrate.rules.project_side_effects import ProjectSideEffects
 from mgpu_migrate.rules.project_training import ProjectTraining
 from mgpu_migrate.rules.project_wrappers import ProjectWrappers
 from mgpu_migrate.rules.remote_training import RemoteTraining
+from mgpu_migrate.rules.replica_threads import ThreadLinkedLayers
+from mgpu_migrate.rules.repeated_backward import RepeatedBackward
 from mgpu_migrate.rules.replication_callback import ReplicationCallback
 from mgpu_migrate.rules.shared_files import SharedFiles
 from mgpu_migrate.rules.sync_batchnorm import SyncBatchNorm
@@ -82,6 +84,10 @@ RULES: tuple[type[Rule], ...] = (
     ExplicitDevice,
     SyncBatchNorm,
     UnusedParameters,
+    # What torch's DDP cannot run that DataParallel could: two backward passes over one forward, layers that meet
+    # their copies in DataParallel's replica threads.
+    RepeatedBackward,
+    ThreadLinkedLayers,
     MainProcessCollective,
     ProcessRandomness,
     SharedFiles,

@@ -8,7 +8,7 @@ import functools
 import libcst as cst
 
 from mgpu_migrate.analysis.hand_written import data_parallel_by_hand
-from mgpu_migrate.analysis.project import module_of_text
+from mgpu_migrate.analysis.project import text_module
 from mgpu_migrate.rules.base import BALANCED, WRAPS, Example, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME
 
@@ -134,7 +134,7 @@ class HandWrittenDataParallel(Rule):
     def apply(self) -> None:
         if not any(primitive in self.analysis.source for primitive in _PRIMITIVES):
             return
-        module = module_of_text(self.analysis.path, self.analysis.source)
+        module = text_module(self.analysis.path, self.analysis.source)
         if module is None:
             return
         for statement in self.analysis.module.body:

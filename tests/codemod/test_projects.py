@@ -225,3 +225,35 @@ def test_an_evaluation_in_a_project_with_no_root_marker_is_still_read(tmp_path):
     assert project.find_root(str(copy)) is None
     result = migrate_source((copy / "evaluate.py").read_text(), "ddp", str(copy / "evaluate.py"))
     assert codes(result) == ["MGP286"] and result.output == (copy / "evaluate.py").read_text(), result.diagnostics
+
+
+def test_a_guarded_import_is_read_as_the_first_one_a_current_python_runs():
+    """CCNet's libs/bn.py imports Queue in a `try` (Python 3's name, then Python 2's): the first one binds it."""
+    module = project.text_module(
+        "bn.py",
+        "try:\n    from queue import Queue\nexcept ImportError:\n    from Queue import Queue\n"
+        "if TYPE_CHECKING:\n    import threading as th\nelse:\n    th = None\n"
+        "import multiprocessing as th\nNorm = partial(SyncNorm, momentum=0.1)\n",
+    )
+    assert module.imports["Queue"] == "queue.Queue"
+    assert module.imports["th"] == "multiprocessing"  # a plain import after the guarded one is what stays bound
+    assert [type(value).__name__ for value in module.assigned["Norm"]] == ["Call"]
+
+
+def test_the_layers_a_model_builds_are_followed_through_the_project(tmp_path):
+    """MGP371 reads the model's construction through the project's builder, classes and aliases (CCNet's
+    Res_Deeplab -> ResNet -> BatchNorm2d = partial(InPlaceABNSync) -> libs/bn.py), and no further than they go."""
+    import ast
+
+    root = FIXTURES / "projects" / "sync_layers"
+    script = root / "train.py"
+    found = project.project_of(str(script))
+    module = project.text_module(str(script), script.read_text())
+    link = project.replica_link(module, ast.parse("Res_Deeplab(num_classes=19)", mode="eval").body, found, str(root))
+    assert (link.layer.name, link.primitive, link.layer.where.rpartition(":")[0], link.line) == (
+        "InPlaceABNSync", "queue.Queue", "libs/bn.py", 31
+    )
+    plain = project.text_module(str(root / "train_plain.py"), (root / "train_plain.py").read_text())
+    expression = ast.parse("Plain_Deeplab(num_classes=19)", mode="eval").body
+    assert project.replica_link(plain, expression, found, str(root)) is None
+    assert project.replica_link(module, ast.parse("Res_Deeplab()", mode="eval").body, None, str(root)) is None  # no project
