@@ -11,13 +11,29 @@ copies that are in other processes.
 
 from __future__ import annotations
 
+import multiprocessing.queues
+import multiprocessing.synchronize
 import queue
 import threading
 from collections.abc import Iterator
 
 from torch import nn
 
-_PRIMITIVES = (queue.Queue, threading.Barrier, threading.Condition, threading.Event, threading.Semaphore)
+# What a layer holds to meet its copies in other threads: thread primitives, and multiprocessing's (which work
+# across DataParallel's threads too, and no more than those across DDP's processes when each made its own).
+_PRIMITIVES = (
+    queue.Queue,
+    threading.Barrier,
+    threading.Condition,
+    threading.Event,
+    threading.Semaphore,
+    multiprocessing.queues.Queue,
+    multiprocessing.queues.SimpleQueue,
+    multiprocessing.synchronize.Barrier,
+    multiprocessing.synchronize.Condition,
+    multiprocessing.synchronize.Event,
+    multiprocessing.synchronize.Semaphore,
+)
 
 
 def _holds_primitive(layer: nn.Module) -> bool:

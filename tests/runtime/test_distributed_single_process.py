@@ -232,3 +232,14 @@ def test_a_layer_that_meets_its_copies_in_replica_threads_is_refused_at_the_wrap
     model = nn.Sequential(nn.Linear(3, 3), _SyncedOverReplicaThreads())
     with pytest.raises(TypeError, match=r"`1` \(.*_SyncedOverReplicaThreads\) meets its copies across nn.DataParallel's"):
         mgpu_runtime.DistributedDataParallel(model)
+
+
+@pytest.mark.parametrize("make", ["Queue", "SimpleQueue", "Barrier", "Event"])
+def test_so_is_one_that_meets_them_through_multiprocessing_primitives(make):
+    """A multiprocessing queue or barrier made in each process links nothing across DDP's processes either."""
+    import multiprocessing
+
+    layer = nn.Linear(3, 3)
+    layer.link = getattr(multiprocessing, make)(*((2,) if make == "Barrier" else ()))
+    with pytest.raises(TypeError, match="meets its copies across nn.DataParallel's"):
+        mgpu_runtime.DistributedDataParallel(nn.Sequential(layer))
