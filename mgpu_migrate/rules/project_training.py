@@ -10,20 +10,46 @@ import libcst as cst
 
 from mgpu_migrate.analysis.project import importers, project_of
 from mgpu_migrate.analysis.tree import contains
-from mgpu_migrate.rules.base import CHECKS, DDP, Example, Review, Rule
+from mgpu_migrate.rules.base import CHECKS, DDP, RUNTIME_STYLE, Example, Review, Rule
 
 TRAINED_ELSEWHERE = Review(
     "MGP285",
     name="trained-elsewhere",
-    summary="the model is trained in another module of the project: file left as it is",
+    summary="the model is trained in another module of the project, in a way the tool cannot follow: file left as it is",
     why=(
         "The model wrapped here is trained in another module of the project (a `Trainer` class that calls "
-        "`backward`). Its data, loss and saves are there, and a migration of the wrap alone would give every "
-        "process whole batches and the same checkpoint files. The file is left as it is."
+        "`backward`, a `train_epoch(loader, model, ...)` function). The tool follows such code: when the training "
+        "loop there iterates a loader this file hands it (a parameter, or an attribute `__init__` sets from one), "
+        "it splits that loader here and migrates the file, since under the runtime the loop's values are the "
+        "global batch's wherever the loop is. Here it could not: the loop's data is not a parameter it can trace "
+        "back to a loader of this file (an attribute of another object, a dict of loaders, `next(it)` each "
+        "step), no method this file calls runs the loop, or `--style torch` is asked, whose plain DDP computes "
+        "each process's own values in a loop the tool does not check. A migration of the wrap alone would give "
+        "every process whole batches. The file is left as it is."
     ),
     todo=(
-        "Migrate the module that trains the model together with this one, or use `--to balanced`, which keeps "
-        "one process."
+        "Hand the training code its loader as an argument (or split it yourself with "
+        "`mgpu_runtime.distribute_loader` where it is built) and migrate again with the default style; or use "
+        "`--to balanced`, which keeps one process."
+    ),
+    veto=True,
+)
+TRAINING_CODE_NEEDS_CHANGES = Review(
+    "MGP323",
+    name="training-code-needs-changes",
+    summary="the project's training code that gets the model does something every process would do: file left",
+    why=(
+        "The model wrapped here is trained in another module of the project, which the tool follows: its "
+        "loop's data is split here, and its values are the global batch's under the runtime. But a site there "
+        "needs a change that a migration of this file cannot make, since the tool rewrites a module only when it "
+        "migrates that module: it writes a file or makes a directory (every process would), runs distributed "
+        "calls of its own, names torch's DataParallel (an `isinstance` check that would turn false), picks a GPU "
+        "by its number (every process would use it), or catches an error around the step (each process would "
+        "decide alone whether to take it). The diagnostic names the site, `module:line`. The file is left as it is."
+    ),
+    todo=(
+        "Change that site (save under `if mgpu_runtime.is_main_process():`, use `mgpu_runtime.device()`, let the "
+        "error stop the run) and migrate again; or use `--to balanced`, which keeps one process."
     ),
     veto=True,
 )
@@ -115,8 +141,8 @@ class ProjectTraining(Rule):
 
     CODE = TRAINED_ELSEWHERE
     PHASE = CHECKS
-    USES = ("bindings", "loaders", "models", "values")
-    REVIEW_CODES = (TRAINED_BY_IMPORTER, TRAINED_ELSEWHERE, EVALUATED_ELSEWHERE, NO_PROJECT_ROOT)
+    USES = ("bindings", "handed", "loaders", "models", "values")
+    REVIEW_CODES = (TRAINED_BY_IMPORTER, TRAINED_ELSEWHERE, TRAINING_CODE_NEEDS_CHANGES, EVALUATED_ELSEWHERE, NO_PROJECT_ROOT)
     DESCRIPTION = "models handed to the project's training code in other modules keep the file off DDP"
     TARGETS = (DDP,)
     EXAMPLES = (
@@ -152,6 +178,7 @@ class ProjectTraining(Rule):
         evaluated = []  # the project's functions that get the model and do not train it
         unknown = False  # a call out of sight (a library's) gets the model
         passed = False
+        followed = False  # the model is trained in the project's code, which a migration here makes right
         for call in self.analysis.calls:
             if not self._passes_model(call):
                 continue
@@ -166,13 +193,13 @@ class ProjectTraining(Rule):
                 # The model goes somewhere: the project's code or this file's functions (not torch's, a builtin's).
                 passed = passed or found is not None or qualified is None
                 continue
-            where = f"{trainer.where.rpartition(':')[0]}:{project.backward_line(trainer)}"
-            self.left(
-                program.wraps[0],
-                TRAINED_ELSEWHERE,
-                f"the model is trained in `{found.name}` (line {self.analysis.position(call)[0]}; backward at {where}) "
-                "of another module: file left as it is",
-            )
+            handover = self.analysis.handed.of(call)
+            if handover is not None and handover.migrates and self.options.style == RUNTIME_STYLE:
+                followed = True
+                continue
+            self._leave_trained_elsewhere(program, call, found.name, trainer, handover)
+            return
+        if followed:
             return
         if self._handed_to_importers(program):
             return
@@ -192,6 +219,28 @@ class ProjectTraining(Rule):
                 EVALUATED_ELSEWHERE,
                 f"the model is only evaluated (it goes to {where}, no backward pass, no optimizer): file left as it is",
             )
+
+    def _leave_trained_elsewhere(self, program, call: cst.Call, name: str, trainer, handover) -> None:
+        """MGP323 when a site of the training code needs a change there, else MGP285 with what was not followed;
+        each wrap the file keeps is named at its own line."""
+        line = self.analysis.position(call)[0]
+        project = project_of(self.analysis.path)
+        backward = f"{trainer.where.rpartition(':')[0]}:{project.backward_line(trainer)}" if project else trainer.where
+        blocker = handover.blocker if handover is not None else None
+        code = TRAINED_ELSEWHERE
+        if self.options.style != RUNTIME_STYLE:
+            message = (
+                f"the model is trained in `{name}` (line {line}; backward at {backward}), whose values plain DDP keeps "
+                "each process's own (--style torch): file left as it is"
+            )
+        elif blocker is not None:
+            code = TRAINING_CODE_NEEDS_CHANGES if blocker.in_code else TRAINED_ELSEWHERE
+            message = f"`{name}` (line {line}) trains the model: {blocker.what} ({blocker.where}); file left as it is"
+        else:
+            message = f"the model is trained in `{name}` (line {line}; backward at {backward}) of another module: file left as it is"
+        self.left(program.wraps[0], code, message)
+        for wrap in program.wraps[1:]:
+            self.left(wrap, code, f"kept as DataParallel: the model of line {line} is trained in `{name}` ({backward})")
 
     def _left_without_project(self, program) -> bool:
         """MGP321 when the wrap is held by a function or class whose users no project shows."""

@@ -18,6 +18,7 @@ from tests.cli_helpers import run_cli
 from tests.fixture_cases import FIXTURES
 
 REID = FIXTURES / "projects" / "reid"
+TRAINER_CLASS = FIXTURES / "projects" / "trainer_class"
 
 
 def codes(result) -> list[str]:
@@ -25,15 +26,19 @@ def codes(result) -> list[str]:
 
 
 def test_only_the_changed_file_is_passed(tmp_path):
-    """pre-commit passes the changed files only: the trainer in lib/ is still read, the file still left."""
-    copy = tmp_path / "reid"
-    shutil.copytree(REID, copy, ignore=shutil.ignore_patterns("*.ddp.*", "*.balanced.*"))
-    before = (copy / "train.py").read_bytes()
-    done = run_cli("train.py", "--to", "ddp", cwd=copy)
+    """pre-commit passes the changed files only: the trainer in lib/ is still read (never rewritten), so the script
+    whose loader reaches the trainer's loop is migrated, and the one whose trainer picks its loader from a dict is
+    left, naming the trainer's line."""
+    copy = tmp_path / "trainer_class"
+    shutil.copytree(TRAINER_CLASS, copy, ignore=shutil.ignore_patterns("*.ddp.*", "*.balanced.*"))
+    before = {name: (copy / name).read_bytes() for name in ("train_loaders.py", "lib/trainers.py")}
+    done = run_cli("train.py", "train_loaders.py", "--to", "ddp", cwd=copy)
     stderr = done.stderr.decode()
     assert done.returncode == 0, stderr
-    assert "train.py:10:13: MGP285" in stderr and "lib/trainers.py:13" in stderr
-    assert (copy / "train.py").read_bytes() == before
+    assert "MGP122" in stderr and "(its loop: `Trainer`, lib/trainers.py:22)" in stderr
+    assert (copy / "train.py").read_text() == (TRAINER_CLASS / "train.ddp.py").read_text()
+    assert "train_loaders.py:11:13: MGP285" in stderr and "(lib/trainers.py:78)" in stderr
+    assert {name: (copy / name).read_bytes() for name in before} == before
 
 
 def test_text_that_is_no_file_reads_no_project():
