@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from functools import cached_property
 
+import libcst as cst
+
 from mgpu_migrate.analysis.devices import read_names
 from mgpu_migrate.analysis.entrypoint import EntryPoint, find_entry_point
 from mgpu_migrate.analysis.handed import HandedTraining
@@ -31,7 +33,7 @@ class FileAnalysis(ParsedFile):
     def entry_point(self) -> EntryPoint | None:
         """Where ``mgpu_runtime.setup()`` goes (None: the file has no place that runs first)."""
         # The training loops, and the calls that run the project's training loop this file hands its model to.
-        training = [*self.loaders.training_loops, *self.handed.training_calls]
+        training: list[cst.For | cst.Call] = [*self.loaders.training_loops, *self.handed.training_calls]
         return find_entry_point(self, training, read_names(site.call for site in self.models.sites))
 
     @cached_property

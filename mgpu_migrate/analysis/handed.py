@@ -37,6 +37,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
@@ -82,6 +83,8 @@ class Handover:
     # comes from (None: the result of a builder or of a loader class out of sight).
     split: tuple[tuple[cst.BaseExpression, Optional[cst.Call]], ...]
     blocker: Optional[Blocker]
+    # Where the training code draws a progress bar (``tqdm(loader)``), ``module:line``: every process would draw it.
+    progress_bars: tuple[str, ...] = ()
 
     @property
     def migrates(self) -> bool:
@@ -131,6 +134,7 @@ class HandedTraining:
 
     def _handover(self, call: cst.Call, found: Found, trainer: Found) -> Handover:
         name = found.name
+        runs: list[tuple[cst.Call, Found, Optional[Found]]]
         if isinstance(found.node, _FUNCTIONS):
             runs = [(call, found, None)]
         else:
@@ -164,10 +168,20 @@ class HandedTraining:
         split = self._split(data) if blocker is None else ()
         if blocker is None and isinstance(split, Blocker):
             blocker, split = split, ()
+        training = [(function, cls) for run_call, function, cls in runs if run_call in entered]
         if blocker is None:
-            blocker = self._first_blocker([(function, cls) for run_call, function, cls in runs if run_call in entered])
+            blocker = self._first_blocker(training)
         assert not isinstance(split, Blocker)
-        return Handover(call, name, trainer, loop_where, tuple(entered), tuple(split), blocker)
+        bars = tuple(
+            dict.fromkeys(
+                self._where(definition, node.lineno)
+                for function, cls in training
+                for definition in self._reachable(function, cls)
+                for node in _calls(definition.node)
+                if _is_progress_bar(definition.module.qualified(node.func))
+            )
+        )
+        return Handover(call, name, trainer, loop_where, tuple(entered), tuple(split), blocker, bars)
 
     def _method_calls(self, construction: cst.Call, cls: Found) -> list[tuple[cst.Call, Found]]:
         """The calls of this file of a method on the object ``construction`` builds (``trainer.train(...)``,
@@ -201,9 +215,10 @@ class HandedTraining:
             if root.id in _parameters(function.node):
                 return None, f"its data `{code}` is not passed by this file's call (line {self._line(run_call)})"
             return None, f"its data `{code}` is no parameter of `{function.name}`"
-        if cls is not None and _self_attribute(root, function.node) is not None:
+        attribute = _self_attribute(root, function.node) if cls is not None else None
+        if cls is not None and attribute is not None:
             init = self._method(cls, "__init__", 0)
-            parameter = _set_from_parameter(init, root.attr) if init is not None else None
+            parameter = _set_from_parameter(init, attribute.attr) if init is not None else None
             argument = _bound(construction, init.node, parameter, 1) if init is not None and parameter else None
             if argument is not None:
                 return argument, ""
@@ -239,12 +254,13 @@ class HandedTraining:
 
     def _method(self, cls: Found, name: str, depth: int) -> Optional[Found]:
         """The method ``name`` of a project class, or of the first project class it derives from that has it."""
-        for statement in cls.node.body:  # type: ignore[union-attr]
+        assert isinstance(cls.node, ast.ClassDef)
+        for statement in cls.node.body:
             if isinstance(statement, _FUNCTIONS) and statement.name == name:
                 return Found(cls.module, statement, cls.seen_from)
         if depth >= _MAX_DEPTH:
             return None
-        for base in cls.node.bases:  # type: ignore[union-attr]
+        for base in cls.node.bases:
             _, definition = self._project.resolve_in(cls, base, depth)
             if definition is not None and isinstance(definition.node, ast.ClassDef) and definition.node is not cls.node:
                 method = self._method(definition, name, depth + 1)
@@ -299,7 +315,7 @@ class HandedTraining:
                     found.append(method)
         return found
 
-    def _first_blocker(self, runs: list[tuple[Found, Optional[Found]]]) -> Optional[Blocker]:
+    def _first_blocker(self, runs: Sequence[tuple[Found, Optional[Found]]]) -> Optional[Blocker]:
         for function, cls in runs:
             for definition in self._reachable(function, cls):
                 blocker = self._blocker_in(definition)
@@ -466,6 +482,11 @@ def _explicit_gpu_call(call: ast.Call) -> bool:
     return ast.unparse(func) in ("torch.device", "device") and any(
         isinstance(arg, ast.Constant) and arg.value == "cuda" for arg in call.args
     )
+
+
+def _is_progress_bar(qualified: Optional[str]) -> bool:
+    parts = (qualified or "").split(".")
+    return len(parts) > 1 and parts[0] == "tqdm" and parts[-1] in ("tqdm", "trange")
 
 
 def _is_int(node: ast.expr) -> bool:

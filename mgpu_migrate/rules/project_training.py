@@ -84,6 +84,19 @@ TRAINED_BY_IMPORTER = Review(
     ),
     veto=True,
 )
+PROGRESS_BAR_IN_TRAINING_CODE = Review(
+    "MGP324",
+    name="progress-bar-in-training-code",
+    summary="the project's training code that gets the model draws a progress bar: every process draws it",
+    why=(
+        "The file is migrated: the model it wraps is trained in another module of the project, whose loop the tool "
+        "follows and whose data it splits here. That code draws a `tqdm` progress bar, which every process draws "
+        "over the others' on its stderr (the runtime hands on the main process's stdout alone, every process's "
+        "stderr). Training, saves and printed lines are the original's; the bar is drawn once per process. The "
+        "tool rewrites a module only when it migrates that module, so it does not add the main-process test there."
+    ),
+    todo="Add `disable=not mgpu_runtime.is_main_process()` to that `tqdm(...)` (or ignore the extra bars).",
+)
 NO_PROJECT_ROOT = Review(
     "MGP321",
     name="handed-out-without-project",
@@ -108,42 +121,64 @@ class ProjectTraining(Rule):
     When a file wraps a model but runs no backward pass itself, follows the model into the project's own
     modules: a call here that hands it to a function or class of another module (``Trainer(model,
     criterion)`` from ``reid/trainers.py``, ``scan_train(loader, model, ...)`` from ``utils/train_utils.py``)
-    whose code, or a project class it derives from, runs the backward pass. The file is then left as it is,
-    and the diagnostic names the definition that trains (MGP285). When the model only goes to project code
-    that runs no backward pass (``fill_memory_bank(loader, model, bank)``) or to this file's functions, and
-    no optimizer is made here, the file evaluates: it is left as DataParallel (MGP286). When the wrap is in
-    a function that returns the model (``load_model()``) or in a class that holds it (``self.model =
-    DataParallel(...)`` in a wrapper ``nn.Module``), the model goes to the modules that import this one, which
-    a bounded byte search of the project finds: the file is left, and the diagnostic names the importer that
-    uses the function or class (MGP320). Such a file with no project root above it and no importer beside it
-    (a lone file in a scratch folder) is left too, since nothing shows who trains the model (MGP321).
+    whose code, or a project class it derives from, runs the backward pass (``analysis/handed.py``). When the
+    training loop there iterates a loader this file hands it (a parameter of the function or of the method
+    called here, ``trainer.train(epoch, train_loader, optimizer)``, or an attribute ``__init__`` sets from
+    one), the file migrates: that loader is split here (MGP122), and the set-up and saves are this file's.
+    A site of that training code that a migration of this file cannot make right leaves the file, named as
+    ``module:line`` (MGP323): a file written or a directory made there, a distributed call of its own, torch's
+    DataParallel named, a GPU picked by number, an error caught around the step. Training whose data the
+    reading cannot follow back here, or any under ``--style torch``, leaves the file too, naming the
+    definition that trains (MGP285). A progress bar that code draws is said (MGP324). When the model only
+    goes to project code that runs no backward pass (``fill_memory_bank(loader, model, bank)``) or to this
+    file's functions, and no optimizer is made here, the file evaluates: it is left as DataParallel (MGP286).
+    When the wrap is in a function that returns the model (``load_model()``) or in a class that holds it
+    (``self.model = DataParallel(...)`` in a wrapper ``nn.Module``), the model goes to the modules that import
+    this one, which a bounded byte search of the project finds: the file is left, and the diagnostic names the
+    importer that uses the function or class (MGP320). Such a file with no project root above it and no
+    importer beside it (a lone file in a scratch folder) is left too, since nothing shows who trains the model
+    (MGP321).
 
     ## Why is this bad?
-    The training step, its loss and the loop over the data are in that module: the tool cannot tell from
-    here how the batches are drawn, whether the loss compares rows of the batch (batch-hard triplets, OHEM),
-    or what is saved and logged there. Migrating the wrap alone gives a program whose every process trains
-    on whole batches, which the runtime stops at its first step, or that trains differently.
+    Under the runtime's contract the training loop's values outside the model's ``forward`` are the global
+    batch's wherever the loop is, so a loop in another module trains as the original did once its data is
+    split and the program set up, which this file does. What that module does on its own (writing a file, a
+    GPU by number, a decision from a caught error) every process would do, and the tool rewrites a module only
+    when it migrates it. Data it cannot follow would reach every process whole; plain DDP (``--style
+    torch``) computes each process's own values in a loop the tool does not check there.
 
     ## Example
     ```python
-    from reid.trainers import Trainer   # Trainer.train(...) runs loss.backward()
+    from reid.trainers import Trainer   # Trainer.train(epoch, data_loader, ...) loops over data_loader
+    train_loader = DataLoader(train_set, batch_size=256, shuffle=True)
     model = nn.DataParallel(model).cuda()
     trainer = Trainer(model, criterion)
+    trainer.train(epoch, train_loader, optimizer)
     ```
 
     ## Use instead
-    Migrate with ``--to balanced`` (one process, exact for every loss), or migrate the training module
-    by hand: split its loader with ``mgpu_runtime.distribute_loader`` and make its loss exact.
+    ```python
+    train_loader = mgpu_runtime.distribute_loader(DataLoader(train_set, batch_size=256, shuffle=True))
+    model = mgpu_runtime.DistributedDataParallel(model).cuda()
+    ```
 
     ## Fix safety
-    Nothing is rewritten, in the whole file: ``--to ddp`` migrates a file entirely or not at all.
+    The training module is read, never rewritten: a file migrates only when that module needs no change. A
+    file left is left whole: ``--to ddp`` migrates a file entirely or not at all.
     """
 
     CODE = TRAINED_ELSEWHERE
     PHASE = CHECKS
     USES = ("bindings", "handed", "loaders", "models", "values")
-    REVIEW_CODES = (TRAINED_BY_IMPORTER, TRAINED_ELSEWHERE, TRAINING_CODE_NEEDS_CHANGES, EVALUATED_ELSEWHERE, NO_PROJECT_ROOT)
-    DESCRIPTION = "models handed to the project's training code in other modules keep the file off DDP"
+    REVIEW_CODES = (
+        TRAINED_BY_IMPORTER,
+        TRAINED_ELSEWHERE,
+        TRAINING_CODE_NEEDS_CHANGES,
+        PROGRESS_BAR_IN_TRAINING_CODE,
+        EVALUATED_ELSEWHERE,
+        NO_PROJECT_ROOT,
+    )
+    DESCRIPTION = "models handed to the project's training code in other modules: followed there, or the file is left"
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
@@ -196,6 +231,12 @@ class ProjectTraining(Rule):
             handover = self.analysis.handed.of(call)
             if handover is not None and handover.migrates and self.options.style == RUNTIME_STYLE:
                 followed = True
+                for where in handover.progress_bars:
+                    self.left(
+                        call,
+                        PROGRESS_BAR_IN_TRAINING_CODE,
+                        f"`{handover.name}` trains the model here and draws a progress bar ({where}): every process draws it",
+                    )
                 continue
             self._leave_trained_elsewhere(program, call, found.name, trainer, handover)
             return

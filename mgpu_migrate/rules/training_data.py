@@ -104,7 +104,10 @@ class TrainingData(Rule):
     at the point closest to its construction that feeds training only. A function that trains only when a
     parameter says so (``def run_epoch(loader, train)`` with ``if train: loss.backward()``) trains on the
     loaders of the calls whose literal says so (``run_epoch(train_loader, True)``). Evaluation loaders are
-    left whole.
+    left whole. A loader this file hands to a training loop of the project's code in another module
+    (``trainer.train(epoch, train_loader, optimizer)``: ``analysis/handed.py``) is distributed here too, at
+    its ``DataLoader(...)``, or at the result of a builder out of sight (``get_train_dataloader(p, dataset)``),
+    which that loop draws its batches from.
 
     ## Why is this bad?
     Under DDP each process should load only its part of every batch, or every process loads the whole batch
