@@ -39,7 +39,7 @@ class FileAnalysis(ParsedFile):
     @cached_property
     def handed(self) -> HandedTraining:
         """The calls that hand a wrapped model to the project's training code in another module, followed there."""
-        return HandedTraining(self)
+        return HandedTraining(self, self.models, self.loaders)
 
     @cached_property
     def loaders(self) -> LoaderFlow:

@@ -49,7 +49,9 @@ from mgpu_migrate.analysis.scopes import Scope
 from mgpu_migrate.diagnostics import shorten
 
 if TYPE_CHECKING:
-    from mgpu_migrate.analysis.file import FileAnalysis
+    from mgpu_migrate.analysis.loaders import LoaderFlow
+    from mgpu_migrate.analysis.models import ModelFlow
+    from mgpu_migrate.analysis.parsed import ParsedFile
 
 _MAX_DEPTH = 4
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -94,11 +96,13 @@ class Handover:
 class HandedTraining:
     """The handovers of one file (none for a file that trains itself, or that is no file on disk)."""
 
-    def __init__(self, analysis: FileAnalysis) -> None:
+    def __init__(self, analysis: ParsedFile, models: ModelFlow, loaders: LoaderFlow) -> None:
         self.analysis = analysis
+        self.models = models
+        self.loaders = loaders
         self.handovers: list[Handover] = []
         calls = analysis.calls
-        if any(analysis.loaders.is_backward(call) for call in calls):
+        if any(loaders.is_backward(call) for call in calls):
             return
         project = project_of(analysis.path)
         if project is None:
@@ -129,8 +133,7 @@ class HandedTraining:
     # -- this file's side --------------------------------------------------------------------------
     def _passes_model(self, call: cst.Call) -> bool:
         scope = self.analysis.values.scope_of(call)
-        models = self.analysis.models
-        return any(models.model_sites(arg.value, scope) for arg in call.args)
+        return any(self.models.model_sites(arg.value, scope) for arg in call.args)
 
     def _handover(self, call: cst.Call, found: Found, trainer: Found) -> Handover:
         name = found.name
@@ -229,7 +232,7 @@ class HandedTraining:
     ) -> tuple[tuple[cst.BaseExpression, Optional[cst.Call]], ...] | Blocker:
         """Where each piece of data is distributed: the step closest to where it is built that no loop of this
         file reads (an evaluation loop over the same loader keeps it whole); a Blocker when one cannot be."""
-        flow = self.analysis.loaders
+        flow = self.loaders
         local = {id(step) for trace in flow.traces for step in trace.path}
         points: list[tuple[cst.BaseExpression, Optional[cst.Call]]] = []
         for expr, scope in data:
