@@ -390,6 +390,8 @@ class Importer:
     path: str
     line: int
     trains: bool  # it calls `.backward(` itself
+    # The line of its own ``init_process_group(`` call (0: none): it runs distributed training of its own.
+    own_process_group: int = 0
 
     def where(self, seen_from: str) -> str:
         return f"{os.path.relpath(self.path, seen_from)}:{self.line}"
@@ -407,9 +409,10 @@ def importers(path: str, uses: str) -> list[Importer]:
     directory (its parent when the file is in no package)."""
     path = os.path.abspath(path)
     directory = os.path.dirname(path)
-    top = find_root(directory) or _above_package(directory)
-    if top == directory and not os.path.exists(os.path.join(directory, "__init__.py")):
-        top = os.path.dirname(directory)
+    root = find_root(directory)
+    top = root or _above_package(directory)
+    if root is None and top == directory and not os.path.exists(os.path.join(directory, "__init__.py")):
+        top = os.path.dirname(directory)  # a folder of scripts: its importers may be beside it
     relative = os.path.relpath(path, top)[: -len(".py")].replace(os.sep, ".")
     parts = relative.split(".")
     if parts[-1] == "__init__":
@@ -421,9 +424,15 @@ def importers(path: str, uses: str) -> list[Importer]:
         if other != path and parts[-1].encode() in data:
             line = _import_line(data, parts, os.path.dirname(other) in (directory, os.path.dirname(directory)))
             if line:
-                found.append((uses.encode() not in data, Importer(other, line, b".backward(" in data)))
+                group = _PROCESS_GROUP.search(data)
+                own = data.count(b"\n", 0, group.start()) + 1 if group else 0
+                found.append((uses.encode() not in data, Importer(other, line, b".backward(" in data, own)))
     found.sort(key=lambda entry: (entry[0], not entry[1].trains, entry[1].path))
     return [importer for _, importer in found]
+
+
+# A process group the module sets up itself (``torch.distributed.init_process_group(backend='nccl')``), in code.
+_PROCESS_GROUP = re.compile(rb"^[^#\n]*\binit_process_group\s*\(", re.MULTILINE)
 
 
 def trees_searched() -> list[tuple[str, int, int]]:

@@ -80,7 +80,8 @@ TRAINED_BY_IMPORTER = Review(
     todo=(
         "Migrate the module that trains: split its loader with `mgpu_runtime.distribute_loader`, make its loss "
         "exact, and wrap the model there (or migrate this wrap by hand together with it); or use "
-        "`--to balanced`, which keeps one process."
+        "`--to balanced`, which keeps one process. When that module sets up distributed training itself "
+        "(`init_process_group`, which the diagnostic then names), launch its own distributed path instead."
     ),
     veto=True,
 )
@@ -301,13 +302,20 @@ class ProjectTraining(Rule):
         found = importers(self.analysis.path, holder.name.value) if holder is not None else []
         if not found:
             return False
-        where = found[0].where(os.path.dirname(os.path.abspath(self.analysis.path)))
-        self.left(
-            program.wraps[0],
-            TRAINED_BY_IMPORTER,
-            f"no training here: the {_kind(holder)} `{holder.name.value}` hands the model to the modules importing this "
-            f"one ({where}{', which trains' if found[0].trains else ''}): migrate there; file left as it is",
-        )
+        importer = found[0]
+        where = importer.where(os.path.dirname(os.path.abspath(self.analysis.path)))
+        if importer.trains and importer.own_process_group:
+            # Its own distributed path (DialoGPT's LSP_train.py): that is what runs this model on several GPUs.
+            message = (
+                f"`{holder.name.value}` hands the model to {where}, which has its own distributed path "
+                f"(init_process_group, line {importer.own_process_group}): launch that path; file left as it is"
+            )
+        else:
+            message = (
+                f"no training here: the {_kind(holder)} `{holder.name.value}` hands the model to the modules importing "
+                f"this one ({where}{', which trains' if importer.trains else ''}): migrate there; file left as it is"
+            )
+        self.left(program.wraps[0], TRAINED_BY_IMPORTER, message)
         return True
 
     def _holder(self, wrap: cst.Call) -> Optional[cst.FunctionDef | cst.ClassDef]:

@@ -175,6 +175,26 @@ def test_a_builder_names_the_module_that_imports_it():
     assert [(importer.line, importer.trains) for importer in found] == [(6, True)]
 
 
+def test_an_importer_with_its_own_distributed_path_is_named_to_launch(tmp_path):
+    """DialoGPT's shape: `load_model()` returns the wrap to LSP_train.py, which trains and has a distributed path of
+    its own (`--local_rank`, `init_process_group`): the advice is to launch that path, not to migrate it."""
+    (tmp_path / "setup.py").write_text("")
+    (tmp_path / "train_utils.py").write_text(
+        "import torch\n\n\ndef load_model(model, n_gpu):\n    if n_gpu > 1:\n        model = torch.nn.DataParallel(model)\n"
+        "    return model\n"
+    )
+    script = "import torch\nfrom train_utils import load_model\n\nif local_rank != -1:\n    # torch.distributed.init_process_group()\n"
+    (tmp_path / "train.py").write_text(script + "    torch.distributed.init_process_group(backend='nccl')\nload_model(m, 2)(x).sum().backward()\n")
+    builder = tmp_path / "train_utils.py"
+    result = migrate_source(builder.read_text(), "ddp", str(builder))
+    (left,) = result.diagnostics
+    assert left.code == "MGP320" and not result.changed
+    assert "`load_model` hands the model to train.py:2, which has its own distributed path (init_process_group, line 6)" in left.message
+    (tmp_path / "train.py").write_text(script + "    pass\nload_model(m, 2)(x).sum().backward()\n")
+    project._tree.cache_clear()
+    assert "(train.py:2, which trains): migrate there" in migrate_source(builder.read_text(), "ddp", str(builder)).diagnostics[0].message
+
+
 def test_the_importer_search_skips_other_projects_beside_a_folder_of_scripts(tmp_path):
     """A folder of scripts with no project marker is searched from its parent, which may hold whole
     repositories (a home directory): a folder with a marker of its own is another project, never read."""
