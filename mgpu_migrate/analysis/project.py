@@ -103,6 +103,7 @@ class Project:
         self.bases = tuple(dict.fromkeys(bases))
         self._found: dict[tuple[str, int], Found | None] = {}
         self._changes: dict[int, Write | None] = {}  # by definition node: its first directory change
+        self._written: dict[int, Write | None] = {}  # by definition node: its first file write
 
     def find(self, qualified: str, depth: int = 0) -> Found | None:
         key = (qualified, depth)
@@ -214,10 +215,30 @@ class Project:
         return self._in_class_or_bases(found, self._first_write)
 
     def _first_write(self, found: Found) -> Write | None:
-        written = _first_file_write(found)
+        written = self._file_write(found, 0)
         changed = self._directory_change(found, 0)
         if written is None or (changed is not None and changed.line < written.line):
             return changed
+        return written
+
+    def _file_write(self, found: Found, depth: int) -> Write | None:
+        """The first file write in ``found``, itself or through the project's functions it calls by name
+        (``hungarian_evaluate`` calling ``confusion_matrix``, which calls ``plt.savefig``), ``_MAX_DEPTH`` deep."""
+        key = id(found.node)
+        if key in self._written:
+            return self._written[key]
+        self._written[key] = None  # a function that calls itself writes nothing more by doing so
+        written = _first_file_write(found)
+        for call in sorted(_calls(found.node), key=lambda call: (call.lineno, call.col_offset)):
+            if written is not None and call.lineno >= written.line:
+                break
+            if isinstance(call.func, ast.Name) and depth < _MAX_DEPTH:
+                _, helper = self.resolve_in(found, call.func, depth)
+                functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+                if helper is not None and isinstance(helper.node, functions) and self._file_write(helper, depth + 1):
+                    written = Write(call.lineno, f"{call.func.id}(...)")
+                    break
+        self._written[key] = written
         return written
 
     def _directory_change(self, found: Found, depth: int) -> Write | None:

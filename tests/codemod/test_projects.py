@@ -175,6 +175,21 @@ def test_a_builder_names_the_module_that_imports_it():
     assert [(importer.line, importer.trains) for importer in found] == [(6, True)]
 
 
+def test_a_write_through_the_projects_own_helper_is_found(tmp_path):
+    """SCAN's `hungarian_evaluate` writes its confusion matrix through `confusion_matrix`, which calls `plt.savefig`:
+    the call of `hungarian_evaluate` writes files, as one of a helper that makes a directory does."""
+    (tmp_path / "setup.py").write_text("")
+    (tmp_path / "utils.py").write_text(
+        "import matplotlib.pyplot as plt\n\n\ndef confusion_matrix(p, out):\n    plt.savefig(out)\n\n\n"
+        "def hungarian_evaluate(p, out=None):\n    acc = 1\n    if out:\n        confusion_matrix(p, out)\n    return acc\n\n\n"
+        "def summary(p):\n    return hungarian_evaluate(p)\n"
+    )
+    found = project.project_of(str(tmp_path / "setup.py"))
+    assert found.writes(found.find("utils.hungarian_evaluate")) == project.Write(11, "confusion_matrix(...)")
+    assert found.writes(found.find("utils.summary")) == project.Write(16, "hungarian_evaluate(...)")
+    assert found.writes(found.find("utils.confusion_matrix")) == project.Write(5, ".savefig()")
+
+
 def test_an_importer_with_its_own_distributed_path_is_named_to_launch(tmp_path):
     """DialoGPT's shape: `load_model()` returns the wrap to LSP_train.py, which trains and has a distributed path of
     its own (`--local_rank`, `init_process_group`): the advice is to launch that path, not to migrate it."""
