@@ -23,6 +23,7 @@ wrapper calls ``setup()`` itself when it is first built, so such a file still wo
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
@@ -293,9 +294,10 @@ def _top_level_function(module: cst.Module, name: str) -> Optional[cst.FunctionD
 
 
 def find_entry_point(
-    analysis: ParsedFile, training_loops: list[cst.For], device_names: frozenset[str] = frozenset()
+    analysis: ParsedFile, training_loops: Sequence[cst.For | cst.Call], device_names: frozenset[str] = frozenset()
 ) -> Optional[EntryPoint]:
-    """The place for ``setup()`` (see the module doc); ``training_loops``: the file's (``LoaderFlow``);
+    """The place for ``setup()`` (see the module doc); ``training_loops``: the file's (``LoaderFlow``), and the
+    calls that run a training loop of the project's code (``analysis.handed``);
     ``device_names``: the names the wraps' ``device_ids`` read (``args`` of ``args.gpus``)."""
     module = analysis.module
     main = main_block(module)

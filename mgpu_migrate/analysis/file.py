@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from functools import cached_property
 
+import libcst as cst
+
 from mgpu_migrate.analysis.devices import read_names
 from mgpu_migrate.analysis.entrypoint import EntryPoint, find_entry_point
+from mgpu_migrate.analysis.handed import HandedTraining
 from mgpu_migrate.analysis.loaders import LoaderFlow
 from mgpu_migrate.analysis.losses import LossFlow
 from mgpu_migrate.analysis.models import ModelFlow
@@ -29,7 +32,14 @@ class FileAnalysis(ParsedFile):
     @cached_property
     def entry_point(self) -> EntryPoint | None:
         """Where ``mgpu_runtime.setup()`` goes (None: the file has no place that runs first)."""
-        return find_entry_point(self, self.loaders.training_loops, read_names(site.call for site in self.models.sites))
+        # The training loops, and the calls that run the project's training loop this file hands its model to.
+        training: list[cst.For | cst.Call] = [*self.loaders.training_loops, *self.handed.training_calls]
+        return find_entry_point(self, training, read_names(site.call for site in self.models.sites))
+
+    @cached_property
+    def handed(self) -> HandedTraining:
+        """The calls that hand a wrapped model to the project's training code in another module, followed there."""
+        return HandedTraining(self, self.models, self.loaders)
 
     @cached_property
     def loaders(self) -> LoaderFlow:

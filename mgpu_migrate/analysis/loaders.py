@@ -332,8 +332,13 @@ class LoaderFlow:
     def _traces_of(self, loop: _ForLoop) -> list[tuple[tuple, Optional[cst.Call], Optional[str]]]:
         """The ways ``loop`` gets its data; past ``_TRACE_BUDGET`` of them (helpers calling helpers twice
         each make their number grow exponentially) the data counts as not followed, so it is left whole."""
+        return self.traces_from(loop.iterable, loop.scope)
+
+    def traces_from(self, expr: cst.BaseExpression, scope: Scope) -> list[tuple[tuple, Optional[cst.Call], Optional[str]]]:
+        """The ways ``expr`` gets its data, as a loop's iterable would (``(path, origin, kind)``, within the same
+        budget): also for data this file hands to a loop of the project's code (``analysis.handed``)."""
         found = []
-        for trace in self._trace(loop.iterable, loop.scope, (), frozenset()):
+        for trace in self._trace(expr, scope, (), frozenset()):
             if len(found) == _TRACE_BUDGET:
                 return [(found[0][0][:1], None, None)]
             found.append(trace)

@@ -115,6 +115,7 @@ class Project:
         self.bases = tuple(dict.fromkeys(bases))
         self._found: dict[tuple[str, int], Found | None] = {}
         self._changes: dict[int, Write | None] = {}  # by definition node: its first directory change
+        self._written: dict[int, Write | None] = {}  # by definition node: its first file write
 
     def find(self, qualified: str, depth: int = 0) -> Found | None:
         key = (qualified, depth)
@@ -272,10 +273,30 @@ class Project:
         return self._in_class_or_bases(found, self._first_write)
 
     def _first_write(self, found: Found) -> Write | None:
-        written = _first_file_write(found)
+        written = self._file_write(found, 0)
         changed = self._directory_change(found, 0)
         if written is None or (changed is not None and changed.line < written.line):
             return changed
+        return written
+
+    def _file_write(self, found: Found, depth: int) -> Write | None:
+        """The first file write in ``found``, itself or through the project's functions it calls by name
+        (``hungarian_evaluate`` calling ``confusion_matrix``, which calls ``plt.savefig``), ``_MAX_DEPTH`` deep."""
+        key = id(found.node)
+        if key in self._written:
+            return self._written[key]
+        self._written[key] = None  # a function that calls itself writes nothing more by doing so
+        written = _first_file_write(found)
+        for call in sorted(_calls(found.node), key=lambda call: (call.lineno, call.col_offset)):
+            if written is not None and call.lineno >= written.line:
+                break
+            if isinstance(call.func, ast.Name) and depth < _MAX_DEPTH:
+                _, helper = self.resolve_in(found, call.func, depth)
+                functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+                if helper is not None and isinstance(helper.node, functions) and self._file_write(helper, depth + 1):
+                    written = Write(call.lineno, f"{call.func.id}(...)")
+                    break
+        self._written[key] = written
         return written
 
     def _directory_change(self, found: Found, depth: int) -> Write | None:
@@ -657,6 +678,8 @@ class Importer:
     path: str
     line: int
     trains: bool  # it calls `.backward(` itself
+    # The line of its own ``init_process_group(`` call (0: none): it runs distributed training of its own.
+    own_process_group: int = 0
 
     def where(self, seen_from: str) -> str:
         return f"{os.path.relpath(self.path, seen_from)}:{self.line}"
@@ -674,9 +697,10 @@ def importers(path: str, uses: str) -> list[Importer]:
     directory (its parent when the file is in no package)."""
     path = os.path.abspath(path)
     directory = os.path.dirname(path)
-    top = find_root(directory) or _above_package(directory)
-    if top == directory and not os.path.exists(os.path.join(directory, "__init__.py")):
-        top = os.path.dirname(directory)
+    root = find_root(directory)
+    top = root or _above_package(directory)
+    if root is None and top == directory and not os.path.exists(os.path.join(directory, "__init__.py")):
+        top = os.path.dirname(directory)  # a folder of scripts: its importers may be beside it
     relative = os.path.relpath(path, top)[: -len(".py")].replace(os.sep, ".")
     parts = relative.split(".")
     if parts[-1] == "__init__":
@@ -688,9 +712,15 @@ def importers(path: str, uses: str) -> list[Importer]:
         if other != path and parts[-1].encode() in data:
             line = _import_line(data, parts, os.path.dirname(other) in (directory, os.path.dirname(directory)))
             if line:
-                found.append((uses.encode() not in data, Importer(other, line, b".backward(" in data)))
+                group = _PROCESS_GROUP.search(data)
+                own = data.count(b"\n", 0, group.start()) + 1 if group else 0
+                found.append((uses.encode() not in data, Importer(other, line, b".backward(" in data, own)))
     found.sort(key=lambda entry: (entry[0], not entry[1].trains, entry[1].path))
     return [importer for _, importer in found]
+
+
+# A process group the module sets up itself (``torch.distributed.init_process_group(backend='nccl')``), in code.
+_PROCESS_GROUP = re.compile(rb"^[^#\n]*\binit_process_group\s*\(", re.MULTILINE)
 
 
 def trees_searched() -> list[tuple[str, int, int]]:

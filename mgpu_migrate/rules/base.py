@@ -26,7 +26,7 @@ from mgpu_migrate.program import Program
 WRAPS, PROGRAM, CHECKS = "wraps", "program", "checks"
 PHASES = (WRAPS, PROGRAM, CHECKS)
 # The analyses of ``FileAnalysis`` a rule declares in ``USES``: each is built on first use, for every rule after.
-ANALYSES = ("bindings", "entry_point", "flow", "loaders", "losses", "models", "values")
+ANALYSES = ("bindings", "entry_point", "flow", "handed", "loaders", "losses", "models", "values")
 
 
 @dataclass(frozen=True)

@@ -130,7 +130,7 @@ class EntryPointSetup(Rule):
 
     CODE = SETUP
     PHASE = PROGRAM
-    USES = ("entry_point", "loaders", "values")
+    USES = ("entry_point", "handed", "loaders", "values")
     STYLES = (RUNTIME_STYLE,)
     REVIEW_CODES = (NO_ENTRY_POINT, EXISTING_DISTRIBUTED_SETUP, FILE_KEEPS_A_WRAP)
     DESCRIPTION = "mgpu_runtime.setup() inserted where the program starts"
@@ -449,7 +449,7 @@ class EntryPointSetup(Rule):
             return
         entry = self.analysis.entry_point
         if entry is None:
-            if not self.analysis.loaders.training_loops:
+            if not self.analysis.loaders.training_loops and not self.analysis.handed.training_calls:
                 return  # a module of helpers: the program starts elsewhere, the wrapper sets up when built
             self.left(
                 first,
@@ -624,7 +624,7 @@ class TorchSetup(EntryPointSetup):
             program.migrates
             and not program.already_set_up
             and self.analysis.entry_point is None
-            and self.analysis.loaders.training_loops
+            and (self.analysis.loaders.training_loops or self.analysis.handed.training_calls)
         ):
             # The runtime's wrapper would set up when built; torch's needs the process group before.
             self.left(program.wraps[0], NO_TORCH_FORM, "it trains, but has no main block or main() for init_process_group; file left")

@@ -10,20 +10,46 @@ import libcst as cst
 
 from mgpu_migrate.analysis.project import importers, project_of
 from mgpu_migrate.analysis.tree import contains
-from mgpu_migrate.rules.base import CHECKS, DDP, Example, Review, Rule
+from mgpu_migrate.rules.base import CHECKS, DDP, RUNTIME_STYLE, Example, Review, Rule
 
 TRAINED_ELSEWHERE = Review(
     "MGP285",
     name="trained-elsewhere",
-    summary="the model is trained in another module of the project: file left as it is",
+    summary="the model is trained in another module of the project, in a way the tool cannot follow: file left as it is",
     why=(
         "The model wrapped here is trained in another module of the project (a `Trainer` class that calls "
-        "`backward`). Its data, loss and saves are there, and a migration of the wrap alone would give every "
-        "process whole batches and the same checkpoint files. The file is left as it is."
+        "`backward`, a `train_epoch(loader, model, ...)` function). The tool follows such code: when the training "
+        "loop there iterates a loader this file hands it (a parameter, or an attribute `__init__` sets from one), "
+        "it splits that loader here and migrates the file, since under the runtime the loop's values are the "
+        "global batch's wherever the loop is. Here it could not: the loop's data is not a parameter it can trace "
+        "back to a loader of this file (an attribute of another object, a dict of loaders, `next(it)` each "
+        "step), no method this file calls runs the loop, or `--style torch` is asked, whose plain DDP computes "
+        "each process's own values in a loop the tool does not check. A migration of the wrap alone would give "
+        "every process whole batches. The file is left as it is."
     ),
     todo=(
-        "Migrate the module that trains the model together with this one, or use `--to balanced`, which keeps "
-        "one process."
+        "Hand the training code its loader as an argument (or split it yourself with "
+        "`mgpu_runtime.distribute_loader` where it is built) and migrate again with the default style; or use "
+        "`--to balanced`, which keeps one process."
+    ),
+    veto=True,
+)
+TRAINING_CODE_NEEDS_CHANGES = Review(
+    "MGP323",
+    name="training-code-needs-changes",
+    summary="the project's training code that gets the model does something every process would do: file left",
+    why=(
+        "The model wrapped here is trained in another module of the project, which the tool follows: its "
+        "loop's data is split here, and its values are the global batch's under the runtime. But a site there "
+        "needs a change that a migration of this file cannot make, since the tool rewrites a module only when it "
+        "migrates that module: it writes a file or makes a directory (every process would), runs distributed "
+        "calls of its own, names torch's DataParallel (an `isinstance` check that would turn false), picks a GPU "
+        "by its number (every process would use it), or catches an error around the step (each process would "
+        "decide alone whether to take it). The diagnostic names the site, `module:line`. The file is left as it is."
+    ),
+    todo=(
+        "Change that site (save under `if mgpu_runtime.is_main_process():`, use `mgpu_runtime.device()`, let the "
+        "error stop the run) and migrate again; or use `--to balanced`, which keeps one process."
     ),
     veto=True,
 )
@@ -54,9 +80,23 @@ TRAINED_BY_IMPORTER = Review(
     todo=(
         "Migrate the module that trains: split its loader with `mgpu_runtime.distribute_loader`, make its loss "
         "exact, and wrap the model there (or migrate this wrap by hand together with it); or use "
-        "`--to balanced`, which keeps one process."
+        "`--to balanced`, which keeps one process. When that module sets up distributed training itself "
+        "(`init_process_group`, which the diagnostic then names), launch its own distributed path instead."
     ),
     veto=True,
+)
+PROGRESS_BAR_IN_TRAINING_CODE = Review(
+    "MGP324",
+    name="progress-bar-in-training-code",
+    summary="the project's training code that gets the model draws a progress bar: every process draws it",
+    why=(
+        "The file is migrated: the model it wraps is trained in another module of the project, whose loop the tool "
+        "follows and whose data it splits here. That code draws a `tqdm` progress bar, which every process draws "
+        "over the others' on its stderr (the runtime hands on the main process's stdout alone, every process's "
+        "stderr). Training, saves and printed lines are the original's; the bar is drawn once per process. The "
+        "tool rewrites a module only when it migrates that module, so it does not add the main-process test there."
+    ),
+    todo="Add `disable=not mgpu_runtime.is_main_process()` to that `tqdm(...)` (or ignore the extra bars).",
 )
 NO_PROJECT_ROOT = Review(
     "MGP321",
@@ -82,42 +122,64 @@ class ProjectTraining(Rule):
     When a file wraps a model but runs no backward pass itself, follows the model into the project's own
     modules: a call here that hands it to a function or class of another module (``Trainer(model,
     criterion)`` from ``reid/trainers.py``, ``scan_train(loader, model, ...)`` from ``utils/train_utils.py``)
-    whose code, or a project class it derives from, runs the backward pass. The file is then left as it is,
-    and the diagnostic names the definition that trains (MGP285). When the model only goes to project code
-    that runs no backward pass (``fill_memory_bank(loader, model, bank)``) or to this file's functions, and
-    no optimizer is made here, the file evaluates: it is left as DataParallel (MGP286). When the wrap is in
-    a function that returns the model (``load_model()``) or in a class that holds it (``self.model =
-    DataParallel(...)`` in a wrapper ``nn.Module``), the model goes to the modules that import this one, which
-    a bounded byte search of the project finds: the file is left, and the diagnostic names the importer that
-    uses the function or class (MGP320). Such a file with no project root above it and no importer beside it
-    (a lone file in a scratch folder) is left too, since nothing shows who trains the model (MGP321).
+    whose code, or a project class it derives from, runs the backward pass (``analysis/handed.py``). When the
+    training loop there iterates a loader this file hands it (a parameter of the function or of the method
+    called here, ``trainer.train(epoch, train_loader, optimizer)``, or an attribute ``__init__`` sets from
+    one), the file migrates: that loader is split here (MGP122), and the set-up and saves are this file's.
+    A site of that training code that a migration of this file cannot make right leaves the file, named as
+    ``module:line`` (MGP323): a file written or a directory made there, a distributed call of its own, torch's
+    DataParallel named, a GPU picked by number, an error caught around the step. Training whose data the
+    reading cannot follow back here, or any under ``--style torch``, leaves the file too, naming the
+    definition that trains (MGP285). A progress bar that code draws is said (MGP324). When the model only
+    goes to project code that runs no backward pass (``fill_memory_bank(loader, model, bank)``) or to this
+    file's functions, and no optimizer is made here, the file evaluates: it is left as DataParallel (MGP286).
+    When the wrap is in a function that returns the model (``load_model()``) or in a class that holds it
+    (``self.model = DataParallel(...)`` in a wrapper ``nn.Module``), the model goes to the modules that import
+    this one, which a bounded byte search of the project finds: the file is left, and the diagnostic names the
+    importer that uses the function or class (MGP320). Such a file with no project root above it and no
+    importer beside it (a lone file in a scratch folder) is left too, since nothing shows who trains the model
+    (MGP321).
 
     ## Why is this bad?
-    The training step, its loss and the loop over the data are in that module: the tool cannot tell from
-    here how the batches are drawn, whether the loss compares rows of the batch (batch-hard triplets, OHEM),
-    or what is saved and logged there. Migrating the wrap alone gives a program whose every process trains
-    on whole batches, which the runtime stops at its first step, or that trains differently.
+    Under the runtime's contract the training loop's values outside the model's ``forward`` are the global
+    batch's wherever the loop is, so a loop in another module trains as the original did once its data is
+    split and the program set up, which this file does. What that module does on its own (writing a file, a
+    GPU by number, a decision from a caught error) every process would do, and the tool rewrites a module only
+    when it migrates it. Data it cannot follow would reach every process whole; plain DDP (``--style
+    torch``) computes each process's own values in a loop the tool does not check there.
 
     ## Example
     ```python
-    from reid.trainers import Trainer   # Trainer.train(...) runs loss.backward()
+    from reid.trainers import Trainer   # Trainer.train(epoch, data_loader, ...) loops over data_loader
+    train_loader = DataLoader(train_set, batch_size=256, shuffle=True)
     model = nn.DataParallel(model).cuda()
     trainer = Trainer(model, criterion)
+    trainer.train(epoch, train_loader, optimizer)
     ```
 
     ## Use instead
-    Migrate with ``--to balanced`` (one process, exact for every loss), or migrate the training module
-    by hand: split its loader with ``mgpu_runtime.distribute_loader`` and make its loss exact.
+    ```python
+    train_loader = mgpu_runtime.distribute_loader(DataLoader(train_set, batch_size=256, shuffle=True))
+    model = mgpu_runtime.DistributedDataParallel(model).cuda()
+    ```
 
     ## Fix safety
-    Nothing is rewritten, in the whole file: ``--to ddp`` migrates a file entirely or not at all.
+    The training module is read, never rewritten: a file migrates only when that module needs no change. A
+    file left is left whole: ``--to ddp`` migrates a file entirely or not at all.
     """
 
     CODE = TRAINED_ELSEWHERE
     PHASE = CHECKS
-    USES = ("bindings", "loaders", "models", "values")
-    REVIEW_CODES = (TRAINED_BY_IMPORTER, TRAINED_ELSEWHERE, EVALUATED_ELSEWHERE, NO_PROJECT_ROOT)
-    DESCRIPTION = "models handed to the project's training code in other modules keep the file off DDP"
+    USES = ("bindings", "handed", "loaders", "models", "values")
+    REVIEW_CODES = (
+        TRAINED_BY_IMPORTER,
+        TRAINED_ELSEWHERE,
+        TRAINING_CODE_NEEDS_CHANGES,
+        PROGRESS_BAR_IN_TRAINING_CODE,
+        EVALUATED_ELSEWHERE,
+        NO_PROJECT_ROOT,
+    )
+    DESCRIPTION = "models handed to the project's training code in other modules: followed there, or the file is left"
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
@@ -152,6 +214,7 @@ class ProjectTraining(Rule):
         evaluated = []  # the project's functions that get the model and do not train it
         unknown = False  # a call out of sight (a library's) gets the model
         passed = False
+        followed = False  # the model is trained in the project's code, which a migration here makes right
         for call in self.analysis.calls:
             if not self._passes_model(call):
                 continue
@@ -166,13 +229,19 @@ class ProjectTraining(Rule):
                 # The model goes somewhere: the project's code or this file's functions (not torch's, a builtin's).
                 passed = passed or found is not None or qualified is None
                 continue
-            where = f"{trainer.where.rpartition(':')[0]}:{project.backward_line(trainer)}"
-            self.left(
-                program.wraps[0],
-                TRAINED_ELSEWHERE,
-                f"the model is trained in `{found.name}` (line {self.analysis.position(call)[0]}; backward at {where}) "
-                "of another module: file left as it is",
-            )
+            handover = self.analysis.handed.of(call)
+            if handover is not None and handover.migrates and self.options.style == RUNTIME_STYLE:
+                followed = True
+                for where in handover.progress_bars:
+                    self.left(
+                        call,
+                        PROGRESS_BAR_IN_TRAINING_CODE,
+                        f"`{handover.name}` trains the model here and draws a progress bar ({where}): every process draws it",
+                    )
+                continue
+            self._leave_trained_elsewhere(program, call, found.name, trainer, handover)
+            return
+        if followed:
             return
         if self._handed_to_importers(program):
             return
@@ -193,6 +262,28 @@ class ProjectTraining(Rule):
                 f"the model is only evaluated (it goes to {where}, no backward pass, no optimizer): file left as it is",
             )
 
+    def _leave_trained_elsewhere(self, program, call: cst.Call, name: str, trainer, handover) -> None:
+        """MGP323 when a site of the training code needs a change there, else MGP285 with what was not followed;
+        each wrap the file keeps is named at its own line."""
+        line = self.analysis.position(call)[0]
+        project = project_of(self.analysis.path)
+        backward = f"{trainer.where.rpartition(':')[0]}:{project.backward_line(trainer)}" if project else trainer.where
+        blocker = handover.blocker if handover is not None else None
+        code = TRAINED_ELSEWHERE
+        if self.options.style != RUNTIME_STYLE:
+            message = (
+                f"the model is trained in `{name}` (line {line}; backward at {backward}), whose values plain DDP keeps "
+                "each process's own (--style torch): file left as it is"
+            )
+        elif blocker is not None:
+            code = TRAINING_CODE_NEEDS_CHANGES if blocker.in_code else TRAINED_ELSEWHERE
+            message = f"`{name}` (line {line}) trains the model: {blocker.what} ({blocker.where}); file left as it is"
+        else:
+            message = f"the model is trained in `{name}` (line {line}; backward at {backward}) of another module: file left as it is"
+        self.left(program.wraps[0], code, message)
+        for wrap in program.wraps[1:]:
+            self.left(wrap, code, f"kept as DataParallel: the model of line {line} is trained in `{name}` ({backward})")
+
     def _left_without_project(self, program) -> bool:
         """MGP321 when the wrap is held by a function or class whose users no project shows."""
         holder = self._holder(program.wraps[0])
@@ -211,13 +302,20 @@ class ProjectTraining(Rule):
         found = importers(self.analysis.path, holder.name.value) if holder is not None else []
         if not found:
             return False
-        where = found[0].where(os.path.dirname(os.path.abspath(self.analysis.path)))
-        self.left(
-            program.wraps[0],
-            TRAINED_BY_IMPORTER,
-            f"no training here: the {_kind(holder)} `{holder.name.value}` hands the model to the modules importing this "
-            f"one ({where}{', which trains' if found[0].trains else ''}): migrate there; file left as it is",
-        )
+        importer = found[0]
+        where = importer.where(os.path.dirname(os.path.abspath(self.analysis.path)))
+        if importer.trains and importer.own_process_group:
+            # Its own distributed path (DialoGPT's LSP_train.py): that is what runs this model on several GPUs.
+            message = (
+                f"`{holder.name.value}` hands the model to {where}, which has its own distributed path "
+                f"(init_process_group, line {importer.own_process_group}): launch that path; file left as it is"
+            )
+        else:
+            message = (
+                f"no training here: the {_kind(holder)} `{holder.name.value}` hands the model to the modules importing "
+                f"this one ({where}{', which trains' if importer.trains else ''}): migrate there; file left as it is"
+            )
+        self.left(program.wraps[0], TRAINED_BY_IMPORTER, message)
         return True
 
     def _holder(self, wrap: cst.Call) -> Optional[cst.FunctionDef | cst.ClassDef]:

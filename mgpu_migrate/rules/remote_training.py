@@ -82,7 +82,7 @@ class RemoteTraining(Rule):
 
     CODE = TRAINED_ELSEWHERE
     PHASE = PROGRAM
-    USES = ("loaders", "models", "values")
+    USES = ("handed", "loaders", "models", "values")
     REVIEW_CODES = (TRAINED_ELSEWHERE, INFERENCE_ONLY)
     DESCRIPTION = "wraps whose training loop is in another file reported"
     TARGETS = (DDP,)
@@ -175,8 +175,8 @@ class RemoteTraining(Rule):
 
     def apply(self) -> None:
         program = self.program
-        if not program.migrates or self.analysis.loaders.training_loops:
-            return
+        if not program.migrates or self.analysis.loaders.training_loops or self.analysis.handed.migrating:
+            return  # trained here, or in the project's code, whose data this file hands it and splits (MGP122)
         escapes = self.analysis.models.model_escapes()
         sites = [site for site in map(self.analysis.models.site_of, program.wraps) if site is not None]
         if self._does_not_train(sites, escapes):

@@ -104,7 +104,10 @@ class TrainingData(Rule):
     at the point closest to its construction that feeds training only. A function that trains only when a
     parameter says so (``def run_epoch(loader, train)`` with ``if train: loss.backward()``) trains on the
     loaders of the calls whose literal says so (``run_epoch(train_loader, True)``). Evaluation loaders are
-    left whole.
+    left whole. A loader this file hands to a training loop of the project's code in another module
+    (``trainer.train(epoch, train_loader, optimizer)``: ``analysis/handed.py``) is distributed here too, at
+    its ``DataLoader(...)``, or at the result of a builder out of sight (``get_train_dataloader(p, dataset)``),
+    which that loop draws its batches from.
 
     ## Why is this bad?
     Under DDP each process should load only its part of every batch, or every process loads the whole batch
@@ -140,7 +143,7 @@ class TrainingData(Rule):
 
     CODE = Rewrite("MGP122", accounts_for_data=True)
     PHASE = PROGRAM
-    USES: tuple[str, ...] = ("loaders", "values")
+    USES: tuple[str, ...] = ("handed", "loaders", "values")
     STYLES = (RUNTIME_STYLE,)
     REVIEW_CODES: tuple[Review, ...] = (EVALUATION_LOADER_WHOLE, TRAINING_DATA_NOT_FOLLOWED, CUSTOM_SAMPLER, ITERABLE_DATASET)
     DESCRIPTION = "training loaders distributed with mgpu_runtime.distribute_loader"
@@ -230,6 +233,7 @@ class TrainingData(Rule):
                 if point not in wrapped and self.rewrite_allowed(point):
                     wrapped.add(point)
                     self._distribute(point, trace.origin, trace)
+        self._split_handed(wrapped)
         split = dict.fromkeys(trace.loop for trace in flow.traces if any(step in wrapped for step in trace.path))
         respelled: set[cst.Call] = set()
         for draw, path in flow.old_draws:
@@ -250,6 +254,24 @@ class TrainingData(Rule):
                     EVALUATION_LOADER_WHOLE,
                     "evaluation loader left whole: every process evaluates all of it",
                 )
+
+    def _split_handed(self, wrapped: set[cst.CSTNode]) -> None:
+        """The data this file hands to a training loop of the project's code (``analysis.handed``): distributed
+        where it is built here, or where a builder out of sight returns it (the loop draws its batches from it)."""
+        for handover in self.analysis.handed.migrating:
+            for point, origin in handover.split:
+                if point in wrapped or not self.rewrite_allowed(point):
+                    continue
+                wrapped.add(point)
+                self.edits.replace(point, lambda expr: runtime_call("distribute_loader", expr))
+                self.edits.need_import(RUNTIME)
+                self.rewrote(
+                    point,
+                    f"training data split across processes with {RUNTIME}.distribute_loader (its loop: `{handover.name}`, "
+                    f"{handover.loop})",
+                )
+                if origin is not None:
+                    self._check_origin(origin)
 
     def _drawn_data(self, trace: LoaderTrace) -> Optional[cst.BaseExpression]:
         """Where a training loop the analysis could not follow gets its data: what it iterates, or, for a loop
@@ -304,6 +326,10 @@ class TrainingData(Rule):
         self.edits.replace(point, lambda expr: runtime_call("distribute_loader", expr))
         self.edits.need_import(RUNTIME)
         self.rewrote(point, f"training data split across processes with {RUNTIME}.distribute_loader")
+        self._check_origin(origin)
+
+    def _check_origin(self, origin: cst.Call) -> None:
+        """What to say of a DataLoader distributed: its own sampler, an iterable dataset."""
         sampler = self._custom_sampler(origin)
         if sampler is not None:
             self.left(
@@ -429,7 +455,7 @@ class TorchTrainingData(TrainingData):
     """
 
     CODE = Rewrite("MGP162", accounts_for_data=True)
-    USES = ("bindings", "flow", "loaders", "values")
+    USES = ("bindings", "flow", "handed", "loaders", "values")
     STYLES = (TORCH_STYLE,)
     REVIEW_CODES = (SUMMED_LOSS, DATA_ORDER, GLOBAL_BATCH)
     DESCRIPTION = "training DataLoader given a DistributedSampler and the per-process batch size (--style torch)"
@@ -478,6 +504,10 @@ class TorchTrainingData(TrainingData):
             TORCH_OPTIONS,
         ),
     )
+
+    def _split_handed(self, wrapped: set[cst.CSTNode]) -> None:
+        """Nothing: under plain DDP the project's training loop computes each process's own values, which the
+        tool cannot check there; such a file is left (MGP285)."""
 
     # -- sum-reduced losses ------------------------------------------------------------------------
     def _summed_loss(self, loop: cst.For) -> Optional[cst.CSTNode]:

@@ -18,6 +18,7 @@ from tests.cli_helpers import run_cli
 from tests.fixture_cases import FIXTURES
 
 REID = FIXTURES / "projects" / "reid"
+TRAINER_CLASS = FIXTURES / "projects" / "trainer_class"
 
 
 def codes(result) -> list[str]:
@@ -25,15 +26,19 @@ def codes(result) -> list[str]:
 
 
 def test_only_the_changed_file_is_passed(tmp_path):
-    """pre-commit passes the changed files only: the trainer in lib/ is still read, the file still left."""
-    copy = tmp_path / "reid"
-    shutil.copytree(REID, copy, ignore=shutil.ignore_patterns("*.ddp.*", "*.balanced.*"))
-    before = (copy / "train.py").read_bytes()
-    done = run_cli("train.py", "--to", "ddp", cwd=copy)
+    """pre-commit passes the changed files only: the trainer in lib/ is still read (never rewritten), so the script
+    whose loader reaches the trainer's loop is migrated, and the one whose trainer picks its loader from a dict is
+    left, naming the trainer's line."""
+    copy = tmp_path / "trainer_class"
+    shutil.copytree(TRAINER_CLASS, copy, ignore=shutil.ignore_patterns("*.ddp.*", "*.balanced.*"))
+    before = {name: (copy / name).read_bytes() for name in ("train_loaders.py", "lib/trainers.py")}
+    done = run_cli("train.py", "train_loaders.py", "--to", "ddp", cwd=copy)
     stderr = done.stderr.decode()
     assert done.returncode == 0, stderr
-    assert "train.py:10:13: MGP285" in stderr and "lib/trainers.py:13" in stderr
-    assert (copy / "train.py").read_bytes() == before
+    assert "MGP122" in stderr and "(its loop: `Trainer`, lib/trainers.py:22)" in stderr
+    assert (copy / "train.py").read_text() == (TRAINER_CLASS / "train.ddp.py").read_text()
+    assert "train_loaders.py:11:13: MGP285" in stderr and "(lib/trainers.py:78)" in stderr
+    assert {name: (copy / name).read_bytes() for name in before} == before
 
 
 def test_text_that_is_no_file_reads_no_project():
@@ -168,6 +173,41 @@ def test_a_builder_names_the_module_that_imports_it():
     assert result.output == builder.read_text()
     found = project.importers(str(builder), "load_model")
     assert [(importer.line, importer.trains) for importer in found] == [(6, True)]
+
+
+def test_a_write_through_the_projects_own_helper_is_found(tmp_path):
+    """SCAN's `hungarian_evaluate` writes its confusion matrix through `confusion_matrix`, which calls `plt.savefig`:
+    the call of `hungarian_evaluate` writes files, as one of a helper that makes a directory does."""
+    (tmp_path / "setup.py").write_text("")
+    (tmp_path / "utils.py").write_text(
+        "import matplotlib.pyplot as plt\n\n\ndef confusion_matrix(p, out):\n    plt.savefig(out)\n\n\n"
+        "def hungarian_evaluate(p, out=None):\n    acc = 1\n    if out:\n        confusion_matrix(p, out)\n    return acc\n\n\n"
+        "def summary(p):\n    return hungarian_evaluate(p)\n"
+    )
+    found = project.project_of(str(tmp_path / "setup.py"))
+    assert found.writes(found.find("utils.hungarian_evaluate")) == project.Write(11, "confusion_matrix(...)")
+    assert found.writes(found.find("utils.summary")) == project.Write(16, "hungarian_evaluate(...)")
+    assert found.writes(found.find("utils.confusion_matrix")) == project.Write(5, ".savefig()")
+
+
+def test_an_importer_with_its_own_distributed_path_is_named_to_launch(tmp_path):
+    """DialoGPT's shape: `load_model()` returns the wrap to LSP_train.py, which trains and has a distributed path of
+    its own (`--local_rank`, `init_process_group`): the advice is to launch that path, not to migrate it."""
+    (tmp_path / "setup.py").write_text("")
+    (tmp_path / "train_utils.py").write_text(
+        "import torch\n\n\ndef load_model(model, n_gpu):\n    if n_gpu > 1:\n        model = torch.nn.DataParallel(model)\n"
+        "    return model\n"
+    )
+    script = "import torch\nfrom train_utils import load_model\n\nif local_rank != -1:\n    # torch.distributed.init_process_group()\n"
+    (tmp_path / "train.py").write_text(script + "    torch.distributed.init_process_group(backend='nccl')\nload_model(m, 2)(x).sum().backward()\n")
+    builder = tmp_path / "train_utils.py"
+    result = migrate_source(builder.read_text(), "ddp", str(builder))
+    (left,) = result.diagnostics
+    assert left.code == "MGP320" and not result.changed
+    assert "`load_model` hands the model to train.py:2, which has its own distributed path (init_process_group, line 6)" in left.message
+    (tmp_path / "train.py").write_text(script + "    pass\nload_model(m, 2)(x).sum().backward()\n")
+    project._tree.cache_clear()
+    assert "(train.py:2, which trains): migrate there" in migrate_source(builder.read_text(), "ddp", str(builder)).diagnostics[0].message
 
 
 def test_the_importer_search_skips_other_projects_beside_a_folder_of_scripts(tmp_path):
