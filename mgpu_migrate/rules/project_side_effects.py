@@ -113,7 +113,7 @@ class ProjectSideEffects(Rule):
     )
 
     def apply(self) -> None:
-        if not self.program.migrates:
+        if not self.program.runs_distributed:
             return
         project = project_of(self.analysis.path)
         if project is None:

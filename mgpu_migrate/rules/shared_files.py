@@ -190,7 +190,7 @@ class SharedFiles(Rule):
     )
 
     def apply(self) -> None:
-        if not self.program.migrates:
+        if not self.program.runs_distributed:
             return
         for call in self.analysis.calls:
             how = self._writes(call)

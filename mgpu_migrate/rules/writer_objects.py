@@ -126,7 +126,7 @@ class WriterObjects(Rule):
     )
 
     def apply(self) -> None:
-        if not self.program.migrates:
+        if not self.program.runs_distributed:
             return
         for call in self.analysis.calls:
             if self.analysis.resolve(call.func) not in _SUMMARY_WRITERS or under_main_process_block(self.analysis, call):
