@@ -71,11 +71,13 @@ def migrate_source(
     """Migrate one file's text to ``target`` ('balanced' or 'ddp')."""
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; expected one of {', '.join(TARGETS)}")
-    starts: tuple[str, ...] = ()
+    # The modules this script starts as distributed programs, asked for only when it has no site of its own.
+    starts = functools.partial(started_programs, source, target, path, options)
     if not might_need_migration(source):
-        starts = started_programs(source, target, path, options)
-        if not starts:
+        found = starts()
+        if not found:
             return MigrationResult(path, source, source)
+        starts = functools.partial(tuple, found)
     from mgpu_migrate.pipeline import run_pipeline
 
     try:
@@ -95,7 +97,7 @@ def might_start_a_program(data: bytes, target: str, path: str) -> bool:
     return bool(candidates(path, data, might_need_migration))
 
 
-def started_programs(source: str, target: str, path: str, options: Options = DEFAULT_OPTIONS) -> tuple[str, ...]:
+def _started_programs(source: str, target: str, path: str, options: Options) -> tuple[str, ...]:
     """The modules a script with no migration site of its own starts as distributed programs (``--to ddp``, the
     runtime's style): those it imports that its migration makes one, with no entry point of their own. The
     script is then migrated as their entry point (the set-up, its writes made once)."""
@@ -113,6 +115,11 @@ def _becomes_a_program(path: str, options: Options) -> bool:
     except OSError:
         return False
     return _migrated_under_ddp(path, stamp, options)
+
+
+@functools.lru_cache(maxsize=256)
+def started_programs(source: str, target: str, path: str, options: Options = DEFAULT_OPTIONS) -> tuple[str, ...]:
+    return _started_programs(source, target, path, options)
 
 
 @functools.lru_cache(maxsize=64)

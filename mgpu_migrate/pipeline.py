@@ -8,6 +8,7 @@ that verdict; last, ``program.settle`` drops every rewrite of a ``--to ddp`` fil
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 import gc
 import warnings
 
@@ -59,10 +60,10 @@ def run_pipeline(
     path: str,
     options: Options = DEFAULT_OPTIONS,
     only: tuple[type[Rule], ...] | None = None,
-    starts: tuple[str, ...] = (),
+    starts: Callable[[], tuple[str, ...]] = tuple,
 ) -> MigrationResult:
     """Migrate one file's text (``only``: run the wrap rules and these rules alone, as a rule's examples do;
-    ``starts``: the project modules this script starts as distributed programs, ``engine.started_programs``)."""
+    ``starts``: gives the project modules this script starts as distributed programs, ``engine.started_programs``)."""
     readable, renamed = old_keywords.set_aside(source)  # PyTorch's `async=`, a syntax error (old_keywords.py)
     parsed, aside = form_feeds.set_aside(readable)  # what LibCST would misread (form_feeds.py)
     with _collector_paused():
@@ -89,7 +90,7 @@ def _collector_paused():
 
 
 def _run_pipeline(
-    source: str, target: str, path: str, options: Options, only: tuple[type[Rule], ...] | None, starts: tuple[str, ...] = ()
+    source: str, target: str, path: str, options: Options, only: tuple[type[Rule], ...] | None, starts: Callable[[], tuple[str, ...]] = tuple
 ) -> MigrationResult:
     try:
         module = _parse(source)
@@ -112,7 +113,7 @@ def plan(
     target: str,
     options: Options,
     only: tuple[type[Rule], ...] | None = None,
-    starts: tuple[str, ...] = (),
+    starts: Callable[[], tuple[str, ...]] = tuple,
 ) -> Edits:
     """Every rule's edits and diagnostics for the file, phase by phase.
 
@@ -174,7 +175,7 @@ def _migrate(
     path: str,
     options: Options,
     only: tuple[type[Rule], ...] | None,
-    starts: tuple[str, ...] = (),
+    starts: Callable[[], tuple[str, ...]] = tuple,
 ) -> MigrationResult:
     analysis = FileAnalysis(path, source, module)
     try:
@@ -191,7 +192,7 @@ def _migrated(
     path: str,
     options: Options,
     only: tuple[type[Rule], ...] | None,
-    starts: tuple[str, ...] = (),
+    starts: Callable[[], tuple[str, ...]] = tuple,
 ) -> MigrationResult:
     edits = plan(analysis, target, options, only, starts)
     diagnostics = sorted(edits.diagnostics)

@@ -16,7 +16,7 @@ every rewrite is dropped and the file is left as it is, with the diagnostics tha
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import libcst as cst
@@ -161,9 +161,11 @@ def existing_setup(analysis: FileAnalysis) -> tuple[cst.Call, ...]:
     return tuple(call for call in analysis.calls if analysis.resolve(call.func) in _EXISTING_DISTRIBUTED)
 
 
-def decide(analysis: FileAnalysis, rewritten: Collection[cst.CSTNode], starts: tuple[str, ...] = ()) -> Program:
-    """The program the file becomes, given the nodes the wrap rules rewrote (the keys of their edits) and the
-    modules it starts as distributed programs (a script with no site of its own)."""
+def decide(
+    analysis: FileAnalysis, rewritten: Collection[cst.CSTNode], starts: Callable[[], tuple[str, ...]] = tuple
+) -> Program:
+    """The program the file becomes, given the nodes the wrap rules rewrote (the keys of their edits) and what
+    gives the modules it starts as distributed programs (asked only of a script with no site of its own)."""
     wraps: list[cst.Call] = []
     kept: list[cst.Call] = []
     for site in analysis.models.sites:
@@ -172,7 +174,7 @@ def decide(analysis: FileAnalysis, rewritten: Collection[cst.CSTNode], starts: t
         (wraps if site.call in rewritten else kept).append(site.call)
     existing = existing_setup(analysis)
     already = any(analysis.resolve(call.func) == RUNTIME_SETUP for call in analysis.calls)
-    return Program(tuple(wraps), tuple(kept), existing, already, starts if not analysis.models.sites else ())
+    return Program(tuple(wraps), tuple(kept), existing, already, starts() if not analysis.models.sites else ())
 
 
 def settle(program: Program, edits: Edits) -> None:
