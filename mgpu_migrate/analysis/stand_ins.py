@@ -12,6 +12,7 @@ object is handed to, the file's own or the project's (a ``log(logger, ...)`` hel
 from __future__ import annotations
 
 import ast
+import os
 from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
@@ -49,7 +50,7 @@ def blocker(analysis: FileAnalysis, target: cst.BaseExpression, made: cst.Call) 
     for use in uses:
         reason = _use_blocks(analysis, use)
         if reason is not None:
-            return f"{reason} (line {analysis.position(use)[0]})"
+            return f"{reason} at line {analysis.position(use)[0]}"
     return None
 
 
@@ -66,8 +67,8 @@ def _use_blocks(analysis: FileAnalysis, use: cst.BaseExpression) -> Optional[str
         return None
     if type(parent) is cst.Attribute and parent.value is use:
         call = tree.parent(parent)
-        if type(call) is cst.Call and call.func is parent and type(tree.parent(call)) is cst.Expr:
-            return None
+        if type(call) is cst.Call and call.func is parent:
+            return None if type(tree.parent(call)) is cst.Expr else f"what `{analysis.code_of(parent)}(...)` returns is used"
         return f"`{analysis.code_of(parent)}` is read"
     comparison = tree.parent(parent) if type(parent) is cst.ComparisonTarget else parent
     if type(comparison) is cst.Comparison:
@@ -99,18 +100,29 @@ def _handed(analysis: FileAnalysis, call: cst.Call, arg: cst.Arg) -> Optional[st
             tree = ast.parse(analysis.code_of(own[0]).strip())
             node = tree.body[0]
             assert isinstance(node, ast.FunctionDef)
-            return _parameter_blocks(None, node, position, keyword, 0, callee)
+            first = analysis.position(own[0].name)[0] - 1
+            return _parameter_blocks(None, node, position, keyword, 0, callee, lambda line: f"line {first + line}")
     qualified = analysis.resolve(call.func)
     project = project_of(analysis.path)
     found = project.find(qualified) if project is not None and qualified and not qualified.startswith(("torch.", "builtins.")) else None
     if found is None or not isinstance(found.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return f"handed to `{callee}`, which is not read"
-    return _parameter_blocks(found, found.node, position, keyword, 0, callee)
+    return _parameter_blocks(found, found.node, position, keyword, 0, callee, _lines_of(found))
+
+
+def _lines_of(found: Found):
+    module = os.path.relpath(found.module.path, found.seen_from)
+    return lambda line: f"{module}:{line}"
 
 
 def _parameter_blocks(
-    found: Optional[Found], function: ast.FunctionDef | ast.AsyncFunctionDef, position: Optional[int], keyword: Optional[str],
-    depth: int, callee: str,
+    found: Optional[Found],
+    function: ast.FunctionDef | ast.AsyncFunctionDef,
+    position: Optional[int],
+    keyword: Optional[str],
+    depth: int,
+    callee: str,
+    where,
 ) -> Optional[str]:
     """Why the parameter (by ``position`` or ``keyword``) of ``function`` is used for more than its methods' effect."""
     parameters = [*function.args.posonlyargs, *function.args.args]
@@ -131,7 +143,7 @@ def _parameter_blocks(
             call = parents.get(id(parent))
             if isinstance(call, ast.Call) and call.func is parent and isinstance(parents.get(id(call)), ast.Expr):
                 continue
-            return f"`{callee}` reads `{name}.{parent.attr}` (line {node.lineno})"
+            return f"`{callee}` reads `{name}.{parent.attr}` ({where(node.lineno)})"
         if isinstance(parent, ast.Compare) and any(isinstance(c, ast.Constant) and c.value is None for c in parent.comparators):
             continue
         if isinstance(parent, ast.If) and parent.test is node:
@@ -143,7 +155,7 @@ def _parameter_blocks(
             if reason is None:
                 continue
             return reason
-        return f"`{callee}` uses `{name}` at its line {node.lineno}"
+        return f"`{callee}` uses `{name}` otherwise ({where(node.lineno)})"
     return None
 
 
@@ -156,4 +168,4 @@ def _handed_on(found: Found, call: ast.Call, node: ast.Name, depth: int) -> Opti
         return f"handed on to `{ast.unparse(call.func)}`, which is not read"
     position = next((index for index, argument in enumerate(call.args) if argument is node), None)
     keyword = next((k.arg for k in call.keywords if k.value is node), None)
-    return _parameter_blocks(inner, inner.node, position, keyword, depth + 1, ast.unparse(call.func))
+    return _parameter_blocks(inner, inner.node, position, keyword, depth + 1, ast.unparse(call.func), _lines_of(inner))

@@ -145,7 +145,7 @@ class ProjectSideEffects(Rule):
         statement = self._own_statement(call)
         why = self._why_not(call, statement, definition)
         if why is not None:
-            self.left(call, WRITTEN_BY_EVERY_PROCESS, f"{what} {where} on every process: not moved, {why}")
+            self.left(call, WRITTEN_BY_EVERY_PROCESS, f"{what} {where}: not moved, {why}")
             return
         if not self.rewrite_allowed(call):
             return
@@ -170,7 +170,7 @@ class ProjectSideEffects(Rule):
             return "as it is a class"
         changed = _changes_its_object(definition.node) if type(call.func) is cst.Attribute else None
         if changed is not None:
-            return f"as `{definition.name}` also changes the object (`{changed}`), which every process uses"
+            return f"as `{definition.name}` also changes its object (`{shorten(changed, 30)}`)"
         return None
 
     def _object_once(self, project: Project, call: cst.Call, definition: Found) -> None:
@@ -192,7 +192,7 @@ class ProjectSideEffects(Rule):
             found = blocker(self.analysis, line.targets[0].target, call)
             reason = f"as {found}" if found is not None else None
         if reason is not None:
-            self.left(call, WRITTEN_BY_EVERY_PROCESS, f"{what} {where} on every process: not moved, {reason}")
+            self.left(call, WRITTEN_BY_EVERY_PROCESS, f"{what} {where}: not moved, {reason}")
             return
         if not self.rewrite_allowed(call, MAIN_PROCESS_OBJECT):
             return

@@ -121,7 +121,7 @@ class WriterObjects(Rule):
             """,
             DDP,
             ("MGP101", WRITER_ON_EVERY_PROCESS),
-            message="`writer.log_dir` is read (line 6)",
+            message="`writer.log_dir` is read at line 6",
         ),
     )
 
@@ -138,14 +138,14 @@ class WriterObjects(Rule):
                     self.edits.need_import(RUNTIME)
                     self.rewrote(
                         call,
-                        f"`{shorten(self.analysis.code_of(call.func), 40)}(...)`: built on the main process only, every "
-                        f"process using a stand-in ({RUNTIME}.main_process_only); its calls log once",
+                        f"`{shorten(self.analysis.code_of(call.func), 40)}(...)`: built on the main process only, a "
+                        f"stand-in elsewhere ({RUNTIME}.main_process_only): each value logged once",
                     )
                 continue
             self.left(
                 call,
                 WRITER_ON_EVERY_PROCESS,
-                f"every process writes a TensorBoard event file of its own, each value logged once per process: not "
+                f"`{shorten(self.analysis.code_of(call.func), 40)}(...)` built by every process, an event file each: not "
                 f"moved, {reason}",
             )
 
