@@ -83,7 +83,7 @@ def _use_blocks(analysis: FileAnalysis, use: cst.BaseExpression) -> Optional[str
         call = tree.parent(parent)
         assert type(call) is cst.Call
         return _handed(analysis, call, parent)
-    return f"`{analysis.code_of(parent)}` uses it"
+    return f"`{analysis.code_of(parent)}` uses it" if parent is not None else "used"
 
 
 def _handed(analysis: FileAnalysis, call: cst.Call, arg: cst.Arg) -> Optional[str]:

@@ -179,7 +179,7 @@ class ProjectSideEffects(Rule):
         writes nothing is left to be built by every process: its writing methods are moved at their calls."""
         init = self._method(project, definition, "__init__")
         written = project.writes(init) if init is not None else None
-        if written is None:
+        if init is None or written is None:
             return
         where = self._where(init, written)
         what = f"`{shorten(self.analysis.code_of(call.func))}(...)`"

@@ -299,10 +299,10 @@ class SharedFiles(Rule):
                 call = tree.parent(parent)
                 if type(call) is cst.Call and call.func is parent and type(tree.parent(call)) is cst.Expr:
                     continue
-            if type(parent) is cst.Arg:
-                call = tree.parent(parent)
-                qualified = self.analysis.resolve(call.func) if type(call) is cst.Call else None
-                named = call.func.value if type(call) is cst.Call and type(call.func) is cst.Name else None
+            call = tree.parent(parent) if type(parent) is cst.Arg else None
+            if type(call) is cst.Call:
+                qualified = self.analysis.resolve(call.func)
+                named = call.func.value if type(call.func) is cst.Name else None
                 if (qualified in _FILE_WRITERS or named == "print") and type(tree.parent(call)) is cst.Expr:
                     continue
             line = self.analysis.position(use)[0]
