@@ -6,6 +6,8 @@ migration site (see ``might_need_migration``).
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 
 from mgpu_migrate.diagnostics import INTERNAL_ERROR, Diagnostic, error_summary
@@ -69,12 +71,65 @@ def migrate_source(
     """Migrate one file's text to ``target`` ('balanced' or 'ddp')."""
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; expected one of {', '.join(TARGETS)}")
+    # The modules this script starts as distributed programs, asked for only when it has no site of its own.
+    starts = functools.partial(started_programs, source, target, path, options)
     if not might_need_migration(source):
-        return MigrationResult(path, source, source)
+        found = starts()
+        if not found:
+            return MigrationResult(path, source, source)
+        starts = functools.partial(tuple, found)
     from mgpu_migrate.pipeline import run_pipeline
 
     try:
-        return run_pipeline(source, target, path, options)
+        return run_pipeline(source, target, path, options, starts=starts)
     except Exception as error:  # noqa: BLE001 -- the last guard: one odd file must never stop a run
         message = f"internal error ({error_summary(error)}); file left unchanged, please report"
         return MigrationResult(path, source, source, error=Diagnostic(path, 1, 1, INTERNAL_ERROR, message))
+
+
+def might_start_a_program(data: bytes, target: str, path: str) -> bool:
+    """Cheap test, for a file with nothing to migrate of its own: under ``--to ddp``, a script with a main block
+    that imports a module of the project that may become a distributed program (``analysis.started``)."""
+    if target != "ddp" or b"__main__" not in data:
+        return False
+    from mgpu_migrate.started import candidates
+
+    return bool(candidates(path, data, might_need_migration))
+
+
+def _started_programs(source: str, target: str, path: str, options: Options) -> tuple[str, ...]:
+    """The modules a script with no migration site of its own starts as distributed programs (``--to ddp``, the
+    runtime's style): those it imports that its migration makes one, with no entry point of their own. The
+    script is then migrated as their entry point (the set-up, its writes made once)."""
+    if target != "ddp" or options.style != "runtime" or "__main__" not in source:
+        return ()
+    from mgpu_migrate.started import candidates
+
+    data = source.encode("utf-8", "surrogateescape")
+    return tuple(module for module in candidates(path, data, might_need_migration) if _becomes_a_program(module, options))
+
+
+def _becomes_a_program(path: str, options: Options) -> bool:
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError:
+        return False
+    return _migrated_under_ddp(path, stamp, options)
+
+
+@functools.lru_cache(maxsize=256)
+def started_programs(source: str, target: str, path: str, options: Options = DEFAULT_OPTIONS) -> tuple[str, ...]:
+    return _started_programs(source, target, path, options)
+
+
+@functools.lru_cache(maxsize=64)
+def _migrated_under_ddp(path: str, stamp: int, options: Options) -> bool:
+    """Whether ``--to ddp`` migrates the module at ``path`` (read once per run and modification time)."""
+    from mgpu_migrate import files
+
+    try:
+        text = files.read(path)[0].decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    result = migrate_source(text, "ddp", path, options)
+    return result.changed and result.error is None

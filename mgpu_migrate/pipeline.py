@@ -8,6 +8,7 @@ that verdict; last, ``program.settle`` drops every rewrite of a ``--to ddp`` fil
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 import gc
 import warnings
 
@@ -54,13 +55,19 @@ def _compile(code: str, name: str) -> None:
 
 
 def run_pipeline(
-    source: str, target: str, path: str, options: Options = DEFAULT_OPTIONS, only: tuple[type[Rule], ...] | None = None
+    source: str,
+    target: str,
+    path: str,
+    options: Options = DEFAULT_OPTIONS,
+    only: tuple[type[Rule], ...] | None = None,
+    starts: Callable[[], tuple[str, ...]] = tuple,
 ) -> MigrationResult:
-    """Migrate one file's text (``only``: run the wrap rules and these rules alone, as a rule's examples do)."""
+    """Migrate one file's text (``only``: run the wrap rules and these rules alone, as a rule's examples do;
+    ``starts``: gives the project modules this script starts as distributed programs, ``engine.started_programs``)."""
     readable, renamed = old_keywords.set_aside(source)  # PyTorch's `async=`, a syntax error (old_keywords.py)
     parsed, aside = form_feeds.set_aside(readable)  # what LibCST would misread (form_feeds.py)
     with _collector_paused():
-        result = form_feeds.put_back(_run_pipeline(parsed, target, path, options, only), readable, aside)
+        result = form_feeds.put_back(_run_pipeline(parsed, target, path, options, only, starts), readable, aside)
     return old_keywords.put_back(result, source) if renamed else result
 
 
@@ -83,7 +90,7 @@ def _collector_paused():
 
 
 def _run_pipeline(
-    source: str, target: str, path: str, options: Options, only: tuple[type[Rule], ...] | None
+    source: str, target: str, path: str, options: Options, only: tuple[type[Rule], ...] | None, starts: Callable[[], tuple[str, ...]] = tuple
 ) -> MigrationResult:
     try:
         module = _parse(source)
@@ -93,7 +100,7 @@ def _run_pipeline(
         message = "cannot parse: the code is nested too deeply; file left unchanged"
         return MigrationResult(path, source, source, error=Diagnostic(path, 1, 1, PARSE_ERROR, message))
     try:
-        return _migrate(module, source, target, path, options, only)
+        return _migrate(module, source, target, path, options, only, starts)
     except RecursionError:
         message = "file too deeply nested to analyse; file left unchanged"
     except Exception as error:  # noqa: BLE001 -- one odd file must never stop the run or lose data
@@ -101,7 +108,13 @@ def _run_pipeline(
     return MigrationResult(path, source, source, error=Diagnostic(path, 1, 1, INTERNAL_ERROR, message))
 
 
-def plan(analysis: FileAnalysis, target: str, options: Options, only: tuple[type[Rule], ...] | None = None) -> Edits:
+def plan(
+    analysis: FileAnalysis,
+    target: str,
+    options: Options,
+    only: tuple[type[Rule], ...] | None = None,
+    starts: Callable[[], tuple[str, ...]] = tuple,
+) -> Edits:
     """Every rule's edits and diagnostics for the file, phase by phase.
 
     ``only`` (a rule's examples): the wrap rules and these rules alone, with the program phase too for a check
@@ -112,7 +125,7 @@ def plan(analysis: FileAnalysis, target: str, options: Options, only: tuple[type
     needs_runtime: list[tuple[type[Rule], int]] = []
     for rule in rules_for(target, WRAPS, style):
         _run(rule(target, analysis, edits, options), needs_runtime)
-    program = decide(analysis, edits.replacements)
+    program = decide(analysis, edits.replacements, starts)
     whole_program = only is None or any(rule.PHASE == CHECKS for rule in only)
     for phase in (PROGRAM, CHECKS):
         rewritten = frozenset(edits.replacements)
@@ -156,11 +169,17 @@ def _leave_for_runtime(edits: Edits, rule: type[Rule], first: int) -> None:
 
 
 def _migrate(
-    module: cst.Module, source: str, target: str, path: str, options: Options, only: tuple[type[Rule], ...] | None
+    module: cst.Module,
+    source: str,
+    target: str,
+    path: str,
+    options: Options,
+    only: tuple[type[Rule], ...] | None,
+    starts: Callable[[], tuple[str, ...]] = tuple,
 ) -> MigrationResult:
     analysis = FileAnalysis(path, source, module)
     try:
-        return _migrated(analysis, module, source, target, path, options, only)
+        return _migrated(analysis, module, source, target, path, options, only, starts)
     finally:
         analysis.release()
 
@@ -173,8 +192,9 @@ def _migrated(
     path: str,
     options: Options,
     only: tuple[type[Rule], ...] | None,
+    starts: Callable[[], tuple[str, ...]] = tuple,
 ) -> MigrationResult:
-    edits = plan(analysis, target, options, only)
+    edits = plan(analysis, target, options, only, starts)
     diagnostics = sorted(edits.diagnostics)
     if edits.empty:
         return MigrationResult(path, source, source, diagnostics)

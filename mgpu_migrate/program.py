@@ -16,7 +16,7 @@ every rewrite is dropped and the file is left as it is, with the diagnostics tha
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import libcst as cst
@@ -67,17 +67,27 @@ class Program:
     ``existing``: the file's own distributed set-up (``init_process_group``, torch's or apex's DDP,
     ``DistributedSampler``, ``mp.spawn``): then only its DataParallel fallback is migrated.
     ``already_set_up``: the file calls ``mgpu_runtime.setup()`` itself (a partly migrated file).
+    ``starts``: for a script with no DataParallel of its own, the project modules it imports that become
+    distributed programs with no entry point of their own (``engine.started_programs``): the script is their
+    entry point, and the program rules make its set-up and its side effects.
     """
 
     wraps: tuple[cst.Call, ...]
     kept: tuple[cst.Call, ...]
     existing: tuple[cst.Call, ...]
     already_set_up: bool
+    starts: tuple[str, ...] = ()
 
     @property
     def migrates(self) -> bool:
         """True when the rules that make a file a distributed program (set-up, data, side effects) apply."""
         return bool(self.wraps) and not self.kept and not self.existing
+
+    @property
+    def runs_distributed(self) -> bool:
+        """True when every process runs this file: it migrates, or it is the entry point of programs it starts
+        (``starts``). The rules of the set-up and of side effects (directories, files, writers) apply to both."""
+        return self.migrates or (bool(self.starts) and not self.kept and not self.existing)
 
     @property
     def left_whole(self) -> bool:
@@ -151,8 +161,11 @@ def existing_setup(analysis: FileAnalysis) -> tuple[cst.Call, ...]:
     return tuple(call for call in analysis.calls if analysis.resolve(call.func) in _EXISTING_DISTRIBUTED)
 
 
-def decide(analysis: FileAnalysis, rewritten: Collection[cst.CSTNode]) -> Program:
-    """The program the file becomes, given the nodes the wrap rules rewrote (the keys of their edits)."""
+def decide(
+    analysis: FileAnalysis, rewritten: Collection[cst.CSTNode], starts: Callable[[], tuple[str, ...]] = tuple
+) -> Program:
+    """The program the file becomes, given the nodes the wrap rules rewrote (the keys of their edits) and what
+    gives the modules it starts as distributed programs (asked only of a script with no site of its own)."""
     wraps: list[cst.Call] = []
     kept: list[cst.Call] = []
     for site in analysis.models.sites:
@@ -161,7 +174,7 @@ def decide(analysis: FileAnalysis, rewritten: Collection[cst.CSTNode]) -> Progra
         (wraps if site.call in rewritten else kept).append(site.call)
     existing = existing_setup(analysis)
     already = any(analysis.resolve(call.func) == RUNTIME_SETUP for call in analysis.calls)
-    return Program(tuple(wraps), tuple(kept), existing, already)
+    return Program(tuple(wraps), tuple(kept), existing, already, starts() if not analysis.models.sites else ())
 
 
 def settle(program: Program, edits: Edits) -> None:

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 from mgpu_migrate import files
 from mgpu_migrate.diagnostics import FILE_CHANGED, INTERNAL_ERROR, OUTSIDE_TREE, READ_ERROR, TOO_LARGE, Diagnostic
-from mgpu_migrate.engine import MigrationResult, might_need_migration, migrate_source
+from mgpu_migrate.engine import MigrationResult, might_need_migration, might_start_a_program, migrate_source
 from mgpu_migrate.options import DEFAULT_OPTIONS, Options
 from mgpu_migrate.output import diff_path, markers
 from mgpu_migrate.results import CHANGED, FAILED, UNCHANGED, FileOutcome, unified_diff
@@ -28,16 +28,17 @@ def _failed(path: str, code: str, message: str) -> FileOutcome:
 DEFAULT_MAX_FILE_SIZE = 2_000_000
 
 
-def screen(path: str, max_file_size: int = DEFAULT_MAX_FILE_SIZE) -> FileOutcome | files.SourceFile:
+def screen(path: str, max_file_size: int = DEFAULT_MAX_FILE_SIZE, target: str = "") -> FileOutcome | files.SourceFile:
     """Read a file; what the engine needs to see, or the outcome when it need not (or cannot) see it.
 
     Only the bytes pre-filter runs here, so screening a tree of files with nothing to migrate costs
     a read per file, and never loads the parser. A file over ``max_file_size`` bytes (0: no limit) that
-    would need the parser is refused.
+    would need the parser is refused. Under ``--to ddp`` a script with a main block and no site of its own is
+    seen too when it imports a project module that may become a distributed program (its entry point).
     """
     try:
         data, stamp = files.read(path)
-        if not might_need_migration(data):
+        if not might_need_migration(data) and not might_start_a_program(data, target, path):
             return FileOutcome(path, UNCHANGED, markers.marked_in_bytes(path, data))
         if max_file_size and len(data) > max_file_size:
             message = (
@@ -132,7 +133,7 @@ def process_files(
     enough work (``workers_for``); otherwise they are migrated in this process.
     ``progress(done, total)`` hears of each file the parser has finished.
     """
-    outcomes = [screen(path, max_file_size) for path in paths]
+    outcomes = [screen(path, max_file_size, target) for path in paths]
     todo = [index for index, outcome in enumerate(outcomes) if isinstance(outcome, files.SourceFile)]
     migrate = functools.partial(migrate_file, target=target, write=write, want_diff=want_diff, options=options)
     workers = workers_for([len(outcomes[index].data) for index in todo], jobs)

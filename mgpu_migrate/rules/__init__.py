@@ -48,6 +48,7 @@ from mgpu_migrate.rules.unused_parameters import UnusedParameters
 from mgpu_migrate.rules.wrap_guard import WrapGuard
 from mgpu_migrate.rules.wrapper_check import WrapperCheck
 from mgpu_migrate.rules.wrapper_swap import TorchWrapperSwap, WrapperSwap
+from mgpu_migrate.rules.writer_objects import WriterObjects
 
 RULES: tuple[type[Rule], ...] = (
     WrapperSwap,
@@ -91,6 +92,7 @@ RULES: tuple[type[Rule], ...] = (
     MainProcessCollective,
     ProcessRandomness,
     SharedFiles,
+    WriterObjects,
     ProjectSideEffects,
     # Both targets (a check): checks for a wrapper recognize the new ones.
     WrapperCheck,

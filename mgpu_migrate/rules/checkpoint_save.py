@@ -130,7 +130,7 @@ class CheckpointSave(Rule):
     )
 
     def apply(self) -> None:
-        if not self.program.migrates:
+        if not self.program.runs_distributed:
             return
         for call in self.analysis.calls_to(TORCH_SAVE):
             if under_main_process_block(self.analysis, call):
@@ -380,7 +380,7 @@ class TorchCheckpointSave(CheckpointSave):
 
     def apply(self) -> None:
         super().apply()
-        if not self.program.migrates:
+        if not self.program.runs_distributed:
             return
         models = self.analysis.models
         for call in self.analysis.calls_to("torch.save"):

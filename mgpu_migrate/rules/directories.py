@@ -202,7 +202,7 @@ class DirectoriesOnce(Rule):
     )
 
     def apply(self) -> None:
-        if not self.program.migrates:
+        if not self.program.runs_distributed:
             return
         resets: set[cst.CSTNode] = set()  # the makers that follow a removal: moved with it
         for call in self.analysis.calls:

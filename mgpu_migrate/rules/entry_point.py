@@ -12,10 +12,12 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis.entrypoint import EntryPoint
+from mgpu_migrate.analysis.project import importers
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.program import SETUP
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, TORCH_STYLE, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, keyword, runtime_call
+from mgpu_migrate.started import has_main_block
 from mgpu_migrate.rules.torch_style import (
     DIST_IMPORT,
     NEEDS_RUNTIME,
@@ -49,9 +51,12 @@ NO_ENTRY_POINT = Review(
     why=(
         "The file trains, but it has no `if __name__ == \"__main__\":` block or `main()` where "
         "`mgpu_runtime.setup()` could run first. The runtime's wrapper calls `setup()` when it is built, so "
-        "the other processes start late (after any work done before the wrap)."
+        "the other processes start late (after any work done before the wrap). Where a script with a main block "
+        "and no DataParallel of its own imports this module (directly, or through its package's `__init__`), the "
+        "message names it: that script is the program's entry point, and its migration (the same run, over the "
+        "project) calls `setup()` there and makes its side effects happen once."
     ),
-    todo="Call `mgpu_runtime.setup()` where your program starts.",
+    todo="Call `mgpu_runtime.setup()` where your program starts: migrate the script the message names with this file.",
 )
 EXISTING_DISTRIBUTED_SETUP = Review(
     "MGP231",
@@ -101,6 +106,11 @@ class EntryPointSetup(Rule):
     relaunched from the fallback would not provably take the file's own path with the same global batch); a file that
     keeps a DataParallel wrap (``dim != 0``, ``# noqa``, part of a model: MGP250) is left as it is, its other
     wraps included (MGP232): ``--to ddp`` migrates a file entirely or not at all.
+
+    A script with a main block and no DataParallel of its own that imports a module of the project whose
+    migration makes it a distributed program with no entry point of its own (ncsn's ``main.py``, whose
+    runner in ``runners/`` wraps the model and trains) is that program's entry point: it gets the set-up, and
+    the rules of side effects (directories, files, writers) make what it does happen once.
 
     ## Why is this bad?
     One process per GPU needs each process bound to its own GPU before CUDA is first used, and a process
@@ -421,6 +431,8 @@ class EntryPointSetup(Rule):
     def apply(self) -> None:
         program = self.program
         if not program.wraps:
+            if program.runs_distributed and not program.already_set_up:
+                self._start(program.starts)
             return
         first = program.wraps[0]
         if program.existing:
@@ -451,15 +463,44 @@ class EntryPointSetup(Rule):
         if entry is None:
             if not self.analysis.loaders.training_loops and not self.analysis.handed.training_calls:
                 return  # a module of helpers: the program starts elsewhere, the wrapper sets up when built
+            starter = self._starter(first)
             self.left(
                 first,
                 NO_ENTRY_POINT,
-                f"no entry point here (no main block or main()): call {RUNTIME}.setup() where your program starts",
+                f"no entry point here: {starter} starts this program; migrated with this file, it calls {RUNTIME}.setup()"
+                if starter
+                else f"no entry point here (no main block or main()): call {RUNTIME}.setup() where your program starts",
             )
             return
         if not self.rewrite_allowed(entry.anchor):
             return
         self._set_up(entry)
+
+    def _starter(self, wrap: cst.Call) -> Optional[str]:
+        """The script (``path:line`` of its import) that imports this module, directly or through its package's
+        ``__init__``, and has a main block: the program's entry point, which its own migration sets up."""
+        holder = next((a for a in self.analysis.tree.ancestors(wrap) if type(a) in (cst.ClassDef, cst.FunctionDef)), None)
+        uses = holder.name.value if holder is not None else ""
+        here = os.path.dirname(os.path.abspath(self.analysis.path))
+        found = importers(self.analysis.path, uses)
+        for importer in found + [inner for outer in found if outer.path.endswith("__init__.py") for inner in importers(outer.path, uses)]:
+            try:
+                with open(importer.path, "rb") as handle:
+                    if has_main_block(handle.read()):
+                        return importer.where(here)
+            except OSError:
+                continue
+        return None
+
+    def _start(self, modules: tuple[str, ...]) -> None:
+        """A script with no wrap of its own that starts the distributed programs of ``modules``: the set-up goes
+        at its entry point, before anything it does runs on every process."""
+        entry = self.analysis.entry_point
+        if entry is None or not self.rewrite_allowed(entry.anchor):
+            return
+        here = os.path.dirname(os.path.abspath(self.analysis.path))
+        trained = ", ".join(os.path.relpath(module, here) for module in modules[:2]) + (" ..." if len(modules) > 2 else "")
+        self._set_up(entry, f"; this script starts the distributed training of {trained}")
 
     def _own_path_command(self) -> Optional[str]:
         """The torchrun command that runs the file's own distributed path, when the launch environment chooses it
@@ -504,7 +545,7 @@ class EntryPointSetup(Rule):
                     return max(declared, key=len)
         return None
 
-    def _set_up(self, entry: EntryPoint) -> None:
+    def _set_up(self, entry: EntryPoint, why: str = "") -> None:
         """Insert the set-up at the entry point, given the GPUs the wraps chose when it can be (MGP150)."""
         self.edits.need_import(RUNTIME)
         setup, given = runtime_call("setup"), ""
@@ -522,7 +563,7 @@ class EntryPointSetup(Rule):
             if leading and not leading[0].comment:
                 statement = statement.with_changes(leading_lines=[leading[0]])
             self.edits.insert_before(entry.anchor, statement)
-        self.rewrote(entry.anchor, f"{RUNTIME}.setup({given}) inserted {entry.place}")
+        self.rewrote(entry.anchor, f"{RUNTIME}.setup({given}) inserted {entry.place}{why}")
 
 
 _SET_UP = (
@@ -672,7 +713,7 @@ class TorchSetup(EntryPointSetup):
                     return max(declared, key=len)
         return None
 
-    def _set_up(self, entry: EntryPoint) -> None:
+    def _set_up(self, entry: EntryPoint, why: str = "") -> None:
         if dist_taken(self.analysis):
             self.left(entry.anchor, NO_TORCH_FORM, "this file binds `dist` itself: the scaffold's `dist.` calls would clash; left")
             return

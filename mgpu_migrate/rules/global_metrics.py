@@ -1,17 +1,15 @@
-"""MGP332: TensorBoard writers of every process; under ``--style torch``, counts and means of a process's rows."""
+"""MGP330, MGP331: under ``--style torch``, counts and means of a process's rows."""
 
 from __future__ import annotations
 
 import libcst as cst
 
 from mgpu_migrate.analysis.batch import is_row_count
-from mgpu_migrate.analysis.guards import under_main_process_block
 from mgpu_migrate.analysis.loaders import DISTRIBUTED
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import CHECKS, DDP, TORCH_STYLE, Example, Review, Rule
 from mgpu_migrate.rules.counting import is_count, sample_counters
-from mgpu_migrate.rules.syntax import RUNTIME
 from mgpu_migrate.rules.torch_style import TORCH_OPTIONS
 
 RANK_MEAN_METRIC = Review(
@@ -42,21 +40,6 @@ RANK_COUNT_METRIC = Review(
         "the default style, whose batches and outputs are the global batch's: there the count is the batch's as it is."
     ),
 )
-WRITER_ON_EVERY_PROCESS = Review(
-    "MGP332",
-    name="writer-on-every-process",
-    summary="a TensorBoard SummaryWriter built by every process: each value is logged once per process",
-    why=(
-        "A TensorBoard `SummaryWriter` is built by every process of the distributed run: each writes an event "
-        "file of its own into the log directory, so TensorBoard shows every scalar, image and histogram once per "
-        "process (the values are the same where they are global, such as the runtime's losses and metrics)."
-    ),
-    todo=(
-        "Build it on the main process only (`writer = SummaryWriter(...) if mgpu_runtime.is_main_process() else "
-        "None`) and log under `if writer is not None:`, or give each process a directory of its own."
-    ),
-)
-_SUMMARY_WRITERS = frozenset({"torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.writer.SummaryWriter", "tensorboardX.SummaryWriter"})
 # What makes a mean a metric of predictions rather than a loss: a comparison of outputs and targets.
 _COMPARING_METHODS = frozenset({"eq", "ne", "argmax", "topk"})
 
@@ -64,15 +47,14 @@ _COMPARING_METHODS = frozenset({"eq", "ne", "argmax", "topk"})
 class GlobalMetrics(Rule):
     """
     ## What it does
-    Reports a TensorBoard ``SummaryWriter`` that every process builds (MGP332). Under ``--style torch``, in a
-    training loop whose data is split across the processes, also reports a running count of the batch's rows
+    Under ``--style torch``, in a training loop whose data is split across the processes, reports a running
+    count of the batch's rows
     (``correct += pred.eq(y).sum().item()``, ``total += y.size(0)``) or a sum over them
     (``running_loss += loss.item() * x.size(0)``) (MGP331), and a running mean over the rows that is not a loss
     (``acc += (pred == y).float().mean()``) (MGP330). It rewrites nothing.
 
     ## Why is this bad?
-    Every process writes an event file of its own into the log directory, and TensorBoard shows each value once
-    per process. Under ``--style torch`` each process holds its own rows of every batch, so a count of them is
+    Under ``--style torch`` each process holds its own rows of every batch, so a count of them is
     the process's share: an accuracy printed at the end of the epoch (``100.0 * correct / total``), a value
     logged or compared with the best so far, would be rank 0's share of the data. The default style needs
     nothing for them: its batches and outputs are the global batch's, so are the counts and means the loop
@@ -80,12 +62,13 @@ class GlobalMetrics(Rule):
 
     ## Example
     ```python
-    writer = SummaryWriter(log_dir)
+    correct += pred.eq(y).sum().item()
     ```
 
     ## Use instead
     ```python
-    writer = SummaryWriter(log_dir) if mgpu_runtime.is_main_process() else None
+    correct += pred.eq(y).sum().item()   # then, before it is read:
+    counts = torch.tensor([correct]); dist.all_reduce(counts); correct = counts.item()
     ```
 
     ## Fix safety
@@ -94,12 +77,12 @@ class GlobalMetrics(Rule):
     (``used_sample += x.size(0)``, then ``if used_sample > ...``) is the data rule's (MGP162), not reported here.
     """
 
-    CODE = WRITER_ON_EVERY_PROCESS
+    CODE = RANK_COUNT_METRIC
     # A check: it reads which training loops the data rule split.
     PHASE = CHECKS
     USES = ("loaders",)
-    REVIEW_CODES = (WRITER_ON_EVERY_PROCESS, RANK_COUNT_METRIC, RANK_MEAN_METRIC)
-    DESCRIPTION = "TensorBoard writers every process builds; --style torch: running counts and means of a process's rows"
+    REVIEW_CODES = (RANK_COUNT_METRIC, RANK_MEAN_METRIC)
+    DESCRIPTION = "--style torch: running counts and means of a process's rows"
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
@@ -179,9 +162,7 @@ class GlobalMetrics(Rule):
     def apply(self) -> None:
         if not self.program.migrates:
             return
-        torch_style = self.options.style == TORCH_STYLE
-        self._report_writers("dist.get_rank() == 0" if torch_style else f"{RUNTIME}.is_main_process()")
-        if not torch_style:
+        if self.options.style != TORCH_STYLE:
             return  # the runtime's batches and outputs are global: so is every count and mean the loop takes of them
         code = self.analysis.code_of
         for loop in self._split_loops():
@@ -221,16 +202,6 @@ class GlobalMetrics(Rule):
             and type(value.operator) is cst.Multiply
             and (is_row_count(self.analysis, value.left) or is_row_count(self.analysis, value.right))
         )
-
-    def _report_writers(self, main_process: str) -> None:
-        for call in self.analysis.calls:
-            if self.analysis.resolve(call.func) in _SUMMARY_WRITERS and not under_main_process_block(self.analysis, call):
-                self.left(
-                    call,
-                    WRITER_ON_EVERY_PROCESS,
-                    "every process writes a TensorBoard event file of its own: each value is logged once per "
-                    f"process; build and use it under `if {main_process}:`",
-                )
 
     def _split_loops(self) -> list[cst.For]:
         """The training loops whose data this migration splits (or a runtime loader already split)."""

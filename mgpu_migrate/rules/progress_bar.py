@@ -139,7 +139,7 @@ class ProgressBar(Rule):
     )
 
     def apply(self) -> None:
-        if not self.program.migrates:
+        if not self.program.runs_distributed:
             return
         for call in self.analysis.calls:
             if not is_progress_bar(self.analysis.resolve(call.func)):

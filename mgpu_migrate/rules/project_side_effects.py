@@ -7,12 +7,13 @@ from typing import Optional
 
 import libcst as cst
 
-from mgpu_migrate.analysis.guards import under_main_process_block
+from mgpu_migrate.analysis.guards import main_process_caller, under_main_process_block
 from mgpu_migrate.analysis.project import Found, Project, Write, project_of
+from mgpu_migrate.analysis.stand_ins import blocker
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rewrite, Rule
-from mgpu_migrate.rules.syntax import RUNTIME, on_the_main_process
+from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review, Rewrite, Rule
+from mgpu_migrate.rules.syntax import MAIN_PROCESS_OBJECT, RUNTIME, on_the_main_process, through_runtime
 
 WRITTEN_BY_EVERY_PROCESS = Review(
     "MGP322",
@@ -21,10 +22,11 @@ WRITTEN_BY_EVERY_PROCESS = Review(
     why=(
         "The call builds or runs a class or function of the project's own modules that writes files (a `Logger` "
         "that opens `log.txt` with `'w'`, a `SummaryWriter`, `save_pred` writing images): every process would "
-        "write them, where the original wrote them once. The tool moves a call of a function that writes onto "
-        "the main process when nothing it is given comes from the batch (MGP132); an object kept and used later, "
-        "or a call given the batch's values, it leaves to you: its later uses (or the batch's values, which "
-        "every process must take part in reducing) cannot be moved with it."
+        "write them, where the original wrote them once. The tool moves a call of a function or method that "
+        "writes onto the main process when its result is unused (MGP132), and builds an object whose construction "
+        "writes on the main process only, behind a stand-in, when the script only calls its methods for their effect "
+        "(MGP135); this one is another shape: a result that every process uses, an object read otherwise, a method "
+        "that also changes the object's state, a function only the main process calls, or `--style torch`."
     ),
     todo=(
         "Build the object on the main process only and use it under `if mgpu_runtime.is_main_process():` "
@@ -41,10 +43,15 @@ class ProjectSideEffects(Rule):
     ``torch.save``, numpy's, OpenCV's and torchvision's writers, a TensorBoard ``SummaryWriter``, a copy of a
     file, ``savefig``; and those that make or delete directories (``os.makedirs`` without ``exist_ok=True``,
     ``shutil.rmtree``), themselves or through the project's functions they call (audioset_tagging_cnn's
-    ``create_logging`` calling ``create_folder``). A call of such a function as a statement of its own, given
-    nothing that comes from the batch or the model's outputs, goes under ``if mgpu_runtime.is_main_process():``,
-    then every process waits for it (``mgpu_runtime.barrier()``), as ``mgpu_runtime.save`` does. Any other (an object built and
-    used later, a call given the batch's values) is reported (MGP322).
+    ``create_logging`` calling ``create_folder``). A call of such a function, or of such a method of an object of
+    a project class (audioset_tagging_cnn's ``statistics_container.dump()``), as a statement of its own, goes
+    under ``if mgpu_runtime.is_main_process():``, then every process waits for it (``mgpu_runtime.barrier()``),
+    as ``mgpu_runtime.save`` does; given values of the batch or the model's outputs, it becomes
+    ``mgpu_runtime.on_main_process(helper, ...)``, which makes them whole on every process before the main process
+    writes. A project class whose construction writes (a ``Logger`` opening ``log.txt``) is built on the main
+    process only, behind a stand-in (``mgpu_runtime.main_process_only(Logger, path)``, MGP135), when the script
+    only calls its methods for their effect. Any other (a result that is used, an object read otherwise, a
+    method that also changes its object) is reported (MGP322).
 
     ## Why is this bad?
     Every process runs the script: a helper that writes a checkpoint, a log or images writes them once per
@@ -65,12 +72,16 @@ class ProjectSideEffects(Rule):
     if mgpu_runtime.is_main_process():
         save_checkpoint({"state_dict": model.state_dict(), "epoch": epoch}, is_best)
     mgpu_runtime.barrier()
+    mgpu_runtime.on_main_process(save_pred, outputs, "pred.npy")   # given the model's outputs
+    logger = mgpu_runtime.main_process_only(Logger, "log.txt")   # its construction writes
     ```
 
     ## Fix safety
-    The call is moved only when it is a statement of its own (its result unused) and none of its arguments
-    comes from the batch or the outputs: then the main process computes alone what it writes, with no
-    collective the others would have to join. A call under a main-process block already stays as it is.
+    The call is moved only when it is a statement of its own (its result unused): every process computes its
+    arguments as before, and the global values among them are made whole on every process (a collective) before
+    the main process alone writes. A method that also changes its object's state (``self.history.append(...)``)
+    stays on every process, reported. A call under a main-process block, or in a function only the main process
+    calls, stays as it is.
     """
 
     CODE = Rewrite("MGP132")
@@ -102,36 +113,128 @@ class ProjectSideEffects(Rule):
     )
 
     def apply(self) -> None:
-        if not self.program.migrates:
+        if not self.program.runs_distributed:
             return
         project = project_of(self.analysis.path)
         if project is None:
             return
         for call in self.analysis.calls:
+            if under_main_process_block(self.analysis, call):
+                continue
             found = self._project_writer(project, call)
-            if found is None or under_main_process_block(self.analysis, call):
+            if found is not None:
+                definition, written = found
+                if isinstance(definition.node, _FUNCTIONS):
+                    self._call_once(call, definition, written, f"`{shorten(self.analysis.code_of(call.func))}(...)`")
+                else:
+                    self._object_once(project, call, definition)
                 continue
-            definition, written = found
-            where = f"{definition.where.rpartition(':')[0]}:{written.line}: `{written.call}`"
-            writes = "makes or deletes directories" if written.directory else "writes files"
-            statement = self._own_statement(call)
-            if statement is not None and not self._given_the_batch(call) and isinstance(definition.node, _FUNCTIONS):
-                if not self.rewrite_allowed(call):
-                    continue
-                self.edits.replace(statement, _on_the_main_process)
-                self.edits.need_import(RUNTIME)
-                self.rewrote(
-                    call,
-                    f"`{shorten(self.analysis.code_of(call.func))}(...)` {writes} ({where}): called on the main "
-                    "process only, then every process waits",
-                )
+            method = self._writing_method(project, call)
+            if method is not None:
+                self._call_once(call, *method, f"`{shorten(self.analysis.code_of(call.func))}(...)`")
+
+    def _where(self, definition: Found, written: Write) -> str:
+        writes = "makes or deletes directories" if written.directory else "writes files"
+        return f"{writes} ({definition.where.rpartition(':')[0]}:{written.line}: `{written.call}`)"
+
+    def _call_once(self, call: cst.Call, definition: Found, written: Write, what: str) -> None:
+        """A call of a project function (or of a writing method of a project object) made once: under ``if
+        mgpu_runtime.is_main_process():`` then a wait, or, given the batch's values, through
+        ``mgpu_runtime.on_main_process``, which makes them whole on every process first."""
+        where = self._where(definition, written)
+        statement = self._own_statement(call)
+        why = self._why_not(call, statement, definition)
+        if why is not None:
+            self.left(call, WRITTEN_BY_EVERY_PROCESS, f"{what} {where}: not moved, {why}")
+            return
+        if not self.rewrite_allowed(call):
+            return
+        self.edits.need_import(RUNTIME)
+        if self._given_the_batch(call):
+            self.edits.replace(call, through_runtime("on_main_process"))
+            self.rewrote(call, f"{what} {where}: called on the main process only, given the whole values ({RUNTIME}.on_main_process)")
+            return
+        assert statement is not None
+        self.edits.replace(statement, _on_the_main_process)
+        self.rewrote(call, f"{what} {where}: called on the main process only, then every process waits")
+
+    def _why_not(self, call: cst.Call, statement: Optional[cst.SimpleStatementLine], definition: Found) -> Optional[str]:
+        if self.options.style != RUNTIME_STYLE:
+            return "as --style torch has no runtime"
+        if statement is None:
+            return "as what it returns is used"
+        caller = main_process_caller(self.analysis, call)
+        if caller is not None:
+            return f"as its function is called on the main process only (line {self.analysis.position(caller)[0]})"
+        if not isinstance(definition.node, _FUNCTIONS):
+            return "as it is a class"
+        changed = _changes_its_object(definition.node) if type(call.func) is cst.Attribute else None
+        if changed is not None:
+            return f"as `{definition.name}` also changes its object (`{shorten(changed, 30)}`)"
+        return None
+
+    def _object_once(self, project: Project, call: cst.Call, definition: Found) -> None:
+        """A project class whose construction writes (a ``Logger`` opening its file): built on the main process only,
+        behind a stand-in, when the script only calls its methods for their effect. A class whose construction
+        writes nothing is left to be built by every process: its writing methods are moved at their calls."""
+        init = self._method(project, definition, "__init__")
+        written = project.writes(init) if init is not None else None
+        if init is None or written is None:
+            return
+        where = self._where(init, written)
+        what = f"`{shorten(self.analysis.code_of(call.func))}(...)`"
+        line = self.analysis.tree.parent(call)
+        if self.options.style != RUNTIME_STYLE:
+            reason: Optional[str] = "as --style torch has no runtime"
+        elif type(line) is not cst.Assign or len(line.targets) != 1 or line.value is not call:
+            reason = "as it is not assigned to a name"
+        else:
+            found = blocker(self.analysis, line.targets[0].target, call)
+            reason = f"as {found}" if found is not None else None
+        if reason is not None:
+            self.left(call, WRITTEN_BY_EVERY_PROCESS, f"{what} {where}: not moved, {reason}")
+            return
+        if not self.rewrite_allowed(call, MAIN_PROCESS_OBJECT):
+            return
+        self.edits.replace(call, through_runtime("main_process_only"))
+        self.edits.need_import(RUNTIME)
+        self.rewrote(
+            call,
+            f"{what} {where}: built on the main process only, a stand-in elsewhere ({RUNTIME}.main_process_only)",
+            MAIN_PROCESS_OBJECT,
+        )
+
+    def _method(self, project: Project, cls: Found, name: str, depth: int = 0) -> Optional[Found]:
+        """The method ``name`` of a project class, defined there or in a project class it derives from."""
+        assert isinstance(cls.node, ast.ClassDef)
+        for statement in cls.node.body:
+            if isinstance(statement, _FUNCTIONS) and statement.name == name:
+                return Found(cls.module, statement, cls.seen_from)
+        for base in cls.node.bases if depth < 4 else ():
+            _, inherited = project.resolve_in(cls, base)
+            if inherited is not None and isinstance(inherited.node, ast.ClassDef) and inherited.node is not cls.node:
+                found = self._method(project, inherited, name, depth + 1)
+                if found is not None:
+                    return found
+        return None
+
+    def _writing_method(self, project: Project, call: cst.Call) -> Optional[tuple[Found, Write]]:
+        """``container.dump()`` where ``container`` holds an object of a project class whose ``dump`` writes."""
+        if type(call.func) is not cst.Attribute or type(call.func.value) not in (cst.Name, cst.Attribute):
+            return None
+        values = self.analysis.values
+        for value in values.of(call.func.value, values.scope_of(call)):
+            if type(value) is not cst.Call:
                 continue
-            self.left(
-                call,
-                WRITTEN_BY_EVERY_PROCESS,
-                f"`{shorten(self.analysis.code_of(call.func))}(...)` {writes} on every process ({where}): build or "
-                f"call it under `if {RUNTIME}.is_main_process():`",
-            )
+            qualified = self.analysis.resolve(value.func)
+            cls = project.find(qualified) if qualified and not qualified.startswith(("torch.", "builtins.")) else None
+            if cls is None or not isinstance(cls.node, ast.ClassDef):
+                continue
+            method = self._method(project, cls, call.func.attr.value)
+            written = project.writes(method) if method is not None else None
+            if method is not None and written is not None:
+                return method, written
+        return None
 
     def _project_writer(self, project: Project, call: cst.Call) -> Optional[tuple[Found, Write]]:
         qualified = self.analysis.resolve(call.func)
@@ -170,6 +273,34 @@ class ProjectSideEffects(Rule):
 
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+_MUTATORS = frozenset({"append", "extend", "update", "insert", "pop", "clear", "add", "remove", "setdefault"})
+
+
+def _changes_its_object(method: ast.FunctionDef | ast.AsyncFunctionDef) -> Optional[str]:
+    """What a method assigns or changes in its own object (``self.history.append(...)``, ``self.step += 1``):
+    moved onto the main process, it would leave the other processes' objects behind."""
+    if not method.args.args:
+        return None
+    me = method.args.args[0].arg
+    for node in ast.walk(method):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            while isinstance(target, (ast.Subscript, ast.Attribute)) and not (
+                isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == me
+            ):
+                target = target.value
+            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == me:
+                return ast.unparse(node).splitlines()[0][:40]
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _MUTATORS
+            and isinstance(node.func.value, ast.Attribute)
+            and isinstance(node.func.value.value, ast.Name)
+            and node.func.value.value.id == me
+        ):
+            return ast.unparse(node)[:40]
+    return None
 
 
 def _on_the_main_process(updated: cst.CSTNode) -> cst.FlattenSentinel:

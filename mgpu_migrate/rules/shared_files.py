@@ -1,20 +1,49 @@
-"""MGP261: a file written by every process of a distributed run (``--to ddp``)."""
+"""MGP134, MGP261: files the script writes itself, written once under DDP as the original wrote them (``--to ddp``)."""
 
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 import libcst as cst
 
-from mgpu_migrate.analysis.guards import under_main_process_block
+from mgpu_migrate.analysis.guards import main_process_caller, under_main_process_block
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rule
-from mgpu_migrate.rules.syntax import argument
+from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review, Rewrite, Rule
+from mgpu_migrate.rules.syntax import RUNTIME, argument, through_runtime
 
-_WRITING_METHODS = frozenset({"write_text", "write_bytes"})
-_RACE = "all write the file at once, so one process's content wins or it comes out garbled"
-_SAVERS = frozenset({"numpy.save", "numpy.savez", "numpy.savetxt", "numpy.savez_compressed"})
+_RACE = "all write the file at once"
+# The library functions that write a file they are given the path of (a statement of its own: nothing returned).
+_WRITERS = frozenset(
+    {
+        "numpy.save",
+        "numpy.savez",
+        "numpy.savez_compressed",
+        "numpy.savetxt",
+        "torchvision.utils.save_image",
+        "cv2.imwrite",
+        "imageio.imwrite",
+        "imageio.imsave",
+        "imageio.mimsave",
+        "imageio.mimwrite",
+        "imageio.v2.imwrite",
+        "imageio.v2.mimsave",
+        "scipy.misc.imsave",
+        "skimage.io.imsave",
+        "matplotlib.pyplot.savefig",
+        "soundfile.write",
+        "scipy.io.wavfile.write",
+        "torchaudio.save",
+    }
+)
+# Methods that write a file: a figure's, a path's, a data frame's; ``.save(path)`` of a PIL image (below).
+_WRITING_METHODS = frozenset({"write_text", "write_bytes", "savefig", "to_csv"})
+_PIL_MAKERS = ("PIL.Image.", "Image.")
+_MEDIA_FILE = re.compile(r"\.(png|jpe?g|gif|bmp|tiff?|webp|wav|mp3|flac|mp4|avi)$", re.IGNORECASE)
+# What a ``with open(...) as f:`` block may do with ``f`` so that a stand-in can take the file's place: call its
+# methods for their effect, or hand it to a writer that only calls its ``write``.
+_FILE_WRITERS = frozenset({"json.dump", "yaml.dump", "yaml.safe_dump", "pickle.dump", "print"})
 
 
 FILE_WRITTEN_BY_EVERY_PROCESS = Review(
@@ -23,7 +52,10 @@ FILE_WRITTEN_BY_EVERY_PROCESS = Review(
     summary="a file written by every process: duplicated lines, or writers racing",
     why=(
         "A file is written by every process: all write it at once, so one process's content wins, lines are "
-        "duplicated, or it comes out garbled."
+        "duplicated, or it comes out garbled. The tool moves a writer's call that is a statement of its own, and a "
+        "`with open(path, 'w')` block that only writes to the file, onto the main process (MGP134); this one is "
+        "another shape (the file object kept in a name, a result that is used, a function that only the main "
+        "process calls, or `--style torch`, which has no runtime)."
     ),
     todo=(
         "Unless each process writes a file of its own, do it under `if mgpu_runtime.is_main_process():`, writing "
@@ -36,9 +68,21 @@ FILE_WRITTEN_BY_EVERY_PROCESS = Review(
 class SharedFiles(Rule):
     """
     ## What it does
-    Reports files that the script opens for writing (``open(path, "w")``, ``"a"``, ``Path.write_text``,
-    ``numpy.save``) outside a main-process-only block, in a file that becomes a distributed program. It
-    rewrites nothing; checkpoints written with ``torch.save`` are MGP123's.
+    In a file that becomes a distributed program, makes the files the script writes itself be written once, by
+    the main process, as the original's one process wrote them:
+
+    - a call of a library writer that is a statement of its own (``np.save``, torchvision's ``save_image``,
+      ``cv2.imwrite``, imageio's, ``plt.savefig``, a PIL image's ``.save(path)``, ``Path.write_text``) becomes
+      ``mgpu_runtime.on_main_process(writer, ...)``: every process computes the arguments as before, their global
+      values (the batch's, the model's outputs) are made whole on every process, the main process writes, and
+      the others wait for it;
+    - ``with open(path, "w") as f:`` (``"a"``, ``"x"``, binary too) whose block only writes to ``f`` (its methods,
+      ``json.dump(x, f)``, ``print(..., file=f)``) becomes ``with mgpu_runtime.main_process_only(open, path, "w") as
+      f:``: the file is opened and written by the main process only, the block still runs on every process, and
+      its end waits for the main one, so a process that reads the file next finds it complete.
+
+    Any other write (a file object kept in a name, a result that is used) is reported (MGP261). Checkpoints
+    written with ``torch.save`` are MGP123's.
 
     ## Why is this bad?
     Every process runs the script, so every process writes the file: appended logs get one copy of each
@@ -49,24 +93,28 @@ class SharedFiles(Rule):
     ```python
     with open("log.txt", "a") as log:
         log.write(f"{epoch} {loss.item()}\\n")
+    save_image(grid, "samples.png")
     ```
 
     ## Use instead
     ```python
-    if mgpu_runtime.is_main_process():
-        with open("log.txt", "a") as log:
-            log.write(f"{epoch} {loss.item()}\\n")
+    with mgpu_runtime.main_process_only(open, "log.txt", "a") as log:
+        log.write(f"{epoch} {loss.item()}\\n")
+    mgpu_runtime.on_main_process(save_image, grid, "samples.png")
     ```
 
     ## Fix safety
-    Nothing is rewritten: code in the block may need every process (a value written may be computed there
-    from the batch, and a reduction of the runtime's global values is a collective).
+    The values written are computed where they were, by every process (a loss, a metric of the batch: the
+    runtime's global values, whose reductions every process must join); only the writing moves. A write under a
+    main-process block stays as it is; one in a function that only the main process calls, under ``--style
+    torch`` (no runtime), or of another shape is reported (MGP261).
     """
 
-    CODE = FILE_WRITTEN_BY_EVERY_PROCESS
+    CODE = Rewrite("MGP134")
     PHASE = PROGRAM
+    USES = ("values",)
     REVIEW_CODES = (FILE_WRITTEN_BY_EVERY_PROCESS,)
-    DESCRIPTION = "files written by every process reported"
+    DESCRIPTION = "files the script writes itself written once, by the main process"
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
@@ -79,11 +127,49 @@ class SharedFiles(Rule):
             """
             import mgpu_runtime
             model = mgpu_runtime.DistributedDataParallel(model)
-            with open('log.txt', 'a') as log:
+            with mgpu_runtime.main_process_only(open, 'log.txt', 'a') as log:
                 log.write('started')
             """,
             DDP,
+            ("MGP101", "MGP134"),
+            message="`open('log.txt', 'a')`: opened and written on the main process only",
+            line=3,
+        ),
+        Example(
+            """
+            import torch.nn as nn
+            from torchvision.utils import save_image
+            model = nn.DataParallel(model)
+            for x in loader:
+                save_image(model(x), 'samples.png', nrow=4)  # the last batch's
+            """,
+            """
+            from torchvision.utils import save_image
+            import mgpu_runtime
+            model = mgpu_runtime.DistributedDataParallel(model)
+            for x in loader:
+                mgpu_runtime.on_main_process(save_image, model(x), 'samples.png', nrow=4)  # the last batch's
+            """,
+            DDP,
+            ("MGP101", "MGP134"),
+        ),
+        Example(
+            """
+            import torch.nn as nn
+            model = nn.DataParallel(model)
+            log = open('log.txt', 'w')
+            log.write('started')
+            """,
+            """
+            import mgpu_runtime
+            model = mgpu_runtime.DistributedDataParallel(model)
+            log = open('log.txt', 'w')
+            log.write('started')
+            """,
+            DDP,
             ("MGP101", "MGP261"),
+            message="not moved: kept in `log` after the statement",
+            name="a file object kept in a name is reported",
         ),
         Example(
             """
@@ -104,18 +190,69 @@ class SharedFiles(Rule):
     )
 
     def apply(self) -> None:
-        if not self.program.migrates:
+        if not self.program.runs_distributed:
             return
         for call in self.analysis.calls:
             how = self._writes(call)
             if how is None or under_main_process_block(self.analysis, call) or self._checkpoint_file(call):
                 continue
-            code = self.analysis.code_of(call)
-            self.left(
-                call,
-                FILE_WRITTEN_BY_EVERY_PROCESS,
-                f"`{shorten(code)}` runs on every process: {how}",
-            )
+            reason = self._why_not(call)
+            if reason is None and self.rewrite_allowed(call):
+                self._once(call)
+            elif reason is not None:
+                self.left(
+                    call,
+                    FILE_WRITTEN_BY_EVERY_PROCESS,
+                    f"`{shorten(self.analysis.code_of(call), 40)}` runs on every process ({how}); not moved: {reason}",
+                )
+
+    # -- what is written ---------------------------------------------------------------------------------
+    def _opens_for_writing(self, call: cst.Call) -> Optional[str]:
+        """The mode of ``open(path, mode)`` when it writes (``w``, ``a``, ``x``)."""
+        qualified = self.analysis.resolve(call.func)
+        if not (qualified in ("open", "builtins.open", "io.open") or (type(call.func) is cst.Name and call.func.value == "open" and qualified is None)):
+            return None
+        mode = argument(call, "mode", 1)
+        text = mode.value.evaluated_value if mode is not None and type(mode.value) is cst.SimpleString else ""
+        return text if isinstance(text, str) and set(text) & set("wax") else None
+
+    def _writes(self, call: cst.Call) -> Optional[str]:
+        mode = self._opens_for_writing(call)
+        if mode is not None:
+            return "each appends its own copy of every line" if "a" in mode else _RACE
+        if self._is_writer(call):
+            return _RACE
+        return None
+
+    def _is_writer(self, call: cst.Call) -> bool:
+        qualified = self.analysis.resolve(call.func)
+        if qualified in _WRITERS:
+            return True
+        if type(call.func) is not cst.Attribute or (qualified is not None and not qualified.startswith(_PIL_MAKERS)):
+            return False
+        method = call.func.attr.value
+        if method in _WRITING_METHODS:
+            return True
+        return method == "save" and (self._pil_image(call.func.value, call) or self._media_path(call))
+
+    def _pil_image(self, receiver: cst.BaseExpression, call: cst.Call) -> bool:
+        """A value made by PIL (``Image.fromarray(...)``, ``Image.open(...)``), also an item of such a list."""
+        while type(receiver) is cst.Subscript:
+            receiver = receiver.value
+        values = self.analysis.values
+        return any(
+            type(value) is cst.Call and (self.analysis.resolve(value.func) or "").startswith("PIL.Image.")
+            for value in values.of(receiver, values.scope_of(call))
+        )
+
+    def _media_path(self, call: cst.Call) -> bool:
+        """``x.save(os.path.join(d, "movie.gif"), ...)``: the path it is given names an image, a sound or a video."""
+        if not call.args or call.args[0].keyword is not None:
+            return False
+        return any(
+            isinstance(text.evaluated_value, str) and _MEDIA_FILE.search(text.evaluated_value)
+            for text in contains(call.args[0].value, lambda n: type(n) is cst.SimpleString)
+        )
 
     def _checkpoint_file(self, call: cst.Call) -> bool:
         """``with open(path, "wb") as f: torch.save(obj, f)``: MGP123 reports that save (MGP240)."""
@@ -126,18 +263,66 @@ class SharedFiles(Rule):
             for inner in contains(block.body, lambda node: type(node) is cst.Call)
         )
 
-    def _writes(self, call: cst.Call) -> Optional[str]:
-        qualified = self.analysis.resolve(call.func)
-        if qualified == "open" or (type(call.func) is cst.Name and call.func.value == "open" and qualified is None):
-            mode = argument(call, "mode", 1)
-            text = mode.value.evaluated_value if mode is not None and type(mode.value) is cst.SimpleString else ""
-            if "a" in text:
-                return "each appends its own copy of every line"
-            if "w" in text or "x" in text:
-                return _RACE
-            return None
-        if qualified in _SAVERS:
-            return _RACE
-        if type(call.func) is cst.Attribute and call.func.attr.value in _WRITING_METHODS and qualified is None:
-            return _RACE
+    # -- moved, or why not -------------------------------------------------------------------------------
+    def _why_not(self, call: cst.Call) -> Optional[str]:
+        if self.options.style != RUNTIME_STYLE:
+            return "--style torch has no runtime to write on the main process with"
+        caller = main_process_caller(self.analysis, call)
+        if caller is not None:
+            return f"its function is called on the main process only at line {self.analysis.position(caller)[0]}"
+        tree = self.analysis.tree
+        parent = tree.parent(call)
+        if self._opens_for_writing(call) is not None:
+            if type(parent) is not cst.WithItem:
+                return self._kept(call, parent)
+            block = tree.parent(parent)
+            assert type(block) is cst.With
+            asname = parent.asname.name if parent.asname is not None else None
+            if asname is not None and type(asname) is not cst.Name:
+                return "bound to more than a name"
+            return self._other_use(block, asname.value) if asname is not None else None
+        if type(parent) is not cst.Expr:
+            return "what it returns is used"
         return None
+
+    def _kept(self, call: cst.Call, parent: Optional[cst.CSTNode]) -> str:
+        if type(parent) is cst.Assign and len(parent.targets) == 1:
+            return f"kept in `{shorten(self.analysis.code_of(parent.targets[0].target), 30)}` after the statement"
+        return "opened by every process where it is used"
+
+    def _other_use(self, block: cst.With, name: str) -> Optional[str]:
+        """What the block does with the file ``name`` other than writing to it, if anything."""
+        tree = self.analysis.tree
+        for use in contains(block.body, lambda n: type(n) is cst.Name and n.value == name):
+            parent = tree.parent(use)
+            if type(parent) is cst.Attribute and parent.value is use:
+                call = tree.parent(parent)
+                if type(call) is cst.Call and call.func is parent and type(tree.parent(call)) is cst.Expr:
+                    continue
+            call = tree.parent(parent) if type(parent) is cst.Arg else None
+            if type(call) is cst.Call:
+                qualified = self.analysis.resolve(call.func)
+                named = call.func.value if type(call.func) is cst.Name else None
+                if (qualified in _FILE_WRITERS or named == "print") and type(tree.parent(call)) is cst.Expr:
+                    continue
+            line = self.analysis.position(use)[0]
+            return f"the block uses `{name}` at line {line} other than by writing to it"
+        return None
+
+    def _once(self, call: cst.Call) -> None:
+        self.edits.need_import(RUNTIME)
+        mode = self._opens_for_writing(call)
+        if mode is not None:
+            self.edits.replace(call, through_runtime("main_process_only"))
+            self.rewrote(
+                call,
+                f"`{shorten(self.analysis.code_of(call), 60)}`: opened and written on the main process only "
+                f"({RUNTIME}.main_process_only); the block's end waits for it",
+            )
+            return
+        self.edits.replace(call, through_runtime("on_main_process"))
+        self.rewrote(
+            call,
+            f"`{shorten(self.analysis.code_of(call.func), 40)}(...)` writes on the main process only ({RUNTIME}.on_main_process), "
+            "given the whole values; every process waits",
+        )

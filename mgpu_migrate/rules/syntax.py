@@ -6,7 +6,12 @@ from typing import Optional
 
 import libcst as cst
 
+from mgpu_migrate.diagnostics import Rewrite
+
 RUNTIME = "mgpu_runtime"
+# An object that writes, built on the main process only behind a stand-in (``mgpu_runtime.main_process_only``):
+# the code of ``WriterObjects`` (a SummaryWriter), also reported for a project's writer class (MGP132's rule).
+MAIN_PROCESS_OBJECT = Rewrite("MGP135")
 
 # Expressions that bind more loosely than `or` and need parentheses as one of its operands.
 _LOOSER_THAN_OR = (cst.IfExp, cst.Lambda, cst.NamedExpr)
@@ -169,3 +174,17 @@ def torch_nn_spelling(analysis) -> tuple[str, bool]:
     if fallback is not None:
         return fallback, False
     return "torch.nn", "torch" not in bindings.local
+
+
+def through_runtime(name: str):
+    """A replacement of ``f(a, k=v)`` by ``mgpu_runtime.<name>(f, a, k=v)`` (``on_main_process``,
+    ``main_process_only``), keeping the call's parentheses, whitespace and comments."""
+
+    def through(updated: cst.CSTNode) -> cst.CSTNode:
+        assert type(updated) is cst.Call
+        first = cst.Arg(updated.func.with_changes(lpar=[], rpar=[]) if hasattr(updated.func, "lpar") else updated.func)
+        if updated.args:
+            first = first.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        return updated.with_changes(func=runtime_attr(name), args=[first, *updated.args])
+
+    return through

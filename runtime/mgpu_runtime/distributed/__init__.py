@@ -4,7 +4,8 @@ Modules, one idea each: ``environment`` (where this process sits, read from torc
 ``launch`` (relaunching a plain ``python train.py`` under torchrun), ``process_group`` (setup, device,
 backend, teardown), ``ddp`` (the DDP wrapper and its exact gradient reduction), ``share`` (this rank's share
 of the current global batch), ``data`` and ``slicing`` (the distributed twin of a DataLoader), ``losses``
-(``DistributedCriterion``), ``io`` (``save``/``load``), ``metrics`` (reductions across ranks), ``rank_output``
+(``DistributedCriterion``), ``io`` (``save``/``load``), ``once`` (writers on the main process only:
+``on_main_process``, ``main_process_only``), ``metrics`` (reductions across ranks), ``rank_output``
 (``MGPU_LOG``, ``print_once``) and
 ``safety`` (the first step of a multi-process run: drifted weights, differing whole batches, an unwrapped
 model). See ``runtime/README_distributed.md``.
@@ -15,6 +16,7 @@ from mgpu_runtime.distributed.ddp import DistributedDataParallel
 from mgpu_runtime.distributed.io import load, save
 from mgpu_runtime.distributed.losses import DistributedCriterion
 from mgpu_runtime.distributed.metrics import reduce_mean, reduce_sum
+from mgpu_runtime.distributed.once import MainProcessOnly, main_process_only, on_main_process
 from mgpu_runtime.distributed.rank_output import print_once
 from mgpu_runtime.distributed.process_group import (
     barrier,
@@ -30,13 +32,16 @@ from mgpu_runtime.distributed.process_group import (
 __all__ = [
     "DistributedCriterion",
     "DistributedDataParallel",
+    "MainProcessOnly",
     "barrier",
     "device",
     "distribute_loader",
     "is_main_process",
     "load",
     "local_rank",
+    "main_process_only",
     "node_rank",
+    "on_main_process",
     "print_once",
     "rank",
     "reduce_mean",

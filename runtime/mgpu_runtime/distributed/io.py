@@ -28,6 +28,7 @@ except ImportError:  # Windows: no leftovers are swept
 import torch
 
 from mgpu_runtime.distributed.process_group import barrier, device, is_main_process
+from mgpu_runtime.sharded.tensor import materialize
 
 Destination = Union[str, "os.PathLike[str]", IO[bytes]]
 
@@ -37,7 +38,12 @@ def save(obj: Any, path: Destination, *, wait: bool = True, **kwargs: Any) -> No
 
     ``wait=False`` skips the wait, for a save that not every process reaches (under a condition each process
     decides from its own batch): the waiting processes would hang there. The file is then complete on disk
-    only once the main process is past this call."""
+    only once the main process is past this call.
+
+    The global values in ``obj`` (the batch's, the model's outputs: ``mgpu_runtime.sharded``, held in pieces) are
+    made whole first, on every process: that is a collective, which the main process could not make alone while
+    pickling them."""
+    obj = materialize(obj)
     if is_main_process():
         if isinstance(path, (str, os.PathLike)):
             _save_atomically(obj, os.fspath(path), **kwargs)

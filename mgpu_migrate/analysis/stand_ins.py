@@ -1,0 +1,171 @@
+"""Whether an object that writes can be held by the main process alone, with a stand-in on every other process.
+
+``mgpu_runtime.main_process_only(SummaryWriter, log_dir)`` gives every process an object that it uses as the
+original used the writer: calling one of its methods runs it on the main process only, and returns None on the
+others. That is the original's behaviour exactly where the script calls the object's methods for their effect
+and never reads what they return or what the object holds: this module finds the first use that does, in the
+file (``writer.add_scalar(...)`` as a statement is fine, ``writer.log_dir`` is not) and in the functions the
+object is handed to, the file's own or the project's (a ``log(logger, ...)`` helper in ``utils/``, an
+``evaluate(..., logger)`` that tests ``if logger is not None:``), read with ``ast`` through project reading.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from typing import TYPE_CHECKING, Optional
+
+import libcst as cst
+
+from mgpu_migrate.analysis.project import Found, project_of
+from mgpu_migrate.analysis.tree import contains
+
+if TYPE_CHECKING:
+    from mgpu_migrate.analysis.file import FileAnalysis
+
+_MAX_DEPTH = 4
+
+
+def blocker(analysis: FileAnalysis, target: cst.BaseExpression, made: cst.Call) -> Optional[str]:
+    """Why the object ``made`` and stored in ``target`` (a name, or ``self.NAME``) cannot be a stand-in: the first
+    use that reads more than the effect of a method call, in a few words with its line; None when none does."""
+    tree = analysis.tree
+    if type(target) is cst.Name:
+        function = tree.function(made)
+        where: cst.CSTNode = function if function is not None else analysis.module
+        uses = [n for n in contains(where, lambda n: type(n) is cst.Name and n.value == target.value, into_functions=True)]
+        uses = [n for n in uses if n is not target and not _is_attribute_name(tree, n)]
+    elif type(target) is cst.Attribute and type(target.value) is cst.Name and target.value.value == "self":
+        owner = next((a for a in tree.ancestors(made) if type(a) is cst.ClassDef), None)
+        if owner is None:
+            return "stored in an attribute outside a class"
+        name = target.attr.value
+        uses = [
+            n
+            for n in contains(owner, lambda n: type(n) is cst.Attribute and n.attr.value == name, into_functions=True)
+            if n is not target and type(n.value) is cst.Name and n.value.value == "self"
+        ]
+    else:
+        return f"stored in `{analysis.code_of(target)}`"
+    for use in uses:
+        reason = _use_blocks(analysis, use)
+        if reason is not None:
+            return f"{reason} at line {analysis.position(use)[0]}"
+    return None
+
+
+def _is_attribute_name(tree, node: cst.Name) -> bool:
+    """``x.NAME`` or a keyword ``NAME=``: the name there is no use of a variable."""
+    parent = tree.parent(node)
+    return (type(parent) is cst.Attribute and parent.attr is node) or (type(parent) is cst.Arg and parent.keyword is node)
+
+
+def _use_blocks(analysis: FileAnalysis, use: cst.BaseExpression) -> Optional[str]:
+    tree = analysis.tree
+    parent = tree.parent(use)
+    if type(parent) in (cst.AssignTarget, cst.Del):
+        return None
+    if type(parent) is cst.Attribute and parent.value is use:
+        call = tree.parent(parent)
+        if type(call) is cst.Call and call.func is parent:
+            return None if type(tree.parent(call)) is cst.Expr else f"what `{analysis.code_of(parent)}(...)` returns is used"
+        return f"`{analysis.code_of(parent)}` is read"
+    comparison = tree.parent(parent) if type(parent) is cst.ComparisonTarget else parent
+    if type(comparison) is cst.Comparison:
+        sides = [comparison.left, *(target.comparator for target in comparison.comparisons)]
+        kinds = {type(target.operator) for target in comparison.comparisons}
+        if kinds <= {cst.Is, cst.IsNot} and any(type(side) is cst.Name and side.value == "None" for side in sides):
+            return None
+        return f"`{analysis.code_of(comparison)}` compares it"
+    if type(parent) is cst.If and parent.test is use:
+        return None
+    if type(parent) is cst.Arg:
+        call = tree.parent(parent)
+        assert type(call) is cst.Call
+        return _handed(analysis, call, parent)
+    return f"`{analysis.code_of(parent)}` uses it" if parent is not None else "used"
+
+
+def _handed(analysis: FileAnalysis, call: cst.Call, arg: cst.Arg) -> Optional[str]:
+    """The object handed to ``call`` as ``arg``: a function of the file or of the project that only calls its
+    methods for their effect."""
+    if arg.star:
+        return "handed on with *"
+    position = None if arg.keyword is not None else [a for a in call.args if a.keyword is None].index(arg)
+    keyword = arg.keyword.value if arg.keyword is not None else None
+    callee = analysis.code_of(call.func)
+    if type(call.func) is cst.Name:
+        own = [f for f in analysis.tree.nodes(cst.FunctionDef) if f.name.value == call.func.value]
+        if len(own) == 1:
+            tree = ast.parse(analysis.code_of(own[0]).strip())
+            node = tree.body[0]
+            assert isinstance(node, ast.FunctionDef)
+            first = analysis.position(own[0].name)[0] - 1
+            return _parameter_blocks(None, node, position, keyword, 0, callee, lambda line: f"line {first + line}")
+    qualified = analysis.resolve(call.func)
+    project = project_of(analysis.path)
+    found = project.find(qualified) if project is not None and qualified and not qualified.startswith(("torch.", "builtins.")) else None
+    if found is None or not isinstance(found.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return f"handed to `{callee}`, which is not read"
+    return _parameter_blocks(found, found.node, position, keyword, 0, callee, _lines_of(found))
+
+
+def _lines_of(found: Found):
+    module = os.path.relpath(found.module.path, found.seen_from)
+    return lambda line: f"{module}:{line}"
+
+
+def _parameter_blocks(
+    found: Optional[Found],
+    function: ast.FunctionDef | ast.AsyncFunctionDef,
+    position: Optional[int],
+    keyword: Optional[str],
+    depth: int,
+    callee: str,
+    where,
+) -> Optional[str]:
+    """Why the parameter (by ``position`` or ``keyword``) of ``function`` is used for more than its methods' effect."""
+    parameters = [*function.args.posonlyargs, *function.args.args]
+    if position is not None:
+        if position >= len(parameters):
+            return f"handed to `{callee}` past its parameters"
+        name = parameters[position].arg
+    else:
+        name = keyword or ""
+        if name not in {p.arg for p in [*parameters, *function.args.kwonlyargs]}:
+            return f"handed to `{callee}` as `{name}`, which it does not name"
+    parents = {id(child): node for node in ast.walk(function) for child in ast.iter_child_nodes(node)}
+    for node in ast.walk(function):
+        if not (isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load)):
+            continue
+        parent = parents.get(id(node))
+        if isinstance(parent, ast.Attribute):
+            call = parents.get(id(parent))
+            if isinstance(call, ast.Call) and call.func is parent and isinstance(parents.get(id(call)), ast.Expr):
+                continue
+            return f"`{callee}` reads `{name}.{parent.attr}` ({where(node.lineno)})"
+        if isinstance(parent, ast.Compare) and any(isinstance(c, ast.Constant) and c.value is None for c in parent.comparators):
+            continue
+        if isinstance(parent, ast.If) and parent.test is node:
+            continue
+        if isinstance(parent, (ast.Call, ast.keyword)) and depth < _MAX_DEPTH and found is not None:
+            call = parent if isinstance(parent, ast.Call) else parents.get(id(parent))
+            assert isinstance(call, ast.Call)
+            reason = _handed_on(found, call, node, depth)
+            if reason is None:
+                continue
+            return reason
+        return f"`{callee}` uses `{name}` otherwise ({where(node.lineno)})"
+    return None
+
+
+def _handed_on(found: Found, call: ast.Call, node: ast.Name, depth: int) -> Optional[str]:
+    project = project_of(found.module.path)
+    if project is None:
+        return "handed on"
+    _, inner = project.resolve_in(found, call.func)
+    if inner is None or not isinstance(inner.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return f"handed on to `{ast.unparse(call.func)}`, which is not read"
+    position = next((index for index, argument in enumerate(call.args) if argument is node), None)
+    keyword = next((k.arg for k in call.keywords if k.value is node), None)
+    return _parameter_blocks(inner, inner.node, position, keyword, depth + 1, ast.unparse(call.func), _lines_of(inner))

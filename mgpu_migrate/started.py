@@ -1,0 +1,118 @@
+"""The script that starts a program whose training module holds the DataParallel wrap (``--to ddp``).
+
+A real project often trains in a module with no entry point of its own: ncsn's ``main.py`` parses the command
+line, resets the log folder and builds a runner of ``runners/`` (``from runners import *``), whose ``train()``
+wraps the model and loops. The runner becomes the distributed program, yet every process runs ``main.py`` from
+its first line: its side effects (the reset, the config written) happen once per process, and
+``mgpu_runtime.setup()`` belongs at its main block. So a script with a main block and no DataParallel of its
+own that imports such a module is migrated too, as that program's entry point.
+
+This module finds the candidates from bytes and paths alone (a regular expression over the imports, the
+project's modules resolved on disk, the bytes screen of each), following a package's ``__init__`` one level (its
+re-exports, ``from runners.anneal_runner import *``). Whether a candidate really becomes a distributed program
+is its migration's verdict, which the engine asks for (``engine.started_programs``). It reads bytes and paths
+only (not ``analysis/``), so the screen of a file never loads the parser.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+
+from mgpu_migrate import files
+
+# As project reading finds a project (``analysis/project.py``): the nearest directory holding one of these. This
+# module reads bytes and paths only, so that screening a file never loads the parser.
+_ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
+_MAX_LEVELS = 12
+
+_MAIN = re.compile(rb"^if\s+__name__\s*==\s*['\"]__main__['\"]\s*:", re.MULTILINE)
+_IMPORTS = re.compile(
+    rb"^[ \t]*(?:from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+\(?([\w., \t*]+)|import[ \t]+([\w., \t]+))", re.MULTILINE
+)
+_MODULE_BYTES = 1 << 20
+
+
+def has_main_block(data: bytes) -> bool:
+    return _MAIN.search(data) is not None
+
+
+def candidates(path: str, data: bytes, might_migrate: Callable[[bytes], bool]) -> tuple[str, ...]:
+    """The project modules a script with a main block imports (directly, or re-exported by a package it
+    imports) that may hold a migration site and have no main block of their own; () for anything else."""
+    if not has_main_block(data) or b"import" not in data:
+        return ()
+    directory = os.path.dirname(os.path.abspath(path))
+    root = _root(directory)
+    bases = tuple(dict.fromkeys((directory, _above_package(directory), *((root,) if root is not None else ()))))
+    found: list[str] = []
+    for module in _imported(data, directory, bases):
+        for inner in (module, *(_imported(_read(module), os.path.dirname(module), bases) if module.endswith("__init__.py") else ())):
+            text = _read(inner)
+            if inner != os.path.abspath(path) and might_migrate(text) and not has_main_block(text) and inner not in found:
+                found.append(inner)
+    return tuple(found)
+
+
+def _root(directory: str) -> str | None:
+    current = directory
+    for _ in range(_MAX_LEVELS):
+        if any(os.path.exists(os.path.join(current, marker)) for marker in _ROOT_MARKERS):
+            return current
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        current = parent
+    return None
+
+
+def _above_package(directory: str) -> str:
+    current = directory
+    for _ in range(_MAX_LEVELS):
+        if not os.path.exists(os.path.join(current, "__init__.py")):
+            return current
+        current = os.path.dirname(current)
+    return current
+
+
+def _read(path: str) -> bytes:
+    try:
+        return files.read(path, _MODULE_BYTES)[0]
+    except OSError:
+        return b""
+
+
+def _imported(data: bytes, here: str, bases: tuple[str, ...]) -> list[str]:
+    """The files of the project's modules that ``data``'s imports name (``from a.b import c``: ``a/b.py``, or
+    ``a/b/c.py`` where ``c`` is a module; ``import a.b``: ``a/b.py``; relative imports from ``here``)."""
+    found = []
+    for dots, source, names, plain in _IMPORTS.findall(data):
+        if plain:
+            modules = [name.strip().split()[0].decode() for name in plain.split(b",") if name.strip()]
+            where = bases
+        else:
+            base = source.decode()
+            imported = [name.strip().split()[0].decode() for name in names.split(b",") if name.strip() and name.strip() != b"*"]
+            modules = [base, *(f"{base}.{name}" if base else name for name in imported)] if base else imported
+            if dots:
+                up = here
+                for _ in range(len(dots) - 1):
+                    up = os.path.dirname(up)
+                where = (up,)
+            else:
+                where = bases
+        for module in modules:
+            file = _module_file(module, where)
+            if file is not None and file not in found:
+                found.append(file)
+    return found
+
+
+def _module_file(module: str, bases: tuple[str, ...]) -> str | None:
+    for base in bases:
+        relative = os.path.join(base, *module.split("."))
+        for candidate in (relative + ".py", os.path.join(relative, "__init__.py")):
+            if os.path.isfile(candidate):
+                return os.path.abspath(candidate)
+    return None

@@ -1,0 +1,103 @@
+"""Side effects done once, by the main process, where the DataParallel original did them once.
+
+``on_main_process(function, *args, **kwargs)`` calls a function that writes (``save_image``, ``cv2.imwrite``, a
+project's ``save_pred``) on the main process only; ``main_process_only(factory, *args, **kwargs)`` builds an
+object that writes (a TensorBoard ``SummaryWriter``, a log file, a project's ``Logger``) on the main process
+only, and gives every process a stand-in for it, so the script's code that uses the object runs unchanged on
+every process.
+
+Both are called by every process, where the original made the call, and both first make whole the global
+values among the arguments (``mgpu_runtime.sharded``: the distributed loader's batches and the wrapped model's
+outputs, held in pieces): that is a collective, which every process must join, so it cannot wait for the main
+process alone inside the writer. The main process then writes what the original wrote, from the same values.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from mgpu_runtime.distributed.process_group import barrier, is_main_process
+from mgpu_runtime.sharded.tensor import materialize
+
+
+def _whole(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The arguments with every global value in them made whole: the same collectives, in the same order, on
+    every process (nothing at all where they hold none)."""
+    return materialize(args), {key: materialize(value) for key, value in kwargs.items()}
+
+
+def on_main_process(function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)`` on the main process only; every process waits for it.
+
+    Called by every process where the original called ``function``. The global values among the arguments
+    are made whole first, on every process; then the main process calls ``function`` and the others wait at a
+    barrier, so what it wrote is complete for everyone when this returns (a file another process reads next is
+    there). Returns what ``function`` returned on the main process, and None on the others: a result that every
+    process uses is no side effect, and the codemod does not move such a call here. In a single process, the
+    call itself."""
+    args, kwargs = _whole(args, kwargs)
+    result = function(*args, **kwargs) if is_main_process() else None
+    barrier()
+    return result
+
+
+class MainProcessOnly:
+    """An object only the main process holds (``held``), or its stand-in on the other processes (``held`` None).
+
+    Every process uses it as the original used the object: an attribute of it is another ``MainProcessOnly``
+    (of the attribute, on the main process), and calling one makes the global values among its arguments whole
+    on every process, then calls the attribute on the main process only, returning its result there and None
+    elsewhere. So ``writer.add_scalar("loss", loss, step)`` writes once, and the loss is computed, as before, by
+    every process. A ``with`` block over it enters and leaves the object on the main process; at its end every
+    process waits for the main one, so a file written in the block is complete for all of them. Nothing else
+    waits: a file written outside a ``with`` and read by another process needs ``mgpu_runtime.barrier()``.
+    """
+
+    __slots__ = ("_held",)
+
+    def __init__(self, held: Any) -> None:
+        object.__setattr__(self, "_held", held)
+
+    def __getattr__(self, name: str) -> MainProcessOnly:
+        held = object.__getattribute__(self, "_held")
+        return MainProcessOnly(getattr(held, name) if is_main_process() else None)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if is_main_process():
+            setattr(object.__getattribute__(self, "_held"), name, value)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        args, kwargs = _whole(args, kwargs)
+        held = object.__getattribute__(self, "_held")
+        return held(*args, **kwargs) if is_main_process() else None
+
+    def __enter__(self) -> MainProcessOnly:
+        held = object.__getattribute__(self, "_held")
+        return MainProcessOnly(held.__enter__()) if is_main_process() else self
+
+    def __exit__(self, *exception: Any) -> Any:
+        held = object.__getattribute__(self, "_held")
+        try:
+            return held.__exit__(*exception) if is_main_process() else False
+        finally:
+            if exception[0] is None:
+                barrier()
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        held = object.__getattribute__(self, "_held")
+        return f"mgpu_runtime.MainProcessOnly({held!r})" if is_main_process() else "mgpu_runtime.MainProcessOnly(<on the main process>)"
+
+
+def main_process_only(factory: Callable[..., Any], /, *args: Any, **kwargs: Any) -> MainProcessOnly:
+    """``factory(*args, **kwargs)`` built on the main process only, and a stand-in for it on every process.
+
+    For an object that writes and that the original built once: ``SummaryWriter(log_dir)``, ``open(path,
+    "a")``, a project's ``Logger(path)``. Every process gets a :class:`MainProcessOnly` and uses it as the
+    original used the object; its method calls run on the main process only. The codemod uses it only where the
+    script calls the object's methods for their effect and never reads what they return. In a single process,
+    the object itself behind the stand-in."""
+    args, kwargs = _whole(args, kwargs)
+    return MainProcessOnly(factory(*args, **kwargs) if is_main_process() else None)

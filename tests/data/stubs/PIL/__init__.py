@@ -1,0 +1,1 @@
+"""PIL, as far as the fixtures use it (``PIL.Image``)."""

@@ -1,0 +1,1 @@
+"""torchvision, as far as the fixtures use it (``torchvision.utils``)."""

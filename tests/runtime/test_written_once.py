@@ -1,0 +1,69 @@
+"""Writers run once, on the main process, in a job of 2 and 3 CPU processes (``mgpu_runtime.on_main_process``,
+``main_process_only``, and ``save`` given the model's outputs), as in one process.
+
+``distributed_scripts/written_once.py`` gives every writer the batch's global values (the model's outputs, held
+in pieces), which every process must join in making whole: a writer that made them whole on the main process
+alone would wait forever. Each file is created exclusively (``"x"``), so a second writer fails the job; the log
+is appended to, so a second writer would repeat its lines; every process reads back what the main process
+wrote in a ``with`` block, which must be complete when the block ends.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+SCRIPT = Path(__file__).parent / "distributed_scripts" / "written_once.py"
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 240
+
+
+def _environment() -> dict[str, str]:
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("MGPU_", "SLURM_")) and k not in ("RANK", "WORLD_SIZE")},
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "runtime"), str(ROOT)]),
+        "CUDA_VISIBLE_DEVICES": "",
+        "OMP_NUM_THREADS": "1",
+        "MGPU_TIMEOUT": "60",
+    }
+
+
+def _run(directory: Path, processes: int) -> str:
+    command = [sys.executable, str(SCRIPT), str(directory)]
+    if processes > 1:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}", *command[1:]]
+    done = subprocess.run(command, env=_environment(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def alone(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("alone")
+    return directory, _run(directory, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", (2, 3))
+def test_each_file_is_written_once_and_read_back_complete(alone, tmp_path, processes):
+    directory, printed = alone
+    assert _run(tmp_path, processes) == printed  # what rank 0 read back, line for line
+    written = sorted(path.name for path in tmp_path.iterdir() if not path.name.startswith("model_"))
+    assert written == sorted(path.name for path in directory.iterdir() if not path.name.startswith("model_"))
+    assert (tmp_path / "log.txt").read_text() == (directory / "log.txt").read_text()
+    assert len((tmp_path / "log.txt").read_text().splitlines()) == 5
+    for step in range(5):
+        ours = torch.load(tmp_path / f"outputs_{step}.pt")
+        theirs = torch.load(directory / f"outputs_{step}.pt")
+        assert ours.shape == theirs.shape and (ours - theirs).abs().max().item() <= 1e-9
+        assert (torch.load(tmp_path / f"saved_{step}.pt") - theirs).abs().max().item() <= 1e-9
+        assert (tmp_path / f"summary_{step}.txt").read_text() == (directory / f"summary_{step}.txt").read_text()
+    states = [torch.load(tmp_path / f"model_{rank}.state") for rank in range(processes)]
+    for name, value in torch.load(directory / "model_0.state").items():
+        assert all((state[name] - value).abs().max().item() <= 1e-9 for state in states), name
