@@ -102,8 +102,8 @@ class HandedTraining:
         self.loaders = loaders
         self.handovers: list[Handover] = []
         calls = analysis.calls
-        if any(loaders.is_backward(call) for call in calls):
-            return
+        if not models.sites or any(loaders.is_backward(call) for call in calls):
+            return  # no wrap to hand over (the model flow then has no index), or a file that trains itself
         project = project_of(analysis.path)
         if project is None:
             return
