@@ -28,6 +28,10 @@ _TORCH_SAMPLERS = {
 _ITERABLE_DATASETS = {"torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset"}
 # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, ...)
 _SAMPLER_POSITIONS = {"sampler": 3, "batch_sampler": 4}
+# Transforms that draw random numbers per sample besides torchvision's ``Random*`` ones.
+_DRAWING_TRANSFORMS = frozenset(
+    {"ColorJitter", "GaussianBlur", "AutoAugment", "RandAugment", "TrivialAugmentWide", "AugMix", "ElasticTransform"}
+)
 # What leaving a training loop's data whole means, in the messages that say so.
 # How many calls deep a loss handed to a function of this file is followed back.
 _ARGUMENT_DEPTH = 3
@@ -114,7 +118,10 @@ class TrainingData(Rule):
     for the one chunk its model runs. ``distribute_loader`` gives each process its slice of each of the
     original's global batches, in the original order and with the original sampler's randomness, while the
     loop sees the global batch (its ``len``, ``shape`` and every value computed from it are the original's), so
-    the run trains on exactly the original batches.
+    the run trains on exactly the original batches. Each process loads only its rows of each batch, unless the
+    file builds transforms that draw per sample (``RandomCrop``, ``ColorJitter``, albumentations): then the
+    call is ``distribute_loader(..., whole_batches=True)``, and every process loads the whole batch, so that its
+    random draws are the original's numbers (the original loaded the whole batch in its one process too).
 
     ## Example
     ```python
@@ -205,6 +212,7 @@ class TrainingData(Rule):
         if not program.migrates:
             return
         flow = self.analysis.loaders
+        self._drawing = self._random_transform()
         summed = {loop: self._summed_loss(loop) for loop in flow.training_loops}
         wrapped: set[cst.CSTNode] = set()
         reported: set[cst.CSTNode] = set()
@@ -263,9 +271,7 @@ class TrainingData(Rule):
                 if point in wrapped or not self.rewrite_allowed(point):
                     continue
                 wrapped.add(point)
-                self.edits.replace(point, lambda expr: runtime_call("distribute_loader", expr))
-                self.edits.need_import(RUNTIME)
-                self.rewrote(
+                self._distribute_at(
                     point,
                     f"training data split across processes with {RUNTIME}.distribute_loader (its loop: `{handover.name}`, "
                     f"{handover.loop})",
@@ -323,10 +329,42 @@ class TrainingData(Rule):
         return trace.path[0]
 
     def _distribute(self, point: cst.BaseExpression, origin: cst.Call, trace: LoaderTrace) -> None:
-        self.edits.replace(point, lambda expr: runtime_call("distribute_loader", expr))
-        self.edits.need_import(RUNTIME)
-        self.rewrote(point, f"training data split across processes with {RUNTIME}.distribute_loader")
+        self._distribute_at(point, f"training data split across processes with {RUNTIME}.distribute_loader")
         self._check_origin(origin)
+
+    def _distribute_at(self, point: cst.BaseExpression, message: str) -> None:
+        """``distribute_loader(point)``; with ``whole_batches=True`` in a file that builds random transforms."""
+        drawing = self._drawing
+        if drawing is None:
+            self.edits.replace(point, lambda expr: runtime_call("distribute_loader", expr))
+        else:
+            whole = cst.Arg(cst.Name("True"), keyword=cst.Name("whole_batches"))
+            self.edits.replace(
+                point, lambda expr: runtime_call("distribute_loader", expr).with_changes(
+                    args=[cst.Arg(expr), whole.with_changes(
+                        equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
+                    )]
+                )
+            )
+            line = self.analysis.position(drawing)[0]
+            message += (
+                f"; every process loads each whole batch (`{shorten(self.analysis.code_of(drawing.func), 30)}`, line "
+                f"{line}, draws per sample: its numbers are the original's)"
+            )
+        self.edits.need_import(RUNTIME)
+        self.rewrote(point, message)
+
+    def _random_transform(self) -> Optional[cst.Call]:
+        """The first call of the file that builds a transform drawing random numbers per sample
+        (torchvision's ``RandomCrop``, ``ColorJitter``, a project's ``transforms.RandomSizedRectCrop``, any
+        albumentations transform), else None."""
+        for call in self.analysis.calls:
+            qualified = self.analysis.resolve(call.func) or ""
+            last = qualified.rpartition(".")[2]
+            drawing = last.startswith("Random") or last in _DRAWING_TRANSFORMS
+            if (drawing and "transform" in qualified.lower()) or qualified.startswith("albumentations."):
+                return call
+        return None
 
     def _check_origin(self, origin: cst.Call) -> None:
         """What to say of a DataLoader distributed: its own sampler, an iterable dataset."""

@@ -119,6 +119,20 @@ def mixup(b: Batch):
     return lam * F.cross_entropy(out, b.y) + (1 - lam) * F.cross_entropy(out, b.y[permutation])
 
 
+def legacy_variables(b: Batch):
+    """PyTorch 0.3's wrappers, still accepted: ``Variable(x)`` detaches (C++ below __torch_function__), and
+    ``volatile`` only warns (mean-teacher's ``Variable(ema_logit.detach().data, requires_grad=False)``)."""
+    import warnings
+
+    from torch.autograd import Variable
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        target = Variable(b.out.detach().data, requires_grad=False)
+        inputs = Variable(b.x, volatile=True)
+    return ((b.out - target * 0.5) ** 2).mean() + (inputs @ b.w).sum() * 0.1
+
+
 def accuracy(b: Batch):
     correct = (b.out.argmax(1) == b.y).sum()
     return correct.float() / b.y.size(0) + b.out.sum() * 0
@@ -251,6 +265,7 @@ CASES = [
     contrastive,
     distillation,
     mixup,
+    legacy_variables,
     accuracy,
     ctc,
     losses_of_torch,

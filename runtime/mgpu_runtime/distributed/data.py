@@ -25,7 +25,8 @@ Two ways to get there, by what the loader is:
   batch, so every rank loads and collates the whole global batch and keeps its span of rows, which is what
   DataParallel scattered. A dataset that draws per sample (random augmentation) draws, on a rank loading
   its span only, numbers of the original's distribution but not the original's numbers;
-  ``MGPU_WHOLE_BATCHES=1`` loads the whole batch there too, for exactly the original's. A rank
+  ``distribute_loader(loader, whole_batches=True)`` (which ``mgpu-migrate`` writes where the file builds random
+  transforms) or ``MGPU_WHOLE_BATCHES=1`` loads the whole batch there too, for exactly the original's. A rank
   whose span is empty loads the batch's first sample and cuts it to zero rows, so it still has a batch of
   the right structure to run forward and backward on. Batches are kept in order (``in_order=True``), which
   keeping ranks aligned requires.
@@ -94,8 +95,10 @@ def whole_batches_asked() -> bool:
     return value == "1"
 
 
-def distribute_loader(loader: Iterable[Any]) -> Iterable[Any]:
-    """The distributed twin of ``loader`` (see the module doc); ``loader`` itself in a world of one."""
+def distribute_loader(loader: Iterable[Any], whole_batches: bool = False) -> Iterable[Any]:
+    """The distributed twin of ``loader`` (see the module doc); ``loader`` itself in a world of one.
+    ``whole_batches=True`` (what ``mgpu-migrate`` writes for a dataset whose transforms draw per sample) has every
+    rank load the whole global batch, as ``MGPU_WHOLE_BATCHES=1`` does: its random draws are the original's."""
     setup()
     if world_size() == 1:
         return loader
@@ -104,7 +107,7 @@ def distribute_loader(loader: Iterable[Any]) -> Iterable[Any]:
         and not isinstance(loader.dataset, IterableDataset)
         and loader.batch_sampler is not None
     ):
-        return _IndexShardedLoader(loader)
+        return _IndexShardedLoader(loader, whole_batches)
     return _ScatteredLoader(loader)
 
 
@@ -132,12 +135,12 @@ class _LoaderTwin(ABC):
 
 
 class _IndexShardedLoader(_LoaderTwin):
-    def __init__(self, loader: DataLoader) -> None:
+    def __init__(self, loader: DataLoader, whole_batches: bool = False) -> None:
         super().__init__(loader)
         # A collate_fn of the script's own may not be slice-invariant (padding to the batch's longest sample,
         # per-batch normalisation): it collates the whole global batch, of which the rank keeps its rows.
-        # So does MGPU_WHOLE_BATCHES=1, for a dataset that draws (random augmentation).
-        self._whole_batches = loader.collate_fn is not default_collate or whole_batches_asked()
+        # So does a dataset that draws (random augmentation: whole_batches=True, or MGPU_WHOLE_BATCHES=1).
+        self._whole_batches = whole_batches or loader.collate_fn is not default_collate or whole_batches_asked()
         self._shards = _ShardedBatchSampler(loader.batch_sampler, self._whole_batches)
         settings = {name: getattr(loader, name) for name in _KEPT_LOADER_SETTINGS if name in _LOADER_PARAMETERS}
         if "in_order" in _LOADER_PARAMETERS:

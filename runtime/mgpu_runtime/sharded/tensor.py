@@ -48,6 +48,11 @@ class Sharded(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.detach.default and len(args) == 1 and type(args[0]) is Sharded and not kwargs:
+            # ``torch.autograd.Variable(x)`` (PyTorch 0.3's wrapper, still accepted): C++ detaches its argument
+            # below __torch_function__. The value detached is each piece detached.
+            value = args[0]
+            return Sharded([piece.detach() for piece in value._pieces], value._splits, value._group)
         raise RuntimeError(
             f"mgpu_runtime: {func} reached torch's dispatcher with a Sharded tensor (a global value of the batch "
             "held in pieces); no rule of mgpu_runtime.sharded answered it. Please report this, with the line "
