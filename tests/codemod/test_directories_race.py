@@ -101,7 +101,7 @@ for trial in range({TRIALS}):
     mine = os.path.join(folder, "rank" + rank)
     try:
         reset(folder)
-        with open(mine, "w") as written:
+        with open(mine, "w") as written:  # noqa: MGP134 -- each rank's own file: the race's evidence
             written.write(rank)
     except OSError:
         failures["reset"] += 1
@@ -109,7 +109,7 @@ for trial in range({TRIALS}):
     lined_up()
     if mine is not None and not os.path.exists(mine):
         failures["lost"] += 1
-with open(os.path.join(root, "failures." + rank + ".json"), "w") as counted:
+with open(os.path.join(root, "failures." + rank + ".json"), "w") as counted:  # noqa: MGP134 -- each rank's count
     json.dump(failures, counted)
 '''
 
