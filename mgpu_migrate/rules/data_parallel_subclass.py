@@ -20,7 +20,7 @@ _PRIVATE_STATE = frozenset({"src_device_obj", "device_type"})
 def _called(method: cst.FunctionDef) -> bool:
     """A ``replicate(self, module, device_ids)`` override: the runtime's wrapper calls it as DataParallel did."""
     params = method.params
-    starred = isinstance(params.star_arg, (cst.Param, cst.ParamStar)) or params.star_kwarg is not None
+    starred = type(params.star_arg) in (cst.Param, cst.ParamStar) or params.star_kwarg is not None
     plain = not (starred or params.kwonly_params or params.posonly_params)
     return method.name.value == _CALLED and plain and len(params.params) == 3 and not method.decorators
 

@@ -103,7 +103,7 @@ class LegacyAsyncKeyword(Rule):
     def apply(self) -> None:
         for call in self.analysis.calls:
             func = call.func
-            if not (isinstance(func, cst.Attribute) and func.attr.value in old_keywords.METHODS):
+            if not (type(func) is cst.Attribute and func.attr.value in old_keywords.METHODS):
                 continue
             for arg in call.args:
                 if arg.keyword is None or arg.keyword.value != old_keywords.PLACEHOLDER:
