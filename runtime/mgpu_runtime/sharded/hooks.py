@@ -272,22 +272,28 @@ class _PieceByPiece:
             tape.served += 1
             if tape.served == self.count:
                 self.tapes.pop(task, None)
+                tape.complete(self.group)
             return None if result is None else as_gradient(result, view, self.hook)._pieces[0]
 
         return piece_hook
 
 
 class _Tape:
-    """The torch operations of one hook call on one piece's gradient, to replay on another piece's."""
+    """The torch operations of one hook call on one piece's gradient, to replay on another piece's. The values
+    the call made on its piece's rows (the gradient it was given too) are made whole once every piece has been
+    replayed: a value the hook kept (``grads.append(grad)``) is the whole global value after the backward."""
 
     def __init__(self) -> None:
         self.steps: list[tuple[Rule, Callable, tuple, dict, Any]] = []
         self.origin: Sharded | None = None
         self.output: Any = None
         self.served = 0
+        self.pieces: dict[int, tuple[Sharded, dict[int, torch.Tensor]]] = {}
+        """For each value the call made on its piece's rows: the value, and its piece of each part's rows."""
 
     def record(self, hook: Hook, view: Sharded, part: _OnePart) -> Any:
         self.origin = view
+        self.keep(view, view, part)
         call = _PieceCall(part, self)
         previous, CALLS.piece = CALLS.piece, call
         try:
@@ -298,10 +304,26 @@ class _Tape:
 
     def replay(self, view: Sharded, part: _OnePart) -> Any:
         seen: dict[int, Any] = {id(self.origin): view}
+        self.keep(self.origin, view, part)
         for rule, func, args, kwargs, result in self.steps:
             replayed = rule(func, _substitute(args, seen, part), _substitute(kwargs, seen, part))
             _bind(result, replayed, seen)
+            self.keep(result, replayed, part)
         return _substitute(self.output, seen, part)
+
+    def keep(self, recorded: Any, made: Any, part: _OnePart) -> None:
+        if type(recorded) is Sharded:
+            if type(made) is Sharded and made._group is part and type(recorded._group) is _OnePart:
+                self.pieces.setdefault(id(recorded), (recorded, {}))[1][part.index] = made._pieces[0]
+        elif isinstance(recorded, (tuple, list)) and isinstance(made, (tuple, list)):
+            for old, new in zip(recorded, made):
+                self.keep(old, new, part)
+
+    def complete(self, whole: Group) -> None:
+        for value, pieces in self.pieces.values():
+            if len(pieces) == len(whole.held):
+                value._pieces = tuple(pieces[index] for index in range(len(whole.held)))
+                value._group = whole
 
 
 class _PieceCall:
@@ -318,6 +340,7 @@ class _PieceCall:
         finally:
             self.depth -= 1
         self.tape.steps.append((rule, func, args, kwargs, result))
+        self.tape.keep(result, result, self.part)
         return result
 
 
