@@ -10,10 +10,10 @@ be given the whole gradient is refused, naming its line (``mgpu_runtime.sharded.
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from mgpu_runtime.balanced import DataParallelModel
@@ -84,7 +84,9 @@ def test_a_value_not_used_yet_is_tied_and_one_used_is_hooked_piece_by_piece():
     printed = batch.out.exp()
     repr(printed), printed.tolist(), printed.shape  # a print, a list, its shape carry no gradient on: no use
     printed.register_hook(lambda grad: grad)
-    assert fresh._tie is not None and used._tie is None and printed._tie is not None
+    alias = used.double()  # a conversion that changes nothing is the value itself, as in torch
+    alias.register_hook(lambda grad: grad)
+    assert fresh._tie is not None and used._tie is None and printed._tie is not None and alias is used
     assert all(type(value) is Sharded and value.shape == (7, 5) for value in (fresh, used, printed))
 
 
@@ -128,7 +130,7 @@ def test_autograd_grad_gives_the_gradient_after_the_hooks(use_first):
         batch, _, _ = _batch(7, parts)
         hidden = batch.out.tanh()
         before = (hidden * batch.plain).sum() if use_first else 0
-        hidden.register_hook(lambda grad: grad / hook_cases._scale(batch)[:, None])
+        hidden.register_hook(lambda grad, batch=batch: grad / hook_cases._scale(batch)[:, None])
         (gradient,) = torch.autograd.grad(before + (hidden ** 2).sum(), [hidden])
         if expected is None:
             expected = gradient
@@ -161,7 +163,7 @@ def test_a_batch_on_one_replica_is_hooked_on_its_one_piece():
         x = global_data(1)["x"].clone().requires_grad_(True)
         value = Sharded([x], [1, 0, 0], group) if sharded else x
         norms = []
-        value.register_hook(lambda grad: norms.append(float(grad.norm())) or grad / grad.norm())
+        value.register_hook(lambda grad, norms=norms: norms.append(float(grad.norm())) or grad / grad.norm())
         (value.tanh() ** 2).sum().backward()
         assert len(norms) == 1
         expected = x.grad if expected is None else expected
@@ -228,7 +230,7 @@ def test_the_gathered_output_s_hook_and_grad_see_the_loop_s_uses_not_the_forward
         state, reward = model(x)
         state.retain_grad()
         before = (state * 2).sum() if use_first else 0
-        state.register_hook(lambda grad: seen.append(grad) or grad / scale[:, None])
+        state.register_hook(lambda grad, seen=seen: seen.append(grad) or grad / scale[:, None])
         (before + reward.sum() + (state ** 2).sum()).backward()
         results.append((materialize(state.grad), materialize(seen[0]), [p.grad.clone() for p in model.module.parameters()]))
     (want_grad, want_seen, want_parameters), (got_grad, got_seen, got_parameters) = results
@@ -239,7 +241,7 @@ def test_the_gathered_output_s_hook_and_grad_see_the_loop_s_uses_not_the_forward
 
 
 def _line(marker: str) -> int:
-    source = open(hook_cases.__file__).read().splitlines()
+    source = Path(hook_cases.__file__).read_text().splitlines()
     return next(number for number, line in enumerate(source, 1) if marker in line)
 
 
@@ -250,4 +252,4 @@ def test_the_hook_cases_compute_on_the_batch():
         loss, _ = case(batch)
         loss.backward()
         assert x.grad is not None and x.grad.abs().sum() > 0, case.__name__
-        assert not F.mse_loss(w.grad, torch.zeros_like(w.grad)) == 0, case.__name__
+        assert w.grad.abs().sum() > 0, case.__name__

@@ -39,6 +39,7 @@ import itertools
 import os
 import sys
 import threading
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -166,7 +167,11 @@ class _Tie:
     def add(self, hook: Hook, site: str) -> Handle:
         key = next(self._keys)
         self.hooks[key] = (hook, site)
-        return Handle([], lambda: self.hooks.pop(key, None))
+
+        def remove() -> None:
+            self.hooks.pop(key, None)
+
+        return Handle([], remove)
 
     def backward(self, gradients: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         whole = Sharded(list(gradients), self.splits, self.group)
@@ -191,12 +196,12 @@ class _Tie:
 
 class _TieFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, tie: _Tie, *pieces: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+    def forward(ctx: Any, tie: _Tie, *pieces: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.tie = tie
         return tuple(piece.clone() for piece in pieces)
 
     @staticmethod
-    def backward(ctx: Any, *gradients: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, *gradients: torch.Tensor) -> tuple[Any, ...]:
         return (None, *ctx.tie.backward(gradients))
 
 
@@ -255,25 +260,27 @@ class _PieceByPiece:
         self.count = len(hooked)
         self.tapes: dict[int, _Tape] = {}
         """The recording of the current backward (by autograd's graph task), until every piece has had it."""
+        self._lock = threading.Lock()  # autograd may reach the pieces from the devices' threads at once
         self.handle = Handle([value._pieces[index].register_hook(self._piece_hook(index)) for index in hooked])
 
     def _piece_hook(self, index: int) -> Hook:
         def piece_hook(gradient: torch.Tensor) -> torch.Tensor | None:
-            task = torch._C._current_graph_task_id()
-            part = _OnePart(self.group, index, self.site)
-            view = Sharded([gradient], self.splits, part)
-            tape = self.tapes.get(task)
-            if tape is None:
-                tape = _Tape()
-                self.tapes = {task: tape}  # a backward that never reached every piece is over
-                result = tape.record(self.hook, view, part)
-            else:
-                result = tape.replay(view, part)
-            tape.served += 1
-            if tape.served == self.count:
-                self.tapes.pop(task, None)
-                tape.complete(self.group)
-            return None if result is None else as_gradient(result, view, self.hook)._pieces[0]
+            with self._lock:
+                task = torch._C._current_graph_task_id()
+                part = _OnePart(self.group, index, self.site)
+                view = Sharded([gradient], self.splits, part)
+                tape = self.tapes.get(task)
+                if tape is None:
+                    tape = _Tape()
+                    self.tapes = {task: tape}  # a backward that never reached every piece is over
+                    result = tape.record(self.hook, view, part)
+                else:
+                    result = tape.replay(view, part)
+                tape.served += 1
+                if tape.served == self.count:
+                    self.tapes.pop(task, None)
+                    tape.complete(self.group)
+                return None if result is None else as_gradient(result, view, self.hook)._pieces[0]
 
         return piece_hook
 
@@ -379,7 +386,7 @@ def _name(hook: Hook) -> str:
 
 def _site() -> str:
     """``FILE:LINE`` of the script's statement that registers the hook (past torch's and the runtime's frames)."""
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(_LIBRARIES):
         frame = frame.f_back
     return "an unknown line" if frame is None else f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"

@@ -333,7 +333,9 @@ def _pointwise(func, args, kwargs):
 
 def _conversion(func, args, kwargs):
     """``.to()``, ``.float()``, ``.detach()``, ``.clone()``...: each piece converted; a Sharded argument other than
-    the value (``x.to(other)``, ``x.type_as(other)``) stands for its dtype and device."""
+    the value (``x.to(other)``, ``x.type_as(other)``) stands for its dtype and device. A conversion that changes
+    nothing gives the value itself, as torch gives ``x`` for ``x.float()`` of a float ``x`` (so it is one value
+    for its gradient hooks too)."""
     value = args[0]
     if type(value) is not Sharded:
         return func(*materialize(args), **materialize(kwargs))
@@ -343,7 +345,9 @@ def _conversion(func, args, kwargs):
         return (value._pieces[index], *rest), {k: v._pieces[0] if type(v) is Sharded else v for k, v in kwargs.items()}
 
     result = _per_piece(func, args, kwargs, value, local=local)
-    return value if _in_place(func) else result
+    if _in_place(func) or type(result) is Sharded and all(new is old for new, old in zip(result._pieces, value._pieces)):
+        return value
+    return result
 
 
 def _row_wise(func, args, kwargs):

@@ -38,7 +38,7 @@ def main(output: str) -> None:
         splits += [0] * (world - len(splits))
         start = sum(splits[:rank])
 
-        def cut(tensor: torch.Tensor) -> Sharded:
+        def cut(tensor: torch.Tensor, start: int = start, splits: list[int] = splits) -> Sharded:
             return Sharded([tensor[start : start + splits[rank]]], splits, group)
 
         for case in [*CASES, *WHOLE_AFTER_USE]:
