@@ -96,6 +96,20 @@ def hook_on_the_output(b: Batch):
     return F.cross_entropy(b.out, b.y), [b.out]
 
 
+def held_alike(b: Batch):
+    """Values the loop holds whole, computed from the output: a sort over the batch (materialised) and the loss.
+    Over processes every rank holds them alike and their gradient in parts; a hook is given the whole."""
+    ranked = b.out.sort(0)[0]
+    ranked.retain_grad()
+    ranked.register_hook(lambda grad: grad / grad.norm())
+    loss = (ranked ** 2).mean() + F.cross_entropy(b.out, b.y)
+    seen: list[torch.Tensor] = []
+    loss.register_hook(lambda grad: seen.append(grad) or None)
+    loss.register_hook(lambda grad: grad.clamp(max=0.7))
+    loss.retain_grad()
+    return loss * 3, [ranked, seen, loss]
+
+
 CASES = [
     scaled_per_row,
     normalised_by_the_batch,
@@ -105,6 +119,7 @@ CASES = [
     observed_after_use,
     used_before_row_wise,
     hook_on_the_output,
+    held_alike,
 ]
 
 

@@ -52,6 +52,9 @@ Hook = Callable[[torch.Tensor], Any]
 Rule = Callable[[Callable, tuple, dict], Any]
 
 _LIBRARIES = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TORCH_REGISTER_HOOK = torch.Tensor.register_hook
+TORCH_RETAIN_GRAD = torch.Tensor.retain_grad
+"""Torch's own, for the pieces (over processes ``gradients.py`` puts its own on ``torch.Tensor``, for the loop's)."""
 
 
 class _Calls(threading.local):
@@ -70,7 +73,7 @@ def register_hook(func: Callable, args: tuple, kwargs: dict) -> Handle:
         raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
     site = _site()
     if len(value._pieces) == 1:
-        return Handle([value._pieces[0].register_hook(_whole_from_one(value, hook))])
+        return Handle([TORCH_REGISTER_HOOK(value._pieces[0], _whole_from_one(value, hook))])
     if value._tie is None and not value._used:
         _Tie(value, site)
     if value._tie is not None:
@@ -81,7 +84,7 @@ def register_hook(func: Callable, args: tuple, kwargs: dict) -> Handle:
 def retain_grad(func: Callable, args: tuple, kwargs: dict) -> None:
     """``value.retain_grad()``: its ``.grad`` is the gradient after its hooks."""
     for tensor in holders(args[0]):
-        tensor.retain_grad()
+        TORCH_RETAIN_GRAD(tensor)
 
 
 def holders(value: Sharded) -> Sequence[torch.Tensor]:
@@ -162,7 +165,7 @@ class _Tie:
         value._tie = self
         for index, piece in enumerate(old):
             if piece.requires_grad:
-                piece.register_hook(self._check(index))
+                TORCH_REGISTER_HOOK(piece, self._check(index))
 
     def add(self, hook: Hook, site: str) -> Handle:
         key = next(self._keys)
@@ -261,7 +264,7 @@ class _PieceByPiece:
         self.tapes: dict[int, _Tape] = {}
         """The recording of the current backward (by autograd's graph task), until every piece has had it."""
         self._lock = threading.Lock()  # autograd may reach the pieces from the devices' threads at once
-        self.handle = Handle([value._pieces[index].register_hook(self._piece_hook(index)) for index in hooked])
+        self.handle = Handle([TORCH_REGISTER_HOOK(value._pieces[index], self._piece_hook(index)) for index in hooked])
 
     def _piece_hook(self, index: int) -> Hook:
         def piece_hook(gradient: torch.Tensor) -> torch.Tensor | None:
