@@ -38,6 +38,7 @@ PLAIN_IN_FORWARD = {
             "token_sum_over_count",
             "trainer_class",
             "two_headed",
+            "unroll_gradient_hooks",
             "vae_penalty",
             "weighted_tokens",
         ],

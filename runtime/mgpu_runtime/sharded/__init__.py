@@ -30,7 +30,8 @@ processes, the balanced runtime over the replicas' devices in one process.
 loss) is its *part*: the parts sum, over the ranks, to the gradient of the one global loss. A backward from
 such a value starts at ``1/W`` on every rank (``gradients.py``), a collective's backward sums the parts
 (``groups.py``), and the gradients of parameters are summed across ranks: DDP's reduction for the wrapped
-model, and at each optimizer step for any other parameter. A piece's own gradient is whole on its rank.
+model, and at each optimizer step for any other parameter. A piece's own gradient is whole on its rank. A
+gradient hook on a global value is given its whole gradient (``hooks.py``).
 """
 
 from mgpu_runtime.sharded.groups import Group, RankGroup, ReplicaGroup

@@ -14,12 +14,19 @@ piece's gradient is whole on its rank. So:
   parameter an optimizer steps (a loss head outside the wrap, a learnable temperature) is summed at the step;
   a gradient ``torch.autograd.grad`` returns for a value held alike is summed before it is returned.
 
+Gradient hooks see whole gradients, as DataParallel's did: a hook on a ``Sharded`` value is its piece's
+(``hooks.py``), and one on a value held alike that the loop computed (a loss, a materialised value: a tensor
+with a ``grad_fn``) is given the part summed over the ranks, and what the hooks make of the whole goes on as
+this rank's share of it; its retained ``.grad`` is the whole (``_HeldAlike``). A parameter's hook sees its part,
+as under DDP.
+
 Inside the wrapped model's forward (each rank's own computation, as each device's was) and inside a backward
 already running (a checkpoint's recomputation), autograd is left as it is.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
@@ -31,7 +38,9 @@ import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from mgpu_runtime.sharded.groups import Group
+from mgpu_runtime.sharded.hooks import TORCH_REGISTER_HOOK, TORCH_RETAIN_GRAD, Handle
 from mgpu_runtime.sharded.rules import _autograd_backward, _autograd_grad, roots
+from mgpu_runtime.sharded.tensor import Sharded
 
 class Gradients:
     """Autograd's convention for the processes of one group (see the module doc), from ``install()`` until
@@ -88,14 +97,33 @@ class Gradients:
             whole = iter(whole_gradients(group, present))
             return tuple(None if gradient is None else next(whole) for gradient in found)
 
+        def register_hook(tensor, hook):
+            if not self._held_alike(tensor):
+                return TORCH_REGISTER_HOOK(tensor, hook)
+            return _HeldAlike.of(tensor, group).add(hook)
+
+        def retain_grad(tensor):
+            TORCH_RETAIN_GRAD(tensor)
+            if self._held_alike(tensor):
+                _HeldAlike.of(tensor, group).retain()
+
         torch.autograd.backward = backward
         torch.autograd.grad = grad
+        register_hook.__name__, retain_grad.__name__ = "register_hook", "retain_grad"
+        torch.Tensor.register_hook = register_hook  # type: ignore[method-assign]
+        torch.Tensor.retain_grad = retain_grad  # type: ignore[method-assign]
         self._hook = register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: self._sum_unsynchronised(optimizer))
+
+    def _held_alike(self, tensor: torch.Tensor) -> bool:
+        """A plain value of the loop computed with autograd: every rank holds it alike, its gradient in parts."""
+        return type(tensor) is not Sharded and tensor.grad_fn is not None and not self._left_alone()
 
     def uninstall(self) -> None:
         """Give autograd torch's own functions back (at teardown)."""
         torch.autograd.backward = _autograd_backward
         torch.autograd.grad = _autograd_grad
+        torch.Tensor.register_hook = TORCH_REGISTER_HOOK  # type: ignore[method-assign]
+        torch.Tensor.retain_grad = TORCH_RETAIN_GRAD  # type: ignore[method-assign]
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
@@ -118,6 +146,69 @@ class Gradients:
             for gradient in members:
                 gradient.copy_(flat[offset : offset + gradient.numel()].view_as(gradient))
                 offset += gradient.numel()
+
+
+class _HeldAlike:
+    """The gradient hooks of one value every rank holds alike. Its gradient on a rank is a part; one hook of torch's
+    sums the parts over the ranks, runs the script's hooks, in the order they were registered, on the whole, and
+    hands on what they made of it as this rank's share (``1/W`` of it, so the parts sum to it again); once the
+    value's node has run, a retained ``.grad`` is given the whole in place of torch's part."""
+
+    def __init__(self, tensor: torch.Tensor, group: Group) -> None:
+        self.group = group
+        self.hooks: dict[int, Any] = {}
+        self._keys = itertools.count()
+        self._tensor = weakref.ref(tensor)
+        self._retained = False
+        self._kept: tuple[torch.Tensor | None, torch.Tensor] | None = None
+        """The retained ``.grad`` before this backward, and the whole gradient after the hooks."""
+        TORCH_REGISTER_HOOK(tensor, self._run)
+
+    @staticmethod
+    def of(tensor: torch.Tensor, group: Group) -> _HeldAlike:
+        found = tensor.__dict__.get("_mgpu_held_alike")
+        if found is None:
+            found = tensor.__dict__["_mgpu_held_alike"] = _HeldAlike(tensor, group)
+        return found
+
+    def add(self, hook: Any) -> Handle:
+        key = next(self._keys)
+        self.hooks[key] = hook
+
+        def remove() -> None:
+            self.hooks.pop(key, None)
+
+        return Handle([], remove)
+
+    def retain(self) -> None:
+        tensor = self._tensor()
+        if not self._retained and tensor is not None and tensor.grad_fn is not None:
+            self._retained = True
+            tensor.grad_fn.register_hook(self._write_retained)
+
+    def _run(self, part: torch.Tensor) -> torch.Tensor | None:
+        if not self.hooks and not self._retained:
+            return None
+        (whole,) = self.group.sum([part])
+        changed = False
+        for hook in list(self.hooks.values()):
+            result = hook(whole)
+            if result is not None:
+                if tuple(result.shape) != tuple(part.shape):
+                    raise RuntimeError(f"hook '{getattr(hook, '__name__', type(hook).__name__)}' has changed the size of value")
+                whole, changed = result, True
+        if self._retained:
+            tensor = self._tensor()
+            before = None if tensor is None or tensor.grad is None else tensor.grad.clone()
+            self._kept = (before, whole)
+        return whole * self.group.seed_scale if changed else None
+
+    def _write_retained(self, grad_inputs: Any, grad_outputs: Any) -> None:
+        tensor, kept = self._tensor(), self._kept
+        self._kept = None
+        if tensor is not None and kept is not None:
+            before, whole = kept
+            tensor.grad = whole.detach().clone() if before is None else before + whole
 
 
 def whole_gradients(group: Group, parts: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from mgpu_runtime.sharded import hooks
 from mgpu_runtime.sharded.groups import starts
 from mgpu_runtime.sharded.tensor import Sharded, materialize
 from mgpu_runtime.structure import children, rebuild
@@ -46,7 +47,23 @@ def apply(func: Callable, args: tuple, kwargs: dict) -> Any:
     rule = _RULES.get(func)
     if rule is None:
         rule = _RULES[func] = _classify(func)
+    call = hooks.CALLS.piece
+    if call is not None and call.depth == 0:
+        return call.apply(rule, func, args, kwargs)  # a gradient hook run on one piece (hooks.py)
+    if rule not in _NOT_USES and torch.is_grad_enabled():
+        _note_uses(args, kwargs)
     return rule(func, args, kwargs)
+
+
+def _note_uses(args: tuple, kwargs: dict) -> None:
+    """The Sharded arguments went into a computation that autograd may record (``hooks.py`` asks)."""
+    for value in (*args, *kwargs.values()) if kwargs else args:
+        if type(value) is Sharded:
+            value._used = True
+        elif type(value) in (list, tuple):
+            for part in value:
+                if type(part) is Sharded:
+                    part._used = True
 
 
 # --- finding the Sharded arguments --------------------------------------------------------------------------
@@ -229,26 +246,29 @@ def _requires_grad(func, args, kwargs):
 
 
 def _is_leaf(func, args, kwargs):
-    return all(piece.is_leaf for piece in args[0]._pieces)
+    return all(piece.is_leaf for piece in hooks.holders(args[0]))
 
 
 def _grad_fn(func, args, kwargs):
-    return next((piece.grad_fn for piece in args[0]._pieces if piece.grad_fn is not None), None)
+    return next((piece.grad_fn for piece in hooks.holders(args[0]) if piece.grad_fn is not None), None)
 
 
 def _gradient_property(func, args, kwargs):
-    """``x.grad``: each piece's gradient, as a Sharded value (None until every piece has one)."""
+    """``x.grad``: each piece's gradient (after the value's hooks), as a Sharded value (None until every piece has
+    one)."""
     value = args[0]
-    gradients = [piece.grad for piece in value._pieces]
+    gradients = [piece.grad for piece in hooks.holders(value)]
     if any(gradient is None for gradient in gradients):
         return None
     return Sharded(gradients, value._splits, value._group)
 
 
 def _set_on_pieces(func, args, kwargs):
-    """A setter (``x.requires_grad = True``, ``x.grad = None``) applied to every piece."""
+    """A setter (``x.requires_grad = True``, ``x.grad = None``) applied to every piece (``grad``: to the tensors
+    that hold the value's gradient)."""
     value, new = args
-    for index, piece in enumerate(value._pieces):
+    targets = hooks.holders(value) if _name(func) == "grad" else value._pieces
+    for index, piece in enumerate(targets):
         func(piece, new._pieces[index] if type(new) is Sharded else new)
 
 
@@ -313,7 +333,9 @@ def _pointwise(func, args, kwargs):
 
 def _conversion(func, args, kwargs):
     """``.to()``, ``.float()``, ``.detach()``, ``.clone()``...: each piece converted; a Sharded argument other than
-    the value (``x.to(other)``, ``x.type_as(other)``) stands for its dtype and device."""
+    the value (``x.to(other)``, ``x.type_as(other)``) stands for its dtype and device. A conversion that changes
+    nothing gives the value itself, as torch gives ``x`` for ``x.float()`` of a float ``x`` (so it is one value
+    for its gradient hooks too)."""
     value = args[0]
     if type(value) is not Sharded:
         return func(*materialize(args), **materialize(kwargs))
@@ -323,7 +345,9 @@ def _conversion(func, args, kwargs):
         return (value._pieces[index], *rest), {k: v._pieces[0] if type(v) is Sharded else v for k, v in kwargs.items()}
 
     result = _per_piece(func, args, kwargs, value, local=local)
-    return value if _in_place(func) else result
+    if _in_place(func) or type(result) is Sharded and all(new is old for new, old in zip(result._pieces, value._pieces)):
+        return value
+    return result
 
 
 def _row_wise(func, args, kwargs):
@@ -362,22 +386,6 @@ def _random_like(func, args, kwargs):
         for part, piece in zip(value._group.held, value._pieces)
     ]
     return Sharded(pieces, value._splits, value._group)
-
-
-def _register_hook(func, args, kwargs):
-    """A gradient hook on each piece; it sees each piece's gradient."""
-    value, hook = args[0], args[1]
-    handles = [piece.register_hook(hook) for piece in value._pieces]
-    return _Handles(handles)
-
-
-class _Handles:
-    def __init__(self, handles: list) -> None:
-        self._handles = handles
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
 
 
 # --- along a dimension ---------------------------------------------------------------------------------------------
@@ -921,9 +929,10 @@ def _backward(func, args, kwargs):
 
 
 def _leaves(values: list[Any]) -> list[torch.Tensor]:
+    """The tensors autograd takes as ``inputs`` for these values (a hooked value's gradient is its holders')."""
     found: list[torch.Tensor] = []
     for value in values:
-        found.extend(value._pieces if type(value) is Sharded else [value])
+        found.extend(hooks.holders(value) if type(value) is Sharded else [value])
     return found
 
 
@@ -962,7 +971,16 @@ def _grad(func, args, kwargs):
 
 
 def _repr(func, args, kwargs):
-    return func(*materialize(args), **materialize(kwargs))
+    """A Python protocol on the global value. Only iteration gives tensors autograd can carry on from; the rest
+    (a print, ``.item()``, numpy) is no use of the value for its gradient hooks."""
+    if _name(func) == "__iter__":
+        return func(*materialize(args), **materialize(kwargs))
+    found = _sharded_in(args) + _sharded_in(list(kwargs.values()))
+    used = [value._used for value in found]
+    result = func(*materialize(args), **materialize(kwargs))
+    for value, before in zip(found, used):
+        value._used = before
+    return result
 
 
 # --- classification ------------------------------------------------------------------------------------------------
@@ -994,7 +1012,7 @@ _CONVERSIONS = frozenset(
     {
         "to", "type", "float", "double", "half", "bfloat16", "int", "long", "bool", "byte", "char", "short",
         "cfloat", "cdouble", "cpu", "cuda", "xpu", "mps", "detach", "detach_", "clone", "contiguous",
-        "requires_grad_", "pin_memory", "share_memory_", "retain_grad", "type_as", "data", "_base",
+        "requires_grad_", "pin_memory", "share_memory_", "type_as", "data", "_base",
         "float16", "to_dense", "resolve_conj", "resolve_neg", "conj", "real", "imag",
     }
 )
@@ -1155,7 +1173,8 @@ _NAMED: dict[str, Rule] = {
     "__rmatmul__": _matmul,
     "mm": _matmul,
     "bmm": _matmul,
-    "register_hook": _register_hook,
+    "register_hook": hooks.register_hook,
+    "retain_grad": hooks.retain_grad,
     "layer_norm": _layer_norm,
     "batch_norm": _normalisation,
     "instance_norm": _normalisation,
@@ -1229,5 +1248,14 @@ _LOSSES = frozenset(
         "poisson_nll_loss", "gaussian_nll_loss", "margin_ranking_loss", "hinge_embedding_loss",
         "cosine_embedding_loss", "triplet_margin_loss", "multi_margin_loss", "multilabel_margin_loss",
         "multilabel_soft_margin_loss",
+    }
+)
+# Rules that never carry a value's gradient on from its pieces: metadata, a value's own gradient, factories of its
+# shape, the Python protocols (``_repr`` decides for itself). A gradient hook may be given the whole gradient
+# after these (``hooks.py``).
+_NOT_USES = frozenset(
+    {
+        *_METADATA.values(), _first_piece, _gradient_property, _set_on_pieces, hooks.register_hook,
+        hooks.retain_grad, _backward, _grad, _repr, _new_factory, _like_factory, _random_like,
     }
 )

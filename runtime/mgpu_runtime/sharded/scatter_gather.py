@@ -14,7 +14,8 @@ whose device is not among them still runs its replica on no rows, as DDP needs e
 
 ``gather``: the outputs become what DataParallel's gather gave the loop: tensors concatenated along the
 rows (a ``Sharded`` value whose parts are the active devices' outputs, their row counts exchanged in one
-small collective over processes), a 0-dim tensor (a loss computed in ``forward``) a vector with one element
+small collective over processes; each piece a view of its output, so that autograd sees the gathered value's
+uses apart from those inside ``forward``, as it saw DataParallel's new tensor), a 0-dim tensor (a loss computed in ``forward``) a vector with one element
 per active device (one element when the batch made one chunk: DataParallel on several devices gathers
 then too), ``None`` kept, containers rebuilt. A Python number or string, which DataParallel cannot gather,
 is an error that says so; a plain dataclass, which it cannot either, is gathered field by field, as the one
@@ -86,6 +87,8 @@ def scatter(inputs: tuple, kwargs: dict, group: Group, active: int) -> list[tupl
             sizes += [0] * (group.parts - len(sizes))
             if type(tensor) is Sharded and tensor._splits == tuple(sizes) and tensor._group.held[: len(group.held)] == group.held:
                 piece = tensor._pieces[index]
+                if torch.is_grad_enabled():
+                    tensor._used = True  # a later gradient hook on it goes on its pieces (sharded/hooks.py)
             else:
                 piece = materialize(tensor).narrow(0, starts(sizes)[part], sizes[part])
                 group.note_mixing(piece)  # a replica's input cut from a value every rank holds
@@ -112,9 +115,16 @@ def gather(outputs: list[Any], active: int, group: Group) -> Any:
         if first.dim() == 0:
             vectors = [t.reshape(1)[:0] if idle[k] else t.reshape(1) for k, t in enumerate(tensors)]
             return Sharded(vectors, [1] * active + [0] * (group.parts - active), group)
-        return Sharded([t[:0] if idle[k] else t for k, t in enumerate(tensors)], next(table), group)
+        return Sharded([t[:0] if idle[k] else _gathered_piece(t) for k, t in enumerate(tensors)], next(table), group)
 
     return _gathered(outputs[0], leaf, active)
+
+
+def _gathered_piece(output: torch.Tensor) -> torch.Tensor:
+    """A replica's output as a piece of the gathered value: a view of it, a tensor of its own for autograd, as
+    DataParallel's gather made a new one. A hook on the gathered value, or its retained ``.grad``, sees the
+    gradient of the loop's uses, not also of the uses inside ``forward`` (a state the heads read, returned too)."""
+    return output.view_as(output) if output.requires_grad else output
 
 
 def _output_tensors(value: Any) -> list[torch.Tensor]:

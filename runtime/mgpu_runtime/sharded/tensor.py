@@ -25,6 +25,13 @@ class Sharded(torch.Tensor):
     _pieces: tuple[torch.Tensor, ...]
     _splits: tuple[int, ...]
     _group: Group
+    # For gradient hooks (``hooks.py``), set on the few values that need them:
+    _used: bool = False
+    """The pieces went into a computation with autograd (so a hook on several pieces goes on each of them)."""
+    _tie: Any = None
+    """The node a hooked value's later uses go through, when it has one."""
+    _holders: tuple[torch.Tensor, ...] | None = None
+    """The tensors whose gradients are this value's after its hooks, when they are not its pieces."""
 
     @staticmethod
     def __new__(cls, pieces: Sequence[torch.Tensor], splits: Sequence[int], group: Group) -> Sharded:
@@ -102,6 +109,8 @@ def materialize(value: Any) -> Any:
     """``value`` with every ``Sharded`` inside it (also in lists, tuples, dicts) replaced by its global tensor,
     computed differentiably and the same on every process."""
     if type(value) is Sharded:
+        if torch.is_grad_enabled():
+            value._used = True
         return value._group.concatenate(value._pieces, value._splits)
     if type(value) in (list, tuple):
         if not any(type(part) is Sharded or type(part) in (list, tuple, dict) for part in value):
