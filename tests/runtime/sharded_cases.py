@@ -133,6 +133,13 @@ def legacy_variables(b: Batch):
     return ((b.out - target * 0.5) ** 2).mean() + (inputs @ b.w).sum() * 0.1
 
 
+def plain_shaped_as_global(b: Batch):
+    """A plain value expanded, viewed or reshaped as a global one (WaveRNN's MOL loss: `y.expand_as(means)`)."""
+    column = b.plain[:1, :1]
+    scale = b.plain[:1].view_as(b.out[:1]).reshape_as(b.out[:1])
+    return ((b.out - column.expand_as(b.out)) ** 2 * scale).mean()
+
+
 def accuracy(b: Batch):
     correct = (b.out.argmax(1) == b.y).sum()
     return correct.float() / b.y.size(0) + b.out.sum() * 0
@@ -266,6 +273,7 @@ CASES = [
     distillation,
     mixup,
     legacy_variables,
+    plain_shaped_as_global,
     accuracy,
     ctc,
     losses_of_torch,

@@ -598,6 +598,9 @@ def _as_other(func, args, kwargs):
     value, other = args[0], args[1] if len(args) > 1 else kwargs["other"]
     shape = list(_global_size(other)) if type(other) is Sharded else list(other.shape)
     base = {"view_as": torch.Tensor.view, "reshape_as": torch.Tensor.reshape, "expand_as": torch.Tensor.expand}[_name(func)]
+    if type(value) is not Sharded:
+        # A plain value shaped like a global one (WaveRNN's `y.expand_as(means)`): the plain tensor of that shape.
+        return base(value, shape)
     return apply(base, (value, shape), {})
 
 
