@@ -346,11 +346,8 @@ class TrainingData(Rule):
                     )]
                 )
             )
-            line = self.analysis.position(drawing)[0]
-            message += (
-                f"; every process loads each whole batch (`{shorten(self.analysis.code_of(drawing.func), 30)}`, line "
-                f"{line}, draws per sample: its numbers are the original's)"
-            )
+            # Every process loads each whole batch, so that the transform's draws are the original's numbers.
+            message += f"; whole batches (line {self.analysis.position(drawing)[0]} draws per sample)"
         self.edits.need_import(RUNTIME)
         self.rewrote(point, message)
 
