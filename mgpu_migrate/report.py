@@ -219,6 +219,25 @@ def _start_worker(parent: int) -> None:
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != parent:  # the parent died before the request above took effect
         os._exit(1)
+    # The parent-death signal alone once let a worker live on after its killed parent (CI, under load): a
+    # watch that sees the worker orphaned sends it that signal itself, then ends it if it has not acted.
+    threading.Thread(target=_watch_parent, args=(parent,), name="mgpu-migrate-parent-watch", daemon=True).start()
+
+
+_PARENT_WATCH_S = 0.5
+_SIGTERM_GRACE_S = 5.0
+
+
+def _watch_parent(parent: int) -> None:
+    import time
+
+    while os.getppid() == parent:
+        time.sleep(_PARENT_WATCH_S)
+    os.kill(os.getpid(), signal.SIGTERM)  # the main thread unwinds a write under way, as at the parent's SIGTERM
+    while True:
+        time.sleep(_SIGTERM_GRACE_S)
+        if not _migrating:  # a write is unwound by the main thread alone, once its system call returns
+            os._exit(128 + signal.SIGTERM)
 
 
 def _stop_worker(number: int, frame) -> None:

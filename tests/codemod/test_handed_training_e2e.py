@@ -58,6 +58,7 @@ def recorded(self):
         yield batch
 
 BatchSampler.__iter__ = recorded
+gc.freeze()  # torch's objects, out of each collection below
 rank = os.environ.get("RANK", "0")
 for script, output, devices in json.loads(sys.argv[-1]):
     os.environ["FIXTURE_OUTPUT"] = output
@@ -72,6 +73,7 @@ for script, output, devices in json.loads(sys.argv[-1]):
         if (getattr(sys.modules[name], "__file__", None) or "").startswith(home):
             del sys.modules[name]
     gc.collect()
+    gc.freeze()
 """
 
 

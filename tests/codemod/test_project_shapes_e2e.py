@@ -58,6 +58,7 @@ _IN_TURN = """
 import gc, json, os, sys
 from mgpu_runtime.emulation import runner
 
+gc.freeze()  # torch's objects, out of each collection below
 for script, args, output, devices in json.loads(sys.argv[-1]):
     os.environ["FIXTURE_OUTPUT"] = output
     before = set(sys.modules)
@@ -67,6 +68,7 @@ for script, args, output, devices in json.loads(sys.argv[-1]):
         if (getattr(sys.modules[name], "__file__", None) or "").startswith(home):
             del sys.modules[name]
     gc.collect()
+    gc.freeze()
 """
 
 

@@ -155,6 +155,9 @@ class SlowToSend:
         return (SlowToSend, ())
 
 def migrate(source_file):
+    if sys.argv[2] == "without_the_death_signal":  # the kernel's signal cleared: the worker's own watch must act
+        import ctypes
+        ctypes.CDLL(None).prctl(1, 0)  # PR_SET_PDEATHSIG
     return SlowToSend()
 
 report._map_in_processes(migrate, [types.SimpleNamespace(path=str(n)) for n in range(4)], 1, lambda outcome: outcome)
@@ -163,11 +166,14 @@ report._map_in_processes(migrate, [types.SimpleNamespace(path=str(n)) for n in r
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
-@pytest.mark.parametrize("stopped_by", ["parent_killed", "sigterm"])
+@pytest.mark.parametrize("stopped_by", ["parent_killed", "parent_killed_without_the_death_signal", "sigterm"])
 def test_a_worker_sending_an_outcome_back_stops_at_the_signal(tmp_path, stopped_by):
     sending = tmp_path / "sending"
     (tmp_path / "pool.py").write_text(_SLOW_TO_SEND)
-    parent = subprocess.Popen([sys.executable, "pool.py", str(sending)], cwd=tmp_path, stderr=subprocess.DEVNULL)
+    death_signal = "without_the_death_signal" if stopped_by.endswith("without_the_death_signal") else "kept"
+    parent = subprocess.Popen(
+        [sys.executable, "pool.py", str(sending), death_signal], cwd=tmp_path, stderr=subprocess.DEVNULL
+    )
     try:
         deadline = time.monotonic() + 60
         while not sending.exists() or not sending.read_text():
@@ -175,7 +181,7 @@ def test_a_worker_sending_an_outcome_back_stops_at_the_signal(tmp_path, stopped_
             time.sleep(0.01)
         (worker,) = _children(parent.pid)
         assert worker[0] == int(sending.read_text())
-        if stopped_by == "parent_killed":
+        if stopped_by.startswith("parent_killed"):
             parent.kill()
         else:
             os.kill(worker[0], signal.SIGTERM)
