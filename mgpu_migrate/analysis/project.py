@@ -116,6 +116,7 @@ class Project:
         self._found: dict[tuple[str, int], Found | None] = {}
         self._changes: dict[int, Write | None] = {}  # by definition node: its first directory change
         self._written: dict[int, Write | None] = {}  # by definition node: its first file write
+        self._downloaded: dict[int, Write | None] = {}  # by definition node: its first download
 
     def find(self, qualified: str, depth: int = 0) -> Found | None:
         key = (qualified, depth)
@@ -321,6 +322,61 @@ class Project:
                     break
         self._changes[key] = change
         return change
+
+
+    def downloads(self, found: Found, depth: int = 0) -> Write | None:
+        """The first download in a function, itself or through the project's functions it calls by name
+        (``get_train_dataset`` building ``CIFAR10(root, download=True)``), ``_MAX_DEPTH`` deep: a call given
+        ``download=`` that is not ``False`` (torchvision's datasets, a project's), or of a library function that
+        fetches a file (``download_url``, ``urlretrieve``). None for a function that also builds a loader or
+        joins the processes itself (its build on the main process alone would wait for the others)."""
+        if not isinstance(found.node, (ast.FunctionDef, ast.AsyncFunctionDef)) or depth > _MAX_DEPTH:
+            return None
+        key = id(found.node)
+        if key not in self._downloaded:
+            self._downloaded[key] = None  # a function that calls itself downloads nothing more by doing so
+            self._downloaded[key] = self._first_download(found, depth)
+        return self._downloaded[key]
+
+    def _first_download(self, found: Found, depth: int) -> Write | None:
+        first = None
+        for call in sorted(_calls(found.node), key=lambda call: (call.lineno, call.col_offset)):
+            qualified = found.module.qualified(call.func)
+            if qualified is not None and qualified.startswith(_JOINS_THE_PROCESSES):
+                return None
+            if first is not None:
+                continue
+            if downloads_by_keyword(call) or qualified in DOWNLOADERS:
+                first = Write(call.lineno, qualified or ast.unparse(call.func))
+            elif isinstance(call.func, ast.Name):
+                _, helper = self.resolve_in(found, call.func, depth)
+                if helper is not None and self.downloads(helper, depth + 1) is not None:
+                    first = Write(call.lineno, f"{call.func.id}(...)")
+        return first
+
+
+# Library functions that fetch a file to a path they are given.
+DOWNLOADERS = frozenset(
+    {
+        "torchvision.datasets.utils.download_url",
+        "torchvision.datasets.utils.download_and_extract_archive",
+        "torchvision.datasets.utils.download_file_from_google_drive",
+        "urllib.request.urlretrieve",
+        "wget.download",
+        "gdown.download",
+    }
+)
+# A function calling one of these builds a loader or joins the processes: built on the main process alone, it
+# would wait for processes that wait for it.
+_JOINS_THE_PROCESSES = ("torch.utils.data.DataLoader", "torch.distributed.", "mgpu_runtime.")
+
+
+def downloads_by_keyword(call: ast.Call) -> bool:
+    """``X(..., download=True)``, or given any value but a constant ``False``, ``None`` or ``0``."""
+    return any(
+        keyword.arg == "download" and not (isinstance(keyword.value, ast.Constant) and not keyword.value.value)
+        for keyword in call.keywords
+    )
 
 
 class Write(NamedTuple):

@@ -12,6 +12,7 @@ from mgpu_migrate.rules.checkpoint_save import CheckpointSave, TorchCheckpointSa
 from mgpu_migrate.rules.data_parallel_subclass import DataParallelSubclass
 from mgpu_migrate.rules.device_selection import DeviceSelection
 from mgpu_migrate.rules.directories import DirectoriesOnce
+from mgpu_migrate.rules.downloads import Downloads
 from mgpu_migrate.rules.encoding_pair import EncodingPair
 from mgpu_migrate.rules.entry_point import EntryPointSetup, TorchSetup
 from mgpu_migrate.rules.explicit_device import ExplicitDevice
@@ -94,6 +95,7 @@ RULES: tuple[type[Rule], ...] = (
     SharedFiles,
     WriterObjects,
     ProjectSideEffects,
+    Downloads,
     # Both targets (a check): checks for a wrapper recognize the new ones.
     WrapperCheck,
     # What the file alone does not show: the project's own wrappers and training code (analysis/project.py),

@@ -13,7 +13,7 @@ from mgpu_migrate.analysis.stand_ins import blocker
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review, Rewrite, Rule
-from mgpu_migrate.rules.syntax import MAIN_PROCESS_OBJECT, RUNTIME, on_the_main_process, through_runtime
+from mgpu_migrate.rules.syntax import MAIN_PROCESS_OBJECT, RUNTIME, gives_download, on_the_main_process, through_runtime
 
 WRITTEN_BY_EVERY_PROCESS = Review(
     "MGP322",
@@ -119,8 +119,8 @@ class ProjectSideEffects(Rule):
         if project is None:
             return
         for call in self.analysis.calls:
-            if under_main_process_block(self.analysis, call):
-                continue
+            if under_main_process_block(self.analysis, call) or gives_download(call):
+                continue  # a build given download= is MGP137's: the main process first, then the others
             found = self._project_writer(project, call)
             if found is not None:
                 definition, written = found

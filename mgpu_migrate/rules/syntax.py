@@ -19,6 +19,17 @@ _LOOSER_THAN_OR = (cst.IfExp, cst.Lambda, cst.NamedExpr)
 _TIGHTER_THAN_NOT = (cst.Comparison, cst.ComparisonTarget, cst.BinaryOperation, cst.Attribute, cst.Subscript, cst.Await)
 
 
+def gives_download(call: cst.Call) -> bool:
+    """``X(..., download=True)``, or given any value but a constant ``False``, ``None`` or ``0``: a dataset that
+    downloads what it lacks when built (MGP137's; MGP132's rule leaves such a build to it)."""
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "download":
+            value = arg.value
+            falsy = (type(value) is cst.Name and value.value in ("False", "None")) or (type(value) is cst.Integer and value.value == "0")
+            return not falsy
+    return False
+
+
 def runtime_attr(name: str) -> cst.Attribute:
     """``mgpu_runtime.<name>``."""
     return cst.Attribute(value=cst.Name(RUNTIME), attr=cst.Name(name))

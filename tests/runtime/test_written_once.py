@@ -5,7 +5,8 @@
 in pieces), which every process must join in making whole: a writer that made them whole on the main process
 alone would wait forever. Each file is created exclusively (``"x"``), so a second writer fails the job; the log
 is appended to, so a second writer would repeat its lines; every process reads back what the main process
-wrote in a ``with`` block, which must be complete when the block ends.
+wrote in a ``with`` block, which must be complete when the block ends. A dataset that downloads its file is built
+by the main process first, alone, then by the others (``main_process_first``).
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ def test_each_file_is_written_once_and_read_back_complete(alone, tmp_path, proce
     assert written == sorted(path.name for path in directory.iterdir() if not path.name.startswith("model_"))
     assert (tmp_path / "log.txt").read_text() == (directory / "log.txt").read_text()
     assert len((tmp_path / "log.txt").read_text().splitlines()) == 5
+    builds = (tmp_path / "builds.txt").read_text().splitlines()
+    assert builds[:2] == ["start 0", "end 0"] and sorted(builds[2:]) == sorted(f"{way} {rank}" for rank in range(1, processes) for way in ("start", "end")), builds
+    assert (directory / "builds.txt").read_text().splitlines() == ["start 0", "end 0"]
     for step in range(5):
         ours = torch.load(tmp_path / f"outputs_{step}.pt")
         theirs = torch.load(directory / f"outputs_{step}.pt")

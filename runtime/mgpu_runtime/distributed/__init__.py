@@ -5,7 +5,7 @@ Modules, one idea each: ``environment`` (where this process sits, read from torc
 backend, teardown), ``ddp`` (the DDP wrapper and its exact gradient reduction), ``share`` (this rank's share
 of the current global batch), ``data`` and ``slicing`` (the distributed twin of a DataLoader), ``losses``
 (``DistributedCriterion``), ``io`` (``save``/``load``), ``once`` (writers on the main process only:
-``on_main_process``, ``main_process_only``), ``metrics`` (reductions across ranks), ``rank_output``
+``on_main_process``, ``main_process_only``, ``main_process_first``), ``metrics`` (reductions across ranks), ``rank_output``
 (``MGPU_LOG``, ``print_once``) and
 ``safety`` (the first step of a multi-process run: drifted weights, differing whole batches, an unwrapped
 model). See ``runtime/README_distributed.md``.
@@ -16,7 +16,7 @@ from mgpu_runtime.distributed.ddp import DistributedDataParallel
 from mgpu_runtime.distributed.io import load, save
 from mgpu_runtime.distributed.losses import DistributedCriterion
 from mgpu_runtime.distributed.metrics import reduce_mean, reduce_sum
-from mgpu_runtime.distributed.once import MainProcessOnly, main_process_only, on_main_process
+from mgpu_runtime.distributed.once import MainProcessOnly, main_process_first, main_process_only, on_main_process
 from mgpu_runtime.distributed.rank_output import print_once
 from mgpu_runtime.distributed.process_group import (
     barrier,
@@ -39,6 +39,7 @@ __all__ = [
     "is_main_process",
     "load",
     "local_rank",
+    "main_process_first",
     "main_process_only",
     "node_rank",
     "on_main_process",

@@ -4,7 +4,9 @@
 project's ``save_pred``) on the main process only; ``main_process_only(factory, *args, **kwargs)`` builds an
 object that writes (a TensorBoard ``SummaryWriter``, a log file, a project's ``Logger``) on the main process
 only, and gives every process a stand-in for it, so the script's code that uses the object runs unchanged on
-every process.
+every process. ``main_process_first(factory, *args, **kwargs)`` builds what every process needs and the first
+build of which writes files (a dataset built with ``download=True``): the main process builds it first, alone,
+then the others, which find the files there.
 
 Both are called by every process, where the original made the call, and both first make whole the global
 values among the arguments (``mgpu_runtime.sharded``: the distributed loader's batches and the wrapped model's
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from mgpu_runtime.distributed.process_group import barrier, is_main_process
+from mgpu_runtime.distributed.process_group import barrier, is_main_process, world_size
 from mgpu_runtime.sharded.tensor import materialize
 
 
@@ -89,6 +91,26 @@ class MainProcessOnly:
     def __repr__(self) -> str:
         held = object.__getattribute__(self, "_held")
         return f"mgpu_runtime.MainProcessOnly({held!r})" if is_main_process() else "mgpu_runtime.MainProcessOnly(<on the main process>)"
+
+
+def main_process_first(factory: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """``factory(*args, **kwargs)`` on every process, the main process first: the others wait until it is done.
+
+    For what every process needs and whose first build fetches or writes files that later builds only read: a
+    dataset built with ``download=True`` (torchvision's, a project's), which downloads and extracts its archive
+    when it is not there yet. Built by every process at once, every process downloads the same archive into the
+    same path, and one reads a file another is still writing. Here the main process builds it, so the files are
+    complete, then the others build it from them. Called by every process where the original built it; the
+    arguments are the script's own (nothing is made whole). An exception of the main process's build is raised
+    there, and the job ends with it, as with any rank's failure. In a single process, the call itself."""
+    if world_size() == 1:  # also before a plain start's set-up, which does not relaunch here
+        return factory(*args, **kwargs)
+    if is_main_process():
+        built = factory(*args, **kwargs)
+        barrier()
+        return built
+    barrier()
+    return factory(*args, **kwargs)
 
 
 def main_process_only(factory: Callable[..., Any], /, *args: Any, **kwargs: Any) -> MainProcessOnly:

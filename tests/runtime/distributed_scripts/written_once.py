@@ -5,10 +5,13 @@
 Every write is given the batch's global values (the model's outputs, held in pieces) or a file opened for writing.
 A file is opened with ``"x"`` (exclusive creation), so a second process writing it fails; the log is appended to,
 so a second process would repeat its lines. Rank 0 prints what every process read back after each ``with`` block.
+A dataset that downloads its file when it is missing (``main_process_first``) is built by every process, the
+main process's build first and alone: ``builds.txt`` holds each build's start and end, by rank.
 """
 
 import os
 import sys
+import time
 
 import torch
 from torch import nn
@@ -34,8 +37,26 @@ def save_outputs(outputs, path):
     return "saved"
 
 
+class Downloaded:
+    """A dataset built with download=True, as torchvision's are: the file fetched when missing, then read."""
+
+    def __init__(self, root, download=False):
+        with open(os.path.join(root, "builds.txt"), "a") as log:
+            log.write(f"start {mgpu_runtime.rank()}\n")
+        path = os.path.join(root, "data.pt")
+        if download and not os.path.exists(path):
+            time.sleep(0.5)  # the fetch: a build of every process at once would all be here
+            with open(path, "xb") as handle:  # a second fetch of the same file fails
+                torch.save(torch.arange(12.0), handle)
+        self.data = torch.load(path)
+        with open(os.path.join(root, "builds.txt"), "a") as log:
+            log.write(f"end {mgpu_runtime.rank()}\n")
+
+
 directory = sys.argv[1]
 mgpu_runtime.setup()
+dataset = mgpu_runtime.main_process_first(Downloaded, directory, download=True)
+assert dataset.data.sum().item() == 66.0
 torch.set_default_dtype(torch.float64)
 torch.manual_seed(0)
 x, y = torch.randn(31, 4), torch.randn(31, 2)

@@ -1,0 +1,189 @@
+"""MGP137, MGP336: datasets and files downloaded once, by the main process first (``--to ddp``)."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import libcst as cst
+
+from mgpu_migrate.analysis.guards import main_process_caller, under_main_process_block
+from mgpu_migrate.analysis.project import DOWNLOADERS, Project, project_of
+from mgpu_migrate.diagnostics import shorten
+from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review, Rewrite, Rule
+from mgpu_migrate.rules.syntax import RUNTIME, gives_download, through_runtime
+
+DOWNLOADED_BY_EVERY_PROCESS = Review(
+    "MGP336",
+    name="download-on-every-process",
+    summary="every process downloads the same files into the same place at once",
+    why=(
+        "A dataset built with `download=True`, or a file fetched with `download_url` / `urlretrieve`, is "
+        "downloaded by every process at the same moment, into the same path: the processes write the same "
+        "archive at once, and one extracts or reads a file another is still writing (a failed checksum, a "
+        "truncated file). The original's one process downloaded it once. The tool builds such a dataset on the "
+        "main process first (MGP137) and fetches a file on the main process only; this one is another shape "
+        "(a fetched file's result used, or `--style torch`, which has no runtime)."
+    ),
+    todo=(
+        "Download on the main process first: `if dist.get_rank() == 0: build()`, then `dist.barrier()`, then "
+        "build on the other processes (they find the files there)."
+    ),
+)
+
+
+class Downloads(Rule):
+    """
+    ## What it does
+    In a file that becomes a distributed program, makes what the original downloaded once be downloaded once:
+
+    - a call given ``download=`` (a torchvision dataset, ``CIFAR10(root, download=True)``; a project's dataset or
+      factory) becomes ``mgpu_runtime.main_process_first(CIFAR10, root, download=True)``: the main process builds
+      it first, downloading and extracting what is missing, while the others wait; then they build it from the
+      files it left, as a second run of the original would;
+    - a call of a project function that downloads so (``get_train_dataset(p)``, which builds ``CIFAR10(...,
+      download=True)`` in ``utils/``, found by project reading) is made the same way;
+    - a library fetch that is a statement of its own (torchvision's ``download_url``, ``urlretrieve``) runs on the
+      main process only, and every process waits for it (``mgpu_runtime.on_main_process``).
+
+    ## Why is this bad?
+    Every process runs the script: every process downloads the same archive into the same path at the same
+    moment, so the writes mix, and a process extracts or reads a file another is still writing. On a first run
+    the job fails with a checksum error, a truncated archive or a file that exists already; or it trains on a
+    half-written file.
+
+    ## Example
+    ```python
+    train_set = CIFAR10("data", train=True, download=True, transform=augment)
+    ```
+
+    ## Use instead
+    ```python
+    train_set = mgpu_runtime.main_process_first(CIFAR10, "data", train=True, download=True, transform=augment)
+    ```
+
+    ## Fix safety
+    Every process still builds the dataset from the same arguments, as before; only the order changes (the main
+    process first) and the others wait. A build under a main-process block, or in a function only the main
+    process calls, stays as it is (no other process downloads there). A project function that also builds a
+    loader or joins the processes itself is not moved (its build on the main process alone would wait for the
+    others). A fetch whose result is used, and any download under ``--style torch``, is reported (MGP336).
+    """
+
+    CODE = Rewrite("MGP137")
+    PHASE = PROGRAM
+    REVIEW_CODES = (DOWNLOADED_BY_EVERY_PROCESS,)
+    DESCRIPTION = "datasets and files downloaded once, by the main process first"
+    TARGETS = (DDP,)
+    EXAMPLES = (
+        Example(
+            """
+            import torch.nn as nn
+            from torchvision.datasets import CIFAR10
+            model = nn.DataParallel(model)
+            train_set = CIFAR10('data', train=True, download=True)
+            """,
+            """
+            from torchvision.datasets import CIFAR10
+            import mgpu_runtime
+            model = mgpu_runtime.DistributedDataParallel(model)
+            train_set = mgpu_runtime.main_process_first(CIFAR10, 'data', train=True, download=True)
+            """,
+            DDP,
+            ("MGP101", "MGP137"),
+            message="`CIFAR10(...)` downloads (`download=True`): built on the main process first, then on the others (mgpu_runtime.main_process_first)",
+            line=4,
+        ),
+        Example(
+            """
+            import torch.nn as nn
+            from torchvision.datasets.utils import download_url
+            model = nn.DataParallel(model)
+            download_url('https://example.org/labels.txt', 'data')
+            """,
+            """
+            from torchvision.datasets.utils import download_url
+            import mgpu_runtime
+            model = mgpu_runtime.DistributedDataParallel(model)
+            mgpu_runtime.on_main_process(download_url, 'https://example.org/labels.txt', 'data')
+            """,
+            DDP,
+            ("MGP101", "MGP137"),
+        ),
+        Example(
+            """
+            import torch.nn as nn
+            from torchvision.datasets import MNIST
+            model = nn.DataParallel(model)
+            test_set = MNIST('data', train=False, download=False)
+            """,
+            """
+            from torchvision.datasets import MNIST
+            import mgpu_runtime
+            model = mgpu_runtime.DistributedDataParallel(model)
+            test_set = MNIST('data', train=False, download=False)
+            """,
+            DDP,
+            ("MGP101",),
+            name="download=False fetches nothing",
+        ),
+    )
+
+    def apply(self) -> None:
+        if not self.program.runs_distributed:
+            return
+        project: Optional[Project] = None
+        for call in self.analysis.calls:
+            qualified = self.analysis.resolve(call.func) or ""
+            if qualified.startswith(RUNTIME + ".") or under_main_process_block(self.analysis, call):
+                continue
+            if gives_download(call):
+                self._first(call, "(`download=...`)" if self._keyword(call) != "True" else "(`download=True`)")
+            elif qualified in DOWNLOADERS:
+                self._fetch(call)
+            elif type(call.func) in (cst.Name, cst.Attribute) and qualified and not qualified.startswith(("torch.", "builtins.")):
+                project = project or project_of(self.analysis.path)
+                found = project.find(qualified) if project is not None else None
+                downloaded = project.downloads(found) if project is not None and found is not None else None
+                if downloaded is not None and project is not None and found is not None and project.writes(found) is None:
+                    where = f"{os.path.relpath(found.module.path, os.path.dirname(self.analysis.path))}:{downloaded.line}"
+                    self._first(call, f"({where} `{shorten(downloaded.call, 30)}`)")
+
+    def _keyword(self, call: cst.Call) -> str:
+        value = next(arg.value for arg in call.args if arg.keyword is not None and arg.keyword.value == "download")
+        return self.analysis.code_of(value)
+
+    def _why_not(self, call: cst.Call) -> Optional[str]:
+        if self.options.style != RUNTIME_STYLE:
+            return "--style torch has no runtime to download with first"
+        return None
+
+    def _first(self, call: cst.Call, how: str) -> None:
+        what = f"`{shorten(self.analysis.code_of(call.func), 40)}(...)`"
+        if main_process_caller(self.analysis, call) is not None:
+            return  # only the main process builds it there
+        reason = self._why_not(call)
+        if reason is not None:
+            self.left(call, DOWNLOADED_BY_EVERY_PROCESS, f"{what} downloads {how} on every process; not moved: {reason}")
+            return
+        if not self.rewrite_allowed(call):
+            return
+        self.edits.need_import(RUNTIME)
+        self.edits.replace(call, through_runtime("main_process_first"))
+        self.rewrote(call, f"{what} downloads {how}: built on the main process first, then on the others ({RUNTIME}.main_process_first)")
+
+    def _fetch(self, call: cst.Call) -> None:
+        what = f"`{shorten(self.analysis.code_of(call.func), 40)}(...)`"
+        if main_process_caller(self.analysis, call) is not None:
+            return
+        reason = self._why_not(call)
+        if reason is None and type(self.analysis.tree.parent(call)) is not cst.Expr:
+            reason = "what it returns is used"
+        if reason is not None:
+            self.left(call, DOWNLOADED_BY_EVERY_PROCESS, f"{what} fetches a file on every process; not moved: {reason}")
+            return
+        if not self.rewrite_allowed(call):
+            return
+        self.edits.need_import(RUNTIME)
+        self.edits.replace(call, through_runtime("on_main_process"))
+        self.rewrote(call, f"{what} fetches on the main process only ({RUNTIME}.on_main_process); every process waits")
