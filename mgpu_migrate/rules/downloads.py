@@ -91,7 +91,7 @@ class Downloads(Rule):
             """,
             DDP,
             ("MGP101", "MGP137"),
-            message="`CIFAR10(...)` downloads (`download=True`): built on the main process first, then on the others (mgpu_runtime.main_process_first)",
+            message="`CIFAR10(...)` downloads (`download=True`): built on the main process first, then the others (mgpu_runtime.main_process_first)",
             line=4,
         ),
         Example(
@@ -147,7 +147,7 @@ class Downloads(Rule):
                 downloaded = project.downloads(found) if project is not None and found is not None else None
                 if downloaded is not None and project is not None and found is not None and project.writes(found) is None:
                     where = f"{os.path.relpath(found.module.path, os.path.dirname(self.analysis.path))}:{downloaded.line}"
-                    self._first(call, f"({where} `{shorten(downloaded.call, 30)}`)")
+                    self._first(call, f"({where} `{shorten(downloaded.call.rpartition('.')[2], 30)}`)")
 
     def _keyword(self, call: cst.Call) -> str:
         value = next(arg.value for arg in call.args if arg.keyword is not None and arg.keyword.value == "download")
@@ -170,7 +170,7 @@ class Downloads(Rule):
             return
         self.edits.need_import(RUNTIME)
         self.edits.replace(call, through_runtime("main_process_first"))
-        self.rewrote(call, f"{what} downloads {how}: built on the main process first, then on the others ({RUNTIME}.main_process_first)")
+        self.rewrote(call, f"{what} downloads {how}: built on the main process first, then the others ({RUNTIME}.main_process_first)")
 
     def _fetch(self, call: cst.Call) -> None:
         what = f"`{shorten(self.analysis.code_of(call.func), 40)}(...)`"
