@@ -138,7 +138,7 @@ class Downloads(Rule):
             if qualified.startswith(RUNTIME + ".") or under_main_process_block(self.analysis, call):
                 continue
             if gives_download(call):
-                self._first(call, "(`download=...`)" if self._keyword(call) != "True" else "(`download=True`)")
+                self._first(call, f"(`download={shorten(self._keyword(call), 20)}`)")
             elif qualified in DOWNLOADERS:
                 self._fetch(call)
             elif type(call.func) in (cst.Name, cst.Attribute) and qualified and not qualified.startswith(("torch.", "builtins.")):
@@ -159,31 +159,24 @@ class Downloads(Rule):
         return None
 
     def _first(self, call: cst.Call, how: str) -> None:
-        what = f"`{shorten(self.analysis.code_of(call.func), 40)}(...)`"
-        if main_process_caller(self.analysis, call) is not None:
-            return  # only the main process builds it there
-        reason = self._why_not(call)
-        if reason is not None:
-            self.left(call, DOWNLOADED_BY_EVERY_PROCESS, f"{what} downloads {how} on every process; not moved: {reason}")
-            return
-        if not self.rewrite_allowed(call):
-            return
-        self.edits.need_import(RUNTIME)
-        self.edits.replace(call, through_runtime("main_process_first"))
-        self.rewrote(call, f"{what} downloads {how}: built on the main process first, then the others ({RUNTIME}.main_process_first)")
+        self._move(call, "main_process_first", f"downloads {how} on every process", f"downloads {how}: built on the main process first, then the others ({RUNTIME}.main_process_first)")
 
     def _fetch(self, call: cst.Call) -> None:
-        what = f"`{shorten(self.analysis.code_of(call.func), 40)}(...)`"
+        used = type(self.analysis.tree.parent(call)) is not cst.Expr
+        self._move(call, "on_main_process", "fetches a file on every process", f"fetches on the main process only ({RUNTIME}.on_main_process); every process waits", "what it returns is used" if used else None)
+
+    def _move(self, call: cst.Call, through: str, left: str, done: str, reason: Optional[str] = None) -> None:
+        """``call`` made through ``mgpu_runtime.<through>``, or reported with why not; nothing where only the
+        main process calls its function (no other process downloads there)."""
         if main_process_caller(self.analysis, call) is not None:
             return
-        reason = self._why_not(call)
-        if reason is None and type(self.analysis.tree.parent(call)) is not cst.Expr:
-            reason = "what it returns is used"
+        what = f"`{shorten(self.analysis.code_of(call.func), 40)}(...)`"
+        reason = self._why_not(call) or reason
         if reason is not None:
-            self.left(call, DOWNLOADED_BY_EVERY_PROCESS, f"{what} fetches a file on every process; not moved: {reason}")
+            self.left(call, DOWNLOADED_BY_EVERY_PROCESS, f"{what} {left}; not moved: {reason}")
             return
         if not self.rewrite_allowed(call):
             return
         self.edits.need_import(RUNTIME)
-        self.edits.replace(call, through_runtime("on_main_process"))
-        self.rewrote(call, f"{what} fetches on the main process only ({RUNTIME}.on_main_process); every process waits")
+        self.edits.replace(call, through_runtime(through))
+        self.rewrote(call, f"{what} {done}")
