@@ -9,7 +9,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis.models import MODULE_METHODS_RETURNING_SELF
 from mgpu_migrate.analysis.tree import contains
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Rewrite, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, TORCH_STYLE, Example, Rewrite, Rule
 from mgpu_migrate.rules.syntax import argument, keyword, with_keyword
 
 # torch.nn layers without parameters: skipping them leaves no gradient missing.
@@ -26,16 +26,18 @@ class UnusedParameters(Rule):
     ## What it does
     Adds ``find_unused_parameters=True`` to the wrapper of a model (a class of this file) whose ``forward``
     may run without some of its layers: a layer built in ``__init__`` that ``forward`` (or a method it calls)
-    never uses, uses only under a condition, or uses only after an early ``return``. Also to the wrapper of
-    a model whose parameters are frozen after the wrap: ``requires_grad`` set (or ``requires_grad_()``
-    called) after the wrap in this file, or in a method of the model's class that is called through the
-    wrapper (``model.module.freeze_backbone(epoch == 0)``).
+    never uses, uses only under a condition, or uses only after an early ``return``. Under ``--style torch``,
+    also to the wrapper of a model whose parameters are frozen after the wrap: ``requires_grad`` set (or
+    ``requires_grad_()`` called) after the wrap in this file, or in a method of the model's class that is
+    called through the wrapper (``model.module.freeze_backbone(epoch == 0)``). The runtime's wrapper needs
+    no option for that: it follows the parameters that require gradients at each training step, wherever
+    the script freezes them (a ``train()`` override, a helper of another module).
 
     ## Why is this bad?
     DDP reduces each parameter's gradient when it is ready, and by default waits for all of them: a step
     in which a layer got no gradient fails ("Expected to have finished reduction in the prior iteration")
-    or hangs. DataParallel did not care. A parameter frozen after the wrap is one DDP still waits for: its
-    message blames the ``forward`` for not using it, when the script froze it.
+    or hangs. DataParallel did not care. A parameter frozen after the wrap is one torch's DDP still waits
+    for: its message blames the ``forward`` for not using it, when the script froze it.
 
     ## Example
     ```python
@@ -161,7 +163,7 @@ class UnusedParameters(Rule):
                 layers = ", ".join(f"self.{name}" for name in skipped)
                 why = f"{model.name.value}.forward may run without {layers}"
             else:
-                why = self._frozen_after(wrap, model)
+                why = self._frozen_after(wrap, model) if self.options.style == TORCH_STYLE else None
                 if why is None:
                     continue
             self.edits.replace(wrap, lambda call: with_keyword(call, "find_unused_parameters", cst.Name("True")))
@@ -191,6 +193,15 @@ class UnusedParameters(Rule):
             in_class = any(type(ancestor) is cst.ClassDef for ancestor in analysis.tree.ancestors(node))
             if not in_class and analysis.position(node) > wrapped_at:
                 return f"line {analysis.position(node)[0]} freezes parameters after the wrap"
+        helpers = {
+            s.name.value: s for s in analysis.module.body if type(s) is cst.FunctionDef and _freezes(s)
+        }  # pix2pix's set_requires_grad(net, False), defined before the wrap and called after it
+        for call in analysis.calls:
+            if type(call.func) is not cst.Name or call.func.value not in helpers or analysis.position(call) <= wrapped_at:
+                continue
+            scope = analysis.values.scope_of(call)
+            if any(site in models.model_sites(given.value, scope) for given in call.args):
+                return f"`{call.func.value}` freezes parameters after the wrap (line {analysis.position(call)[0]})"
         return None
 
     def _model_class(self, wrap: cst.Call, classes: dict[str, cst.ClassDef]) -> Optional[cst.ClassDef]:

@@ -39,6 +39,8 @@ NO_ARGUMENTS = {processes: [] for processes in WORLD_SIZES}
 CASES = {
     "margin_head": ("scripts", "margin_head.py", NO_ARGUMENTS),
     "frozen_backbone": ("scripts", "frozen_backbone.py", NO_ARGUMENTS),
+    "frozen_discriminator": ("scripts", "frozen_discriminator.py", NO_ARGUMENTS),
+    "frozen_after_wrap": ("projects/frozen_after_wrap", "train.py", NO_ARGUMENTS),
     "triplet_by_name": ("scripts", "triplet_by_name.py", NO_ARGUMENTS),
     "own_batches": ("scripts", "own_batches.py", NO_ARGUMENTS),
     "utils_writers": ("projects/utils_writers", "train.py", NO_ARGUMENTS),

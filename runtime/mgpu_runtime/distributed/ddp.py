@@ -19,6 +19,13 @@ script sets its own bucket sizes. With more than one process the wrapper also fe
 (``safety.py``): at the first training forward every process's weights are made rank 0's if a script changed
 them after the wrap, and plain inputs (which every rank must hold alike) are compared at the first step.
 
+Parameters frozen or unfrozen after the wrap (``requires_grad`` set by a ``train()`` override that freezes
+BatchNorm, a ``freeze_backbone()`` called through ``.module``, a helper that trains the head only): DataParallel
+did not care, while torch's DDP keeps waiting for the gradients of the parameters it was built with, and stops
+at the next step. So each training forward compares which parameters require gradients with what DDP was built
+over and, where they differ, rebuilds DDP's reducer over the ones that now do, as torch rebuilds it when a DDP
+model is unpickled. Every process runs the same script, so every process rebuilds at the same forward.
+
 ``device_ids`` and ``output_device`` (DataParallel's arguments, naming all the GPUs of one process) are
 accepted and ignored: here each process has exactly one device, ``device()``. Other keyword arguments go to
 torch's DDP unchanged (``find_unused_parameters=True`` for a model that skips parameters in some steps).
@@ -31,6 +38,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from mgpu_runtime.distributed import global_view, lockstep, safety, sync_batchnorm
@@ -88,8 +96,8 @@ class DistributedDataParallel(_TorchDDP):
         )
         self._job = job()
         self.register_comm_hook(self._job.lockstep, _summed if processes > 1 else _keep_local)
-        if self._job.gradients is not None:
-            self._job.gradients.note_synchronised([p for p in module.parameters() if p.requires_grad])
+        self._trainable = _trainable(module)
+        self._note_synchronised()
         self._aligned = False
         # What the original's nn.DataParallel was given: a pickle of this wrapper is that DataParallel.
         listed = None if device_ids is None else list(device_ids)
@@ -99,6 +107,17 @@ class DistributedDataParallel(_TorchDDP):
         return as_data_parallel(self.module, **self._data_parallel_arguments)
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        if self.training and torch.is_grad_enabled() and not self._follow_frozen_parameters():
+            # Nothing of the model trains in this forward (a GAN's discriminator, frozen for the generator's step):
+            # no gradient will reach DDP's reducer, so it is left out of the forward, as under no_sync(), and the
+            # next forward still gives every rank rank 0's buffers, as DataParallel's replicas took the module's.
+            with self.no_sync():
+                output = self._global_forward(inputs, kwargs)
+            self.require_forward_param_sync = True
+            return output
+        return self._global_forward(inputs, kwargs)
+
+    def _global_forward(self, inputs: tuple, kwargs: dict) -> Any:
         current = self._job
         if current.group is None:
             return super().forward(*inputs, **kwargs)
@@ -115,6 +134,32 @@ class DistributedDataParallel(_TorchDDP):
             # forward gives every rank rank 0's again, as DataParallel's replicas always took the module's.
             self.require_forward_param_sync = True
         return scatter_gather.gather([output], active, current.group)
+
+    def _follow_frozen_parameters(self) -> bool:
+        """Rebuild the reducer over the parameters that require gradients now, if they are not those it was built
+        over (see the module doc); whether any does. torch's own steps, as in ``DistributedDataParallel.__setstate__``;
+        the comm hook goes on the new reducer, whose buckets are made again after its first backward, as at the wrap."""
+        trainable = _trainable(self.module)
+        if trainable == self._trainable:
+            return True
+        if not any(trainable):
+            return False  # DDP cannot be built over no parameter; the reducer it has waits for the next that trains
+        self._trainable = trainable
+        parameters, expect_sparse_gradient = self._build_params_for_reducer()
+        names = self._build_debug_param_to_name_mapping(parameters)
+        self._ddp_init_helper(parameters, expect_sparse_gradient, names, self.static_graph)
+        if self.static_graph:
+            self.reducer._set_static_graph()
+            self.logger._set_static_graph()
+        for hook, state in self._comm_hooks:
+            dist._register_comm_hook(self.reducer, state, hook)
+        self._has_rebuilt_buckets = False
+        self._note_synchronised()
+        return True
+
+    def _note_synchronised(self) -> None:
+        if self._job.gradients is not None:
+            self._job.gradients.note_synchronised([p for p in self.module.parameters() if p.requires_grad])
 
     def _sync_buffers(self) -> None:
         # A collective of DDP's own, before the forward: told to the lockstep check as ours are, so that a rank
@@ -156,6 +201,10 @@ class FrozenModule(nn.Module):
 
     def __reduce_ex__(self, protocol: int) -> Any:
         return as_data_parallel(self.module)
+
+
+def _trainable(module: nn.Module) -> tuple[bool, ...]:
+    return tuple(parameter.requires_grad for parameter in module.parameters())
 
 
 # The hooks are unannotated: DDP rejects annotations that are not the real types, and here they are strings.
