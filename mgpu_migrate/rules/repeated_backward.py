@@ -1,4 +1,4 @@
-"""MGP370: two backward passes over one forward of a wrapped model, which torch's DDP cannot run."""
+"""MGP108, MGP370: two backward passes over one forward of a wrapped model, which torch's DDP reducer cannot follow."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from mgpu_migrate.analysis.tree import Tree, contains
 from mgpu_migrate.analysis.values import Values
 from mgpu_migrate.analysis.walk import DEFINITIONS, children
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import BALANCED, DDP, PROGRAM, Example, Review, Rule
+from mgpu_migrate.rules.base import BALANCED, DDP, PROGRAM, TORCH_STYLE, Example, Review, Rewrite, Rule
+from mgpu_migrate.rules.syntax import keyword, with_keyword
+from mgpu_migrate.rules.torch_style import TORCH_OPTIONS
 
 REPEATED_BACKWARD = Review(
     "MGP370",
@@ -29,16 +31,18 @@ REPEATED_BACKWARD = Review(
         "the first reached fails (\"Expected to mark a variable ready only once\"); when the first pass reached "
         "every parameter, the second pass's gradients are never reduced, and the processes' weights drift apart "
         "without an error; a step that runs only one of the passes leaves the reduction unfinished (\"Expected to "
-        "have finished reduction in the prior iteration\"). `--to ddp` leaves the file as it is."
+        "have finished reduction in the prior iteration\"). `--to ddp --style torch`, which has no runtime to sum the "
+        "gradients otherwise, leaves the file as it is; the default style passes `reduce_each_backward=True` to the "
+        "runtime's wrapper (MGP108)."
     ),
     todo=(
         "Give each backward pass a forward of its own: call the wrapped model once per loss "
         "(`losses = model(x, part='d')` ... `losses = model(x, part='g')`), or wrap the generator and the "
         "discriminator each on its own, as GAN scripts do; or add up losses that train the same parameters and "
-        "call `backward()` once. Then migrate. `--to balanced` migrates the file as it is: one process, whose "
-        "backward passes add their gradients as DataParallel's did. Passes over parameters that share nothing, "
-        "both run at every step, do train under DDP: the file cannot show that, so say it with "
-        "`# noqa: MGP370` at the second pass."
+        "call `backward()` once. Then migrate. Or migrate with the default style (the runtime sums the gradients "
+        "after each pass), or `--to balanced`: one process, whose backward passes add their gradients as "
+        "DataParallel's did. Passes over parameters that share nothing, both run at every step, do train under "
+        "DDP: the file cannot show that, so say it with `# noqa: MGP370` at the second pass."
     ),
     veto=True,
 )
@@ -59,7 +63,10 @@ class RepeatedBackward(Rule):
     both come from the same call of the wrapped model, with no new call of that model between them, or a
     ``.backward()`` in a loop that runs over the outputs of one forward made before it. The values are
     followed back through the assignments that reach each backward pass; ``.detach()``, ``.item()`` and
-    ``.data`` end the graph. The file is then left as it is.
+    ``.data`` end the graph. The wrap that forward runs is then given ``reduce_each_backward=True``: the
+    runtime leaves torch's reducer out of its forwards and sums the model's gradients over the processes at
+    the end of each backward pass. Under ``--style torch``, which has no runtime, the file is left as it is
+    (MGP370).
 
     Not reported: a GAN loop over two wraps (the discriminator's loss on ``fake.detach()``), a new forward
     before each backward pass, gradient accumulation (a forward each micro-step), a single
@@ -72,9 +79,11 @@ class RepeatedBackward(Rule):
     reached fails with "Expected to mark a variable ready only once", and when the first reached every
     parameter, the second's gradients are never reduced: each process keeps its own, and the copies of the
     model drift apart with no error. A step that runs only the first pass (the generator trained every
-    n-th step) leaves the reduction unfinished, and the next forward fails. The migration could not train.
-    Only passes over disjoint parameters, both run at every step, train under DDP; the file does not show
-    which parameters a pass reaches, so ``# noqa: MGP370`` at the second pass migrates such a file.
+    n-th step) leaves the reduction unfinished, and the next forward fails. Summed at the end of each pass,
+    each parameter's ``.grad`` is whole after each, as DataParallel's was, whatever the loop does between the
+    passes (an optimizer's step, clipping). Under ``--style torch`` only passes over disjoint parameters, both
+    run at every step, train; the file does not show which parameters a pass reaches, so
+    ``# noqa: MGP370`` at the second pass migrates such a file.
 
     ## Example
     ```python
@@ -89,26 +98,53 @@ class RepeatedBackward(Rule):
 
     ## Use instead
     ```python
-    for x in loader:
-        model(x, part="d")["d"].backward()
-        optimizer_d.step()
-        model(x, part="g")["g"].backward()
-        optimizer_g.step()
+    model = mgpu_runtime.DistributedDataParallel(Trainer(config), reduce_each_backward=True)
     ```
-    Or migrate with ``--to balanced``, which runs the file as it is.
+    Under ``--style torch``, give each backward pass a forward of its own (``model(x, part="d")["d"].backward()``
+    ... ``model(x, part="g")["g"].backward()``), or migrate with ``--to balanced``, which runs the file as it is.
 
     ## Fix safety
-    Nothing is rewritten, in the whole file: ``--to ddp`` migrates a file entirely or not at all, and how to
-    split the forward is the author's to decide.
+    Exact: each pass's gradients are summed over the processes before anything reads them, as the one process
+    of DataParallel held them. What it costs: the reduction no longer overlaps the backward pass, and a
+    parameter that no pass reaches is still sent (as zeros). Under ``--style torch`` nothing is rewritten, in
+    the whole file, and how to split the forward is the author's to decide.
     """
 
-    CODE = REPEATED_BACKWARD
+    CODE = Rewrite("MGP108")
     PHASE = PROGRAM
     USES = ("flow", "models", "values")
     REVIEW_CODES = (REPEATED_BACKWARD,)
-    DESCRIPTION = "two backward passes over one forward of a wrapped model keep the file off DDP"
+    DESCRIPTION = "several backward passes over one forward: gradients summed after each (reduce_each_backward=True)"
     TARGETS = (DDP,)
     EXAMPLES = (
+        Example(
+            """
+            import torch.nn as nn
+
+            model = nn.DataParallel(Trainer())
+            for x in loader:
+                losses = model(x)
+                losses["d"].backward()
+                optimizer_d.step()
+                losses["g"].backward()
+                optimizer_g.step()
+            """,
+            """
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(Trainer(), reduce_each_backward=True)
+            for x in loader:
+                losses = model(x)
+                losses["d"].backward()
+                optimizer_d.step()
+                losses["g"].backward()
+                optimizer_g.step()
+            """,
+            DDP,
+            ("MGP101", "MGP108"),
+            message='line 8\'s `losses["g"].backward()` is a second backward pass over one forward, `model(x)` (line 5)',
+            line=3,
+        ),
         Example(
             """
             import torch.nn as nn
@@ -124,8 +160,10 @@ class RepeatedBackward(Rule):
             None,
             DDP,
             (REPEATED_BACKWARD,),
+            TORCH_OPTIONS,
             message='`losses["g"].backward()`: a second backward pass over one forward, `model(x)` (line 5), after line 6\'s',
             line=8,
+            name="style-torch-leaves-the-file",
         ),
         Example(
             """
@@ -141,6 +179,7 @@ class RepeatedBackward(Rule):
             None,
             DDP,
             (REPEATED_BACKWARD,),
+            TORCH_OPTIONS,
             message="runs at each pass of the loop at line 6 over one forward, `model(x)` (line 5)",
             line=7,
             name="backward-in-a-loop-over-one-forward",
@@ -273,8 +312,26 @@ class RepeatedBackward(Rule):
         for call in self.analysis.calls:
             if _loss_of(self.analysis, call) is not None:
                 by_function[self.analysis.tree.function(call)].append(call)
+        self._passes: dict[Any, str] = {}
+        """The wrap sites whose forward feeds several backward passes, each with what says so (the first found)."""
         for function, backwards in by_function.items():
             self._check(function, backwards, forwards)
+        models = self.analysis.models
+        for wrap in self.program.wraps:
+            why = self._passes.get(models.site_of(wrap))
+            if why is None or keyword(wrap, "reduce_each_backward") is not None or not self.rewrite_allowed(wrap):
+                continue
+            self.edits.replace(wrap, _reduced_each_backward)
+            self.rewrote(wrap, f"reduce_each_backward=True: {why}")
+
+    def _several_passes(self, backward: cst.Call, forward: cst.Call, sites: Sites, left: str, rewritten: str) -> None:
+        """A backward pass that is not the first over ``forward``'s graph: under ``--style torch`` the file is left
+        (``left`` says why); otherwise the wraps that forward runs sum their gradients after each pass."""
+        if self.options.style == TORCH_STYLE:
+            self.left(backward, REPEATED_BACKWARD, left)
+            return
+        for site in sites:
+            self._passes.setdefault(site, rewritten)
 
     # -- the forwards ------------------------------------------------------------------------------
     def _forwards(self) -> dict[cst.Call, Sites]:
@@ -341,12 +398,15 @@ class RepeatedBackward(Rule):
                 )
                 if forward is not None:
                     reported.add(later)
-                    self.left(
+                    code, line = shorten(analysis.code_of(later), 32), analysis.position(later)[0]
+                    made = f"`{shorten(analysis.code_of(forward), 24)}` (line {analysis.position(forward)[0]})"
+                    self._several_passes(
                         later,
-                        REPEATED_BACKWARD,
-                        f"`{shorten(analysis.code_of(later), 32)}`: a second backward pass over one forward, "
-                        f"`{shorten(analysis.code_of(forward), 24)}` (line {analysis.position(forward)[0]}), after line "
+                        forward,
+                        forwards[forward],
+                        f"`{code}`: a second backward pass over one forward, {made}, after line "
                         f"{analysis.position(earlier)[0]}'s: file left as it is",
+                        f"line {line}'s `{code}` is a second backward pass over one forward, {made}",
                     )
                     break
         for call in backwards:
@@ -363,12 +423,14 @@ class RepeatedBackward(Rule):
                 None,
             )
             if forward is not None:
-                self.left(
+                code, loop = shorten(analysis.code_of(call), 32), analysis.position(region)[0]
+                made = f"`{shorten(analysis.code_of(forward), 24)}` (line {analysis.position(forward)[0]})"
+                self._several_passes(
                     call,
-                    REPEATED_BACKWARD,
-                    f"`{shorten(analysis.code_of(call), 32)}` runs at each pass of the loop at line {analysis.position(region)[0]} "
-                    f"over one forward, `{shorten(analysis.code_of(forward), 24)}` (line {analysis.position(forward)[0]}): file "
-                    "left as it is",
+                    forward,
+                    forwards[forward],
+                    f"`{code}` runs at each pass of the loop at line {loop} over one forward, {made}: file left as it is",
+                    f"`{code}` runs at each pass of the loop at line {loop} over one forward, {made}",
                 )
 
     def _region(self, call: cst.Call, root: cst.CSTNode) -> cst.CSTNode:
@@ -388,6 +450,11 @@ class RepeatedBackward(Rule):
         tree = self.analysis.tree
         first, second = _parts(tree, earlier, region), _parts(tree, later, region)
         return first <= second or second <= first
+
+
+def _reduced_each_backward(call: cst.CSTNode) -> cst.CSTNode:
+    assert type(call) is cst.Call
+    return with_keyword(call, "reduce_each_backward", cst.Name("True"))
 
 
 def _parts(tree: Tree, node: cst.CSTNode, stop: Optional[cst.CSTNode]) -> frozenset[tuple[int, int]]:

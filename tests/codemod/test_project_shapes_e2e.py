@@ -40,6 +40,8 @@ CASES = {
     "margin_head": ("scripts", "margin_head.py", NO_ARGUMENTS),
     "frozen_backbone": ("scripts", "frozen_backbone.py", NO_ARGUMENTS),
     "frozen_discriminator": ("scripts", "frozen_discriminator.py", NO_ARGUMENTS),
+    "two_backward_passes": ("scripts", "two_backward_passes.py", NO_ARGUMENTS),
+    "trainer_two_passes": ("scripts", "trainer_two_passes.py", NO_ARGUMENTS),
     "frozen_after_wrap": ("projects/frozen_after_wrap", "train.py", NO_ARGUMENTS),
     "triplet_by_name": ("scripts", "triplet_by_name.py", NO_ARGUMENTS),
     "own_batches": ("scripts", "own_batches.py", NO_ARGUMENTS),

@@ -26,6 +26,13 @@ at the next step. So each training forward compares which parameters require gra
 over and, where they differ, rebuilds DDP's reducer over the ones that now do, as torch rebuilds it when a DDP
 model is unpickled. Every process runs the same script, so every process rebuilds at the same forward.
 
+A forward whose outputs feed several backward passes (a trainer module returning the discriminator's and the
+generator's losses, each given its own ``backward()``) is what torch's reducer cannot follow: it prepares one
+reduction per forward. ``reduce_each_backward=True`` leaves the reducer out and sums the model's gradients at the
+end of each backward pass instead (``mgpu_runtime.sharded.gradients``), so ``.grad`` is whole after each pass, as
+DataParallel's was, whatever runs between the passes (a step, clipping); it costs the overlap of the reduction
+with the backward pass.
+
 ``device_ids`` and ``output_device`` (DataParallel's arguments, naming all the GPUs of one process) are
 accepted and ignored: here each process has exactly one device, ``device()``. Other keyword arguments go to
 torch's DDP unchanged (``find_unused_parameters=True`` for a model that skips parameters in some steps).
@@ -75,6 +82,7 @@ class DistributedDataParallel(_TorchDDP):
         device_ids: Sequence[Any] | None = None,
         output_device: Any = None,
         dim: int = 0,
+        reduce_each_backward: bool = False,
         **kwargs: Any,
     ) -> None:
         _refuse_thread_linked_layers(module)
@@ -95,6 +103,7 @@ class DistributedDataParallel(_TorchDDP):
             **kwargs,
         )
         self._job = job()
+        self._reduce_each_backward = reduce_each_backward
         self.register_comm_hook(self._job.lockstep, _summed if processes > 1 else _keep_local)
         self._trainable = _trainable(module)
         self._note_synchronised()
@@ -107,10 +116,11 @@ class DistributedDataParallel(_TorchDDP):
         return as_data_parallel(self.module, **self._data_parallel_arguments)
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        if self.training and torch.is_grad_enabled() and not self._follow_frozen_parameters():
-            # Nothing of the model trains in this forward (a GAN's discriminator, frozen for the generator's step):
-            # no gradient will reach DDP's reducer, so it is left out of the forward, as under no_sync(), and the
-            # next forward still gives every rank rank 0's buffers, as DataParallel's replicas took the module's.
+        if self.training and torch.is_grad_enabled() and (self._reduce_each_backward or not self._follow_frozen_parameters()):
+            # Nothing of the model trains in this forward (a GAN's discriminator, frozen for the generator's step), or
+            # its gradients are summed at the end of each backward pass (reduce_each_backward): DDP's reducer is left
+            # out of the forward, as under no_sync(), and the next forward still gives every rank rank 0's buffers,
+            # as DataParallel's replicas took the module's.
             with self.no_sync():
                 output = self._global_forward(inputs, kwargs)
             self.require_forward_param_sync = True
@@ -158,8 +168,13 @@ class DistributedDataParallel(_TorchDDP):
         return True
 
     def _note_synchronised(self) -> None:
-        if self._job.gradients is not None:
-            self._job.gradients.note_synchronised([p for p in self.module.parameters() if p.requires_grad])
+        gradients = self._job.gradients
+        if gradients is None:
+            return
+        if self._reduce_each_backward:
+            gradients.sum_each_backward(list(self.module.parameters()))
+        else:
+            gradients.note_synchronised([p for p in self.module.parameters() if p.requires_grad])
 
     def _sync_buffers(self) -> None:
         # A collective of DDP's own, before the forward: told to the lockstep check as ours are, so that a rank

@@ -10,8 +10,10 @@ piece's gradient is whole on its rank. So:
   ``torch.autograd.backward`` and ``torch.autograd.grad``, so ``loss.backward()``, ``scaler.scale(loss).backward()``
   and ``torch.autograd.grad(loss, ...)`` all do); one from a ``Sharded`` value starts at its pieces' gradients;
 * a collective's backward sums the parts again (``groups.py``);
-* the wrapped model's parameters are summed by DDP's reduction (``distributed/ddp.py``), and any other
-  parameter an optimizer steps (a loss head outside the wrap, a learnable temperature) is summed at the step;
+* the wrapped model's parameters are summed by DDP's reduction (``distributed/ddp.py``), or, for a wrapper
+  whose one forward feeds several backward passes (``reduce_each_backward=True``), at the end of each backward
+  pass, so that ``.grad`` is whole after each, as DataParallel's was; any other parameter an optimizer steps (a
+  loss head outside the wrap, a learnable temperature) is summed at the step;
   a gradient ``torch.autograd.grad`` returns for a value held alike is summed before it is returned.
 
 Gradient hooks see whole gradients, as DataParallel's did: a hook on a ``Sharded`` value is its piece's
@@ -53,10 +55,60 @@ class Gradients:
         element-wise)."""
         self._local = threading.local()
         self._hook: Any = None
+        self._each_backward: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+        """Parameters whose gradients are summed at the end of each backward pass (``sum_each_backward``)."""
 
     def note_synchronised(self, parameters: Sequence[torch.Tensor]) -> None:
         """These parameters' gradients are summed by DDP's reduction; the step must not sum them again."""
         self._synchronised.update((id(parameter), parameter) for parameter in parameters)
+
+    def sum_each_backward(self, parameters: Sequence[torch.Tensor]) -> None:
+        """These parameters' gradients are summed over the ranks at the end of each backward pass (a model whose
+        one forward feeds several, which DDP's reducer cannot follow), and not again at the step."""
+        self._each_backward.update((id(parameter), parameter) for parameter in parameters)
+        self.note_synchronised(parameters)
+
+    @contextmanager
+    def _whole_after_backward(self) -> Iterator[None]:
+        """Around one backward pass: the ``sum_each_backward`` parameters' gradients it adds are summed over the
+        ranks and added to what ``.grad`` held before it (whole already). Which parameters the pass reached is
+        summed too, so one that no rank's pass reached keeps its ``.grad`` as it was (``None`` stays ``None``)."""
+        parameters = [parameter for parameter in self._each_backward.values() if parameter.requires_grad]
+        if not parameters:
+            yield
+            return
+        before = [parameter.grad for parameter in parameters]
+        for parameter in parameters:
+            parameter.grad = None
+        try:
+            yield
+        finally:
+            added = [parameter.grad for parameter in parameters]
+            for parameter, held in zip(parameters, before):
+                parameter.grad = held
+        reached = torch.tensor([float(gradient is not None) for gradient in added], dtype=torch.float64, device=self.group.device)
+        by_kind: dict[tuple[torch.dtype, torch.device], list[int]] = {}
+        for index, parameter in enumerate(parameters):
+            by_kind.setdefault((parameter.dtype, parameter.device), []).append(index)
+        given = [gradient if gradient is not None else torch.zeros_like(parameter) for gradient, parameter in zip(added, parameters)]
+        flats = [torch.cat([given[i].reshape(-1) for i in members]) for members in by_kind.values()]
+        dist.all_reduce(reached)
+        for flat in flats:
+            dist.all_reduce(flat)
+        anywhere = reached.tolist()
+        for members, flat in zip(by_kind.values(), flats):
+            offset = 0
+            for i in members:
+                size = parameters[i].numel()
+                whole = flat[offset : offset + size].view_as(parameters[i])
+                offset += size
+                held = before[i]
+                if not anywhere[i]:
+                    continue
+                if held is None:
+                    parameters[i].grad = whole.clone()
+                else:
+                    held.add_(whole)
 
     @contextmanager
     def own_computation(self) -> Iterator[None]:
@@ -81,7 +133,8 @@ class Gradients:
             given = grad_tensors if grad_tensors is not None else grad_variables
             listed = list(given) if isinstance(given, (list, tuple)) else [given]
             roots_, grads = roots(outputs, listed if given is not None else [None] * len(outputs), group)
-            return _autograd_backward(roots_, grads, retain_graph, create_graph, inputs=inputs)
+            with self._whole_after_backward():
+                return _autograd_backward(roots_, grads, retain_graph, create_graph, inputs=inputs)
 
         def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, only_inputs=True,
                  allow_unused=None, is_grads_batched=False, materialize_grads=False):
