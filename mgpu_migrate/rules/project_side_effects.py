@@ -8,7 +8,7 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis.guards import main_process_caller, under_main_process_block
-from mgpu_migrate.analysis.project import Found, Project, Write, project_of
+from mgpu_migrate.analysis.project import Found, Project, Write, project_download, project_of
 from mgpu_migrate.analysis.stand_ins import blocker
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
@@ -124,6 +124,8 @@ class ProjectSideEffects(Rule):
             found = self._project_writer(project, call)
             if found is not None:
                 definition, written = found
+                if not isinstance(definition.node, _FUNCTIONS) and project_download(project, definition, self.analysis.code_of(call)):
+                    continue  # a dataset that downloads itself when built (open-reid's): MGP137's too
                 if isinstance(definition.node, _FUNCTIONS):
                     self._call_once(call, definition, written, f"`{shorten(self.analysis.code_of(call.func))}(...)`")
                 else:
@@ -177,7 +179,7 @@ class ProjectSideEffects(Rule):
         """A project class whose construction writes (a ``Logger`` opening its file): built on the main process only,
         behind a stand-in, when the script only calls its methods for their effect. A class whose construction
         writes nothing is left to be built by every process: its writing methods are moved at their calls."""
-        init = self._method(project, definition, "__init__")
+        init = project.method(definition, "__init__")
         written = project.writes(init) if init is not None else None
         if init is None or written is None:
             return
@@ -204,20 +206,6 @@ class ProjectSideEffects(Rule):
             MAIN_PROCESS_OBJECT,
         )
 
-    def _method(self, project: Project, cls: Found, name: str, depth: int = 0) -> Optional[Found]:
-        """The method ``name`` of a project class, defined there or in a project class it derives from."""
-        assert isinstance(cls.node, ast.ClassDef)
-        for statement in cls.node.body:
-            if isinstance(statement, _FUNCTIONS) and statement.name == name:
-                return Found(cls.module, statement, cls.seen_from)
-        for base in cls.node.bases if depth < 4 else ():
-            _, inherited = project.resolve_in(cls, base)
-            if inherited is not None and isinstance(inherited.node, ast.ClassDef) and inherited.node is not cls.node:
-                found = self._method(project, inherited, name, depth + 1)
-                if found is not None:
-                    return found
-        return None
-
     def _writing_method(self, project: Project, call: cst.Call) -> Optional[tuple[Found, Write]]:
         """``container.dump()`` where ``container`` holds an object of a project class whose ``dump`` writes."""
         if type(call.func) is not cst.Attribute or type(call.func.value) not in (cst.Name, cst.Attribute):
@@ -230,7 +218,7 @@ class ProjectSideEffects(Rule):
             cls = project.find(qualified) if qualified and not qualified.startswith(("torch.", "builtins.")) else None
             if cls is None or not isinstance(cls.node, ast.ClassDef):
                 continue
-            method = self._method(project, cls, call.func.attr.value)
+            method = project.method(cls, call.func.attr.value)
             written = project.writes(method) if method is not None else None
             if method is not None and written is not None:
                 return method, written
