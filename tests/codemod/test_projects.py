@@ -340,3 +340,31 @@ def test_a_dataset_class_that_downloads_by_default_is_built_on_the_main_process_
     assert said[8].startswith("`Market(...)` downloads (reid/datasets/market.py:5 `download=True`)")
     assert sorted(said) == [7, 8, 11] and not {"MGP132", "MGP135", "MGP322"} & set(codes(result))
 
+
+def test_a_project_writer_set_as_a_stream_is_set_on_the_main_process_only(tmp_path):
+    """open-reid's ``sys.stdout = Logger(path)`` (the file opened with "w"): set on the main process only, whose
+    stdout alone the runtime keeps; on a line with other code, or under --style torch, it is left (MGP322)."""
+    (tmp_path / "setup.py").write_text("")
+    (tmp_path / "logs.py").write_text(
+        "import sys\n\n\nclass Logger:\n    def __init__(self, path):\n        self.console = sys.stdout\n"
+        "        self.file = open(path, 'w')\n\n    def write(self, text):\n        self.console.write(text)\n"
+        "        self.file.write(text)\n"
+    )
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys\nimport sys as system\nimport torch.nn as nn\nfrom logs import Logger\n\n"
+        "model = nn.DataParallel(model)\nif evaluate: sys.stdout = Logger('eval.txt')\nsystem.stderr = Logger('err.txt')\n"
+    )
+    result = migrate_source(script.read_text(), "ddp", str(script))
+    assert result.output.splitlines()[-3:] == [
+        "if evaluate: sys.stdout = Logger('eval.txt')",
+        "if mgpu_runtime.is_main_process():",
+        "    system.stderr = Logger('err.txt')",
+    ]
+    said = {d.line: (d.code, d.message.rpartition("`): ")[2]) for d in result.diagnostics if d.code in ("MGP132", "MGP322")}
+    assert said == {
+        7: ("MGP322", "not moved, as `sys.stdout` is not set on a line of its own"),
+        8: ("MGP132", "`system.stderr` set on the main process only"),
+    }
+    torch_style = migrate_source(script.read_text(), "ddp", str(script), TORCH_OPTIONS)
+    assert "Logger('err.txt')\n" in torch_style.output and codes(torch_style).count("MGP322") == 2
