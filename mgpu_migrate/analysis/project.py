@@ -325,11 +325,13 @@ class Project:
 
 
     def downloads(self, found: Found, depth: int = 0) -> Write | None:
-        """The first download in a function, itself or through the project's functions it calls by name
-        (``get_train_dataset`` building ``CIFAR10(root, download=True)``), ``_MAX_DEPTH`` deep: a call given
-        ``download=`` that is not ``False`` (torchvision's datasets, a project's), or of a library function that
-        fetches a file (``download_url``, ``urlretrieve``). None for a function that also builds a loader or
-        joins the processes itself (its build on the main process alone would wait for the others)."""
+        """The first download in a function, itself or through what it calls of the project (``get_train_dataset``
+        building ``CIFAR10(root, download=True)``; open-reid's ``create`` building ``__factory[name](root)``, a
+        class of a module-level dict whose ``__init__`` defaults to ``download=True``), ``_MAX_DEPTH`` deep: a
+        call given ``download=`` that is not ``False`` (torchvision's datasets, a project's), of a library function
+        that fetches a file (``download_url``, ``urlretrieve``), or of a project definition that downloads
+        (``reaches_download``). None for a function that also builds a loader or joins the processes itself (its
+        build on the main process alone would wait for the others)."""
         if not isinstance(found.node, (ast.FunctionDef, ast.AsyncFunctionDef)) or depth > _MAX_DEPTH:
             return None
         key = id(found.node)
@@ -339,20 +341,109 @@ class Project:
         return self._downloaded[key]
 
     def _first_download(self, found: Found, depth: int) -> Write | None:
-        first = None
+        if _joins_the_processes(found):
+            return None
         for call in sorted(_calls(found.node), key=lambda call: (call.lineno, call.col_offset)):
             qualified = found.module.qualified(call.func)
-            if qualified is not None and qualified.startswith(_JOINS_THE_PROCESSES):
-                return None
-            if first is not None:
-                continue
             if downloads_by_keyword(call) or qualified in DOWNLOADERS:
-                first = Write(call.lineno, qualified or ast.unparse(call.func))
-            elif isinstance(call.func, ast.Name):
+                return Write(call.lineno, qualified or ast.unparse(call.func))
+            if isinstance(call.func, ast.Name):
                 _, helper = self.resolve_in(found, call.func, depth)
-                if helper is not None and self.downloads(helper, depth + 1) is not None:
-                    first = Write(call.lineno, f"{call.func.id}(...)")
-        return first
+                if helper is not None and self.reaches_download(helper, call, depth + 1) is not None:
+                    return Write(call.lineno, f"{call.func.id}(...)")
+            elif isinstance(call.func, ast.Subscript) and any(
+                self.reaches_download(entry, call, depth + 1) is not None
+                for entry in self._registered(found, call.func.value, depth)
+            ):
+                return Write(call.lineno, f"{ast.unparse(call.func)}(...)")
+        return None
+
+    def reaches_download(self, found: Found, call: ast.Call, depth: int = 0) -> Write | None:
+        """What ``call``, a call of the project definition ``found``, downloads: a function's first download
+        (``downloads``); a class's construction, when its ``__init__`` (its own or a project base's) has a
+        ``download`` parameter defaulting to a true constant that ``call`` leaves so (open-reid's ``Market1501(root,
+        download=True)``: the line of that ``__init__``), or when its ``__init__`` downloads itself. None when
+        ``call`` turns it off (``download=False``)."""
+        if any(keyword.arg == "download" and _false_constant(keyword.value) for keyword in call.keywords):
+            return None
+        if not isinstance(found.node, ast.ClassDef) or depth > _MAX_DEPTH:
+            return self.downloads(found, depth)
+        init = self.method(found, "__init__")
+        if init is None or not isinstance(init.node, (ast.FunctionDef, ast.AsyncFunctionDef)) or _joins_the_processes(init):
+            return None
+        line = init.node.lineno if init.module is found.module else found.node.lineno
+        default = _download_default(init.node)
+        if default is not None:
+            position, value = default
+            given = call.args[position] if position is not None and position < len(call.args) else None
+            starred = any(isinstance(argument, ast.Starred) for argument in call.args[: (position or 0) + 1])
+            if given is None or starred or not _false_constant(given):
+                return Write(line, f"download={ast.unparse(value)}")
+        downloaded = self.downloads(init, depth + 1)
+        return downloaded._replace(line=line) if downloaded is not None and init.module is not found.module else downloaded
+
+    def _registered(self, found: Found, registry: ast.expr, depth: int) -> list[Found]:
+        """The project definitions a module-level dict literal holds as values (open-reid's ``__factory =
+        {'market1501': Market1501, ...}``, indexed by name in ``create``), the dict named in ``found``'s module or
+        imported there from another of the project's; none for anything else."""
+        if not isinstance(registry, ast.Name):
+            return []
+        module, name = found.module, registry.id
+        qualified = module.qualified(registry)
+        if qualified is not None:
+            if qualified.startswith("."):
+                return []
+            module_name, _, name = qualified.rpartition(".")
+            imported = self._module(module_name) if module_name else None
+            if imported is None:
+                return []
+            module = imported
+        entries = []
+        for value in module.assigned.get(name, []):
+            if not isinstance(value, ast.Dict):
+                continue
+            for entry in value.values:
+                entry_name = module.qualified(entry)
+                if entry_name is None:
+                    continue
+                if entry_name.startswith("."):
+                    entries.append(Found(module, module.definitions[entry_name[1:]], found.seen_from))
+                else:
+                    definition = self.find(entry_name, depth + 1)
+                    if definition is not None:
+                        entries.append(definition)
+        return entries
+
+    def method(self, cls: Found, name: str, depth: int = 0) -> Found | None:
+        """The method ``name`` of a project class, defined there or in a project class it derives from."""
+        assert isinstance(cls.node, ast.ClassDef)
+        for statement in cls.node.body:
+            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)) and statement.name == name:
+                return Found(cls.module, statement, cls.seen_from)
+        for base in cls.node.bases if depth < 4 else ():
+            _, inherited = self.resolve_in(cls, base)
+            if inherited is not None and isinstance(inherited.node, ast.ClassDef) and inherited.node is not cls.node:
+                found = self.method(inherited, name, depth + 1)
+                if found is not None:
+                    return found
+        return None
+
+
+def project_download(project: Project, found: Found, code: str) -> Write | None:
+    """What a migrated file's call of the project definition ``found`` (the call's text, ``code``) downloads, where
+    MGP137 moves the call through ``mgpu_runtime.main_process_first``: a class's construction (``Market1501(root)``,
+    ``reaches_download``), or a function's download when the function writes nothing else (one that does is
+    MGP132's, called on the main process only). MGP132's rule leaves these calls to MGP137."""
+    try:
+        call = ast.parse(code.strip(), mode="eval").body
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+    if not isinstance(call, ast.Call):
+        return None
+    downloaded = project.reaches_download(found, call)
+    if downloaded is None or (not isinstance(found.node, ast.ClassDef) and project.writes(found) is not None):
+        return None
+    return downloaded
 
 
 # Library functions that fetch a file to a path they are given.
@@ -373,10 +464,35 @@ _JOINS_THE_PROCESSES = ("torch.utils.data.DataLoader", "torch.distributed.", "mg
 
 def downloads_by_keyword(call: ast.Call) -> bool:
     """``X(..., download=True)``, or given any value but a constant ``False``, ``None`` or ``0``."""
-    return any(
-        keyword.arg == "download" and not (isinstance(keyword.value, ast.Constant) and not keyword.value.value)
-        for keyword in call.keywords
-    )
+    return any(keyword.arg == "download" and not _false_constant(keyword.value) for keyword in call.keywords)
+
+
+def _false_constant(value: ast.expr) -> bool:
+    return isinstance(value, ast.Constant) and not value.value
+
+
+def _joins_the_processes(found: Found) -> bool:
+    return any((found.module.qualified(call.func) or "").startswith(_JOINS_THE_PROCESSES) for call in _calls(found.node))
+
+
+def _download_default(init: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[int | None, ast.expr] | None:
+    """An ``__init__``'s ``download`` parameter defaulting to a true constant (``download=True``): its position
+    among the arguments a call passes (``self`` not counted; None when it is keyword-only), and the default."""
+    arguments = init.args
+    positional = [*arguments.posonlyargs, *arguments.args]
+    defaults = dict(zip([argument.arg for argument in positional[len(positional) - len(arguments.defaults) :]], arguments.defaults))
+    keyword_only = {argument.arg: default for argument, default in zip(arguments.kwonlyargs, arguments.kw_defaults)}
+    names = [argument.arg for argument in positional]
+    if "download" in names and "download" in defaults:
+        position: int | None = names.index("download") - 1
+        value = defaults["download"]
+    elif keyword_only.get("download") is not None:
+        position, value = None, keyword_only["download"]
+    else:
+        return None
+    if not isinstance(value, ast.Constant) or not value.value:
+        return None
+    return position, value
 
 
 class Write(NamedTuple):

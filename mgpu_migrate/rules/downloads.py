@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Optional
 
 import libcst as cst
 
 from mgpu_migrate.analysis.guards import main_process_caller, under_main_process_block
-from mgpu_migrate.analysis.project import DOWNLOADERS, Project, project_of
+from mgpu_migrate.analysis.project import DOWNLOADERS, Project, project_download, project_of
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, gives_download, through_runtime
+
+_NO_RUNTIME = "--style torch has no runtime to download with first"
+_MESSAGE = 160  # the most characters of a message (one short line)
+# The modules before a qualified name (`torchvision.datasets.` of `torchvision.datasets.CIFAR10`), not quoted.
+_LEADING_MODULES = re.compile(r"^(?:\w+\.)+")
 
 DOWNLOADED_BY_EVERY_PROCESS = Review(
     "MGP336",
@@ -42,7 +48,10 @@ class Downloads(Rule):
       it first, downloading and extracting what is missing, while the others wait; then they build it from the
       files it left, as a second run of the original would;
     - a call of a project function that downloads so (``get_train_dataset(p)``, which builds ``CIFAR10(...,
-      download=True)`` in ``utils/``, found by project reading) is made the same way;
+      download=True)`` in ``utils/``, found by project reading) is made the same way; so is the construction of a
+      project class whose ``__init__`` defaults to ``download=True`` (open-reid's ``Market1501(root)``), not
+      given ``download=False``, also reached through a module-level dict of such classes (open-reid's
+      ``datasets.create(name, root)``, which builds ``__factory[name](root)``);
     - a library fetch that is a statement of its own (torchvision's ``download_url``, ``urlretrieve``) runs on the
       main process only, and every process waits for it (``mgpu_runtime.on_main_process``).
 
@@ -144,22 +153,32 @@ class Downloads(Rule):
             elif type(call.func) in (cst.Name, cst.Attribute) and qualified and not qualified.startswith(("torch.", "builtins.")):
                 project = project or project_of(self.analysis.path)
                 found = project.find(qualified) if project is not None else None
-                downloaded = project.downloads(found) if project is not None and found is not None else None
-                if downloaded is not None and project is not None and found is not None and project.writes(found) is None:
+                if project is None or found is None:
+                    continue
+                downloaded = project_download(project, found, self.analysis.code_of(call))
+                if downloaded is not None:
                     where = f"{os.path.relpath(found.module.path, os.path.dirname(self.analysis.path))}:{downloaded.line}"
-                    self._first(call, f"({where} `{shorten(downloaded.call.rpartition('.')[2], 30)}`)")
+                    self._first(call, f"({where} `{shorten(_LEADING_MODULES.sub('', downloaded.call), 30)}`)", f"({where})")
 
     def _keyword(self, call: cst.Call) -> str:
         value = next(arg.value for arg in call.args if arg.keyword is not None and arg.keyword.value == "download")
         return self.analysis.code_of(value)
 
     def _why_not(self, call: cst.Call) -> Optional[str]:
-        if self.options.style != RUNTIME_STYLE:
-            return "--style torch has no runtime to download with first"
-        return None
+        return _NO_RUNTIME if self.options.style != RUNTIME_STYLE else None
 
-    def _first(self, call: cst.Call, how: str) -> None:
-        self._move(call, "main_process_first", f"downloads {how} on every process", f"downloads {how}: built on the main process first, then the others ({RUNTIME}.main_process_first)")
+    def _what(self, call: cst.Call) -> str:
+        return f"`{shorten(self.analysis.code_of(call.func), 40)}(...)`"
+
+    def _first(self, call: cst.Call, *hows: str) -> None:
+        """``call`` built on the main process first, said with the first of ``hows`` (the fullest first) whose
+        messages fit one short line."""
+        what = self._what(call)
+        for how in hows:
+            left, done = f"downloads {how} on every process", f"downloads {how}: built on the main process first, then the others ({RUNTIME}.main_process_first)"
+            if len(f"{what} {done}") <= _MESSAGE and len(f"{what} {left}; not moved: {_NO_RUNTIME}") <= _MESSAGE:
+                break
+        self._move(call, "main_process_first", left, done)
 
     def _fetch(self, call: cst.Call) -> None:
         used = type(self.analysis.tree.parent(call)) is not cst.Expr
@@ -170,7 +189,7 @@ class Downloads(Rule):
         main process calls its function (no other process downloads there)."""
         if main_process_caller(self.analysis, call) is not None:
             return
-        what = f"`{shorten(self.analysis.code_of(call.func), 40)}(...)`"
+        what = self._what(call)
         reason = self._why_not(call) or reason
         if reason is not None:
             self.left(call, DOWNLOADED_BY_EVERY_PROCESS, f"{what} {left}; not moved: {reason}")

@@ -8,7 +8,7 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis.guards import main_process_caller, under_main_process_block
-from mgpu_migrate.analysis.project import Found, Project, Write, project_of
+from mgpu_migrate.analysis.project import Found, Project, Write, project_download, project_of
 from mgpu_migrate.analysis.stand_ins import blocker
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
@@ -50,8 +50,11 @@ class ProjectSideEffects(Rule):
     ``mgpu_runtime.on_main_process(helper, ...)``, which makes them whole on every process before the main process
     writes. A project class whose construction writes (a ``Logger`` opening ``log.txt``) is built on the main
     process only, behind a stand-in (``mgpu_runtime.main_process_only(Logger, path)``, MGP135), when the script
-    only calls its methods for their effect. Any other (a result that is used, an object read otherwise, a
-    method that also changes its object) is reported (MGP322).
+    only calls its methods for their effect. One that the script sets as ``sys.stdout`` or ``sys.stderr``
+    (open-reid's ``sys.stdout = Logger(path)``, which mirrors what is printed into a file it opens with ``"w"``) is
+    set on the main process only, under ``if mgpu_runtime.is_main_process():``; the other processes' stdout goes
+    nowhere already (the runtime's ``MGPU_LOG=rank0``), so the file holds what the original printed. Any other (a
+    result that is used, an object read otherwise, a method that also changes its object) is reported (MGP322).
 
     ## Why is this bad?
     Every process runs the script: a helper that writes a checkpoint, a log or images writes them once per
@@ -74,14 +77,17 @@ class ProjectSideEffects(Rule):
     mgpu_runtime.barrier()
     mgpu_runtime.on_main_process(save_pred, outputs, "pred.npy")   # given the model's outputs
     logger = mgpu_runtime.main_process_only(Logger, "log.txt")   # its construction writes
+    if mgpu_runtime.is_main_process():
+        sys.stdout = Logger("log.txt")   # mirrors what is printed into its file
     ```
 
     ## Fix safety
     The call is moved only when it is a statement of its own (its result unused): every process computes its
     arguments as before, and the global values among them are made whole on every process (a collective) before
     the main process alone writes. A method that also changes its object's state (``self.history.append(...)``)
-    stays on every process, reported. A call under a main-process block, or in a function only the main process
-    calls, stays as it is.
+    stays on every process, reported. A stream set on the main process only keeps what the main process prints;
+    with ``MGPU_LOG=all`` the others print to the terminal, not into the file. A call under a main-process block,
+    or in a function only the main process calls, stays as it is.
     """
 
     CODE = Rewrite("MGP132")
@@ -124,6 +130,8 @@ class ProjectSideEffects(Rule):
             found = self._project_writer(project, call)
             if found is not None:
                 definition, written = found
+                if not isinstance(definition.node, _FUNCTIONS) and project_download(project, definition, self.analysis.code_of(call)):
+                    continue  # a dataset that downloads itself when built (open-reid's): MGP137's too
                 if isinstance(definition.node, _FUNCTIONS):
                     self._call_once(call, definition, written, f"`{shorten(self.analysis.code_of(call.func))}(...)`")
                 else:
@@ -177,7 +185,7 @@ class ProjectSideEffects(Rule):
         """A project class whose construction writes (a ``Logger`` opening its file): built on the main process only,
         behind a stand-in, when the script only calls its methods for their effect. A class whose construction
         writes nothing is left to be built by every process: its writing methods are moved at their calls."""
-        init = self._method(project, definition, "__init__")
+        init = project.method(definition, "__init__")
         written = project.writes(init) if init is not None else None
         if init is None or written is None:
             return
@@ -188,6 +196,9 @@ class ProjectSideEffects(Rule):
             reason: Optional[str] = "as --style torch has no runtime"
         elif type(line) is not cst.Assign or len(line.targets) != 1 or line.value is not call:
             reason = "as it is not assigned to a name"
+        elif type(line.targets[0].target) is cst.Attribute and self.analysis.resolve(line.targets[0].target) in _STANDARD_STREAMS:
+            self._stream_once(call, line, f"{what} {where}")
+            return
         else:
             found = blocker(self.analysis, line.targets[0].target, call)
             reason = f"as {found}" if found is not None else None
@@ -204,19 +215,21 @@ class ProjectSideEffects(Rule):
             MAIN_PROCESS_OBJECT,
         )
 
-    def _method(self, project: Project, cls: Found, name: str, depth: int = 0) -> Optional[Found]:
-        """The method ``name`` of a project class, defined there or in a project class it derives from."""
-        assert isinstance(cls.node, ast.ClassDef)
-        for statement in cls.node.body:
-            if isinstance(statement, _FUNCTIONS) and statement.name == name:
-                return Found(cls.module, statement, cls.seen_from)
-        for base in cls.node.bases if depth < 4 else ():
-            _, inherited = project.resolve_in(cls, base)
-            if inherited is not None and isinstance(inherited.node, ast.ClassDef) and inherited.node is not cls.node:
-                found = self._method(project, inherited, name, depth + 1)
-                if found is not None:
-                    return found
-        return None
+    def _stream_once(self, call: cst.Call, line: cst.Assign, said: str) -> None:
+        """``sys.stdout = Logger(path)`` (open-reid's), an object that mirrors what is printed into a file it opens:
+        set on the main process only, ``if mgpu_runtime.is_main_process(): sys.stdout = Logger(path)``, no process
+        waiting for it. The other processes' stdout goes nowhere already (the runtime's ``MGPU_LOG=rank0``), so the
+        file holds what the main process prints, as the original's held what its one process printed."""
+        stream = self.analysis.code_of(line.targets[0].target)
+        statement = self.analysis.tree.parent(line)
+        if type(statement) is not cst.SimpleStatementLine or len(statement.body) != 1:
+            self.left(call, WRITTEN_BY_EVERY_PROCESS, f"{said}: not moved, as `{stream}` is not set on a line of its own")
+            return
+        if main_process_caller(self.analysis, call) is not None or not self.rewrite_allowed(call):
+            return  # only the main process sets it (once already), or a noqa comment keeps it
+        self.edits.need_import(RUNTIME)
+        self.edits.replace(statement, _on_the_main_process_alone)
+        self.rewrote(call, f"{said}: `{stream}` set on the main process only")
 
     def _writing_method(self, project: Project, call: cst.Call) -> Optional[tuple[Found, Write]]:
         """``container.dump()`` where ``container`` holds an object of a project class whose ``dump`` writes."""
@@ -230,7 +243,7 @@ class ProjectSideEffects(Rule):
             cls = project.find(qualified) if qualified and not qualified.startswith(("torch.", "builtins.")) else None
             if cls is None or not isinstance(cls.node, ast.ClassDef):
                 continue
-            method = self._method(project, cls, call.func.attr.value)
+            method = project.method(cls, call.func.attr.value)
             written = project.writes(method) if method is not None else None
             if method is not None and written is not None:
                 return method, written
@@ -273,6 +286,8 @@ class ProjectSideEffects(Rule):
 
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+# The streams a project object that writes may replace (``sys.stdout = Logger(path)``).
+_STANDARD_STREAMS = frozenset({"sys.stdout", "sys.stderr"})
 _MUTATORS = frozenset({"append", "extend", "update", "insert", "pop", "clear", "add", "remove", "setdefault"})
 
 
@@ -306,3 +321,9 @@ def _changes_its_object(method: ast.FunctionDef | ast.AsyncFunctionDef) -> Optio
 def _on_the_main_process(updated: cst.CSTNode) -> cst.FlattenSentinel:
     assert type(updated) is cst.SimpleStatementLine  # the replaced node is a statement line (_own_statement)
     return cst.FlattenSentinel(on_the_main_process([updated]))
+
+
+def _on_the_main_process_alone(updated: cst.CSTNode) -> cst.FlattenSentinel:
+    """The statement under ``if mgpu_runtime.is_main_process():``, no process waiting for it."""
+    assert type(updated) is cst.SimpleStatementLine  # the replaced node is a statement line (_stream_once)
+    return cst.FlattenSentinel(on_the_main_process([updated], wait=False))

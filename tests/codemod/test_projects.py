@@ -297,3 +297,74 @@ def test_the_layers_a_model_builds_are_followed_through_the_project(tmp_path):
     expression = ast.parse("Plain_Deeplab(num_classes=19)", mode="eval").body
     assert project.replica_link(plain, expression, found, str(root)) is None
     assert project.replica_link(module, ast.parse("Res_Deeplab()", mode="eval").body, None, str(root)) is None  # no project
+
+
+def test_a_dataset_class_that_downloads_by_default_is_built_on_the_main_process_first(tmp_path):
+    """open-reid's datasets: ``__init__(self, root, split_id=0, download=True)``, built directly or through
+    ``datasets.create``, which indexes a module-level dict of them; given ``download=False`` (by keyword or at its
+    place) a build downloads nothing. A class whose ``__init__`` writes its files itself is MGP137's alone."""
+    (tmp_path / "setup.py").write_text("")
+    package = tmp_path / "reid" / "datasets"
+    package.mkdir(parents=True)
+    (tmp_path / "reid" / "__init__.py").write_text("")
+    (package / "market.py").write_text(
+        "import os\n\n\nclass Market:\n    def __init__(self, root, split_id=0, download=True):\n"
+        "        if download:\n            self.download()\n\n    def download(self):\n        os.makedirs(self.root)\n"
+    )
+    (package / "written.py").write_text(
+        "import json\n\n\nclass Written:\n    def __init__(self, root, download=True):\n"
+        "        with open(root + '/meta.json', 'w') as meta:\n            json.dump({}, meta)\n"
+    )
+    (package / "__init__.py").write_text(
+        "from .market import Market\n\n__factory = {'market': Market}\n\n\n"
+        "def create(name, root, *args, **kwargs):\n    return __factory[name](root, *args, **kwargs)\n"
+    )
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch.nn as nn\nfrom reid import datasets\nfrom reid.datasets.market import Market\n"
+        "from reid.datasets.written import Written\n\nmodel = nn.DataParallel(model)\n"
+        "a = datasets.create('market', 'data', split_id=1)\nb = Market('data', 1)\nc = Market('data', 0, False)\n"
+        "d = datasets.create('market', 'data', download=False)\ne = Written('data')\n"
+    )
+    result = migrate_source(script.read_text(), "ddp", str(script))
+    assert result.output.splitlines()[-5:] == [
+        "a = mgpu_runtime.main_process_first(datasets.create, 'market', 'data', split_id=1)",
+        "b = mgpu_runtime.main_process_first(Market, 'data', 1)",
+        "c = Market('data', 0, False)",
+        "d = datasets.create('market', 'data', download=False)",
+        "e = mgpu_runtime.main_process_first(Written, 'data')",
+    ]
+    said = {d.line: d.message for d in result.diagnostics if d.code == "MGP137"}
+    # `__factory[name](...)` quoted after the line would take the message past one short line (160 characters)
+    assert said[7].startswith("`datasets.create(...)` downloads (reid/datasets/__init__.py:7): built on the main process first")
+    assert said[8].startswith("`Market(...)` downloads (reid/datasets/market.py:5 `download=True`)")
+    assert sorted(said) == [7, 8, 11] and not {"MGP132", "MGP135", "MGP322"} & set(codes(result))
+
+
+def test_a_project_writer_set_as_a_stream_is_set_on_the_main_process_only(tmp_path):
+    """open-reid's ``sys.stdout = Logger(path)`` (the file opened with "w"): set on the main process only, whose
+    stdout alone the runtime keeps; on a line with other code, or under --style torch, it is left (MGP322)."""
+    (tmp_path / "setup.py").write_text("")
+    (tmp_path / "logs.py").write_text(
+        "import sys\n\n\nclass Logger:\n    def __init__(self, path):\n        self.console = sys.stdout\n"
+        "        self.file = open(path, 'w')\n\n    def write(self, text):\n        self.console.write(text)\n"
+        "        self.file.write(text)\n"
+    )
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys\nimport sys as system\nimport torch.nn as nn\nfrom logs import Logger\n\n"
+        "model = nn.DataParallel(model)\nif evaluate: sys.stdout = Logger('eval.txt')\nsystem.stderr = Logger('err.txt')\n"
+    )
+    result = migrate_source(script.read_text(), "ddp", str(script))
+    assert result.output.splitlines()[-3:] == [
+        "if evaluate: sys.stdout = Logger('eval.txt')",
+        "if mgpu_runtime.is_main_process():",
+        "    system.stderr = Logger('err.txt')",
+    ]
+    said = {d.line: (d.code, d.message.rpartition("`): ")[2]) for d in result.diagnostics if d.code in ("MGP132", "MGP322")}
+    assert said == {
+        7: ("MGP322", "not moved, as `sys.stdout` is not set on a line of its own"),
+        8: ("MGP132", "`system.stderr` set on the main process only"),
+    }
+    torch_style = migrate_source(script.read_text(), "ddp", str(script), TORCH_OPTIONS)
+    assert "Logger('err.txt')\n" in torch_style.output and codes(torch_style).count("MGP322") == 2

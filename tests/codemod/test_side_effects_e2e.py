@@ -40,7 +40,9 @@ CASES = {
     "score_runner": "main.py",  # ermongroup/ncsn: main.py resets the log folder, the runner wraps, trains, samples
     "speech_logs": "train.py",  # ming024/FastSpeech2: SummaryWriters, a log() helper, evaluate.py, log.txt
     "utils_writers": "train.py",  # helpers of utils/: a Logger, save_pred, save_checkpoint, a StatisticsContainer
-    "downloads": "train.py",  # datasets that download themselves (ncsn, SCAN, open-reid): in the script, in utils/
+    # datasets that download themselves (ncsn, SCAN, open-reid): in the script, in utils/, through data/'s dict of
+    # classes (open-reid's datasets.create); open-reid's sys.stdout = Logger(path), its file opened with "w"
+    "downloads": "train.py",
 }
 
 
