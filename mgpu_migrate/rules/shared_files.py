@@ -35,6 +35,10 @@ _WRITERS = frozenset(
         "soundfile.write",
         "scipy.io.wavfile.write",
         "torchaudio.save",
+        "shutil.copyfile",
+        "shutil.copy",
+        "shutil.copy2",
+        "shutil.copytree",
     }
 )
 # Methods that write a file: a figure's, a path's, a data frame's; ``.save(path)`` of a PIL image (below).
@@ -72,7 +76,8 @@ class SharedFiles(Rule):
     the main process, as the original's one process wrote them:
 
     - a call of a library writer that is a statement of its own (``np.save``, torchvision's ``save_image``,
-      ``cv2.imwrite``, imageio's, ``plt.savefig``, a PIL image's ``.save(path)``, ``Path.write_text``) becomes
+      ``cv2.imwrite``, imageio's, ``plt.savefig``, a PIL image's ``.save(path)``, ``Path.write_text``, a
+      ``shutil.copy`` of the run's config into its folder) becomes
       ``mgpu_runtime.on_main_process(writer, ...)``: every process computes the arguments as before, their global
       values (the batch's, the model's outputs) are made whole on every process, the main process writes, and
       the others wait for it;
