@@ -207,8 +207,9 @@ class ClockNames(Rule):
         text = qualified in _TEXT_READINGS
         while True:
             parent = tree.parent(node)
-            kind = type(parent)
-            if kind is cst.Attribute and parent.value is node:
+            if parent is None:
+                return text
+            if type(parent) is cst.Attribute and parent.value is node:
                 called = tree.parent(parent)
                 if type(called) is not cst.Call or called.func is not parent:
                     return text
@@ -217,11 +218,13 @@ class ClockNames(Rule):
                 elif parent.attr.value not in _PASSING_METHODS:
                     return False
                 node = called
-            elif kind is cst.Arg:
+            elif type(parent) is cst.Arg:
                 called = tree.parent(parent)
-                assert type(called) is cst.Call
-                name = self._name(called.func)
-                method = called.func.attr.value if type(called.func) is cst.Attribute else None
+                if type(called) is not cst.Call:
+                    return text
+                func = called.func
+                name = self._name(func)
+                method = func.attr.value if type(func) is cst.Attribute else None
                 if name in _SHOWING or method in _SHOWING_METHODS:
                     return False
                 if name in _TO_TEXT or method == "format":
@@ -229,11 +232,11 @@ class ClockNames(Rule):
                 elif name not in _PASSING:
                     return text
                 node = called
-            elif kind is cst.FormattedStringExpression:
-                text, node = True, tree.parent(parent)
-            elif kind is cst.Element:
-                node = tree.parent(parent)
-            elif kind is cst.BinaryOperation and type(parent.operator) in (cst.Add, cst.Modulo):
+            elif type(parent) is cst.FormattedStringExpression:
+                text, node = True, tree.parent(parent) or parent
+            elif type(parent) is cst.Element:
+                node = tree.parent(parent) or parent
+            elif type(parent) is cst.BinaryOperation and type(parent.operator) in (cst.Add, cst.Modulo):
                 other = parent.right if parent.left is node else parent.left
                 if not (text or type(other) in (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString)):
                     return False
