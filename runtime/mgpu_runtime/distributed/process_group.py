@@ -37,7 +37,7 @@ import socket
 import sys
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -78,6 +78,8 @@ class Job:
     safety: SafetyNet | None = None
     group: RankGroup | None = None
     gradients: Gradients | None = None
+    # How many times this process passed each call site of main_process_value (readings.py).
+    readings: dict[str, int] = field(default_factory=dict)
 
 
 _job: Job | None = None

@@ -18,7 +18,6 @@ the call (no set-up); in a plainly started script that will relaunch, the first 
 
 from __future__ import annotations
 
-import collections
 import datetime
 import os
 import pickle
@@ -28,11 +27,6 @@ from typing import Any, Callable
 import torch.distributed as dist
 
 from mgpu_runtime.distributed.process_group import TIMEOUT_VARIABLE, is_main_process, job, timeout_seconds, world_size
-
-# How many times this process passed each call site: a call the main process alone makes (under an `if`) moves
-# only its own site's count, so the other sites still pair.
-_passes: collections.Counter[str] = collections.Counter()
-
 
 def main_process_value(function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     """``function(*args, **kwargs)`` called on the main process, its result returned on every process.
@@ -44,9 +38,10 @@ def main_process_value(function: Callable[..., Any], /, *args: Any, **kwargs: An
         return function(*args, **kwargs)
     caller = sys._getframe(1)
     site = f"{os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno}"
-    _passes[site] += 1
-    key = f"{site}#{_passes[site]}"
-    job()  # the store of the job's process group
+    # Counted per site: a call the main process alone makes (under an `if`) moves only its own site's count.
+    passes = job().readings
+    passes[site] = passes.get(site, 0) + 1
+    key = f"{site}#{passes[site]}"
     store = dist.PrefixStore(
         f"mgpu_runtime/main_process_value/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}",
         dist.distributed_c10d._get_default_store(),
