@@ -102,7 +102,7 @@ class ClockNames(Rule):
             """,
             DDP,
             ("MGP101", "MGP138"),
-            message="`time.strftime(...)` names something from the clock: the main process's reading on every process",
+            message='`time.strftime("%Y%m%d-%H%M%S")` names something from the clock: the main process\'s reading on every process',
             line=4,
         ),
         Example(
@@ -163,6 +163,33 @@ class ClockNames(Rule):
             ("MGP101",),
             name="a printed time stamp and a reading on the main process only stay",
         ),
+        Example(
+            """
+            import os
+            import time
+            from datetime import datetime
+            import torch.nn as nn
+
+            log_dir = os.path.join("runs", datetime.now().isoformat())
+            name = "exp_" + str(int(time.time()))
+            start = time.time()
+            model = nn.DataParallel(model)
+            """,
+            """
+            import os
+            import time
+            from datetime import datetime
+            import mgpu_runtime
+
+            log_dir = os.path.join("runs", mgpu_runtime.main_process_value(datetime.now).isoformat())
+            name = "exp_" + str(int(mgpu_runtime.main_process_value(time.time)))
+            start = time.time()
+            model = mgpu_runtime.DistributedDataParallel(model)
+            """,
+            DDP,
+            ("MGP101", "MGP138"),
+            name="a reading made into a name changes; a start time kept for a duration stays",
+        ),
     )
 
     def apply(self) -> None:
@@ -180,14 +207,17 @@ class ClockNames(Rule):
                 continue
             self.edits.need_import(RUNTIME)
             self.edits.replace(call, through_runtime("main_process_value"))
-            what = shorten(analysis.code_of(call.func), 40)
-            self.rewrote(call, f"`{what}(...)` names something from the clock: the main process's reading on every process ({RUNTIME}.main_process_value)")
+            what = shorten(analysis.code_of(call), 40)
+            self.rewrote(call, f"`{what}` names something from the clock: the main process's reading on every process ({RUNTIME}.main_process_value)")
 
     def _reading(self, call: cst.Call) -> Optional[str]:
         """The clock function ``call`` reads the clock with (``time.strftime``), None for any other call."""
         qualified = self.analysis.resolve(call.func)
         most = _READINGS.get(qualified or "")
-        if most is None or any(arg.star or arg.keyword is not None for arg in call.args) or len(call.args) > most:
+        if most is None or any(arg.star for arg in call.args) or len(call.args) > most:
+            return None
+        # `datetime.now(tz=...)`: a time zone, no time; any other keyword names what is formatted.
+        if any(arg.keyword is not None and arg.keyword.value != "tz" for arg in call.args):
             return None
         return qualified
 
