@@ -16,6 +16,10 @@ GPU) and after the script has chosen its GPUs with ``CUDA_VISIBLE_DEVICES``. The
 Statements that only parse the command line stay before it, so ``--help`` or a bad argument stops the
 script before any other process starts.
 
+Module-level code that the migration makes ask the runtime (darts's run directory, named by the clock and made
+on the main process) does not move the set-up: the runtime answers such a call before ``setup()`` by setting up
+first, which relaunches a plain start right there (``mgpu_runtime.distributed.process_group``).
+
 A module with none of these (a library of helpers, a snippet that only wraps) gets no call; the runtime's
 wrapper calls ``setup()`` itself when it is first built, so such a file still works, only later.
 """

@@ -9,6 +9,7 @@ from mgpu_migrate.rules.base import TARGETS, Rule
 from mgpu_migrate.rules.batch_coupling import BatchCoupling
 from mgpu_migrate.rules.checkpoint_load import CheckpointLoad
 from mgpu_migrate.rules.checkpoint_save import CheckpointSave, TorchCheckpointSave
+from mgpu_migrate.rules.clock_names import ClockNames
 from mgpu_migrate.rules.data_parallel_subclass import DataParallelSubclass
 from mgpu_migrate.rules.device_selection import DeviceSelection
 from mgpu_migrate.rules.directories import DirectoriesOnce
@@ -96,6 +97,7 @@ RULES: tuple[type[Rule], ...] = (
     WriterObjects,
     ProjectSideEffects,
     Downloads,
+    ClockNames,
     # Both targets (a check): checks for a wrapper recognize the new ones.
     WrapperCheck,
     # What the file alone does not show: the project's own wrappers and training code (analysis/project.py),

@@ -81,3 +81,36 @@ def test_setup_comes_after_a_conditional_cuda_visible_devices_in_the_main_block(
     codes = {(d.code, d.message.split(" (")[0]) for d in result.diagnostics}
     assert ("MGP120", 'mgpu_runtime.setup() inserted after CUDA_VISIBLE_DEVICES is set in the `if __name__ == "__main__":` block') in codes
     assert all(code != "MGP245" for code, _ in codes)  # the assignment runs before setup(): nothing to say
+
+
+def test_module_level_code_that_asks_the_runtime_leaves_setup_in_the_main_block():
+    """darts's module-level set-up: its run directory named by the clock and made on the main process. The set-up
+    stays where the program starts (one line, after what only parses the command line, as before): the runtime
+    answers the module-level calls after relaunching a plain start there (test_distributed_launches.py)."""
+    source = textwrap.dedent(
+        """
+        import os
+        import time
+
+        import torch.nn as nn
+
+        args = parser.parse_args()
+        args.save = "eval-{}".format(time.strftime("%Y%m%d"))
+        os.makedirs(args.save)
+
+
+        def main():
+            model = nn.DataParallel(nn.Linear(4, 4))
+            for x in loader:
+                model(x).mean().backward()
+
+
+        if __name__ == "__main__":
+            main()
+        """
+    )
+    lines = migrate_source(source, "ddp", "train.py").output.splitlines()
+    index = next(index for index, line in enumerate(lines) if "mgpu_runtime.setup()" in line)
+    assert lines[index - 1].startswith('if __name__ == "__main__":')
+    asks = [i for i, line in enumerate(lines) if "mgpu_runtime.main_process_value(" in line or "is_main_process()" in line]
+    assert len(asks) == 2 and max(asks) < index

@@ -11,7 +11,9 @@ model's final weights must agree within 1e-9, and the job must print the lines t
 "Once" is checked, not assumed: the writers these projects call that the test machine lacks (tensorboardX,
 torchvision's ``save_image``, PIL) are the stand-ins of ``tests/data/stubs`` on ``PYTHONPATH``, which create
 each file exclusively, so a second process writing it fails the job; appended logs would hold each line once
-per process; the directory reset of ncsn's ``main.py`` races when every process runs it. The last test shows
+per process; the directory reset of ncsn's ``main.py`` races when every process runs it. The clock that names darts's run
+directory is a stand-in (``FIXTURE_CLOCK``, ``stubs/sitecustomize.py``) that reads the same second in the original
+and on rank 0 and 1.1 s later on every other rank: read on each rank, the names part, and the job fails. The last test shows
 that the check fails a migration that writes the runner's images on every process.
 """
 
@@ -21,6 +23,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -43,13 +46,17 @@ CASES = {
     # datasets that download themselves (ncsn, SCAN, open-reid): in the script, in utils/, through data/'s dict of
     # classes (open-reid's datasets.create); open-reid's sys.stdout = Logger(path), its file opened with "w"
     "downloads": "train.py",
+    "run_directory": "train.py",  # quark0/darts: a run directory named by the clock, made and logged into at module level
 }
+# The stand-in clock (tests/data/stubs/sitecustomize.py): time.strftime(fmt) reads this second, 1.1 s later per rank.
+CLOCK_S = "1700000000.5"
 
 
 def _environment() -> dict[str, str]:
     env = environment()
     env["PYTHONPATH"] = os.pathsep.join([str(STUBS), env.get("PYTHONPATH", "")])
     env["OMP_NUM_THREADS"] = "1"
+    env["FIXTURE_CLOCK"] = CLOCK_S
     env.pop("FIXTURE_OUTPUT", None)
     return env
 
@@ -177,3 +184,21 @@ def test_the_check_fails_a_migration_that_writes_the_images_on_every_process(tmp
     runner.write_text(text.replace("mgpu_runtime.on_main_process(save_image, ", "save_image("))
     code, _, err = _finish(_start(home, script, 2, original=False))
     assert code != 0 and "FileExistsError" in err, err[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("side_effects_e2e")
+def test_a_plain_start_that_relaunches_makes_one_run_directory(tmp_path):
+    """darts's migration started as ``python train.py`` with MGPU_NPROC=2: its module-level code asks the runtime
+    (the clock's name, is_main_process()) before the main block's setup(), and is answered by the job's processes
+    after the relaunch, not by the process started plainly (which made a run directory of its own)."""
+    home = tmp_path / "plain"
+    home.mkdir()
+    script = _copy("run_directory", home, migrated=True)
+    job = subprocess.run(
+        [sys.executable, str(script), "--epochs", "1"], cwd=home, env={**_environment(), "MGPU_NPROC": "2"},
+        capture_output=True, text=True, timeout=TIMEOUT_S,
+    )
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert "relaunching under torchrun as 2 processes" in job.stderr
+    assert [path.name for path in home.glob("eval-*")] == ["eval-EXP-" + time.strftime("%Y%m%d-%H%M%S", time.localtime(float(CLOCK_S)))]

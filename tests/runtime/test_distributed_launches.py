@@ -13,6 +13,7 @@ be what the original saw.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import pathlib
 import socket
@@ -330,3 +331,22 @@ def test_a_bad_whole_batches_value_names_the_variable(monkeypatch):
     monkeypatch.setenv("MGPU_WHOLE_BATCHES", "yes")
     with pytest.raises(ValueError, match="MGPU_WHOLE_BATCHES='yes': expected 0 or 1"):
         whole_batches_asked()
+
+
+MODULE_LEVEL = SCRIPT.parent / "module_level_main.py"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [1, 2])
+def test_module_level_runtime_calls_before_setup_are_answered_by_the_jobs_processes(processes, tmp_path):
+    """Started plainly with MGPU_NPROC=2, a script whose module-level code asks is_main_process() before the
+    main block's setup() leaves one run directory (the process started plainly, about to be relaunched, is no
+    main process: it made a second one), and every rank reads the main process's value of a clock skewed per rank
+    (a call only the main process makes pairs with nothing). With MGPU_NPROC=1, the plain process answers alone."""
+    _run_together([([sys.executable, str(MODULE_LEVEL), str(tmp_path)], _clean_environment(MGPU_NPROC=str(processes)))])
+    assert len(list(tmp_path.glob("run-*"))) == 1, sorted(path.name for path in tmp_path.iterdir())
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(processes)]
+    main = "0" if processes > 1 else "plain"
+    assert ranks[0]["readings"] == [f"first-{main}", f"main only-{main}", f"loop-{main}", f"loop-{main}"]
+    for other in ranks[1:]:
+        assert other["world"] == processes and other["readings"] == [f"first-{main}", f"loop-{main}", f"loop-{main}"]

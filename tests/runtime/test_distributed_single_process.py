@@ -80,6 +80,37 @@ class TestSetup:
         with pytest.raises(LaunchEnvironmentError, match="Not relaunching again"):
             mgpu_runtime.setup()
 
+    def test_coordinates_answer_without_setup_where_no_relaunch_is_wanted(self, single_process, monkeypatch):
+        monkeypatch.setattr(os, "execve", lambda *args: pytest.fail(f"relaunched: {args}"))
+        assert (mgpu_runtime.rank(), mgpu_runtime.world_size(), mgpu_runtime.is_main_process()) == (0, 1, True)
+        assert process_group._job is None and not dist.is_initialized()
+        assert mgpu_runtime.main_process_value(lambda: "read here") == "read here"
+        assert process_group._job is None
+
+    @pytest.mark.parametrize("coordinate", ["rank", "local_rank", "world_size", "node_rank", "is_main_process", "main_process_value"])
+    def test_before_a_relaunch_coordinates_relaunch_first(self, single_process, monkeypatch, coordinate):
+        """A plain start wanting two processes: the pre-launch process is none of the job's, so asking where it
+        sits relaunches it (here the exec is stood in for) instead of answering "rank 0" for it."""
+        monkeypatch.setenv("MGPU_NPROC", "2")
+        monkeypatch.setattr("sys.argv", ["train.py"])
+        relaunched = []
+
+        def execve(path, command, environment):
+            relaunched.append(command)
+            raise SystemExit("exec")
+
+        monkeypatch.setattr(os, "execve", execve)
+        asked = getattr(mgpu_runtime, coordinate)
+        with pytest.raises(SystemExit, match="exec"):
+            asked(lambda: 0) if coordinate == "main_process_value" else asked()
+        assert relaunched and "--nproc_per_node=2" in relaunched[0]
+
+    def test_a_dataloader_worker_answers_without_setup(self, single_process, monkeypatch):
+        monkeypatch.setenv("MGPU_NPROC", "2")
+        monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())
+        monkeypatch.setattr(os, "execve", lambda *args: pytest.fail(f"relaunched: {args}"))
+        assert mgpu_runtime.rank() == 0 and process_group._job is None
+
 
 class TestWrappersInAWorldOfOne:
     def test_ddp_is_torchs_with_dataparallels_keys(self, single_process):

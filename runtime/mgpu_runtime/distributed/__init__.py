@@ -6,7 +6,8 @@ backend, teardown), ``ddp`` (the DDP wrapper and its exact gradient reduction), 
 of the current global batch), ``data`` and ``slicing`` (the distributed twin of a DataLoader), ``losses``
 (``DistributedCriterion``), ``io`` (``save``/``load``), ``once`` (writers on the main process only:
 ``on_main_process``, ``main_process_only``, ``main_process_first``), ``metrics`` (reductions across ranks), ``rank_output``
-(``MGPU_LOG``, ``print_once``) and
+(``MGPU_LOG``, ``print_once``), ``readings`` (``main_process_value``: a clock reading that names things
+the same on every process) and
 ``safety`` (the first step of a multi-process run: drifted weights, differing whole batches, an unwrapped
 model). See ``runtime/README_distributed.md``.
 """
@@ -18,6 +19,7 @@ from mgpu_runtime.distributed.losses import DistributedCriterion
 from mgpu_runtime.distributed.metrics import reduce_mean, reduce_sum
 from mgpu_runtime.distributed.once import MainProcessOnly, main_process_first, main_process_only, on_main_process
 from mgpu_runtime.distributed.rank_output import print_once
+from mgpu_runtime.distributed.readings import main_process_value
 from mgpu_runtime.distributed.process_group import (
     barrier,
     device,
@@ -41,6 +43,7 @@ __all__ = [
     "local_rank",
     "main_process_first",
     "main_process_only",
+    "main_process_value",
     "node_rank",
     "on_main_process",
     "print_once",

@@ -91,6 +91,15 @@ def relaunch_notice(process_count: int, environ: Mapping[str, str], chosen: Sequ
     )
 
 
+def relaunch_wanted(environ: Mapping[str, str]) -> bool:
+    """Whether ``setup()`` in a plainly started process would not return as this process: it would relaunch it
+    under torchrun (more than one process wanted, a command line to rerun), or stop it (``MGPU_RELAUNCHED`` set
+    with no launcher variables). The GPUs a later ``setup(devices=...)`` would choose are not known here."""
+    if requested_process_count(environ) == 1:
+        return False
+    return bool(environ.get(RELAUNCHED_VARIABLE)) or _can_rerun_command_line()
+
+
 def relaunch_if_requested(chosen: Sequence[int] | None = None) -> None:
     """Exec torchrun when a plainly started script wants more than one process; return when it wants one."""
     process_count = requested_process_count(os.environ, chosen)

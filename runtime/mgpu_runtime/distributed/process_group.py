@@ -20,7 +20,12 @@ initialises the default process group.
   wait for it elsewhere; destroying the group instead makes their pending collectives fail at once, naming it.
 
 The other functions are the process's coordinates. ``rank()`` & co. read the launch environment without
-joining anything (they also work in a DataLoader worker); ``device()`` and ``barrier()`` set up first.
+joining anything (they also work in a DataLoader worker, and in a plain single process); ``device()`` and
+``barrier()`` set up first. One exception: in a plainly started process that ``setup()`` would relaunch (more
+than one process wanted) and that has not set up yet, they set up first, so that the relaunch happens there:
+module-level code that runs before the main block's ``setup()`` (``if mgpu_runtime.is_main_process():
+os.makedirs(...)``) would otherwise be answered for the process about to be replaced, which is not one of the
+job's processes (it would make its directory, and the job's rank 0 another).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import socket
 import sys
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -49,7 +54,7 @@ from mgpu_runtime.distributed.environment import (
     LaunchEnvironmentError,
     detect_environment,
 )
-from mgpu_runtime.distributed.launch import relaunch_if_requested
+from mgpu_runtime.distributed.launch import relaunch_if_requested, relaunch_wanted
 
 BACKEND_VARIABLE = "MGPU_BACKEND"
 SHARE_DEVICE_VARIABLE = "MGPU_SHARE_DEVICE"
@@ -73,6 +78,8 @@ class Job:
     safety: SafetyNet | None = None
     group: RankGroup | None = None
     gradients: Gradients | None = None
+    # How many times this process passed each call site of main_process_value (readings.py).
+    readings: dict[str, int] = field(default_factory=dict)
 
 
 _job: Job | None = None
@@ -179,7 +186,22 @@ def barrier() -> None:
 def _environment() -> LaunchEnvironment:
     if _job is not None:
         return _job.environment
-    return detect_environment(os.environ)
+    environment = detect_environment(os.environ)
+    if _setup_would_relaunch(environment):
+        setup()  # execs torchrun (or stops): this process's own answers would be for no process of the job
+        assert _job is not None
+        return _job.environment
+    return environment
+
+
+def _setup_would_relaunch(environment: LaunchEnvironment) -> bool:
+    """Whether ``setup()`` would replace this process (see the module doc): a plain start (the conditions of
+    ``setup()``) wanting more than one process, outside a DataLoader worker (whose parent has set up)."""
+    if environment.world_size != 1 or environment.launcher == TORCHRUN:
+        return False
+    if torch.utils.data.get_worker_info() is not None:
+        return False
+    return relaunch_wanted(os.environ)
 
 
 def chosen_devices(devices: Sequence[int | str | torch.device] | str | None) -> tuple[int, ...] | None:

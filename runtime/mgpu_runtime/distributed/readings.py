@@ -1,0 +1,74 @@
+"""Readings that name things the same on every process: the main process's value, returned to all of them.
+
+The original read the clock once: ``args.save = "eval-{}".format(time.strftime("%Y%m%d-%H%M%S"))`` named one
+run directory. One process per GPU reads it once per process, and two processes whose readings fall on either
+side of a second name two directories: the main process makes its own, and another opens a log file in the
+one nobody made (FileNotFoundError), or writes beside the main process's files under another name.
+``main_process_value(time.strftime, "%Y%m%d-%H%M%S")`` calls the function on the main process and returns
+its result on every process, so the name is the original's one name.
+
+It never waits for a collective that some process does not join: the main process publishes its value in the
+job's store (under the call's site: its file's name and line, and how many times this process passed there)
+and goes on at once; each other process waits for that key alone, at most ``MGPU_TIMEOUT`` seconds. So a call
+that only the main process makes (under ``if mgpu_runtime.is_main_process():``) costs nothing and pairs with
+nothing. When the main process's call raises, the others raise too, saying so. In a single process it is just
+the call (no set-up); in a plainly started script that will relaunch, the first call relaunches it (as
+``rank()`` does), so the value is read by the job's processes only.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import sys
+from typing import Any, Callable
+
+import torch.distributed as dist
+
+from mgpu_runtime.distributed.process_group import TIMEOUT_VARIABLE, is_main_process, job, timeout_seconds, world_size
+
+def main_process_value(function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)`` called on the main process, its result returned on every process.
+
+    For a reading that differs between processes and names something they share: the clock read into a run
+    directory's name (``time.strftime``, ``datetime.datetime.now``). The result must pickle. In a single
+    process, the call itself."""
+    if world_size() == 1:
+        return function(*args, **kwargs)
+    caller = sys._getframe(1)
+    site = f"{os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno}"
+    # Counted per site: a call the main process alone makes (under an `if`) moves only its own site's count.
+    passes = job().readings
+    passes[site] = passes.get(site, 0) + 1
+    key = f"{site}#{passes[site]}"
+    store = dist.PrefixStore(
+        f"mgpu_runtime/main_process_value/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}",
+        dist.distributed_c10d._get_default_store(),
+    )
+    if is_main_process():
+        try:
+            value = function(*args, **kwargs)
+        except BaseException as error:
+            store.set(key, pickle.dumps(("raised", f"{type(error).__name__}: {error}")).hex())
+            raise
+        store.set(key, pickle.dumps(("value", value)).hex())
+        return value
+    seconds = timeout_seconds(os.environ)
+    try:
+        store.wait([key], datetime.timedelta(seconds=seconds))
+    except (RuntimeError, dist.DistStoreError) as error:
+        raise RuntimeError(
+            f"mgpu_runtime.main_process_value({_name(function)}) at {site}: the main process gave no value within "
+            f"{TIMEOUT_VARIABLE}={seconds:g} s (it did not come to this call, or ended)"
+        ) from error
+    outcome, value = pickle.loads(bytes.fromhex(store.get(key).decode()))
+    if outcome == "raised":
+        raise RuntimeError(f"mgpu_runtime.main_process_value({_name(function)}) at {site}: on the main process it raised {value}")
+    return value
+
+
+def _name(function: Callable[..., Any]) -> str:
+    module = getattr(function, "__module__", None)
+    name = getattr(function, "__qualname__", None) or repr(function)
+    return f"{module}.{name}" if module and module != "builtins" else name
