@@ -201,6 +201,8 @@ class SharedFiles(Rule):
             how = self._writes(call)
             if how is None or under_main_process_block(self.analysis, call) or self._checkpoint_file(call):
                 continue
+            if self._copies_a_checkpoint(call):
+                continue
             reason = self._why_not(call)
             if reason is None and self.rewrite_allowed(call):
                 self._once(call)
@@ -266,6 +268,17 @@ class SharedFiles(Rule):
         return type(block) is cst.With and any(
             self.analysis.resolve(inner.func) == "torch.save"
             for inner in contains(block.body, lambda node: type(node) is cst.Call)
+        )
+
+    def _copies_a_checkpoint(self, call: cst.Call) -> bool:
+        """A copy in a function that also saves with ``torch.save`` (``if is_best: shutil.copyfile(filename, ...)``):
+        MGP123 moves the save and the copy together."""
+        if not (self.analysis.resolve(call.func) or "").startswith("shutil."):
+            return False
+        function = self.analysis.tree.function(call)
+        return any(
+            self.analysis.resolve(inner.func) == "torch.save"
+            for inner in contains(function if function is not None else self.analysis.module, lambda node: type(node) is cst.Call)
         )
 
     # -- moved, or why not -------------------------------------------------------------------------------

@@ -5,7 +5,10 @@
 * ``rank0`` (the default): the job prints what the original single process printed, each line once. Only
   the main process's stdout is kept, and the other ranks' ``logging`` below WARNING is switched off
   (``logging.disable``: a ``logger.info`` goes to stderr, or to a log file every rank would append to).
-  Every rank's stderr still shows: warnings, tracebacks, the runtime's own messages.
+  Their log files are opened when they first write, and in ``"a"`` mode: a ``FileHandler`` a rank makes
+  after the set-up creates no file of its own (a log named by the clock, one per rank) and truncates none of
+  the main process's, unless that rank logs a warning. Every rank's stderr still shows: warnings, tracebacks,
+  the runtime's own messages.
 * ``all``: every rank prints every line, as torchrun leaves it.
 * ``prefix``: every rank prints, and each line of stdout and stderr starts with ``[rank N]``.
 
@@ -82,8 +85,21 @@ def apply(environment: LaunchEnvironment) -> None:
         sys.stdout.flush()
         _replace_stream("stdout", open(os.devnull, "w"))  # noqa: SIM115 -- held for the life of the process
         logging.disable(logging.INFO)
+        _open_log_files_when_written()
     else:
         _replace_stream("stdout", _Prefixed(sys.stdout, prefix))
+
+
+def _open_log_files_when_written() -> None:
+    """On a rank whose INFO logs are off: every ``logging.FileHandler`` (its subclasses too) made from now on opens
+    its file at its first record, appending: a rank that only logs INFO leaves no file, and none truncates the
+    main process's."""
+    opened = logging.FileHandler.__init__
+
+    def lazily(self, filename, mode="a", encoding=None, delay=False, errors=None):
+        opened(self, filename, "a" if "w" in mode else mode, encoding=encoding, delay=True, errors=errors)
+
+    logging.FileHandler.__init__ = lazily  # type: ignore[method-assign]
 
 
 def _replace_stream(name: str, replacement: TextIO) -> None:
