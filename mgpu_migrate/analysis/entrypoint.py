@@ -13,7 +13,7 @@ GPU) and after the script has chosen its GPUs with ``CUDA_VISIBLE_DEVICES``. The
 * the top of the ``if __name__ == "__main__":`` block;
 * a module without a main block: the top of its ``def main()``.
 
-Statements that only parse the command line stay before it, so ``--help`` or a bad argument stops the
+Statements that only parse the command line stay before it (with the paths computed among them, ``os.path`` only), so ``--help`` or a bad argument stops the
 script before any other process starts.
 
 Module-level code that the migration makes ask the runtime (darts's run directory, named by the clock and made
@@ -181,12 +181,28 @@ def _at_top(
     chosen = [statement for statement in body if chooses_visible_devices(statement)]
     if chosen:
         return EntryPoint(chosen[-1], True, f"after CUDA_VISIBLE_DEVICES is set {place.replace('at the top of ', 'in ', 1)}")
-    start = 1 if skip_docstring and body and _is_docstring(body[0]) else 0
-    while start < len(body) and (parses_arguments(analysis, body[start]) or _is_global(body[start])):
-        start += 1
+    start = first = 1 if skip_docstring and body and _is_docstring(body[0]) else 0
+    parsed = start
+    while parsed < len(body) and (
+        parses_arguments(analysis, body[parsed]) or _is_global(body[parsed]) or _computes_a_path(analysis, body[parsed])
+    ):
+        if not _computes_a_path(analysis, body[parsed]):
+            start = parsed + 1  # a path computed between two parser statements stays with them; one after them goes below
+        parsed += 1
+    if parsed > first:
+        place = f"{place.replace('at the top of ', 'in ', 1)}, after its command-line parser"
     if start < len(body):
         return EntryPoint(body[start], False, place)
     return EntryPoint(body[-1], True, place) if body else None
+
+
+def _computes_a_path(analysis: ParsedFile, statement: cst.CSTNode) -> bool:
+    """``working_dir = osp.dirname(osp.abspath(__file__))`` among a parser's declarations (open-reid's examples):
+    names and ``os.path`` functions only, which touch nothing."""
+    if type(statement) is not cst.SimpleStatementLine or len(statement.body) != 1 or type(statement.body[0]) is not cst.Assign:
+        return False
+    calls = contains(statement.body[0].value, lambda node: type(node) is cst.Call)
+    return bool(calls) and all((analysis.resolve(call.func) or "").startswith(("os.path.", "posixpath.")) for call in calls)
 
 
 def _is_global(statement: cst.CSTNode) -> bool:

@@ -114,3 +114,36 @@ def test_module_level_code_that_asks_the_runtime_leaves_setup_in_the_main_block(
     assert lines[index - 1].startswith('if __name__ == "__main__":')
     asks = [i for i, line in enumerate(lines) if "mgpu_runtime.main_process_value(" in line or "is_main_process()" in line]
     assert len(asks) == 2 and max(asks) < index
+
+
+def test_a_path_computed_among_the_parsers_declarations_stays_before_the_set_up():
+    """open-reid's examples: ``working_dir = osp.dirname(osp.abspath(__file__))`` between ``add_argument`` calls
+    touches nothing, so the set-up goes after the whole parser, and the message says where it is."""
+    source = textwrap.dedent(
+        """
+        import argparse
+        import os.path as osp
+
+        import torch.nn as nn
+
+
+        def main(args):
+            model = nn.DataParallel(nn.Linear(4, 4))
+            for x in loader:
+                model(x).mean().backward()
+
+
+        if __name__ == "__main__":
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--lr", type=float, default=0.1)
+            working_dir = osp.dirname(osp.abspath(__file__))
+            parser.add_argument("--data-dir", default=osp.join(working_dir, "data"))
+            main(parser.parse_args())
+        """
+    )
+    result = migrate_source(source, "ddp", "train.py")
+    lines = result.output.splitlines()
+    at = next(index for index, line in enumerate(lines) if "mgpu_runtime.setup()" in line)
+    assert lines[at - 1].strip().startswith('parser.add_argument("--data-dir"') and lines[at + 1].strip() == "main(parser.parse_args())"
+    (message,) = [d.message for d in result.diagnostics if d.code == "MGP120"]
+    assert message.endswith('inserted in the `if __name__ == "__main__":` block, after its command-line parser')
