@@ -271,15 +271,18 @@ class SharedFiles(Rule):
         )
 
     def _copies_a_checkpoint(self, call: cst.Call) -> bool:
-        """A copy in a function that also saves with ``torch.save`` (``if is_best: shutil.copyfile(filename, ...)``):
-        MGP123 moves the save and the copy together."""
-        if not (self.analysis.resolve(call.func) or "").startswith("shutil."):
+        """A copy of the file a ``torch.save`` of its function wrote (``if is_best: shutil.copyfile(filename,
+        ...)``): MGP123 moves the save and the copy together."""
+        analysis = self.analysis
+        if not (analysis.resolve(call.func) or "").startswith("shutil.") or not call.args:
             return False
-        function = self.analysis.tree.function(call)
-        return any(
-            self.analysis.resolve(inner.func) == "torch.save"
-            for inner in contains(function if function is not None else self.analysis.module, lambda node: type(node) is cst.Call)
-        )
+        copied = analysis.code_of(call.args[0].value)
+        function = analysis.tree.function(call)
+        for inner in contains(function if function is not None else analysis.module, lambda node: type(node) is cst.Call):
+            saved = argument(inner, "f", 1) if analysis.resolve(inner.func) == "torch.save" else None
+            if saved is not None and analysis.code_of(saved.value) == copied:
+                return True
+        return False
 
     # -- moved, or why not -------------------------------------------------------------------------------
     def _why_not(self, call: cst.Call) -> Optional[str]:
