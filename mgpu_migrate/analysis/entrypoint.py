@@ -183,11 +183,12 @@ def _at_top(
         return EntryPoint(chosen[-1], True, f"after CUDA_VISIBLE_DEVICES is set {place.replace('at the top of ', 'in ', 1)}")
     start = first = 1 if skip_docstring and body and _is_docstring(body[0]) else 0
     parsed = start
-    while parsed < len(body) and (
-        parses_arguments(analysis, body[parsed]) or _is_global(body[parsed]) or _computes_a_path(analysis, body[parsed])
-    ):
-        if not _computes_a_path(analysis, body[parsed]):
-            start = parsed + 1  # a path computed between two parser statements stays with them; one after them goes below
+    while parsed < len(body):
+        statement = body[parsed]
+        if parses_arguments(analysis, statement) or _is_global(statement):
+            start = parsed + 1
+        elif not _computes_a_path(analysis, statement):
+            break  # a path computed between two parser statements stays with them; one after them goes below
         parsed += 1
     if parsed > first:
         place = f"{place.replace('at the top of ', 'in ', 1)}, after its command-line parser"

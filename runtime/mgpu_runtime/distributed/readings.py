@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from mgpu_runtime.distributed.process_group import TIMEOUT_VARIABLE, is_main_process, job, timeout_seconds, world_size
 
+
 def main_process_value(function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     """``function(*args, **kwargs)`` called on the main process, its result returned on every process.
 
