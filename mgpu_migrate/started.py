@@ -41,18 +41,32 @@ def has_main_block(data: bytes) -> bool:
 def candidates(path: str, data: bytes, might_migrate: Callable[[bytes], bool]) -> tuple[str, ...]:
     """The project modules a script with a main block imports (directly, or re-exported by a package it
     imports) that may hold a migration site and have no main block of their own; () for anything else."""
+    return tuple(module for module, text in _modules(path, data) if might_migrate(text))
+
+
+def training(path: str, data: bytes) -> tuple[str, ...]:
+    """The project modules a script with a main block imports, as :func:`candidates` finds them, that run a
+    backward pass (``.backward(`` in their bytes): training the script may start (ncsn's runners, picked by
+    name), whether or not its migration makes it distributed."""
+    return tuple(module for module, text in _modules(path, data) if b".backward(" in text)
+
+
+def _modules(path: str, data: bytes) -> list[tuple[str, bytes]]:
+    """The project modules a script with a main block imports, with their bytes, but those with a main block."""
     if not has_main_block(data) or b"import" not in data:
-        return ()
+        return []
     directory = os.path.dirname(os.path.abspath(path))
     root = _root(directory)
     bases = tuple(dict.fromkeys((directory, _above_package(directory), *((root,) if root is not None else ()))))
-    found: list[str] = []
+    found: dict[str, bytes] = {}
     for module in _imported(data, directory, bases):
         for inner in (module, *(_imported(_read(module), os.path.dirname(module), bases) if module.endswith("__init__.py") else ())):
+            if inner == os.path.abspath(path) or inner in found:
+                continue
             text = _read(inner)
-            if inner != os.path.abspath(path) and might_migrate(text) and not has_main_block(text) and inner not in found:
-                found.append(inner)
-    return tuple(found)
+            if not has_main_block(text):
+                found[inner] = text
+    return list(found.items())
 
 
 def _root(directory: str) -> str | None:

@@ -17,7 +17,7 @@ from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.program import SETUP
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, TORCH_STYLE, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, keyword, runtime_call
-from mgpu_migrate.started import has_main_block
+from mgpu_migrate.started import has_main_block, training
 from mgpu_migrate.rules.torch_style import (
     DIST_IMPORT,
     NEEDS_RUNTIME,
@@ -74,6 +74,23 @@ EXISTING_DISTRIBUTED_SETUP = Review(
     ),
     todo="Launch the file's own distributed path with the command in the message (B: the batch the fallback was given).",
     veto=True,
+)
+TRAINED_ALONE = Review(
+    "MGP239",
+    name="entry-point-starts-one-device-training",
+    summary="the script also starts training its migration does not make distributed: under the set-up each process runs it",
+    why=(
+        "The script is migrated as the entry point of the distributed training of the modules it imports (ncsn's "
+        "`main.py` picks a runner of `runners/` by name), so `mgpu_runtime.setup()` at its start makes the "
+        "program one process per GPU, whichever training it then runs. The modules the message names also train "
+        "(they run a backward pass), but their migration does not make them distributed programs: they hold no "
+        "DataParallel (the original ran them on one device), or keep theirs (their own diagnostics say why). "
+        "Started that way, each of the N processes runs that training whole, writes its files and prints its lines."
+    ),
+    todo=(
+        "Start the training of those modules as one process (`MGPU_NPROC=1 python main.py ...`), or migrate them "
+        "too: wrap their model in DataParallel and run the tool again."
+    ),
 )
 FILE_KEEPS_A_WRAP = Review(
     "MGP232",
@@ -142,7 +159,7 @@ class EntryPointSetup(Rule):
     PHASE = PROGRAM
     USES = ("entry_point", "handed", "loaders", "values")
     STYLES = (RUNTIME_STYLE,)
-    REVIEW_CODES = (NO_ENTRY_POINT, EXISTING_DISTRIBUTED_SETUP, FILE_KEEPS_A_WRAP)
+    REVIEW_CODES = (NO_ENTRY_POINT, EXISTING_DISTRIBUTED_SETUP, FILE_KEEPS_A_WRAP, TRAINED_ALONE)
     DESCRIPTION = "mgpu_runtime.setup() inserted where the program starts"
     TARGETS = (DDP,)
     EXAMPLES = (
@@ -501,6 +518,16 @@ class EntryPointSetup(Rule):
         here = os.path.dirname(os.path.abspath(self.analysis.path))
         trained = ", ".join(os.path.relpath(module, here) for module in modules[:2]) + (" ..." if len(modules) > 2 else "")
         self._set_up(entry, f"; this script starts the distributed training of {trained}")
+        data = self.analysis.source.encode("utf-8", "surrogateescape")
+        alone = [module for module in training(self.analysis.path, data) if module not in modules]
+        if alone:
+            named = ", ".join(os.path.relpath(module, here) for module in alone[:2]) + (" ..." if len(alone) > 2 else "")
+            self.left(
+                entry.anchor,
+                TRAINED_ALONE,
+                f"also imports training that this migration does not make distributed ({named}): started so, every "
+                "process runs it whole; start it with MGPU_NPROC=1",
+            )
 
     def _own_path_command(self) -> Optional[str]:
         """The torchrun command that runs the file's own distributed path, when the launch environment chooses it

@@ -71,3 +71,20 @@ def test_each_file_is_written_once_and_read_back_complete(alone, tmp_path, proce
     states = [torch.load(tmp_path / f"model_{rank}.state") for rank in range(processes)]
     for name, value in torch.load(directory / "model_0.state").items():
         assert all((state[name] - value).abs().max().item() <= 1e-9 for state in states), name
+
+
+FIGURES = Path(__file__).parent / "distributed_scripts" / "figures_closed.py"
+
+
+@pytest.mark.slow
+def test_the_figures_a_tensorboard_writer_is_given_are_closed_on_every_process(tmp_path):
+    """``add_figure`` closes its figures on the main process; the stand-in closes them on the others (a figure,
+    a list of them), and keeps the one given ``close=False``, as one process does. One event file is written."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(FIGURES), str(tmp_path)]
+    done = subprocess.run(command, env={**_environment(), "MGPU_LOG": "all"}, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert sorted(line for line in done.stdout.splitlines() if line.startswith("rank")) == [
+        "rank 0 open figures True",
+        "rank 1 open figures True",
+    ], done.stdout + done.stderr[-2000:]
+    assert len([path for path in tmp_path.iterdir() if path.name.startswith("events.out.tfevents")]) == 1

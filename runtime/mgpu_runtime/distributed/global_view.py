@@ -14,7 +14,12 @@ the original's on every rank:
   (``mgpu_runtime.emulation.devices``): ``torch.cuda.device_count()`` is W, so the script takes its
   ``n_gpu > 1`` branches, and the wrapped model's forward on rank r draws from device r's random stream,
   seeded by ``torch.manual_seed`` as a GPU is, while the loop keeps the process's own. On GPUs the devices
-  are real: rank r's forward draws on ``cuda:r``, as replica r's did.
+  are real: rank r's forward draws on ``cuda:r``, as replica r's did, and on a rank above 0 from a stream of
+  its own (``DeviceStream``): under DataParallel device r drew only in replica r's forward, while everything
+  the loop drew on the GPU (a ``torch.multinomial`` of an evaluation, noise for the batch) came from
+  ``cuda:0``. Rank r's loop draws on ``cuda:r`` therefore leave its forward's stream where device r's was, and
+  a draw for a global value (``torch.randn_like`` of the batch) first takes rank 0's GPU stream
+  (``RankGroup.take_rank_zero_stream``), so it is the one ``cuda:0`` drew.
 """
 
 from __future__ import annotations
@@ -33,14 +38,53 @@ from mgpu_runtime.sharded.gradients import Gradients
 from mgpu_runtime.sharded.groups import Monitor
 
 
+class DeviceStream:
+    """The random stream of the wrapped model's forward on a rank above 0 (on GPUs), kept apart from the one
+    the loop draws from on the same device: the generator's state is swapped in for the forward and out again.
+
+    Device r's stream starts where the script's seed put every device: at the join, and anew whenever the
+    loop's generator shows another seed at a forward's start (``torch.manual_seed(s)`` after ``setup()``, which
+    seeded every device under DataParallel). A seed given inside the forward stays the forward's. Not followed:
+    the loop seeding the same seed again, or ``torch.cuda.manual_seed`` (one device's) in the loop, which under
+    DataParallel reseeded ``cuda:0`` only; here it starts device r's stream over too."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator
+        self.state = generator.get_state()
+        self.loop_seed = generator.initial_seed()
+
+    @contextlib.contextmanager
+    def drawing(self) -> Iterator[None]:
+        generator = self.generator
+        loop_state, loop_seed = generator.get_state(), generator.initial_seed()
+        if loop_seed != self.loop_seed:
+            fresh = torch.Generator(device=generator.device)
+            fresh.manual_seed(loop_seed)
+            self.state, self.loop_seed = fresh.get_state(), loop_seed
+        generator.set_state(self.state)
+        try:
+            yield
+        finally:
+            self.state = generator.get_state()
+            generator.set_state(loop_state)
+
+
+_stream: DeviceStream | None = None
+"""This rank's forward stream, on GPUs on a rank above 0 (``DeviceStream``); None elsewhere."""
+
+
 def join(rank: int, world_size: int, device: torch.device, lockstep: Monitor) -> tuple[RankGroup, Gradients]:
     """Make this process's loop see the job's global values (see the module doc); once, at setup, on every rank.
     The rank group's collectives are told to ``lockstep``. What it returns, the job keeps."""
+    global _stream
     metadata = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
     group = RankGroup(rank, world_size, device, metadata, lockstep)
     gradients = Gradients(group)
     gradients.install()
     _take_rank_zero_generators(metadata)
+    if device.type == "cuda" and rank > 0:
+        torch.cuda.get_rng_state(device)  # CUDA's generators exist once it has started
+        _stream = DeviceStream(torch.cuda.default_generators[device.index or 0])
     if device.type == "cpu" and not emulated.count():
         emulated.install(world_size)
         # A script seeds before setup as often as after (at import, at the top of main). On GPUs that seed
@@ -52,6 +96,8 @@ def join(rank: int, world_size: int, device: torch.device, lockstep: Monitor) ->
 
 def leave(gradients: Gradients) -> None:
     """Undo ``join`` (at teardown)."""
+    global _stream
+    _stream = None
     gradients.uninstall()
     if emulated.count():
         emulated.uninstall()
@@ -63,6 +109,9 @@ def own_forward(gradients: Gradients, rank: int) -> Iterator[None]:
     with gradients.own_computation():
         if emulated.count():
             with emulated.on_device(rank):
+                yield
+        elif _stream is not None:
+            with _stream.drawing():
                 yield
         else:
             yield

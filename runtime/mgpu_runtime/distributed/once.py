@@ -16,6 +16,7 @@ process alone inside the writer. The main process then writes what the original 
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable
 
 from mgpu_runtime.distributed.process_group import barrier, is_main_process, world_size
@@ -53,16 +54,25 @@ class MainProcessOnly:
     every process. A ``with`` block over it enters and leaves the object on the main process; at its end every
     process waits for the main one, so a file written in the block is complete for all of them. Nothing else
     waits: a file written outside a ``with`` and read by another process needs ``mgpu_runtime.barrier()``.
+
+    What a skipped call would also have done to the script's own objects is done on the other processes too:
+    TensorBoard's ``add_figure`` closes the matplotlib figures it is given (unless ``close=False``), so the
+    stand-in of a TensorBoard writer closes them there as well (``kind``); else every process but the main one
+    would keep each figure the loop drew, and matplotlib would warn of too many open figures.
     """
 
-    __slots__ = ("_held",)
+    __slots__ = ("_held", "_kind")
 
-    def __init__(self, held: Any) -> None:
+    def __init__(self, held: Any, kind: str | None = None) -> None:
         object.__setattr__(self, "_held", held)
+        object.__setattr__(self, "_kind", kind)
 
     def __getattr__(self, name: str) -> MainProcessOnly:
         held = object.__getattribute__(self, "_held")
-        return MainProcessOnly(getattr(held, name) if is_main_process() else None)
+        if is_main_process():
+            return MainProcessOnly(getattr(held, name))
+        kind = object.__getattribute__(self, "_kind")
+        return MainProcessOnly(None, _ADD_FIGURE if kind == _TENSORBOARD and name == "add_figure" else None)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if is_main_process():
@@ -71,7 +81,11 @@ class MainProcessOnly:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         args, kwargs = _whole(args, kwargs)
         held = object.__getattribute__(self, "_held")
-        return held(*args, **kwargs) if is_main_process() else None
+        if is_main_process():
+            return held(*args, **kwargs)
+        if object.__getattribute__(self, "_kind") == _ADD_FIGURE:
+            _close_figures(args, kwargs)
+        return None
 
     def __enter__(self) -> MainProcessOnly:
         held = object.__getattribute__(self, "_held")
@@ -91,6 +105,28 @@ class MainProcessOnly:
     def __repr__(self) -> str:
         held = object.__getattribute__(self, "_held")
         return f"mgpu_runtime.MainProcessOnly({held!r})" if is_main_process() else "mgpu_runtime.MainProcessOnly(<on the main process>)"
+
+
+_TENSORBOARD, _ADD_FIGURE = "tensorboard", "add_figure"
+# The writers whose add_figure(tag, figure, global_step=None, close=True, ...) closes its figures.
+_TENSORBOARD_MODULES = ("torch.utils.tensorboard", "tensorboardX")
+
+
+def _writer_kind(factory: Callable[..., Any]) -> str | None:
+    module = getattr(factory, "__module__", None) or ""
+    return _TENSORBOARD if module.startswith(_TENSORBOARD_MODULES) else None
+
+
+def _close_figures(args: tuple, kwargs: dict) -> None:
+    """Close the figures of a TensorBoard ``add_figure(tag, figure, global_step, close, walltime)`` call, as the
+    writer would have (a figure or a list of them); nothing with ``close=False``."""
+    close = kwargs.get("close", args[3] if len(args) > 3 else True)
+    figure = kwargs.get("figure", args[1] if len(args) > 1 else None)
+    pyplot = sys.modules.get("matplotlib.pyplot")  # a figure pyplot never registered is not open there
+    if not close or figure is None or pyplot is None:
+        return
+    for each in figure if isinstance(figure, (list, tuple)) else (figure,):
+        pyplot.close(each)
 
 
 def main_process_first(factory: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
@@ -122,4 +158,4 @@ def main_process_only(factory: Callable[..., Any], /, *args: Any, **kwargs: Any)
     script calls the object's methods for their effect and never reads what they return. In a single process,
     the object itself behind the stand-in."""
     args, kwargs = _whole(args, kwargs)
-    return MainProcessOnly(factory(*args, **kwargs) if is_main_process() else None)
+    return MainProcessOnly(factory(*args, **kwargs) if is_main_process() else None, _writer_kind(factory))

@@ -186,6 +186,16 @@ class RankGroup(Group):
         table = torch.stack(everyone).tolist()
         return [tuple(table[part][index] for part in range(self.parts)) for index in range(len(rows[0]))]
 
+    def take_rank_zero_stream(self, device: torch.device) -> None:
+        """Rank 0's random stream on the GPU ``device`` becomes this rank's, before a draw for a global value:
+        under DataParallel the loop drew it on ``cuda:0``, whose stream rank 0's is (``global_view``)."""
+        state = torch.cuda.get_rng_state(device)
+        self.monitor.counts(torch.zeros(1))
+        with self.monitor.waiting("the broadcast of rank 0's GPU random stream before a draw for the batch"):
+            dist.broadcast(state, src=0, group=self._metadata)
+        if self.rank:
+            torch.cuda.set_rng_state(state, device)
+
     def objects(self, pieces: Sequence[list[Any]]) -> list[Any]:
         gathered: list[Any] = [None] * self.parts
         self.monitor.counts(torch.zeros(1))

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from mgpu_runtime.sharded import hooks
-from mgpu_runtime.sharded.groups import starts
+from mgpu_runtime.sharded.groups import RankGroup, starts
 from mgpu_runtime.sharded.tensor import Sharded, materialize
 from mgpu_runtime.structure import children, rebuild
 
@@ -379,6 +379,9 @@ def _random_like(func, args, kwargs):
     if type(value) is not Sharded:
         return _materialized(func, args, kwargs)
     template = torch.empty(_global_size(value), dtype=value._pieces[0].dtype, device=value._pieces[0].device)
+    group = value._group
+    if template.is_cuda and isinstance(group, RankGroup) and group.parts > 1:
+        group.take_rank_zero_stream(template.device)
     drawn = func(template, *materialize(args[1:]), **materialize(kwargs))
     firsts = starts(value._splits)
     pieces = [
