@@ -90,7 +90,7 @@ def migrate_source(
 def might_start_a_program(data: bytes, target: str, path: str) -> bool:
     """Cheap test, for a file with nothing to migrate of its own: under ``--to ddp``, a script with a main block
     that imports a module of the project that may become a distributed program (``analysis.started``)."""
-    if target != "ddp" or b"__main__" not in data:
+    if target != "ddp" or (b"__main__" not in data and b"parse_" not in data):
         return False
     from mgpu_migrate.started import candidates
 
@@ -101,7 +101,7 @@ def _started_programs(source: str, target: str, path: str, options: Options) -> 
     """The modules a script with no migration site of its own starts as distributed programs (``--to ddp``, the
     runtime's style): those it imports that its migration makes one, with no entry point of their own. The
     script is then migrated as their entry point (the set-up, its writes made once)."""
-    if target != "ddp" or options.style != "runtime" or "__main__" not in source:
+    if target != "ddp" or options.style != "runtime" or ("__main__" not in source and "parse_" not in source):
         return ()
     from mgpu_migrate.started import candidates
 

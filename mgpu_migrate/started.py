@@ -5,7 +5,9 @@ line, resets the log folder and builds a runner of ``runners/`` (``from runners 
 wraps the model and loops. The runner becomes the distributed program, yet every process runs ``main.py`` from
 its first line: its side effects (the reset, the config written) happen once per process, and
 ``mgpu_runtime.setup()`` belongs at its main block. So a script with a main block and no DataParallel of its
-own that imports such a module is migrated too, as that program's entry point.
+own that imports such a module is migrated too, as that program's entry point; so is a flat script that parses
+its command line at module level (decision-transformer's ``run_dt_atari.py``, whose ``Trainer`` wraps), the
+set-up then after its imports.
 
 This module finds the candidates from bytes and paths alone (a regular expression over the imports, the
 project's modules resolved on disk, the bytes screen of each), following a package's ``__init__`` one level (its
@@ -28,6 +30,9 @@ _ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
 _MAX_LEVELS = 12
 
 _MAIN = re.compile(rb"^if\s+__name__\s*==\s*['\"]__main__['\"]\s*:", re.MULTILINE)
+# A flat script: its command line parsed by a statement of the module itself (decision-transformer's
+# ``args = parser.parse_args()`` at the top of ``run_dt_atari.py``, which then builds and runs the trainer).
+_FLAT_SCRIPT = re.compile(rb"^(?:[\w, ]+=[ \t]*)?\w+\.parse_(?:known_)?args\(", re.MULTILINE)
 _IMPORTS = re.compile(
     rb"^[ \t]*(?:from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+\(?([\w., \t*]+)|import[ \t]+([\w., \t]+))", re.MULTILINE
 )
@@ -38,22 +43,27 @@ def has_main_block(data: bytes) -> bool:
     return _MAIN.search(data) is not None
 
 
+def is_script(data: bytes) -> bool:
+    """A script: a main block, or a flat script that parses its command line at module level."""
+    return has_main_block(data) or _FLAT_SCRIPT.search(data) is not None
+
+
 def candidates(path: str, data: bytes, might_migrate: Callable[[bytes], bool]) -> tuple[str, ...]:
-    """The project modules a script with a main block imports (directly, or re-exported by a package it
-    imports) that may hold a migration site and have no main block of their own; () for anything else."""
+    """The project modules a script (:func:`is_script`) imports (directly, or re-exported by a package it
+    imports) that may hold a migration site and are no scripts themselves; () for anything else."""
     return tuple(module for module, text in _modules(path, data) if might_migrate(text))
 
 
 def training(path: str, data: bytes) -> tuple[str, ...]:
-    """The project modules a script with a main block imports, as :func:`candidates` finds them, that run a
+    """The project modules a script imports, as :func:`candidates` finds them, that run a
     backward pass (``.backward(`` in their bytes): training the script may start (ncsn's runners, picked by
     name), whether or not its migration makes it distributed."""
     return tuple(module for module, text in _modules(path, data) if b".backward(" in text)
 
 
 def _modules(path: str, data: bytes) -> list[tuple[str, bytes]]:
-    """The project modules a script with a main block imports, with their bytes, but those with a main block."""
-    if not has_main_block(data) or b"import" not in data:
+    """The project modules a script imports, with their bytes, but those that are scripts themselves."""
+    if not is_script(data) or b"import" not in data:
         return []
     directory = os.path.dirname(os.path.abspath(path))
     root = _root(directory)
@@ -64,7 +74,7 @@ def _modules(path: str, data: bytes) -> list[tuple[str, bytes]]:
             if inner == os.path.abspath(path) or inner in found:
                 continue
             text = _read(inner)
-            if not has_main_block(text):
+            if not is_script(text):
                 found[inner] = text
     return list(found.items())
 

@@ -349,3 +349,11 @@ def find_entry_point(
     if function is not None and type(function.body) is cst.IndentedBlock:
         return _at_top(analysis, list(function.body.body), "at the top of main()", skip_docstring=True)
     return None
+
+
+def script_start(analysis: ParsedFile) -> Optional[EntryPoint]:
+    """A flat script's start (no main block, no ``main()``): after its imports. For a script that starts a program
+    of the project's modules (``started``), whose own statements run at module level."""
+    if main_block(analysis.module) is not None or _top_level_function(analysis.module, "main") is not None:
+        return None
+    return _after_imports(analysis)

@@ -11,13 +11,13 @@ from typing import Optional
 
 import libcst as cst
 
-from mgpu_migrate.analysis.entrypoint import EntryPoint
+from mgpu_migrate.analysis.entrypoint import EntryPoint, script_start
 from mgpu_migrate.analysis.project import importers
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.program import SETUP
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, TORCH_STYLE, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, keyword, runtime_call
-from mgpu_migrate.started import has_main_block, training
+from mgpu_migrate.started import is_script, training
 from mgpu_migrate.rules.torch_style import (
     DIST_IMPORT,
     NEEDS_RUNTIME,
@@ -495,7 +495,8 @@ class EntryPointSetup(Rule):
 
     def _starter(self, wrap: cst.Call) -> Optional[str]:
         """The script (``path:line`` of its import) that imports this module, directly or through its package's
-        ``__init__``, and has a main block: the program's entry point, which its own migration sets up."""
+        ``__init__``, and is a script (a main block, or a flat script that parses its command line): the program's
+        entry point, which its own migration sets up."""
         holder = next((a for a in self.analysis.tree.ancestors(wrap) if type(a) in (cst.ClassDef, cst.FunctionDef)), None)
         uses = holder.name.value if holder is not None else ""
         here = os.path.dirname(os.path.abspath(self.analysis.path))
@@ -503,7 +504,7 @@ class EntryPointSetup(Rule):
         for importer in found + [inner for outer in found if outer.path.endswith("__init__.py") for inner in importers(outer.path, uses)]:
             try:
                 with open(importer.path, "rb") as handle:
-                    if has_main_block(handle.read()):
+                    if is_script(handle.read()):
                         return importer.where(here)
             except OSError:
                 continue
@@ -511,8 +512,8 @@ class EntryPointSetup(Rule):
 
     def _start(self, modules: tuple[str, ...]) -> None:
         """A script with no wrap of its own that starts the distributed programs of ``modules``: the set-up goes
-        at its entry point, before anything it does runs on every process."""
-        entry = self.analysis.entry_point
+        at its entry point, before anything it does runs on every process: a flat script's is after its imports."""
+        entry = self.analysis.entry_point or script_start(self.analysis)
         if entry is None or not self.rewrite_allowed(entry.anchor):
             return
         here = os.path.dirname(os.path.abspath(self.analysis.path))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 from typing import Optional
 
 import libcst as cst
@@ -124,10 +125,15 @@ class ProjectSideEffects(Rule):
         project = project_of(self.analysis.path)
         if project is None:
             return
+        # The modules this script starts as distributed programs make their own writes once, in their migration
+        # (decision-transformer's trainer saves from its train()), and their training runs on every process.
+        started = {os.path.abspath(module) for module in self.program.starts}
         for call in self.analysis.calls:
             if under_main_process_block(self.analysis, call) or gives_download(call):
                 continue  # a build given download= is MGP137's: the main process first, then the others
             found = self._project_writer(project, call)
+            if found is not None and os.path.abspath(found[0].module.path) in started:
+                continue
             if found is not None:
                 definition, written = found
                 if not isinstance(definition.node, _FUNCTIONS) and project_download(project, definition, self.analysis.code_of(call)):
@@ -138,7 +144,7 @@ class ProjectSideEffects(Rule):
                     self._object_once(project, call, definition)
                 continue
             method = self._writing_method(project, call)
-            if method is not None:
+            if method is not None and os.path.abspath(method[0].module.path) not in started:
                 self._call_once(call, *method, f"`{shorten(self.analysis.code_of(call.func))}(...)`")
 
     def _where(self, definition: Found, written: Write) -> str:
