@@ -266,6 +266,20 @@ class Project:
     def backward_line(self, found: Found) -> int:
         return _backward_lines(found)[0]
 
+    def evaluates_in_parallel(self, found: Found) -> Write | None:
+        """The DataParallel a function of the project builds to evaluate a model of its own (MOT's
+        ``test.test``, which loads the weights just saved and wraps them): its first DataParallel, in a function
+        that runs no backward pass; None for anything else (a class, a function that trains)."""
+        if not isinstance(found.node, (ast.FunctionDef, ast.AsyncFunctionDef)) or _backward_lines(found):
+            return None
+        for call in sorted(_calls(found.node), key=lambda call: (call.lineno, call.col_offset)):
+            # ``torch`` from a star import of the project's own module (MOT's ``from models import *``) is no
+            # import of this module: then the spelling, ``torch.nn.DataParallel``, says it.
+            qualified = found.module.qualified(call.func) or _dotted(call.func)
+            if qualified in _DATA_PARALLEL:
+                return Write(call.lineno, qualified.rpartition(".")[2])
+        return None
+
     def writes(self, found: Found) -> Write | None:
         """The first file write in a function (or a class's methods, and those of the project classes it derives
         from): ``open(path, "w")`` or ``"a"``, ``torch.save``, numpy's, OpenCV's or torchvision's image and array
@@ -504,6 +518,10 @@ class Write(NamedTuple):
     directory: bool = False
 
 
+def _dotted(node: ast.expr) -> str:
+    return ast.unparse(node) if isinstance(node, (ast.Name, ast.Attribute)) else ""
+
+
 def _backward_lines(found: Found) -> list[int]:
     return [
         call.lineno
@@ -512,6 +530,7 @@ def _backward_lines(found: Found) -> list[int]:
     ]
 
 
+_DATA_PARALLEL = frozenset({"torch.nn.DataParallel", "torch.nn.parallel.DataParallel", "torch.nn.parallel.data_parallel.DataParallel"})
 _WRITERS = frozenset(
     {
         "torch.save",

@@ -1,4 +1,5 @@
-"""MGP132, MGP322: files the project's own helpers write, once under DDP as in the original (``--to ddp``)."""
+"""MGP132, MGP322: files the project's own helpers write, and evaluations they run with a DataParallel of their
+own, once under DDP as in the original (``--to ddp``)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,11 @@ class ProjectSideEffects(Rule):
     set on the main process only, under ``if mgpu_runtime.is_main_process():``; the other processes' stdout goes
     nowhere already (the runtime's ``MGPU_LOG=rank0``), so the file holds what the original printed. Any other (a
     result that is used, an object read otherwise, a method that also changes its object) is reported (MGP322).
+    A call of a project function that evaluates a model with a DataParallel of its own and trains nothing
+    (Towards-Realtime-MOT's ``test.test(cfg, weights=latest)``, which loads the weights just saved) goes under
+    ``if mgpu_runtime.is_main_process():`` the same way, then every process waits, when nothing reads what it
+    returns (a statement of its own, or ``mAP, R, P = test.test(...)`` whose names are never read): every
+    process would otherwise run that evaluation over every GPU. One whose result is read is reported (MGP322).
 
     ## Why is this bad?
     Every process runs the script: a helper that writes a checkpoint, a log or images writes them once per
@@ -134,6 +140,10 @@ class ProjectSideEffects(Rule):
             found = self._project_writer(project, call)
             if found is not None and os.path.abspath(found[0].module.path) in started:
                 continue
+            evaluated = self._evaluation(project, call) if found is None else None
+            if evaluated is not None:
+                self._evaluated_once(call, *evaluated)
+                continue
             if found is not None:
                 definition, written = found
                 if not isinstance(definition.node, _FUNCTIONS) and project_download(project, definition, self.analysis.code_of(call)):
@@ -146,6 +156,65 @@ class ProjectSideEffects(Rule):
             method = self._writing_method(project, call)
             if method is not None and os.path.abspath(method[0].module.path) not in started:
                 self._call_once(call, *method, f"`{shorten(self.analysis.code_of(call.func))}(...)`")
+
+    def _evaluation(self, project: Project, call: cst.Call) -> Optional[tuple[Found, Write]]:
+        """A call of a project function that evaluates a model with a DataParallel of its own (MOT's
+        ``test.test(cfg, weights=latest, ...)``)."""
+        qualified = self.analysis.resolve(call.func)
+        if not qualified or qualified.startswith(("torch.", "builtins.")):
+            return None
+        found = project.find(qualified)
+        wrapped = project.evaluates_in_parallel(found) if found is not None else None
+        return (found, wrapped) if found is not None and wrapped is not None else None
+
+    def _evaluated_once(self, call: cst.Call, definition: Found, wrapped: Write) -> None:
+        """An evaluation with a DataParallel of the project's own, made once: every process would otherwise run
+        it over every GPU. Under ``if mgpu_runtime.is_main_process():``, then a wait, when nothing reads what it
+        returns (a statement of its own, or names assigned and never read); otherwise said (MGP322)."""
+        what = f"`{shorten(self.analysis.code_of(call.func))}(...)` evaluates with a {wrapped.call} of its own ({definition.where.rpartition(':')[0]}:{wrapped.line})"
+        statement = self._own_statement(call) or self._unread_assignment(call)
+        why = None if statement is not None else "as what it returns is read"
+        caller = main_process_caller(self.analysis, call)
+        if self.options.style != RUNTIME_STYLE:
+            why = "as --style torch has no runtime"
+        elif caller is not None:
+            return  # its function runs on the main process only: once already
+        if why is not None:
+            self.left(call, WRITTEN_BY_EVERY_PROCESS, f"{what}, which every process would run: not moved, {why}")
+            return
+        if not self.rewrite_allowed(call):
+            return
+        assert statement is not None
+        self.edits.need_import(RUNTIME)
+        self.edits.replace(statement, _on_the_main_process)
+        self.rewrote(call, f"{what}: called on the main process only, then every process waits")
+
+    def _unread_assignment(self, call: cst.Call) -> Optional[cst.SimpleStatementLine]:
+        """``mAP, R, P = evaluate(...)`` alone on its line, none of the names it binds read anywhere else in its
+        function (or module)."""
+        tree = self.analysis.tree
+        assign = tree.parent(call)
+        if not isinstance(assign, cst.Assign) or assign.value is not call:
+            return None
+        line = tree.parent(assign)
+        if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+            return None
+        bound: list[cst.Name] = []
+        for target in assign.targets:
+            value = target.target
+            elements = [element.value for element in value.elements] if isinstance(value, (cst.Tuple, cst.List)) else [value]
+            for element in elements:
+                if not isinstance(element, cst.Name):
+                    return None
+                bound.append(element)
+        names = {name.value for name in bound}
+        scope = tree.function(call)
+        for node in tree.nodes(cst.Name):
+            if node.value not in names or any(node is own for own in bound):
+                continue
+            if scope is None or any(ancestor is scope for ancestor in tree.ancestors(node)):
+                return None
+        return line
 
     def _where(self, definition: Found, written: Write) -> str:
         writes = "makes or deletes directories" if written.directory else "writes files"

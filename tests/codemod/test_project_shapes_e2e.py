@@ -50,6 +50,7 @@ CASES = {
     "star_imports": ("projects/star_imports", "train.py", NO_ARGUMENTS),
     "random_transforms": ("projects/random_transforms", "train.py", NO_ARGUMENTS),
     "flat_entry": ("projects/flat_entry", "run.py", NO_ARGUMENTS),
+    "evaluate_helper": ("projects/evaluate_helper", "train.py", NO_ARGUMENTS),
     OWN_PATH: ("projects/own_path", "train.py", NO_ARGUMENTS),
     "chosen_gpus": ("projects/chosen_gpus", "train.py", {2: ["--config", "two_gpus"], 3: ["--config", "three_gpus"]}),
 }
