@@ -4,6 +4,7 @@ own, once under DDP as in the original (``--to ddp``)."""
 from __future__ import annotations
 
 import ast
+import copy
 import os
 from typing import Optional
 
@@ -192,6 +193,24 @@ class ProjectSideEffects(Rule):
     def _unread_assignment(self, call: cst.Call) -> Optional[cst.SimpleStatementLine]:
         """``mAP, R, P = evaluate(...)`` alone on its line, none of the names it binds read anywhere else in its
         function (or module)."""
+        assigned = self._assigned(call)
+        return assigned[0] if assigned is not None and not assigned[1] else None
+
+    def _only_printed(self, call: cst.Call) -> bool:
+        """``stats = hungarian_evaluate(...)`` alone on its line, the names it binds read only inside
+        ``print(...)`` (SCAN's ``print(clustering_stats)``), which the other processes' output drops."""
+        assigned = self._assigned(call)
+        if assigned is None or not assigned[1]:
+            return False
+        tree = self.analysis.tree
+        return all(
+            any(isinstance(a, cst.Call) and isinstance(a.func, cst.Name) and a.func.value == "print" for a in tree.ancestors(read))
+            for read in assigned[1]
+        )
+
+    def _assigned(self, call: cst.Call) -> Optional[tuple[cst.SimpleStatementLine, list[cst.Name]]]:
+        """For ``names = call(...)`` alone on its line (names, or a tuple or list of them): the line, and every
+        read of those names elsewhere in its function (or module)."""
         tree = self.analysis.tree
         assign = tree.parent(call)
         if not isinstance(assign, cst.Assign) or assign.value is not call:
@@ -209,12 +228,15 @@ class ProjectSideEffects(Rule):
                 bound.append(element)
         names = {name.value for name in bound}
         scope = tree.function(call)
-        for node in tree.nodes(cst.Name):
-            if node.value not in names or any(node is own for own in bound):
-                continue
-            if scope is None or any(ancestor is scope for ancestor in tree.ancestors(node)):
-                return None
-        return line
+        reads = [
+            node
+            for node in tree.nodes(cst.Name)
+            if node.value in names
+            and not any(node is own for own in bound)
+            and not _stored(tree, node)
+            and (scope is None or any(ancestor is scope for ancestor in tree.ancestors(node)))
+        ]
+        return line, reads
 
     def _where(self, definition: Found, written: Write) -> str:
         writes = "makes or deletes directories" if written.directory else "writes files"
@@ -227,6 +249,17 @@ class ProjectSideEffects(Rule):
         where = self._where(definition, written)
         statement = self._own_statement(call)
         why = self._why_not(call, statement, definition)
+        assigned = self._assigned(call) if why is not None and statement is None and self._only_printed(call) else None
+        if assigned is not None and self._why_not(call, assigned[0], definition) is None:
+            if self.rewrite_allowed(call):
+                self.edits.need_import(RUNTIME)
+                self.edits.replace(call, through_runtime("on_main_process"))
+                self.rewrote(
+                    call,
+                    f"{what} {where}: called on the main process only, given the whole values "
+                    f"({RUNTIME}.on_main_process); what it returns is printed only, on the main process",
+                )
+            return
         if why is not None:
             self.left(call, WRITTEN_BY_EVERY_PROCESS, f"{what} {where}: not moved, {why}")
             return
@@ -332,6 +365,13 @@ class ProjectSideEffects(Rule):
         if found is None:
             return None
         written = project.writes(found)
+        if written is not None and isinstance(found.node, _FUNCTIONS):
+            switched_off = _switched_off(found.node, call)
+            if switched_off:
+                # What it writes only under ``if compute_confusion_matrix:`` it does not write when this call
+                # gives that parameter False (SCAN's ``hungarian_evaluate(..., compute_confusion_matrix=False)``).
+                pruned = _WithoutBranches(switched_off).visit(copy.deepcopy(found.node))
+                written = project.writes(Found(found.module, pruned, found.seen_from))
         return (found, written) if written is not None else None
 
     def _own_statement(self, call: cst.Call) -> Optional[cst.SimpleStatementLine]:
@@ -402,3 +442,66 @@ def _on_the_main_process_alone(updated: cst.CSTNode) -> cst.FlattenSentinel:
     """The statement under ``if mgpu_runtime.is_main_process():``, no process waiting for it."""
     assert type(updated) is cst.SimpleStatementLine  # the replaced node is a statement line (_stream_once)
     return cst.FlattenSentinel(on_the_main_process([updated], wait=False))
+
+
+def _stored(tree, name: cst.Name) -> bool:
+    """A name an assignment binds (``x = ...``, ``x, y = ...``), not one it reads."""
+    for ancestor in tree.ancestors(name):
+        if isinstance(ancestor, cst.AssignTarget):
+            return True
+        if not isinstance(ancestor, (cst.Element, cst.Tuple, cst.List)):
+            return False
+    return False
+
+
+_FALSY = frozenset({"False", "None", "0"})
+
+
+def _switched_off(function: ast.FunctionDef | ast.AsyncFunctionDef, call: cst.Call) -> frozenset[str]:
+    """The parameters of ``function`` this call gives a false constant (``False``, ``None``, ``0``), by keyword,
+    by position or by their default; nothing for a call that spreads ``*args`` or ``**kwargs``."""
+    if any(arg.star for arg in call.args):
+        return frozenset()
+    parameters = [*function.args.posonlyargs, *function.args.args]
+    defaults = dict(zip([p.arg for p in parameters[len(parameters) - len(function.args.defaults) :]], function.args.defaults))
+    defaults.update((p.arg, d) for p, d in zip(function.args.kwonlyargs, function.args.kw_defaults) if d is not None)
+    given: dict[str, str] = {}
+    positional = [arg for arg in call.args if arg.keyword is None]
+    for parameter, arg in zip(parameters, positional):
+        given[parameter.arg] = _constant(arg.value)
+    for arg in call.args:
+        if arg.keyword is not None:
+            given[arg.keyword.value] = _constant(arg.value)
+    off = set()
+    for name in [p.arg for p in parameters] + [p.arg for p in function.args.kwonlyargs]:
+        if name in given:
+            value = given[name]
+        elif name in defaults:
+            default = defaults[name]
+            value = repr(default.value) if isinstance(default, ast.Constant) else ""
+        else:
+            continue
+        if value in _FALSY:
+            off.add(name)
+    return frozenset(off)
+
+
+def _constant(value: cst.BaseExpression) -> str:
+    if isinstance(value, cst.Name) and value.value in ("False", "None", "True"):
+        return value.value
+    if isinstance(value, cst.Integer):
+        return value.value
+    return ""
+
+
+class _WithoutBranches(ast.NodeTransformer):
+    """A function's copy without the bodies of ``if NAME:`` for the parameters a call switched off."""
+
+    def __init__(self, names: frozenset[str]) -> None:
+        self.names = names
+
+    def visit_If(self, node: ast.If) -> ast.If:
+        self.generic_visit(node)
+        if isinstance(node.test, ast.Name) and node.test.id in self.names:
+            node.body = [ast.Pass()]
+        return node
