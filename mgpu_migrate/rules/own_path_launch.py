@@ -1,0 +1,260 @@
+"""MGP139: a plain start of a file with its own distributed path runs that path, with the original's global batch
+(``--to ddp``)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from mgpu_migrate.analysis.own_path import launched, own_path_launch, own_path_writes
+from mgpu_migrate.diagnostics import shorten
+from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review, Rewrite, Rule
+from mgpu_migrate.rules.syntax import RUNTIME, runtime_call
+
+OWN_PATH_WRITES = Review(
+    "MGP325",
+    name="own-path-writes-on-every-process",
+    summary="the file's own distributed path writes this on every process, where the original wrote it once",
+    why=(
+        "A plain start of this file now runs its own distributed path as one process per GPU (MGP139). The "
+        "original, started the same way, ran its DataParallel branch in one process, which wrote this file or "
+        "directory once. The own path is the script's code: it runs this call on every process (no "
+        "`if args.local_rank in [-1, 0]:` around it), so each process writes it, at the same time, into the same "
+        "path. The tool does not change the own path's code."
+    ),
+    todo=(
+        "Put the call under the script's own main-process test (`if args.local_rank in [-1, 0]:`), or under "
+        "`torch.distributed.get_rank() == 0` where the process group is set up."
+    ),
+    kept_when_left=True,
+)
+
+
+class OwnPathLaunch(Rule):
+    """
+    ## What it does
+    In a file that sets up distributed training of its own beside a DataParallel fallback, where a launcher's
+    variables choose that path (``LOCAL_RANK``, ``RANK`` or ``WORLD_SIZE`` read, or a ``--local_rank``
+    argument, which defaults to ``LOCAL_RANK``: MGP131) and a command-line option sets the batch its
+    ``DistributedSampler`` loader loads per process, inserts ``mgpu_runtime.launch_own_path(option, default)``
+    where the program starts: at the top of the ``if __name__ == "__main__":`` block, or after the imports of a
+    script that parses its command line at module level; in both, before the command line is parsed and before
+    anything touches CUDA. The option's spellings and its declared default are read from the parser.
+
+    Started plainly (``python train.py --train_batch_size 12``) on W devices (the visible GPUs, or
+    ``MGPU_NPROC``), the call relaunches the same command line under torchrun as W processes, each given the
+    option at the original's value over W (``--train_batch_size 6`` at W = 2): the file's own path then trains
+    on the global batch its DataParallel fallback was given, the same rows each step (with an unshuffled
+    ``DistributedSampler``: rank r loads rows r, r + W, ... of each global batch). The main process alone
+    prints, as under ``mgpu_runtime.setup()`` (``MGPU_LOG``). The DataParallel fallback stays for what the
+    own path cannot keep: on one device, under a launcher of the user's own (torchrun, SLURM), or with a batch
+    that does not split evenly over W (or an abbreviated option, which the call cannot read), the call does
+    nothing (the last two say so on stderr, once) and the script runs its DataParallel branch as before.
+
+    What the own path writes on every process, outside its own main-process tests (``torch.save``,
+    ``save_pretrained``, ``open(path, "w")``, ``os.makedirs``), is named at each site (MGP325): the original
+    wrote it once, and the tool does not edit the own path's code.
+
+    Where the batch cannot be set that way (no such option, a default that is not a whole number, no place
+    that runs first), the file is left as it is (MGP231), with the ``torchrun`` command that runs its own path
+    when there is one. Under ``--style torch`` the file is left the same way: that style has no runtime to
+    relaunch a plain start.
+
+    ## Why is this bad?
+    Left as it is, a plain start of such a file runs DataParallel, with its memory and speed costs; its own
+    path, which is what the maintainers wrote for several GPUs, runs only under a command the user must write,
+    with the per-process batch computed by hand.
+
+    ## Example
+    ```python
+    parser.add_argument("--train_batch_size", type=int, default=12)
+    parser.add_argument("--local_rank", type=int, default=-1)
+    args = parser.parse_args()
+    ...
+    loader = DataLoader(data, sampler=DistributedSampler(data), batch_size=args.train_batch_size)
+    if n_gpu > 1:
+        model = nn.DataParallel(model)
+    ```
+
+    ## Use instead
+    ```python
+    mgpu_runtime.launch_own_path("--train_batch_size", 12)
+    parser.add_argument("--train_batch_size", type=int, default=12)
+    parser.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", -1)))
+    ...
+    ```
+
+    ## Fix safety
+    The own path is the script's: the tool proves only that it is given the original's global batch. It trains
+    as the original did where that path does (torch's DDP averages the processes' gradients, which is the
+    global batch's mean loss when every process has an equal share: a dataset whose length W divides, with a
+    ``DistributedSampler`` that does not shuffle, or shuffles as the original's sampler did). ``mgpu-migrate
+    verify`` runs the migrated file plainly, at W processes on the CPU, against the original under
+    DataParallel.
+    """
+
+    CODE = Rewrite("MGP139", kept_when_left=True)
+    PHASE = PROGRAM
+    USES = ("values",)
+    STYLES = (RUNTIME_STYLE,)
+    TARGETS = (DDP,)
+    REVIEW_CODES = (OWN_PATH_WRITES,)
+    DESCRIPTION = "a plain start runs the file's own distributed path, each process with its share of the batch"
+    EXAMPLES = (
+        Example(
+            """
+            import argparse
+            import torch.nn as nn
+            from torch.utils.data import DataLoader, DistributedSampler
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("-b", "--batch-size", type=int, default=32)
+            parser.add_argument("--local_rank", type=int, default=-1)
+            args = parser.parse_args()
+            sampler = DistributedSampler(data) if args.local_rank != -1 else None
+            loader = DataLoader(data, sampler=sampler, batch_size=args.batch_size)
+            if args.local_rank == -1:
+                model = nn.DataParallel(model)
+            else:
+                model = nn.parallel.DistributedDataParallel(model)
+            """,
+            """
+            import argparse
+            import torch.nn as nn
+            from torch.utils.data import DataLoader, DistributedSampler
+            import mgpu_runtime
+
+            mgpu_runtime.launch_own_path(("-b", "--batch-size"), 32)
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("-b", "--batch-size", type=int, default=32)
+            parser.add_argument("--local_rank", type=int, default=-1)
+            args = parser.parse_args()
+            sampler = DistributedSampler(data) if args.local_rank != -1 else None
+            loader = DataLoader(data, sampler=sampler, batch_size=args.batch_size)
+            if args.local_rank == -1:
+                model = nn.DataParallel(model)
+            else:
+                model = nn.parallel.DistributedDataParallel(model)
+            """,
+            DDP,
+            ("MGP139",),
+            message="plain start runs the own distributed path (line 13) as one process per GPU, --batch-size 32/W each",
+            line=6,
+        ),
+        Example(
+            """
+            import os
+            import torch
+            import torch.nn as nn
+            from torch.utils.data import DataLoader, DistributedSampler
+
+
+            def main(args):
+                if "LOCAL_RANK" in os.environ:
+                    torch.distributed.init_process_group("gloo")
+                    sampler = DistributedSampler(data)
+                    model = nn.parallel.DistributedDataParallel(model)
+                else:
+                    sampler = None
+                    model = nn.DataParallel(model)
+                loader = DataLoader(data, sampler=sampler, batch_size=args.train_batch_size)
+                train(model, loader)
+                torch.save(model.state_dict(), "model.pt")
+
+
+            if __name__ == "__main__":
+                parser.add_argument("--train_batch_size", type=int, default=8)
+                main(parser.parse_args())
+            """,
+            """
+            import os
+            import torch
+            import torch.nn as nn
+            from torch.utils.data import DataLoader, DistributedSampler
+            import mgpu_runtime
+
+
+            def main(args):
+                if "LOCAL_RANK" in os.environ:
+                    torch.distributed.init_process_group("gloo")
+                    sampler = DistributedSampler(data)
+                    model = nn.parallel.DistributedDataParallel(model)
+                else:
+                    sampler = None
+                    model = nn.DataParallel(model)
+                loader = DataLoader(data, sampler=sampler, batch_size=args.train_batch_size)
+                train(model, loader)
+                torch.save(model.state_dict(), "model.pt")
+
+
+            if __name__ == "__main__":
+                mgpu_runtime.launch_own_path("--train_batch_size", 8)
+                parser.add_argument("--train_batch_size", type=int, default=8)
+                main(parser.parse_args())
+            """,
+            DDP,
+            ("MGP139", OWN_PATH_WRITES),
+            message="torch.save runs on every process of the own path",
+            line=18,
+            name="a save the own path makes on every process is named",
+        ),
+        # The per-process batch is no option: no plain start can give the own path the original's batch.
+        Example(
+            """
+            import os
+            import torch
+            import torch.nn as nn
+            from torch.utils.data import DataLoader, DistributedSampler
+
+            if "LOCAL_RANK" in os.environ:
+                torch.distributed.init_process_group("gloo")
+                model = nn.parallel.DistributedDataParallel(model)
+                loader = DataLoader(data, sampler=DistributedSampler(data), batch_size=16)
+            else:
+                model = nn.DataParallel(model)
+            """,
+            None,
+            DDP,
+            (),
+        ),
+    )
+
+    def apply(self) -> None:
+        program = self.program
+        if not program.existing or not program.wraps:
+            return
+        launch = own_path_launch(self.analysis)
+        if launch is None or launched(self.analysis):
+            return  # left, with the command that launches the own path where there is one (MGP231)
+        batch, point = launch
+        if not self.rewrite_allowed(point.anchor):
+            return
+        spelled = [f'"{option}"' for option in batch.options]
+        options = spelled[0] if len(spelled) == 1 else f"({', '.join(spelled)})"
+        arguments = [cst.parse_expression(options)]
+        if batch.default is not None:
+            arguments.append(cst.Integer(str(batch.default)))
+        statement = cst.SimpleStatementLine([cst.Expr(runtime_call("launch_own_path", *arguments))])
+        if point.after:
+            self.edits.insert_after(point.anchor, statement)
+        else:
+            leading = point.anchor.leading_lines
+            if leading and not leading[0].comment:
+                statement = statement.with_changes(leading_lines=[leading[0]])
+            self.edits.insert_before(point.anchor, statement)
+        self.edits.need_import(RUNTIME)
+        self.edits.keep_if_left(statement, RUNTIME)
+        line, _ = self.analysis.position(program.existing[0])
+        default = batch.default if batch.default is not None else "B"
+        self.rewrote(
+            point.anchor,
+            f"a plain start runs the own distributed path (line {line}) as one process per GPU, "
+            f"{batch.name} {default}/W each; the DataParallel branch stays for one GPU or an uneven split",
+        )
+        for call, what in own_path_writes(self.analysis):
+            self.left(
+                call,
+                OWN_PATH_WRITES,
+                f"{shorten(what, 40)} runs on every process of the own path (the original wrote it once): put it under "
+                "the script's main-process test",
+            )
