@@ -130,7 +130,7 @@ class EntryPointSetup(Rule):
     # A plain start of a file with its own distributed path runs that path (MGP139), under the runtime's style.
     LAUNCHES_OWN_PATH = True
     PHASE = PROGRAM
-    USES = ("entry_point", "handed", "loaders", "values")
+    USES = ("entry_point", "handed", "loaders")
     STYLES = (RUNTIME_STYLE,)
     REVIEW_CODES = (NO_ENTRY_POINT, EXISTING_DISTRIBUTED_SETUP, FILE_KEEPS_A_WRAP)
     DESCRIPTION = "mgpu_runtime.setup() inserted where the program starts"

@@ -94,7 +94,7 @@ class OwnPathLaunch(Rule):
 
     CODE = Rewrite("MGP139", kept_when_left=True)
     PHASE = PROGRAM
-    USES = ("values",)
+    USES = ()
     STYLES = (RUNTIME_STYLE,)
     TARGETS = (DDP,)
     REVIEW_CODES = (OWN_PATH_WRITES,)
@@ -138,8 +138,8 @@ class OwnPathLaunch(Rule):
             """,
             DDP,
             ("MGP139",),
-            message="plain start runs the own distributed path (line 13) as one process per GPU, --batch-size 32/W each",
-            line=6,
+            message="own distributed path (line 9) on each GPU, --batch-size 32/W per process",
+            line=5,
         ),
         Example(
             """
@@ -195,7 +195,7 @@ class OwnPathLaunch(Rule):
             DDP,
             ("MGP139", OWN_PATH_WRITES),
             message="torch.save runs on every process of the own path",
-            line=18,
+            line=17,
             name="a save the own path makes on every process is named",
         ),
         # The per-process batch is no option: no plain start can give the own path the original's batch.
@@ -248,8 +248,8 @@ class OwnPathLaunch(Rule):
         default = batch.default if batch.default is not None else "B"
         self.rewrote(
             point.anchor,
-            f"a plain start runs the own distributed path (line {line}) as one process per GPU, "
-            f"{batch.name} {default}/W each; the DataParallel branch stays for one GPU or an uneven split",
+            f"a plain start runs the own distributed path (line {line}) on each GPU, {batch.name} {default}/W per "
+            "process; DataParallel stays for one GPU or an uneven split",
         )
         for call, what in own_path_writes(self.analysis):
             self.left(
