@@ -114,8 +114,8 @@ def own_path_batch(analysis: FileAnalysis) -> Optional[BatchOption]:
             ):
                 default = _keyword(argument, "default")
                 number = default.value if default is not None else None
-                whole = type(number) is cst.Integer and number.evaluated_value > 0
-                return BatchOption(declared, number.evaluated_value if whole else None, default is not None)
+                value = number.evaluated_value if type(number) is cst.Integer else None
+                return BatchOption(declared, value if value is not None and value > 0 else None, default is not None)
     return None
 
 

@@ -238,7 +238,7 @@ class OwnPathLaunch(Rule):
         if point.after:
             self.edits.insert_after(point.anchor, statement)
         else:
-            leading = point.anchor.leading_lines
+            leading = getattr(point.anchor, "leading_lines", ())
             if leading and not leading[0].comment:
                 statement = statement.with_changes(leading_lines=[leading[0]])
             self.edits.insert_before(point.anchor, statement)
