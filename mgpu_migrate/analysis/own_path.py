@@ -188,3 +188,49 @@ def own_path_launch(analysis: FileAnalysis) -> Optional[tuple[BatchOption, Entry
 def launched(analysis: FileAnalysis) -> bool:
     """Whether the file already calls ``mgpu_runtime.launch_own_path`` (a file this rule migrated)."""
     return any(analysis.resolve(call.func) == "mgpu_runtime.launch_own_path" for call in analysis.calls)
+
+
+def rank_namespace(analysis: FileAnalysis, node: cst.CSTNode) -> Optional[str]:
+    """The name of the parsed command line that holds ``local_rank`` (a ``--local_rank`` option), as ``node``'s
+    function sees it once parsed: assigned from ``parse_args()`` earlier in that function, or at module level
+    (and not bound in the function). None where there is none."""
+    declares = any(
+        set(declared_options(call)) & _LOCAL_RANK_OPTIONS and _keyword(call, "dest") is None
+        for call in analysis.calls
+        if is_add_argument(call)
+    )
+    if not declares:
+        return None
+    here = analysis.tree.function(node)
+    line, _ = analysis.position(node)
+    found: Optional[str] = None
+    for call in analysis.calls:
+        if type(call.func) is not cst.Attribute or call.func.attr.value != "parse_args":
+            continue
+        assign = analysis.tree.parent(call)
+        if type(assign) is not cst.Assign or len(assign.targets) != 1 or type(assign.targets[0].target) is not cst.Name:
+            continue
+        name = assign.targets[0].target.value
+        scope = analysis.tree.function(call)
+        earlier = scope is here and analysis.position(call)[0] < line
+        if earlier or (scope is None and here is not None and found is None and not _binds(here, name)):
+            found = name
+    return found
+
+
+def _binds(function: cst.FunctionDef, name: str) -> bool:
+    """Whether ``function`` binds ``name`` itself (a parameter, or an assignment in its body)."""
+    if any(param.name.value == name for param in function.params.params):
+        return True
+    return any(
+        type(target.target) is cst.Name and target.target.value == name
+        for node in _walk(function.body)
+        if type(node) is cst.Assign
+        for target in node.targets
+    )
+
+
+def _walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    yield node
+    for child in node.children:
+        yield from _walk(child)
