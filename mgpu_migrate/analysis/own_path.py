@@ -161,6 +161,8 @@ def own_path_writes(analysis: FileAnalysis) -> Iterator[tuple[cst.Call, str]]:
 
 def _writes(analysis: FileAnalysis, call: cst.Call) -> Optional[str]:
     resolved = analysis.resolve(call.func) or ""
+    if not resolved and type(call.func) is cst.Name and call.func.value == "open":
+        resolved = "open"  # the builtin, which the file's own names do not resolve
     if resolved in _WRITERS:
         return resolved
     if resolved == "os.makedirs":

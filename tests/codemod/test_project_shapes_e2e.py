@@ -168,7 +168,8 @@ def test_a_plain_start_of_the_own_path_trains_as_the_original(tmp_path, processe
     """The migrated own_path launched as ``python train.py [batch]`` with MGPU_NPROC=W: its own distributed path
     at W processes of a share of the batch each (18 over 3 ends on a short batch of 12), or, with a batch that W
     does not divide (10 over 3), its DataParallel branch in one process, said once on stderr; against the
-    original under DataParallel emulated on W devices, given the same batch."""
+    original under DataParallel emulated on W devices, given the same batch; the log it appends to each epoch is
+    written once."""
     arguments = batch.split() if batch else []
     source = FIXTURES / "projects" / "own_path"
     for name in ("original", "migrated"):
@@ -179,14 +180,20 @@ def test_a_plain_start_of_the_own_path_trains_as_the_original(tmp_path, processe
     environment = _environment()
     original = subprocess.run(
         [sys.executable, "-m", "mgpu_runtime.emulation", "--devices", str(processes), "--float64", "train.py", *arguments],
-        cwd=tmp_path / "original", env={**environment, "FIXTURE_OUTPUT": str(tmp_path / "original.pt")},
+        cwd=tmp_path / "original",
+        env={**environment, "FIXTURE_OUTPUT": str(tmp_path / "original.pt"), "FIXTURE_LOG": str(tmp_path / "original.log")},
         capture_output=True, text=True, timeout=TIMEOUT_S,
     )
     assert original.returncode == 0, original.stderr[-4000:]
     migrated = subprocess.run(
         [sys.executable, "train.py", *arguments],
         cwd=tmp_path / "migrated",
-        env={**environment, "MGPU_NPROC": str(processes), "FIXTURE_OUTPUT": str(tmp_path / "migrated.pt")},
+        env={
+            **environment,
+            "MGPU_NPROC": str(processes),
+            "FIXTURE_OUTPUT": str(tmp_path / "migrated.pt"),
+            "FIXTURE_LOG": str(tmp_path / "migrated.log"),
+        },
         capture_output=True, text=True, timeout=TIMEOUT_S,
     )
     assert migrated.returncode == 0, migrated.stderr[-4000:]
@@ -197,6 +204,8 @@ def test_a_plain_start_of_the_own_path_trains_as_the_original(tmp_path, processe
         assert f"--train_batch_size {given // expected} per process ({given} over {expected})" in said[0]
     else:
         assert said == [f"mgpu_runtime: --train_batch_size 10 does not split evenly over {processes} processes: running the script's DataParallel branch in one process"]
+    # The log the script appends to each epoch: written once, as the original wrote it (MGP139's guard).
+    assert (tmp_path / "migrated.log").read_text() == (tmp_path / "original.log").read_text() == "epoch 0 done\nepoch 1 done\nepoch 2 done\n"
     before = dict(_tensors(torch.load(tmp_path / "original.pt", map_location="cpu")))
     after = dict(_tensors(torch.load(tmp_path / "migrated.pt", map_location="cpu")))
     assert before and before.keys() == after.keys()
