@@ -14,6 +14,7 @@ what the path writes on every process that the original wrote once (MGP325).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Optional
@@ -31,7 +32,7 @@ from mgpu_migrate.analysis.entrypoint import (
     touches_cuda,
 )
 from mgpu_migrate.analysis.file import FileAnalysis
-from mgpu_migrate.analysis.guards import main_process_caller, under_main_process_block
+from mgpu_migrate.analysis.guards import identifiers, main_process_caller, under_main_process_block
 
 # What torchrun sets, read by a file whose own distributed path it chooses.
 _LAUNCH_VARIABLES = frozenset({"LOCAL_RANK", "RANK", "WORLD_SIZE"})
@@ -106,6 +107,8 @@ def own_path_batch(analysis: FileAnalysis) -> Optional[BatchOption]:
         ):
             continue
         dest = size.value.attr.value
+        if _divided_by_the_processes(analysis, dest):
+            return None
         for argument in arguments:
             declared = declared_options(argument)
             named = _keyword(argument, "dest")
@@ -236,3 +239,24 @@ def _walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     yield node
     for child in node.children:
         yield from _walk(child)
+
+
+_PROCESS_COUNT = re.compile(r"world|gpu|nproc|device_count|ranks", re.IGNORECASE)
+
+
+def _divided_by_the_processes(analysis: FileAnalysis, dest: str) -> bool:
+    """Whether the script sets ``<args>.<dest>`` from the number of processes or GPUs itself (pytorch/examples'
+    ``args.batch_size = int(args.batch_size / ngpus_per_node)``): its option is then the global batch already,
+    and a share of it would be divided twice."""
+    for node in analysis.tree.nodes(cst.Assign):
+        targets = [target.target for target in node.targets]
+        if any(type(target) is cst.Attribute and target.attr.value == dest for target in targets) and any(
+            _PROCESS_COUNT.search(name) for name in identifiers(node.value)
+        ):
+            return True
+    for node in analysis.tree.nodes(cst.AugAssign):
+        if type(node.target) is cst.Attribute and node.target.attr.value == dest and any(
+            _PROCESS_COUNT.search(name) for name in identifiers(node.value)
+        ):
+            return True
+    return False

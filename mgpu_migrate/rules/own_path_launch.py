@@ -269,6 +269,30 @@ class OwnPathLaunch(Rule):
             line=22,
             name="the own path's writes happen once",
         ),
+        # The own path divides the option by the processes itself: a share of it would be divided twice.
+        Example(
+            """
+            import argparse
+            import torch
+            import torch.nn as nn
+            from torch.utils.data import DataLoader, DistributedSampler
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--batch_size", type=int, default=16)
+            parser.add_argument("--local_rank", type=int, default=-1)
+            args = parser.parse_args()
+            if args.local_rank != -1:
+                torch.distributed.init_process_group("gloo")
+                args.batch_size = int(args.batch_size / torch.distributed.get_world_size())
+                model = nn.parallel.DistributedDataParallel(model)
+                loader = DataLoader(data, sampler=DistributedSampler(data), batch_size=args.batch_size)
+            else:
+                model = nn.DataParallel(model)
+            """,
+            None,
+            DDP,
+            (),
+        ),
         # The per-process batch is no option: no plain start can give the own path the original's batch.
         Example(
             """

@@ -8,6 +8,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 import mgpu_runtime
 from mgpu_runtime.distributed import own_path, rank_output
@@ -86,6 +87,11 @@ def test_its_processes_are_given_their_share(plain, monkeypatch):
     mgpu_runtime.launch_own_path("--train_batch_size", 12)
     assert sys.argv == ["train.py", "--train_batch_size=6", "--epochs", "2"] and len(applied) == 1
     assert not plain
+    # No process group of the two: the script did not take its own path; its first step says so, once.
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    with pytest.raises(RuntimeError, match="relaunched as 2 processes to run its own distributed path"):
+        optimizer.step()
+    optimizer.step()
 
 
 def test_under_a_launcher_of_the_users_own_nothing_changes(plain, monkeypatch):

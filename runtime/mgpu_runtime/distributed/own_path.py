@@ -12,7 +12,9 @@ starts, before its command line is parsed and before anything touches CUDA:
   the batch the DataParallel fallback was given, the same global batch;
 * in those processes it sets the batch option in ``sys.argv`` (the original command line is rerun as it was;
   the per-process value comes in ``MGPU_OWN_PATH_BATCH``) and has the main process alone print, as
-  ``setup()`` does (``MGPU_LOG``);
+  ``setup()`` does (``MGPU_LOG``); at its first optimizer step a process that is not in a process group of the
+  W processes (the script did not take its own path after all) stops, saying so, instead of training its
+  DataParallel branch on a share of the batch;
 * it does nothing under a launcher the user chose (torchrun, SLURM), nor on one device; and where the batch
   does not split evenly over W, or cannot be read from the command line (an abbreviated option, a value that
   is no whole number, no value and no default), it says so in one line on stderr and returns: the script
@@ -24,6 +26,10 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+
+import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils.hooks import RemovableHandle
 
 from mgpu_runtime.distributed import rank_output
 from mgpu_runtime.distributed.environment import TORCHRUN, detect_environment
@@ -49,6 +55,7 @@ def launch_own_path(batch_option: str | Sequence[str], batch_default: int | None
         if per_process is not None and os.environ.get(RELAUNCHED_VARIABLE) and environment.launcher == TORCHRUN:
             sys.argv[1:] = with_batch(sys.argv[1:], options, per_process)
             rank_output.apply(environment)
+            _check_at_the_first_step(environment.world_size)
         return
     processes = requested_process_count(os.environ)
     if processes == 1 or not can_rerun_command_line():
@@ -131,3 +138,21 @@ def _occurrences(arguments: Sequence[str], options: Sequence[str]):
 
 def _longest(options: Sequence[str]) -> str:
     return max(options, key=len)
+
+
+def _check_at_the_first_step(processes: int) -> None:
+    """Stop at the first optimizer step of a relaunched process that is not on the script's own path (no
+    process group of ``processes``): it would train its DataParallel branch on a share of the batch."""
+    handle: RemovableHandle | None = None
+
+    def check(optimizer: object, args: object, kwargs: object) -> None:
+        assert handle is not None
+        handle.remove()
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() == processes):
+            raise RuntimeError(
+                f"mgpu_runtime: this script was relaunched as {processes} processes to run its own distributed path, "
+                "but it trains without a process group of them: torchrun's variables (LOCAL_RANK, RANK, WORLD_SIZE) "
+                "did not choose that path. Start it with MGPU_NPROC=1 to run its DataParallel branch as before."
+            )
+
+    handle = register_optimizer_step_pre_hook(check)
