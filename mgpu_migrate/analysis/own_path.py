@@ -254,9 +254,10 @@ def _divided_by_the_processes(analysis: FileAnalysis, dest: str) -> bool:
             _PROCESS_COUNT.search(name) for name in identifiers(node.value)
         ):
             return True
-    for node in analysis.tree.nodes(cst.AugAssign):
-        if type(node.target) is cst.Attribute and node.target.attr.value == dest and any(
-            _PROCESS_COUNT.search(name) for name in identifiers(node.value)
+    for augmented in analysis.tree.nodes(cst.AugAssign):
+        target = augmented.target
+        if type(target) is cst.Attribute and target.attr.value == dest and any(
+            _PROCESS_COUNT.search(name) for name in identifiers(augmented.value)
         ):
             return True
     return False
