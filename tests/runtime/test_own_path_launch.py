@@ -64,6 +64,7 @@ def test_what_cannot_be_read_is_said():
     assert batch_given(["--train_b", "8"], OPTION, 12)[1].startswith("--train_b may abbreviate --train_batch_size")
     assert batch_given(["--train_batch_size", "x"], OPTION, 12) == (None, "--train_batch_size 'x' is not a whole number of rows")
     assert batch_given([], OPTION, None)[1] == "no --train_batch_size given, and it has no default"
+    assert batch_given(["@args.txt"], OPTION, 12) == (None, "@args.txt may hold --train_batch_size (arguments read from a file)")
 
 
 def test_a_plain_start_relaunches_with_the_share_of_the_batch(plain, monkeypatch, capsys):

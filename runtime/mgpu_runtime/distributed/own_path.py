@@ -17,7 +17,7 @@ starts, before its command line is parsed and before anything touches CUDA:
   DataParallel branch on a share of the batch;
 * it does nothing under a launcher the user chose (torchrun, SLURM), nor on one device; and where the batch
   does not split evenly over W, or cannot be read from the command line (an abbreviated option, a value that
-  is no whole number, no value and no default), it says so in one line on stderr and returns: the script
+  is no whole number, no value and no default, arguments read from an ``@file``), it says so in one line on stderr and returns: the script
   runs its DataParallel fallback in one process, as the original did.
 """
 
@@ -80,6 +80,9 @@ def batch_given(
     """The batch the command line gives (its last occurrence, as argparse reads it), else ``default``; with
     why it cannot be read (an empty string when it can)."""
     text: str | None = None
+    from_file = next((word for word in _before_the_end(arguments) if word.startswith("@")), None)
+    if from_file is not None:
+        return None, f"{from_file} may hold {_longest(options)} (arguments read from a file)"
     for at, value in _occurrences(arguments, options):
         if at is None:
             return None, f"{value} may abbreviate {_longest(options)}: spell the option out to run on several processes"
@@ -134,6 +137,11 @@ def _occurrences(arguments: Sequence[str], options: Sequence[str]):
         elif any(word.startswith(short) and len(word) > len(short) for short in shorts):
             yield index, word[2:].lstrip("=")
         index += 1
+
+
+def _before_the_end(arguments: Sequence[str]) -> Sequence[str]:
+    """The arguments before ``--``, where options are read."""
+    return arguments[: list(arguments).index("--")] if "--" in arguments else arguments
 
 
 def _longest(options: Sequence[str]) -> str:
