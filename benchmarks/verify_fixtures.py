@@ -22,8 +22,8 @@ from pathlib import Path
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 # The projects' entry scripts that run as they are, with the arguments they are verified with: own_path's
-# own distributed path is launched with the original's batch over the processes (MGP231), so verify needs
-# that batch.
+# plain start runs its own distributed path with the original's batch over the processes (MGP139), which
+# verify gives it explicitly.
 PROJECTS = {
     "projects/utils_writers/train.py": (),
     "projects/own_path/train.py": ("--train_batch_size", "12"),

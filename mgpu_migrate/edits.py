@@ -44,7 +44,8 @@ class Edits:
 
     def keep_if_left(self, node: cst.CSTNode, *imports: str) -> None:
         """Keep the replacements of ``node`` (and ``imports``) when a veto leaves the file (``program.settle``):
-        an edit that serves the file's own way of running, which the veto leaves in place (MGP131)."""
+        an edit that serves the file's own way of running, which the veto leaves in place (MGP131). ``node`` may
+        also be a statement the rule inserted: the insertion stays (the launch of the file's own path, MGP139)."""
         self.survivors[node] = imports
 
     def need_import(self, module: str) -> None:
@@ -89,17 +90,24 @@ class Edits:
         diagnostics of what was left for review (only those whose code ``keep`` holds, when given). With
         ``survivors``, the edits kept by ``keep_if_left`` stay, with the rewrites whose code is ``kept_when_left``."""
         kept = {node: self.replacements[node] for node in self.survivors if survivors and node in self.replacements}
-        imports = [module for node in kept for module in self.survivors[node]]
+        inserted = {
+            id(new) for statements in (*self.before.values(), *self.after.values()) for new in statements
+        }
+        kept_inserts = [node for node in self.survivors if survivors and id(node) in inserted]
+        imports = [module for node in [*kept, *kept_inserts] for module in self.survivors[node]]
         self.replacements.clear()
         self.replacements.update(kept)
-        self.before.clear()
-        self.after.clear()
+        for insertions in (self.before, self.after):
+            for anchor in list(insertions):
+                insertions[anchor] = [new for new in insertions[anchor] if new in kept_inserts]
+                if not insertions[anchor]:
+                    del insertions[anchor]
         self.imports[:] = [module for module in self.imports if module in imports]
 
         def stays(diagnostic: Diagnostic) -> bool:
             code = self.codes[diagnostic.code]
             if diagnostic.is_rewrite:
-                return bool(kept) and code.kept_when_left
+                return bool(kept or kept_inserts) and code.kept_when_left
             return keep is None or keep(code)
 
         self.diagnostics = [diagnostic for diagnostic in self.diagnostics if stays(diagnostic)]

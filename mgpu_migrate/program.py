@@ -185,9 +185,15 @@ def settle(program: Program, edits: Edits) -> None:
     wraps (``kept_when_left``): what was said about the distributed program the file would have become no longer
     applies. The edits a rule kept for the file's own way of running stay (``Edits.keep_if_left``: the
     ``--local_rank`` default of a file that launches its own distributed path, MGP131).
+
+    A file with a distributed set-up of its own (``existing``) never becomes the runtime's program: its
+    DataParallel fallback stays as it is, and only what serves its own path stays (MGP131, and the launch of
+    that path from a plain start, MGP139), with what was said about them (``kept_when_left``).
     """
     if program.left_whole:
         edits.discard_rewrites()
         return
     if any(code.veto for code in edits.reported()):
         edits.discard_rewrites(keep=lambda code: code.veto or code.kept_when_left, survivors=True)
+    elif program.existing and program.wraps:
+        edits.discard_rewrites(keep=lambda code: code.kept_when_left, survivors=True)

@@ -30,6 +30,7 @@ from mgpu_migrate.options import DDP, STYLES, TARGETS, TORCH_STYLE, Options
 EXIT_VERIFIED, EXIT_APART, EXIT_ERROR = 0, 1, 2
 ORIGINAL, MIGRATED = "original", "migrated"
 CPU_REPLICAS = "MGPU_CPU_REPLICAS"
+NPROC = "MGPU_NPROC"
 DRIVER = "driver.py"  # the jobs' driver, in the runs' root
 # A number as printed: its fraction or exponent says it was rounded to its last digit.
 _NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
@@ -223,6 +224,9 @@ class Migration:
     migrated: bytes
     migrated_args: tuple[str, ...]
     own_process_group: bool = False
+    # A file whose plain start runs its own distributed path (MGP139): launched as `python SCRIPT` with
+    # MGPU_NPROC=W, as its user starts it, not under torchrun.
+    plain_launch: bool = False
 
 
 def _fail(message: str, output: str = "") -> None:
@@ -270,7 +274,8 @@ def _migrate(script: str, options: VerifyOptions) -> Migration | None:
     own_path = next((d.message for d in result.diagnostics if d.code == _own_path_code()), None)
     arguments = options.script_args if own_path is None else _own_path_arguments(script, own_path, options)
     migrated = result.output.encode(source.encoding)
-    return Migration(script, target, style, data, migrated, arguments, own_path is not None or style == TORCH_STYLE)
+    plain = any(d.code == _own_path_launch_code() for d in result.diagnostics)
+    return Migration(script, target, style, data, migrated, arguments, own_path is not None or style == TORCH_STYLE, plain)
 
 
 def _own_path_code() -> str:
@@ -278,6 +283,12 @@ def _own_path_code() -> str:
     from mgpu_migrate.rules.entry_point import EXISTING_DISTRIBUTED_SETUP
 
     return EXISTING_DISTRIBUTED_SETUP.code
+
+
+def _own_path_launch_code() -> str:
+    from mgpu_migrate.rules.own_path_launch import OwnPathLaunch
+
+    return OwnPathLaunch.CODE.code
 
 
 def _own_path_arguments(script: str, message: str, options: VerifyOptions) -> tuple[str, ...]:
@@ -318,7 +329,7 @@ def _prepare(root: str, name: str, script: str, content: bytes, data_paths: tupl
 
 
 def _environment(homes: list[str], **overrides: str) -> dict[str, str]:
-    environment = {key: value for key, value in os.environ.items() if key not in (CPU_REPLICAS, "MGPU_NPROC")}
+    environment = {key: value for key, value in os.environ.items() if key not in (CPU_REPLICAS, NPROC)}
     # The scripts' modules import from their own directories (the driver puts each run's first).
     paths = [*dict.fromkeys(homes), *filter(None, environment.get("PYTHONPATH", "").split(os.pathsep))]
     environment.update(
@@ -473,7 +484,7 @@ def verify(scripts, target, procs, steps, tolerance, migrated, data_paths, style
             if several:
                 click.echo(f"{chr(10) if index else ''}{migration.script}:")
             if failure is None:
-                statuses.append(_report(runs, next(compared), tolerance, migration.target, procs))
+                statuses.append(_report(runs, next(compared), tolerance, migration.target, procs, migration.plain_launch))
                 continue
             message, output = failure
             click.echo(f"mgpu-migrate verify: {migration.script}: {message}", err=True)
@@ -502,6 +513,7 @@ def _start(root: str, migrations: list[Migration], options: VerifyOptions) -> tu
     python = (sys.executable,)
     torchrun = (*python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={options.procs}")
     replicas = (f"{CPU_REPLICAS}={options.procs}", *python)
+    plain = (f"{NPROC}={options.procs}", *python)
     pairs = []
     for index, migration in enumerate(migrations):
         # Each script's runs have directories of their own (two scripts may have one name).
@@ -509,7 +521,7 @@ def _start(root: str, migrations: list[Migration], options: VerifyOptions) -> tu
         script, home = os.path.basename(migration.script), os.path.dirname(os.path.abspath(migration.script))
         original = _prepare(place, ORIGINAL, migration.script, migration.original, options.data_paths)
         migrated = _prepare(place, MIGRATED, migration.script, migration.migrated, options.data_paths)
-        launcher = torchrun if migration.target == DDP else replicas
+        launcher = plain if migration.plain_launch else torchrun if migration.target == DDP else replicas
         pairs.append(
             [
                 ScriptRun(ORIGINAL, original, script, home, options.script_args, options.steps, options.procs, python),
@@ -517,12 +529,16 @@ def _start(root: str, migrations: list[Migration], options: VerifyOptions) -> tu
             ]
         )
     homes = [os.path.dirname(os.path.abspath(migration.script)) for migration in migrations]
-    ddp = [(migration, runs[1]) for migration, runs in zip(migrations, pairs) if migration.target == DDP]
+    ddp = [(migration, runs[1]) for migration, runs in zip(migrations, pairs) if migration.target == DDP and not migration.plain_launch]
+    # A plain start of its own: the runtime relaunches the driver under torchrun, on the file's own path.
+    started = [[runs[1]] for migration, runs in zip(migrations, pairs) if migration.plain_launch]
     shared = [run for migration, run in ddp if not migration.own_process_group]
     alone = [[run] for migration, run in ddp if migration.own_process_group]
     balanced = [runs[1] for migration, runs in zip(migrations, pairs) if migration.target != DDP]
     jobs = [Job("originals", [*python], [runs[0] for runs in pairs], _environment(homes), root)] if pairs else []
     jobs += [Job(f"torchrun-{index}", [*torchrun], runs, _environment(homes), root) for index, runs in enumerate([shared, *alone]) if runs]
+    nproc = {NPROC: str(options.procs)}
+    jobs += [Job(f"plain-{index}", [*python], runs, _environment(homes, **nproc), root) for index, runs in enumerate(started)]
     if balanced:
         jobs.append(Job("balanced", [*python], balanced, _environment(homes, **{CPU_REPLICAS: str(options.procs)}), root))
     for job in jobs:
@@ -567,10 +583,19 @@ def _compare(pairs: list[list[ScriptRun]]) -> list[dict]:
     return [json.loads(line) for line in comparison.stdout.splitlines()]
 
 
-def _report(runs: list[ScriptRun], found: dict, tolerance: float, target: str, procs: int) -> int:
+def _report(runs: list[ScriptRun], found: dict, tolerance: float, target: str, procs: int, plain: bool = False) -> int:
     lines = {run.name: run.output("stdout").splitlines() for run in runs}
     steps = dict(zip((ORIGINAL, MIGRATED), found["steps"]))
     way = f"{_count(procs, 'process', 'processes')} (torchrun, gloo)" if target == DDP else f"{_count(procs, 'CPU replica')}"
+    if plain:
+        # MGP139: started plainly, the file relaunched itself on its own path, or said why it ran its DataParallel branch.
+        fallback = [line for line in runs[1].output("stderr").splitlines() if line.startswith("mgpu_runtime: ") and "DataParallel branch" in line]
+        if fallback:
+            # Its DataParallel branch is the original's, on the GPUs of one process: none here, so nothing to compare.
+            why = fallback[0].removeprefix("mgpu_runtime: ").partition(":")[0]
+            click.echo(f"not verified: {why}, so the migration ran its DataParallel branch (the original's) in one process; give a batch the {procs} processes divide after --")
+            return EXIT_ERROR
+        way = f"{_count(procs, 'process', 'processes')} (a plain start, relaunched under torchrun on its own distributed path, gloo)"
     click.echo(f"original: nn.DataParallel emulated on {_count(procs, 'device')}: {_count(steps[ORIGINAL], 'optimizer step')}, {_count(len(lines[ORIGINAL]), 'line')} printed")
     click.echo(f"migrated: --to {target} at {way}: {_count(steps[MIGRATED], 'optimizer step')}, {_count(len(lines[MIGRATED]), 'line')} printed")
 

@@ -29,6 +29,7 @@ from mgpu_migrate.rules.main_process_collective import MainProcessCollective
 from mgpu_migrate.rules.per_rank_steps import PerRankSteps
 from mgpu_migrate.rules.mixed_rows import MixedRows
 from mgpu_migrate.rules.noqa_comments import NoqaComments
+from mgpu_migrate.rules.own_path_launch import OwnPathLaunch
 from mgpu_migrate.rules.process_randomness import ProcessRandomness
 from mgpu_migrate.rules.progress_bar import ProgressBar
 from mgpu_migrate.rules.project_losses import ProjectLosses
@@ -68,6 +69,7 @@ RULES: tuple[type[Rule], ...] = (
     ApexDDP,
     EntryPointSetup,
     TorchSetup,
+    OwnPathLaunch,
     LocalRankArgument,
     WrapGuard,
     TrainingData,

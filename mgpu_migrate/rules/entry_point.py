@@ -12,11 +12,12 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis.entrypoint import EntryPoint, script_start
+from mgpu_migrate.analysis.own_path import own_path_batch, own_path_launch
 from mgpu_migrate.analysis.project import importers
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.program import SETUP
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, TORCH_STYLE, Example, Review, Rewrite, Rule
-from mgpu_migrate.rules.syntax import RUNTIME, keyword, runtime_call
+from mgpu_migrate.rules.syntax import RUNTIME, runtime_call
 from mgpu_migrate.started import is_script, training
 from mgpu_migrate.rules.torch_style import (
     DIST_IMPORT,
@@ -26,23 +27,6 @@ from mgpu_migrate.rules.torch_style import (
     dist_taken,
     statement,
 )
-
-# What torchrun sets, read by a file whose own distributed path it chooses.
-_LAUNCH_VARIABLES = frozenset({"LOCAL_RANK", "RANK", "WORLD_SIZE"})
-
-
-def _is_add_argument(call: cst.Call) -> bool:
-    return type(call.func) is cst.Attribute and call.func.attr.value == "add_argument"
-
-
-def _options(call: cst.Call) -> set[str]:
-    """The option strings an ``add_argument`` call declares (``-b``, ``--batch_size``)."""
-    return {
-        arg.value.evaluated_value
-        for arg in call.args
-        if arg.keyword is None and type(arg.value) is cst.SimpleString and str(arg.value.evaluated_value).startswith("-")
-    }
-
 
 NO_ENTRY_POINT = Review(
     "MGP230",
@@ -66,7 +50,9 @@ EXISTING_DISTRIBUTED_SETUP = Review(
         "The file sets up distributed training itself (`init_process_group`, torch's or apex's DDP, "
         "`DistributedSampler`, `mp.spawn`), beside a DataParallel fallback. Processes relaunched from the "
         "fallback would not provably take the file's own path with the original's global batch, so the file is "
-        "left as it is. When the file's own path is chosen by `LOCAL_RANK`, `RANK` or `WORLD_SIZE` (read from "
+        "left as it is, unless a plain start can launch that path with the original's batch (MGP139: a launcher "
+        "chooses it, an option with a whole-number default sets its per-process batch, and the program has a "
+        "place that runs first; not under `--style torch`). When the file's own path is chosen by `LOCAL_RANK`, `RANK` or `WORLD_SIZE` (read from "
         "the environment, or a `--local_rank` argument, which now defaults to `LOCAL_RANK`: MGP131), the message "
         "gives the command that runs it on the GPUs the fallback used: `torchrun --nproc_per_node=N` with "
         "N the number of GPUs, and the option that sets its per-process batch (the training loader's with a "
@@ -119,8 +105,10 @@ class EntryPointSetup(Rule):
 
     It also decides whether the file becomes a distributed program at all: a file that already sets up
     distributed training itself (``init_process_group``, torch's or apex's ``DistributedDataParallel``,
-    ``DistributedSampler``, ``mp.spawn``) is left as it is, its DataParallel fallback too (MGP231: processes
-    relaunched from the fallback would not provably take the file's own path with the same global batch); a file that
+    ``DistributedSampler``, ``mp.spawn``) does not get it: where a launcher chooses its own path and an option
+    sets that path's per-process batch, a plain start is made to launch that path (MGP139); otherwise the file is
+    left as it is, its DataParallel fallback too (MGP231: processes relaunched from the fallback would not
+    provably take the file's own path with the same global batch), with the command that runs its own path. A file that
     keeps a DataParallel wrap (``dim != 0``, ``# noqa``, part of a model: MGP250) is left as it is, its other
     wraps included (MGP232): ``--to ddp`` migrates a file entirely or not at all.
 
@@ -156,8 +144,10 @@ class EntryPointSetup(Rule):
     """
 
     CODE = SETUP
+    # A plain start of a file with its own distributed path runs that path (MGP139), under the runtime's style.
+    LAUNCHES_OWN_PATH = True
     PHASE = PROGRAM
-    USES = ("entry_point", "handed", "loaders", "values")
+    USES = ("entry_point", "handed", "loaders")
     STYLES = (RUNTIME_STYLE,)
     REVIEW_CODES = (NO_ENTRY_POINT, EXISTING_DISTRIBUTED_SETUP, FILE_KEEPS_A_WRAP, TRAINED_ALONE)
     DESCRIPTION = "mgpu_runtime.setup() inserted where the program starts"
@@ -453,6 +443,8 @@ class EntryPointSetup(Rule):
             return
         first = program.wraps[0]
         if program.existing:
+            if self.LAUNCHES_OWN_PATH and own_path_launch(self.analysis) is not None:
+                return  # a plain start runs the own path (MGP139)
             line, _ = self.analysis.position(program.existing[0])
             command = self._own_path_command()
             self.left(
@@ -534,44 +526,8 @@ class EntryPointSetup(Rule):
         """The torchrun command that runs the file's own distributed path, when the launch environment chooses it
         (``LOCAL_RANK``, ``RANK`` or ``WORLD_SIZE`` read, or a ``--local_rank`` argument) and a command-line option
         sets its per-process batch: that option at the fallback's batch ``B`` over the ``N`` processes."""
-        analysis = self.analysis
-        arguments = [call for call in analysis.calls if _is_add_argument(call)]
-        local_rank = any(_options(call) & {"--local_rank", "--local-rank"} for call in arguments)
-        if not local_rank and not any(
-            type(node) is cst.SimpleString and node.evaluated_value in _LAUNCH_VARIABLES
-            for node in analysis.tree.nodes(cst.SimpleString)
-        ):
-            return None
-        # Without the option that sets the per-process batch, no command keeps the fallback's global batch.
-        option = self._batch_option(arguments)
-        return f"torchrun --nproc_per_node=N {os.path.basename(analysis.path)} {option} B/N" if option else None
-
-    def _batch_option(self, arguments: list[cst.Call]) -> Optional[str]:
-        """The command-line option of the batch size a loader with a ``DistributedSampler`` reads
-        (``batch_size=args.train_batch_size``, ``--train_batch_size``)."""
-        analysis = self.analysis
-        values = analysis.values
-        for call in analysis.calls_to("torch.utils.data.DataLoader"):
-            sampler, size = keyword(call, "sampler"), keyword(call, "batch_size")
-            if sampler is None or size is None or type(size.value) is not cst.Attribute:
-                continue
-            scope = values.scope_of(call)
-            samplers = [sampler.value, *values.of(sampler.value, scope)]
-            if not any(
-                type(value) is cst.Call and (analysis.resolve(value.func) or "").endswith("DistributedSampler")
-                for value in samplers
-                for value in ([value.body, value.orelse] if type(value) is cst.IfExp else [value])
-            ):
-                continue
-            dest = size.value.attr.value
-            for argument in arguments:
-                declared = _options(argument)
-                named = keyword(argument, "dest")
-                if (named is not None and type(named.value) is cst.SimpleString and named.value.evaluated_value == dest) or any(
-                    option.lstrip("-").replace("-", "_") == dest for option in declared
-                ):
-                    return max(declared, key=len)
-        return None
+        batch = own_path_batch(self.analysis)
+        return f"torchrun --nproc_per_node=N {os.path.basename(self.analysis.path)} {batch.name} B/N" if batch else None
 
     def _set_up(self, entry: EntryPoint, why: str = "") -> None:
         """Insert the set-up at the entry point, given the GPUs the wraps chose when it can be (MGP150)."""
@@ -641,6 +597,7 @@ class TorchSetup(EntryPointSetup):
     """
 
     CODE = Rewrite("MGP161")
+    LAUNCHES_OWN_PATH = False
     STYLES = (TORCH_STYLE,)
     REVIEW_CODES = (NEEDS_RUNTIME, NO_TORCH_FORM)
     DESCRIPTION = "process group set up from the torchrun environment, and destroyed at the end (--style torch)"
@@ -697,49 +654,6 @@ class TorchSetup(EntryPointSetup):
         ):
             # The runtime's wrapper would set up when built; torch's needs the process group before.
             self.left(program.wraps[0], NO_TORCH_FORM, "it trains, but has no main block or main() for init_process_group; file left")
-
-    def _own_path_command(self) -> Optional[str]:
-        """The torchrun command that runs the file's own distributed path, when the launch environment chooses it
-        (``LOCAL_RANK``, ``RANK`` or ``WORLD_SIZE`` read, or a ``--local_rank`` argument) and a command-line option
-        sets its per-process batch: that option at the fallback's batch ``B`` over the ``N`` processes."""
-        analysis = self.analysis
-        arguments = [call for call in analysis.calls if _is_add_argument(call)]
-        local_rank = any(_options(call) & {"--local_rank", "--local-rank"} for call in arguments)
-        if not local_rank and not any(
-            type(node) is cst.SimpleString and node.evaluated_value in _LAUNCH_VARIABLES
-            for node in analysis.tree.nodes(cst.SimpleString)
-        ):
-            return None
-        # Without the option that sets the per-process batch, no command keeps the fallback's global batch.
-        option = self._batch_option(arguments)
-        return f"torchrun --nproc_per_node=N {os.path.basename(analysis.path)} {option} B/N" if option else None
-
-    def _batch_option(self, arguments: list[cst.Call]) -> Optional[str]:
-        """The command-line option of the batch size a loader with a ``DistributedSampler`` reads
-        (``batch_size=args.train_batch_size``, ``--train_batch_size``)."""
-        analysis = self.analysis
-        values = analysis.values
-        for call in analysis.calls_to("torch.utils.data.DataLoader"):
-            sampler, size = keyword(call, "sampler"), keyword(call, "batch_size")
-            if sampler is None or size is None or type(size.value) is not cst.Attribute:
-                continue
-            scope = values.scope_of(call)
-            samplers = [sampler.value, *values.of(sampler.value, scope)]
-            if not any(
-                type(value) is cst.Call and (analysis.resolve(value.func) or "").endswith("DistributedSampler")
-                for value in samplers
-                for value in ([value.body, value.orelse] if type(value) is cst.IfExp else [value])
-            ):
-                continue
-            dest = size.value.attr.value
-            for argument in arguments:
-                declared = _options(argument)
-                named = keyword(argument, "dest")
-                if (named is not None and type(named.value) is cst.SimpleString and named.value.evaluated_value == dest) or any(
-                    option.lstrip("-").replace("-", "_") == dest for option in declared
-                ):
-                    return max(declared, key=len)
-        return None
 
     def _set_up(self, entry: EntryPoint, why: str = "") -> None:
         if dist_taken(self.analysis):

@@ -256,8 +256,7 @@ class ProjectSideEffects(Rule):
                 self.edits.replace(call, through_runtime("on_main_process"))
                 self.rewrote(
                     call,
-                    f"{what} {where}: called on the main process only, given the whole values "
-                    f"({RUNTIME}.on_main_process); what it returns is printed only, on the main process",
+                    f"{what} {where}: on the main process only ({RUNTIME}.on_main_process), its result only printed",
                 )
             return
         if why is not None:

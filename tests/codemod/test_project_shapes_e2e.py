@@ -4,9 +4,10 @@ Each case is a fixture script (``fixtures/scripts/NAME.py``) or a fixture projec
 its entry script), with the committed migration beside each file (``NAME.ddp.py``). The original runs under
 DataParallel emulated on W devices (``mgpu_runtime.emulation``), the migration under ``torchrun
 --nproc_per_node=W`` (gloo on the CPU), W = 2 and 3, both in float64; every tensor the script saves
-(``FIXTURE_OUTPUT``: the model, a head outside the wrap, logged numbers) must agree within 1e-9. A file left
-with its own distributed path runs under the command its MGP231 diagnostic names, read from the tool's output
-(N the processes, B the batch the original was given).
+(``FIXTURE_OUTPUT``: the model, a head outside the wrap, logged numbers) must agree within 1e-9. A file with
+its own distributed path (``own_path``, MGP139) is launched plainly, ``python train.py`` with
+``MGPU_NPROC=W``, as its user would: the runtime relaunches it on that path with the batch over W, or runs its
+DataParallel branch where W does not divide the batch.
 
 One interpreter runs every original in turn, and one torchrun job per W runs every migration in turn in its
 workers, so torch is imported and the process group set up once per job (a script that sets up its own
@@ -24,7 +25,6 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_migrate.engine import migrate_source
 from tests.codemod.e2e_runs import environment as _environment
 from tests.fixture_cases import FIXTURES, is_input
 
@@ -32,9 +32,7 @@ torch = pytest.importorskip("torch")
 
 WORLD_SIZES = (2, 3)
 # name -> (directory under fixtures/, the entry script, its arguments at each W)
-# (own_path's migration runs with the command its MGP231 names, the original with its default batch of 12;
-# chosen_gpus is given the config that chooses W GPUs, and the original runs on exactly those.)
-OWN_PATH, OWN_PATH_BATCH = "own_path", 12
+# (chosen_gpus is given the config that chooses W GPUs, and the original runs on exactly those.)
 NO_ARGUMENTS = {processes: [] for processes in WORLD_SIZES}
 CASES = {
     "margin_head": ("scripts", "margin_head.py", NO_ARGUMENTS),
@@ -51,7 +49,6 @@ CASES = {
     "random_transforms": ("projects/random_transforms", "train.py", NO_ARGUMENTS),
     "flat_entry": ("projects/flat_entry", "run.py", NO_ARGUMENTS),
     "evaluate_helper": ("projects/evaluate_helper", "train.py", NO_ARGUMENTS),
-    OWN_PATH: ("projects/own_path", "train.py", NO_ARGUMENTS),
     "chosen_gpus": ("projects/chosen_gpus", "train.py", {2: ["--config", "two_gpus"], 3: ["--config", "three_gpus"]}),
 }
 TOLERANCE = 1e-9
@@ -95,17 +92,6 @@ def _copy(case: str, directory: Path, migrated: bool) -> Path:
     return directory / entry
 
 
-def _own_path_command(processes: int) -> list[str]:
-    """The command MGP231 names for the fixture, for ``processes`` processes and the original's batch."""
-    path = FIXTURES / CASES[OWN_PATH][0] / CASES[OWN_PATH][1]
-    result = migrate_source(path.read_text(), "ddp", str(path))
-    (message,) = [d.message for d in result.diagnostics if d.code == "MGP231"]
-    command = message.split("`")[1].replace("B/N", str(OWN_PATH_BATCH // processes)).replace("=N", f"={processes}")
-    words = command.split()
-    assert words[:3] == ["torchrun", f"--nproc_per_node={processes}", "train.py"], command
-    return words[3:]
-
-
 def _start(command: list[str], cwd: Path) -> subprocess.Popen:
     return subprocess.Popen(command, cwd=cwd, env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -127,9 +113,8 @@ def runs(tmp_path_factory):
         home.mkdir()
         script = _copy(case, home, migrated=True)
         for processes in WORLD_SIZES:
-            job = (processes, case if case == OWN_PATH else "")
-            launched = _own_path_command(processes) if case == OWN_PATH else args[processes]
-            migrations.setdefault(job, []).append((str(script), launched, str(root / f"{case}-torchrun{processes}.pt"), None))
+            job = (processes, "")
+            migrations.setdefault(job, []).append((str(script), args[processes], str(root / f"{case}-torchrun{processes}.pt"), None))
     jobs = {"the originals": _start([sys.executable, str(driver), json.dumps(originals)], root)}
     for (processes, alone), scripts in migrations.items():
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
@@ -172,3 +157,59 @@ def test_the_migration_trains_as_the_original_under_dataparallel(runs, case, pro
     apart = {name: (original[name] - migrated[name]).abs().max().item() for name in original}
     worst = max(apart, key=apart.get)
     assert apart[worst] <= TOLERANCE, f"{case} at {processes}: {worst} is {apart[worst]:.3g} apart"
+
+
+# own_path: (W, the batch given on the command line or None for its default of 12, the process count expected).
+OWN_PATH_RUNS = [(2, None, 2), (3, None, 3), (3, "--train_batch_size=18", 3), (3, "--train_batch_size 10", 1)]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("project_shapes_e2e")
+@pytest.mark.parametrize(("processes", "batch", "expected"), OWN_PATH_RUNS)
+def test_a_plain_start_of_the_own_path_trains_as_the_original(tmp_path, processes, batch, expected):
+    """The migrated own_path launched as ``python train.py [batch]`` with MGPU_NPROC=W: its own distributed path
+    at W processes of a share of the batch each (18 over 3 ends on a short batch of 12), or, with a batch that W
+    does not divide (10 over 3), its DataParallel branch in one process, said once on stderr; against the
+    original under DataParallel emulated on W devices, given the same batch; the log it appends to each epoch is
+    written once."""
+    arguments = batch.split() if batch else []
+    source = FIXTURES / "projects" / "own_path"
+    for name in ("original", "migrated"):
+        (tmp_path / name).mkdir()
+        shutil.copy(source / "pyproject.toml", tmp_path / name)
+    (tmp_path / "original" / "train.py").write_text((source / "train.py").read_text())
+    (tmp_path / "migrated" / "train.py").write_text((source / "train.ddp.py").read_text())
+    environment = _environment()
+    original = subprocess.run(
+        [sys.executable, "-m", "mgpu_runtime.emulation", "--devices", str(processes), "--float64", "train.py", *arguments],
+        cwd=tmp_path / "original",
+        env={**environment, "FIXTURE_OUTPUT": str(tmp_path / "original.pt"), "FIXTURE_LOG": str(tmp_path / "original.log")},
+        capture_output=True, text=True, timeout=TIMEOUT_S,
+    )
+    assert original.returncode == 0, original.stderr[-4000:]
+    migrated = subprocess.run(
+        [sys.executable, "train.py", *arguments],
+        cwd=tmp_path / "migrated",
+        env={
+            **environment,
+            "MGPU_NPROC": str(processes),
+            "FIXTURE_OUTPUT": str(tmp_path / "migrated.pt"),
+            "FIXTURE_LOG": str(tmp_path / "migrated.log"),
+        },
+        capture_output=True, text=True, timeout=TIMEOUT_S,
+    )
+    assert migrated.returncode == 0, migrated.stderr[-4000:]
+    said = [line for line in migrated.stderr.splitlines() if line.startswith("mgpu_runtime:")]
+    if expected > 1:
+        assert len(said) == 1 and f"as {expected} processes" in said[0], migrated.stderr[-4000:]
+        given = int(arguments[-1].split("=")[-1]) if arguments else 12
+        assert f"--train_batch_size {given // expected} per process ({given} over {expected})" in said[0]
+    else:
+        assert said == [f"mgpu_runtime: --train_batch_size 10 does not split evenly over {processes} processes: running the script's DataParallel branch in one process"]
+    # The log the script appends to each epoch: written once, as the original wrote it (MGP139's guard).
+    assert (tmp_path / "migrated.log").read_text() == (tmp_path / "original.log").read_text() == "epoch 0 done\nepoch 1 done\nepoch 2 done\n"
+    before = dict(_tensors(torch.load(tmp_path / "original.pt", map_location="cpu")))
+    after = dict(_tensors(torch.load(tmp_path / "migrated.pt", map_location="cpu")))
+    assert before and before.keys() == after.keys()
+    apart = max((before[name] - after[name]).abs().max().item() for name in before)
+    assert apart <= TOLERANCE, f"own_path at {processes} ({batch}): {apart:.3g} apart"

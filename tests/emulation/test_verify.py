@@ -141,25 +141,41 @@ def test_every_runnable_fixture_verifies_in_one_command(target, procs):
 
 
 @pytest.mark.slow
-def test_a_files_own_distributed_path_is_launched_with_the_originals_batch_over_the_processes():
-    """own_path's training is its own DDP path (MGP231): torchrun with --train_batch_size B/N trains as the
-    fallback did with B under DataParallel, to the end of the script."""
-    result = verify(OWN_PATH, "--to", "ddp", "--procs", "2", "--steps", "0", "--", "--train_batch_size", "12", cwd=FIXTURES)
+def test_a_files_own_distributed_path_is_launched_plainly_with_the_originals_batch_over_the_processes():
+    """own_path's migration (MGP139) is started as its user starts it, `python train.py` with MGPU_NPROC=2: the
+    runtime relaunches it on its own DDP path, --train_batch_size 6 each, which trains as the fallback did with 12
+    under DataParallel, to the end of the script."""
+    result = verify(OWN_PATH, "--to", "ddp", "--procs", "2", "--steps", "0", cwd=FIXTURES)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.splitlines()[:2] == [
         "original: nn.DataParallel emulated on 2 devices: 12 optimizer steps, 0 lines printed",
-        "migrated: --to ddp at 2 processes (torchrun, gloo): 12 optimizer steps, 0 lines printed",
+        "migrated: --to ddp at 2 processes (a plain start, relaunched under torchrun on its own distributed path, gloo): "
+        "12 optimizer steps, 0 lines printed",
     ]
 
 
-def test_a_files_own_distributed_path_needs_the_originals_batch(tmp_path):
-    own_path = FIXTURES / "projects" / "own_path"
+@pytest.mark.slow
+def test_a_batch_the_processes_do_not_divide_is_not_verified():
+    result = verify(OWN_PATH, "--to", "ddp", "--procs", "3", "--steps", "1", "--", "--train_batch_size", "10", cwd=FIXTURES)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1] == (
+        "not verified: --train_batch_size 10 does not split evenly over 3 processes, so the migration ran its "
+        "DataParallel branch (the original's) in one process; give a batch the 3 processes divide after --"
+    )
+
+
+def test_a_files_own_distributed_path_left_with_its_command_needs_the_originals_batch(tmp_path):
+    """A default that is no whole number: the file is left (MGP231) with the torchrun command of its own path,
+    which verify launches with the original's batch given after --."""
+    source = (FIXTURES / "projects" / "own_path" / "train.py").read_text()
+    (tmp_path / "train.py").write_text(source.replace('"--train_batch_size", type=int, default=12', '"--train_batch_size", type=int, default=int("12")'))
+    (tmp_path / "pyproject.toml").write_text("")
     cases = {
         (): "give the original's batch B after --, as in: -- --train_batch_size B",
         ("--", "--train_batch_size=10"): "--train_batch_size 10: the original's batch must split evenly over the 3 processes",
     }
     for args, message in cases.items():
-        result = verify("train.py", "--to", "ddp", "--procs", "3", *args, cwd=own_path)
+        result = verify("train.py", "--to", "ddp", "--procs", "3", *args, cwd=tmp_path)
         assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
 
 

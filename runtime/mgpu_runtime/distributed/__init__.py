@@ -1,7 +1,8 @@
 """The distributed runtime: one process per device, computing what the DataParallel original computed.
 
 Modules, one idea each: ``environment`` (where this process sits, read from torchrun / SLURM / nothing),
-``launch`` (relaunching a plain ``python train.py`` under torchrun), ``process_group`` (setup, device,
+``launch`` (relaunching a plain ``python train.py`` under torchrun), ``own_path`` (relaunching a script's own
+distributed path from a plain start, with the original's global batch), ``process_group`` (setup, device,
 backend, teardown), ``ddp`` (the DDP wrapper and its exact gradient reduction), ``share`` (this rank's share
 of the current global batch), ``data`` and ``slicing`` (the distributed twin of a DataLoader), ``losses``
 (``DistributedCriterion``), ``io`` (``save``/``load``), ``once`` (writers on the main process only:
@@ -17,6 +18,7 @@ from mgpu_runtime.distributed.ddp import DistributedDataParallel
 from mgpu_runtime.distributed.io import load, save
 from mgpu_runtime.distributed.losses import DistributedCriterion
 from mgpu_runtime.distributed.metrics import reduce_mean, reduce_sum
+from mgpu_runtime.distributed.own_path import launch_own_path
 from mgpu_runtime.distributed.once import MainProcessOnly, main_process_first, main_process_only, on_main_process
 from mgpu_runtime.distributed.rank_output import print_once
 from mgpu_runtime.distributed.readings import main_process_value
@@ -39,6 +41,7 @@ __all__ = [
     "device",
     "distribute_loader",
     "is_main_process",
+    "launch_own_path",
     "load",
     "local_rank",
     "main_process_first",

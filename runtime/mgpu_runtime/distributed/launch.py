@@ -97,11 +97,12 @@ def relaunch_wanted(environ: Mapping[str, str]) -> bool:
     with no launcher variables). The GPUs a later ``setup(devices=...)`` would choose are not known here."""
     if requested_process_count(environ) == 1:
         return False
-    return bool(environ.get(RELAUNCHED_VARIABLE)) or _can_rerun_command_line()
+    return bool(environ.get(RELAUNCHED_VARIABLE)) or can_rerun_command_line()
 
 
-def relaunch_if_requested(chosen: Sequence[int] | None = None) -> None:
-    """Exec torchrun when a plainly started script wants more than one process; return when it wants one."""
+def relaunch_if_requested(chosen: Sequence[int] | None = None, detail: str = "") -> None:
+    """Exec torchrun when a plainly started script wants more than one process; return when it wants one.
+    ``detail``: what the processes run, said after the notice (a script's own path: ``own_path.py``)."""
     process_count = requested_process_count(os.environ, chosen)
     if process_count == 1:
         return
@@ -110,7 +111,7 @@ def relaunch_if_requested(chosen: Sequence[int] | None = None) -> None:
             f"this process was relaunched under torchrun ({RELAUNCHED_VARIABLE} is set) but finds no RANK or "
             "WORLD_SIZE; something between torchrun and the script dropped them. Not relaunching again."
         )
-    if not _can_rerun_command_line():
+    if not can_rerun_command_line():
         warnings.warn(
             f"mgpu_runtime: {process_count} processes wanted, but an interactive session cannot be relaunched "
             "under torchrun; running as a single process",
@@ -118,12 +119,13 @@ def relaunch_if_requested(chosen: Sequence[int] | None = None) -> None:
         )
         return
     command = torchrun_command(process_count, sys.executable, getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
-    print(relaunch_notice(process_count, os.environ, chosen), file=sys.stderr)
+    notice = relaunch_notice(process_count, os.environ, chosen)
+    print(f"{notice}; {detail}" if detail else notice, file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, command, {**os.environ, RELAUNCHED_VARIABLE: "1"})
 
 
-def _can_rerun_command_line() -> bool:
+def can_rerun_command_line() -> bool:
     # A REPL, stdin, `python -i` or a notebook kernel has no command line that would redo the same work.
     return sys.argv[0] not in ("", "-") and not sys.flags.interactive and "ipykernel" not in sys.modules

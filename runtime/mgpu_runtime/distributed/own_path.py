@@ -1,0 +1,166 @@
+"""A plain ``python train.py`` of a script with a distributed path of its own runs that path, with the global batch.
+
+Some scripts train two ways: their own distributed path, chosen when a launcher sets ``LOCAL_RANK`` (or
+``RANK``, ``WORLD_SIZE``, or passes ``--local_rank``), which loads a per-process batch through a
+``DistributedSampler``; and a DataParallel fallback, which splits the batch it is given over the GPUs of one
+process. The codemod migrates such a script by calling ``launch_own_path(option, default)`` where the program
+starts, before its command line is parsed and before anything touches CUDA:
+
+* started plainly on W devices (W > 1: the visible GPUs, or ``MGPU_NPROC``, as ``setup()`` counts them), it
+  relaunches the same command line under torchrun as W processes (``launch.relaunch_if_requested``), each
+  given the batch option at the original's value divided by W: the script's own path then loads W shares of
+  the batch the DataParallel fallback was given, the same global batch;
+* in those processes it sets the batch option in ``sys.argv`` (the original command line is rerun as it was;
+  the per-process value comes in ``MGPU_OWN_PATH_BATCH``) and has the main process alone print, as
+  ``setup()`` does (``MGPU_LOG``); at its first optimizer step a process that is not in a process group of the
+  W processes (the script did not take its own path after all) stops, saying so, instead of training its
+  DataParallel branch on a share of the batch;
+* it does nothing under a launcher the user chose (torchrun, SLURM), nor on one device; and where the batch
+  does not split evenly over W, or cannot be read from the command line (an abbreviated option, a value that
+  is no whole number, no value and no default, arguments read from an ``@file``), it says so in one line on stderr and returns: the script
+  runs its DataParallel fallback in one process, as the original did.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils.hooks import RemovableHandle
+
+from mgpu_runtime.distributed import rank_output
+from mgpu_runtime.distributed.environment import TORCHRUN, detect_environment
+from mgpu_runtime.distributed.launch import (
+    RELAUNCHED_VARIABLE,
+    can_rerun_command_line,
+    relaunch_if_requested,
+    requested_process_count,
+)
+
+BATCH_VARIABLE = "MGPU_OWN_PATH_BATCH"
+_FALLBACK = "running the script's DataParallel branch in one process"
+
+
+def launch_own_path(batch_option: str | Sequence[str], batch_default: int | None = None) -> None:
+    """Relaunch a plainly started script as one process per device on its own distributed path, each with
+    ``batch_option`` (one option string, or all of them: ``("-b", "--batch_size")``) at the batch it was given
+    (``batch_default`` when it was given none) divided by the processes. See the module doc."""
+    options = (batch_option,) if isinstance(batch_option, str) else tuple(batch_option)
+    environment = detect_environment(os.environ)
+    if environment.world_size != 1 or environment.launcher == TORCHRUN:
+        per_process = os.environ.get(BATCH_VARIABLE)
+        if per_process is not None and os.environ.get(RELAUNCHED_VARIABLE) and environment.launcher == TORCHRUN:
+            sys.argv[1:] = with_batch(sys.argv[1:], options, per_process)
+            rank_output.apply(environment)
+            _check_at_the_first_step(environment.world_size)
+        return
+    processes = requested_process_count(os.environ)
+    if processes == 1 or not can_rerun_command_line():
+        relaunch_if_requested()  # stops a relaunched process that lost its launcher; warns in a REPL
+        return
+    batch, why_not = batch_given(sys.argv[1:], options, batch_default)
+    if batch is not None and batch % processes:
+        why_not = f"{options[-1]} {batch} does not split evenly over {processes} processes"
+    if batch is None or why_not:
+        print(f"mgpu_runtime: {why_not}: {_FALLBACK}", file=sys.stderr)
+        return
+    per_process = str(batch // processes)
+    os.environ[BATCH_VARIABLE] = per_process
+    relaunch_if_requested(
+        detail=f"the script's own distributed path, {options[-1]} {per_process} per process ({batch} over {processes})"
+    )
+
+
+def batch_given(
+    arguments: Sequence[str], options: Sequence[str], default: int | None
+) -> tuple[int | None, str]:
+    """The batch the command line gives (its last occurrence, as argparse reads it), else ``default``; with
+    why it cannot be read (an empty string when it can)."""
+    text: str | None = None
+    from_file = next((word for word in _before_the_end(arguments) if word.startswith("@")), None)
+    if from_file is not None:
+        return None, f"{from_file} may hold {_longest(options)} (arguments read from a file)"
+    for at, value in _occurrences(arguments, options):
+        if at is None:
+            return None, f"{value} may abbreviate {_longest(options)}: spell the option out to run on several processes"
+        text = value
+    if text is None:
+        if default is None:
+            return None, f"no {_longest(options)} given, and it has no default"
+        return default, ""
+    if not text.strip().isdigit() or int(text) < 1:
+        return None, f"{_longest(options)} {text!r} is not a whole number of rows"
+    return int(text), ""
+
+
+def with_batch(arguments: Sequence[str], options: Sequence[str], per_process: str) -> list[str]:
+    """``arguments`` with every value of the batch option set to ``per_process`` (the option added first when
+    absent, where options of the script's own parser go before a sub-command)."""
+    changed = list(arguments)
+    found = False
+    for at, _ in _occurrences(arguments, options):
+        if at is None:
+            continue
+        found = True
+        word = changed[at]
+        if word in options:
+            changed[at + 1] = per_process
+        elif word.startswith("--"):
+            changed[at] = f"{word.partition('=')[0]}={per_process}"
+        else:  # a short option with its value attached: -b12
+            changed[at] = word[:2] + per_process
+    return changed if found else [_longest(options), per_process, *changed]
+
+
+def _occurrences(arguments: Sequence[str], options: Sequence[str]):
+    """``(index, value)`` of each occurrence of the option, up to ``--``; ``(None, word)`` for a word that may be
+    an abbreviation of it (argparse accepts unique prefixes of long options)."""
+    longs = [option for option in options if option.startswith("--")]
+    shorts = [option for option in options if not option.startswith("--")]
+    index = 0
+    while index < len(arguments):
+        word = arguments[index]
+        if word == "--":
+            return
+        name, equals, value = word.partition("=")
+        if word in options and index + 1 < len(arguments):
+            yield index, arguments[index + 1]
+            index += 2
+            continue
+        if equals and name in longs:
+            yield index, value
+        elif word.startswith("--") and len(name) > 2 and name not in longs and any(long.startswith(name) for long in longs):
+            yield None, name
+        elif any(word.startswith(short) and len(word) > len(short) for short in shorts):
+            yield index, word[2:].lstrip("=")
+        index += 1
+
+
+def _before_the_end(arguments: Sequence[str]) -> Sequence[str]:
+    """The arguments before ``--``, where options are read."""
+    return arguments[: list(arguments).index("--")] if "--" in arguments else arguments
+
+
+def _longest(options: Sequence[str]) -> str:
+    return max(options, key=len)
+
+
+def _check_at_the_first_step(processes: int) -> None:
+    """Stop at the first optimizer step of a relaunched process that is not on the script's own path (no
+    process group of ``processes``): it would train its DataParallel branch on a share of the batch."""
+    handle: RemovableHandle | None = None
+
+    def check(optimizer: object, args: object, kwargs: object) -> None:
+        assert handle is not None
+        handle.remove()
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() == processes):
+            raise RuntimeError(
+                f"mgpu_runtime: this script was relaunched as {processes} processes to run its own distributed path, "
+                "but it trains without a process group of them: torchrun's variables (LOCAL_RANK, RANK, WORLD_SIZE) "
+                "did not choose that path. Start it with MGPU_NPROC=1 to run its DataParallel branch as before."
+            )
+
+    handle = register_optimizer_step_pre_hook(check)
