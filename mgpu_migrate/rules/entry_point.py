@@ -449,7 +449,7 @@ class EntryPointSetup(Rule):
         program = self.program
         if not program.wraps:
             if program.runs_distributed and not program.already_set_up:
-                self._start(program.starts)
+                self._start(program.starts or program.holds)
             return
         first = program.wraps[0]
         if program.existing:

@@ -8,6 +8,7 @@ from typing import Optional
 
 import libcst as cst
 
+from mgpu_migrate.analysis.held import held_training
 from mgpu_migrate.analysis.project import importers, project_of
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.rules.base import CHECKS, DDP, RUNTIME_STYLE, Example, Review, Rule
@@ -113,6 +114,26 @@ NO_PROJECT_ROOT = Review(
     todo="Run the tool in the project's checkout, over the training script together with this file.",
     veto=True,
 )
+HELD_DATA_NOT_SPLIT = Review(
+    "MGP326",
+    name="held-model-data-not-split",
+    summary="this module trains the model a project class holds, and its training data cannot be split here: file left",
+    why=(
+        "A class of this module derives from a project class that keeps the DataParallel wrap on `self` (st-gcn's "
+        "`IO`: `self.model = nn.DataParallel(self.model)`), and this module trains that model. The tool migrates "
+        "the two together: the wrap becomes the runtime's, and this module's training loaders are split "
+        "(`mgpu_runtime.distribute_loader`) and its side effects made once. Here a training loop draws its data from "
+        "something the tool cannot follow to a DataLoader built in this module (a loader built in another module, a "
+        "dict of loaders, `next(it)` each step), or the backward pass runs in no loop over such data: every process "
+        "would train on whole batches. This module is left as it is, and so is the module holding the wrap (its "
+        "MGP320 names this site)."
+    ),
+    todo=(
+        "Build the training loader in this module, where the loop iterates it (or split it yourself with "
+        "`mgpu_runtime.distribute_loader` where it is built), and migrate again; or use `--to balanced`."
+    ),
+    veto=True,
+)
 _BUILTINS = frozenset(dir(builtins))
 
 
@@ -173,6 +194,7 @@ class ProjectTraining(Rule):
     USES = ("bindings", "handed", "loaders", "models", "values")
     REVIEW_CODES = (
         TRAINED_BY_IMPORTER,
+        HELD_DATA_NOT_SPLIT,
         TRAINED_ELSEWHERE,
         TRAINING_CODE_NEEDS_CHANGES,
         PROGRESS_BAR_IN_TRAINING_CODE,
@@ -206,6 +228,9 @@ class ProjectTraining(Rule):
 
     def apply(self) -> None:
         program = self.program
+        if program.holds and program.runs_distributed and not program.wraps:
+            self._check_held(program.holds[0])
+            return
         if not program.migrates or any(self.analysis.loaders.is_backward(call) for call in self.analysis.calls):
             return
         project = project_of(self.analysis.path)
@@ -284,6 +309,30 @@ class ProjectTraining(Rule):
         for wrap in program.wraps[1:]:
             self.left(wrap, code, f"kept as DataParallel: the model of line {line} is trained in `{name}` ({backward})")
 
+    def _check_held(self, holder: str) -> None:
+        """MGP326 when a loop of this module that trains the held model draws data that is not split here."""
+        loaders = self.analysis.loaders
+        here = os.path.dirname(os.path.abspath(self.analysis.path))
+        held = os.path.relpath(holder, here)
+        for loop in loaders.training_loops:
+            traces = [trace for trace in loaders.traces if trace.loop is loop]
+            if not any(any(step in self.rewritten for step in trace.path) for trace in traces):
+                self.left(
+                    loop,
+                    HELD_DATA_NOT_SPLIT,
+                    f"this loop trains the model held in {held}, and its data is not split here: file left as it is "
+                    f"(and {held} too)",
+                )
+        if not loaders.training_loops:
+            backward = next((call for call in self.analysis.calls if loaders.is_backward(call)), None)
+            if backward is not None:
+                self.left(
+                    backward,
+                    HELD_DATA_NOT_SPLIT,
+                    f"this backward pass trains the model held in {held} in no loop over a loader of this module: file "
+                    f"left as it is (and {held} too)",
+                )
+
     def _left_without_project(self, program) -> bool:
         """MGP321 when the wrap is held by a function or class whose users no project shows."""
         holder = self._holder(program.wraps[0])
@@ -302,6 +351,18 @@ class ProjectTraining(Rule):
         found = importers(self.analysis.path, holder.name.value) if holder is not None else []
         if not found:
             return False
+        if type(holder) is cst.ClassDef and self.options.style == RUNTIME_STYLE:
+            # Subclasses in the importing modules that train the model: migrated with this file, or it is left.
+            held = held_training(self.analysis.path, holder.name.value, self.options)
+            if held is not None:
+                if not held.migrates:
+                    self.left(
+                        program.wraps[0],
+                        TRAINED_BY_IMPORTER,
+                        f"the class `{holder.name.value}` hands the model to its subclasses in the modules importing "
+                        f"this one: {held.why}; file left as it is",
+                    )
+                return True
         importer = found[0]
         where = importer.where(os.path.dirname(os.path.abspath(self.analysis.path)))
         if importer.trains and importer.own_process_group:
