@@ -56,6 +56,8 @@ def subclasses(path: str, name: str) -> list[Subclass]:
         following = []
         for module, holder in pending:
             for importer in importers(module, holder):
+                if not _importable(importer.path):
+                    continue
                 data = _read(importer.path)
                 for match in _CLASS.finditer(data):
                     if not re.search(rb"(?:^|[\s,.])" + holder.encode() + rb"\s*(?:,|$)", match.group(2)):
@@ -76,9 +78,13 @@ def direct_users(path: str, name: str, derived: list[Subclass]) -> list[str]:
     without deriving from it: they build the model themselves."""
     modules = {sub.path for sub in derived}
     here = os.path.dirname(os.path.abspath(path))
-    return [importer.where(here) for importer in importers(path, name) if importer.path not in modules and re.search(
-        rb"\b" + name.encode() + rb"\b", _read(importer.path)
-    )]
+    return [
+        importer.where(here)
+        for importer in importers(path, name)
+        if importer.path not in modules
+        and _importable(importer.path)
+        and re.search(rb"\b" + name.encode() + rb"\b", _read(importer.path))
+    ]
 
 
 def held_training(path: str, name: str, options: Options = DEFAULT_OPTIONS) -> Optional[HeldTraining]:
@@ -112,6 +118,11 @@ def held_training(path: str, name: str, options: Options = DEFAULT_OPTIONS) -> O
             False, f"`{sub.name}` ({sub.where(here)}) gets the model and does not train it: every process would run it"
         )
     return HeldTraining(True)
+
+
+def _importable(path: str) -> bool:
+    """A file Python can import as a module (not ``train.ddp.py``, a copy beside it)."""
+    return os.path.basename(path)[: -len(".py")].isidentifier()
 
 
 def _read(path: str) -> bytes:
