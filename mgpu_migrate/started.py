@@ -144,9 +144,9 @@ def _defining(data: bytes, here: str, bases: tuple[str, ...], name: str) -> str 
             # ``from processors import base`` / ``import processors.base``: the class is ``base.Base``.
             dotted = f"{module}.{part}" if module and not plain else part
             found = _module_file(dotted, where)
-            if found is not None and re.search(rb"^[ \t]*class[ \t]+" + name.encode() + rb"\b", _read(found), re.MULTILINE):
-                if re.search(rb"\b" + dotted.rsplit(".", 1)[-1].encode() + rb"\." + name.encode() + rb"\b", data):
-                    return found
+            named = re.search(rb"\b" + dotted.rsplit(".", 1)[-1].encode() + rb"\." + name.encode() + rb"\b", data)
+            if named and found is not None and re.search(rb"^[ \t]*class[ \t]+" + name.encode() + rb"\b", _read(found), re.MULTILINE):
+                return found
     return None
 
 

@@ -106,7 +106,11 @@ def held_training(path: str, name: str, options: Options = DEFAULT_OPTIONS) -> O
             if result is not None and result.changed and result.error is None:
                 continue
             vetoes = [d for d in (result.diagnostics if result is not None else []) if d.needs_review]
-            said = f": {os.path.relpath(vetoes[0].path, here)}:{vetoes[0].line} {vetoes[0].code}" if vetoes else ""
+            said = ""
+            if vetoes:
+                first = vetoes[0]
+                reason = re.split(r"[:;] file left", first.message)[0]
+                said = f" ({os.path.relpath(first.path, here)}:{first.line}: {first.code} {reason})"
             return HeldTraining(False, f"`{sub.name}` ({sub.where(here)}) trains the model and cannot be migrated with it{said}")
         if any(other.base == sub.name for other in derived):
             return HeldTraining(
