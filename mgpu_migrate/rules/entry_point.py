@@ -518,7 +518,7 @@ class EntryPointSetup(Rule):
             return
         here = os.path.dirname(os.path.abspath(self.analysis.path))
         trained = ", ".join(os.path.relpath(module, here) for module in modules[:2]) + (" ..." if len(modules) > 2 else "")
-        self._set_up(entry, f"; this script starts the distributed training of {trained}")
+        self._set_up(entry, f"; it starts the training of {trained}")
         data = self.analysis.source.encode("utf-8", "surrogateescape")
         alone = [module for module in training(self.analysis.path, data) if module not in modules]
         if alone:
