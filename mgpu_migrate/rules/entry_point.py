@@ -448,7 +448,10 @@ class EntryPointSetup(Rule):
     def apply(self) -> None:
         program = self.program
         if not program.wraps:
-            if program.runs_distributed and not program.already_set_up:
+            # A module that trains a model a project class holds is set up where it starts: in it when it is a
+            # script, else (a module of classes) in the script that imports it, the entry point of what it starts.
+            script = is_script(self.analysis.source.encode("utf-8", "surrogateescape"))
+            if program.runs_distributed and not program.already_set_up and (program.starts or script):
                 self._start(program.starts or program.holds)
             return
         first = program.wraps[0]
