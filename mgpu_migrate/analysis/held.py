@@ -97,7 +97,7 @@ def held_training(path: str, name: str, options: Options = DEFAULT_OPTIONS) -> O
     here = os.path.dirname(os.path.abspath(path))
     users = direct_users(path, name, derived)
     if users:
-        return HeldTraining(False, f"{users[0]} builds `{name}` itself, beside the subclasses that train it")
+        return HeldTraining(False, f"{users[0]} uses `{name}` itself, beside the subclasses that train it")
     from mgpu_migrate.engine import migration_of  # the verdict of each module is its own migration's
 
     for sub in sorted(derived, key=lambda sub: not sub.trains):
@@ -106,21 +106,16 @@ def held_training(path: str, name: str, options: Options = DEFAULT_OPTIONS) -> O
             if result is not None and result.changed and result.error is None:
                 continue
             vetoes = [d for d in (result.diagnostics if result is not None else []) if d.needs_review]
-            said = ""
-            if vetoes:
-                first = vetoes[0]
-                reason = re.split(r"[:;] file left", first.message)[0]
-                said = f" ({os.path.relpath(first.path, here)}:{first.line}: {first.code} {reason})"
-            return HeldTraining(False, f"`{sub.name}` ({sub.where(here)}) trains the model and cannot be migrated with it{said}")
+            first = vetoes[0] if vetoes else None
+            said = f" ({os.path.relpath(first.path, here)}:{first.line}: {first.code})" if first is not None else ""
+            return HeldTraining(False, f"`{sub.name}` ({sub.where(here)}) trains it, and is left{said}")
         if any(other.base == sub.name for other in derived):
             return HeldTraining(
                 False,
-                f"`{sub.name}` ({sub.where(here)}) runs the training of its subclasses (its module has no backward "
-                "pass): the tool migrates a class whose own module trains",
+                f"`{sub.name}` ({sub.where(here)}) is between it and a subclass that trains: a class in between is "
+                "not followed",
             )
-        return HeldTraining(
-            False, f"`{sub.name}` ({sub.where(here)}) gets the model and does not train it: every process would run it"
-        )
+        return HeldTraining(False, f"`{sub.name}` ({sub.where(here)}) does not train it: every process would run it")
     return HeldTraining(True)
 
 

@@ -76,7 +76,13 @@ TRAINED_BY_IMPORTER = Review(
         "trains it: the modules that import this one do (the diagnostic names the first one found, preferring one "
         "that uses the function or class). Those modules hold the training loop, its loader and its loss, and "
         "they have no DataParallel of their own, so the tool does not rewrite them: migrating the wrap alone "
-        "would give a program whose every process trains on whole batches."
+        "would give a program whose every process trains on whole batches. One shape is followed: a class that "
+        "keeps the model on `self` and whose subclasses in the importing modules train it (st-gcn's `IO`, "
+        "`Processor`, `REC_Processor`). Then this file migrates together with them (each subclass's module gets "
+        "its loaders split and its side effects made once, the script importing it the set-up) when every "
+        "subclass trains in its own module and migrates; else the message names the subclass that keeps them "
+        "all as they are (`module:line`, with the code its module reports: MGP326), a class in between, or one "
+        "that does not train (a demo would run on every process)."
     ),
     todo=(
         "Migrate the module that trains: split its loader with `mgpu_runtime.distribute_loader`, make its loss "
@@ -125,7 +131,7 @@ HELD_DATA_NOT_SPLIT = Review(
         "(`mgpu_runtime.distribute_loader`) and its side effects made once. Here a training loop draws its data from "
         "something the tool cannot follow to a DataLoader built in this module (a loader built in another module, a "
         "dict of loaders, `next(it)` each step), or the backward pass runs in no loop over such data: every process "
-        "would train on whole batches. This module is left as it is, and so is the module holding the wrap (its "
+        "would load each whole batch. This module is left as it is, and so is the module holding the wrap (its "
         "MGP320 names this site)."
     ),
     todo=(
@@ -157,7 +163,12 @@ class ProjectTraining(Rule):
     When the wrap is in a function that returns the model (``load_model()``) or in a class that holds it
     (``self.model = DataParallel(...)`` in a wrapper ``nn.Module``), the model goes to the modules that import
     this one, which a bounded byte search of the project finds: the file is left, and the diagnostic names the
-    importer that uses the function or class (MGP320). Such a file with no project root above it and no
+    importer that uses the function or class (MGP320). When that class's subclasses in the importing modules
+    train the model (st-gcn's ``IO`` held the wrap, ``REC_Processor(Processor)`` trains), the file migrates
+    with them: each such module, which has no DataParallel of its own, gets its training loaders split and its
+    side effects made once, and the script that imports it the set-up (``engine.held_programs``,
+    ``analysis/held.py``). A loop there whose data cannot be split there leaves that module (MGP326) and this
+    file, whose MGP320 names the site; so does a subclass that does not train, or a class in between. Such a file with no project root above it and no
     importer beside it (a lone file in a scratch folder) is left too, since nothing shows who trains the model
     (MGP321).
 
@@ -359,8 +370,7 @@ class ProjectTraining(Rule):
                     self.left(
                         program.wraps[0],
                         TRAINED_BY_IMPORTER,
-                        f"the class `{holder.name.value}` hands the model to its subclasses in the modules importing "
-                        f"this one: {held.why}; file left as it is",
+                        f"`{holder.name.value}` hands the model to its subclasses: {held.why}; file left as it is",
                     )
                 return True
         importer = found[0]
