@@ -108,7 +108,7 @@ def held_programs(source: str, target: str, path: str, options: Options = DEFAUL
     return tuple(module for module in held_by(path, data, might_need_migration) if _becomes_a_program(module, options))
 
 
-def _might_migrate_module(data: bytes) -> bool:
+def might_start_module(data: bytes) -> bool:
     """A module a script imports that may become a distributed program: one with a migration site, or one that
     trains and may train a model a project class holds (``held_programs``)."""
     return might_need_migration(data) or b".backward(" in data
@@ -124,7 +124,7 @@ def might_start_a_program(data: bytes, target: str, path: str) -> bool:
     if b".backward(" in data and held_by(path, data, might_need_migration):
         return True  # it may train a model a project class holds
     started = b"__main__" in data or b"parse_" in data
-    return started and bool(candidates(path, data, _might_migrate_module))
+    return started and bool(candidates(path, data, might_start_module))
 
 
 def _started_programs(source: str, target: str, path: str, options: Options) -> tuple[str, ...]:
@@ -136,7 +136,7 @@ def _started_programs(source: str, target: str, path: str, options: Options) -> 
     from mgpu_migrate.started import candidates
 
     data = source.encode("utf-8", "surrogateescape")
-    return tuple(module for module in candidates(path, data, _might_migrate_module) if _becomes_a_program(module, options))
+    return tuple(module for module in candidates(path, data, might_start_module) if _becomes_a_program(module, options))
 
 
 def _becomes_a_program(path: str, options: Options) -> bool:

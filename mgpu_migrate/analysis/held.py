@@ -100,23 +100,41 @@ def held_training(path: str, name: str, options: Options = DEFAULT_OPTIONS) -> O
         return HeldTraining(False, f"{users[0]} uses `{name}` itself, beside the subclasses that train it")
     from mgpu_migrate.engine import migration_of  # the verdict of each module is its own migration's
 
-    for sub in sorted(derived, key=lambda sub: not sub.trains):
-        if sub.trains:
-            result = migration_of(sub.path, options)
-            if result is not None and result.changed and result.error is None:
-                continue
+    # The cheap verdicts first (a subclass that does not train, one in between), then each module that trains.
+    for sub in sorted(derived, key=lambda sub: sub.trains):
+        if not sub.trains:
+            if any(other.base == sub.name for other in derived):
+                why = "is between it and a subclass that trains: a class in between is not followed"
+            else:
+                why = "does not train it: every process would run it"
+            return HeldTraining(False, f"`{sub.name}` ({sub.where(here)}) {why}")
+        result = migration_of(sub.path, options)
+        if result is None or not result.changed or result.error is not None:
             vetoes = [d for d in (result.diagnostics if result is not None else []) if d.needs_review]
             first = vetoes[0] if vetoes else None
             said = f" ({os.path.relpath(first.path, here)}:{first.line}: {first.code})" if first is not None else ""
             return HeldTraining(False, f"`{sub.name}` ({sub.where(here)}) trains it, and is left{said}")
-        if any(other.base == sub.name for other in derived):
+        if not _started(sub.path):
             return HeldTraining(
-                False,
-                f"`{sub.name}` ({sub.where(here)}) is between it and a subclass that trains: a class in between is "
-                "not followed",
+                False, f"`{sub.name}` ({sub.where(here)}) trains it, and no script imports it: no place for the set-up"
             )
-        return HeldTraining(False, f"`{sub.name}` ({sub.where(here)}) does not train it: every process would run it")
     return HeldTraining(True)
+
+
+def _started(module: str) -> bool:
+    """Whether the module is a script, or a script of the project imports it where the engine finds the modules a
+    script starts (``started.candidates``): there ``mgpu_runtime.setup()`` runs before anything touches CUDA."""
+    from mgpu_migrate.engine import might_start_module
+    from mgpu_migrate.started import candidates, is_script
+
+    if is_script(_read(module)):
+        return True
+    name = os.path.basename(module)[: -len(".py")]
+    for importer in importers(module, name):
+        data = _read(importer.path)
+        if _importable(importer.path) and is_script(data) and module in candidates(importer.path, data, might_start_module):
+            return True
+    return False
 
 
 def _importable(path: str) -> bool:
