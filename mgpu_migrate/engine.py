@@ -73,28 +73,58 @@ def migrate_source(
         raise ValueError(f"unknown target {target!r}; expected one of {', '.join(TARGETS)}")
     # The modules this script starts as distributed programs, asked for only when it has no site of its own.
     starts = functools.partial(started_programs, source, target, path, options)
-    if not might_need_migration(source):
-        found = starts()
-        if not found:
-            return MigrationResult(path, source, source)
-        starts = functools.partial(tuple, found)
-    from mgpu_migrate.pipeline import run_pipeline
-
+    here = os.path.abspath(path)
+    deciding = here not in _DECIDING
+    _DECIDING.add(here)  # while this file is migrated, a module that asks whether it migrates assumes it does
     try:
-        return run_pipeline(source, target, path, options, starts=starts)
-    except Exception as error:  # noqa: BLE001 -- the last guard: one odd file must never stop a run
-        message = f"internal error ({error_summary(error)}); file left unchanged, please report"
-        return MigrationResult(path, source, source, error=Diagnostic(path, 1, 1, INTERNAL_ERROR, message))
+        holds = () if might_need_migration(source) else held_programs(source, target, path, options)
+        if not might_need_migration(source) and not holds:
+            found = starts()
+            if not found:
+                return MigrationResult(path, source, source)
+            starts = functools.partial(tuple, found)
+        from mgpu_migrate.pipeline import run_pipeline
+
+        try:
+            return run_pipeline(source, target, path, options, starts=starts, holds=holds)
+        except Exception as error:  # noqa: BLE001 -- the last guard: one odd file must never stop a run
+            message = f"internal error ({error_summary(error)}); file left unchanged, please report"
+            return MigrationResult(path, source, source, error=Diagnostic(path, 1, 1, INTERNAL_ERROR, message))
+    finally:
+        if deciding:
+            _DECIDING.discard(here)
+
+
+def held_programs(source: str, target: str, path: str, options: Options = DEFAULT_OPTIONS) -> tuple[str, ...]:
+    """The modules whose wrapped model this module trains (``--to ddp``, the runtime's style): a class here that
+    runs a backward pass derives from a project class that holds the wrap on ``self`` (st-gcn's processors), and
+    that module migrates. This module is then migrated with it: its training loaders split, its side effects
+    made once (``Program.holds``)."""
+    if target != "ddp" or options.style != "runtime" or ".backward(" not in source:
+        return ()
+    from mgpu_migrate.started import held_by
+
+    data = source.encode("utf-8", "surrogateescape")
+    return tuple(module for module in held_by(path, data, might_need_migration) if _becomes_a_program(module, options))
+
+
+def might_start_module(data: bytes) -> bool:
+    """A module a script imports that may become a distributed program: one with a migration site, or one that
+    trains and may train a model a project class holds (``held_programs``)."""
+    return might_need_migration(data) or b".backward(" in data
 
 
 def might_start_a_program(data: bytes, target: str, path: str) -> bool:
     """Cheap test, for a file with nothing to migrate of its own: under ``--to ddp``, a script with a main block
     that imports a module of the project that may become a distributed program (``analysis.started``)."""
-    if target != "ddp" or (b"__main__" not in data and b"parse_" not in data):
+    if target != "ddp":
         return False
-    from mgpu_migrate.started import candidates
+    from mgpu_migrate.started import candidates, held_by
 
-    return bool(candidates(path, data, might_need_migration))
+    if b".backward(" in data and held_by(path, data, might_need_migration):
+        return True  # it may train a model a project class holds
+    started = b"__main__" in data or b"parse_" in data
+    return started and bool(candidates(path, data, might_start_module))
 
 
 def _started_programs(source: str, target: str, path: str, options: Options) -> tuple[str, ...]:
@@ -106,15 +136,34 @@ def _started_programs(source: str, target: str, path: str, options: Options) -> 
     from mgpu_migrate.started import candidates
 
     data = source.encode("utf-8", "surrogateescape")
-    return tuple(module for module in candidates(path, data, might_need_migration) if _becomes_a_program(module, options))
+    return tuple(module for module in candidates(path, data, might_start_module) if _becomes_a_program(module, options))
 
 
 def _becomes_a_program(path: str, options: Options) -> bool:
+    """Whether ``--to ddp`` migrates the module at ``path`` (read once per run and modification time).
+
+    A module whose verdict is being decided (``_DECIDING``: the file being migrated, and each module asked
+    about on the way) is assumed to migrate when a module it asks about asks about it in turn: a class that holds
+    the wrap migrates when the modules that train its model do, and they migrate when it does. A verdict reached
+    under such an assumption is not kept, since it holds only for the one that assumed it."""
+    path = os.path.abspath(path)
+    if path in _DECIDING:
+        _ASSUMED[0] += 1
+        return True
     try:
         stamp = os.stat(path).st_mtime_ns
     except OSError:
         return False
-    return _migrated_under_ddp(path, stamp, options)
+    key = (path, stamp, options)
+    if key in _VERDICTS:
+        return _VERDICTS[key]
+    before = _ASSUMED[0]
+    verdict = _migrated_under_ddp(path, options)
+    if _ASSUMED[0] == before:
+        if len(_VERDICTS) > 256:
+            _VERDICTS.clear()
+        _VERDICTS[key] = verdict
+    return verdict
 
 
 @functools.lru_cache(maxsize=256)
@@ -122,14 +171,23 @@ def started_programs(source: str, target: str, path: str, options: Options = DEF
     return _started_programs(source, target, path, options)
 
 
-@functools.lru_cache(maxsize=64)
-def _migrated_under_ddp(path: str, stamp: int, options: Options) -> bool:
-    """Whether ``--to ddp`` migrates the module at ``path`` (read once per run and modification time)."""
+_DECIDING: set[str] = set()
+_ASSUMED = [0]
+_VERDICTS: dict[tuple[str, int, Options], bool] = {}
+
+
+def migration_of(path: str, options: Options = DEFAULT_OPTIONS) -> MigrationResult | None:
+    """The ``--to ddp`` migration of the module at ``path`` (None when it cannot be read)."""
     from mgpu_migrate import files
 
     try:
         text = files.read(path)[0].decode("utf-8")
     except (OSError, UnicodeDecodeError):
-        return False
-    result = migrate_source(text, "ddp", path, options)
-    return result.changed and result.error is None
+        return None
+    return migrate_source(text, "ddp", path, options)
+
+
+def _migrated_under_ddp(path: str, options: Options) -> bool:
+    """Whether ``--to ddp`` migrates the module at ``path``."""
+    result = migration_of(path, options)
+    return result is not None and result.changed and result.error is None

@@ -61,13 +61,14 @@ def run_pipeline(
     options: Options = DEFAULT_OPTIONS,
     only: tuple[type[Rule], ...] | None = None,
     starts: Callable[[], tuple[str, ...]] = tuple,
+    holds: tuple[str, ...] = (),
 ) -> MigrationResult:
     """Migrate one file's text (``only``: run the wrap rules and these rules alone, as a rule's examples do;
-    ``starts``: gives the project modules this script starts as distributed programs, ``engine.started_programs``)."""
+    ``starts``: gives the project modules this script starts as distributed programs, ``engine.started_programs``; ``holds``: the modules whose wrapped model it trains, ``engine.held_programs``)."""
     readable, renamed = old_keywords.set_aside(source)  # PyTorch's `async=`, a syntax error (old_keywords.py)
     parsed, aside = form_feeds.set_aside(readable)  # what LibCST would misread (form_feeds.py)
     with _collector_paused():
-        result = form_feeds.put_back(_run_pipeline(parsed, target, path, options, only, starts), readable, aside)
+        result = form_feeds.put_back(_run_pipeline(parsed, target, path, options, only, starts, holds), readable, aside)
     return old_keywords.put_back(result, source) if renamed else result
 
 
@@ -90,7 +91,13 @@ def _collector_paused():
 
 
 def _run_pipeline(
-    source: str, target: str, path: str, options: Options, only: tuple[type[Rule], ...] | None, starts: Callable[[], tuple[str, ...]] = tuple
+    source: str,
+    target: str,
+    path: str,
+    options: Options,
+    only: tuple[type[Rule], ...] | None,
+    starts: Callable[[], tuple[str, ...]] = tuple,
+    holds: tuple[str, ...] = (),
 ) -> MigrationResult:
     try:
         module = _parse(source)
@@ -100,7 +107,7 @@ def _run_pipeline(
         message = "cannot parse: the code is nested too deeply; file left unchanged"
         return MigrationResult(path, source, source, error=Diagnostic(path, 1, 1, PARSE_ERROR, message))
     try:
-        return _migrate(module, source, target, path, options, only, starts)
+        return _migrate(module, source, target, path, options, only, starts, holds)
     except RecursionError:
         message = "file too deeply nested to analyse; file left unchanged"
     except Exception as error:  # noqa: BLE001 -- one odd file must never stop the run or lose data
@@ -114,6 +121,7 @@ def plan(
     options: Options,
     only: tuple[type[Rule], ...] | None = None,
     starts: Callable[[], tuple[str, ...]] = tuple,
+    holds: tuple[str, ...] = (),
 ) -> Edits:
     """Every rule's edits and diagnostics for the file, phase by phase.
 
@@ -125,7 +133,7 @@ def plan(
     needs_runtime: list[tuple[type[Rule], int]] = []
     for rule in rules_for(target, WRAPS, style):
         _run(rule(target, analysis, edits, options), needs_runtime)
-    program = decide(analysis, edits.replacements, starts)
+    program = decide(analysis, edits.replacements, starts, holds)
     whole_program = only is None or any(rule.PHASE == CHECKS for rule in only)
     for phase in (PROGRAM, CHECKS):
         rewritten = frozenset(edits.replacements)
@@ -176,10 +184,11 @@ def _migrate(
     options: Options,
     only: tuple[type[Rule], ...] | None,
     starts: Callable[[], tuple[str, ...]] = tuple,
+    holds: tuple[str, ...] = (),
 ) -> MigrationResult:
     analysis = FileAnalysis(path, source, module)
     try:
-        return _migrated(analysis, module, source, target, path, options, only, starts)
+        return _migrated(analysis, module, source, target, path, options, only, starts, holds)
     finally:
         analysis.release()
 
@@ -193,8 +202,9 @@ def _migrated(
     options: Options,
     only: tuple[type[Rule], ...] | None,
     starts: Callable[[], tuple[str, ...]] = tuple,
+    holds: tuple[str, ...] = (),
 ) -> MigrationResult:
-    edits = plan(analysis, target, options, only, starts)
+    edits = plan(analysis, target, options, only, starts, holds)
     diagnostics = sorted(edits.diagnostics)
     if edits.empty:
         return MigrationResult(path, source, source, diagnostics)

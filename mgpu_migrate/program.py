@@ -70,6 +70,9 @@ class Program:
     ``starts``: for a script with no DataParallel of its own, the project modules it imports that become
     distributed programs with no entry point of their own (``engine.started_programs``): the script is their
     entry point, and the program rules make its set-up and its side effects.
+    ``holds``: for a module with no DataParallel of its own, the project modules holding the wrap (in a class
+    this module's classes derive from) whose model it trains (``engine.held_programs``): those modules migrate
+    with it, and this one's training loaders are split and its side effects made once.
     """
 
     wraps: tuple[cst.Call, ...]
@@ -77,6 +80,7 @@ class Program:
     existing: tuple[cst.Call, ...]
     already_set_up: bool
     starts: tuple[str, ...] = ()
+    holds: tuple[str, ...] = ()
 
     @property
     def migrates(self) -> bool:
@@ -87,7 +91,7 @@ class Program:
     def runs_distributed(self) -> bool:
         """True when every process runs this file: it migrates, or it is the entry point of programs it starts
         (``starts``). The rules of the set-up and of side effects (directories, files, writers) apply to both."""
-        return self.migrates or (bool(self.starts) and not self.kept and not self.existing)
+        return self.migrates or (bool(self.starts or self.holds) and not self.kept and not self.existing)
 
     @property
     def left_whole(self) -> bool:
@@ -162,7 +166,10 @@ def existing_setup(analysis: FileAnalysis) -> tuple[cst.Call, ...]:
 
 
 def decide(
-    analysis: FileAnalysis, rewritten: Collection[cst.CSTNode], starts: Callable[[], tuple[str, ...]] = tuple
+    analysis: FileAnalysis,
+    rewritten: Collection[cst.CSTNode],
+    starts: Callable[[], tuple[str, ...]] = tuple,
+    holds: tuple[str, ...] = (),
 ) -> Program:
     """The program the file becomes, given the nodes the wrap rules rewrote (the keys of their edits) and what
     gives the modules it starts as distributed programs (asked only of a script with no site of its own)."""
@@ -174,7 +181,8 @@ def decide(
         (wraps if site.call in rewritten else kept).append(site.call)
     existing = existing_setup(analysis)
     already = any(analysis.resolve(call.func) == RUNTIME_SETUP for call in analysis.calls)
-    return Program(tuple(wraps), tuple(kept), existing, already, starts() if not analysis.models.sites else ())
+    sites = bool(analysis.models.sites)
+    return Program(tuple(wraps), tuple(kept), existing, already, starts() if not sites else (), holds if not sites else ())
 
 
 def settle(program: Program, edits: Edits) -> None:

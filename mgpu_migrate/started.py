@@ -79,6 +79,77 @@ def _modules(path: str, data: bytes) -> list[tuple[str, bytes]]:
     return list(found.items())
 
 
+# A class statement and the bases it derives from (``class Trainer(Base):``, ``class Trainer(base.Base, object):``).
+_CLASS = re.compile(rb"^[ \t]*class[ \t]+(\w+)[ \t]*\(([^)]*)\)[ \t]*:", re.MULTILINE)
+_HELD_LEVELS = 4
+
+
+def held_by(path: str, data: bytes, might_migrate: Callable[[bytes], bool]) -> tuple[str, ...]:
+    """The project modules that may hold a migration site in a class that a class of this module derives from,
+    directly or through project classes in between (st-gcn's ``REC_Processor(Processor)``, ``Processor(IO)``,
+    IO's ``self.model = nn.DataParallel(...)``): the modules whose wrapped model this one may train. Read from
+    bytes and paths alone, as the candidates of a script are."""
+    directory = os.path.dirname(os.path.abspath(path))
+    root = _root(directory)
+    bases = tuple(dict.fromkeys((directory, _above_package(directory), *((root,) if root is not None else ()))))
+    found: list[str] = []
+    seen = {os.path.abspath(path)}
+    pending = [(data, directory, [name for _, names in _CLASS.findall(data) for name in _base_names(names)])]
+    for _ in range(_HELD_LEVELS):
+        following = []
+        for text, here, names in pending:
+            for name in names:
+                module = _defining(text, here, bases, name)
+                if module is None or module in seen:
+                    continue
+                seen.add(module)
+                defined = _read(module)
+                if might_migrate(defined):
+                    found.append(module)
+                    continue
+                inner = [base for cls, names in _CLASS.findall(defined) if cls.decode() == name for base in _base_names(names)]
+                if inner:
+                    following.append((defined, os.path.dirname(module), inner))
+        pending = following
+    return tuple(found)
+
+
+def _base_names(text: bytes) -> list[str]:
+    """The names of the classes a ``class`` statement derives from (the last part of a dotted one)."""
+    names = []
+    for base in text.split(b","):
+        base = base.strip()
+        if base and b"=" not in base and re.fullmatch(rb"[\w.]+", base):
+            names.append(base.rsplit(b".", 1)[-1].decode())
+    return names
+
+
+def _defining(data: bytes, here: str, bases: tuple[str, ...], name: str) -> str | None:
+    """The file of the project module that ``data`` imports ``name`` from (``from processors.base import
+    Base``, a relative ``from .base import Base``), or whose module it names (``base.Base``)."""
+    for dots, source, names, plain in _IMPORTS.findall(data):
+        imported = [part.strip().split()[0].decode() for part in (names or plain).split(b",") if part.strip() and part.strip() != b"*"]
+        module = source.decode()
+        where = bases
+        if dots:
+            up = here
+            for _ in range(len(dots) - 1):
+                up = os.path.dirname(up)
+            where = (up,)
+        if not plain and name in imported and module:
+            found = _module_file(module, where)
+            if found is not None and re.search(rb"^[ \t]*class[ \t]+" + name.encode() + rb"\b", _read(found), re.MULTILINE):
+                return found
+        for part in imported:
+            # ``from processors import base`` / ``import processors.base``: the class is ``base.Base``.
+            dotted = f"{module}.{part}" if module and not plain else part
+            found = _module_file(dotted, where)
+            named = re.search(rb"\b" + dotted.rsplit(".", 1)[-1].encode() + rb"\." + name.encode() + rb"\b", data)
+            if named and found is not None and re.search(rb"^[ \t]*class[ \t]+" + name.encode() + rb"\b", _read(found), re.MULTILINE):
+                return found
+    return None
+
+
 def _root(directory: str) -> str | None:
     current = directory
     for _ in range(_MAX_LEVELS):

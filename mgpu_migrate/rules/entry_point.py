@@ -438,8 +438,11 @@ class EntryPointSetup(Rule):
     def apply(self) -> None:
         program = self.program
         if not program.wraps:
-            if program.runs_distributed and not program.already_set_up:
-                self._start(program.starts)
+            # A module that trains a model a project class holds is set up where it starts: in it when it is a
+            # script, else (a module of classes) in the script that imports it, the entry point of what it starts.
+            script = is_script(self.analysis.source.encode("utf-8", "surrogateescape"))
+            if program.runs_distributed and not program.already_set_up and (program.starts or script):
+                self._start(program.starts or program.holds)
             return
         first = program.wraps[0]
         if program.existing:
@@ -510,7 +513,7 @@ class EntryPointSetup(Rule):
             return
         here = os.path.dirname(os.path.abspath(self.analysis.path))
         trained = ", ".join(os.path.relpath(module, here) for module in modules[:2]) + (" ..." if len(modules) > 2 else "")
-        self._set_up(entry, f"; this script starts the distributed training of {trained}")
+        self._set_up(entry, f"; it starts the training of {trained}")
         data = self.analysis.source.encode("utf-8", "surrogateescape")
         alone = [module for module in training(self.analysis.path, data) if module not in modules]
         if alone:

@@ -8,6 +8,7 @@ from typing import Optional
 
 import libcst as cst
 
+from mgpu_migrate.analysis.held import held_training
 from mgpu_migrate.analysis.project import importers, project_of
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.rules.base import CHECKS, DDP, RUNTIME_STYLE, Example, Review, Rule
@@ -75,7 +76,13 @@ TRAINED_BY_IMPORTER = Review(
         "trains it: the modules that import this one do (the diagnostic names the first one found, preferring one "
         "that uses the function or class). Those modules hold the training loop, its loader and its loss, and "
         "they have no DataParallel of their own, so the tool does not rewrite them: migrating the wrap alone "
-        "would give a program whose every process trains on whole batches."
+        "would give a program whose every process trains on whole batches. One shape is followed: a class that "
+        "keeps the model on `self` and whose subclasses in the importing modules train it (st-gcn's `IO`, "
+        "`Processor`, `REC_Processor`). Then this file migrates together with them (each subclass's module gets "
+        "its loaders split and its side effects made once, the script importing it the set-up) when every "
+        "subclass trains in its own module and migrates; else the message names the subclass that keeps them "
+        "all as they are (`module:line`, with the code its module reports: MGP326), a class in between, or one "
+        "that does not train (a demo would run on every process)."
     ),
     todo=(
         "Migrate the module that trains: split its loader with `mgpu_runtime.distribute_loader`, make its loss "
@@ -113,6 +120,26 @@ NO_PROJECT_ROOT = Review(
     todo="Run the tool in the project's checkout, over the training script together with this file.",
     veto=True,
 )
+HELD_DATA_NOT_SPLIT = Review(
+    "MGP326",
+    name="held-model-data-not-split",
+    summary="this module trains the model a project class holds, and its training data cannot be split here: file left",
+    why=(
+        "A class of this module derives from a project class that keeps the DataParallel wrap on `self` (st-gcn's "
+        "`IO`: `self.model = nn.DataParallel(self.model)`), and this module trains that model. The tool migrates "
+        "the two together: the wrap becomes the runtime's, and this module's training loaders are split "
+        "(`mgpu_runtime.distribute_loader`) and its side effects made once. Here a training loop draws its data from "
+        "something the tool cannot follow to a DataLoader built in this module (a loader built in another module, a "
+        "dict of loaders, `next(it)` each step), or the backward pass runs in no loop over such data: every process "
+        "would load each whole batch. This module is left as it is, and so is the module holding the wrap (its "
+        "MGP320 names this site)."
+    ),
+    todo=(
+        "Build the training loader in this module, where the loop iterates it (or split it yourself with "
+        "`mgpu_runtime.distribute_loader` where it is built), and migrate again; or use `--to balanced`."
+    ),
+    veto=True,
+)
 _BUILTINS = frozenset(dir(builtins))
 
 
@@ -136,7 +163,12 @@ class ProjectTraining(Rule):
     When the wrap is in a function that returns the model (``load_model()``) or in a class that holds it
     (``self.model = DataParallel(...)`` in a wrapper ``nn.Module``), the model goes to the modules that import
     this one, which a bounded byte search of the project finds: the file is left, and the diagnostic names the
-    importer that uses the function or class (MGP320). Such a file with no project root above it and no
+    importer that uses the function or class (MGP320). When that class's subclasses in the importing modules
+    train the model (st-gcn's ``IO`` held the wrap, ``REC_Processor(Processor)`` trains), the file migrates
+    with them: each such module, which has no DataParallel of its own, gets its training loaders split and its
+    side effects made once, and the script that imports it the set-up (``engine.held_programs``,
+    ``analysis/held.py``). A loop there whose data cannot be split there leaves that module (MGP326) and this
+    file, whose MGP320 names the site; so does a subclass that does not train, or a class in between. Such a file with no project root above it and no
     importer beside it (a lone file in a scratch folder) is left too, since nothing shows who trains the model
     (MGP321).
 
@@ -173,6 +205,7 @@ class ProjectTraining(Rule):
     USES = ("bindings", "handed", "loaders", "models", "values")
     REVIEW_CODES = (
         TRAINED_BY_IMPORTER,
+        HELD_DATA_NOT_SPLIT,
         TRAINED_ELSEWHERE,
         TRAINING_CODE_NEEDS_CHANGES,
         PROGRESS_BAR_IN_TRAINING_CODE,
@@ -206,6 +239,9 @@ class ProjectTraining(Rule):
 
     def apply(self) -> None:
         program = self.program
+        if program.holds and program.runs_distributed and not program.wraps:
+            self._check_held(program.holds[0])
+            return
         if not program.migrates or any(self.analysis.loaders.is_backward(call) for call in self.analysis.calls):
             return
         project = project_of(self.analysis.path)
@@ -284,6 +320,30 @@ class ProjectTraining(Rule):
         for wrap in program.wraps[1:]:
             self.left(wrap, code, f"kept as DataParallel: the model of line {line} is trained in `{name}` ({backward})")
 
+    def _check_held(self, holder: str) -> None:
+        """MGP326 when a loop of this module that trains the held model draws data that is not split here."""
+        loaders = self.analysis.loaders
+        here = os.path.dirname(os.path.abspath(self.analysis.path))
+        held = os.path.relpath(holder, here)
+        for loop in loaders.training_loops:
+            traces = [trace for trace in loaders.traces if trace.loop is loop]
+            if not any(any(step in self.rewritten for step in trace.path) for trace in traces):
+                self.left(
+                    loop,
+                    HELD_DATA_NOT_SPLIT,
+                    f"this loop trains the model held in {held}, and its data is not split here: file left as it is "
+                    f"(and {held} too)",
+                )
+        if not loaders.training_loops:
+            backward = next((call for call in self.analysis.calls if loaders.is_backward(call)), None)
+            if backward is not None:
+                self.left(
+                    backward,
+                    HELD_DATA_NOT_SPLIT,
+                    f"this backward pass trains the model held in {held} in no loop over a loader of this module: file "
+                    f"left as it is (and {held} too)",
+                )
+
     def _left_without_project(self, program) -> bool:
         """MGP321 when the wrap is held by a function or class whose users no project shows."""
         holder = self._holder(program.wraps[0])
@@ -302,6 +362,17 @@ class ProjectTraining(Rule):
         found = importers(self.analysis.path, holder.name.value) if holder is not None else []
         if not found:
             return False
+        if type(holder) is cst.ClassDef and self.options.style == RUNTIME_STYLE:
+            # Subclasses in the importing modules that train the model: migrated with this file, or it is left.
+            held = held_training(self.analysis.path, holder.name.value, self.options)
+            if held is not None:
+                if not held.migrates:
+                    self.left(
+                        program.wraps[0],
+                        TRAINED_BY_IMPORTER,
+                        f"`{holder.name.value}` hands the model to its subclasses: {held.why}; file left as it is",
+                    )
+                return True
         importer = found[0]
         where = importer.where(os.path.dirname(os.path.abspath(self.analysis.path)))
         if importer.trains and importer.own_process_group:

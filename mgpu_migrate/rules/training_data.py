@@ -209,7 +209,8 @@ class TrainingData(Rule):
 
     def apply(self) -> None:
         program = self.program
-        if not program.migrates:
+        # A module that trains the model a project class holds (``Program.holds``) splits its loaders too.
+        if not program.migrates and not (program.holds and program.runs_distributed):
             return
         flow = self.analysis.loaders
         self._drawing = self._random_transform()

@@ -50,6 +50,8 @@ CASES = {
     "flat_entry": ("projects/flat_entry", "run.py", NO_ARGUMENTS),
     "evaluate_helper": ("projects/evaluate_helper", "train.py", NO_ARGUMENTS),
     "chosen_gpus": ("projects/chosen_gpus", "train.py", {2: ["--config", "two_gpus"], 3: ["--config", "three_gpus"]}),
+    # The wrap held by a base class, trained by a subclass of another module, run from an entry script.
+    "held_model": ("projects/held_model", "main.py", NO_ARGUMENTS),
 }
 TOLERANCE = 1e-9
 TIMEOUT_S = 500
@@ -97,13 +99,17 @@ def _start(command: list[str], cwd: Path) -> subprocess.Popen:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Every case's saved tensors, by (case, run): 'original W' and 'torchrun W'."""
+def runs(tmp_path_factory, request):
+    """Every selected case's saved tensors, by (case, run): 'original W' and 'torchrun W' (the cases of the tests
+    this session runs: ``-k held_model`` runs that case's jobs alone)."""
     root = tmp_path_factory.mktemp("project_shapes")
     driver = root / "in_turn.py"
     driver.write_text(_IN_TURN)
     originals, migrations = [], {}
+    selected = {getattr(item, "callspec", None) and item.callspec.params.get("case") for item in request.session.items}
     for case, (_, _, args) in CASES.items():
+        if case not in selected:
+            continue
         for processes in WORLD_SIZES:
             home = root / f"{case}-original{processes}"
             home.mkdir()

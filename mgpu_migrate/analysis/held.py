@@ -1,0 +1,150 @@
+"""A model that a project class holds, trained by the subclasses that the project's other modules define.
+
+st-gcn's ``processor/io.py``: class ``IO`` builds the model and keeps it wrapped on ``self`` (``self.model =
+nn.DataParallel(self.model)``); ``processor/recognition.py`` derives from it (through ``Processor``) and trains:
+its loader, its loop, its backward pass. The file that wraps migrates when the modules whose classes derive from
+the holder all train the model and all migrate (``engine.held_programs`` makes each of them a program that
+trains the held model: loaders split, side effects made once). Found by the bounded byte search of the
+project's tree that finds a module's importers (``project.importers``); each verdict is that module's own
+migration's, so every file of the program reaches the same one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+from mgpu_migrate.analysis.project import importers
+from mgpu_migrate.options import DEFAULT_OPTIONS, Options
+
+_LEVELS = 4
+_CLASS = re.compile(rb"^[ \t]*class[ \t]+(\w+)[ \t]*\(([^)]*)\)[ \t]*:", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Subclass:
+    """A class of another module of the project that derives from the holder (directly or through others)."""
+
+    path: str
+    line: int  # the line of its ``class`` statement
+    name: str
+    base: str  # the class it derives from
+    trains: bool  # its module runs a backward pass (``.backward(``)
+
+    def where(self, seen_from: str) -> str:
+        return f"{os.path.relpath(self.path, seen_from)}:{self.line}"
+
+
+@dataclass(frozen=True)
+class HeldTraining:
+    """What becomes of the model a class holds: ``migrates``, or ``why`` not (a message naming the site,
+    ``module:line``)."""
+
+    migrates: bool
+    why: str = ""
+
+
+def subclasses(path: str, name: str) -> list[Subclass]:
+    """The classes of the project's other modules that derive from class ``name`` of the module at ``path``,
+    directly or through each other (at most a few levels)."""
+    found: list[Subclass] = []
+    pending = [(path, name)]
+    seen = {(os.path.abspath(path), name)}
+    for _ in range(_LEVELS):
+        following = []
+        for module, holder in pending:
+            for importer in importers(module, holder):
+                if not _importable(importer.path):
+                    continue
+                data = _read(importer.path)
+                for match in _CLASS.finditer(data):
+                    if not re.search(rb"(?:^|[\s,.])" + holder.encode() + rb"\s*(?:,|$)", match.group(2)):
+                        continue
+                    derived = match.group(1).decode()
+                    if (importer.path, derived) in seen:
+                        continue
+                    seen.add((importer.path, derived))
+                    line = data.count(b"\n", 0, match.start()) + 1
+                    found.append(Subclass(importer.path, line, derived, holder, b".backward(" in data))
+                    following.append((importer.path, derived))
+        pending = following
+    return found
+
+
+def direct_users(path: str, name: str, derived: list[Subclass]) -> list[str]:
+    """The modules (``path:line`` of their import) that import the module at ``path`` and name class ``name``
+    without deriving from it: they build the model themselves."""
+    modules = {sub.path for sub in derived}
+    here = os.path.dirname(os.path.abspath(path))
+    return [
+        importer.where(here)
+        for importer in importers(path, name)
+        if importer.path not in modules
+        and _importable(importer.path)
+        and re.search(rb"\b" + name.encode() + rb"\b", _read(importer.path))
+    ]
+
+
+def held_training(path: str, name: str, options: Options = DEFAULT_OPTIONS) -> Optional[HeldTraining]:
+    """Whether the model that class ``name`` of the module at ``path`` holds on ``self`` migrates with the
+    subclasses that train it; None when no subclass of the project trains it (the modules importing the class
+    then train it some other way)."""
+    derived = subclasses(path, name)
+    if not any(sub.trains for sub in derived):
+        return None
+    here = os.path.dirname(os.path.abspath(path))
+    users = direct_users(path, name, derived)
+    if users:
+        return HeldTraining(False, f"{users[0]} uses `{name}` itself, beside the subclasses that train it")
+    from mgpu_migrate.engine import migration_of  # the verdict of each module is its own migration's
+
+    # The cheap verdicts first (a subclass that does not train, one in between), then each module that trains.
+    for sub in sorted(derived, key=lambda sub: sub.trains):
+        if not sub.trains:
+            if any(other.base == sub.name for other in derived):
+                why = "is between it and a subclass that trains: a class in between is not followed"
+            else:
+                why = "does not train it: every process would run it"
+            return HeldTraining(False, f"`{sub.name}` ({sub.where(here)}) {why}")
+        result = migration_of(sub.path, options)
+        if result is None or not result.changed or result.error is not None:
+            vetoes = [d for d in (result.diagnostics if result is not None else []) if d.needs_review]
+            first = vetoes[0] if vetoes else None
+            said = f" ({os.path.relpath(first.path, here)}:{first.line}: {first.code})" if first is not None else ""
+            return HeldTraining(False, f"`{sub.name}` ({sub.where(here)}) trains it, and is left{said}")
+        if not _started(sub.path):
+            return HeldTraining(
+                False, f"`{sub.name}` ({sub.where(here)}) trains it, and no script imports it: no place for the set-up"
+            )
+    return HeldTraining(True)
+
+
+def _started(module: str) -> bool:
+    """Whether the module is a script, or a script of the project imports it where the engine finds the modules a
+    script starts (``started.candidates``): there ``mgpu_runtime.setup()`` runs before anything touches CUDA."""
+    from mgpu_migrate.engine import might_start_module
+    from mgpu_migrate.started import candidates, is_script
+
+    if is_script(_read(module)):
+        return True
+    name = os.path.basename(module)[: -len(".py")]
+    for importer in importers(module, name):
+        data = _read(importer.path)
+        if _importable(importer.path) and is_script(data) and module in candidates(importer.path, data, might_start_module):
+            return True
+    return False
+
+
+def _importable(path: str) -> bool:
+    """A file Python can import as a module (not ``train.ddp.py``, a copy beside it)."""
+    return os.path.basename(path)[: -len(".py")].isidentifier()
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(1 << 20)
+    except OSError:
+        return b""
