@@ -115,6 +115,11 @@ def own_path_batch(analysis: FileAnalysis) -> Optional[BatchOption]:
             if (named is not None and type(named.value) is cst.SimpleString and named.value.evaluated_value == dest) or any(
                 option.lstrip("-").replace("-", "_") == dest for option in declared
             ):
+                shorts = [option for option in declared if not option.startswith("--")]
+                others = {option for call in arguments for option in declared_options(call)} - set(declared)
+                if any(other.startswith(short) for other in others for short in shorts):
+                    # ``-b`` beside ``-b1``: a plain start could not tell the batch's ``-b12`` from the other option
+                    return None
                 default = _keyword(argument, "default")
                 number = default.value if default is not None else None
                 value = number.evaluated_value if type(number) is cst.Integer else None

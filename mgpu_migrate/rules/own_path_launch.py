@@ -293,6 +293,30 @@ class OwnPathLaunch(Rule):
             DDP,
             (),
         ),
+        # `-b` beside `-b1`: a plain start could not tell `-b12` (the batch) from `-b1 2`, so the file is left.
+        Example(
+            """
+            import argparse
+            import torch
+            import torch.nn as nn
+            from torch.utils.data import DataLoader, DistributedSampler
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("-b", "--batch_size", type=int, default=16)
+            parser.add_argument("-b1", type=float, default=0.5)
+            parser.add_argument("--local_rank", type=int, default=-1)
+            args = parser.parse_args()
+            if args.local_rank != -1:
+                torch.distributed.init_process_group("gloo")
+                model = nn.parallel.DistributedDataParallel(model)
+                loader = DataLoader(data, sampler=DistributedSampler(data), batch_size=args.batch_size)
+            else:
+                model = nn.DataParallel(model)
+            """,
+            None,
+            DDP,
+            (),
+        ),
         # The per-process batch is no option: no plain start can give the own path the original's batch.
         Example(
             """
