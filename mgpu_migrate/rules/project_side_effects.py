@@ -204,7 +204,7 @@ class ProjectSideEffects(Rule):
             return False
         tree = self.analysis.tree
         return all(
-            any(isinstance(a, cst.Call) and isinstance(a.func, cst.Name) and a.func.value == "print" for a in tree.ancestors(read))
+            any(type(a) is cst.Call and type(a.func) is cst.Name and a.func.value == "print" for a in tree.ancestors(read))
             for read in assigned[1]
         )
 
@@ -213,17 +213,17 @@ class ProjectSideEffects(Rule):
         read of those names elsewhere in its function (or module)."""
         tree = self.analysis.tree
         assign = tree.parent(call)
-        if not isinstance(assign, cst.Assign) or assign.value is not call:
+        if type(assign) is not cst.Assign or assign.value is not call:
             return None
         line = tree.parent(assign)
-        if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+        if type(line) is not cst.SimpleStatementLine or len(line.body) != 1:
             return None
         bound: list[cst.Name] = []
         for target in assign.targets:
             value = target.target
-            elements = [element.value for element in value.elements] if isinstance(value, (cst.Tuple, cst.List)) else [value]
+            elements = [element.value for element in value.elements] if type(value) is cst.Tuple or type(value) is cst.List else [value]
             for element in elements:
-                if not isinstance(element, cst.Name):
+                if type(element) is not cst.Name:
                     return None
                 bound.append(element)
         names = {name.value for name in bound}
@@ -446,9 +446,9 @@ def _on_the_main_process_alone(updated: cst.CSTNode) -> cst.FlattenSentinel:
 def _stored(tree, name: cst.Name) -> bool:
     """A name an assignment binds (``x = ...``, ``x, y = ...``), not one it reads."""
     for ancestor in tree.ancestors(name):
-        if isinstance(ancestor, cst.AssignTarget):
+        if type(ancestor) is cst.AssignTarget:
             return True
-        if not isinstance(ancestor, (cst.Element, cst.Tuple, cst.List)):
+        if type(ancestor) not in (cst.Element, cst.Tuple, cst.List):
             return False
     return False
 
@@ -486,9 +486,9 @@ def _switched_off(function: ast.FunctionDef | ast.AsyncFunctionDef, call: cst.Ca
 
 
 def _constant(value: cst.BaseExpression) -> str:
-    if isinstance(value, cst.Name) and value.value in ("False", "None", "True"):
+    if type(value) is cst.Name and value.value in ("False", "None", "True"):
         return value.value
-    if isinstance(value, cst.Integer):
+    if type(value) is cst.Integer:
         return value.value
     return ""
 

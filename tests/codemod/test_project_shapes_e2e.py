@@ -166,7 +166,8 @@ def test_the_migration_trains_as_the_original_under_dataparallel(runs, case, pro
 
 
 # own_path: (W, the batch given on the command line or None for its default of 12, the process count expected).
-OWN_PATH_RUNS = [(2, None, 2), (3, None, 3), (3, "--train_batch_size=18", 3), (3, "--train_batch_size 10", 1)]
+# (3 processes run once, with a batch of 18 that ends on a short batch: the default's run at 3 proves nothing more.)
+OWN_PATH_RUNS = [(2, None, 2), (3, "--train_batch_size=18", 3), (3, "--train_batch_size 10", 1)]
 
 
 @pytest.mark.slow

@@ -193,7 +193,7 @@ def _replica_forward(forward, inputs: tuple, kwargs: dict, current: Job) -> tupl
     group = current.group
     active = scatter_gather.active_devices(inputs, kwargs, group.parts)
     ((local_inputs, local_kwargs),) = scatter_gather.scatter(inputs, kwargs, group, active)
-    with global_view.own_forward(current.gradients, group.rank):
+    with global_view.own_forward(current.gradients, group.rank, current.stream):
         return forward(*local_inputs, **local_kwargs), active
 
 

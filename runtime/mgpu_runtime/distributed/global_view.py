@@ -69,49 +69,47 @@ class DeviceStream:
             generator.set_state(loop_state)
 
 
-_stream: DeviceStream | None = None
-"""This rank's forward stream, on GPUs on a rank above 0 (``DeviceStream``); None elsewhere."""
-
-
-def join(rank: int, world_size: int, device: torch.device, lockstep: Monitor) -> tuple[RankGroup, Gradients]:
+def join(
+    rank: int, world_size: int, device: torch.device, lockstep: Monitor
+) -> tuple[RankGroup, Gradients, DeviceStream | None]:
     """Make this process's loop see the job's global values (see the module doc); once, at setup, on every rank.
-    The rank group's collectives are told to ``lockstep``. What it returns, the job keeps."""
-    global _stream
+    The rank group's collectives are told to ``lockstep``. What it returns, the job keeps: the rank group, its
+    gradients' convention, and this rank's forward stream (on GPUs, on a rank above 0; else None)."""
     metadata = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
     group = RankGroup(rank, world_size, device, metadata, lockstep)
     gradients = Gradients(group)
     gradients.install()
     _take_rank_zero_generators(metadata)
+    stream = None
     if device.type == "cuda" and rank > 0:
         torch.cuda.get_rng_state(device)  # CUDA's generators exist once it has started
-        _stream = DeviceStream(torch.cuda.default_generators[device.index or 0])
+        stream = DeviceStream(torch.cuda.default_generators[device.index or 0])
     if device.type == "cpu" and not emulated.count():
         emulated.install(world_size)
         # A script seeds before setup as often as after (at import, at the top of main). On GPUs that seed
         # reached every device when CUDA started (torch.manual_seed queues it); devices emulated only now
         # take it here, rank 0's, so each rank's forward draws what its device drew under DataParallel.
         torch.cuda.manual_seed_all(torch.initial_seed())
-    return group, gradients
+    return group, gradients, stream
 
 
 def leave(gradients: Gradients) -> None:
     """Undo ``join`` (at teardown)."""
-    global _stream
-    _stream = None
     gradients.uninstall()
     if emulated.count():
         emulated.uninstall()
 
 
 @contextlib.contextmanager
-def own_forward(gradients: Gradients, rank: int) -> Iterator[None]:
-    """The wrapped model's forward on this rank: its own computation, drawing from its device's stream."""
+def own_forward(gradients: Gradients, rank: int, stream: DeviceStream | None = None) -> Iterator[None]:
+    """The wrapped model's forward on this rank: its own computation, drawing from its device's stream
+    (``stream``, the job's, on GPUs on a rank above 0)."""
     with gradients.own_computation():
         if emulated.count():
             with emulated.on_device(rank):
                 yield
-        elif _stream is not None:
-            with _stream.drawing():
+        elif stream is not None:
+            with stream.drawing():
                 yield
         else:
             yield

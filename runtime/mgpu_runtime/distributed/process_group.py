@@ -78,6 +78,8 @@ class Job:
     safety: SafetyNet | None = None
     group: RankGroup | None = None
     gradients: Gradients | None = None
+    # On GPUs, on a rank above 0: the random stream of the wrapped model's forward (global_view.DeviceStream).
+    stream: global_view.DeviceStream | None = None
     # How many times this process passed each call site of main_process_value (readings.py).
     readings: dict[str, int] = field(default_factory=dict)
 
@@ -114,7 +116,9 @@ def setup(devices: Sequence[int | str | torch.device] | str | None = None) -> No
         job.safety = SafetyNet()
         job.lockstep = Lockstep()
         job.lockstep.start(environment.rank, environment.world_size, environment.master_addr, environment.master_port)
-        job.group, job.gradients = global_view.join(environment.rank, environment.world_size, device, job.lockstep)
+        job.group, job.gradients, job.stream = global_view.join(
+            environment.rank, environment.world_size, device, job.lockstep
+        )
     _job = job
     rank_output.apply(environment)
 
