@@ -54,11 +54,18 @@ def candidates(path: str, data: bytes, might_migrate: Callable[[bytes], bool]) -
     return tuple(module for module, text in _modules(path, data) if might_migrate(text))
 
 
-def training(path: str, data: bytes) -> tuple[str, ...]:
-    """The project modules a script imports, as :func:`candidates` finds them, that run a
-    backward pass (``.backward(`` in their bytes): training the script may start (ncsn's runners, picked by
-    name), whether or not its migration makes it distributed."""
-    return tuple(module for module, text in _modules(path, data) if b".backward(" in text)
+def trained_apart(path: str, data: bytes, started: tuple[str, ...]) -> tuple[str, ...]:
+    """The project modules a script imports, as :func:`candidates` finds them, that run a backward pass
+    (``.backward(`` in their bytes) and are neither among ``started`` (the modules its migration makes
+    distributed programs) nor imported by one of them (a helper of their training, ``utils/train.py``):
+    training the script may start apart from those programs (ncsn's other runners, picked by name)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    root = _root(directory)
+    bases = tuple(dict.fromkeys((directory, _above_package(directory), *((root,) if root is not None else ()))))
+    helpers = {os.path.abspath(module) for module in started}
+    for module in started:
+        helpers.update(_imported(_read(module), os.path.dirname(os.path.abspath(module)), bases))
+    return tuple(module for module, text in _modules(path, data) if b".backward(" in text and module not in helpers)
 
 
 def _modules(path: str, data: bytes) -> list[tuple[str, bytes]]:

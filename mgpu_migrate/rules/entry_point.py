@@ -18,7 +18,7 @@ from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.program import SETUP
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, TORCH_STYLE, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_call
-from mgpu_migrate.started import is_script, training
+from mgpu_migrate.started import is_script, trained_apart
 from mgpu_migrate.rules.torch_style import (
     DIST_IMPORT,
     NEEDS_RUNTIME,
@@ -515,7 +515,7 @@ class EntryPointSetup(Rule):
         trained = ", ".join(os.path.relpath(module, here) for module in modules[:2]) + (" ..." if len(modules) > 2 else "")
         self._set_up(entry, f"; it starts the training of {trained}")
         data = self.analysis.source.encode("utf-8", "surrogateescape")
-        alone = [module for module in training(self.analysis.path, data) if module not in modules]
+        alone = trained_apart(self.analysis.path, data, modules)
         if alone:
             named = ", ".join(os.path.relpath(module, here) for module in alone[:2]) + (" ..." if len(alone) > 2 else "")
             self.left(

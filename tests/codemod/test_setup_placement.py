@@ -147,3 +147,62 @@ def test_a_path_computed_among_the_parsers_declarations_stays_before_the_set_up(
     assert lines[at - 1].strip().startswith('parser.add_argument("--data-dir"') and lines[at + 1].strip() == "main(parser.parse_args())"
     (message,) = [d.message for d in result.diagnostics if d.code == "MGP120"]
     assert message.endswith('inserted in the `if __name__ == "__main__":` block, after its command-line parser')
+
+
+def test_an_entry_script_names_the_training_it_starts_apart_from_the_distributed_program(tmp_path):
+    """ncsn's shape: main.py picks a runner by name. Its set-up makes every runner N processes, so MGP239 names
+    the runner that trains without DataParallel (toy.py), not the helper the migrated runner trains through
+    (steps.py), nor the migrated runner itself."""
+    files = {
+        "pyproject.toml": "[project]\nname = 'p'\n",
+        "main.py": """
+            import sys
+            from runners import *
+
+            def main():
+                runner = eval(sys.argv[1])()
+                runner.train()
+
+            if __name__ == "__main__":
+                main()
+            """,
+        "runners/__init__.py": "from runners.anneal import *\nfrom runners.toy import *\nfrom runners.steps import *\n",
+        "runners/steps.py": """
+            def train_epoch(model, optimizer, loader):
+                for x in loader:
+                    loss = model(x).pow(2).mean()
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+            """,
+        "runners/anneal.py": """
+            import torch
+            from torch.utils.data import DataLoader
+            from runners.steps import train_epoch
+
+            class AnnealRunner:
+                def train(self):
+                    model = torch.nn.DataParallel(torch.nn.Linear(2, 2))
+                    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                    loader = DataLoader(torch.randn(8, 2), batch_size=4)
+                    train_epoch(model, optimizer, loader)
+            """,
+        "runners/toy.py": """
+            import torch
+
+            class ToyRunner:
+                def train(self):
+                    model = torch.nn.Linear(2, 2)
+                    loss = model(torch.randn(4, 2)).sum()
+                    loss.backward()
+            """,
+    }
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text).lstrip())
+    main = tmp_path / "main.py"
+    result = migrate_source(main.read_text(), "ddp", str(main))
+    said = [d.message for d in result.diagnostics if d.code == "MGP239"]
+    assert len(said) == 1 and "runners/toy.py" in said[0] and "steps.py" not in said[0] and "anneal" not in said[0], said
+    assert "mgpu_runtime.setup()" in result.output
