@@ -123,7 +123,7 @@ def might_start_a_program(data: bytes, target: str, path: str) -> bool:
 
     if b".backward(" in data and held_by(path, data, might_need_migration):
         return True  # it may train a model a project class holds
-    started = b"__main__" in data or b"parse_" in data
+    started = b"__main__" in data or b".parse_args(" in data or b".parse_known_args(" in data
     return started and bool(candidates(path, data, might_start_module))
 
 
@@ -131,7 +131,9 @@ def _started_programs(source: str, target: str, path: str, options: Options) -> 
     """The modules a script with no migration site of its own starts as distributed programs (``--to ddp``, the
     runtime's style): those it imports that its migration makes one, with no entry point of their own. The
     script is then migrated as their entry point (the set-up, its writes made once)."""
-    if target != "ddp" or options.style != "runtime" or ("__main__" not in source and "parse_" not in source):
+    if target != "ddp" or options.style != "runtime" or (
+        "__main__" not in source and ".parse_args(" not in source and ".parse_known_args(" not in source
+    ):
         return ()
     from mgpu_migrate.started import candidates
 

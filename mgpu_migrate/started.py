@@ -32,7 +32,8 @@ _MAX_LEVELS = 12
 _MAIN = re.compile(rb"^if\s+__name__\s*==\s*['\"]__main__['\"]\s*:", re.MULTILINE)
 # A flat script: its command line parsed by a statement of the module itself (decision-transformer's
 # ``args = parser.parse_args()`` at the top of ``run_dt_atari.py``, which then builds and runs the trainer).
-_FLAT_SCRIPT = re.compile(rb"^(?:[\w, ]+=[ \t]*)?\w+\.parse_(?:known_)?args\(", re.MULTILINE)
+_PARSES = (b".parse_args(", b".parse_known_args(")
+_FLAT_SCRIPT = re.compile(rb"(?:\w[\w, ]*=[ \t]*)?\w+\.parse_(?:known_)?args\(")
 _IMPORTS = re.compile(
     rb"^[ \t]*(?:from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+\(?([\w., \t*]+)|import[ \t]+([\w., \t]+))", re.MULTILINE
 )
@@ -43,9 +44,22 @@ def has_main_block(data: bytes) -> bool:
     return _MAIN.search(data) is not None
 
 
+def parses_at_module_level(data: bytes) -> bool:
+    """A statement of the module itself (no indentation) parses the command line (``args = parser.parse_args()``).
+    Found from the calls' bytes, each one's line checked alone: no pattern runs over a large file."""
+    for call in _PARSES:
+        at = data.find(call)
+        while at != -1:
+            start = data.rfind(b"\n", 0, at) + 1
+            if _FLAT_SCRIPT.fullmatch(data, start, at + len(call)):
+                return True
+            at = data.find(call, at + 1)
+    return False
+
+
 def is_script(data: bytes) -> bool:
     """A script: a main block, or a flat script that parses its command line at module level."""
-    return has_main_block(data) or _FLAT_SCRIPT.search(data) is not None
+    return (b"__main__" in data and has_main_block(data)) or parses_at_module_level(data)
 
 
 def candidates(path: str, data: bytes, might_migrate: Callable[[bytes], bool]) -> tuple[str, ...]:
@@ -95,25 +109,29 @@ def held_by(path: str, data: bytes, might_migrate: Callable[[bytes], bool]) -> t
     """The project modules that may hold a migration site in a class that a class of this module derives from,
     directly or through project classes in between (st-gcn's ``REC_Processor(Processor)``, ``Processor(IO)``,
     IO's ``self.model = nn.DataParallel(...)``): the modules whose wrapped model this one may train. Read from
-    bytes and paths alone, as the candidates of a script are."""
+    bytes and paths alone, as the candidates of a script are: each base is looked up through the one import
+    that binds its name, so a module with many imports and classes costs a few dictionary lookups."""
     directory = os.path.dirname(os.path.abspath(path))
     root = _root(directory)
     bases = tuple(dict.fromkeys((directory, _above_package(directory), *((root,) if root is not None else ()))))
     found: list[str] = []
     seen = {os.path.abspath(path)}
-    pending = [(data, directory, [name for _, names in _CLASS.findall(data) for name in _base_names(names)])]
+    read: dict[str, bytes] = {}
+    pending = [(data, directory, [base for _, names in _CLASS.findall(data) for base in _base_names(names)])]
     for _ in range(_HELD_LEVELS):
         following = []
-        for text, here, names in pending:
-            for name in names:
-                module = _defining(text, here, bases, name)
+        for text, here, dotted_names in pending:
+            bindings = _bindings(text) if dotted_names else {}
+            for dotted in dotted_names:
+                module = _defining(bindings, here, bases, dotted, read)
                 if module is None or module in seen:
                     continue
                 seen.add(module)
-                defined = _read(module)
+                defined = read[module]
                 if might_migrate(defined):
                     found.append(module)
                     continue
+                name = dotted.rsplit(".", 1)[-1]
                 inner = [base for cls, names in _CLASS.findall(defined) if cls.decode() == name for base in _base_names(names)]
                 if inner:
                     following.append((defined, os.path.dirname(module), inner))
@@ -122,39 +140,65 @@ def held_by(path: str, data: bytes, might_migrate: Callable[[bytes], bool]) -> t
 
 
 def _base_names(text: bytes) -> list[str]:
-    """The names of the classes a ``class`` statement derives from (the last part of a dotted one)."""
+    """The classes a ``class`` statement derives from, as written (``Base``, ``base.Base``)."""
     names = []
     for base in text.split(b","):
         base = base.strip()
         if base and b"=" not in base and re.fullmatch(rb"[\w.]+", base):
-            names.append(base.rsplit(b".", 1)[-1].decode())
+            names.append(base.decode())
     return names
 
 
-def _defining(data: bytes, here: str, bases: tuple[str, ...], name: str) -> str | None:
-    """The file of the project module that ``data`` imports ``name`` from (``from processors.base import
-    Base``, a relative ``from .base import Base``), or whose module it names (``base.Base``)."""
+def _bindings(data: bytes) -> dict[str, tuple[str, str, str]]:
+    """The names ``data``'s imports bind: ``from .base import Base as B`` binds ``B`` to ``(".", "base", "Base")``;
+    ``import processors.base`` binds ``processors`` to ``("", "processors.base", "")``, and ``import a.b as x``
+    binds ``x`` to ``("", "a.b", "")``."""
+    bound: dict[str, tuple[str, str, str]] = {}
     for dots, source, names, plain in _IMPORTS.findall(data):
-        imported = [part.strip().split()[0].decode() for part in (names or plain).split(b",") if part.strip() and part.strip() != b"*"]
-        module = source.decode()
-        where = bases
-        if dots:
-            up = here
-            for _ in range(len(dots) - 1):
-                up = os.path.dirname(up)
-            where = (up,)
-        if not plain and name in imported and module:
-            found = _module_file(module, where)
-            if found is not None and re.search(rb"^[ \t]*class[ \t]+" + name.encode() + rb"\b", _read(found), re.MULTILINE):
-                return found
-        for part in imported:
-            # ``from processors import base`` / ``import processors.base``: the class is ``base.Base``.
-            dotted = f"{module}.{part}" if module and not plain else part
-            found = _module_file(dotted, where)
-            named = re.search(rb"\b" + dotted.rsplit(".", 1)[-1].encode() + rb"\." + name.encode() + rb"\b", data)
-            if named and found is not None and re.search(rb"^[ \t]*class[ \t]+" + name.encode() + rb"\b", _read(found), re.MULTILINE):
-                return found
-    return None
+        for part in (names or plain).split(b","):
+            words = part.strip().split()
+            if not words or words[0] == b"*":
+                continue
+            original = words[0].decode()
+            alias = words[2].decode() if len(words) == 3 and words[1] == b"as" else None
+            if plain:
+                bound[alias or original.split(".", 1)[0]] = ("", original, "")
+            else:
+                bound[alias or original] = (dots.decode(), source.decode(), original)
+    return bound
+
+
+def _defining(
+    bindings: dict[str, tuple[str, str, str]], here: str, bases: tuple[str, ...], dotted: str, read: dict[str, bytes]
+) -> str | None:
+    """The file of the project module that defines the class a base names (``Base`` imported ``from
+    processors.base import Base``, a relative ``from .base import Base``, or ``base.Base`` with ``base`` a module
+    imported by name), when that file holds a ``class`` statement of that name; reads go through ``read``."""
+    parts = dotted.split(".")
+    binding = bindings.get(parts[0])
+    if binding is None:
+        return None
+    dots, source, original = binding
+    if original:  # from SOURCE import ORIGINAL; ``from processors import base``, then ``base.Base``
+        module = source if len(parts) == 1 else ".".join(filter(None, [source, original, *parts[1:-1]]))
+    else:  # import SOURCE [as NAME]
+        if len(parts) == 1:
+            return None
+        module = ".".join([source, *parts[1:-1]]) if parts[0] != source.split(".", 1)[0] else ".".join(parts[:-1])
+    if not module:
+        return None
+    where = bases
+    if dots:
+        up = here
+        for _ in range(len(dots) - 1):
+            up = os.path.dirname(up)
+        where = (up,)
+    found = _module_file(module, where)
+    if found is None:
+        return None
+    if found not in read:
+        read[found] = _read(found)
+    return found if re.search(rb"^[ \t]*class[ \t]+" + parts[-1].encode() + rb"\b", read[found], re.MULTILINE) else None
 
 
 def _root(directory: str) -> str | None:
