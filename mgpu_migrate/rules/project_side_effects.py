@@ -60,9 +60,11 @@ class ProjectSideEffects(Rule):
     result that is used, an object read otherwise, a method that also changes its object) is reported (MGP322).
     A call of a project function that evaluates a model with a DataParallel of its own and trains nothing
     (Towards-Realtime-MOT's ``test.test(cfg, weights=latest)``, which loads the weights just saved) goes under
-    ``if mgpu_runtime.is_main_process():`` the same way, then every process waits, when nothing reads what it
-    returns (a statement of its own, or ``mAP, R, P = test.test(...)`` whose names are never read): every
-    process would otherwise run that evaluation over every GPU. One whose result is read is reported (MGP322).
+    ``if mgpu_runtime.is_main_process():`` the same way when nothing reads what it returns (a statement of its
+    own, or ``mAP, R, P = test.test(...)`` whose names are never read), and the others wait for it with
+    ``mgpu_runtime.wait_for_main_process()``, which has no time limit (an evaluation may outlast a barrier's
+    ``MGPU_TIMEOUT``): every process would otherwise run that evaluation over every GPU. One whose result is
+    read is reported (MGP322).
 
     ## Why is this bad?
     Every process runs the script: a helper that writes a checkpoint, a log or images writes them once per
@@ -187,8 +189,8 @@ class ProjectSideEffects(Rule):
             return
         assert statement is not None
         self.edits.need_import(RUNTIME)
-        self.edits.replace(statement, _on_the_main_process)
-        self.rewrote(call, f"{what}: called on the main process only, then every process waits")
+        self.edits.replace(statement, _evaluated_on_the_main_process)
+        self.rewrote(call, f"{what}: called on the main process only, the others waiting for it")
 
     def _unread_assignment(self, call: cst.Call) -> Optional[cst.SimpleStatementLine]:
         """``mAP, R, P = evaluate(...)`` alone on its line, none of the names it binds read anywhere else in its
@@ -435,6 +437,13 @@ def _changes_its_object(method: ast.FunctionDef | ast.AsyncFunctionDef) -> Optio
 def _on_the_main_process(updated: cst.CSTNode) -> cst.FlattenSentinel:
     assert type(updated) is cst.SimpleStatementLine  # the replaced node is a statement line (_own_statement)
     return cst.FlattenSentinel(on_the_main_process([updated]))
+
+
+def _evaluated_on_the_main_process(updated: cst.CSTNode) -> cst.FlattenSentinel:
+    """The statement under ``if mgpu_runtime.is_main_process():``, then the others wait for it with no time
+    limit (``mgpu_runtime.wait_for_main_process()``): an evaluation may outlast a barrier's MGPU_TIMEOUT."""
+    assert type(updated) is cst.SimpleStatementLine  # the replaced node is a statement line (_evaluated_once)
+    return cst.FlattenSentinel(on_the_main_process([updated], waiter="wait_for_main_process"))
 
 
 def _on_the_main_process_alone(updated: cst.CSTNode) -> cst.FlattenSentinel:

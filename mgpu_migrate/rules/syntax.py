@@ -40,14 +40,17 @@ def runtime_call(name: str, *args: cst.BaseExpression) -> cst.Call:
     return cst.Call(runtime_attr(name), [cst.Arg(arg) for arg in args])
 
 
-def on_the_main_process(statements: list[cst.BaseStatement], wait: bool = True) -> list[cst.BaseStatement]:
+def on_the_main_process(
+    statements: list[cst.BaseStatement], wait: bool = True, waiter: str = "barrier"
+) -> list[cst.BaseStatement]:
     """``statements`` under ``if mgpu_runtime.is_main_process():`` (the first one's leading lines and comments
-    above the ``if``), then, when the others wait for what they did, ``mgpu_runtime.barrier()``."""
+    above the ``if``), then, when the others wait for what they did, ``mgpu_runtime.barrier()`` (or ``waiter``:
+    ``wait_for_main_process``, which waits with no time limit, after work that may take long)."""
     first, *rest = statements
     block = cst.IndentedBlock([first.with_changes(leading_lines=()), *rest])
     guarded: list[cst.BaseStatement] = [cst.If(runtime_call("is_main_process"), block, leading_lines=first.leading_lines)]
     if wait:
-        guarded.append(cst.SimpleStatementLine([cst.Expr(runtime_call("barrier"))]))
+        guarded.append(cst.SimpleStatementLine([cst.Expr(runtime_call(waiter))]))
     return guarded
 
 

@@ -40,6 +40,7 @@ from mgpu_runtime.distributed import (
     reduce_sum,
     save,
     setup,
+    wait_for_main_process,
     world_size,
 )
 from mgpu_runtime.wrappers import PARALLEL_WRAPPERS, unwrap
@@ -73,5 +74,6 @@ __all__ = [
     "save",
     "setup",
     "unwrap",
+    "wait_for_main_process",
     "world_size",
 ]

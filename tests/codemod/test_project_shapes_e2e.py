@@ -220,3 +220,18 @@ def test_a_plain_start_of_the_own_path_trains_as_the_original(tmp_path, processe
     assert before and before.keys() == after.keys()
     apart = max((before[name] - after[name]).abs().max().item() for name in before)
     assert apart <= TOLERANCE, f"own_path at {processes} ({batch}): {apart:.3g} apart"
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("project_shapes_e2e")
+def test_an_evaluation_on_the_main_process_may_outlast_mgpu_timeout(tmp_path):
+    """evaluate_helper's migration runs the project's evaluation on the main process while the others wait for it
+    (``mgpu_runtime.wait_for_main_process``), with no time limit: an evaluation longer than MGPU_TIMEOUT, which
+    a barrier would have failed, ends well."""
+    script = _copy("evaluate_helper", tmp_path, migrated=True)
+    assert "mgpu_runtime.wait_for_main_process()" in script.read_text()
+    environment = {**_environment(), "MGPU_TIMEOUT": "8", "FIXTURE_EVALUATION_S": "12", "FIXTURE_OUTPUT": str(tmp_path / "out.pt")}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    done = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert done.stdout.count("accuracy") == 3, done.stdout

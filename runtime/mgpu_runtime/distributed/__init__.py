@@ -21,7 +21,7 @@ from mgpu_runtime.distributed.metrics import reduce_mean, reduce_sum
 from mgpu_runtime.distributed.own_path import launch_own_path
 from mgpu_runtime.distributed.once import MainProcessOnly, main_process_first, main_process_only, on_main_process
 from mgpu_runtime.distributed.rank_output import print_once
-from mgpu_runtime.distributed.readings import main_process_value
+from mgpu_runtime.distributed.readings import main_process_value, wait_for_main_process
 from mgpu_runtime.distributed.process_group import (
     barrier,
     device,
@@ -47,6 +47,7 @@ __all__ = [
     "main_process_first",
     "main_process_only",
     "main_process_value",
+    "wait_for_main_process",
     "node_rank",
     "on_main_process",
     "print_once",

@@ -73,3 +73,40 @@ def _name(function: Callable[..., Any]) -> str:
     module = getattr(function, "__module__", None)
     name = getattr(function, "__qualname__", None) or repr(function)
     return f"{module}.{name}" if module and module != "builtins" else name
+
+
+# How long each wait on the store lasts before the next: the wait itself has no end, but a job torn down (a
+# process that failed, Ctrl-C) ends it through the store's connection or torchrun's agent.
+_WAIT_STEP_S = 600.0
+
+
+def wait_for_main_process() -> None:
+    """Every other process waits here until the main process gets here, however long that takes.
+
+    For work the main process alone does while the others wait (an evaluation with a DataParallel of its own,
+    run under ``if mgpu_runtime.is_main_process():`` where the original ran it once): a barrier would fail the
+    job after ``MGPU_TIMEOUT`` seconds, and an evaluation may take longer. The main process marks its arrival in
+    the job's store (under this call's site and pass, as ``main_process_value`` does) and goes on; the others
+    wait for that mark with no limit. A main process that fails ends the job as any failing process does (the
+    launcher stops the others). In a single process it does nothing."""
+    if world_size() == 1:
+        return
+    caller = sys._getframe(1)
+    site = f"wait:{os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno}"
+    passes = job().readings
+    passes[site] = passes.get(site, 0) + 1
+    key = f"{site}#{passes[site]}"
+    store = dist.PrefixStore(
+        f"mgpu_runtime/main_process_value/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}",
+        dist.distributed_c10d._get_default_store(),
+    )
+    if is_main_process():
+        store.set(key, "here")
+        return
+    while True:
+        try:
+            store.wait([key], datetime.timedelta(seconds=_WAIT_STEP_S))
+            return
+        except dist.DistStoreError as error:
+            if "timeout" not in str(error).lower():
+                raise
