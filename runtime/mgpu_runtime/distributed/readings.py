@@ -22,6 +22,7 @@ import datetime
 import os
 import pickle
 import sys
+from types import FrameType
 from typing import Any, Callable
 
 import torch.distributed as dist
@@ -37,16 +38,7 @@ def main_process_value(function: Callable[..., Any], /, *args: Any, **kwargs: An
     process, the call itself."""
     if world_size() == 1:
         return function(*args, **kwargs)
-    caller = sys._getframe(1)
-    site = f"{os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno}"
-    # Counted per site: a call the main process alone makes (under an `if`) moves only its own site's count.
-    passes = job().readings
-    passes[site] = passes.get(site, 0) + 1
-    key = f"{site}#{passes[site]}"
-    store = dist.PrefixStore(
-        f"mgpu_runtime/main_process_value/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}",
-        dist.distributed_c10d._get_default_store(),
-    )
+    site, key, store = _keyed(sys._getframe(1))
     if is_main_process():
         try:
             value = function(*args, **kwargs)
@@ -67,6 +59,20 @@ def main_process_value(function: Callable[..., Any], /, *args: Any, **kwargs: An
     if outcome == "raised":
         raise RuntimeError(f"mgpu_runtime.main_process_value({_name(function)}) at {site}: on the main process it raised {value}")
     return value
+
+
+def _keyed(caller: FrameType, kind: str = "") -> tuple[str, str, dist.PrefixStore]:
+    """The call's site (its file's name and line), its key (the site and how many times this process passed
+    there: a call the main process alone makes, under an ``if``, moves only its own site's count), and the job's
+    store the main process publishes in (under this launch's restart)."""
+    site = f"{kind}{os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno}"
+    passes = job().readings
+    passes[site] = passes.get(site, 0) + 1
+    store = dist.PrefixStore(
+        f"mgpu_runtime/main_process_value/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}",
+        dist.distributed_c10d._get_default_store(),
+    )
+    return site, f"{site}#{passes[site]}", store
 
 
 def _name(function: Callable[..., Any]) -> str:
@@ -91,15 +97,7 @@ def wait_for_main_process() -> None:
     launcher stops the others). In a single process it does nothing."""
     if world_size() == 1:
         return
-    caller = sys._getframe(1)
-    site = f"wait:{os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno}"
-    passes = job().readings
-    passes[site] = passes.get(site, 0) + 1
-    key = f"{site}#{passes[site]}"
-    store = dist.PrefixStore(
-        f"mgpu_runtime/main_process_value/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}",
-        dist.distributed_c10d._get_default_store(),
-    )
+    _, key, store = _keyed(sys._getframe(1), "wait:")
     if is_main_process():
         store.set(key, "here")
         return
