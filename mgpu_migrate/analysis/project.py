@@ -277,7 +277,9 @@ class Project:
             # import of this module: then the spelling, ``torch.nn.DataParallel``, says it.
             qualified = found.module.qualified(call.func) or _dotted(call.func)
             if qualified in _DATA_PARALLEL:
-                return Write(call.lineno, qualified.rpartition(".")[2])
+                # A builder that returns the wrapped model (``return nn.DataParallel(net)``) hands it to its
+                # caller: no evaluation of its own (MGP320 follows such models).
+                return None if _returns_the_wrap(found.node, call) else Write(call.lineno, qualified.rpartition(".")[2])
         return None
 
     def writes(self, found: Found) -> Write | None:
@@ -516,6 +518,23 @@ class Write(NamedTuple):
     line: int
     call: str
     directory: bool = False
+
+
+def _returns_the_wrap(function: ast.FunctionDef | ast.AsyncFunctionDef, wrap: ast.Call) -> bool:
+    """The function returns the wrap's result: the call itself, or a name it is assigned to."""
+    names = {
+        target.id
+        for node in ast.walk(function)
+        if isinstance(node, ast.Assign) and node.value is wrap
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    for node in ast.walk(function):
+        if isinstance(node, ast.Return) and node.value is not None:
+            returned = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
+            if any(value is wrap or (isinstance(value, ast.Name) and value.id in names) for value in returned):
+                return True
+    return False
 
 
 def _dotted(node: ast.expr) -> str:

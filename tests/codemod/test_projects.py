@@ -368,3 +368,40 @@ def test_a_project_writer_set_as_a_stream_is_set_on_the_main_process_only(tmp_pa
     }
     torch_style = migrate_source(script.read_text(), "ddp", str(script), TORCH_OPTIONS)
     assert "Logger('err.txt')\n" in torch_style.output and codes(torch_style).count("MGP322") == 2
+
+
+def test_a_project_evaluation_runs_once_and_a_builder_that_returns_its_wrap_is_no_evaluation(tmp_path):
+    """MOT's shape: ``test.test`` wraps a model of its own and evaluates it; called by the migrated loop with its
+    result unread, it runs on the main process and the others wait for it (MGP132). A project function that
+    returns the model it wraps is a builder, not an evaluation: nothing is said of it."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "helpers.py").write_text(
+        "import torch\n\n\n"
+        "def test(weights):\n"
+        "    model = torch.nn.DataParallel(torch.nn.Linear(2, 2))\n"
+        "    model.load_state_dict(torch.load(weights))\n"
+        "    return model(torch.zeros(1, 2)).sum().item()\n\n\n"
+        "def build():\n"
+        "    net = torch.nn.Linear(2, 2)\n"
+        "    net = torch.nn.DataParallel(net)\n"
+        "    return net\n"
+    )
+    train = tmp_path / "train.py"
+    train.write_text(
+        "import torch\nimport helpers\nfrom torch.utils.data import DataLoader\n\n"
+        "teacher = helpers.build()\n"
+        "teacher.eval()\n"
+        "model = torch.nn.DataParallel(torch.nn.Linear(2, 2))\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for x in DataLoader(torch.randn(8, 2), batch_size=4):\n"
+        "    loss = model(x).pow(2).mean()\n"
+        "    optimizer.zero_grad()\n"
+        "    loss.backward()\n"
+        "    optimizer.step()\n"
+        "    torch.save(model.state_dict(), 'latest.pt')\n"
+        "    score = helpers.test('latest.pt')\n"
+    )
+    result = migrate_source(train.read_text(), "ddp", str(train))
+    said = [(d.code, d.message) for d in result.diagnostics if d.code in ("MGP132", "MGP322")]
+    assert len(said) == 1 and said[0][0] == "MGP132" and said[0][1].startswith("`helpers.test(...)` evaluates"), said
+    assert "    if mgpu_runtime.is_main_process():\n        score = helpers.test('latest.pt')\n    mgpu_runtime.wait_for_main_process()\n" in result.output
