@@ -16,6 +16,7 @@ own directory first), from the project root, and from the directory above the fi
 from __future__ import annotations
 
 import ast
+import copy
 import os
 import re
 from collections.abc import Iterator
@@ -117,6 +118,9 @@ class Project:
         self._changes: dict[int, Write | None] = {}  # by definition node: its first directory change
         self._written: dict[int, Write | None] = {}  # by definition node: its first file write
         self._downloaded: dict[int, Write | None] = {}  # by definition node: its first download
+        # A function's copy without the branches a call switches off, kept: the caches above key nodes by id,
+        # which a copy that was dropped would hand on to the next object made.
+        self._pruned: dict[tuple[int, frozenset[str]], ast.AST] = {}
 
     def find(self, qualified: str, depth: int = 0) -> Found | None:
         key = (qualified, depth)
@@ -281,6 +285,17 @@ class Project:
                 # caller: no evaluation of its own (MGP320 follows such models).
                 return None if _returns_the_wrap(found.node, call) else Write(call.lineno, qualified.rpartition(".")[2])
         return None
+
+    def writes_unless(self, found: Found, switched_off: frozenset[str]) -> Write | None:
+        """``writes`` of a function called with ``switched_off`` (parameters given a false constant): what it
+        writes only under ``if NAME:`` for one of them it does not write (SCAN's ``hungarian_evaluate(...,
+        compute_confusion_matrix=False)``)."""
+        if not switched_off:
+            return self.writes(found)
+        key = (id(found.node), switched_off)
+        if key not in self._pruned:
+            self._pruned[key] = _WithoutBranches(switched_off).visit(copy.deepcopy(found.node))
+        return self.writes(Found(found.module, self._pruned[key], found.seen_from))  # type: ignore[arg-type]
 
     def writes(self, found: Found) -> Write | None:
         """The first file write in a function (or a class's methods, and those of the project classes it derives
@@ -518,6 +533,19 @@ class Write(NamedTuple):
     line: int
     call: str
     directory: bool = False
+
+
+class _WithoutBranches(ast.NodeTransformer):
+    """A function's copy without the bodies of ``if NAME:`` for the parameters a call switched off."""
+
+    def __init__(self, names: frozenset[str]) -> None:
+        self.names = names
+
+    def visit_If(self, node: ast.If) -> ast.If:
+        self.generic_visit(node)
+        if isinstance(node.test, ast.Name) and node.test.id in self.names:
+            node.body = [ast.Pass()]
+        return node
 
 
 def _returns_the_wrap(function: ast.FunctionDef | ast.AsyncFunctionDef, wrap: ast.Call) -> bool:

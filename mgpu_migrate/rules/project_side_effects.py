@@ -4,7 +4,6 @@ own, once under DDP as in the original (``--to ddp``)."""
 from __future__ import annotations
 
 import ast
-import copy
 import os
 from typing import Optional
 
@@ -367,12 +366,9 @@ class ProjectSideEffects(Rule):
             return None
         written = project.writes(found)
         if written is not None and isinstance(found.node, _FUNCTIONS):
-            switched_off = _switched_off(found.node, call)
-            if switched_off:
-                # What it writes only under ``if compute_confusion_matrix:`` it does not write when this call
-                # gives that parameter False (SCAN's ``hungarian_evaluate(..., compute_confusion_matrix=False)``).
-                pruned = _WithoutBranches(switched_off).visit(copy.deepcopy(found.node))
-                written = project.writes(Found(found.module, pruned, found.seen_from))
+            # What it writes only under ``if compute_confusion_matrix:`` it does not write when this call gives
+            # that parameter False (SCAN's ``hungarian_evaluate(..., compute_confusion_matrix=False)``).
+            written = project.writes_unless(found, _switched_off(found.node, call))
         return (found, written) if written is not None else None
 
     def _own_statement(self, call: cst.Call) -> Optional[cst.SimpleStatementLine]:
@@ -500,16 +496,3 @@ def _constant(value: cst.BaseExpression) -> str:
     if type(value) is cst.Integer:
         return value.value
     return ""
-
-
-class _WithoutBranches(ast.NodeTransformer):
-    """A function's copy without the bodies of ``if NAME:`` for the parameters a call switched off."""
-
-    def __init__(self, names: frozenset[str]) -> None:
-        self.names = names
-
-    def visit_If(self, node: ast.If) -> ast.If:
-        self.generic_visit(node)
-        if isinstance(node.test, ast.Name) and node.test.id in self.names:
-            node.body = [ast.Pass()]
-        return node
