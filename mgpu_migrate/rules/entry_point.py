@@ -74,8 +74,8 @@ TRAINED_ALONE = Review(
         "Started that way, each of the N processes runs that training whole, writes its files and prints its lines."
     ),
     todo=(
-        "Start the training of those modules as one process (`MGPU_NPROC=1 python main.py ...`), or migrate them "
-        "too: wrap their model in DataParallel and run the tool again."
+        "Start the training of those modules as one process, as the original ran it: `MGPU_NPROC=1 python main.py "
+        "...` (the set-up then keeps one process and changes nothing the script sees)."
     ),
 )
 FILE_KEEPS_A_WRAP = Review(
