@@ -10,6 +10,12 @@ Two measurements, written into ``results`` (each in fresh processes, so this pro
   its migration under ``torchrun --nproc_per_node=2`` with both ranks on GPU 0 over gloo
   (``MGPU_BACKEND=gloo``, ``MGPU_SHARE_DEVICE=1``: NCCL refuses two ranks on one device). The final
   weights must agree within 1e-5 and be identical on both ranks.
+* ``streams``: the random streams of a rank above 0 (``global_view.DeviceStream``). The same dropout training
+  runs twice under ``torchrun --nproc_per_node=2`` on GPU 0, once with draws on the GPU in the loop between
+  steps (a ``torch.multinomial`` as decision-transformer's evaluation makes, and a ``torch.randn_like`` of the
+  global batch) and once without: rank 1's dropout masks must be the same in both runs (under DataParallel the
+  loop drew on ``cuda:0``, never on device 1), and the ``randn_like`` draw must be the same whole tensor on
+  both ranks (rank 0's stream, ``cuda:0``'s).
 * ``overhead``: median step time (forward, loss, backward, SGD step) of an 8-layer 4096-wide MLP in a
   world of one, ``mgpu_runtime.DistributedDataParallel`` against bare ``torch DistributedDataParallel`` on
   an NCCL group (what ``torchrun --nproc_per_node=1`` gives); target <= 1.02x.
@@ -57,14 +63,16 @@ def run(results: dict, rehearse: bool = False) -> None:
     else:
         results["device"] = torch.cuda.get_device_name(0)
     with tempfile.TemporaryDirectory() as scratch:
-        for name, measure in (("exactness", _exactness), ("overhead", _overhead)):
+        for name, measure in (("exactness", _exactness), ("streams", _streams), ("overhead", _overhead)):
             try:
                 results[name] = measure(pathlib.Path(scratch), rehearse)
             except Exception as failure:  # noqa: BLE001 - one failing half must not hide the other's numbers
                 results[name] = {"error": f"{type(failure).__name__}: {failure}"}
-    failed = [name for name in ("exactness", "overhead") if "error" in results[name]]
+    failed = [name for name in ("exactness", "streams", "overhead") if "error" in results[name]]
     if "error" not in results["exactness"] and not results["exactness"]["ok"]:
         failed.append("exactness: weights differ")
+    if "error" not in results["streams"] and not results["streams"]["ok"]:
+        failed.append("streams: a loop draw moved rank 1's dropout, or the batch's noise differs between ranks")
     if failed:
         results["error"] = "failed: " + ", ".join(failed)
 
@@ -88,6 +96,22 @@ def _exactness(scratch: pathlib.Path, rehearse: bool) -> dict:
         "ranks_identical": identical,
         "ok": difference <= TOLERANCE and identical,
     }
+
+
+def _streams(scratch: pathlib.Path, rehearse: bool) -> dict:
+    env = {"CUDA_VISIBLE_DEVICES": ""} if rehearse else {
+        "CUDA_VISIBLE_DEVICES": _first_visible_device(), "MGPU_BACKEND": "gloo", "MGPU_SHARE_DEVICE": "1"
+    }
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    runs = {}
+    for name, draws in (("quiet", []), ("drawing", ["--loop-draws"])):
+        out = scratch / f"streams-{name}"
+        _worker(["streams", str(out), *draws], launcher=launcher, env=env)
+        runs[name] = [torch.load(out / f"rank{rank}.pt") for rank in range(2)]
+    quiet, drawing = runs["quiet"], runs["drawing"]
+    masks_kept = all(torch.equal(a, b) for a, b in zip(quiet[1]["masks"], drawing[1]["masks"]))
+    noise_alike = all(torch.equal(a, b) for a, b in zip(drawing[0]["noise"], drawing[1]["noise"]))
+    return {"rank1_masks_kept": masks_kept, "noise_alike_on_ranks": noise_alike, "ok": masks_kept and noise_alike}
 
 
 def _overhead(scratch: pathlib.Path, rehearse: bool) -> dict:
@@ -153,6 +177,37 @@ def _train_worker(out: pathlib.Path, original: bool) -> None:
     torch.save({name: value.detach().cpu() for name, value in bare.state_dict().items()}, out / f"rank{rank}.pt")
 
 
+def _streams_worker(out: pathlib.Path, loop_draws: bool) -> None:
+    """Dropout training over the ranks; each rank keeps its dropout masks, and (``loop_draws``) the loop draws on
+    the device between steps, keeping the whole of each ``randn_like`` of the batch."""
+    import mgpu_runtime
+    from mgpu_runtime.sharded import materialize
+    from torch.utils.data import DataLoader, TensorDataset
+
+    mgpu_runtime.setup()
+    device = mgpu_runtime.device()
+    torch.manual_seed(3)
+    dropout = nn.Dropout(0.5)
+    model = mgpu_runtime.DistributedDataParallel(nn.Sequential(nn.Linear(8, 32), dropout, nn.Linear(32, 2)).to(device))
+    masks: list[torch.Tensor] = []
+    dropout.register_forward_hook(lambda module, inputs, output: masks.append((output == 0).cpu()))
+    data = TensorDataset(torch.randn(36, 8, generator=torch.Generator().manual_seed(0)))
+    loader = mgpu_runtime.distribute_loader(DataLoader(data, batch_size=12))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    noise = []
+    for _ in range(2):
+        for (inputs,) in loader:
+            inputs = inputs.to(device)
+            optimizer.zero_grad()
+            model(inputs).pow(2).mean().backward()
+            optimizer.step()
+            if loop_draws:
+                torch.multinomial(torch.ones(50, device=device), 5)
+                noise.append(materialize(torch.randn_like(inputs)).cpu())
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save({"masks": masks, "noise": noise}, out / f"rank{mgpu_runtime.rank()}.pt")
+
+
 def _overhead_worker(out: pathlib.Path, rehearse: bool) -> None:
     """Median step times of the runtime's wrapper and bare DDP, measured in alternating rounds."""
     import mgpu_runtime
@@ -202,12 +257,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", nargs="+", metavar="ARGUMENT", help=argparse.SUPPRESS)
     parser.add_argument("--original", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--loop-draws", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rehearse", action="store_true", help="run this script's code on the CPU, toy sizes")
     arguments = parser.parse_args()
     if arguments.worker:
         kind, out = arguments.worker[0], pathlib.Path(arguments.worker[1])
         if kind == "train":
             _train_worker(out, arguments.original)
+        elif kind == "streams":
+            _streams_worker(out, arguments.loop_draws)
         else:
             _overhead_worker(out, arguments.rehearse)
         return 0

@@ -39,6 +39,7 @@ def test_gpu_check_rehearsal_runs_every_measurement(tmp_path):
     # Two torchrun processes over gloo against one plain process.
     assert ddp["exactness"] == {**ddp["exactness"], "ranks_identical": True, "ok": True}
     assert ddp["exactness"]["max_weight_difference"] <= 1e-5
+    assert ddp["streams"] == {"rank1_masks_kept": True, "noise_alike_on_ranks": True, "ok": True}
     assert ddp["overhead"]["mgpu_runtime_ms"] > 0 and ddp["overhead"]["bare_ddp_ms"] > 0
 
 
