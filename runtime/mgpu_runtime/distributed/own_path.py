@@ -23,6 +23,7 @@ starts, before its command line is parsed and before anything touches CUDA:
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from collections.abc import Sequence
@@ -56,6 +57,7 @@ def launch_own_path(batch_option: str | Sequence[str], batch_default: int | None
             sys.argv[1:] = with_batch(sys.argv[1:], options, per_process)
             rank_output.apply(environment)
             _check_at_the_first_step(environment.world_size)
+            atexit.register(_leave_the_process_group)
         return
     processes = requested_process_count(os.environ)
     if processes == 1 or not can_rerun_command_line():
@@ -146,6 +148,15 @@ def _before_the_end(arguments: Sequence[str]) -> Sequence[str]:
 
 def _longest(options: Sequence[str]) -> str:
     return max(options, key=len)
+
+
+def _leave_the_process_group() -> None:
+    """At the exit of a process this call relaunched: the process group the script's own path made is destroyed
+    (its gloo threads joined), as the runtime's own set-up does. A script that leaves it to the interpreter's
+    end may die there with ``terminate called without an active exception`` (SIGABRT), when a peer has
+    closed its side first: a job that trained well would end with a failure."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _check_at_the_first_step(processes: int) -> None:
