@@ -74,8 +74,7 @@ def trained_apart(path: str, data: bytes, started: tuple[str, ...]) -> tuple[str
     distributed programs) nor imported by one of them (a helper of their training, ``utils/train.py``):
     training the script may start apart from those programs (ncsn's other runners, picked by name)."""
     directory = os.path.dirname(os.path.abspath(path))
-    root = _root(directory)
-    bases = tuple(dict.fromkeys((directory, _above_package(directory), *((root,) if root is not None else ()))))
+    bases = _bases(directory)
     helpers = {os.path.abspath(module) for module in started}
     for module in started:
         helpers.update(_imported(_read(module), os.path.dirname(os.path.abspath(module)), bases))
@@ -87,8 +86,7 @@ def _modules(path: str, data: bytes) -> list[tuple[str, bytes]]:
     if not is_script(data) or b"import" not in data:
         return []
     directory = os.path.dirname(os.path.abspath(path))
-    root = _root(directory)
-    bases = tuple(dict.fromkeys((directory, _above_package(directory), *((root,) if root is not None else ()))))
+    bases = _bases(directory)
     found: dict[str, bytes] = {}
     for module in _imported(data, directory, bases):
         for inner in (module, *(_imported(_read(module), os.path.dirname(module), bases) if module.endswith("__init__.py") else ())):
@@ -112,8 +110,7 @@ def held_by(path: str, data: bytes, might_migrate: Callable[[bytes], bool]) -> t
     bytes and paths alone, as the candidates of a script are: each base is looked up through the one import
     that binds its name, so a module with many imports and classes costs a few dictionary lookups."""
     directory = os.path.dirname(os.path.abspath(path))
-    root = _root(directory)
-    bases = tuple(dict.fromkeys((directory, _above_package(directory), *((root,) if root is not None else ()))))
+    bases = _bases(directory)
     found: list[str] = []
     seen = {os.path.abspath(path)}
     read: dict[str, bytes] = {}
@@ -199,6 +196,12 @@ def _defining(
     if found not in read:
         read[found] = _read(found)
     return found if re.search(rb"^[ \t]*class[ \t]+" + parts[-1].encode() + rb"\b", read[found], re.MULTILINE) else None
+
+
+def _bases(directory: str) -> tuple[str, ...]:
+    """Where a module's imports are looked for: its own directory, the one above its package, the project root."""
+    root = _root(directory)
+    return tuple(dict.fromkeys((directory, _above_package(directory), *((root,) if root is not None else ()))))
 
 
 def _root(directory: str) -> str | None:
