@@ -332,3 +332,44 @@ def test_replicas_that_meet_through_queues_they_hold_run_at_once_as_in_data_para
     balanced = gather(DataParallelModel(module)(x))  # one replica after the other would wait at the barrier
     original = EmulatedDataParallel(module)(x)
     assert torch.equal(balanced, original)
+
+
+class _FindsItsDevice(nn.Module):
+    """A forward that finds its device from its parameters (fatchord/WaveRNN's models, written for torch 1.0)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(3, 4)
+        self.rnn = nn.GRU(4, 5, batch_first=True)
+
+    def forward(self, x):
+        device = next(self.parameters()).device
+        hidden = torch.zeros(1, x.size(0), 5, dtype=x.dtype, device=device)
+        return self.rnn(self.embed(x), hidden)[0]
+
+
+def test_a_replica_on_another_device_lists_its_parameters_there():
+    # torch's replicas list no parameters since torch 1.5: such a forward stops with StopIteration under
+    # nn.DataParallel on several GPUs. The meta device stands in for a second GPU here.
+    from mgpu_runtime.balanced.replicate import replicate
+
+    module = _FindsItsDevice().double()
+    home, other = replicate(module, [torch.device("cpu"), torch.device("meta")])
+    assert all(a is b for a, b in zip(home.parameters(), module.parameters(), strict=True))
+    copies = list(other.parameters())
+    assert len(copies) == len(list(module.parameters()))
+    assert {copy.device.type for copy in copies} == {"meta"}
+    assert all(weight.device.type == "meta" for weight in other.rnn._flat_weights)
+    output = other(torch.randn(2, 6, 3, dtype=torch.float64, device="meta"))
+    assert output.device.type == "meta" and output.shape == (2, 6, 5)
+
+
+def test_a_forward_that_finds_its_device_trains_on_three_replicas_as_data_parallel(three_replicas):
+    torch.manual_seed(0)
+    module = _FindsItsDevice().double()
+    reference = copy.deepcopy(module)
+    x = torch.randn(7, 6, 3, dtype=torch.float64)
+    DataParallelModel(module)(x).pow(2).sum().backward()
+    reference(x).pow(2).sum().backward()
+    for ours, theirs in zip(module.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(ours.grad, theirs.grad, rtol=0, atol=1e-12)

@@ -7,6 +7,11 @@ A replica is a shallow copy of every submodule (``Module._replicate_for_data_par
   (CPU replicas, or ``device_ids=[0, 0]``) cost no memory and autograd sums their gradients into ``.grad``;
 * on another device: a differentiable copy (``Tensor.to``), whose backward carries the gradient home.
 
+Either way the replica lists them in ``parameters()``. torch's own replicas have listed none since torch 1.5, so a
+``forward`` that finds its device with ``next(self.parameters()).device`` (fatchord/WaveRNN's models, written for
+torch 1.0) stops with ``StopIteration`` under ``nn.DataParallel`` on several GPUs; it ran there before, and runs
+here, each replica on its own device.
+
 Buffers follow ``nn.DataParallel``'s rule: the first replica shares the originals, so running statistics
 updated in its forward persist; the others get copies, so concurrent in-place updates never race.
 Every replica is a copy, the first one too, as torch's: attributes a ``forward`` sets on its module (a step
@@ -54,8 +59,12 @@ def _replica(module: nn.Module, device: torch.device, home: torch.device, shares
             if parameter is None:
                 replica._parameters[name] = None
             else:
-                # setattr registers an original Parameter as a parameter, and a copy as a plain attribute
-                setattr(replica, name, place_parameter(parameter))
+                # setattr registers an original Parameter as a parameter, and a copy as a plain attribute (an RNN
+                # also points its flat weights at it there) ...
+                placed = place_parameter(parameter)
+                setattr(replica, name, placed)
+                # ... which parameters() then lists too, as DataParallel's replicas did before torch 1.5
+                replica._parameters[name] = placed
         for name, buffer in original._buffers.items():
             replica._buffers[name] = buffer if buffer is None or shares_buffers else buffer.to(device, copy=True)
         return replica
