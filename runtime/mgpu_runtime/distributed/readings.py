@@ -34,18 +34,19 @@ def main_process_value(function: Callable[..., Any], /, *args: Any, **kwargs: An
     """``function(*args, **kwargs)`` called on the main process, its result returned on every process.
 
     For a reading that differs between processes and names something they share: the clock read into a run
-    directory's name (``time.strftime``, ``datetime.datetime.now``). The result must pickle. In a single
-    process, the call itself."""
+    directory's name (``time.strftime``, ``datetime.datetime.now``). The result must pickle: one that does not
+    raises on the main process, and the others hear why at once. In a single process, the call itself."""
     if world_size() == 1:
         return function(*args, **kwargs)
     site, key, store = _keyed(sys._getframe(1))
     if is_main_process():
         try:
             value = function(*args, **kwargs)
+            published = pickle.dumps(("value", value))  # a value that does not pickle raises here, and is told
         except BaseException as error:
             store.set(key, pickle.dumps(("raised", f"{type(error).__name__}: {error}")).hex())
             raise
-        store.set(key, pickle.dumps(("value", value)).hex())
+        store.set(key, published.hex())
         return value
     seconds = timeout_seconds(os.environ)
     try:

@@ -3,7 +3,8 @@ main process (as the codemod writes darts's), and readings of a clock skewed per
 
 ``python module_level_main.py OUT`` with MGPU_NPROC=2: the first runtime call relaunches the script under
 torchrun, so the process started plainly makes nothing; rank 0 makes the one run directory. Each rank writes
-``OUT/rank<r>.json``: the readings it got from ``main_process_value``."""
+``OUT/rank<r>.json``: the readings it got from ``main_process_value``, and what it raised for a value that does
+not pickle."""
 
 import json
 import os
@@ -29,6 +30,10 @@ if mgpu_runtime.is_main_process():  # a call the main process alone makes pairs 
     readings.append(mgpu_runtime.main_process_value(skewed_clock, "main only"))
 for _ in range(2):
     readings.append(mgpu_runtime.main_process_value(skewed_clock, "loop"))
+try:  # a value that does not pickle: every process hears why at once, none waits out MGPU_TIMEOUT
+    mgpu_runtime.main_process_value(lambda: (lambda: None))
+except Exception as error:
+    readings.append(f"{type(error).__name__}: {error}")
 
 if __name__ == "__main__":
     mgpu_runtime.setup()
