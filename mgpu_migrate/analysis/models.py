@@ -130,7 +130,6 @@ class ModelFlow:
         # The scope pass costs about half a parse: a file without a wrap site never pays for it.
         if not self.subclasses and not any(analysis.resolve(call.func) in _SITE_KINDS for call in analysis.calls):
             return
-        self.index: FlowIndex = analysis.flow
         for call, scope in self.index.calls:
             kind = self._site_kind(call, scope)
             if kind == TORCH:
@@ -147,6 +146,13 @@ class ModelFlow:
             self._propagate()
 
     # -- sites -----------------------------------------------------------------------------------
+
+    @property
+    def index(self) -> FlowIndex:
+        """The file's flow index, made on first use: a file without a wrap site never pays for its scope pass, yet
+        a query about one (an entry script's helper call given a value: has it the model's outputs?) is answered,
+        with no site."""
+        return self.analysis.flow
     def _site_kind(self, call: cst.Call, scope: Scope) -> Optional[str]:
         kind = _SITE_KINDS.get(self.analysis.resolve(call.func) or "")
         if kind is None and type(call.func) is cst.Name and self.subclasses:

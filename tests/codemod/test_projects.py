@@ -405,3 +405,40 @@ def test_a_project_evaluation_runs_once_and_a_builder_that_returns_its_wrap_is_n
     said = [(d.code, d.message) for d in result.diagnostics if d.code in ("MGP132", "MGP322")]
     assert len(said) == 1 and said[0][0] == "MGP132" and said[0][1].startswith("`helpers.test(...)` evaluates"), said
     assert "    if mgpu_runtime.is_main_process():\n        score = helpers.test('latest.pt')\n    mgpu_runtime.wait_for_main_process()\n" in result.output
+
+
+def test_an_entry_script_without_a_wrap_that_hands_a_writing_helper_a_value_is_migrated(tmp_path):
+    """first-order-model's ``run.py`` shape: the entry script wraps nothing itself, starts the training of
+    ``train.py`` and, in another mode, calls a project function that makes directories, given a value of its own.
+    Asking whether that value holds the model's outputs read a flow index the file never built: an internal
+    error (MGP003) left the whole entry script unchanged."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "train.py").write_text(
+        "import torch\nfrom torch.utils.data import DataLoader\n\n\n"
+        "def train(model, dataset):\n"
+        "    model = torch.nn.DataParallel(model)\n"
+        "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for x in DataLoader(dataset, batch_size=4):\n"
+        "        optimizer.zero_grad()\n"
+        "        model(x).pow(2).mean().backward()\n"
+        "        optimizer.step()\n"
+    )
+    (tmp_path / "report.py").write_text(
+        "import os\n\n\n"
+        "def report(model, log_dir):\n"
+        "    os.makedirs(os.path.join(log_dir, 'report'))\n"
+    )
+    run = tmp_path / "run.py"
+    run.write_text(
+        "import sys\nimport torch\nfrom train import train\nfrom report import report\n\n"
+        "if __name__ == '__main__':\n"
+        "    model = torch.nn.Linear(2, 2)\n"
+        "    if sys.argv[1] == 'train':\n"
+        "        train(model, torch.randn(8, 2))\n"
+        "    else:\n"
+        "        report(model, sys.argv[2])\n"
+    )
+    result = migrate_source(run.read_text(), "ddp", str(run))
+    assert result.error is None, result.error
+    assert "MGP120" in codes(result) and "MGP132" in codes(result), codes(result)
+    assert "        if mgpu_runtime.is_main_process():\n            report(model, sys.argv[2])\n" in result.output
