@@ -31,7 +31,11 @@ generator's losses, each given its own ``backward()``) is what torch's reducer c
 reduction per forward. ``reduce_each_backward=True`` leaves the reducer out and sums the model's gradients at the
 end of each backward pass instead (``mgpu_runtime.sharded.gradients``), so ``.grad`` is whole after each pass, as
 DataParallel's was, whatever runs between the passes (a step, clipping); it costs the overlap of the reduction
-with the backward pass.
+with the backward pass. Two wrappers that share parameters (first-order-model's generator and discriminator
+"full models", each holding the generator, the keypoint detector and the discriminator, each wrapped) both work
+that way, whatever they were given: each wrapper's reducer would wait for every parameter its module holds,
+also those its forward never uses (the discriminator's full model runs no generator), and count the shared
+ones when the other wrapper's backward pass reaches them, while DataParallel summed whatever each pass reached.
 
 ``device_ids`` and ``output_device`` (DataParallel's arguments, naming all the GPUs of one process) are
 accepted and ignored: here each process has exactly one device, ``device()``. Other keyword arguments go to
@@ -103,7 +107,11 @@ class DistributedDataParallel(_TorchDDP):
             **kwargs,
         )
         self._job = job()
-        self._reduce_each_backward = reduce_each_backward
+        sharing = _sharing_parameters(self._job, module) if processes > 1 else []
+        for other in sharing:
+            other._sum_each_backward()  # both sum what each pass reached, as DataParallel did (see the module doc)
+        self._job.wrappers.add(self)
+        self._reduce_each_backward = reduce_each_backward or bool(sharing)
         self.register_comm_hook(self._job.lockstep, _summed if processes > 1 else _keep_local)
         self._watched = list(module.parameters())  # read at each training forward: a flat list is 15x faster to scan
         self._trainable = _trainable(self._watched)
@@ -168,6 +176,12 @@ class DistributedDataParallel(_TorchDDP):
         self._note_synchronised()
         return True
 
+    def _sum_each_backward(self) -> None:
+        """From now on, this wrapper's gradients are summed at the end of each backward pass, its reducer left out."""
+        if not self._reduce_each_backward:
+            self._reduce_each_backward = True
+            self._note_synchronised()
+
     def _note_synchronised(self) -> None:
         gradients = self._job.gradients
         if gradients is None:
@@ -217,6 +231,12 @@ class FrozenModule(nn.Module):
 
     def __reduce_ex__(self, protocol: int) -> Any:
         return as_data_parallel(self.module)
+
+
+def _sharing_parameters(current: Job, module: nn.Module) -> list[DistributedDataParallel]:
+    """The job's wrappers whose modules hold a parameter of ``module``."""
+    held = {id(parameter) for parameter in module.parameters()}
+    return [other for other in list(current.wrappers) if any(id(parameter) in held for parameter in other._watched)]
 
 
 def _trainable(parameters: list[torch.Tensor]) -> list[bool]:

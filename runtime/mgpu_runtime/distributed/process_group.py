@@ -36,6 +36,7 @@ import os
 import socket
 import sys
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -82,6 +83,9 @@ class Job:
     stream: global_view.DeviceStream | None = None
     # How many times this process passed each call site of main_process_value (readings.py).
     readings: dict[str, int] = field(default_factory=dict)
+    # The DistributedDataParallel wrappers made in this job (ddp.py), weakly: a new one that shares parameters
+    # with one of them makes both sum their gradients after each backward pass.
+    wrappers: weakref.WeakSet = field(default_factory=weakref.WeakSet)
 
 
 _job: Job | None = None
