@@ -37,6 +37,10 @@ that way, whatever they were given: each wrapper's reducer would wait for every 
 also those its forward never uses (the discriminator's full model runs no generator), and count the shared
 ones when the other wrapper's backward pass reaches them, while DataParallel summed whatever each pass reached.
 
+``replication_callbacks=True`` (a vendored ``DataParallelWithCallback``'s wrap) links the Synchronized-BatchNorm
+package's layers over the ranks at each forward, as the callbacks linked DataParallel's replicas
+(``replication_callbacks.py``): they normalise over the global batch, as they did.
+
 ``device_ids`` and ``output_device`` (DataParallel's arguments, naming all the GPUs of one process) are
 accepted and ignored: here each process has exactly one device, ``device()``. Other keyword arguments go to
 torch's DDP unchanged (``find_unused_parameters=True`` for a model that skips parameters in some steps).
@@ -54,6 +58,8 @@ from torch import nn
 
 from mgpu_runtime.distributed import global_view, lockstep, safety, sync_batchnorm
 from mgpu_runtime.distributed.process_group import Job, device, job, setup, world_size
+from mgpu_runtime.distributed.replication_callbacks import linked
+from mgpu_runtime.distributed.replication_callbacks import told_copies as replication_callbacks_of
 from mgpu_runtime.pickling import as_data_parallel
 from mgpu_runtime.replica_links import thread_linked
 from mgpu_runtime.sharded import scatter_gather
@@ -87,9 +93,12 @@ class DistributedDataParallel(_TorchDDP):
         output_device: Any = None,
         dim: int = 0,
         reduce_each_backward: bool = False,
+        replication_callbacks: bool = False,
         **kwargs: Any,
     ) -> None:
         _refuse_thread_linked_layers(module)
+        # A DataParallelWithCallback's synchronized BatchNorm layers, linked over the ranks at each forward.
+        told = replication_callbacks_of(module) if replication_callbacks else []
         setup()
         local = device()
         processes = world_size()
@@ -107,6 +116,7 @@ class DistributedDataParallel(_TorchDDP):
             **kwargs,
         )
         self._job = job()
+        self._told = told
         sharing = _sharing_parameters(self._job, module) if processes > 1 else []
         for other in sharing:
             other._sum_each_backward()  # both sum what each pass reached, as DataParallel did (see the module doc)
@@ -147,7 +157,8 @@ class DistributedDataParallel(_TorchDDP):
                 safety.align_replicas(self.module, self.process_group)
             current.safety.note_forward(inputs, kwargs)
             current.lockstep.note_forward()
-        output, active = _replica_forward(super().forward, inputs, kwargs, current)
+        with linked(self._told):
+            output, active = _replica_forward(super().forward, inputs, kwargs, current)
         if self.training and not torch.is_grad_enabled():
             # Buffers changed without a training forward (BatchNorm statistics recomputed under no_grad): the next
             # forward gives every rank rank 0's again, as DataParallel's replicas always took the module's.
