@@ -1,10 +1,15 @@
-"""MGP266: the Synchronized-BatchNorm package's replication callbacks keep the file off DDP (``--to ddp``)."""
+"""MGP109 and MGP266: the Synchronized-BatchNorm package's replication callbacks under DDP (``--to ddp``)."""
 
 from __future__ import annotations
 
+import os
+from typing import Optional, Union
+
 import libcst as cst
 
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rule
+from mgpu_migrate.analysis.project import project_of
+from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review, Rewrite, Rule
+from mgpu_migrate.rules.syntax import keyword, with_keyword
 
 # The file is left as it is when this is reported (rules.settle).
 REPLICATION_CALLBACK = Review(
@@ -12,10 +17,13 @@ REPLICATION_CALLBACK = Review(
     name="replication-callback",
     summary="synchronized BatchNorm called back by DataParallel's replicate: DDP never calls it",
     why=(
-        "The file uses the Synchronized-BatchNorm package's replication callbacks (`patch_replication_callback`, "
-        "`DataParallelWithCallback`, `__data_parallel_replicate__`): they synchronise BatchNorm statistics across "
-        "the replicas DataParallel makes. DDP makes no replicas, so the callback would never run (BatchNorm per "
-        "process) or fail an assertion at start-up. The file is left as it is."
+        "The file uses replication callbacks (`patch_replication_callback`, `DataParallelWithCallback`, "
+        "`__data_parallel_replicate__`): they synchronise BatchNorm statistics across the replicas DataParallel "
+        "makes. DDP makes no replicas, so the callback would never run (BatchNorm per process) or fail an assertion "
+        "at start-up. The runtime links the Synchronized-BatchNorm package's layers over the processes instead "
+        "(MGP109), for `patch_replication_callback(model)` on a wrapped model; this site is another shape (the "
+        "`DataParallelWithCallback` class, layers that meet their copies another way, a patch of a model not wrapped "
+        "here, `--style torch`). The file is left as it is."
     ),
     todo=(
         "Use `--to balanced` (its replicate calls `__data_parallel_replicate__`), or replace the package's "
@@ -23,23 +31,26 @@ REPLICATION_CALLBACK = Review(
     ),
     veto=True,
 )
-_CALLBACK_NAMES = frozenset({"patch_replication_callback", "DataParallelWithCallback"})
+_PATCH = "patch_replication_callback"
+_CALLBACK_NAMES = frozenset({"DataParallelWithCallback"})
 _CALLBACK_METHOD = "__data_parallel_replicate__"
 
 
 class ReplicationCallback(Rule):
     """
     ## What it does
-    Reports the replication callbacks of the Synchronized-BatchNorm package common in segmentation code
-    (``patch_replication_callback(model)``, ``DataParallelWithCallback(model)``, a module defining
-    ``__data_parallel_replicate__``). The file is then left as it is.
+    Under ``--to ddp``, ``patch_replication_callback(model)`` on a model this file wraps in DataParallel (the
+    Synchronized-BatchNorm package, vendored as ``sync_batchnorm/`` by many segmentation projects) goes, and the
+    wrap gets ``replication_callbacks=True``: the runtime links the package's layers over the processes at each
+    forward, as the callbacks linked DataParallel's replicas. Any other replication callback (the
+    ``DataParallelWithCallback`` class, a layer that meets its copies some other way, a patch of a model not
+    wrapped here) is reported (MGP266) and the file left as it is.
 
     ## Why is this bad?
     Those layers synchronise their statistics across the replicas of one ``nn.DataParallel`` forward, which
-    calls them back when it replicates the model. Under DDP there are no replicas: ``patch_replication_callback``
-    fails its ``isinstance(model, DataParallel)`` assertion at start-up, and the layers, never called back,
-    silently normalise over each process's rows only. ``--to balanced`` replicates the model and calls
-    ``__data_parallel_replicate__`` as DataParallel did.
+    calls them back when it replicates the model: they normalise over the whole batch. Under DDP there are no
+    replicas: ``patch_replication_callback`` fails its ``isinstance(model, DataParallel)`` assertion at start-up,
+    and the layers, never called back, would normalise over each process's rows only.
 
     ## Example
     ```python
@@ -48,17 +59,24 @@ class ReplicationCallback(Rule):
     ```
 
     ## Use instead
-    Migrate the file with ``--to balanced``, or replace the package's layers with ``nn.BatchNorm2d`` and
-    migrate with ``--to ddp --sync-bn`` (``SyncBatchNorm`` over the global batch).
+    ```python
+    model = mgpu_runtime.DistributedDataParallel(model, replication_callbacks=True)
+    ```
 
     ## Fix safety
-    Nothing is rewritten, in the whole file: ``--to ddp`` migrates a file entirely or not at all.
+    Exact for the package's layers (a master copy, pipes to it, ``_compute_mean_std``): each process's layer sums
+    its statistics with the others' (one collective per layer and forward, whose backward sums the gradients of
+    the statistics), and computes them with the layer's own ``_compute_mean_std`` on a replica of the layer, as
+    DataParallel's first replica did. The tool reads the layers' classes (in this file, or in the package that
+    defines ``patch_replication_callback``) and rewrites only when every one of them follows that protocol; the
+    runtime checks them again at the wrap, and refuses one it does not know, before any process waits.
     """
 
-    CODE = REPLICATION_CALLBACK
+    CODE = Rewrite("MGP109")
     PHASE = PROGRAM
+    USES = ("models", "values")
     REVIEW_CODES = (REPLICATION_CALLBACK,)
-    DESCRIPTION = "the Synchronized-BatchNorm package's replication callbacks keep the file off DDP"
+    DESCRIPTION = "the Synchronized-BatchNorm package's replication callbacks linked over the processes by the runtime"
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
@@ -72,26 +90,116 @@ class ReplicationCallback(Rule):
             None,
             DDP,
             ("MGP266",),
+            message="calls back layers not known to follow the Synchronized-BatchNorm package's protocol",
+            name="text that is no file: the package's layers cannot be read",
+        ),
+        Example(
+            """
+            import torch.nn as nn
+
+            model = nn.DataParallel(model)
+            patched = DataParallelWithCallback(net)
+            """,
+            None,
+            DDP,
+            ("MGP266",),
         ),
     )
 
     def apply(self) -> None:
         if not self.program.migrates:
             return
-        sites: list[tuple[cst.CSTNode, str]] = []
+        left: list[tuple[cst.CSTNode, str]] = []
+        patches: list[tuple[cst.Call, cst.SimpleStatementLine, list[cst.Call]]] = []
         for call in self.analysis.calls:
             name = _last_name(call.func)
-            if name in _CALLBACK_NAMES:
-                sites.append((call, f"`{name}(...)`"))
-        for function in self.analysis.tree.nodes(cst.FunctionDef):
-            if function.name.value == _CALLBACK_METHOD:
-                sites.append((function.name, f"`{_CALLBACK_METHOD}`"))
-        for node, what in sites:
-            self.left(
-                node,
-                REPLICATION_CALLBACK,
-                f"{what} synchronises BatchNorm across DataParallel's replicas, which DDP never makes: file left as it is",
+            if name == _PATCH:
+                found = self._patch(call)
+                if isinstance(found, str):
+                    left.append((call, f"`{name}(...)` {found}"))
+                elif found is not None:
+                    patches.append(found)
+            elif name in _CALLBACK_NAMES:
+                left.append((call, f"`{name}(...)` synchronises BatchNorm across DataParallel's replicas, which DDP never makes"))
+        for layer in self._layer_classes():
+            if not (patches and _follows_protocol(self.analysis.code_of(layer))):
+                method = next(s for s in layer.body.body if type(s) is cst.FunctionDef and s.name.value == _CALLBACK_METHOD)
+                left.append((method.name, f"`{_CALLBACK_METHOD}` synchronises BatchNorm across DataParallel's replicas, which DDP never makes"))
+        if left:
+            for node, what in left:
+                self.left(node, REPLICATION_CALLBACK, f"{what}: file left as it is")
+            return
+        for call, statement, wraps in patches:
+            if not self.rewrite_allowed(call):
+                continue
+            self.edits.replace(statement, lambda _: cst.RemovalSentinel.REMOVE)
+            for wrap in wraps:
+                if keyword(wrap, "replication_callbacks") is None:
+                    self.edits.replace(wrap, _linking)
+            line = self.analysis.position(wraps[0])[0]
+            self.rewrote(
+                call,
+                f"`{_PATCH}(...)` dropped: the wrap at line {line} links the layers over the processes "
+                "(replication_callbacks=True)",
             )
+
+    def _layer_classes(self) -> list[cst.ClassDef]:
+        """The classes of this file that define ``__data_parallel_replicate__`` (the layers called back)."""
+        return [
+            node
+            for node in self.analysis.tree.nodes(cst.ClassDef)
+            if any(type(s) is cst.FunctionDef and s.name.value == _CALLBACK_METHOD for s in node.body.body)
+        ]
+
+    def _patch(self, call: cst.Call) -> Optional[Union[str, tuple[cst.Call, cst.SimpleStatementLine, list[cst.Call]]]]:
+        """``(call, its statement, the wraps it patches)`` when the patch can go; else why not."""
+        if self.options.style != RUNTIME_STYLE:
+            return "synchronises BatchNorm across DataParallel's replicas, which --style torch cannot link"
+        expression = self.analysis.tree.parent(call)
+        statement = self.analysis.tree.parent(expression) if expression is not None else None
+        if type(expression) is not cst.Expr or type(statement) is not cst.SimpleStatementLine or len(statement.body) != 1:
+            return "is not a statement of its own"
+        if len(call.args) != 1 or call.args[0].keyword is not None:
+            return "patches what the tool cannot follow"
+        sites = self.analysis.models.model_sites(call.args[0].value, self.analysis.values.scope_of(call))
+        wraps = sorted((site.call for site in sites if site.call in self.program.wraps), key=self.analysis.position)
+        if not wraps:
+            return "patches a model not wrapped in DataParallel in this file"
+        if not self._layers_follow_protocol(call):
+            return "calls back layers not known to follow the Synchronized-BatchNorm package's protocol"
+        return call, statement, wraps
+
+    def _layers_follow_protocol(self, call: cst.Call) -> bool:
+        """The layers the callbacks reach follow the package's protocol: every class of this file that defines
+        ``__data_parallel_replicate__`` does, or, with none here, every module of the package that defines
+        ``patch_replication_callback`` and mentions that method."""
+        own = self._layer_classes()
+        if own:
+            return all(_follows_protocol(self.analysis.code_of(node)) for node in own)
+        project = project_of(self.analysis.path)
+        qualified = self.analysis.resolve(call.func)
+        found = project.find(qualified) if project is not None and qualified else None
+        if found is None:
+            return False
+        package = os.path.dirname(found.module.path)
+        texts = []
+        for name in sorted(os.listdir(package)):
+            if name.endswith(".py"):
+                with open(os.path.join(package, name), encoding="utf-8", errors="replace") as handle:
+                    texts.append(handle.read())
+        linked = [text for text in texts if _CALLBACK_METHOD in text and "def " + _CALLBACK_METHOD in text]
+        return bool(linked) and all(_follows_protocol(text) for text in linked)
+
+
+def _linking(wrap: cst.CSTNode) -> cst.CSTNode:
+    assert type(wrap) is cst.Call
+    return with_keyword(wrap, "replication_callbacks", cst.Name("True"))
+
+
+def _follows_protocol(text: str) -> bool:
+    """Whether a layer's (or a module's) source holds the Synchronized-BatchNorm package's protocol: a pipe to the
+    master copy and ``_compute_mean_std``, which the runtime's link calls."""
+    return all(part in text for part in ("_slave_pipe", "_sync_master", "def _compute_mean_std", "_is_parallel", "_parallel_id"))
 
 
 def _last_name(func: cst.BaseExpression) -> str | None:

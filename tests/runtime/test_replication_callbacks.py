@@ -1,58 +1,29 @@
-"""``DistributedDataParallel(..., replication_callbacks=True)``: a DataParallelWithCallback's synchronized BatchNorm
-(the Synchronized-BatchNorm package's protocol, written for the tests in distributed_scripts/callback_batchnorm.py)
-normalises over the global batch at W processes, as the original did over W emulated devices."""
+"""``DistributedDataParallel(..., replication_callbacks=True)``: the Synchronized-BatchNorm package's layers linked over
+the ranks. Its exactness against DataParallel is fixtures/scripts/patched_sync_batchnorm.py's end-to-end run
+(tests/codemod/test_ddp_e2e.py, at 2 and 3 processes); here, what the link does and does not do."""
 
 from __future__ import annotations
 
 import os
-import pathlib
 import subprocess
 import sys
 
 import pytest
-import torch
 from torch import nn
 
 from mgpu_runtime.distributed.replication_callbacks import linked, told_copies
+from tests.fixture_cases import FIXTURES
 
-SCRIPT = pathlib.Path(__file__).parent / "distributed_scripts" / "callback_batchnorm.py"
+FIXTURE = FIXTURES / "scripts" / "patched_sync_batchnorm.py"
 _LAUNCH = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}
 
 
-def _environment(**extra: str) -> dict[str, str]:
-    kept = {k: v for k, v in os.environ.items() if k not in _LAUNCH and not k.startswith(("MGPU_", "TORCHELASTIC_", "SLURM_"))}
-    return {**kept, "OMP_NUM_THREADS": "1", **extra}
-
-
-def _run(command: list[str], **extra: str) -> str:
-    done = subprocess.run(command, env=_environment(**extra), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    return done.stdout
-
-
-def _difference(first: dict, second: dict) -> float:
-    assert first.keys() == second.keys()
-    return max((first[key].double() - second[key].double()).abs().max().item() for key in first)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("processes", [2, 3])
-def test_linked_layers_normalise_over_the_global_batch_as_the_callbacks_did(tmp_path, processes):
-    reference, migrated, unlinked = (tmp_path / f"{name}.pt" for name in ("reference", "migrated", "unlinked"))
-    emulation = [sys.executable, "-m", "mgpu_runtime.emulation", "--devices", str(processes), "--float64"]
-    expected = _run([*emulation, str(SCRIPT), "original", str(reference)])
-    printed = _run([sys.executable, str(SCRIPT), "migrated", str(migrated)], MGPU_NPROC=str(processes))
-    ours, theirs = torch.load(migrated), torch.load(reference)
-    assert _difference(ours, theirs) < 1e-9
-    # the running statistics stay the original's: its _compute_mean_std assigned them on a replica, lost with it
-    assert torch.equal(ours["1.running_mean"], theirs["1.running_mean"])
-    lines = [line for line in expected.splitlines() if line.startswith(("epoch", "evaluated"))]
-    assert len(lines) == 4 and lines[:3] == [line for line in printed.splitlines() if line.startswith("epoch")]
-    # Without the option each rank normalises over its own rows, and the last batch's 2 rows leave one per rank,
-    # which BatchNorm refuses: the linked statistics are what trained the model.
-    command = [sys.executable, str(SCRIPT), "migrated-unlinked", str(unlinked)]
-    done = subprocess.run(command, env=_environment(MGPU_NPROC=str(processes)), capture_output=True, text=True, timeout=300)
-    assert done.returncode != 0 and "Expected more than 1 value per channel" in done.stdout + done.stderr
+def _layer_class() -> type:
+    """The fixture's layer, its definitions run without its training."""
+    namespace: dict = {}
+    source = FIXTURE.read_text().split("torch.set_default_dtype")[0]
+    exec(compile(source, str(FIXTURE), "exec"), namespace)
+    return namespace["SynchronizedBatchNorm1d"]
 
 
 class _Unknown(nn.BatchNorm1d):
@@ -66,11 +37,22 @@ def test_a_layer_with_a_callback_of_another_kind_is_refused_at_the_wrap():
 
 
 def test_the_layer_is_plain_again_after_the_forward():
-    namespace: dict = {}
-    source = SCRIPT.read_text().split("mode, out = sys.argv")[0]
-    exec(compile(source, str(SCRIPT), "exec"), namespace)
-    layer = namespace["SynchronizedBatchNorm1d"](3)
+    layer = _layer_class()(3)
     assert told_copies(nn.Sequential(layer)) == [layer]
     with linked([layer]):
         assert layer._is_parallel and layer._parallel_id == 1 and layer._slave_pipe is not None
     assert layer._is_parallel is False and layer._parallel_id is None and layer._slave_pipe is None
+
+
+@pytest.mark.slow
+def test_without_the_link_each_rank_normalises_its_own_rows(tmp_path):
+    """The migration without ``replication_callbacks=True``: the last batch's two rows leave one per process, which
+    a BatchNorm of its own rows refuses; the linked run (the e2e test) normalises over both."""
+    migrated = FIXTURE.with_name(f"{FIXTURE.stem}.ddp.py").read_text()
+    assert "replication_callbacks=True" in migrated
+    script = tmp_path / "unlinked.py"
+    script.write_text(migrated.replace(", replication_callbacks=True", ""))
+    environment = {k: v for k, v in os.environ.items() if k not in _LAUNCH and not k.startswith(("MGPU_", "TORCHELASTIC_"))}
+    environment.update(MGPU_NPROC="2", OMP_NUM_THREADS="1", FIXTURE_OUTPUT=str(tmp_path / "out.pt"))
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "Expected more than 1 value per channel" in done.stdout + done.stderr
