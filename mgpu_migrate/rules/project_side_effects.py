@@ -52,7 +52,8 @@ class ProjectSideEffects(Rule):
     ``mgpu_runtime.on_main_process(helper, ...)``, which makes them whole on every process before the main process
     writes. A project class whose construction writes (a ``Logger`` opening ``log.txt``) is built on the main
     process only, behind a stand-in (``mgpu_runtime.main_process_only(Logger, path)``, MGP135), when the script
-    only calls its methods for their effect. One that the script sets as ``sys.stdout`` or ``sys.stderr``
+    only calls its methods for their effect; so is one a ``with`` statement enters (first-order-model's ``with
+    Logger(log_dir=...) as logger:``: every process enters and leaves the stand-in, the main process the logger). One that the script sets as ``sys.stdout`` or ``sys.stderr``
     (open-reid's ``sys.stdout = Logger(path)``, which mirrors what is printed into a file it opens with ``"w"``) is
     set on the main process only, under ``if mgpu_runtime.is_main_process():``; the other processes' stdout goes
     nowhere already (the runtime's ``MGPU_LOG=rank0``), so the file holds what the original printed. Any other (a
@@ -300,8 +301,12 @@ class ProjectSideEffects(Rule):
         where = self._where(init, written)
         what = f"`{shorten(self.analysis.code_of(call.func))}(...)`"
         line = self.analysis.tree.parent(call)
+        entered = _entered_as(line, call)  # `with Logger(...) as logger:` (first-order-model's)
         if self.options.style != RUNTIME_STYLE:
             reason: Optional[str] = "as --style torch has no runtime"
+        elif entered is not None:
+            found = blocker(self.analysis, entered, call)
+            reason = f"as {found}" if found is not None else None
         elif type(line) is not cst.Assign or len(line.targets) != 1 or line.value is not call:
             reason = "as it is not assigned to a name"
         elif type(line.targets[0].target) is cst.Attribute and self.analysis.resolve(line.targets[0].target) in _STANDARD_STREAMS:
@@ -496,3 +501,12 @@ def _constant(value: cst.BaseExpression) -> str:
     if type(value) is cst.Integer:
         return value.value
     return ""
+
+
+def _entered_as(parent: Optional[cst.CSTNode], call: cst.Call) -> Optional[cst.Name]:
+    """The name a ``with`` statement binds to what ``call`` builds (``with Logger(path) as logger:``): the object's
+    ``__enter__`` result, which the stand-in's ``with`` gives back on the main process (itself elsewhere)."""
+    if type(parent) is not cst.WithItem or parent.item is not call or parent.asname is None:
+        return None
+    name = parent.asname.name
+    return name if type(name) is cst.Name else None

@@ -442,3 +442,43 @@ def test_an_entry_script_without_a_wrap_that_hands_a_writing_helper_a_value_is_m
     assert result.error is None, result.error
     assert "MGP120" in codes(result) and "MGP132" in codes(result), codes(result)
     assert "        if mgpu_runtime.is_main_process():\n            report(model, sys.argv[2])\n" in result.output
+
+
+def test_a_project_logger_entered_by_a_with_statement_is_built_on_the_main_process_only(tmp_path):
+    """first-order-model's ``with Logger(log_dir=...) as logger:``: the logger makes its directory and opens its log
+    when built, and the loop only calls its methods: built on the main process only, a stand-in elsewhere, entered
+    and left by every process (MGP135), where it was left with MGP322 ("not assigned to a name")."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "logger.py").write_text(
+        "import os\n\n\n"
+        "class Logger:\n"
+        "    def __init__(self, log_dir):\n"
+        "        os.makedirs(log_dir)\n"
+        "        self.file = open(os.path.join(log_dir, 'log.txt'), 'a')\n\n"
+        "    def __enter__(self):\n"
+        "        return self\n\n"
+        "    def __exit__(self, *exception):\n"
+        "        self.file.close()\n\n"
+        "    def log_iter(self, losses):\n"
+        "        print(losses, file=self.file)\n"
+    )
+    train = tmp_path / "train.py"
+    train.write_text(
+        "import torch\nfrom torch.utils.data import DataLoader\nfrom logger import Logger\n\n\n"
+        "def train(model, dataset, log_dir):\n"
+        "    model = torch.nn.DataParallel(model)\n"
+        "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    with Logger(log_dir) as logger:\n"
+        "        for x in DataLoader(dataset, batch_size=4):\n"
+        "            loss = model(x).pow(2).mean()\n"
+        "            optimizer.zero_grad()\n"
+        "            loss.backward()\n"
+        "            optimizer.step()\n"
+        "            logger.log_iter(losses=loss.item())\n\n\n"
+        "if __name__ == '__main__':\n"
+        "    train(torch.nn.Linear(2, 2), torch.randn(8, 2), 'log')\n"
+    )
+    result = migrate_source(train.read_text(), "ddp", str(train))
+    assert result.error is None and "MGP322" not in codes(result), result.diagnostics
+    assert "    with mgpu_runtime.main_process_only(Logger, log_dir) as logger:\n" in result.output
+    assert "MGP135" in codes(result), codes(result)
