@@ -123,8 +123,14 @@ def gather(outputs: list[Any], active: int, group: Group) -> Any:
 def _gathered_piece(output: torch.Tensor) -> torch.Tensor:
     """A replica's output as a piece of the gathered value: a view of it, a tensor of its own for autograd, as
     DataParallel's gather made a new one. A hook on the gathered value, or its retained ``.grad``, sees the
-    gradient of the loop's uses, not also of the uses inside ``forward`` (a state the heads read, returned too)."""
-    return output.view_as(output) if output.requires_grad else output
+    gradient of the loop's uses, not also of the uses inside ``forward`` (a state the heads read, returned too).
+
+    The view is an alias, whose backward hands the gradient on as it is. ``view_as``'s backward reshapes it,
+    which gives a dimension of one element another stride (a gradient of shape ``(1, 4, 2, 2)`` and strides
+    ``(16, 1, 8, 4)`` came out with ``(4, 1, 8, 4)``), and torch's CPU BatchNorm backward misreads such a
+    gradient: other weight gradients from the same values (pytorch-semseg's ``permute(0, 2, 3, 1)`` before its
+    cross-entropy, on a piece of one row: a silent change of the gradient, its loss the original's)."""
+    return torch.ops.aten.alias.default(output) if output.requires_grad else output
 
 
 def _output_tensors(value: Any) -> list[torch.Tensor]:
