@@ -36,6 +36,7 @@ import os
 import socket
 import sys
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -82,6 +83,9 @@ class Job:
     stream: global_view.DeviceStream | None = None
     # How many times this process passed each call site of main_process_value (readings.py).
     readings: dict[str, int] = field(default_factory=dict)
+    # The functional data_parallel's wrapper of each module it ran (distributed/functional.py), held weakly by the
+    # module: a module the script drops is not kept alive by the job.
+    functional_wrappers: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
 
 
 _job: Job | None = None
@@ -140,6 +144,11 @@ def teardown() -> None:
         job.lockstep.stop(f"an uncaught {type(ended).__name__}" if ended is not None else "sys.exit() or the end of its script")
     if job.owns_process_group and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def current_job() -> Job | None:
+    """This process's part in the job when ``setup()`` has run, else None (nothing is set up here)."""
+    return _job
 
 
 def job() -> Job:
