@@ -202,7 +202,9 @@ def calls_of_data_parallel_by_hand(path: str, source: str, calls, resolve) -> fr
         qualified = resolve(func)
         if qualified is None and type(func) is cst.Name:
             own = own or text_module(path, source)
-            definition = own.definitions.get(name) if own is not None else None
+            if own is None:
+                continue
+            definition = own.definitions.get(name)
             if isinstance(definition, ast.FunctionDef) and data_parallel_by_hand(definition, own.qualified):
                 found.append(call)
             continue

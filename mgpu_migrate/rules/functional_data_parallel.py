@@ -128,7 +128,7 @@ class FunctionalDataParallel(Rule):
             None,
             DDP,
             ("MGP209",),
-            message="`dim=1` is not split over the processes",
+            message="`dim=1` chooses its GPUs or dimension",
             line=2,
         ),
         Example(
@@ -139,7 +139,7 @@ class FunctionalDataParallel(Rule):
             None,
             DDP,
             ("MGP209",),
-            message="`[0, 1]` is not split over the processes",
+            message="`[0, 1]` chooses its GPUs or dimension",
             line=2,
         ),
         Example(
@@ -180,8 +180,8 @@ class FunctionalDataParallel(Rule):
             self.left(
                 call,
                 FUNCTIONAL_DATA_PARALLEL_UNDER_DDP,
-                f"functional data_parallel not rewritten: `{shorten(self.analysis.code_of(kept), 40)}` "
-                "is not split over the processes; wrap the module with "
+                f"data_parallel not rewritten: `{shorten(_spelled(self.analysis.code_of, kept), 40)}` "
+                f"{'may choose' if kept.star else 'chooses'} its GPUs or dimension; wrap the module once with "
                 f"{RUNTIME}.DistributedDataParallel",
             )
             return
@@ -198,7 +198,13 @@ class FunctionalDataParallel(Rule):
 _DEFAULTED = {"device_ids": 2, "output_device": 3, "dim": 4}
 
 
-def _chosen(call: cst.Call) -> cst.CSTNode | None:
+def _spelled(code_of, arg: cst.Arg) -> str:
+    """An argument as written, without the comma after it: ``dim=1``, ``*kargs``, ``[0, 1]``."""
+    keyword = f"{arg.keyword.value}=" if arg.keyword is not None else ""
+    return f"{arg.star}{keyword}{code_of(arg.value)}"
+
+
+def _chosen(call: cst.Call) -> cst.Arg | None:
     """The argument that makes ``call`` other than DataParallel over every GPU along dimension 0 (``dim=1``, chosen
     ``device_ids``, a ``*args``), None when there is none."""
     positional = 0
