@@ -112,9 +112,9 @@ def returned_loader(module, function: ast.FunctionDef, position: Optional[int], 
             if isinstance(node, ast.Call):
                 # A name the module's imports do not bind (numpy through `from utils.dsp import *`): by its spelling.
                 qualified = module.qualified(node.func) or _SPELLED_DRAW.sub(r"numpy.random.\2", ast.unparse(node.func))
-                if numpy_draw(qualified) or qualified.startswith(_TORCH_DRAWS):
-                    if draw is None or node.lineno < int(draw[0].rpartition(":")[2]):
-                        draw = (f"{path}:{node.lineno}", ast.unparse(node))
+                drawn = numpy_draw(qualified) or qualified.startswith(_TORCH_DRAWS)
+                if drawn and (draw is None or node.lineno < int(draw[0].rpartition(":")[2])):
+                    draw = (f"{path}:{node.lineno}", ast.unparse(node))
     sampler = next((keyword.arg for keyword in value.keywords if keyword.arg in ("sampler", "batch_sampler")), None)
     return BuiltLoader(f"{path}:{value.lineno}", draw, sampler)
 

@@ -128,7 +128,7 @@ class FunctionalDataParallel(Rule):
             None,
             DDP,
             ("MGP209",),
-            message="`dim=1` chooses its GPUs or dimension",
+            message="`dim=1` chooses the GPUs or dimension",
             line=2,
         ),
         Example(
@@ -139,7 +139,7 @@ class FunctionalDataParallel(Rule):
             None,
             DDP,
             ("MGP209",),
-            message="`[0, 1]` chooses its GPUs or dimension",
+            message="`[0, 1]` chooses the GPUs or dimension",
             line=2,
         ),
         Example(
@@ -180,8 +180,8 @@ class FunctionalDataParallel(Rule):
             self.left(
                 call,
                 FUNCTIONAL_DATA_PARALLEL_UNDER_DDP,
-                f"data_parallel not rewritten: `{shorten(_spelled(self.analysis.code_of, kept), 40)}` "
-                f"{'may choose' if kept.star else 'chooses'} its GPUs or dimension; wrap the module once with "
+                f"data_parallel not rewritten: `{shorten(_spelled(self.analysis.code_of, kept), 30)}` "
+                f"{'may choose' if kept.star else 'chooses'} the GPUs or dimension; wrap the module once in "
                 f"{RUNTIME}.DistributedDataParallel",
             )
             return
