@@ -40,6 +40,9 @@ class Code:
     accounts_for_data: bool = False
     # Says the file only evaluates its model (no backward pass, no optimizer).
     only_evaluates: bool = False
+    # A rewrite inside a helper function that makes nothing of its file a distributed program (the body of a
+    # hand-written data_parallel, which calls the runtime's): a module changed by these alone starts no program.
+    helper_body: bool = False
 
 
 @dataclass(frozen=True, eq=False)

@@ -190,6 +190,22 @@ def migration_of(path: str, options: Options = DEFAULT_OPTIONS) -> MigrationResu
 
 
 def _migrated_under_ddp(path: str, options: Options) -> bool:
-    """Whether ``--to ddp`` migrates the module at ``path``."""
+    """Whether ``--to ddp`` migrates the module at ``path``: it changes, and not only by rewriting the bodies of
+    helpers (``Code.helper_body``: a hand-written data_parallel that calls the runtime's, whose callers are the
+    programs)."""
     result = migration_of(path, options)
-    return result is not None and result.changed and result.error is None
+    if result is None or not result.changed or result.error is not None:
+        return False
+    helpers = _helper_body_codes()
+    rewrites = {diagnostic.code for diagnostic in result.diagnostics if diagnostic.code.startswith(_REWRITE_PREFIX)}
+    return not rewrites or not rewrites <= helpers
+
+
+_REWRITE_PREFIX = "MGP1"
+
+
+@functools.cache
+def _helper_body_codes() -> frozenset[str]:
+    from mgpu_migrate.rules import RULES
+
+    return frozenset(rule.CODE.code for rule in RULES if rule.CODE.helper_body)

@@ -59,7 +59,8 @@ class ChosenDevices:
 class Program:
     """What ``--to ddp`` makes of a file, once the wrap rules have decided each wrap.
 
-    ``wraps``: the wrap sites rewritten to the runtime's ``DistributedDataParallel``.
+    ``wraps``: the wrap sites rewritten to the runtime's ``DistributedDataParallel`` or ``data_parallel``, and the
+    calls of torch's ``data_parallel`` written by hand, whose function calls the runtime's (MGP107).
     ``kept``: DataParallel sites left as they are (``dim != 0``, a subclass, the functional form, ``# noqa``):
     then the file is not made a distributed program. A DataParallel that wraps no model (an optimizer kept in
     one, MGP252) is no site (``ModelFlow.not_modules``): it parallelizes nothing, each process holds it as the
@@ -175,10 +176,12 @@ def decide(
     gives the modules it starts as distributed programs (asked only of a script with no site of its own)."""
     wraps: list[cst.Call] = []
     kept: list[cst.Call] = []
-    for site in analysis.models.sites:
-        if site.kind == RUNTIME:
+    models = analysis.models
+    for site in models.sites:
+        if site.kind == RUNTIME or analysis.resolve(site.call.func) == names.RUNTIME_DATA_PARALLEL_FUNCTION:
             continue
-        (wraps if site.call in rewritten else kept).append(site.call)
+        # A call of torch's data_parallel written by hand is the wrap: its function calls the runtime's (MGP107).
+        (wraps if site.call in rewritten or site.call in models.by_hand else kept).append(site.call)
     existing = existing_setup(analysis)
     already = any(analysis.resolve(call.func) == RUNTIME_SETUP for call in analysis.calls)
     sites = bool(analysis.models.sites)

@@ -173,3 +173,47 @@ def _call(value: ast.expr, callees: frozenset[str], arguments: list, qualified: 
         elif not (isinstance(given, ast.Constant) and given.value == wanted):
             return False
     return True
+
+
+# Names the tool itself knows: never looked up in the project.
+KNOWN_TOPS = frozenset({"torch", "mgpu_runtime", "apex", "encoding", "builtins", "os", "sys", "numpy", "math"})
+
+
+def calls_of_data_parallel_by_hand(path: str, source: str, calls, resolve) -> frozenset:
+    """The calls (LibCST ``cst.Call`` nodes among ``calls``) of a function that is torch's ``data_parallel`` by hand:
+    one of this file (``source``) or one the file imports from the project (WaveRNN's ``data_parallel_workaround``
+    in ``utils/__init__.py``). ``resolve`` names a callee through the file's imports. Such a call computes the
+    gathered outputs of the module it is given, as the functional ``data_parallel`` does (a wrap site).
+
+    As for the project's own DataParallel (``rules/project_wrappers.py``), only a callee whose name says
+    "parallel" is looked up: reading the project behind every call would cost a large repository's check."""
+    # Imported here: the project reading is only asked when a call's name says "parallel".
+    import libcst as cst
+
+    from mgpu_migrate.analysis.project import project_of, text_module
+
+    found = []
+    own = project = None
+    for call in calls:
+        func = call.func
+        name = func.value if type(func) is cst.Name else func.attr.value if type(func) is cst.Attribute else ""
+        if "parallel" not in name.lower():
+            continue
+        qualified = resolve(func)
+        if qualified is None and type(func) is cst.Name:
+            own = own or text_module(path, source)
+            if own is None:
+                continue
+            definition = own.definitions.get(name)
+            if isinstance(definition, ast.FunctionDef) and data_parallel_by_hand(definition, own.qualified):
+                found.append(call)
+            continue
+        if qualified is None or qualified.split(".")[0].lstrip(".") in KNOWN_TOPS:
+            continue
+        project = project or project_of(path)
+        if project is None:
+            continue
+        located = project.find(qualified)
+        if located is not None and isinstance(located.node, ast.FunctionDef) and data_parallel_by_hand(located.node, located.module.qualified):
+            found.append(call)
+    return frozenset(found)

@@ -35,7 +35,9 @@ if TYPE_CHECKING:
 
 DATA_LOADERS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
 DISTRIBUTE_LOADER = "mgpu_runtime.distribute_loader"
-LOADER, DISTRIBUTED = "loader", "distributed"
+# BUILT: the origin is a call of a function of another module of the project that returns a ``DataLoader(...)``
+# (WaveRNN's ``train_set, test_set = get_vocoder_datasets(...)``), read there (``built_loader``).
+LOADER, DISTRIBUTED, BUILT = "loader", "distributed", "built"
 # How an iterable of batches is usually named, to tell the data loop from `for model in models` when the
 # data cannot be followed to a loader.
 _DATA_WORDS = re.compile(r"load|data|batch|iter|\bdl\b", re.IGNORECASE)
@@ -46,8 +48,9 @@ class LoaderTrace:
     """One way a loop's data comes from an origin.
 
     ``path`` runs from the loop's iterable (iteration wrappers removed) back to the origin; ``origin`` is the
-    ``DataLoader(...)`` (``kind`` LOADER) or ``mgpu_runtime.distribute_loader(...)`` (DISTRIBUTED) call,
-    or None when the walk found no loader (``range(...)``, a parameter nothing in the file binds).
+    ``DataLoader(...)`` (``kind`` LOADER) or ``mgpu_runtime.distribute_loader(...)`` (DISTRIBUTED) call, the call
+    of a project function of another module that returns a ``DataLoader`` (BUILT, ``built_loader``; the path
+    then ends at the name its result is stored in, never at the call), or None when the walk found no loader (``range(...)``, a parameter nothing in the file binds).
     ``unsure`` is the test of an ``if train:`` that decides whether the loop trains on this data when the
     tool cannot tell (``training`` is then False, but the loop is no evaluation loop either).
     """
@@ -58,6 +61,100 @@ class LoaderTrace:
     origin: Optional[cst.Call]
     kind: Optional[str]
     unsure: Optional[cst.BaseExpression] = None
+
+
+@dataclass(frozen=True)
+class BuiltLoader:
+    """A ``DataLoader(...)`` a project function of another module builds and returns: where it is built
+    (``path:line``), and the first random draw of its module (``path:line``, the call), which a split by rows
+    would draw for each process's rows only (a ``collate_fn`` cutting a random window of each sample), or None."""
+
+    where: str
+    draw: Optional[tuple[str, str]]
+    sampler: Optional[str] = None  # the keyword of a sampler of its own (``sampler``, ``batch_sampler``)
+
+
+# Top-level names of what is no module of the project: a builder there is not read.
+_NOT_THE_PROJECT = frozenset({"torch", "torchvision", "mgpu_runtime", "numpy", "builtins", "os", "sys", "math"})
+_TORCH_DRAWS = ("torch.rand", "torch.normal", "torch.bernoulli", "torch.multinomial")
+_SPELLED_DRAW = re.compile(r"^(np|numpy)\.random\.(\w+)$")
+
+
+def returned_loader(module, function: ast.FunctionDef, position: Optional[int], path: str) -> Optional[BuiltLoader]:
+    """The ``DataLoader(...)`` ``function`` (of the project ``module``) returns, at ``position`` of the tuple it
+    returns when one is given: built in the ``return`` itself, or in the function's one assignment of the name it
+    returns."""
+    from mgpu_migrate.analysis.draws import numpy_draw
+
+    returns = [node for node in ast.walk(function) if isinstance(node, ast.Return) and node.value is not None]
+    if len(returns) != 1:
+        return None
+    value = returns[0].value
+    if position is not None:
+        if not isinstance(value, (ast.Tuple, ast.List)) or position >= len(value.elts):
+            return None
+        value = value.elts[position]
+    if isinstance(value, ast.Name):
+        stored = [
+            node.value
+            for node in ast.walk(function)
+            if isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id == value.id
+        ]
+        value = stored[0] if len(stored) == 1 else None
+    if not isinstance(value, ast.Call) or module.qualified(value.func) not in DATA_LOADERS:
+        return None
+    draw = None
+    for definition in _per_batch(module, function, value):
+        for node in ast.walk(definition):
+            if isinstance(node, ast.Call):
+                # A name the module's imports do not bind (numpy through `from utils.dsp import *`): by its spelling.
+                qualified = module.qualified(node.func) or _SPELLED_DRAW.sub(r"numpy.random.\2", ast.unparse(node.func))
+                drawn = numpy_draw(qualified) or qualified.startswith(_TORCH_DRAWS)
+                if drawn and (draw is None or node.lineno < int(draw[0].rpartition(":")[2])):
+                    draw = (f"{path}:{node.lineno}", ast.unparse(node))
+    sampler = next((keyword.arg for keyword in value.keywords if keyword.arg in ("sampler", "batch_sampler")), None)
+    return BuiltLoader(f"{path}:{value.lineno}", draw, sampler)
+
+
+def _per_batch(module, function: ast.FunctionDef, loader: ast.Call) -> list[ast.AST]:
+    """What runs for each batch of the loader ``function`` builds, as far as its module shows: its ``collate_fn``
+    (a function of the module) and its dataset's class (built in the call, or in the function's one assignment of
+    the name given), else the whole module (a dataset or collate function out of sight may draw anything)."""
+    given = {keyword.arg: keyword.value for keyword in loader.keywords}
+    dataset = given.get("dataset", loader.args[0] if loader.args else None)
+    collate = given.get("collate_fn")
+    found: list[ast.AST] = []
+    for value in (dataset, collate):
+        if value is None:
+            continue
+        if isinstance(value, ast.Name) and value.id not in module.definitions:
+            stored = [
+                node.value
+                for node in ast.walk(function)
+                if isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name) and node.targets[0].id == value.id
+            ]
+            value = stored[0] if len(stored) == 1 else value
+        if isinstance(value, ast.Lambda):  # `collate_fn=lambda batch: collate_tts(batch, r)`
+            called = [
+                module.definitions.get(node.func.id)
+                for node in ast.walk(value.body)
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            ]
+            if not called or None in called:
+                return list(module.definitions.values())
+            found.extend(called)  # type: ignore[arg-type]
+            continue
+        if isinstance(value, ast.Call):
+            value = value.func
+        definition = module.definitions.get(value.id) if isinstance(value, ast.Name) else None
+        if definition is None:
+            return list(module.definitions.values())
+        found.append(definition)
+    return found
 
 
 @dataclass(frozen=True)
@@ -101,6 +198,9 @@ class LoaderFlow:
         self.analysis = analysis
         self.index = index
         self._values = analysis.values
+        self._built: dict[tuple[cst.Call, Optional[int]], Optional[BuiltLoader]] = {}
+        # The origins of the BUILT traces: what each builder's call returns to the loop.
+        self.built: dict[cst.Call, BuiltLoader] = {}
         self._loops = {loop.node: loop for loop in self._for_loops()}
         self._with_items = self._with_targets()
         self._traced = traced = {node: self._traces_of(loop) for node, loop in self._loops.items()}
@@ -383,6 +483,11 @@ class LoaderFlow:
             for part, part_scope in self._values.element(value, value_scope, position):
                 found = True
                 yield from self._trace(part, part_scope, path, seen)
+            built = self.built_loader(value, position) if not found and type(value) is cst.Call else None
+            if built is not None:
+                found = True  # `train_set, test_set = get_datasets(...)`, a builder of another module
+                self.built[value] = built
+                yield path, value, BUILT
         for argument, call_scope in self._arguments_for(place):
             found = True
             yield from self._trace(argument, call_scope, path, seen)
@@ -391,6 +496,26 @@ class LoaderFlow:
             yield from self._trace(item, item_scope, path, seen)
         if not found:
             yield path, None, None
+
+    def built_loader(self, call: cst.Call, position: Optional[int]) -> Optional[BuiltLoader]:
+        """The ``DataLoader(...)`` that a function of another module of the project returns (at ``position`` of the
+        tuple it returns, for an unpacking assignment), read there; None when ``call`` is no such call."""
+        key = (call, position)
+        if key not in self._built:
+            self._built[key] = self._read_builder(call, position)
+        return self._built[key]
+
+    def _read_builder(self, call: cst.Call, position: Optional[int]) -> Optional[BuiltLoader]:
+        qualified = self.analysis.resolve(call.func)
+        if qualified is None or qualified.split(".")[0].lstrip(".") in _NOT_THE_PROJECT:
+            return None
+        from mgpu_migrate.analysis.project import project_of
+
+        project = project_of(self.analysis.path)
+        found = project.find(qualified) if project is not None else None
+        if found is None or not isinstance(found.node, ast.FunctionDef):
+            return None
+        return returned_loader(found.module, found.node, position, found.where.rpartition(":")[0])
 
     def _generator_feeds(self, function: cst.FunctionDef, implicit: int, call: cst.Call):
         """For a generator of this file (``recycle(loader)``, ``sample_data(loader)``), the arguments of

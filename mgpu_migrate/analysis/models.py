@@ -28,6 +28,7 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis import names
+from mgpu_migrate.analysis.hand_written import calls_of_data_parallel_by_hand
 from mgpu_migrate.analysis.scopes import FlowIndex, Function, Place, Scope, item_place
 from mgpu_migrate.analysis.tree import contains, item_target
 from mgpu_migrate.analysis.walk import EXPRESSIONS, kinds
@@ -127,8 +128,17 @@ class ModelFlow:
         # DataParallel calls that wrap something certainly not a module (an optimizer ...), with what it is:
         # they parallelize nothing, so they are no wrap sites; the wrapper rule leaves them for review.
         self.not_modules: dict[cst.Call, str] = {}
+        # Calls of torch's data_parallel written by hand (WaveRNN's ``data_parallel_workaround(model, x, m)``, of
+        # this file or the project's): functional sites, whose function's own module calls the runtime's instead.
+        self.by_hand: frozenset[cst.Call] = calls_of_data_parallel_by_hand(
+            analysis.path, analysis.source, analysis.calls, analysis.resolve
+        )
         # The scope pass costs about half a parse: a file without a wrap site never pays for it.
-        if not self.subclasses and not any(analysis.resolve(call.func) in _SITE_KINDS for call in analysis.calls):
+        if (
+            not self.subclasses
+            and not self.by_hand
+            and not any(analysis.resolve(call.func) in _SITE_KINDS for call in analysis.calls)
+        ):
             return
         for call, scope in self.index.calls:
             kind = self._site_kind(call, scope)
@@ -155,6 +165,8 @@ class ModelFlow:
         return self.analysis.flow
     def _site_kind(self, call: cst.Call, scope: Scope) -> Optional[str]:
         kind = _SITE_KINDS.get(self.analysis.resolve(call.func) or "")
+        if kind is None and call in self.by_hand:
+            return FUNCTIONAL
         if kind is None and type(call.func) is cst.Name and self.subclasses:
             owner = scope.lookup(call.func.value)
             if owner.classes.get(call.func.value) in self.subclasses:

@@ -1,4 +1,4 @@
-"""MGP107: a function that is torch's ``data_parallel`` written out by hand calls the runtime's (``--to balanced``)."""
+"""MGP107: a function that is torch's ``data_parallel`` written out by hand calls the runtime's."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis.hand_written import data_parallel_by_hand
 from mgpu_migrate.analysis.project import text_module
-from mgpu_migrate.rules.base import BALANCED, WRAPS, Example, Rewrite, Rule
+from mgpu_migrate.rules.base import BALANCED, DDP, RUNTIME_STYLE, WRAPS, Example, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME
 
 _PRIMITIVES = ("replicate", "parallel_apply")
@@ -18,16 +18,19 @@ _PRIMITIVES = ("replicate", "parallel_apply")
 class HandWrittenDataParallel(Rule):
     """
     ## What it does
-    For ``--to balanced``, replaces the body of a function that is ``torch.nn.parallel.data_parallel`` written
+    Replaces the body of a function that is ``torch.nn.parallel.data_parallel`` written
     out step by step (``replicate`` the module over every GPU, ``scatter`` its inputs, ``parallel_apply`` the
     replicas, ``gather`` on the first GPU, return that), on its own arguments, with a call of
-    ``mgpu_runtime.data_parallel``. Its callers are unchanged. Any other function that replicates by hand is
-    left with MGP281.
+    ``mgpu_runtime.data_parallel``. Its callers are unchanged; under ``--to ddp`` each call of the function (in its
+    module, or in a module that imports it) is that module's wrap: the program is set up at its entry point, its
+    training loaders split and its writes made once. Any other function that replicates by hand is left with
+    MGP281.
 
     ## Why is this bad?
     The last step gathers every output on the first GPU, as ``nn.DataParallel`` does: that is the memory the
     balanced target exists to save. The runtime's ``data_parallel`` runs the same replicas on the same chunks
-    and hands back the gathered value held per device.
+    and hands back the gathered value held per device; inside a ``--to ddp`` job it runs DataParallel's forward
+    over the processes, the module's gradients summed over them.
 
     ## Example
     ```python
@@ -49,14 +52,14 @@ class HandWrittenDataParallel(Rule):
 
     ## Fix safety
     Safe for the shape it matches, which is torch's ``data_parallel`` with its defaults (every GPU, the first
-    for the output, dimension 0): the same replicas run on the same chunks. References the function kept in
+    for the output, dimension 0): the same replicas (or processes) run on the same chunks. References the function kept in
     globals (``_output_ref = outputs``, a workaround for a memory leak of old PyTorch) are no longer kept.
     """
 
-    CODE = Rewrite("MGP107")
+    CODE = Rewrite("MGP107", helper_body=True)
     PHASE = WRAPS
     DESCRIPTION = "torch's data_parallel written by hand calls mgpu_runtime.data_parallel"
-    TARGETS = (BALANCED,)
+    TARGETS = (BALANCED, DDP)
     EXAMPLES = (
         Example(
             """
@@ -85,6 +88,40 @@ class HandWrittenDataParallel(Rule):
             """,
             BALANCED,
             ("MGP107",),
+        ),
+        Example(
+            """
+            import torch
+
+            _output_ref = None
+
+
+            def data_parallel_workaround(model, *input):
+                global _output_ref
+                device_ids = list(range(torch.cuda.device_count()))
+                output_device = device_ids[0]
+                replicas = torch.nn.parallel.replicate(model, device_ids)
+                inputs = torch.nn.parallel.scatter(input, device_ids)
+                replicas = replicas[:len(inputs)]
+                outputs = torch.nn.parallel.parallel_apply(replicas, inputs)
+                y_hat = torch.nn.parallel.gather(outputs, output_device)
+                _output_ref = outputs
+                return y_hat
+            """,
+            """
+            import mgpu_runtime
+
+            _output_ref = None
+
+
+            def data_parallel_workaround(model, *input):
+                return mgpu_runtime.data_parallel(model, input)
+            """,
+            DDP,
+            ("MGP107",),
+            message="`data_parallel_workaround` is torch's data_parallel by hand",
+            line=6,
+            name="MGP107-ddp",
         ),
         Example(
             """
@@ -132,6 +169,8 @@ class HandWrittenDataParallel(Rule):
     )
 
     def apply(self) -> None:
+        if self.target == DDP and self.options.style != RUNTIME_STYLE:
+            return  # torch has no per-call DDP: left with MGP281 (rules/project_wrappers.py)
         if not any(primitive in self.analysis.source for primitive in _PRIMITIVES):
             return
         module = text_module(self.analysis.path, self.analysis.source)

@@ -10,6 +10,7 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis.guards import main_process_caller, under_main_process_block
+from mgpu_migrate.analysis.models import MODULE_METHODS_RETURNING_SELF
 from mgpu_migrate.analysis.project import Found, Project, Write, project_download, project_of
 from mgpu_migrate.analysis.stand_ins import blocker
 from mgpu_migrate.analysis.tree import contains
@@ -249,6 +250,9 @@ class ProjectSideEffects(Rule):
         mgpu_runtime.is_main_process():`` then a wait, or, given the batch's values, through
         ``mgpu_runtime.on_main_process``, which makes them whole on every process first."""
         where = self._where(definition, written)
+        loaded = _loads_into_its_arguments(definition.node) if type(call.func) is not cst.Attribute else None
+        if loaded is not None and self._first_on_the_main_process(call, definition, written, loaded):
+            return
         statement = self._own_statement(call)
         why = self._why_not(call, statement, definition)
         assigned = self._assigned(call) if why is not None and statement is None and self._only_printed(call) else None
@@ -274,6 +278,26 @@ class ProjectSideEffects(Rule):
         assert statement is not None
         self.edits.replace(statement, _on_the_main_process)
         self.rewrote(call, f"{what} {where}: called on the main process only, then every process waits")
+
+    def _first_on_the_main_process(self, call: cst.Call, definition: Found, written: Write, loaded: str) -> bool:
+        """A project function that writes files and loads state into the objects it is given (WaveRNN's
+        ``restore_checkpoint(..., model, optimizer, create_if_missing=True)``: the weights and the optimizer's state
+        loaded when the checkpoint exists, else the checkpoint written): every process needs what it loads, so it
+        runs on every process, the main process first (``mgpu_runtime.main_process_first``): the main process
+        writes what is missing, the others then find it and load it. Whether it was rewritten."""
+        if self.options.style != RUNTIME_STYLE or main_process_caller(self.analysis, call) is not None:
+            return False
+        if not self.rewrite_allowed(call):
+            return True
+        self.edits.need_import(RUNTIME)
+        self.edits.replace(call, through_runtime("main_process_first"))
+        place = f"{definition.where.rpartition(':')[0]}:{written.line}"
+        self.rewrote(
+            call,
+            f"`{shorten(self.analysis.code_of(call.func), 24)}(...)` writes ({place}) and loads state (`{shorten(loaded, 24)}`): "
+            f"main process first ({RUNTIME}.main_process_first)",
+        )
+        return True
 
     def _why_not(self, call: cst.Call, statement: Optional[cst.SimpleStatementLine], definition: Found) -> Optional[str]:
         if self.options.style != RUNTIME_STYLE:
@@ -350,9 +374,10 @@ class ProjectSideEffects(Rule):
             return None
         values = self.analysis.values
         for value in values.of(call.func.value, values.scope_of(call)):
-            if type(value) is not cst.Call:
+            made = self._class_of(value, call)
+            if made is None:
                 continue
-            qualified = self.analysis.resolve(value.func)
+            qualified = self.analysis.resolve(made)
             cls = project.find(qualified) if qualified and not qualified.startswith(("torch.", "builtins.")) else None
             if cls is None or not isinstance(cls.node, ast.ClassDef):
                 continue
@@ -360,6 +385,27 @@ class ProjectSideEffects(Rule):
             written = project.writes(method) if method is not None else None
             if method is not None and written is not None:
                 return method, written
+        return None
+
+    def _class_of(self, value: cst.BaseExpression, call: cst.Call) -> Optional[cst.BaseExpression]:
+        """The class an object is made of: ``Container(...)``, also through the module methods that return the
+        module (``WaveRNN(...).to(device)``), or the annotation of the parameter of ``call``'s function that holds it
+        (WaveRNN's ``def voc_train_loop(paths, model: WaveRNN, ...)``); None when it does not show."""
+        while (
+            type(value) is cst.Call
+            and type(value.func) is cst.Attribute
+            and value.func.attr.value in MODULE_METHODS_RETURNING_SELF
+            and type(value.func.value) is cst.Call
+        ):
+            value = value.func.value
+        if type(value) is cst.Call:
+            return value.func
+        function = self.analysis.tree.function(call)
+        if type(value) is not cst.Name or function is None:
+            return None
+        for param in (*function.params.posonly_params, *function.params.params, *function.params.kwonly_params):
+            if param.name.value == value.value and param.annotation is not None:
+                return param.annotation.annotation
         return None
 
     def _project_writer(self, project: Project, call: cst.Call) -> Optional[tuple[Found, Write]]:
@@ -406,6 +452,28 @@ _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 # The streams a project object that writes may replace (``sys.stdout = Logger(path)``).
 _STANDARD_STREAMS = frozenset({"sys.stdout", "sys.stderr"})
 _MUTATORS = frozenset({"append", "extend", "update", "insert", "pop", "clear", "add", "remove", "setdefault"})
+
+
+# Methods that load state into the object they are called on (``model.load_state_dict(...)``, a model's own
+# ``load(path)``).
+_LOADERS = frozenset({"load_state_dict", "load"})
+
+
+def _loads_into_its_arguments(function: ast.AST) -> Optional[str]:
+    """The first call by which a function loads state into an object it is given (``optimizer.load_state_dict(...)``,
+    ``model.load(path)`` on its parameters), else None."""
+    if not isinstance(function, _FUNCTIONS):
+        return None
+    arguments = function.args
+    given = {arg.arg for arg in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)}
+    for node in ast.walk(function):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _LOADERS:
+            owner = node.func.value
+            while isinstance(owner, ast.Attribute):
+                owner = owner.value
+            if isinstance(owner, ast.Name) and owner.id in given:
+                return ast.unparse(node)
+    return None
 
 
 def _changes_its_object(method: ast.FunctionDef | ast.AsyncFunctionDef) -> Optional[str]:

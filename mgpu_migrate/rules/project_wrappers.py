@@ -9,7 +9,7 @@ import libcst as cst
 from mgpu_migrate.analysis import names
 from mgpu_migrate.analysis.hand_written import data_parallel_by_hand
 from mgpu_migrate.analysis.project import Project, project_of
-from mgpu_migrate.rules.base import BALANCED, CHECKS, DDP, Example, Review, Rule
+from mgpu_migrate.rules.base import BALANCED, CHECKS, DDP, RUNTIME_STYLE, Example, Review, Rule
 
 PROJECT_DATA_PARALLEL = Review(
     "MGP280",
@@ -171,7 +171,7 @@ class ProjectWrappers(Rule):
             return True
         if project.hand_written_data_parallel(found):
             by_hand = isinstance(found.node, ast.FunctionDef) and data_parallel_by_hand(found.node, found.module.qualified)
-            if self.target == BALANCED and by_hand:
+            if by_hand and (self.target == BALANCED or self.options.style == RUNTIME_STYLE):
                 return True  # its own module calls the runtime's data_parallel instead (MGP107)
             self.left(
                 call,

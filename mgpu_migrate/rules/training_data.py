@@ -11,7 +11,7 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis.batch import is_row_count
-from mgpu_migrate.analysis.loaders import LOADER, LoaderTrace
+from mgpu_migrate.analysis.loaders import BUILT, LOADER, LoaderTrace
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, TORCH_STYLE, Example, Review, Rewrite, Rule
@@ -111,7 +111,10 @@ class TrainingData(Rule):
     left whole. A loader this file hands to a training loop of the project's code in another module
     (``trainer.train(epoch, train_loader, optimizer)``: ``analysis/handed.py``) is distributed here too, at
     its ``DataLoader(...)``, or at the result of a builder out of sight (``get_train_dataloader(p, dataset)``),
-    which that loop draws its batches from.
+    which that loop draws its batches from. A loader that a function of another module builds and returns
+    (WaveRNN's ``train_set, test_set = get_vocoder_datasets(...)``, read there: ``analysis/loaders.py``) is
+    distributed where this file reads its result, in whole batches when what it runs for each batch (its
+    ``collate_fn``, its dataset's class) draws random numbers.
 
     ## Why is this bad?
     Under DDP each process should load only its part of every batch, or every process loads the whole batch
@@ -237,7 +240,7 @@ class TrainingData(Rule):
                         f"this training loop's data (`{shorten(code(data))}`) is not followed to a DataLoader: not "
                         "split, every process loads each whole batch",
                     )
-            elif trace.kind == LOADER:
+            elif trace.kind in (LOADER, BUILT):
                 point = self._wrap_point(trace, summed)
                 if point not in wrapped and self.rewrite_allowed(point):
                     wrapped.add(point)
@@ -322,7 +325,7 @@ class TrainingData(Rule):
         traces = self.analysis.loaders.traces
 
         def splittable(other: LoaderTrace) -> bool:
-            return other.training and other.kind == LOADER and summed[other.loop] is None
+            return other.training and other.kind in (LOADER, BUILT) and summed[other.loop] is None
 
         for step in reversed(trace.path):
             if all(splittable(other) for other in traces if any(s is step for s in other.path)):
@@ -330,25 +333,51 @@ class TrainingData(Rule):
         return trace.path[0]
 
     def _distribute(self, point: cst.BaseExpression, origin: cst.Call, trace: LoaderTrace) -> None:
+        if trace.kind == BUILT:
+            self._distribute_built(point, origin, trace)
+            return
         self._distribute_at(point, f"training data split across processes with {RUNTIME}.distribute_loader")
         self._check_origin(origin)
 
-    def _distribute_at(self, point: cst.BaseExpression, message: str) -> None:
-        """``distribute_loader(point)``; with ``whole_batches=True`` in a file that builds random transforms."""
+    def _distribute_built(self, point: cst.BaseExpression, origin: cst.Call, trace: LoaderTrace) -> None:
+        """A loader a builder of another module returns (``train_set, test_set = get_datasets(...)``): split where the
+        loop's data is read here, in whole batches when what the loader runs for each batch draws random numbers
+        (its ``collate_fn``, its dataset), which the original drew for the whole batch."""
+        built = self.analysis.loaders.built[origin]
+        name = shorten(self.analysis.code_of(origin.func), 24)
+        if built.sampler is not None:
+            self.left(
+                origin,
+                CUSTOM_SAMPLER,
+                f"custom sampler (`{built.sampler}=`, {built.where}): distribute_loader runs it on the main process only "
+                "and splits each batch it makes",
+            )
+        message = f"training data split across processes with {RUNTIME}.distribute_loader (`{name}`, {built.where})"
+        if built.draw is not None:
+            message = f"training data split with {RUNTIME}.distribute_loader (`{name}`, {built.where})"
+            whole = f": whole batches, {built.draw[0]} draws per sample"
+            self._distribute_at(point, message + whole, whole=True)
+            return
+        self._distribute_at(point, message)
+
+    def _distribute_at(self, point: cst.BaseExpression, message: str, whole: bool = False) -> None:
+        """``distribute_loader(point)``; with ``whole_batches=True`` in a file that builds random transforms, or when
+        ``whole`` says so (the message then says why)."""
         drawing = self._drawing
-        if drawing is None:
+        if drawing is None and not whole:
             self.edits.replace(point, lambda expr: runtime_call("distribute_loader", expr))
         else:
-            whole = cst.Arg(cst.Name("True"), keyword=cst.Name("whole_batches"))
+            whole_batches = cst.Arg(cst.Name("True"), keyword=cst.Name("whole_batches"))
             self.edits.replace(
                 point, lambda expr: runtime_call("distribute_loader", expr).with_changes(
-                    args=[cst.Arg(expr), whole.with_changes(
+                    args=[cst.Arg(expr), whole_batches.with_changes(
                         equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
                     )]
                 )
             )
             # Every process loads each whole batch, so that the transform's draws are the original's numbers.
-            message += f"; whole batches (line {self.analysis.position(drawing)[0]} draws per sample)"
+            if drawing is not None and not whole:
+                message += f"; whole batches (line {self.analysis.position(drawing)[0]} draws per sample)"
         self.edits.need_import(RUNTIME)
         self.rewrote(point, message)
 

@@ -15,7 +15,6 @@ from mgpu_runtime._version import __version__
 from mgpu_runtime.balanced import (
     DataParallelCriterion,
     DataParallelModel,
-    data_parallel,
     gather,
 )
 from mgpu_runtime.distributed import (
@@ -23,6 +22,7 @@ from mgpu_runtime.distributed import (
     DistributedDataParallel,
     MainProcessOnly,
     barrier,
+    data_parallel,
     device,
     distribute_loader,
     is_main_process,

@@ -7,6 +7,7 @@ import textwrap
 import pytest
 
 from mgpu_migrate.engine import migrate_source
+from mgpu_migrate.options import Options
 
 HELPER = textwrap.dedent(
     """\
@@ -59,8 +60,13 @@ def test_any_other_replication_by_hand_is_left_with_mgp281(old, new):
     assert "MGP281" in codes(source)
 
 
-def test_under_ddp_it_is_left_with_mgp281():
-    assert codes(HELPER, "ddp") == {"MGP281"}
+def test_under_ddp_it_calls_the_runtime_s_data_parallel_and_under_the_torch_style_it_is_left_with_mgp281():
+    result = migrate_source(HELPER, "ddp", "utils.py")
+    assert "    return mgpu_runtime.data_parallel(model, input)\n" in result.output
+    assert {d.code for d in result.diagnostics} == {"MGP107"}
+    assert migrate_source(result.output, "ddp", "utils.py").output == result.output
+    torch_style = migrate_source(HELPER, "ddp", "utils.py", Options(style="torch"))
+    assert {d.code for d in torch_style.diagnostics} == {"MGP281"} and torch_style.output == HELPER
 
 
 def test_a_caller_in_another_module_is_not_told_to_replace_it(tmp_path):
@@ -71,4 +77,38 @@ def test_a_caller_in_another_module_is_not_told_to_replace_it(tmp_path):
     balanced = migrate_source(train, "balanced", str(tmp_path / "train.py"))
     assert "MGP281" not in {d.code for d in balanced.diagnostics}
     ddp = migrate_source(train, "ddp", str(tmp_path / "train.py"))
-    assert "MGP281" in {d.code for d in ddp.diagnostics}
+    assert "MGP281" not in {d.code for d in ddp.diagnostics}
+    torch_style = migrate_source(train, "ddp", str(tmp_path / "train.py"), Options(style="torch"))
+    assert "MGP281" in {d.code for d in torch_style.diagnostics}
+
+
+def test_a_caller_of_the_helper_is_the_program_s_wrap_under_ddp(tmp_path):
+    """The call of the helper (in another module) is the script's wrap: set up at its entry point, its loader
+    split, its save made once; the helper's module is no program of its own (its importers are not told to set
+    up)."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "helpers.py").write_text(HELPER)
+    train = textwrap.dedent(
+        """\
+        import torch
+        from torch.utils.data import DataLoader
+        from helpers import data_parallel_workaround
+
+        loader = DataLoader(data, batch_size=8, shuffle=True)
+        for x, y in loader:
+            if torch.cuda.device_count() > 1:
+                out = data_parallel_workaround(model, x)
+            else:
+                out = model(x)
+            loss = criterion(out, y)
+            loss.backward()
+        torch.save(model.state_dict(), "model.pt")
+        """
+    )
+    (tmp_path / "train.py").write_text(train)
+    (tmp_path / "other.py").write_text("import helpers\n\nif __name__ == '__main__':\n    print(helpers)\n")
+    ddp = migrate_source(train, "ddp", str(tmp_path / "train.py"))
+    assert {"MGP120", "MGP122", "MGP123"} <= {d.code for d in ddp.diagnostics}
+    assert "mgpu_runtime.distribute_loader(DataLoader(data, batch_size=8, shuffle=True))" in ddp.output
+    other = migrate_source((tmp_path / "other.py").read_text(), "ddp", str(tmp_path / "other.py"))
+    assert not other.changed and not other.diagnostics

@@ -52,6 +52,8 @@ CASES = {
     "chosen_gpus": ("projects/chosen_gpus", "train.py", {2: ["--config", "two_gpus"], 3: ["--config", "three_gpus"]}),
     # The wrap held by a base class, trained by a subclass of another module, run from an entry script.
     "held_model": ("projects/held_model", "main.py", NO_ARGUMENTS),
+    # WaveRNN: the model never wrapped, each step through the project's hand-written data_parallel (MGP107).
+    "hand_written_dp": ("projects/hand_written_dp", "train.py", NO_ARGUMENTS),
 }
 TOLERANCE = 1e-9
 TIMEOUT_S = 500

@@ -15,6 +15,7 @@ model). See ``runtime/README_distributed.md``.
 
 from mgpu_runtime.distributed.data import distribute_loader
 from mgpu_runtime.distributed.ddp import DistributedDataParallel
+from mgpu_runtime.distributed.functional import data_parallel
 from mgpu_runtime.distributed.io import load, save
 from mgpu_runtime.distributed.losses import DistributedCriterion
 from mgpu_runtime.distributed.metrics import reduce_mean, reduce_sum
@@ -34,6 +35,7 @@ from mgpu_runtime.distributed.process_group import (
 )
 
 __all__ = [
+    "data_parallel",
     "DistributedCriterion",
     "DistributedDataParallel",
     "MainProcessOnly",

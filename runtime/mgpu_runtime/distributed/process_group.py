@@ -86,6 +86,9 @@ class Job:
     # The DistributedDataParallel wrappers made in this job (ddp.py), weakly: a new one that shares parameters
     # with one of them makes both sum their gradients after each backward pass.
     wrappers: weakref.WeakSet = field(default_factory=weakref.WeakSet)
+    # The functional data_parallel's wrapper of each module it ran (distributed/functional.py), held weakly by the
+    # module: a module the script drops is not kept alive by the job.
+    functional_wrappers: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
 
 
 _job: Job | None = None
@@ -144,6 +147,11 @@ def teardown() -> None:
         job.lockstep.stop(f"an uncaught {type(ended).__name__}" if ended is not None else "sys.exit() or the end of its script")
     if job.owns_process_group and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def current_job() -> Job | None:
+    """This process's part in the job when ``setup()`` has run, else None (nothing is set up here)."""
+    return _job
 
 
 def job() -> Job:
