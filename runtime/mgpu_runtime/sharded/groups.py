@@ -258,8 +258,10 @@ class _SumOverRanks(torch.autograd.Function):
                 packed, counts = packed[: -len(counts)], packed[-len(counts) :]
         if counts is not None:
             monitor.check(counts, what)
+        # Each total a tensor of its own, not a view of the packed sums: the loop may change one in place
+        # (a detection loss's `loss_l /= num_pos`), which autograd forbids on a view a custom Function returns.
         totals = [
-            part.reshape(shape).to(dtype)
+            part.reshape(shape).to(dtype, copy=True)
             for part, shape, dtype in zip(packed.split(sizes), ctx.shapes, ctx.dtypes)
         ]
         for total, value in zip(totals, values):
