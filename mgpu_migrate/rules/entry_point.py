@@ -12,7 +12,7 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis.entrypoint import EntryPoint, script_start
-from mgpu_migrate.analysis.own_path import own_path_batch, own_path_launch
+from mgpu_migrate.analysis.own_path import own_path_batch, own_path_launch, own_path_refusal
 from mgpu_migrate.analysis.project import importers
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.program import SETUP
@@ -448,16 +448,7 @@ class EntryPointSetup(Rule):
         if program.existing:
             if self.LAUNCHES_OWN_PATH and own_path_launch(self.analysis) is not None:
                 return  # a plain start runs the own path (MGP139)
-            line, _ = self.analysis.position(program.existing[0])
-            command = self._own_path_command()
-            self.left(
-                first,
-                EXISTING_DISTRIBUTED_SETUP,
-                f"own distributed path (line {line}), DataParallel fallback left: launch that path with `{command}`"
-                if command
-                else f"this file sets up distributed training itself (line {line}): its DataParallel fallback is "
-                "left; launch its own distributed path",
-            )
+            self._leave_to_own_path(first)
             return
         if program.kept:
             line, _ = self.analysis.position(program.kept[0])
@@ -524,6 +515,23 @@ class EntryPointSetup(Rule):
                 f"also imports training that this migration does not make distributed ({named}): started so, every "
                 "process runs it whole; start it with MGPU_NPROC=1",
             )
+
+    def _leave_to_own_path(self, site: cst.CSTNode) -> None:
+        """MGP231 at ``site``: the file's own distributed path stays to be launched, with the command that runs it
+        and, where a configuration file overrides the parsed command line, why no plain start can."""
+        line, _ = self.analysis.position(self.program.existing[0])
+        command = self._own_path_command()
+        why = own_path_refusal(self.analysis)
+        if command and why:
+            message = f"own distributed path (line {line}) left: {why}; launch it with `{command}`"
+        elif command:
+            message = f"own distributed path (line {line}), DataParallel fallback left: launch that path with `{command}`"
+        else:
+            message = (
+                f"this file sets up distributed training itself (line {line}): its DataParallel fallback is left; "
+                "launch its own distributed path"
+            )
+        self.left(site, EXISTING_DISTRIBUTED_SETUP, message)
 
     def _own_path_command(self) -> Optional[str]:
         """The torchrun command that runs the file's own distributed path, when the launch environment chooses it

@@ -347,15 +347,20 @@ class OwnPathLaunch(Rule):
         launch = own_path_launch(self.analysis)
         if launch is None or launched(self.analysis):
             return  # left, with the command that launches the own path where there is one (MGP231)
-        batch, point = launch
+        batch, point = launch.batch, launch.point
         if not self.rewrite_allowed(point.anchor):
             return
         spelled = [f'"{option}"' for option in batch.options]
         options = spelled[0] if len(spelled) == 1 else f"({', '.join(spelled)})"
-        arguments = [cst.parse_expression(options)]
-        if batch.default is not None:
+        arguments: list[cst.BaseExpression] = [cst.parse_expression(options)]
+        if launch.held is None and batch.default is not None:
             arguments.append(cst.Integer(str(batch.default)))
-        statement = cst.SimpleStatementLine([cst.Expr(runtime_call("launch_own_path", *arguments))])
+        call = runtime_call("launch_own_path", *arguments)
+        if launch.held is not None:
+            call = with_keyword(call, "batch", cst.parse_expression(launch.held))
+        statement = cst.SimpleStatementLine([cst.Expr(call)])
+        if launch.held is not None:  # after the block that reads the configuration file: a blank line between
+            statement = statement.with_changes(leading_lines=[cst.EmptyLine()])
         if point.after:
             self.edits.insert_after(point.anchor, statement)
         else:
@@ -367,10 +372,11 @@ class OwnPathLaunch(Rule):
         self.edits.keep_if_left(statement, RUNTIME)
         line, _ = self.analysis.position(program.existing[0])
         default = batch.default if batch.default is not None else "B"
+        given = f"{launch.held}/W per process once the config file is read" if launch.held else f"{default}/W per process"
         self.rewrote(
             point.anchor,
-            f"a plain start runs the own distributed path (line {line}) on each GPU, {batch.name} {default}/W per "
-            "process; DataParallel stays for one GPU or an uneven split",
+            f"a plain start runs the own distributed path (line {line}) on each GPU, {batch.name} {given}; DataParallel "
+            "stays for one GPU or an uneven split",
         )
         self._write_once()
 
