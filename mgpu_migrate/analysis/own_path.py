@@ -15,9 +15,11 @@ what the path writes on every process that the original wrote once (MGP325).
 from __future__ import annotations
 
 import ast
+import os
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Optional
 
 import libcst as cst
@@ -35,7 +37,7 @@ from mgpu_migrate.analysis.entrypoint import (
 )
 from mgpu_migrate.analysis.file import FileAnalysis
 from mgpu_migrate.analysis.guards import identifiers, main_process_caller, under_main_process_block
-from mgpu_migrate.analysis.project import Found, Project, project_of
+from mgpu_migrate.analysis.project import DATA_PARALLEL_CLASSES, Found, Project, project_of, returns_the_wrap
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
 
@@ -532,3 +534,81 @@ def _divided_by_the_processes(analysis: FileAnalysis, dest: str) -> bool:
         ):
             return True
     return False
+
+
+# -- a DataParallel fallback in a helper module -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Fallback:
+    """A call of this file that gets its model from a function of another module of the project (a builder)
+    that returns it wrapped in torch's DataParallel (DialoGPT's ``load_model`` in ``gpt2_training/train_utils.py``,
+    when ``args.n_gpu > 1``): the file's DataParallel fallback, held there."""
+
+    call: cst.Call
+    builder: Found
+    wrap_line: int
+
+    @property
+    def module(self) -> str:
+        return os.path.abspath(self.builder.module.path)
+
+
+def fallback_builders(analysis: FileAnalysis, modules: Optional[Collection[str]] = None) -> list[Fallback]:
+    """The calls of this file to a function of another module of the project (of ``modules``, absolute paths,
+    when given) that returns the model wrapped in torch's DataParallel."""
+    project = project_of(analysis.path)
+    if project is None:
+        return []
+    here = os.path.abspath(analysis.path)
+    found: list[Fallback] = []
+    for call in analysis.calls:
+        qualified = analysis.resolve(call.func)
+        builder = project.find(qualified) if qualified else None
+        if builder is None or not isinstance(builder.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        module = os.path.abspath(builder.module.path)
+        if module == here or (modules is not None and module not in modules):
+            continue
+        for inner in ast.walk(builder.node):
+            if (
+                isinstance(inner, ast.Call)
+                and builder.module.qualified(inner.func) in DATA_PARALLEL_CLASSES
+                and returns_the_wrap(builder.node, inner)
+            ):
+                found.append(Fallback(call, builder, inner.lineno))
+                break
+    return found
+
+
+def launches_own_path(path: str, module: str, builder: str) -> bool:
+    """Whether ``--to ddp`` makes a plain start of the script at ``path`` launch its own distributed path (MGP139),
+    its DataParallel fallback being the model the function ``builder`` of ``module`` returns wrapped: the script
+    has a distributed set-up of its own and no DataParallel of its own, calls that builder, and a plain start can
+    launch its own path. Read from the script alone (no migration of it), so the module holding the wrap and the
+    script, each deciding from this, decide the same in either order."""
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError:
+        return False
+    return _launches_own_path(os.path.abspath(path), stamp, os.path.abspath(module), builder)
+
+
+@lru_cache(maxsize=64)
+def _launches_own_path(path: str, stamp: int, module: str, builder: str) -> bool:
+    from mgpu_migrate.program import existing_setup
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            source = handle.read()
+        parsed = cst.parse_module(source)
+    except (OSError, UnicodeDecodeError, cst.ParserSyntaxError, RecursionError, ValueError):
+        return False
+    analysis = FileAnalysis(path, source, parsed)
+    try:
+        if not existing_setup(analysis) or analysis.models.sites or launched(analysis):
+            return False
+        if not any(found.builder.name == builder for found in fallback_builders(analysis, (module,))):
+            return False
+        launch = own_path_launch(analysis)
+        return launch is not None and not analysis.silenced(launch.point.anchor, "MGP139")
+    finally:
+        analysis.release()

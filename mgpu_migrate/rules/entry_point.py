@@ -437,6 +437,11 @@ class EntryPointSetup(Rule):
 
     def apply(self) -> None:
         program = self.program
+        if program.own_path and not program.wraps:
+            # Its DataParallel fallback is a builder's of another module (DialoGPT's `load_model`).
+            if not (self.LAUNCHES_OWN_PATH and own_path_launch(self.analysis) is not None):
+                self._leave_to_own_path(program.fallback[0].call)
+            return
         if not program.wraps:
             # A module that trains a model a project class holds is set up where it starts: in it when it is a
             # script, else (a module of classes) in the script that imports it, the entry point of what it starts.

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Callable, cast
 
 import libcst as cst
@@ -342,7 +343,7 @@ class OwnPathLaunch(Rule):
 
     def apply(self) -> None:
         program = self.program
-        if not program.existing or not program.wraps:
+        if not program.own_path:
             return
         launch = own_path_launch(self.analysis)
         if launch is None or launched(self.analysis):
@@ -373,11 +374,21 @@ class OwnPathLaunch(Rule):
         line, _ = self.analysis.position(program.existing[0])
         default = batch.default if batch.default is not None else "B"
         given = f"{launch.held}/W per process once the config file is read" if launch.held else f"{default}/W per process"
-        self.rewrote(
-            point.anchor,
-            f"a plain start runs the own distributed path (line {line}) on each GPU, {batch.name} {given}; DataParallel "
-            "stays for one GPU or an uneven split",
+        fallback = "DataParallel"
+        if program.fallback and not program.wraps:
+            held = program.fallback[0]
+            here = os.path.dirname(os.path.abspath(self.analysis.path))
+            fallback = f"DataParallel ({os.path.relpath(held.module, here)}:{held.wrap_line})"
+        said = (
+            f"a plain start runs the own distributed path (line {line}) on each GPU, {batch.name} {given}; {fallback} "
+            "stays for one GPU or an uneven split"
         )
+        if len(said) > 160:  # a batch read after the config file, a fallback in another module: the short form
+            given = f"{shorten(launch.held, 40)}/W each after the config file" if launch.held else given
+            said = f"plain start: own path (line {line}) per GPU, {given}; {fallback} for one GPU"
+            if len(said) > 160:
+                said = f"plain start: own path (line {line}) per GPU, {given}; DataParallel for one GPU"
+        self.rewrote(point.anchor, said)
         self._write_once()
 
     def _write_once(self) -> None:
