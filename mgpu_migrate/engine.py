@@ -78,13 +78,16 @@ def migrate_source(
     _DECIDING.add(here)  # while this file is migrated, a module that asks whether it migrates assumes it does
     try:
         holds = () if might_need_migration(source) else held_programs(source, target, path, options)
-        fallbacks: tuple[str, ...] = ()
+        # The modules that may hold its DataParallel fallback beside a distributed path of its own (asked by the
+        # program's verdict only of a file with such a path and no site of its own).
+        fallbacks = functools.partial(own_path_fallbacks, source, target, path, options)
         if not might_need_migration(source) and not holds:
             found = starts()
             if not found:
-                fallbacks = own_path_fallbacks(source, target, path, options)
-                if not fallbacks:
+                held = own_path_fallbacks(source, target, path, options)
+                if not held:
                     return MigrationResult(path, source, source)
+                fallbacks = functools.partial(tuple, held)
             starts = functools.partial(tuple, found)
         from mgpu_migrate.pipeline import run_pipeline
 

@@ -62,11 +62,11 @@ def run_pipeline(
     only: tuple[type[Rule], ...] | None = None,
     starts: Callable[[], tuple[str, ...]] = tuple,
     holds: tuple[str, ...] = (),
-    fallbacks: tuple[str, ...] = (),
+    fallbacks: Callable[[], tuple[str, ...]] = tuple,
 ) -> MigrationResult:
     """Migrate one file's text (``only``: run the wrap rules and these rules alone, as a rule's examples do;
-    ``starts``: gives the project modules this script starts as distributed programs, ``engine.started_programs``; ``holds``: the modules whose wrapped model it trains, ``engine.held_programs``; ``fallbacks``: the modules
-    that may hold its DataParallel fallback beside a distributed path of its own, ``engine.own_path_fallbacks``)."""
+    ``starts``: gives the project modules this script starts as distributed programs, ``engine.started_programs``; ``holds``: the modules whose wrapped model it trains, ``engine.held_programs``; ``fallbacks``: gives the
+    modules that may hold its DataParallel fallback beside a distributed path of its own, ``engine.own_path_fallbacks``)."""
     readable, renamed = old_keywords.set_aside(source)  # PyTorch's `async=`, a syntax error (old_keywords.py)
     parsed, aside = form_feeds.set_aside(readable)  # what LibCST would misread (form_feeds.py)
     with _collector_paused():
@@ -100,7 +100,7 @@ def _run_pipeline(
     only: tuple[type[Rule], ...] | None,
     starts: Callable[[], tuple[str, ...]] = tuple,
     holds: tuple[str, ...] = (),
-    fallbacks: tuple[str, ...] = (),
+    fallbacks: Callable[[], tuple[str, ...]] = tuple,
 ) -> MigrationResult:
     try:
         module = _parse(source)
@@ -125,7 +125,7 @@ def plan(
     only: tuple[type[Rule], ...] | None = None,
     starts: Callable[[], tuple[str, ...]] = tuple,
     holds: tuple[str, ...] = (),
-    fallbacks: tuple[str, ...] = (),
+    fallbacks: Callable[[], tuple[str, ...]] = tuple,
 ) -> Edits:
     """Every rule's edits and diagnostics for the file, phase by phase.
 
@@ -189,7 +189,7 @@ def _migrate(
     only: tuple[type[Rule], ...] | None,
     starts: Callable[[], tuple[str, ...]] = tuple,
     holds: tuple[str, ...] = (),
-    fallbacks: tuple[str, ...] = (),
+    fallbacks: Callable[[], tuple[str, ...]] = tuple,
 ) -> MigrationResult:
     analysis = FileAnalysis(path, source, module)
     try:
@@ -208,7 +208,7 @@ def _migrated(
     only: tuple[type[Rule], ...] | None,
     starts: Callable[[], tuple[str, ...]] = tuple,
     holds: tuple[str, ...] = (),
-    fallbacks: tuple[str, ...] = (),
+    fallbacks: Callable[[], tuple[str, ...]] = tuple,
 ) -> MigrationResult:
     edits = plan(analysis, target, options, only, starts, holds, fallbacks)
     diagnostics = sorted(edits.diagnostics)

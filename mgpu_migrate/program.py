@@ -183,11 +183,12 @@ def decide(
     rewritten: Collection[cst.CSTNode],
     starts: Callable[[], tuple[str, ...]] = tuple,
     holds: tuple[str, ...] = (),
-    fallbacks: tuple[str, ...] = (),
+    fallbacks: Callable[[], tuple[str, ...]] = tuple,
 ) -> Program:
     """The program the file becomes, given the nodes the wrap rules rewrote (the keys of their edits) and what
     gives the modules it starts as distributed programs (asked only of a script with no site of its own);
-    ``fallbacks``: the modules that may hold its DataParallel fallback (``Program.fallback``)."""
+    ``fallbacks``: gives the modules that may hold its DataParallel fallback (``Program.fallback``), asked only of
+    a file with a distributed set-up of its own and no site."""
     wraps: list[cst.Call] = []
     kept: list[cst.Call] = []
     for site in analysis.models.sites:
@@ -197,7 +198,8 @@ def decide(
     existing = existing_setup(analysis)
     already = any(analysis.resolve(call.func) == RUNTIME_SETUP for call in analysis.calls)
     sites = bool(analysis.models.sites)
-    fallback = tuple(fallback_builders(analysis, fallbacks)) if fallbacks and existing and not sites else ()
+    modules = fallbacks() if existing and not sites else ()
+    fallback = tuple(fallback_builders(analysis, modules)) if modules else ()
     return Program(
         tuple(wraps), tuple(kept), existing, already, starts() if not sites else (), holds if not sites else (), fallback
     )

@@ -402,7 +402,11 @@ class ProjectTraining(Rule):
         returns as their DataParallel fallback (``analysis.own_path.launches_own_path``)."""
         if self.options.style != RUNTIME_STYLE:
             return False
-        trainers = [importer for importer in found if importer.trains and _names(importer.path, builder)]
+        trainers = [
+            importer
+            for importer in found
+            if importer.trains and os.path.basename(importer.path)[: -len(".py")].isidentifier() and _names(importer.path, builder)
+        ]  # not a copy beside a module (`train.ddp.py`), which no import names
         return bool(trainers) and all(
             importer.own_process_group and launches_own_path(importer.path, self.analysis.path, builder)
             for importer in trainers
