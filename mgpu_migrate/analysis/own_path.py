@@ -377,12 +377,9 @@ def config_override(analysis: FileAnalysis) -> Optional[Override]:
             harmful = _first_harmful_call(analysis, top)
             if harmful is not None:
                 what = shorten(analysis.code_of(harmful.func), 30)
-                return Override(
-                    name, None, f"`{what}` (line {analysis.position(harmful)[0]}) runs before a configuration file sets "
-                    f"the batch (line {line})"
-                )
+                return Override(name, None, f"`{what}` (line {analysis.position(harmful)[0]}) runs before the config file (line {line})")
         return Override(name, EntryPoint(block[held], True, "after the configuration file overrides the command line"))
-    return Override(parsed[0][0], None, f"a configuration file sets the parsed options at line {line}, where no launch can follow")
+    return Override(parsed[0][0], None, f"the config file sets the options at line {line}, where no launch can follow")
 
 
 def _parses(analysis: FileAnalysis) -> list[tuple[str, cst.BaseStatement, list[cst.BaseStatement]]]:

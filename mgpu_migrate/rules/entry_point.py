@@ -307,6 +307,38 @@ class EntryPointSetup(Rule):
             DDP,
             ("MGP231",),
         ),
+        # A configuration file sets the options after parsing, and the script prints before it does: a launch that
+        # follows the file would print twice, so the own path is left to the command that runs it.
+        Example(
+            """
+            import argparse
+            import json
+            import torch
+            import torch.nn as nn
+            from torch.utils.data import DataLoader, DistributedSampler
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--batch_size", type=int, default=16)
+            parser.add_argument("--local_rank", type=int, default=-1)
+            parser.add_argument("--config")
+            args = parser.parse_args()
+            print("options:", args)
+            if args.config:
+                for key, value in json.load(open(args.config)).items():
+                    setattr(args, key, value)
+            if args.local_rank != -1:
+                torch.distributed.init_process_group("gloo")
+                loader = DataLoader(data, sampler=DistributedSampler(data), batch_size=args.batch_size)
+            else:
+                model = nn.DataParallel(model)
+            """,
+            None,
+            DDP,
+            ("MGP231",),
+            message="own path (line 17) left, `print` (line 12) runs before the config file (line 15): `torchrun",
+            line=20,
+            name="a launch cannot follow a configuration file when the script prints before it",
+        ),
         # The GPUs parsed in main() go to the set-up, which comes right after the parsing.
         Example(
             """
@@ -528,7 +560,9 @@ class EntryPointSetup(Rule):
         command = self._own_path_command()
         why = own_path_refusal(self.analysis)
         if command and why:
-            message = f"own distributed path (line {line}) left: {why}; launch it with `{command}`"
+            message = f"own path (line {line}) left, {why}: `{command}`"
+            if len(message) > 160:
+                message = f"own distributed path (line {line}) left, {why}: launch it with torchrun"
         elif command:
             message = f"own distributed path (line {line}), DataParallel fallback left: launch that path with `{command}`"
         else:

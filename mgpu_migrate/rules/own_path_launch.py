@@ -41,10 +41,25 @@ class OwnPathLaunch(Rule):
     In a file that sets up distributed training of its own beside a DataParallel fallback, where a launcher's
     variables choose that path (``LOCAL_RANK``, ``RANK`` or ``WORLD_SIZE`` read, or a ``--local_rank``
     argument, which defaults to ``LOCAL_RANK``: MGP131) and a command-line option sets the batch its
-    ``DistributedSampler`` loader loads per process, inserts ``mgpu_runtime.launch_own_path(option, default)``
+    ``DistributedSampler`` loader loads per process (or a loader class of the project's own named
+    ``Distributed...Loader`` that takes the rank or the number of processes, given the option by keyword or at
+    the position of its ``__init__``'s batch parameter), inserts ``mgpu_runtime.launch_own_path(option, default)``
     where the program starts: at the top of the ``if __name__ == "__main__":`` block, or after the imports of a
     script that parses its command line at module level; in both, before the command line is parsed and before
     anything touches CUDA. The option's spellings and its declared default are read from the parser.
+
+    Where a configuration file overrides the parsed options (``setattr(args, k, v)`` for each key of a loaded
+    JSON, ``vars(args).update(...)``), the batch the script uses is known only after that block: the call goes
+    right after it, given that value (``launch_own_path("--train_batch_size", batch=args.train_batch_size)``),
+    and the relaunched processes get their share on their command line (a script that lets its command line
+    override the file then uses it; each process checks that it does). What runs before the call may only read
+    (the file, the environment, the command line): a call that may write, print, log or touch CUDA there leaves
+    the file (MGP231, naming it).
+
+    The DataParallel fallback may be a builder's of another module of the project that this script calls
+    (DialoGPT's ``load_model``, which wraps the model when ``args.n_gpu > 1``, never on the own path): the
+    script is migrated the same way, and that module stays as it is (no MGP320) when every script that trains
+    the model it returns launches its own path so; otherwise both are left.
 
     Started plainly (``python train.py --train_batch_size 12``) on W devices (the visible GPUs, or
     ``MGPU_NPROC``), the call relaunches the same command line under torchrun as W processes, each given the
@@ -313,6 +328,142 @@ class OwnPathLaunch(Rule):
                 torch.distributed.init_process_group("gloo")
                 model = nn.parallel.DistributedDataParallel(model)
                 loader = DataLoader(data, sampler=DistributedSampler(data), batch_size=args.batch_size)
+            else:
+                model = nn.DataParallel(model)
+            """,
+            None,
+            DDP,
+            (),
+        ),
+        # A configuration file overrides the parsed options (`--config`): the batch is known after it, where the
+        # launch goes, given the batch the script then holds.
+        Example(
+            """
+            import argparse
+            import json
+            import sys
+            import torch
+            import torch.nn as nn
+            from torch.utils.data import DataLoader, DistributedSampler
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--batch_size", type=int, default=16)
+            parser.add_argument("--local_rank", type=int, default=-1)
+            parser.add_argument("--config")
+            args = parser.parse_args()
+            if args.config:
+                with open(args.config) as handle:
+                    for key, value in json.load(handle).items():
+                        setattr(args, key, value)
+                argv = sys.argv[1:]
+                given, _ = parser.parse_known_args(argv)
+                for key, value in vars(given).items():
+                    if f"--{key}" in argv:
+                        setattr(args, key, value)
+            if args.local_rank != -1:
+                torch.distributed.init_process_group("gloo")
+                loader = DataLoader(data, sampler=DistributedSampler(data), batch_size=args.batch_size)
+            else:
+                model = nn.DataParallel(model)
+            """,
+            """
+            import argparse
+            import json
+            import sys
+            import torch
+            import torch.nn as nn
+            from torch.utils.data import DataLoader, DistributedSampler
+            import mgpu_runtime
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--batch_size", type=int, default=16)
+            parser.add_argument("--local_rank", type=int, default=-1)
+            parser.add_argument("--config")
+            args = parser.parse_args()
+            if args.config:
+                with open(args.config) as handle:
+                    for key, value in json.load(handle).items():
+                        setattr(args, key, value)
+                argv = sys.argv[1:]
+                given, _ = parser.parse_known_args(argv)
+                for key, value in vars(given).items():
+                    if f"--{key}" in argv:
+                        setattr(args, key, value)
+
+            mgpu_runtime.launch_own_path("--batch_size", batch=args.batch_size)
+            if args.local_rank != -1:
+                torch.distributed.init_process_group("gloo")
+                loader = DataLoader(data, sampler=DistributedSampler(data), batch_size=args.batch_size)
+            else:
+                model = nn.DataParallel(model)
+            """,
+            DDP,
+            ("MGP139",),
+            message="own path (line 23) per GPU, args.batch_size/W each after the config file; DataParallel for one GPU",
+            line=13,
+            name="the launch follows a configuration file that overrides the command line",
+        ),
+        # The own path's loader is a class of the project's own that says it is distributed and takes the rank and
+        # the number of processes: its batch keyword is the option.
+        Example(
+            """
+            import argparse
+            import torch
+            import torch.nn as nn
+            from data import DistributedShardLoader, ShardLoader
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--bs", type=int, default=8)
+            parser.add_argument("--local_rank", type=int, default=-1)
+            args = parser.parse_args()
+            if args.local_rank != -1:
+                torch.distributed.init_process_group("gloo")
+                rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+                loader = DistributedShardLoader(rank, world, "rows.db", batch_size=args.bs)
+            else:
+                loader = ShardLoader("rows.db", batch_size=args.bs)
+                model = nn.DataParallel(model)
+            """,
+            """
+            import argparse
+            import torch
+            import torch.nn as nn
+            from data import DistributedShardLoader, ShardLoader
+            import mgpu_runtime
+
+            mgpu_runtime.launch_own_path("--bs", 8)
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--bs", type=int, default=8)
+            parser.add_argument("--local_rank", type=int, default=-1)
+            args = parser.parse_args()
+            if args.local_rank != -1:
+                torch.distributed.init_process_group("gloo")
+                rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+                loader = DistributedShardLoader(rank, world, "rows.db", batch_size=args.bs)
+            else:
+                loader = ShardLoader("rows.db", batch_size=args.bs)
+                model = nn.DataParallel(model)
+            """,
+            DDP,
+            ("MGP139",),
+            name="the batch of a distributed loader class of the project's own",
+        ),
+        # Its batch given by position to a class that cannot be read (no project here): the option is not known.
+        Example(
+            """
+            import argparse
+            import torch
+            import torch.nn as nn
+            from data import DistributedShardLoader
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--bs", type=int, default=8)
+            parser.add_argument("--local_rank", type=int, default=-1)
+            args = parser.parse_args()
+            if args.local_rank != -1:
+                torch.distributed.init_process_group("gloo")
+                loader = DistributedShardLoader(args.local_rank, 2, args.bs)
             else:
                 model = nn.DataParallel(model)
             """,

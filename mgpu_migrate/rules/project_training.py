@@ -165,7 +165,9 @@ class ProjectTraining(Rule):
     When the wrap is in a function that returns the model (``load_model()``) or in a class that holds it
     (``self.model = DataParallel(...)`` in a wrapper ``nn.Module``), the model goes to the modules that import
     this one, which a bounded byte search of the project finds: the file is left, and the diagnostic names the
-    importer that uses the function or class (MGP320). When that class's subclasses in the importing modules
+    importer that uses the function or class (MGP320); a function whose every importer that trains its model
+    launches a distributed path of its own from a plain start (MGP139 there: DialoGPT's ``load_model``, whose
+    DataParallel branch that path never takes) leaves this file as it is with nothing to say. When that class's subclasses in the importing modules
     train the model (st-gcn's ``IO`` held the wrap, ``REC_Processor(Processor)`` trains), the file migrates
     with them: each such module, which has no DataParallel of its own, gets its training loaders split and its
     side effects made once, and the script that imports it the set-up (``engine.held_programs``,
