@@ -144,9 +144,9 @@ def _per_process_batches(analysis: FileAnalysis) -> Iterator[cst.Attribute]:
         ):
             yield size.value
     for call in analysis.calls:
-        size = _project_loader_batch(analysis, call)
-        if size is not None:
-            yield size
+        held = _project_loader_batch(analysis, call)
+        if held is not None:
+            yield held
 
 
 _DISTRIBUTED_LOADER = re.compile(r"Distributed\w*Loader")
@@ -170,7 +170,7 @@ def _project_loader_batch(analysis: FileAnalysis, call: cst.Call) -> Optional[cs
             return arg.value
     project = project_of(analysis.path)
     found = project.find(qualified) if project is not None else None
-    if found is None or not isinstance(found.node, ast.ClassDef):
+    if project is None or found is None or not isinstance(found.node, ast.ClassDef):
         return None
     for index, arg in enumerate(call.args):
         if arg.keyword is not None or arg.star or type(arg.value) is not cst.Attribute:
@@ -387,10 +387,10 @@ def _parses(analysis: FileAnalysis) -> list[tuple[str, cst.BaseStatement, list[c
     parser.parse_args()``, ``args, _ = parser.parse_known_args()``): the name bound, the statement, its block."""
     module = analysis.module
     main = main_block(module)
-    blocks = [list(module.body)]
+    blocks: list[list[cst.BaseStatement]] = [list(module.body)]
     if main is not None and type(main.body) is cst.IndentedBlock:
         blocks.append(list(main.body.body))
-    found = []
+    found: list[tuple[str, cst.BaseStatement, list[cst.BaseStatement]]] = []
     for block in blocks:
         for statement in block:
             if type(statement) is not cst.SimpleStatementLine or len(statement.body) != 1:
@@ -401,7 +401,7 @@ def _parses(analysis: FileAnalysis) -> list[tuple[str, cst.BaseStatement, list[c
             func = assign.value.func
             if type(func) is not cst.Attribute or func.attr.value not in ("parse_args", "parse_known_args"):
                 continue
-            target = assign.targets[0].target
+            target: cst.BaseExpression = assign.targets[0].target
             if type(target) is cst.Tuple and target.elements:
                 target = target.elements[0].value
             if type(target) is cst.Name:
