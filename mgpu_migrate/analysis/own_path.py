@@ -601,10 +601,12 @@ def _launches_own_path(path: str, stamp: int, module: str, builder: str) -> bool
         return False
     analysis = FileAnalysis(path, source, parsed)
     try:
-        if not existing_setup(analysis) or analysis.models.sites or launched(analysis):
+        if not existing_setup(analysis) or analysis.models.sites:
             return False
         if not any(found.builder.name == builder for found in fallback_builders(analysis, (module,))):
             return False
+        if launched(analysis):
+            return True  # migrated already (the project rewritten in place, this script first)
         launch = own_path_launch(analysis)
         return launch is not None and not analysis.silenced(launch.point.anchor, "MGP139")
     finally:
