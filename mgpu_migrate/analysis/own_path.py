@@ -334,7 +334,7 @@ _READING_FUNCTIONS = frozenset(
     {"json.load", "json.loads", "yaml.load", "yaml.safe_load", "yaml.full_load", "os.getenv", "os.environ.get",
      "os.path.join", "os.path.exists", "os.path.isfile", "os.path.isdir", "os.path.abspath", "os.path.dirname",
      "os.path.basename", "os.path.expanduser", "os.path.splitext", "argparse.ArgumentParser", "logging.getLogger",
-     "logging.basicConfig", "copy.copy", "copy.deepcopy"}
+     "logging.basicConfig", "copy.copy", "copy.deepcopy", "warnings.filterwarnings", "warnings.simplefilter"}
 )
 _READING_BUILTINS = frozenset(
     {"setattr", "getattr", "hasattr", "isinstance", "vars", "len", "int", "str", "float", "bool", "dict", "list",
@@ -343,7 +343,7 @@ _READING_BUILTINS = frozenset(
 _READING_METHODS = frozenset(
     {"add_argument", "add_argument_group", "add_mutually_exclusive_group", "set_defaults", "parse_args",
      "parse_known_args", "items", "keys", "values", "get", "replace", "split", "strip", "lower", "upper",
-     "startswith", "endswith", "format", "copy", "update", "read", "append", "pop", "setdefault"}
+     "startswith", "endswith", "format", "copy", "update", "read", "append", "extend", "insert", "pop", "setdefault"}
 )
 
 
