@@ -32,6 +32,9 @@ class Edits:
     codes: dict[str, Code] = field(default_factory=dict)
     # Nodes whose replacements stay when a veto leaves the file (``keep_if_left``), with the imports they need.
     survivors: dict[cst.CSTNode, tuple[str, ...]] = field(default_factory=dict)
+    # The file's wraps are the DataParallel fallback of scripts that launch their own distributed path
+    # (``leave_as_fallback``): it stays as it is.
+    left_as_fallback: bool = False
 
     def replace(self, node: cst.CSTNode, replacement: Replacement) -> None:
         self.replacements[node].append(replacement)
@@ -47,6 +50,12 @@ class Edits:
         an edit that serves the file's own way of running, which the veto leaves in place (MGP131). ``node`` may
         also be a statement the rule inserted: the insertion stays (the launch of the file's own path, MGP139)."""
         self.survivors[node] = imports
+
+    def leave_as_fallback(self) -> None:
+        """Leave the file as it is (``program.settle``), with only what the wrap rules said of its wraps: they are
+        the DataParallel fallback of scripts whose migration launches their own distributed path (MGP139), which
+        never takes it."""
+        self.left_as_fallback = True
 
     def need_import(self, module: str) -> None:
         """Ask for ``import <module>`` at the top of the file (added once, if not there)."""

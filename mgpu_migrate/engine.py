@@ -78,15 +78,21 @@ def migrate_source(
     _DECIDING.add(here)  # while this file is migrated, a module that asks whether it migrates assumes it does
     try:
         holds = () if might_need_migration(source) else held_programs(source, target, path, options)
+        # The modules that may hold its DataParallel fallback beside a distributed path of its own (asked by the
+        # program's verdict only of a file with such a path and no site of its own).
+        fallbacks = functools.partial(own_path_fallbacks, source, target, path, options)
         if not might_need_migration(source) and not holds:
             found = starts()
             if not found:
-                return MigrationResult(path, source, source)
+                held = own_path_fallbacks(source, target, path, options)
+                if not held:
+                    return MigrationResult(path, source, source)
+                fallbacks = functools.partial(tuple, held)
             starts = functools.partial(tuple, found)
         from mgpu_migrate.pipeline import run_pipeline
 
         try:
-            return run_pipeline(source, target, path, options, starts=starts, holds=holds)
+            return run_pipeline(source, target, path, options, starts=starts, holds=holds, fallbacks=fallbacks)
         except Exception as error:  # noqa: BLE001 -- the last guard: one odd file must never stop a run
             message = f"internal error ({error_summary(error)}); file left unchanged, please report"
             return MigrationResult(path, source, source, error=Diagnostic(path, 1, 1, INTERNAL_ERROR, message))
@@ -106,6 +112,25 @@ def held_programs(source: str, target: str, path: str, options: Options = DEFAUL
 
     data = source.encode("utf-8", "surrogateescape")
     return tuple(module for module in held_by(path, data, might_need_migration) if _becomes_a_program(module, options))
+
+
+# A distributed set-up of the script's own, as the program's verdict reads it (``program.existing_setup``).
+_OWN_SET_UP = (b"init_process_group", b"DistributedDataParallel", b"DistributedSampler", b"spawn")
+
+
+def own_path_fallbacks(source: str, target: str, path: str, options: Options = DEFAULT_OPTIONS) -> tuple[str, ...]:
+    """For a script with no migration site of its own and a distributed set-up of its own (``--to ddp``, the
+    runtime's style): the project modules it imports that hold a DataParallel site, where its DataParallel
+    fallback may be (a builder that wraps the model it trains, DialoGPT's ``load_model``). The pipeline reads
+    which (``program.Program.fallback``); a plain start of the script may then launch its own path (MGP139)."""
+    if target != "ddp" or options.style != "runtime":
+        return ()
+    data = source.encode("utf-8", "surrogateescape")
+    if not any(word in data for word in _OWN_SET_UP):
+        return ()
+    from mgpu_migrate.started import candidates
+
+    return candidates(path, data, might_need_migration)
 
 
 def might_start_module(data: bytes) -> bool:

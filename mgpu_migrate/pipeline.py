@@ -62,13 +62,15 @@ def run_pipeline(
     only: tuple[type[Rule], ...] | None = None,
     starts: Callable[[], tuple[str, ...]] = tuple,
     holds: tuple[str, ...] = (),
+    fallbacks: Callable[[], tuple[str, ...]] = tuple,
 ) -> MigrationResult:
     """Migrate one file's text (``only``: run the wrap rules and these rules alone, as a rule's examples do;
-    ``starts``: gives the project modules this script starts as distributed programs, ``engine.started_programs``; ``holds``: the modules whose wrapped model it trains, ``engine.held_programs``)."""
+    ``starts``: gives the project modules this script starts as distributed programs, ``engine.started_programs``; ``holds``: the modules whose wrapped model it trains, ``engine.held_programs``; ``fallbacks``: gives the
+    modules that may hold its DataParallel fallback beside a distributed path of its own, ``engine.own_path_fallbacks``)."""
     readable, renamed = old_keywords.set_aside(source)  # PyTorch's `async=`, a syntax error (old_keywords.py)
     parsed, aside = form_feeds.set_aside(readable)  # what LibCST would misread (form_feeds.py)
     with _collector_paused():
-        result = form_feeds.put_back(_run_pipeline(parsed, target, path, options, only, starts, holds), readable, aside)
+        result = form_feeds.put_back(_run_pipeline(parsed, target, path, options, only, starts, holds, fallbacks), readable, aside)
     return old_keywords.put_back(result, source) if renamed else result
 
 
@@ -98,6 +100,7 @@ def _run_pipeline(
     only: tuple[type[Rule], ...] | None,
     starts: Callable[[], tuple[str, ...]] = tuple,
     holds: tuple[str, ...] = (),
+    fallbacks: Callable[[], tuple[str, ...]] = tuple,
 ) -> MigrationResult:
     try:
         module = _parse(source)
@@ -107,7 +110,7 @@ def _run_pipeline(
         message = "cannot parse: the code is nested too deeply; file left unchanged"
         return MigrationResult(path, source, source, error=Diagnostic(path, 1, 1, PARSE_ERROR, message))
     try:
-        return _migrate(module, source, target, path, options, only, starts, holds)
+        return _migrate(module, source, target, path, options, only, starts, holds, fallbacks)
     except RecursionError:
         message = "file too deeply nested to analyse; file left unchanged"
     except Exception as error:  # noqa: BLE001 -- one odd file must never stop the run or lose data
@@ -122,6 +125,7 @@ def plan(
     only: tuple[type[Rule], ...] | None = None,
     starts: Callable[[], tuple[str, ...]] = tuple,
     holds: tuple[str, ...] = (),
+    fallbacks: Callable[[], tuple[str, ...]] = tuple,
 ) -> Edits:
     """Every rule's edits and diagnostics for the file, phase by phase.
 
@@ -133,7 +137,7 @@ def plan(
     needs_runtime: list[tuple[type[Rule], int]] = []
     for rule in rules_for(target, WRAPS, style):
         _run(rule(target, analysis, edits, options), needs_runtime)
-    program = decide(analysis, edits.replacements, starts, holds)
+    program = decide(analysis, edits.replacements, starts, holds, fallbacks)
     whole_program = only is None or any(rule.PHASE == CHECKS for rule in only)
     for phase in (PROGRAM, CHECKS):
         rewritten = frozenset(edits.replacements)
@@ -185,10 +189,11 @@ def _migrate(
     only: tuple[type[Rule], ...] | None,
     starts: Callable[[], tuple[str, ...]] = tuple,
     holds: tuple[str, ...] = (),
+    fallbacks: Callable[[], tuple[str, ...]] = tuple,
 ) -> MigrationResult:
     analysis = FileAnalysis(path, source, module)
     try:
-        return _migrated(analysis, module, source, target, path, options, only, starts, holds)
+        return _migrated(analysis, module, source, target, path, options, only, starts, holds, fallbacks)
     finally:
         analysis.release()
 
@@ -203,8 +208,9 @@ def _migrated(
     only: tuple[type[Rule], ...] | None,
     starts: Callable[[], tuple[str, ...]] = tuple,
     holds: tuple[str, ...] = (),
+    fallbacks: Callable[[], tuple[str, ...]] = tuple,
 ) -> MigrationResult:
-    edits = plan(analysis, target, options, only, starts, holds)
+    edits = plan(analysis, target, options, only, starts, holds, fallbacks)
     diagnostics = sorted(edits.diagnostics)
     if edits.empty:
         return MigrationResult(path, source, source, diagnostics)

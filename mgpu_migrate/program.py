@@ -25,6 +25,7 @@ from mgpu_migrate.analysis import FileAnalysis, names
 from mgpu_migrate.analysis.devices import device_ids, every_visible, what_they_are, why_unknown
 from mgpu_migrate.analysis.entrypoint import RUNTIME_SETUP
 from mgpu_migrate.analysis.models import RUNTIME
+from mgpu_migrate.analysis.own_path import Fallback, fallback_builders
 from mgpu_migrate.diagnostics import Rewrite
 from mgpu_migrate.edits import Edits
 
@@ -74,6 +75,11 @@ class Program:
     ``holds``: for a module with no DataParallel of its own, the project modules holding the wrap (in a class
     this module's classes derive from) whose model it trains (``engine.held_programs``): those modules migrate
     with it, and this one's training loaders are split and its side effects made once.
+    ``fallback``: for a script with no DataParallel of its own and a distributed set-up of its own
+    (``existing``), the calls that get its model from a builder of another module of the project that wraps it
+    in DataParallel (DialoGPT's ``load_model``): its DataParallel fallback, held there. The script is then
+    migrated as one whose fallback is its own: a plain start launches its own path (MGP139), or it is left
+    (MGP231); the builder's module stays as it is (``analysis.own_path.launches_own_path``).
     """
 
     wraps: tuple[cst.Call, ...]
@@ -82,6 +88,7 @@ class Program:
     already_set_up: bool
     starts: tuple[str, ...] = ()
     holds: tuple[str, ...] = ()
+    fallback: tuple[Fallback, ...] = ()
 
     @property
     def migrates(self) -> bool:
@@ -93,6 +100,12 @@ class Program:
         """True when every process runs this file: it migrates, or it is the entry point of programs it starts
         (``starts``). The rules of the set-up and of side effects (directories, files, writers) apply to both."""
         return self.migrates or (bool(self.starts or self.holds) and not self.kept and not self.existing)
+
+    @property
+    def own_path(self) -> bool:
+        """The file has a distributed set-up of its own beside a DataParallel fallback (its own wraps, or a
+        builder's of another module): a plain start may launch that path (MGP139), or the file is left (MGP231)."""
+        return bool(self.existing) and bool(self.wraps or self.fallback)
 
     @property
     def left_whole(self) -> bool:
@@ -171,9 +184,12 @@ def decide(
     rewritten: Collection[cst.CSTNode],
     starts: Callable[[], tuple[str, ...]] = tuple,
     holds: tuple[str, ...] = (),
+    fallbacks: Callable[[], tuple[str, ...]] = tuple,
 ) -> Program:
     """The program the file becomes, given the nodes the wrap rules rewrote (the keys of their edits) and what
-    gives the modules it starts as distributed programs (asked only of a script with no site of its own)."""
+    gives the modules it starts as distributed programs (asked only of a script with no site of its own);
+    ``fallbacks``: gives the modules that may hold its DataParallel fallback (``Program.fallback``), asked only of
+    a file with a distributed set-up of its own and no site."""
     wraps: list[cst.Call] = []
     kept: list[cst.Call] = []
     models = analysis.models
@@ -185,7 +201,11 @@ def decide(
     existing = existing_setup(analysis)
     already = any(analysis.resolve(call.func) == RUNTIME_SETUP for call in analysis.calls)
     sites = bool(analysis.models.sites)
-    return Program(tuple(wraps), tuple(kept), existing, already, starts() if not sites else (), holds if not sites else ())
+    modules = fallbacks() if existing and not sites else ()
+    fallback = tuple(fallback_builders(analysis, modules)) if modules else ()
+    return Program(
+        tuple(wraps), tuple(kept), existing, already, starts() if not sites else (), holds if not sites else (), fallback
+    )
 
 
 def settle(program: Program, edits: Edits) -> None:
@@ -199,12 +219,15 @@ def settle(program: Program, edits: Edits) -> None:
 
     A file with a distributed set-up of its own (``existing``) never becomes the runtime's program: its
     DataParallel fallback stays as it is, and only what serves its own path stays (MGP131, and the launch of
-    that path from a plain start, MGP139), with what was said about them (``kept_when_left``).
+    that path from a plain start, MGP139), with what was said about them (``kept_when_left``). A module whose
+    wraps are the fallback of scripts that launch their own path (``Edits.leave_as_fallback``) stays as it is.
     """
     if program.left_whole:
         edits.discard_rewrites()
         return
-    if any(code.veto for code in edits.reported()):
+    if edits.left_as_fallback:
+        edits.discard_rewrites(keep=lambda code: code.kept_when_left)
+    elif any(code.veto for code in edits.reported()):
         edits.discard_rewrites(keep=lambda code: code.veto or code.kept_when_left, survivors=True)
-    elif program.existing and program.wraps:
+    elif program.own_path:
         edits.discard_rewrites(keep=lambda code: code.kept_when_left, survivors=True)

@@ -295,7 +295,7 @@ def _own_path_arguments(script: str, message: str, options: VerifyOptions) -> tu
     """The arguments of a file's own distributed path, launched as its MGP231 message says: the option of the
     per-process batch at the original's batch (given after ``--``) over the processes."""
     code = _own_path_code()
-    command = message.split("`")[1].split() if message.count("`") >= 2 else []
+    command = message.split("`")[-2].split() if message.count("`") >= 2 else []  # the last quoted: the command
     if command[-1:] != ["B/N"]:
         _fail(f"{script}: the tool leaves its training to the file's own distributed path ({code}), launched by a command of your own: no migration verify can launch")
     option, arguments = command[-2], list(options.script_args)

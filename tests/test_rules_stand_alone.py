@@ -17,7 +17,7 @@ from tests.test_import_graph import PACKAGE, _imports, _modules
 
 RULE_MODULES = sorted({rule.__module__ for rule in RULES})
 # What a rule may do with its edits: record them (and read nothing back).
-RECORDING = {"replace", "insert_before", "insert_after", "need_import", "keep_if_left"}
+RECORDING = {"replace", "insert_before", "insert_after", "need_import", "keep_if_left", "leave_as_fallback"}
 CODE_NUMBER = re.compile(r"MGP\d{3}")
 
 

@@ -14,9 +14,12 @@ what the path writes on every process that the original wrote once (MGP325).
 
 from __future__ import annotations
 
+import ast
+import os
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Optional
 
 import libcst as cst
@@ -26,6 +29,7 @@ from mgpu_migrate.analysis.entrypoint import (
     _is_docstring,
     _is_import,
     chooses_visible_devices,
+    is_main_guard,
     main_block,
     parses_arguments,
     sets_cuda_visible_devices,
@@ -33,6 +37,9 @@ from mgpu_migrate.analysis.entrypoint import (
 )
 from mgpu_migrate.analysis.file import FileAnalysis
 from mgpu_migrate.analysis.guards import identifiers, main_process_caller, under_main_process_block
+from mgpu_migrate.analysis.project import DATA_PARALLEL_CLASSES, Found, Project, project_of, returns_the_wrap
+from mgpu_migrate.analysis.tree import contains
+from mgpu_migrate.diagnostics import shorten
 
 # What torchrun sets, read by a file whose own distributed path it chooses.
 _LAUNCH_VARIABLES = frozenset({"LOCAL_RANK", "RANK", "WORLD_SIZE"})
@@ -49,11 +56,13 @@ _OPENERS = frozenset({"open", "io.open", "builtins.open"})
 @dataclass(frozen=True)
 class BatchOption:
     """The command-line option that sets the own path's per-process batch: its spellings (``("-b",
-    "--batch_size")``) and its declared default (None when it declares none, or not a whole number)."""
+    "--batch_size")``), its declared default (None when it declares none, or not a whole number), and the
+    attribute of the parsed command line that holds it (``train_batch_size``)."""
 
     options: tuple[str, ...]
     default: Optional[int]
     declared_default: bool
+    dest: str = ""
 
     @property
     def name(self) -> str:
@@ -88,25 +97,16 @@ def chosen_by_launcher(analysis: FileAnalysis) -> bool:
 
 
 def own_path_batch(analysis: FileAnalysis) -> Optional[BatchOption]:
-    """The option of the batch a loader with a ``DistributedSampler`` reads (``batch_size=args.train_batch_size``,
-    ``--train_batch_size``), when a launcher chooses the own path; None otherwise."""
+    """The option of the batch the own path's loader reads per process, when a launcher chooses that path: a
+    loader with a ``DistributedSampler`` (``batch_size=args.train_batch_size``, ``--train_batch_size``), or a
+    loader class of the project's own that says it is distributed and takes the rank or the number of processes
+    (DialoGPT's ``DistributedBucketingDataLoader(get_rank(), get_world_size(), path, args.train_batch_size)``);
+    None otherwise."""
     if not chosen_by_launcher(analysis):
         return None
     arguments = [call for call in analysis.calls if is_add_argument(call)]
-    values = analysis.values
-    for call in analysis.calls_to("torch.utils.data.DataLoader"):
-        sampler, size = _keyword(call, "sampler"), _keyword(call, "batch_size")
-        if sampler is None or size is None or type(size.value) is not cst.Attribute:
-            continue
-        scope = values.scope_of(call)
-        samplers = [sampler.value, *values.of(sampler.value, scope)]
-        if not any(
-            type(value) is cst.Call and (analysis.resolve(value.func) or "").endswith("DistributedSampler")
-            for value in samplers
-            for value in ([value.body, value.orelse] if type(value) is cst.IfExp else [value])
-        ):
-            continue
-        dest = size.value.attr.value
+    for size in _per_process_batches(analysis):
+        dest = size.attr.value
         if _divided_by_the_processes(analysis, dest):
             return None
         for argument in arguments:
@@ -123,7 +123,101 @@ def own_path_batch(analysis: FileAnalysis) -> Optional[BatchOption]:
                 default = _keyword(argument, "default")
                 number = default.value if default is not None else None
                 value = number.evaluated_value if type(number) is cst.Integer else None
-                return BatchOption(declared, value if value is not None and value > 0 else None, default is not None)
+                return BatchOption(declared, value if value is not None and value > 0 else None, default is not None, dest)
+    return None
+
+
+def _per_process_batches(analysis: FileAnalysis) -> Iterator[cst.Attribute]:
+    """The ``args.<dest>`` each distributed loader of the file is given as its batch: a torch ``DataLoader``
+    with a ``DistributedSampler``, then a loader class of the project's own named ``Distributed...Loader``."""
+    values = analysis.values
+    for call in analysis.calls_to("torch.utils.data.DataLoader"):
+        sampler, size = _keyword(call, "sampler"), _keyword(call, "batch_size")
+        if sampler is None or size is None or type(size.value) is not cst.Attribute:
+            continue
+        scope = values.scope_of(call)
+        samplers = [sampler.value, *values.of(sampler.value, scope)]
+        if any(
+            type(value) is cst.Call and (analysis.resolve(value.func) or "").endswith("DistributedSampler")
+            for value in samplers
+            for value in ([value.body, value.orelse] if type(value) is cst.IfExp else [value])
+        ):
+            yield size.value
+    for call in analysis.calls:
+        held = _project_loader_batch(analysis, call)
+        if held is not None:
+            yield held
+
+
+_DISTRIBUTED_LOADER = re.compile(r"Distributed\w*Loader")
+_PROCESS_WORDS = re.compile(r"rank|world|replica|nproc", re.IGNORECASE)
+_BATCH_PARAMETER = re.compile(r"batch_?size|bsz|batch", re.IGNORECASE)
+
+
+def _project_loader_batch(analysis: FileAnalysis, call: cst.Call) -> Optional[cst.Attribute]:
+    """For a call of a loader class of the project's own named ``Distributed...Loader`` that is given the rank
+    or the number of processes: the ``args.<dest>`` it takes as its batch, by keyword (``batch_size=``) or at the
+    position of its ``__init__``'s batch parameter (through ``*args`` handed on to the base class's)."""
+    func = call.func
+    name = func.value if type(func) is cst.Name else func.attr.value if type(func) is cst.Attribute else ""
+    qualified = analysis.resolve(func) or ""
+    if not _DISTRIBUTED_LOADER.fullmatch(name) or not qualified or qualified.startswith("torch."):
+        return None
+    if not any(_PROCESS_WORDS.search(word) for arg in call.args for word in identifiers(arg.value)):
+        return None
+    for arg in call.args:
+        if arg.keyword is not None and _BATCH_PARAMETER.search(arg.keyword.value) and type(arg.value) is cst.Attribute:
+            return arg.value
+    project = project_of(analysis.path)
+    found = project.find(qualified) if project is not None else None
+    if project is None or found is None or not isinstance(found.node, ast.ClassDef):
+        return None
+    for index, arg in enumerate(call.args):
+        if arg.keyword is not None or arg.star or type(arg.value) is not cst.Attribute:
+            continue
+        parameter = _parameter_at(project, found, index)
+        if parameter is not None and _BATCH_PARAMETER.search(parameter):
+            return arg.value
+    return None
+
+
+def _parameter_at(project: Project, cls: Found, index: int, depth: int = 0) -> Optional[str]:
+    """The name of the parameter of ``cls(...)``'s ``__init__`` that the positional argument ``index`` binds,
+    following ``*args`` handed on to a base class's ``__init__`` (``super().__init__(*args, **kwargs)``)."""
+    if depth > 4:
+        return None
+    init = next(
+        (node for node in cls.node.body if isinstance(node, ast.FunctionDef) and node.name == "__init__"), None
+    ) if isinstance(cls.node, ast.ClassDef) else None
+    if init is None:
+        for base in getattr(cls.node, "bases", ()):
+            _, inherited = project.resolve_in(cls, base)
+            if inherited is not None and isinstance(inherited.node, ast.ClassDef) and inherited.node is not cls.node:
+                return _parameter_at(project, inherited, index, depth + 1)
+        return None
+    parameters = [argument.arg for argument in (*init.args.posonlyargs, *init.args.args)][1:]
+    if index < len(parameters):
+        return parameters[index]
+    rest = init.args.vararg.arg if init.args.vararg is not None else None
+    if rest is None:
+        return None
+    for inner in ast.walk(init):
+        if not (isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute) and inner.func.attr == "__init__"):
+            continue
+        starred = [i for i, a in enumerate(inner.args) if isinstance(a, ast.Starred) and isinstance(a.value, ast.Name) and a.value.id == rest]
+        if len(starred) != 1 or any(isinstance(a, ast.Starred) for a in inner.args[: starred[0]]):
+            continue
+        before = starred[0]
+        owner = inner.func.value
+        if isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super":
+            bases = cls.node.bases if isinstance(cls.node, ast.ClassDef) else []
+            base = bases[0] if len(bases) == 1 else None
+        else:
+            base, before = owner, before - 1  # ``Base.__init__(self, *args)``: ``self`` is no parameter
+        _, inherited = project.resolve_in(cls, base) if base is not None else (None, None)
+        if inherited is None or not isinstance(inherited.node, ast.ClassDef) or inherited.node is cls.node:
+            return None
+        return _parameter_at(project, inherited, before + index - len(parameters), depth + 1)
     return None
 
 
@@ -185,14 +279,185 @@ def _writes(analysis: FileAnalysis, call: cst.Call) -> Optional[str]:
     return None
 
 
-def own_path_launch(analysis: FileAnalysis) -> Optional[tuple[BatchOption, EntryPoint]]:
+@dataclass(frozen=True)
+class Launch:
+    """Where a plain start relaunches the own path, with which option: before the command line is parsed
+    (``held`` None: the call is given the option's default), or right after a configuration file overrides the
+    parsed command line (``held``: the expression of the batch the script then holds, ``args.train_batch_size``)."""
+
+    batch: BatchOption
+    point: EntryPoint
+    held: Optional[str] = None
+
+
+def own_path_launch(analysis: FileAnalysis) -> Optional[Launch]:
     """The batch option of the own path and where its launch goes, when a plain start can run that path with
     the original's global batch (MGP139); None when the file is left with the command that runs it (MGP231)."""
     batch = own_path_batch(analysis)
-    if batch is None or (batch.declared_default and batch.default is None):
+    if batch is None:
+        return None
+    override = config_override(analysis)
+    if override is not None:
+        if override.why_not or override.point is None:
+            return None
+        return Launch(batch, override.point, f"{override.namespace}.{batch.dest}")
+    if batch.declared_default and batch.default is None:
         return None
     point = launch_point(analysis)
-    return None if point is None else (batch, point)
+    return None if point is None else Launch(batch, point)
+
+
+def own_path_refusal(analysis: FileAnalysis) -> Optional[str]:
+    """Why a plain start cannot launch the own path, where a configuration file overrides the parsed command
+    line (the words of MGP231's message); None otherwise."""
+    if own_path_batch(analysis) is None:
+        return None
+    override = config_override(analysis)
+    return override.why_not if override is not None and override.why_not else None
+
+
+@dataclass(frozen=True)
+class Override:
+    """Where the values of the parsed command line (``namespace``) are overridden by a configuration file
+    (``setattr(args, k, v)`` over a loaded dict): the launch goes right after that statement (``point``), or
+    cannot follow it (``why_not``)."""
+
+    namespace: str
+    point: Optional[EntryPoint]
+    why_not: str = ""
+
+
+# What may run before a launch that follows the parse: calls that read (the file, the environment, the command
+# line) and build values, none that writes, prints or touches CUDA; by the resolved name, the builtin's, or the
+# method's.
+_READING_FUNCTIONS = frozenset(
+    {"json.load", "json.loads", "yaml.load", "yaml.safe_load", "yaml.full_load", "os.getenv", "os.environ.get",
+     "os.path.join", "os.path.exists", "os.path.isfile", "os.path.isdir", "os.path.abspath", "os.path.dirname",
+     "os.path.basename", "os.path.expanduser", "os.path.splitext", "argparse.ArgumentParser", "logging.getLogger",
+     "logging.basicConfig", "copy.copy", "copy.deepcopy", "warnings.filterwarnings", "warnings.simplefilter"}
+)
+_READING_BUILTINS = frozenset(
+    {"setattr", "getattr", "hasattr", "isinstance", "vars", "len", "int", "str", "float", "bool", "dict", "list",
+     "tuple", "set", "sorted", "range", "enumerate", "zip", "min", "max", "type", "open", "repr", "any", "all"}
+)
+_READING_METHODS = frozenset(
+    {"add_argument", "add_argument_group", "add_mutually_exclusive_group", "set_defaults", "parse_args",
+     "parse_known_args", "items", "keys", "values", "get", "replace", "split", "strip", "lower", "upper",
+     "startswith", "endswith", "format", "copy", "update", "read", "append", "extend", "insert", "pop", "setdefault"}
+)
+
+
+def config_override(analysis: FileAnalysis) -> Optional[Override]:
+    """Where a configuration file overrides the command line the script parsed (DialoGPT's ``--config``:
+    ``setattr(args, k, v)`` for each key of a loaded JSON, ``vars(args).update(...)``,
+    ``args.__dict__.update(...)``); None when nothing does. The launch can follow the last such statement of the
+    block that parses (the module's, or the main block's), when what runs up to it only reads."""
+    parsed = _parses(analysis)
+    if not parsed:
+        return None
+    overrides = [call for call in analysis.calls if _overridden(call, {name for name, _, _ in parsed})]
+    if not overrides:
+        return None
+    last = overrides[-1]
+    line = analysis.position(last)[0]
+    for name, statement, block in parsed:
+        if not _overridden(last, {name}):
+            continue
+        at = next((i for i, top in enumerate(block) if top is statement), -1)
+        held = next((i for i, top in enumerate(block) if i > at and _within(analysis, last, top)), None)
+        if held is None:
+            continue
+        if any(_within(analysis, call, top) for call in overrides for top in block[held + 1 :]) or any(
+            analysis.tree.function(call) is not None for call in overrides
+        ):
+            break
+        for top in block[:held + 1]:
+            if type(top) in (cst.FunctionDef, cst.ClassDef) or _is_import(top) or _is_docstring(top) or is_main_guard(top):
+                continue
+            harmful = _first_harmful_call(analysis, top)
+            if harmful is not None:
+                what = shorten(analysis.code_of(harmful.func), 30)
+                return Override(name, None, f"`{what}` (line {analysis.position(harmful)[0]}) runs before the config file (line {line})")
+        return Override(name, EntryPoint(block[held], True, "after the configuration file overrides the command line"))
+    return Override(parsed[0][0], None, f"the config file sets the options at line {line}, where no launch can follow")
+
+
+def _parses(analysis: FileAnalysis) -> list[tuple[str, cst.BaseStatement, list[cst.BaseStatement]]]:
+    """The statements of the module's body, or of its main block, that parse the command line (``args =
+    parser.parse_args()``, ``args, _ = parser.parse_known_args()``): the name bound, the statement, its block."""
+    module = analysis.module
+    main = main_block(module)
+    blocks: list[list[cst.BaseStatement]] = [list(module.body)]
+    if main is not None and type(main.body) is cst.IndentedBlock:
+        blocks.append(list(main.body.body))
+    found: list[tuple[str, cst.BaseStatement, list[cst.BaseStatement]]] = []
+    for block in blocks:
+        for statement in block:
+            if type(statement) is not cst.SimpleStatementLine or len(statement.body) != 1:
+                continue
+            assign = statement.body[0]
+            if type(assign) is not cst.Assign or len(assign.targets) != 1 or type(assign.value) is not cst.Call:
+                continue
+            func = assign.value.func
+            if type(func) is not cst.Attribute or func.attr.value not in ("parse_args", "parse_known_args"):
+                continue
+            target: cst.BaseExpression = assign.targets[0].target
+            if type(target) is cst.Tuple and target.elements:
+                target = target.elements[0].value
+            if type(target) is cst.Name:
+                found.append((target.value, statement, block))
+    return found
+
+
+def _overridden(call: cst.Call, namespaces: set[str]) -> bool:
+    """``setattr(args, k, v)`` with a key that is no literal, ``vars(args).update(...)``,
+    ``args.__dict__.update(...)``, for ``args`` one of ``namespaces``."""
+    func = call.func
+    if type(func) is cst.Name and func.value == "setattr" and len(call.args) == 3:
+        target, key = call.args[0].value, call.args[1].value
+        return type(target) is cst.Name and target.value in namespaces and type(key) is not cst.SimpleString
+    if type(func) is cst.Attribute and func.attr.value == "update":
+        owner = func.value
+        if type(owner) is cst.Call and type(owner.func) is cst.Name and owner.func.value == "vars" and len(owner.args) == 1:
+            owner = owner.args[0].value
+        elif type(owner) is cst.Attribute and owner.attr.value == "__dict__":
+            owner = owner.value
+        else:
+            return False
+        return type(owner) is cst.Name and owner.value in namespaces
+    return False
+
+
+def _within(analysis: FileAnalysis, node: cst.CSTNode, statement: cst.CSTNode) -> bool:
+    return node is statement or any(ancestor is statement for ancestor in analysis.tree.ancestors(node))
+
+
+def _first_harmful_call(analysis: FileAnalysis, statement: cst.CSTNode) -> Optional[cst.Call]:
+    """The first call of ``statement`` that may do more than read: write, print, log, touch CUDA, or run code
+    this file cannot see (a function of its own, a library's)."""
+    for call in contains(statement, lambda node: type(node) is cst.Call):
+        func = call.func
+        resolved = analysis.resolve(func)
+        if resolved is not None:
+            if resolved in _OPENERS and _writes(analysis, call) is not None:
+                return call
+            if resolved in _READING_FUNCTIONS or resolved in _OPENERS:
+                if resolved == "logging.basicConfig" and _keyword(call, "filename") is not None:
+                    return call
+                continue
+            if type(func) is cst.Attribute and func.attr.value in _READING_METHODS and not resolved.startswith("torch"):
+                continue
+            return call
+        if type(func) is cst.Name:
+            if func.value in _READING_BUILTINS and func.value not in analysis.bindings.local:
+                if func.value == "open" and _writes(analysis, call) is not None:
+                    return call
+                continue
+            return call
+        if type(func) is cst.Attribute and func.attr.value in _READING_METHODS:
+            continue
+        return call
+    return None
 
 
 def launched(analysis: FileAnalysis) -> bool:
@@ -266,3 +531,83 @@ def _divided_by_the_processes(analysis: FileAnalysis, dest: str) -> bool:
         ):
             return True
     return False
+
+
+# -- a DataParallel fallback in a helper module -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Fallback:
+    """A call of this file that gets its model from a function of another module of the project (a builder)
+    that returns it wrapped in torch's DataParallel (DialoGPT's ``load_model`` in ``gpt2_training/train_utils.py``,
+    when ``args.n_gpu > 1``): the file's DataParallel fallback, held there."""
+
+    call: cst.Call
+    builder: Found
+    wrap_line: int
+
+    @property
+    def module(self) -> str:
+        return os.path.abspath(self.builder.module.path)
+
+
+def fallback_builders(analysis: FileAnalysis, modules: Optional[Collection[str]] = None) -> list[Fallback]:
+    """The calls of this file to a function of another module of the project (of ``modules``, absolute paths,
+    when given) that returns the model wrapped in torch's DataParallel."""
+    project = project_of(analysis.path)
+    if project is None:
+        return []
+    here = os.path.abspath(analysis.path)
+    found: list[Fallback] = []
+    for call in analysis.calls:
+        qualified = analysis.resolve(call.func)
+        builder = project.find(qualified) if qualified else None
+        if builder is None or not isinstance(builder.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        module = os.path.abspath(builder.module.path)
+        if module == here or (modules is not None and module not in modules):
+            continue
+        for inner in ast.walk(builder.node):
+            if (
+                isinstance(inner, ast.Call)
+                and builder.module.qualified(inner.func) in DATA_PARALLEL_CLASSES
+                and returns_the_wrap(builder.node, inner)
+            ):
+                found.append(Fallback(call, builder, inner.lineno))
+                break
+    return found
+
+
+def launches_own_path(path: str, module: str, builder: str) -> bool:
+    """Whether ``--to ddp`` makes a plain start of the script at ``path`` launch its own distributed path (MGP139),
+    its DataParallel fallback being the model the function ``builder`` of ``module`` returns wrapped: the script
+    has a distributed set-up of its own and no DataParallel of its own, calls that builder, and a plain start can
+    launch its own path. Read from the script alone (no migration of it), so the module holding the wrap and the
+    script, each deciding from this, decide the same in either order."""
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError:
+        return False
+    return _launches_own_path(os.path.abspath(path), stamp, os.path.abspath(module), builder)
+
+
+@lru_cache(maxsize=64)
+def _launches_own_path(path: str, stamp: int, module: str, builder: str) -> bool:
+    from mgpu_migrate.program import existing_setup
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            source = handle.read()
+        parsed = cst.parse_module(source)
+    except (OSError, UnicodeDecodeError, cst.ParserSyntaxError, RecursionError, ValueError):
+        return False
+    analysis = FileAnalysis(path, source, parsed)
+    try:
+        if not existing_setup(analysis) or analysis.models.sites:
+            return False
+        if not any(found.builder.name == builder for found in fallback_builders(analysis, (module,))):
+            return False
+        if launched(analysis):
+            return True  # migrated already (the project rewritten in place, this script first)
+        launch = own_path_launch(analysis)
+        return launch is not None and not analysis.silenced(launch.point.anchor, "MGP139")
+    finally:
+        analysis.release()

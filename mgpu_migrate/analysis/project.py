@@ -565,6 +565,9 @@ def _returns_the_wrap(function: ast.FunctionDef | ast.AsyncFunctionDef, wrap: as
     return False
 
 
+returns_the_wrap = _returns_the_wrap
+
+
 def _dotted(node: ast.expr) -> str:
     return ast.unparse(node) if isinstance(node, (ast.Name, ast.Attribute)) else ""
 
@@ -578,6 +581,7 @@ def _backward_lines(found: Found) -> list[int]:
 
 
 _DATA_PARALLEL = frozenset({"torch.nn.DataParallel", "torch.nn.parallel.DataParallel", "torch.nn.parallel.data_parallel.DataParallel"})
+DATA_PARALLEL_CLASSES = _DATA_PARALLEL
 _WRITERS = frozenset(
     {
         "torch.save",

@@ -12,7 +12,7 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis.entrypoint import EntryPoint, script_start
-from mgpu_migrate.analysis.own_path import own_path_batch, own_path_launch
+from mgpu_migrate.analysis.own_path import own_path_batch, own_path_launch, own_path_refusal
 from mgpu_migrate.analysis.project import importers
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.program import SETUP
@@ -307,6 +307,38 @@ class EntryPointSetup(Rule):
             DDP,
             ("MGP231",),
         ),
+        # A configuration file sets the options after parsing, and the script prints before it does: a launch that
+        # follows the file would print twice, so the own path is left to the command that runs it.
+        Example(
+            """
+            import argparse
+            import json
+            import torch
+            import torch.nn as nn
+            from torch.utils.data import DataLoader, DistributedSampler
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--batch_size", type=int, default=16)
+            parser.add_argument("--local_rank", type=int, default=-1)
+            parser.add_argument("--config")
+            args = parser.parse_args()
+            print("options:", args)
+            if args.config:
+                for key, value in json.load(open(args.config)).items():
+                    setattr(args, key, value)
+            if args.local_rank != -1:
+                torch.distributed.init_process_group("gloo")
+                loader = DataLoader(data, sampler=DistributedSampler(data), batch_size=args.batch_size)
+            else:
+                model = nn.DataParallel(model)
+            """,
+            None,
+            DDP,
+            ("MGP231",),
+            message="own path (line 17) left, `print` (line 12) runs before the config file (line 15): `torchrun",
+            line=20,
+            name="a launch cannot follow a configuration file when the script prints before it",
+        ),
         # The GPUs parsed in main() go to the set-up, which comes right after the parsing.
         Example(
             """
@@ -437,6 +469,11 @@ class EntryPointSetup(Rule):
 
     def apply(self) -> None:
         program = self.program
+        if program.own_path and not program.wraps:
+            # Its DataParallel fallback is a builder's of another module (DialoGPT's `load_model`).
+            if not (self.LAUNCHES_OWN_PATH and own_path_launch(self.analysis) is not None):
+                self._leave_to_own_path(program.fallback[0].call)
+            return
         if not program.wraps:
             # A module that trains a model a project class holds is set up where it starts: in it when it is a
             # script, else (a module of classes) in the script that imports it, the entry point of what it starts.
@@ -448,16 +485,7 @@ class EntryPointSetup(Rule):
         if program.existing:
             if self.LAUNCHES_OWN_PATH and own_path_launch(self.analysis) is not None:
                 return  # a plain start runs the own path (MGP139)
-            line, _ = self.analysis.position(program.existing[0])
-            command = self._own_path_command()
-            self.left(
-                first,
-                EXISTING_DISTRIBUTED_SETUP,
-                f"own distributed path (line {line}), DataParallel fallback left: launch that path with `{command}`"
-                if command
-                else f"this file sets up distributed training itself (line {line}): its DataParallel fallback is "
-                "left; launch its own distributed path",
-            )
+            self._leave_to_own_path(first)
             return
         if program.kept:
             line, _ = self.analysis.position(program.kept[0])
@@ -524,6 +552,25 @@ class EntryPointSetup(Rule):
                 f"also imports training that this migration does not make distributed ({named}): started so, every "
                 "process runs it whole; start it with MGPU_NPROC=1",
             )
+
+    def _leave_to_own_path(self, site: cst.CSTNode) -> None:
+        """MGP231 at ``site``: the file's own distributed path stays to be launched, with the command that runs it
+        and, where a configuration file overrides the parsed command line, why no plain start can."""
+        line, _ = self.analysis.position(self.program.existing[0])
+        command = self._own_path_command()
+        why = own_path_refusal(self.analysis)
+        if command and why:
+            message = f"own path (line {line}) left, {why}: `{command}`"
+            if len(message) > 160:
+                message = f"own distributed path (line {line}) left, {why}: launch it with torchrun"
+        elif command:
+            message = f"own distributed path (line {line}), DataParallel fallback left: launch that path with `{command}`"
+        else:
+            message = (
+                f"this file sets up distributed training itself (line {line}): its DataParallel fallback is left; "
+                "launch its own distributed path"
+            )
+        self.left(site, EXISTING_DISTRIBUTED_SETUP, message)
 
     def _own_path_command(self) -> Optional[str]:
         """The torchrun command that runs the file's own distributed path, when the launch environment chooses it

@@ -70,7 +70,7 @@ class LocalRankArgument(Rule):
     )
 
     def apply(self) -> None:
-        if not self.program.wraps:
+        if not self.program.wraps and not self.program.own_path:
             return
         for call in self.analysis.calls:
             if not self._declares_local_rank(call):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Callable, cast
 
 import libcst as cst
@@ -40,10 +41,25 @@ class OwnPathLaunch(Rule):
     In a file that sets up distributed training of its own beside a DataParallel fallback, where a launcher's
     variables choose that path (``LOCAL_RANK``, ``RANK`` or ``WORLD_SIZE`` read, or a ``--local_rank``
     argument, which defaults to ``LOCAL_RANK``: MGP131) and a command-line option sets the batch its
-    ``DistributedSampler`` loader loads per process, inserts ``mgpu_runtime.launch_own_path(option, default)``
+    ``DistributedSampler`` loader loads per process (or a loader class of the project's own named
+    ``Distributed...Loader`` that takes the rank or the number of processes, given the option by keyword or at
+    the position of its ``__init__``'s batch parameter), inserts ``mgpu_runtime.launch_own_path(option, default)``
     where the program starts: at the top of the ``if __name__ == "__main__":`` block, or after the imports of a
     script that parses its command line at module level; in both, before the command line is parsed and before
     anything touches CUDA. The option's spellings and its declared default are read from the parser.
+
+    Where a configuration file overrides the parsed options (``setattr(args, k, v)`` for each key of a loaded
+    JSON, ``vars(args).update(...)``), the batch the script uses is known only after that block: the call goes
+    right after it, given that value (``launch_own_path("--train_batch_size", batch=args.train_batch_size)``),
+    and the relaunched processes get their share on their command line (a script that lets its command line
+    override the file then uses it; each process checks that it does). What runs before the call may only read
+    (the file, the environment, the command line): a call that may write, print, log or touch CUDA there leaves
+    the file (MGP231, naming it).
+
+    The DataParallel fallback may be a builder's of another module of the project that this script calls
+    (DialoGPT's ``load_model``, which wraps the model when ``args.n_gpu > 1``, never on the own path): the
+    script is migrated the same way, and that module stays as it is (no MGP320) when every script that trains
+    the model it returns launches its own path so; otherwise both are left.
 
     Started plainly (``python train.py --train_batch_size 12``) on W devices (the visible GPUs, or
     ``MGPU_NPROC``), the call relaunches the same command line under torchrun as W processes, each given the
@@ -319,6 +335,142 @@ class OwnPathLaunch(Rule):
             DDP,
             (),
         ),
+        # A configuration file overrides the parsed options (`--config`): the batch is known after it, where the
+        # launch goes, given the batch the script then holds.
+        Example(
+            """
+            import argparse
+            import json
+            import sys
+            import torch
+            import torch.nn as nn
+            from torch.utils.data import DataLoader, DistributedSampler
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--batch_size", type=int, default=16)
+            parser.add_argument("--local_rank", type=int, default=-1)
+            parser.add_argument("--config")
+            args = parser.parse_args()
+            if args.config:
+                with open(args.config) as handle:
+                    for key, value in json.load(handle).items():
+                        setattr(args, key, value)
+                argv = sys.argv[1:]
+                given, _ = parser.parse_known_args(argv)
+                for key, value in vars(given).items():
+                    if f"--{key}" in argv:
+                        setattr(args, key, value)
+            if args.local_rank != -1:
+                torch.distributed.init_process_group("gloo")
+                loader = DataLoader(data, sampler=DistributedSampler(data), batch_size=args.batch_size)
+            else:
+                model = nn.DataParallel(model)
+            """,
+            """
+            import argparse
+            import json
+            import sys
+            import torch
+            import torch.nn as nn
+            from torch.utils.data import DataLoader, DistributedSampler
+            import mgpu_runtime
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--batch_size", type=int, default=16)
+            parser.add_argument("--local_rank", type=int, default=-1)
+            parser.add_argument("--config")
+            args = parser.parse_args()
+            if args.config:
+                with open(args.config) as handle:
+                    for key, value in json.load(handle).items():
+                        setattr(args, key, value)
+                argv = sys.argv[1:]
+                given, _ = parser.parse_known_args(argv)
+                for key, value in vars(given).items():
+                    if f"--{key}" in argv:
+                        setattr(args, key, value)
+
+            mgpu_runtime.launch_own_path("--batch_size", batch=args.batch_size)
+            if args.local_rank != -1:
+                torch.distributed.init_process_group("gloo")
+                loader = DataLoader(data, sampler=DistributedSampler(data), batch_size=args.batch_size)
+            else:
+                model = nn.DataParallel(model)
+            """,
+            DDP,
+            ("MGP139",),
+            message="own path (line 23) per GPU, args.batch_size/W each after the config file; DataParallel for one GPU",
+            line=13,
+            name="the launch follows a configuration file that overrides the command line",
+        ),
+        # The own path's loader is a class of the project's own that says it is distributed and takes the rank and
+        # the number of processes: its batch keyword is the option.
+        Example(
+            """
+            import argparse
+            import torch
+            import torch.nn as nn
+            from data import DistributedShardLoader, ShardLoader
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--bs", type=int, default=8)
+            parser.add_argument("--local_rank", type=int, default=-1)
+            args = parser.parse_args()
+            if args.local_rank != -1:
+                torch.distributed.init_process_group("gloo")
+                rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+                loader = DistributedShardLoader(rank, world, "rows.db", batch_size=args.bs)
+            else:
+                loader = ShardLoader("rows.db", batch_size=args.bs)
+                model = nn.DataParallel(model)
+            """,
+            """
+            import argparse
+            import torch
+            import torch.nn as nn
+            from data import DistributedShardLoader, ShardLoader
+            import mgpu_runtime
+
+            mgpu_runtime.launch_own_path("--bs", 8)
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--bs", type=int, default=8)
+            parser.add_argument("--local_rank", type=int, default=-1)
+            args = parser.parse_args()
+            if args.local_rank != -1:
+                torch.distributed.init_process_group("gloo")
+                rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+                loader = DistributedShardLoader(rank, world, "rows.db", batch_size=args.bs)
+            else:
+                loader = ShardLoader("rows.db", batch_size=args.bs)
+                model = nn.DataParallel(model)
+            """,
+            DDP,
+            ("MGP139",),
+            name="the batch of a distributed loader class of the project's own",
+        ),
+        # Its batch given by position to a class that cannot be read (no project here): the option is not known.
+        Example(
+            """
+            import argparse
+            import torch
+            import torch.nn as nn
+            from data import DistributedShardLoader
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--bs", type=int, default=8)
+            parser.add_argument("--local_rank", type=int, default=-1)
+            args = parser.parse_args()
+            if args.local_rank != -1:
+                torch.distributed.init_process_group("gloo")
+                loader = DistributedShardLoader(args.local_rank, 2, args.bs)
+            else:
+                model = nn.DataParallel(model)
+            """,
+            None,
+            DDP,
+            (),
+        ),
         # The per-process batch is no option: no plain start can give the own path the original's batch.
         Example(
             """
@@ -342,20 +494,25 @@ class OwnPathLaunch(Rule):
 
     def apply(self) -> None:
         program = self.program
-        if not program.existing or not program.wraps:
+        if not program.own_path:
             return
         launch = own_path_launch(self.analysis)
         if launch is None or launched(self.analysis):
             return  # left, with the command that launches the own path where there is one (MGP231)
-        batch, point = launch
+        batch, point = launch.batch, launch.point
         if not self.rewrite_allowed(point.anchor):
             return
         spelled = [f'"{option}"' for option in batch.options]
         options = spelled[0] if len(spelled) == 1 else f"({', '.join(spelled)})"
-        arguments = [cst.parse_expression(options)]
-        if batch.default is not None:
+        arguments: list[cst.BaseExpression] = [cst.parse_expression(options)]
+        if launch.held is None and batch.default is not None:
             arguments.append(cst.Integer(str(batch.default)))
-        statement = cst.SimpleStatementLine([cst.Expr(runtime_call("launch_own_path", *arguments))])
+        call = runtime_call("launch_own_path", *arguments)
+        if launch.held is not None:
+            call = with_keyword(call, "batch", cst.parse_expression(launch.held))
+        statement = cst.SimpleStatementLine([cst.Expr(call)])
+        if launch.held is not None:  # after the block that reads the configuration file: a blank line between
+            statement = statement.with_changes(leading_lines=[cst.EmptyLine()])
         if point.after:
             self.edits.insert_after(point.anchor, statement)
         else:
@@ -367,11 +524,22 @@ class OwnPathLaunch(Rule):
         self.edits.keep_if_left(statement, RUNTIME)
         line, _ = self.analysis.position(program.existing[0])
         default = batch.default if batch.default is not None else "B"
-        self.rewrote(
-            point.anchor,
-            f"a plain start runs the own distributed path (line {line}) on each GPU, {batch.name} {default}/W per "
-            "process; DataParallel stays for one GPU or an uneven split",
+        given = f"{launch.held}/W per process once the config file is read" if launch.held else f"{default}/W per process"
+        fallback = "DataParallel"
+        if program.fallback and not program.wraps:
+            held = program.fallback[0]
+            here = os.path.dirname(os.path.abspath(self.analysis.path))
+            fallback = f"DataParallel ({os.path.relpath(held.module, here)}:{held.wrap_line})"
+        said = (
+            f"a plain start runs the own distributed path (line {line}) on each GPU, {batch.name} {given}; {fallback} "
+            "stays for one GPU or an uneven split"
         )
+        if len(said) > 160:  # a batch read after the config file, a fallback in another module: the short form
+            given = f"{shorten(launch.held, 40)}/W each after the config file" if launch.held else given
+            said = f"plain start: own path (line {line}) per GPU, {given}; {fallback} for one GPU"
+            if len(said) > 160:
+                said = f"plain start: own path (line {line}) per GPU, {given}; DataParallel for one GPU"
+        self.rewrote(point.anchor, said)
         self._write_once()
 
     def _write_once(self) -> None:

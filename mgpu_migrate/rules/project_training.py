@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import builtins
 import os
+import re
 from typing import Optional
 
 import libcst as cst
 
 from mgpu_migrate.analysis.held import held_training
+from mgpu_migrate.analysis.own_path import launches_own_path
 from mgpu_migrate.analysis.project import importers, project_of
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.rules.base import CHECKS, DDP, RUNTIME_STYLE, Example, Review, Rule
@@ -163,7 +165,9 @@ class ProjectTraining(Rule):
     When the wrap is in a function that returns the model (``load_model()``) or in a class that holds it
     (``self.model = DataParallel(...)`` in a wrapper ``nn.Module``), the model goes to the modules that import
     this one, which a bounded byte search of the project finds: the file is left, and the diagnostic names the
-    importer that uses the function or class (MGP320). When that class's subclasses in the importing modules
+    importer that uses the function or class (MGP320); a function whose every importer that trains its model
+    launches a distributed path of its own from a plain start (MGP139 there: DialoGPT's ``load_model``, whose
+    DataParallel branch that path never takes) leaves this file as it is with nothing to say. When that class's subclasses in the importing modules
     train the model (st-gcn's ``IO`` held the wrap, ``REC_Processor(Processor)`` trains), the file migrates
     with them: each such module, which has no DataParallel of its own, gets its training loaders split and its
     side effects made once, and the script that imports it the set-up (``engine.held_programs``,
@@ -373,6 +377,11 @@ class ProjectTraining(Rule):
                         f"`{holder.name.value}` hands the model to its subclasses: {held.why}; file left as it is",
                     )
                 return True
+        if type(holder) is cst.FunctionDef and self._fallback_of_own_paths(holder.name.value, found):
+            # Every script that trains the model this builder returns launches its own distributed path, which
+            # never takes this DataParallel branch (MGP139 there, DialoGPT's LSP_train.py): it stays as it is.
+            self.edits.leave_as_fallback()
+            return True
         importer = found[0]
         where = importer.where(os.path.dirname(os.path.abspath(self.analysis.path)))
         if importer.trains and importer.own_process_group:
@@ -388,6 +397,22 @@ class ProjectTraining(Rule):
             )
         self.left(program.wraps[0], TRAINED_BY_IMPORTER, message)
         return True
+
+    def _fallback_of_own_paths(self, builder: str, found: list) -> bool:
+        """Whether the modules importing this one that name ``builder`` and train (a backward pass) all have a
+        distributed path of their own that ``--to ddp`` launches from a plain start, with the model ``builder``
+        returns as their DataParallel fallback (``analysis.own_path.launches_own_path``)."""
+        if self.options.style != RUNTIME_STYLE:
+            return False
+        trainers = [
+            importer
+            for importer in found
+            if importer.trains and os.path.basename(importer.path)[: -len(".py")].isidentifier() and _names(importer.path, builder)
+        ]  # not a copy beside a module (`train.ddp.py`), which no import names
+        return bool(trainers) and all(
+            importer.own_process_group and launches_own_path(importer.path, self.analysis.path, builder)
+            for importer in trainers
+        )
 
     def _holder(self, wrap: cst.Call) -> Optional[cst.FunctionDef | cst.ClassDef]:
         """The function that returns the wrapped model to its callers, or the class whose method keeps it on
@@ -447,3 +472,12 @@ def _kind(holder: cst.FunctionDef | cst.ClassDef) -> str:
 
 def _is_self_attribute(target: cst.Attribute) -> bool:
     return type(target.value) is cst.Name and target.value.value == "self"
+
+
+def _names(path: str, name: str) -> bool:
+    """Whether the file at ``path`` names ``name`` (a word of its bytes)."""
+    try:
+        with open(path, "rb") as handle:
+            return re.search(rb"\b" + re.escape(name.encode()) + rb"\b", handle.read(1 << 20)) is not None
+    except OSError:
+        return False

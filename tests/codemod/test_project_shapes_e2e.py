@@ -224,6 +224,79 @@ def test_a_plain_start_of_the_own_path_trains_as_the_original(tmp_path, processe
     assert apart <= TOLERANCE, f"own_path at {processes} ({batch}): {apart:.3g} apart"
 
 
+# own_path_helper: (W, the JSON config's options or None for none, the command line, the batch expected to be split,
+# the process count expected). Its batch comes from the script's default, from its config file (read after the
+# command line is parsed, where the launch follows), or from the command line, which overrides the file again.
+OWN_PATH_HELPER_RUNS = [
+    (2, None, [], 12, 2),
+    (3, {"train_batch_size": 18, "epochs": 2}, [], 18, 3),  # 48 rows: two batches of 18, then a short one of 12
+    # The script sees only `--train_batch_size 10` written as two words as given (`f"--{key}" in argv`): it holds the
+    # file's 18, the original too. Its processes get `--train_batch_size 9` as two words, which it lets override.
+    (2, {"train_batch_size": 18}, ["--train_batch_size=10"], 18, 2),
+    (3, {"train_batch_size": 10}, [], 10, 1),  # 10 over 3 does not split: its DataParallel branch, in one process
+]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("project_shapes_e2e")
+@pytest.mark.parametrize(("processes", "config", "arguments", "batch", "expected"), OWN_PATH_HELPER_RUNS)
+def test_a_plain_start_of_the_own_path_with_its_fallback_in_a_helper_trains_as_the_original(
+    tmp_path, processes, config, arguments, batch, expected
+):
+    """own_path_helper (DialoGPT's shape: a flat script, its DataParallel fallback in a builder of model_utils.py,
+    its own path's loader a project class of rows.py, its gradients averaged by hand, a JSON `--config` that
+    overrides the parsed options): the migration launched as ``python train.py [...]`` with MGPU_NPROC=W runs the
+    own path at W processes, each with its share of the batch the script holds once the config file is read,
+    against the original under DataParallel emulated on W devices: the losses it prints and its final weights."""
+    source = FIXTURES / "projects" / "own_path_helper"
+    assert not (source / "model_utils.ddp.py").exists()  # the builder's module stays as it is
+    for name in ("original", "migrated"):
+        (tmp_path / name).mkdir()
+        for file in ("pyproject.toml", "model_utils.py", "rows.py"):
+            shutil.copy(source / file, tmp_path / name)
+    (tmp_path / "original" / "train.py").write_text((source / "train.py").read_text())
+    (tmp_path / "migrated" / "train.py").write_text((source / "train.ddp.py").read_text())
+    if config is not None:
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        arguments = ["--config", str(tmp_path / "config.json"), *arguments]
+    environment = _environment()
+    original = subprocess.run(
+        [sys.executable, "-m", "mgpu_runtime.emulation", "--devices", str(processes), "--float64", "train.py", *arguments],
+        cwd=tmp_path / "original",
+        env={**environment, "FIXTURE_OUTPUT": str(tmp_path / "original.pt")},
+        capture_output=True, text=True, timeout=TIMEOUT_S,
+    )
+    assert original.returncode == 0, original.stderr[-4000:]
+    migrated = subprocess.run(
+        [sys.executable, "train.py", *arguments],
+        cwd=tmp_path / "migrated",
+        env={**environment, "MGPU_NPROC": str(processes), "FIXTURE_OUTPUT": str(tmp_path / "migrated.pt")},
+        capture_output=True, text=True, timeout=TIMEOUT_S,
+    )
+    assert migrated.returncode == 0, migrated.stderr[-4000:]
+    said = [line for line in migrated.stderr.splitlines() if line.startswith("mgpu_runtime:")]
+    if expected > 1:
+        assert len(said) == 1 and f"as {expected} processes" in said[0], migrated.stderr[-4000:]
+        assert f"--train_batch_size {batch // expected} per process ({batch} over {expected})" in said[0]
+    else:
+        assert said == [
+            f"mgpu_runtime: --train_batch_size {batch} does not split evenly over {processes} processes: running the "
+            "script's DataParallel branch in one process"
+        ]
+    # The losses it prints (the main process's, the script averages them over its processes): the original's.
+    printed = [line.split() for line in migrated.stdout.splitlines() if line.startswith("epoch ")]
+    expected_lines = [line.split() for line in original.stdout.splitlines() if line.startswith("epoch ")]
+    epochs = (config or {}).get("epochs", 3)
+    assert len(printed) == len(expected_lines) == epochs * -(-48 // batch), migrated.stdout[-4000:]
+    for mine, theirs in zip(printed, expected_lines):
+        assert mine[:3] == theirs[:3] and abs(float(mine[3]) - float(theirs[3])) <= TOLERANCE, (mine, theirs)
+    before = dict(_tensors(torch.load(tmp_path / "original.pt", map_location="cpu")))
+    after = dict(_tensors(torch.load(tmp_path / "migrated.pt", map_location="cpu")))
+    assert before and before.keys() == after.keys() and all(t.dtype == torch.float64 for t in before.values())
+    apart = max((before[name] - after[name]).abs().max().item() for name in before)
+    assert apart <= TOLERANCE, f"own_path_helper at {processes} ({config}, {arguments}): {apart:.3g} apart"
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("project_shapes_e2e")
 def test_an_evaluation_on_the_main_process_may_outlast_mgpu_timeout(tmp_path):

@@ -482,3 +482,41 @@ def test_a_project_logger_entered_by_a_with_statement_is_built_on_the_main_proce
     assert result.error is None and "MGP322" not in codes(result), result.diagnostics
     assert "    with mgpu_runtime.main_process_only(Logger, log_dir) as logger:\n" in result.output
     assert "MGP135" in codes(result), codes(result)
+
+
+OWN_PATH_HELPER = FIXTURES / "projects" / "own_path_helper"
+
+
+def test_a_builders_module_stays_without_a_word_whichever_file_is_rewritten_first(tmp_path):
+    """own_path_helper rewritten in place, the script first or the builder's module first, then again: the script
+    launches its own path (MGP139), model_utils.py (its DataParallel fallback) stays as it is with no MGP320,
+    and the second run changes and says nothing."""
+    for order in (("train.py", "model_utils.py"), ("model_utils.py", "train.py")):
+        copy = tmp_path / order[0].replace(".py", "")
+        shutil.copytree(OWN_PATH_HELPER, copy, ignore=shutil.ignore_patterns("*.ddp.*", "*.balanced.*"))
+        for name in order:
+            result = migrate_source((copy / name).read_text(), "ddp", str(copy / name))
+            assert "MGP320" not in codes(result) and result.error is None
+            (copy / name).write_text(result.output)
+        assert (copy / "train.py").read_text() == (OWN_PATH_HELPER / "train.ddp.py").read_text()
+        assert (copy / "model_utils.py").read_text() == (OWN_PATH_HELPER / "model_utils.py").read_text()
+        for name in order:
+            again = migrate_source((copy / name).read_text(), "ddp", str(copy / name))
+            assert not again.changed and codes(again) == []
+
+
+def test_a_builders_module_is_left_with_the_script_that_cannot_launch(tmp_path):
+    """When the script's own path cannot be launched (a print before its config file is read), both are left:
+    the script with MGP231 naming the print, the builder's module with MGP320 naming the script."""
+    copy = tmp_path / "own_path_helper"
+    shutil.copytree(OWN_PATH_HELPER, copy, ignore=shutil.ignore_patterns("*.ddp.*", "*.balanced.*"))
+    script = copy / "train.py"
+    script.write_text(script.read_text().replace("if args.config is not None:\n", "print(args)\nif args.config is not None:\n"))
+    for name in ("model_utils.py", "train.py"):
+        result = migrate_source((copy / name).read_text(), "ddp", str(copy / name))
+        assert not result.changed or name == "train.py"
+        said = {d.code: d.message for d in result.diagnostics}
+        if name == "model_utils.py":
+            assert set(said) == {"MGP320"} and "own distributed path" in said["MGP320"]
+        else:
+            assert "MGP139" not in said and "`print` (line 35) runs before the config file" in said["MGP231"]

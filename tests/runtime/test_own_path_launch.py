@@ -127,3 +127,69 @@ def test_one_device_runs_as_it_is(plain, monkeypatch, capsys):
 
 def test_the_module_is_the_runtimes():
     assert mgpu_runtime.launch_own_path is own_path.launch_own_path
+
+
+# Called after the script parsed its command line and let a configuration file override it (DialoGPT's
+# `--config`): the batch it holds is split, and the relaunched processes are given their share on their command line.
+
+
+def test_the_share_spelled_out_for_a_script_that_has_parsed():
+    assert with_batch(["--train_batch_size=12", "--x"], OPTION, "6", spelled_out=True) == ["--train_batch_size", "6", "--x"]
+    assert with_batch(["-b12", "x"], SHORT, "6", spelled_out=True) == ["--batch-size", "6", "x"]
+    assert with_batch(["-b", "12"], SHORT, "6", spelled_out=True) == ["--batch-size", "6"]
+    assert with_batch(["--config", "c.json"], OPTION, "6", spelled_out=True) == ["--train_batch_size", "6", "--config", "c.json"]
+
+
+def test_a_plain_start_that_has_parsed_relaunches_with_the_share_on_the_command_line(plain, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["train.py", "--config", "c.json"])
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-X", "utf8", "train.py", "--config", "c.json"])
+    with pytest.raises(SystemExit, match="exec"):
+        mgpu_runtime.launch_own_path("--train_batch_size", batch=16)  # the file's 16, not the command line's
+    (command, environment), = plain
+    assert command[command.index("-u") + 1 :] == ["-X", "utf8", "train.py", "--train_batch_size", "8", "--config", "c.json"]
+    assert environment[BATCH_VARIABLE] == "8"
+    assert "--train_batch_size 8 per process (16 over 2)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("arguments", "batch", "said"),
+    [
+        ([], 7, "--train_batch_size 7 does not split evenly over 2 processes"),
+        ([], None, "--train_batch_size None is not a whole number of rows"),
+        (["--train_b", "8"], 8, "--train_b may abbreviate --train_batch_size"),
+        (["@more.txt"], 8, "@more.txt may hold --train_batch_size"),
+    ],
+)
+def test_a_batch_held_that_cannot_be_split_runs_the_dataparallel_branch(plain, monkeypatch, capsys, arguments, batch, said):
+    monkeypatch.setattr(sys, "argv", ["train.py", *arguments])
+    mgpu_runtime.launch_own_path("--train_batch_size", batch=batch)
+    err = capsys.readouterr().err
+    assert not plain and err.count("\n") == 1 and said in err and "DataParallel branch in one process" in err
+
+
+def test_a_relaunched_process_that_has_parsed_checks_its_share(plain, monkeypatch):
+    for name, value in {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "29500", "MGPU_RELAUNCHED": "1", BATCH_VARIABLE: "8"}.items():
+        monkeypatch.setenv(name, value)
+    applied = []
+    monkeypatch.setattr(rank_output, "apply", applied.append)
+    monkeypatch.setattr(sys, "argv", ["train.py", "--train_batch_size", "8", "--config", "c.json"])
+    mgpu_runtime.launch_own_path("--train_batch_size", batch=8)
+    assert sys.argv == ["train.py", "--train_batch_size", "8", "--config", "c.json"] and len(applied) == 1
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    with pytest.raises(RuntimeError, match="relaunched as 2 processes"):  # no process group here: said at its step
+        optimizer.step()
+    # A configuration file that overrides the command line would train every process on the whole batch.
+    with pytest.raises(RuntimeError, match="holds 16: its configuration file overrides the command line"):
+        mgpu_runtime.launch_own_path("--train_batch_size", batch=16)
+    assert not plain
+
+
+def test_a_script_that_changed_its_arguments_is_not_relaunched_with_others(plain, monkeypatch):
+    from mgpu_runtime.distributed.environment import LaunchEnvironmentError
+
+    monkeypatch.setattr(sys, "argv", ["train.py", "--other"])
+    monkeypatch.setattr(sys, "orig_argv", ["python", "train.py", "--config", "c.json"])
+    with pytest.raises(LaunchEnvironmentError, match="changed sys.argv"):
+        mgpu_runtime.launch_own_path("--train_batch_size", batch=16)
+    assert not plain

@@ -100,9 +100,12 @@ def relaunch_wanted(environ: Mapping[str, str]) -> bool:
     return bool(environ.get(RELAUNCHED_VARIABLE)) or can_rerun_command_line()
 
 
-def relaunch_if_requested(chosen: Sequence[int] | None = None, detail: str = "") -> None:
+def relaunch_if_requested(
+    chosen: Sequence[int] | None = None, detail: str = "", arguments: Sequence[str] | None = None
+) -> None:
     """Exec torchrun when a plainly started script wants more than one process; return when it wants one.
-    ``detail``: what the processes run, said after the notice (a script's own path: ``own_path.py``)."""
+    ``detail``: what the processes run, said after the notice (a script's own path: ``own_path.py``);
+    ``arguments``: the script's arguments the processes get, in place of its own (``sys.argv[1:]``)."""
     process_count = requested_process_count(os.environ, chosen)
     if process_count == 1:
         return
@@ -118,12 +121,28 @@ def relaunch_if_requested(chosen: Sequence[int] | None = None, detail: str = "")
             stacklevel=3,
         )
         return
-    command = torchrun_command(process_count, sys.executable, getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
+    original = list(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
+    if arguments is not None:
+        original = with_arguments(original, sys.argv[1:], arguments)
+    command = torchrun_command(process_count, sys.executable, original)
     notice = relaunch_notice(process_count, os.environ, chosen)
     print(f"{notice}; {detail}" if detail else notice, file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, command, {**os.environ, RELAUNCHED_VARIABLE: "1"})
+
+
+def with_arguments(original_argv: Sequence[str], script_arguments: Sequence[str], arguments: Sequence[str]) -> list[str]:
+    """``original_argv`` (the interpreter's, ``sys.orig_argv``) with the script's arguments, its last
+    ``len(script_arguments)`` words, replaced by ``arguments``. A script that changed ``sys.argv`` itself has
+    no such words: that is an error, since the processes would not rerun its command line."""
+    count = len(script_arguments)
+    if list(original_argv[len(original_argv) - count :]) != list(script_arguments) or count >= len(original_argv):
+        raise LaunchEnvironmentError(
+            "the script changed sys.argv before it was relaunched under torchrun: its processes cannot be given "
+            f"its command line; start it with {NPROC_VARIABLE}=1, or under torchrun yourself"
+        )
+    return [*original_argv[: len(original_argv) - count], *arguments]
 
 
 def can_rerun_command_line() -> bool:

@@ -19,6 +19,16 @@ starts, before its command line is parsed and before anything touches CUDA:
   does not split evenly over W, or cannot be read from the command line (an abbreviated option, a value that
   is no whole number, no value and no default, arguments read from an ``@file``), it says so in one line on stderr and returns: the script
   runs its DataParallel fallback in one process, as the original did.
+
+A script whose command line a configuration file may override after parsing (``--config`` loaded, then
+``setattr(args, k, v)`` for each key) knows the batch it really uses only after that block. There the call
+comes after it, given that value: ``launch_own_path("--train_batch_size", batch=args.train_batch_size)``. A
+plain start then splits that value (the command line's, or the file's), and since the script has parsed its
+command line already, the relaunched processes get their share on theirs: the option, spelled out as two
+words (``--train_batch_size 6``), replaces each of its occurrences, or comes first when absent (a script that
+lets the command line override its file, as such scripts do, then uses it). Each relaunched process checks, at
+the call, that the batch the script now holds is its share, and stops otherwise (its file overrode the
+command line), rather than train on another batch.
 """
 
 from __future__ import annotations
@@ -42,19 +52,28 @@ from mgpu_runtime.distributed.launch import (
 )
 
 BATCH_VARIABLE = "MGPU_OWN_PATH_BATCH"
+_NOT_GIVEN = object()  # ``batch`` not given: the call comes before the command line is parsed
 _FALLBACK = "running the script's DataParallel branch in one process"
 
 
-def launch_own_path(batch_option: str | Sequence[str], batch_default: int | None = None) -> None:
+def launch_own_path(
+    batch_option: str | Sequence[str], batch_default: int | None = None, *, batch: object = _NOT_GIVEN
+) -> None:
     """Relaunch a plainly started script as one process per device on its own distributed path, each with
     ``batch_option`` (one option string, or all of them: ``("-b", "--batch_size")``) at the batch it was given
-    (``batch_default`` when it was given none) divided by the processes. See the module doc."""
+    (``batch_default`` when it was given none) divided by the processes. Called after the script has parsed its
+    command line (and let a configuration file override it), ``batch`` is the batch it holds: that value is
+    split, and the relaunched processes get their share on their command line. See the module doc."""
     options = (batch_option,) if isinstance(batch_option, str) else tuple(batch_option)
+    parsed = batch is not _NOT_GIVEN
     environment = detect_environment(os.environ)
     if environment.world_size != 1 or environment.launcher == TORCHRUN:
         per_process = os.environ.get(BATCH_VARIABLE)
         if per_process is not None and os.environ.get(RELAUNCHED_VARIABLE) and environment.launcher == TORCHRUN:
-            sys.argv[1:] = with_batch(sys.argv[1:], options, per_process)
+            if parsed:
+                _check_the_share(batch, per_process, options)
+            else:
+                sys.argv[1:] = with_batch(sys.argv[1:], options, per_process)
             rank_output.apply(environment)
             _check_at_the_first_step(environment.world_size)
             atexit.register(_leave_the_process_group)
@@ -63,17 +82,47 @@ def launch_own_path(batch_option: str | Sequence[str], batch_default: int | None
     if processes == 1 or not can_rerun_command_line():
         relaunch_if_requested()  # stops a relaunched process that lost its launcher; warns in a REPL
         return
-    batch, why_not = batch_given(sys.argv[1:], options, batch_default)
-    if batch is not None and batch % processes:
-        why_not = f"{options[-1]} {batch} does not split evenly over {processes} processes"
-    if batch is None or why_not:
+    if parsed:
+        given, why_not = batch_held(sys.argv[1:], options, batch)
+    else:
+        given, why_not = batch_given(sys.argv[1:], options, batch_default)
+    if given is not None and given % processes:
+        why_not = f"{options[-1]} {given} does not split evenly over {processes} processes"
+    if given is None or why_not:
         print(f"mgpu_runtime: {why_not}: {_FALLBACK}", file=sys.stderr)
         return
-    per_process = str(batch // processes)
+    per_process = str(given // processes)
     os.environ[BATCH_VARIABLE] = per_process
     relaunch_if_requested(
-        detail=f"the script's own distributed path, {options[-1]} {per_process} per process ({batch} over {processes})"
+        detail=f"the script's own distributed path, {options[-1]} {per_process} per process ({given} over {processes})",
+        arguments=with_batch(sys.argv[1:], options, per_process, spelled_out=True) if parsed else None,
     )
+
+
+def batch_held(arguments: Sequence[str], options: Sequence[str], batch: object) -> tuple[int | None, str]:
+    """The batch a script holds once it has parsed its command line (``batch``), with why it cannot be split
+    (an empty string when it can): not a whole number, or a command line whose option the relaunched processes'
+    share could not replace (an abbreviation, an ``@file``)."""
+    from_file = next((word for word in _before_the_end(arguments) if word.startswith("@")), None)
+    if from_file is not None:
+        return None, f"{from_file} may hold {_longest(options)} (arguments read from a file)"
+    for at, value in _occurrences(arguments, options):
+        if at is None:
+            return None, f"{value} may abbreviate {_longest(options)}: spell the option out to run on several processes"
+    if type(batch) is not int or batch < 1:
+        return None, f"{_longest(options)} {batch!r} is not a whole number of rows"
+    return batch, ""
+
+
+def _check_the_share(batch: object, per_process: str, options: Sequence[str]) -> None:
+    """In a relaunched process, after the script parsed its command line: the batch it holds must be the share
+    its command line gave it, or its configuration file overrode that share."""
+    if str(batch) != per_process:
+        raise RuntimeError(
+            f"mgpu_runtime: this process was relaunched with {_longest(options)} {per_process} (its share of the "
+            f"batch), but the script holds {batch!r}: its configuration file overrides the command line. Give the "
+            f"batch on the command line, or start it with MGPU_NPROC=1 to run its DataParallel branch as before."
+        )
 
 
 def batch_given(
@@ -98,23 +147,30 @@ def batch_given(
     return int(text), ""
 
 
-def with_batch(arguments: Sequence[str], options: Sequence[str], per_process: str) -> list[str]:
+def with_batch(arguments: Sequence[str], options: Sequence[str], per_process: str, spelled_out: bool = False) -> list[str]:
     """``arguments`` with every value of the batch option set to ``per_process`` (the option added first when
-    absent, where options of the script's own parser go before a sub-command)."""
-    changed = list(arguments)
+    absent, where options of the script's own parser go before a sub-command). ``spelled_out``: each occurrence
+    becomes the longest option and its value as two words (``--train_batch_size 6``), as a script that lets its
+    command line override a configuration file (``if f"--{k}" in argv``) finds it."""
+    changed: list[str | list[str]] = list(arguments)
     found = False
     for at, _ in _occurrences(arguments, options):
         if at is None:
             continue
         found = True
-        word = changed[at]
+        word = arguments[at]
         if word in options:
             changed[at + 1] = per_process
+            if spelled_out:
+                changed[at] = _longest(options)
+        elif spelled_out:
+            changed[at] = [_longest(options), per_process]
         elif word.startswith("--"):
             changed[at] = f"{word.partition('=')[0]}={per_process}"
         else:  # a short option with its value attached: -b12
             changed[at] = word[:2] + per_process
-    return changed if found else [_longest(options), per_process, *changed]
+    flat = [part for entry in changed for part in ([entry] if isinstance(entry, str) else entry)]
+    return flat if found else [_longest(options), per_process, *flat]
 
 
 def _occurrences(arguments: Sequence[str], options: Sequence[str]):
