@@ -34,6 +34,7 @@ command line), rather than train on another batch.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -210,8 +211,12 @@ def _leave_the_process_group() -> None:
     """At the exit of a process this call relaunched: the process group the script's own path made is destroyed
     (its gloo threads joined), as the runtime's own set-up does. A script that leaves it to the interpreter's
     end may die there with ``terminate called without an active exception`` (SIGABRT), when a peer has
-    closed its side first: a job that trained well would end with a failure."""
+    closed its side first: a job that trained well would end with a failure. The processes first meet at a
+    barrier, so that none closes its side while a slower peer still finishes the script's last collective (a
+    gather of the logged losses): under load that peer's gloo thread saw its connection reset, and aborted."""
     if dist.is_available() and dist.is_initialized():
+        with contextlib.suppress(Exception):  # a peer already gone: leave the group all the same
+            dist.barrier()
         dist.destroy_process_group()
 
 

@@ -86,10 +86,12 @@ class Capture:
         types = _wrapper_types()
         found: list[tuple[nn.Module, nn.Module]] = []
         for wrapper in self.wrappers:
-            module = wrapper
+            module: nn.Module | None = wrapper
             while isinstance(module, types):
-                module = module.module
-            if all(module is not seen for _, seen in found):
+                # The functional data_parallel's wrapper holds its module only during a call
+                # (distributed/functional.py): between calls it wraps nothing, as torch's function made none.
+                module = module._modules.get("module")
+            if module is not None and all(module is not seen for _, seen in found):
                 found.append((wrapper, module))
         return found
 
