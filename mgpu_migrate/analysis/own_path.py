@@ -611,3 +611,47 @@ def _launches_own_path(path: str, stamp: int, module: str, builder: str) -> bool
         return launch is not None and not analysis.silenced(launch.point.anchor, "MGP139")
     finally:
         analysis.release()
+
+
+def own_path_gradient_sums(analysis: FileAnalysis) -> list[cst.Call]:
+    """The calls of the file's own gradient reduction that add up the processes' gradients without dividing by
+    their number (DialoGPT's ``all_reduce_and_rescale_tensors(grads, float(1))``, a bare ``dist.all_reduce(p.grad)``):
+    an all-reduce given the parameters' ``.grad`` (directly or through a name bound to them), none of whose
+    arguments names the number of processes, and after which its block divides nothing by it."""
+    found = []
+    for call in analysis.calls:
+        func = call.func
+        name = func.attr.value if type(func) is cst.Attribute else func.value if type(func) is cst.Name else ""
+        if "all_reduce" not in name or not call.args:
+            continue
+        scope = analysis.values.scope_of(call)
+        if not any(_gradients(analysis, arg.value, scope) for arg in call.args):
+            continue
+        if any(_PROCESS_COUNT.search(name) for arg in call.args for name in identifiers(arg.value)):
+            continue
+        if not _divided_after(analysis, call):
+            found.append(call)
+    return found
+
+
+def _gradients(analysis: FileAnalysis, expr: cst.BaseExpression, scope) -> bool:
+    """Whether ``expr`` is the parameters' gradients: it reads ``.grad``, or is a name bound to something that does."""
+    if ".grad" in analysis.code_of(expr):
+        return True
+    if type(expr) is not cst.Name:
+        return False
+    return any(".grad" in analysis.code_of(value) for value in analysis.values.of(expr, scope))
+
+
+def _divided_after(analysis: FileAnalysis, call: cst.Call) -> bool:
+    """Whether a statement after the call's, in its block, divides by the number of processes."""
+    statement = analysis.tree.statement(call)
+    block = analysis.tree.parent(statement) if statement is not None else None
+    body = list(getattr(block, "body", ()))
+    if statement not in body:
+        return False
+    for later in body[body.index(statement) + 1 :]:
+        text = analysis.code_of(later)
+        if ("/" in text or "div" in text) and any(_PROCESS_COUNT.search(name) for name in identifiers(later)):
+            return True
+    return False

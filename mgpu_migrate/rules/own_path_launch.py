@@ -8,7 +8,7 @@ from typing import Callable, cast
 
 import libcst as cst
 
-from mgpu_migrate.analysis.own_path import launched, own_path_launch, own_path_writes, rank_namespace
+from mgpu_migrate.analysis.own_path import launched, own_path_gradient_sums, own_path_launch, own_path_writes, rank_namespace
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_call, with_keyword
@@ -30,6 +30,26 @@ OWN_PATH_WRITES = Review(
     todo=(
         "Put the call under the script's own main-process test (`if args.local_rank in [-1, 0]:`), or under "
         "`not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0`."
+    ),
+    kept_when_left=True,
+)
+
+
+OWN_PATH_GRADIENT_SUM = Review(
+    "MGP327",
+    name="own-path-sums-gradients",
+    summary="the file's own distributed path adds up the processes' gradients by hand, where DataParallel averaged them",
+    why=(
+        "A plain start of this file now runs its own distributed path as one process per GPU (MGP139). That path "
+        "reduces the gradients itself (an all-reduce of the parameters' `.grad`) without dividing by the number of "
+        "processes, while each process's loss is the mean over its own rows: each step's gradient is W times the one "
+        "the DataParallel branch took (the mean of the devices' means). SGD then takes W times the step; Adam nearly "
+        "the same step, but clipping (`clip_grad_norm_`) and `eps` see W times the gradient. The original run and "
+        "the migrated one train differently unless the script divides by the number of processes."
+    ),
+    todo=(
+        "Divide the summed gradients by the number of processes (`torch.distributed.get_world_size()`) in the "
+        "script's own reduction, or start the script with `MGPU_NPROC=1` to keep its DataParallel branch."
     ),
     kept_when_left=True,
 )
@@ -126,9 +146,121 @@ class OwnPathLaunch(Rule):
     USES = ()
     STYLES = (RUNTIME_STYLE,)
     TARGETS = (DDP,)
-    REVIEW_CODES = (OWN_PATH_WRITES,)
+    REVIEW_CODES = (OWN_PATH_WRITES, OWN_PATH_GRADIENT_SUM)
     DESCRIPTION = "a plain start runs the file's own distributed path, each process with its share of the batch"
     EXAMPLES = (
+        Example(
+            """
+            import argparse
+            import torch.distributed as dist
+            import torch.nn as nn
+            from torch.utils.data import DataLoader, DistributedSampler
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--batch_size", type=int, default=32)
+            parser.add_argument("--local_rank", type=int, default=-1)
+            args = parser.parse_args()
+            if args.local_rank != -1:
+                dist.init_process_group("nccl")
+            sampler = DistributedSampler(data) if args.local_rank != -1 else None
+            loader = DataLoader(data, sampler=sampler, batch_size=args.batch_size)
+            if args.local_rank == -1:
+                model = nn.DataParallel(model)
+            for x in loader:
+                model(x).mean().backward()
+                if args.local_rank != -1:
+                    for p in model.parameters():
+                        dist.all_reduce(p.grad.data)
+                optimizer.step()
+            """,
+            """
+            import argparse
+            import torch.distributed as dist
+            import torch.nn as nn
+            from torch.utils.data import DataLoader, DistributedSampler
+            import mgpu_runtime
+
+            mgpu_runtime.launch_own_path("--batch_size", 32)
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--batch_size", type=int, default=32)
+            parser.add_argument("--local_rank", type=int, default=-1)
+            args = parser.parse_args()
+            if args.local_rank != -1:
+                dist.init_process_group("nccl")
+            sampler = DistributedSampler(data) if args.local_rank != -1 else None
+            loader = DataLoader(data, sampler=sampler, batch_size=args.batch_size)
+            if args.local_rank == -1:
+                model = nn.DataParallel(model)
+            for x in loader:
+                model(x).mean().backward()
+                if args.local_rank != -1:
+                    for p in model.parameters():
+                        dist.all_reduce(p.grad.data)
+                optimizer.step()
+            """,
+            DDP,
+            ("MGP139", "MGP327"),
+            message="`dist.all_reduce(p.grad.data)` adds up the processes' gradients: W times DataParallel's average",
+            line=20,
+            name="an own path that sums the gradients by hand",
+        ),
+        Example(
+            """
+            import argparse
+            import torch.distributed as dist
+            import torch.nn as nn
+            from torch.utils.data import DataLoader, DistributedSampler
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--batch_size", type=int, default=32)
+            parser.add_argument("--local_rank", type=int, default=-1)
+            args = parser.parse_args()
+            if args.local_rank != -1:
+                dist.init_process_group("nccl")
+            sampler = DistributedSampler(data) if args.local_rank != -1 else None
+            loader = DataLoader(data, sampler=sampler, batch_size=args.batch_size)
+            if args.local_rank == -1:
+                model = nn.DataParallel(model)
+            for x in loader:
+                model(x).mean().backward()
+                if args.local_rank != -1:
+                    for p in model.parameters():
+                        dist.all_reduce(p.grad.data)
+                        p.grad.data /= dist.get_world_size()
+                optimizer.step()
+            """,
+            """
+            import argparse
+            import torch.distributed as dist
+            import torch.nn as nn
+            from torch.utils.data import DataLoader, DistributedSampler
+            import mgpu_runtime
+
+            mgpu_runtime.launch_own_path("--batch_size", 32)
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--batch_size", type=int, default=32)
+            parser.add_argument("--local_rank", type=int, default=-1)
+            args = parser.parse_args()
+            if args.local_rank != -1:
+                dist.init_process_group("nccl")
+            sampler = DistributedSampler(data) if args.local_rank != -1 else None
+            loader = DataLoader(data, sampler=sampler, batch_size=args.batch_size)
+            if args.local_rank == -1:
+                model = nn.DataParallel(model)
+            for x in loader:
+                model(x).mean().backward()
+                if args.local_rank != -1:
+                    for p in model.parameters():
+                        dist.all_reduce(p.grad.data)
+                        p.grad.data /= dist.get_world_size()
+                optimizer.step()
+            """,
+            DDP,
+            ("MGP139",),
+            name="an own path that averages the gradients by hand",
+        ),
         Example(
             """
             import argparse
@@ -541,6 +673,13 @@ class OwnPathLaunch(Rule):
                 said = f"plain start: own path (line {line}) per GPU, {given}; DataParallel for one GPU"
         self.rewrote(point.anchor, said)
         self._write_once()
+        for call in own_path_gradient_sums(self.analysis):
+            self.left(
+                call,
+                OWN_PATH_GRADIENT_SUM,
+                f"`{shorten(self.analysis.code_of(call), 60)}` adds up the processes' gradients: W times DataParallel's "
+                "average each step",
+            )
 
     def _write_once(self) -> None:
         """What the own path writes on every process: a directory made with ``exist_ok=True``; statements that
