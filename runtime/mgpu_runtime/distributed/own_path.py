@@ -37,6 +37,7 @@ import atexit
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Sequence
 
 import torch.distributed as dist
@@ -211,13 +212,31 @@ def _leave_the_process_group() -> None:
     """At the exit of a process this call relaunched: the process group the script's own path made is destroyed
     (its gloo threads joined), as the runtime's own set-up does. A script that leaves it to the interpreter's
     end may die there with ``terminate called without an active exception`` (SIGABRT), when a peer has
-    closed its side first: a job that trained well would end with a failure. The processes first meet at a
-    barrier, so that none closes its side while a slower peer still finishes the script's last collective (a
-    gather of the logged losses): under load that peer's gloo thread saw its connection reset, and aborted."""
+    closed its side first: a job that trained well would end with a failure. The processes first wait for each
+    other through the job's store, at most ``_EXIT_WAIT_S`` seconds, so that none closes its side while a slower
+    peer still finishes the script's last collective (under load such a peer's gloo thread saw its connection
+    reset, and aborted). Not a barrier: a process leaving mid-training (``sys.exit()``) would wait there for peers
+    waiting for it in a gradient reduction, until the process group's timeout."""
     if dist.is_available() and dist.is_initialized():
-        with contextlib.suppress(Exception):  # a peer already gone: leave the group all the same
-            dist.barrier()
+        _meet_the_others()
         dist.destroy_process_group()
+
+
+_EXIT_KEY = "mgpu_runtime/own_path_exit"
+_EXIT_WAIT_S = 30.0
+
+
+def _meet_the_others() -> None:
+    """Count this process as leaving, then wait until every process has (or ``_EXIT_WAIT_S`` has passed, or the
+    store is gone with a peer that already left)."""
+    with contextlib.suppress(Exception):
+        store = dist.distributed_c10d._get_default_store()
+        everyone = dist.get_world_size()
+        arrived = store.add(_EXIT_KEY, 1)
+        deadline = time.monotonic() + _EXIT_WAIT_S
+        while arrived < everyone and time.monotonic() < deadline:
+            time.sleep(0.02)
+            arrived = store.add(_EXIT_KEY, 0)
 
 
 def _check_at_the_first_step(processes: int) -> None:
