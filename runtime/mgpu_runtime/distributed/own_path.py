@@ -105,15 +105,24 @@ def batch_held(arguments: Sequence[str], options: Sequence[str], batch: object) 
     """The batch a script holds once it has parsed its command line (``batch``), with why it cannot be split
     (an empty string when it can): not a whole number, or a command line whose option the relaunched processes'
     share could not replace (an abbreviation, an ``@file``)."""
-    from_file = next((word for word in _before_the_end(arguments) if word.startswith("@")), None)
-    if from_file is not None:
-        return None, f"{from_file} may hold {_longest(options)} (arguments read from a file)"
-    for at, value in _occurrences(arguments, options):
-        if at is None:
-            return None, f"{value} may abbreviate {_longest(options)}: spell the option out to run on several processes"
+    why = _unreadable(arguments, options)
+    if why:
+        return None, why
     if type(batch) is not int or batch < 1:
         return None, f"{_longest(options)} {batch!r} is not a whole number of rows"
     return batch, ""
+
+
+def _unreadable(arguments: Sequence[str], options: Sequence[str]) -> str:
+    """Why the command line's batch option cannot be read or replaced (an ``@file`` that may hold it, a word that
+    may abbreviate it); an empty string when it can."""
+    from_file = next((word for word in _before_the_end(arguments) if word.startswith("@")), None)
+    if from_file is not None:
+        return f"{from_file} may hold {_longest(options)} (arguments read from a file)"
+    for at, value in _occurrences(arguments, options):
+        if at is None:
+            return f"{value} may abbreviate {_longest(options)}: spell the option out to run on several processes"
+    return ""
 
 
 def _check_the_share(batch: object, per_process: str, options: Sequence[str]) -> None:
@@ -132,13 +141,11 @@ def batch_given(
 ) -> tuple[int | None, str]:
     """The batch the command line gives (its last occurrence, as argparse reads it), else ``default``; with
     why it cannot be read (an empty string when it can)."""
+    why = _unreadable(arguments, options)
+    if why:
+        return None, why
     text: str | None = None
-    from_file = next((word for word in _before_the_end(arguments) if word.startswith("@")), None)
-    if from_file is not None:
-        return None, f"{from_file} may hold {_longest(options)} (arguments read from a file)"
-    for at, value in _occurrences(arguments, options):
-        if at is None:
-            return None, f"{value} may abbreviate {_longest(options)}: spell the option out to run on several processes"
+    for _, value in _occurrences(arguments, options):
         text = value
     if text is None:
         if default is None:
