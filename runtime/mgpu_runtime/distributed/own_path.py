@@ -225,25 +225,38 @@ def _leave_the_process_group() -> None:
     reset, and aborted). Not a barrier: a process leaving mid-training (``sys.exit()``) would wait there for peers
     waiting for it in a gradient reduction, until the process group's timeout."""
     if dist.is_available() and dist.is_initialized():
-        _meet_the_others()
+        store, everyone = _the_store()
+        _meet_the_others(store, everyone, "leaving")
         dist.destroy_process_group()
+        # ... and again once each has destroyed its group: none ends its process (closing its connections)
+        # while a peer is still taking its own down.
+        _meet_the_others(store, everyone, "left")
 
 
-_EXIT_KEY = "mgpu_runtime/own_path_exit"
+_EXIT_KEY = "mgpu_runtime/own_path_exit/"
 _EXIT_WAIT_S = 30.0
 
 
-def _meet_the_others() -> None:
-    """Count this process as leaving, then wait until every process has (or ``_EXIT_WAIT_S`` has passed, or the
-    store is gone with a peer that already left)."""
+def _the_store() -> tuple[object | None, int]:
+    """The job's store and the number of processes, read while the process group exists."""
+    try:
+        return dist.distributed_c10d._get_default_store(), dist.get_world_size()
+    except Exception:  # noqa: BLE001 -- no store to meet through: leave without waiting
+        return None, 0
+
+
+def _meet_the_others(store: object | None, everyone: int, stage: str) -> None:
+    """Count this process at ``stage``, then wait until every process has come to it (or ``_EXIT_WAIT_S`` has
+    passed, or the store is gone with a peer that already left)."""
+    if store is None:
+        return
+    key = _EXIT_KEY + stage
     with contextlib.suppress(Exception):
-        store = dist.distributed_c10d._get_default_store()
-        everyone = dist.get_world_size()
-        arrived = store.add(_EXIT_KEY, 1)
+        arrived = store.add(key, 1)  # type: ignore[attr-defined]
         deadline = time.monotonic() + _EXIT_WAIT_S
         while arrived < everyone and time.monotonic() < deadline:
             time.sleep(0.02)
-            arrived = store.add(_EXIT_KEY, 0)
+            arrived = store.add(key, 0)  # type: ignore[attr-defined]
 
 
 def _check_at_the_first_step(processes: int) -> None:
