@@ -9,7 +9,12 @@ alternating blocks of steps (each pair in a random order, the same on every rank
   the original loader (global batches, each rank loading its rows), the loop on ``Sharded`` values (the loss of
   the global batch, a token count, an accuracy of the global batch read with ``.item()``);
 * **bare**: what a hand-written DDP script runs for the same global batch: torch's DDP, a
-  ``DistributedSampler`` loader of ``batch / W`` rows per rank, the loss and the accuracy of the rank's rows.
+  ``DistributedSampler`` loader of ``batch / W`` rows per rank, the loss and the accuracy of the rank's rows;
+* **exact** (with ``--exact``): a hand-written DDP script that trains and reads what the migration does, the
+  values of the global batch, with the fewest collectives a careful author would write: the loss's token count
+  and the accuracy's correct rows summed in one all-reduce before the backward pass (the loss is the rank's
+  summed loss over the global count, times W, since DDP averages the gradients). Its ratio to **bare** is the
+  price of the global values themselves; the runtime's ratio to it is what the runtime adds to that price.
 
 The models: ``lm``, a 2-layer transformer language model with dropout (token loss over ``ignore_index``);
 ``cnn``, a convolutional classifier with BatchNorm; ``text``, an embedding and GRU classifier over batches
@@ -98,6 +103,11 @@ def _pad(samples):
     return pad_sequence(list(ids), batch_first=True), torch.tensor(labels)
 
 
+def _forever(loader):
+    while True:
+        yield from loader
+
+
 def _trainer(name: str, side: str, rows: int):
     """One step of ``name`` trained the ``side`` way, as a closure over its own model, data and optimizer."""
     models, torch = _models()
@@ -115,10 +125,20 @@ def _trainer(name: str, side: str, rows: int):
     if side == "runtime":
         model = mgpu_runtime.DistributedDataParallel(module)
         loader = mgpu_runtime.distribute_loader(DataLoader(samples, batch_size=BATCH, shuffle=True, collate_fn=collate))
-    else:
+    elif side == "exact" and name == "text":
+        # Padded to the longest sequence of the global batch, as under DataParallel (the GRU's mean runs over the
+        # padding): each rank collates the global batch and keeps its rows, as the runtime's loader does.
+        model = torch.nn.parallel.DistributedDataParallel(module)
+        whole = DataLoader(samples, batch_size=BATCH, shuffle=True, collate_fn=collate)
+        loader = ((x.chunk(world)[dist.get_rank()], y.chunk(world)[dist.get_rank()]) for x, y in _forever(whole))
+    else:  # bare, exact
         model = torch.nn.parallel.DistributedDataParallel(module)
         sampler = DistributedSampler(samples, shuffle=True)
         loader = DataLoader(samples, batch_size=BATCH // world, sampler=sampler, collate_fn=collate)
+    if side != "runtime":
+        # torch's DDP sums these gradients itself: the job's sum before an optimizer step (of gradients no runtime
+        # wrapper reduced, sharded/gradients.py) must not sum them again (W times the gradient, and a collective).
+        mgpu_runtime.distributed.process_group.job().gradients.note_synchronised(list(module.parameters()))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     batches = iter(loader)
 
@@ -131,6 +151,21 @@ def _trainer(name: str, side: str, rows: int):
             x, y = next(batches)
         optimizer.zero_grad()
         output = model(x)
+        if side == "exact":
+            hits = (output.argmax(-1) == y).sum()
+            if name == "lm":
+                counts = torch.stack([y.ne(-100).sum(), hits, torch.tensor(y.numel())])
+            else:
+                counts = torch.stack([hits, torch.tensor(len(y))])
+            dist.all_reduce(counts)  # one collective: the global denominators, the global correct rows
+            summed = F.cross_entropy(output.reshape(-1, output.shape[-1]), y.reshape(-1), ignore_index=-100, reduction="sum")
+            loss = summed * world / counts[0]
+            accuracy = counts[-2].float() / counts[-1]
+            with mgpu_runtime.distributed.process_group.job().gradients.own_computation():
+                loss.backward()
+            optimizer.step()
+            accuracy.item()
+            return
         if name == "lm":
             loss = F.cross_entropy(output.view(-1, VOCAB), y.view(-1), ignore_index=-100, reduction="sum")
             loss = loss / y.ne(-100).sum()
@@ -148,7 +183,7 @@ def _trainer(name: str, side: str, rows: int):
     return step
 
 
-def worker(models: list[str], blocks: int, steps: int, memory_side: str | None) -> None:
+def worker(models: list[str], blocks: int, steps: int, memory_side: str | None, exact: bool = False) -> None:
     import mgpu_runtime
 
     mgpu_runtime.setup()
@@ -159,14 +194,15 @@ def worker(models: list[str], blocks: int, steps: int, memory_side: str | None) 
             for _ in range((blocks + 1) * steps):
                 step()
             continue
-        sides = {side: _trainer(name, side, rows) for side in ("runtime", "bare")}
+        names = ("runtime", "bare", "exact") if exact else ("runtime", "bare")
+        sides = {side: _trainer(name, side, rows) for side in names}
         for step in sides.values():
             for _ in range(steps):  # warm-up
                 step()
-        timings: dict[str, list[float]] = {"runtime": [], "bare": []}
+        timings: dict[str, list[float]] = {side: [] for side in names}
         order = random.Random(0)
         for _ in range(blocks):
-            for side in order.sample(["runtime", "bare"], 2):
+            for side in order.sample(list(names), len(names)):
                 mgpu_runtime.barrier()
                 started = time.perf_counter()
                 for _ in range(steps):
@@ -178,6 +214,10 @@ def worker(models: list[str], blocks: int, steps: int, memory_side: str | None) 
             print(f"W={mgpu_runtime.world_size()} {name}: runtime {runtime * 1e3:.2f} ms, bare DDP {bare * 1e3:.2f} ms "
                   f"per step (medians of {blocks} blocks of {steps}): {runtime / bare:.3f}x; median of pair ratios "
                   f"{pairs:.3f}x", flush=True)
+            if exact:
+                own = statistics.median(timings["exact"])
+                print(f"W={mgpu_runtime.world_size()} {name}: hand-written exact DDP {own * 1e3:.2f} ms: "
+                      f"{own / bare:.3f}x bare; runtime {runtime / own:.3f}x exact", flush=True)
     if memory_side is not None:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(f"W={mgpu_runtime.world_size()} rank {mgpu_runtime.rank()} {memory_side}: peak {peak:.1f} MiB", flush=True)
@@ -198,16 +238,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--models", nargs="+", default=["lm", "cnn", "text"])
     parser.add_argument("--memory", action="store_true", help="peak memory per rank, each side in its own job")
+    parser.add_argument("--exact", action="store_true", help="also a hand-written DDP reading the global values")
     parser.add_argument(WORKER, action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--side", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     common = ["--models", *arguments.models, "--blocks", str(arguments.blocks), "--steps", str(arguments.steps)]
     if arguments.worker:
-        worker(arguments.models, arguments.blocks, arguments.steps, arguments.side)
+        worker(arguments.models, arguments.blocks, arguments.steps, arguments.side, arguments.exact)
         return
     for processes in arguments.processes:
         if not arguments.memory:
-            print(_launch(processes, common), end="", flush=True)
+            print(_launch(processes, [*common, *["--exact"] * arguments.exact]), end="", flush=True)
             continue
         for name in arguments.models:
             peaks = {}
