@@ -204,6 +204,11 @@ class Project:
             return None
         return next((module for module in (_module_at(base, module_name) for base in bases) if module is not None), None)
 
+    def module(self, module_name: str, level: int = 0, package: str = "") -> ProjectModule | None:
+        """The project's module an import names (``from ..x import y`` inside ``package``: level 2, ``x``), as
+        the file's imports resolve; None for a module outside the project."""
+        return self._module(_absolute(module_name, level, package)) if module_name or level else None
+
     def own(self, name: str, source: str) -> Found | None:
         """A top-level definition of the file itself (a loss function beside the training loop), read from
         ``source``, the text being migrated (stdin or a notebook's cells are not what the disk holds)."""

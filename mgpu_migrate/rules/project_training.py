@@ -10,6 +10,7 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis.held import held_training
+from mgpu_migrate.analysis.old_loader import old_loader
 from mgpu_migrate.analysis.own_path import launches_own_path
 from mgpu_migrate.analysis.project import importers, project_of
 from mgpu_migrate.analysis.tree import contains
@@ -94,6 +95,27 @@ TRAINED_BY_IMPORTER = Review(
     ),
     veto=True,
 )
+LOADER_ON_OLD_TORCH = Review(
+    "MGP341",
+    name="loader-on-old-torch",
+    summary="the program that trains the model builds its loader on torch 0.4's DataLoader iterator: it cannot run; file left",
+    why=(
+        "The wrap is in a function or class that hands the model to the modules importing this one (as for MGP320), "
+        "and the program that trains it imports `torch.utils.data.dataloader._DataLoaderIter`, the iterator of "
+        "torch 0.4's DataLoader, in a module it always imports (RCAN's and EDSR's `MSDataLoader` derive their own "
+        "multi-process iterator from it). torch 1.2 replaced that class and the worker helpers such loaders "
+        "import with them, so the program stops at that import on every release since, and on torch 2.13, the "
+        "runtime's lowest: there is no run of the original, on one GPU or several, for a migration to keep or for "
+        "`mgpu-migrate verify` to compare with. A migration would need that loader rewritten first, which is no "
+        "change the tool makes. The file is left as it is; the diagnostic names the importer and the import."
+    ),
+    todo=(
+        "Port the loader to the current DataLoader (a plain `DataLoader` with a `collate_fn`, or a "
+        "`worker_init_fn` that picks the scale), then migrate again; the training module's loop over it is then "
+        "what MGP320 names."
+    ),
+    veto=True,
+)
 PROGRESS_BAR_IN_TRAINING_CODE = Review(
     "MGP324",
     name="progress-bar-in-training-code",
@@ -165,7 +187,9 @@ class ProjectTraining(Rule):
     When the wrap is in a function that returns the model (``load_model()``) or in a class that holds it
     (``self.model = DataParallel(...)`` in a wrapper ``nn.Module``), the model goes to the modules that import
     this one, which a bounded byte search of the project finds: the file is left, and the diagnostic names the
-    importer that uses the function or class (MGP320); a function whose every importer that trains its model
+    importer that uses the function or class (MGP320), or, when that importer's program builds its loader on torch
+    0.4's ``_DataLoaderIter`` (RCAN's ``MSDataLoader``, which no torch since 1.2 can import), says that the original
+    cannot run (MGP341); a function whose every importer that trains its model
     launches a distributed path of its own from a plain start (MGP139 there: DialoGPT's ``load_model``, whose
     DataParallel branch that path never takes) leaves this file as it is with nothing to say. When that class's subclasses in the importing modules
     train the model (st-gcn's ``IO`` held the wrap, ``REC_Processor(Processor)`` trains), the file migrates
@@ -209,6 +233,7 @@ class ProjectTraining(Rule):
     USES = ("bindings", "handed", "loaders", "models", "values")
     REVIEW_CODES = (
         TRAINED_BY_IMPORTER,
+        LOADER_ON_OLD_TORCH,
         HELD_DATA_NOT_SPLIT,
         TRAINED_ELSEWHERE,
         TRAINING_CODE_NEEDS_CHANGES,
@@ -383,7 +408,17 @@ class ProjectTraining(Rule):
             self.edits.leave_as_fallback()
             return True
         importer = found[0]
-        where = importer.where(os.path.dirname(os.path.abspath(self.analysis.path)))
+        here = os.path.dirname(os.path.abspath(self.analysis.path))
+        where = importer.where(here)
+        old = old_loader(importer.path)
+        if old is not None:
+            self.left(
+                program.wraps[0],
+                LOADER_ON_OLD_TORCH,
+                f"`{holder.name.value}` goes to {where}, whose loader imports torch 0.4's `_DataLoaderIter` "
+                f"({old.where(here)}), gone since 1.2: the original cannot run; file left",
+            )
+            return True
         if importer.trains and importer.own_process_group:
             # Its own distributed path (DialoGPT's LSP_train.py): that is what runs this model on several GPUs.
             message = (
