@@ -204,6 +204,10 @@ class Project:
             return None
         return next((module for module in (_module_at(base, module_name) for base in bases) if module is not None), None)
 
+    def module(self, module_name: str) -> ProjectModule | None:
+        """The project's module of that name (``pkg.trainers``), as the file imports it."""
+        return self._module(module_name)
+
     def own(self, name: str, source: str) -> Found | None:
         """A top-level definition of the file itself (a loss function beside the training loop), read from
         ``source``, the text being migrated (stdin or a notebook's cells are not what the disk holds)."""
