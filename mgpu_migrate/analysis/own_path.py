@@ -402,6 +402,8 @@ def config_override(analysis: FileAnalysis) -> Optional[Override]:
             analysis.tree.function(call) is not None for call in overrides
         ):
             break
+        if not _parsed_again(analysis, last, block[held], name):
+            break
         for top in block[:held + 1]:
             if type(top) in (cst.FunctionDef, cst.ClassDef) or _is_import(top) or _is_docstring(top) or is_main_guard(top):
                 continue
@@ -442,8 +444,12 @@ def _parses(analysis: FileAnalysis) -> list[tuple[str, cst.BaseStatement, list[c
 
 def _overridden(call: cst.Call, namespaces: set[str]) -> bool:
     """``setattr(args, k, v)`` with a key that is no literal, ``vars(args).update(...)``,
-    ``args.__dict__.update(...)``, for ``args`` one of ``namespaces``."""
+    ``args.__dict__.update(...)``, for ``args`` one of ``namespaces``; or ``parser.set_defaults(**loaded)``
+    (seq2seq's ``--config-file``: the file's values become the defaults of a second parse, which the command
+    line overrides)."""
     func = call.func
+    if type(func) is cst.Attribute and func.attr.value == "set_defaults":
+        return any(arg.star == "**" for arg in call.args)
     if type(func) is cst.Name and func.value == "setattr" and len(call.args) == 3:
         target, key = call.args[0].value, call.args[1].value
         return type(target) is cst.Name and target.value in namespaces and type(key) is not cst.SimpleString
@@ -456,6 +462,27 @@ def _overridden(call: cst.Call, namespaces: set[str]) -> bool:
         else:
             return False
         return type(owner) is cst.Name and owner.value in namespaces
+    return False
+
+
+def _parsed_again(analysis: FileAnalysis, override: cst.Call, statement: cst.CSTNode, name: str) -> bool:
+    """For ``parser.set_defaults(**loaded)``: whether ``statement`` parses the command line into ``name`` again
+    after it (``args = parser.parse_args()``), so that ``name`` holds the file's values once it has run. Any
+    other override sets ``name`` itself."""
+    if type(override.func) is not cst.Attribute or override.func.attr.value != "set_defaults":
+        return True
+    line = analysis.position(override)[0]
+    for call in contains(statement, lambda node: type(node) is cst.Call):
+        if type(call.func) is not cst.Attribute or call.func.attr.value not in ("parse_args", "parse_known_args"):
+            continue
+        assign = analysis.tree.parent(call)
+        if type(assign) is not cst.Assign or len(assign.targets) != 1 or analysis.position(call)[0] <= line:
+            continue
+        target: cst.BaseExpression = assign.targets[0].target
+        if type(target) is cst.Tuple and target.elements:
+            target = target.elements[0].value
+        if type(target) is cst.Name and target.value == name:
+            return True
     return False
 
 

@@ -71,7 +71,8 @@ class OwnPathLaunch(Rule):
     anything touches CUDA. The option's spellings and its declared default are read from the parser.
 
     Where a configuration file overrides the parsed options (``setattr(args, k, v)`` for each key of a loaded
-    JSON, ``vars(args).update(...)``), the batch the script uses is known only after that block: the call goes
+    JSON, ``vars(args).update(...)``, or ``parser.set_defaults(**config)`` followed, in the same block, by a
+    second ``args = parser.parse_args()``), the batch the script uses is known only after that block: the call goes
     right after it, given that value (``launch_own_path("--train_batch_size", batch=args.train_batch_size)``),
     and the relaunched processes get their share on their command line (a script that lets its command line
     override the file then uses it; each process checks that it does). What runs before the call may only read
@@ -654,7 +655,7 @@ class OwnPathLaunch(Rule):
             call = with_keyword(call, "batch", cst.parse_expression(launch.held))
         statement = cst.SimpleStatementLine([cst.Expr(call)])
         if launch.held is not None:  # after the block that reads the configuration file: a blank line between
-            statement = statement.with_changes(leading_lines=[cst.EmptyLine()])
+            statement = statement.with_changes(leading_lines=[cst.EmptyLine(indent=False)])
         if point.after:
             self.edits.insert_after(point.anchor, statement)
         else:
