@@ -35,6 +35,7 @@ from mgpu_migrate.analysis.entrypoint import (
     sets_cuda_visible_devices,
     touches_cuda,
 )
+from mgpu_migrate.analysis.devices import device_ids, every_visible
 from mgpu_migrate.analysis.file import FileAnalysis
 from mgpu_migrate.analysis.guards import identifiers, main_process_caller, under_main_process_block
 from mgpu_migrate.analysis.project import DATA_PARALLEL_CLASSES, Found, Project, project_of, returns_the_wrap
@@ -128,10 +129,12 @@ def own_path_batch(analysis: FileAnalysis) -> Optional[BatchOption]:
 
 
 def _per_process_batches(analysis: FileAnalysis) -> Iterator[cst.Attribute]:
-    """The ``args.<dest>`` each distributed loader of the file is given as its batch: a torch ``DataLoader``
-    with a ``DistributedSampler``, then a loader class of the project's own named ``Distributed...Loader``."""
+    """The ``args.<dest>`` each distributed loader of the file is given as its batch: a call given a
+    ``DistributedSampler`` as ``sampler=`` and ``batch_size=args.<dest>`` (torch's ``DataLoader``, or a builder
+    of the project's own that hands both on to one: seq2seq's ``train_data.get_loader(batch_size=args.batch_size,
+    sampler=train_sampler)``), then a loader class of the project's own named ``Distributed...Loader``."""
     values = analysis.values
-    for call in analysis.calls_to("torch.utils.data.DataLoader"):
+    for call in analysis.calls:
         sampler, size = _keyword(call, "sampler"), _keyword(call, "batch_size")
         if sampler is None or size is None or type(size.value) is not cst.Attribute:
             continue
@@ -294,7 +297,7 @@ def own_path_launch(analysis: FileAnalysis) -> Optional[Launch]:
     """The batch option of the own path and where its launch goes, when a plain start can run that path with
     the original's global batch (MGP139); None when the file is left with the command that runs it (MGP231)."""
     batch = own_path_batch(analysis)
-    if batch is None:
+    if batch is None or unlaunchable_fallback(analysis) is not None:
         return None
     override = config_override(analysis)
     if override is not None:
@@ -312,8 +315,36 @@ def own_path_refusal(analysis: FileAnalysis) -> Optional[str]:
     line (the words of MGP231's message); None otherwise."""
     if own_path_batch(analysis) is None:
         return None
+    fallback = unlaunchable_fallback(analysis)
+    if fallback is not None:
+        return fallback
     override = config_override(analysis)
     return override.why_not if override is not None and override.why_not else None
+
+
+def unlaunchable_fallback(analysis: FileAnalysis) -> Optional[str]:
+    """Why the file's DataParallel fallback keeps a plain start from launching its own path, in a diagnostic's
+    words; None when nothing does.
+
+    * The fallback runs on GPUs it chooses (``device_ids=args.gpus``, seq2seq's ``self.device_ids`` from its
+      ``--device-ids 0`` option): a plain start launches one process per visible GPU (or ``MGPU_NPROC``), not on
+      those, and where the option chose one (no DataParallel at all), several where the original ran one.
+    * The fallback is held by a class of another module (its ``__init__`` wraps the model on ``self``): that
+      module is not left as the fallback of a launching script (``launches_own_path`` follows builder
+      functions), so it could be migrated on its own while the script launches."""
+    for site in analysis.models.sites:
+        chosen = device_ids(site.call)
+        if analysis.resolve(site.call.func) in DATA_PARALLEL_CLASSES and chosen is not None and not every_visible(analysis, chosen):
+            line, _ = analysis.position(site.call)
+            return f"its fallback's GPUs are chosen (`{shorten(analysis.code_of(chosen), 30)}`, line {line})"
+    fallbacks = fallback_builders(analysis)
+    for fallback in fallbacks:
+        if fallback.devices is not None and "device_count" not in fallback.devices:
+            return f"its fallback's GPUs are chosen (`{shorten(fallback.devices, 30)}`, {fallback.where})"
+    held = next((fallback for fallback in fallbacks if isinstance(fallback.builder.node, ast.ClassDef)), None)
+    if held is not None:
+        return f"its fallback is held by the class `{held.builder.name}` ({held.where})"
+    return None
 
 
 @dataclass(frozen=True)
@@ -371,6 +402,8 @@ def config_override(analysis: FileAnalysis) -> Optional[Override]:
             analysis.tree.function(call) is not None for call in overrides
         ):
             break
+        if not _parsed_again(analysis, last, block[held], name):
+            break
         for top in block[:held + 1]:
             if type(top) in (cst.FunctionDef, cst.ClassDef) or _is_import(top) or _is_docstring(top) or is_main_guard(top):
                 continue
@@ -411,8 +444,12 @@ def _parses(analysis: FileAnalysis) -> list[tuple[str, cst.BaseStatement, list[c
 
 def _overridden(call: cst.Call, namespaces: set[str]) -> bool:
     """``setattr(args, k, v)`` with a key that is no literal, ``vars(args).update(...)``,
-    ``args.__dict__.update(...)``, for ``args`` one of ``namespaces``."""
+    ``args.__dict__.update(...)``, for ``args`` one of ``namespaces``; or ``parser.set_defaults(**loaded)``
+    (seq2seq's ``--config-file``: the file's values become the defaults of a second parse, which the command
+    line overrides)."""
     func = call.func
+    if type(func) is cst.Attribute and func.attr.value == "set_defaults":
+        return any(arg.star == "**" for arg in call.args)
     if type(func) is cst.Name and func.value == "setattr" and len(call.args) == 3:
         target, key = call.args[0].value, call.args[1].value
         return type(target) is cst.Name and target.value in namespaces and type(key) is not cst.SimpleString
@@ -425,6 +462,27 @@ def _overridden(call: cst.Call, namespaces: set[str]) -> bool:
         else:
             return False
         return type(owner) is cst.Name and owner.value in namespaces
+    return False
+
+
+def _parsed_again(analysis: FileAnalysis, override: cst.Call, statement: cst.CSTNode, name: str) -> bool:
+    """For ``parser.set_defaults(**loaded)``: whether ``statement`` parses the command line into ``name`` again
+    after it (``args = parser.parse_args()``), so that ``name`` holds the file's values once it has run. Any
+    other override sets ``name`` itself."""
+    if type(override.func) is not cst.Attribute or override.func.attr.value != "set_defaults":
+        return True
+    line = analysis.position(override)[0]
+    for call in contains(statement, lambda node: type(node) is cst.Call):
+        if type(call.func) is not cst.Attribute or call.func.attr.value not in ("parse_args", "parse_known_args"):
+            continue
+        assign = analysis.tree.parent(call)
+        if type(assign) is not cst.Assign or len(assign.targets) != 1 or analysis.position(call)[0] <= line:
+            continue
+        target: cst.BaseExpression = assign.targets[0].target
+        if type(target) is cst.Tuple and target.elements:
+            target = target.elements[0].value
+        if type(target) is cst.Name and target.value == name:
+            return True
     return False
 
 
@@ -538,42 +596,109 @@ def _divided_by_the_processes(analysis: FileAnalysis, dest: str) -> bool:
 class Fallback:
     """A call of this file that gets its model from a function of another module of the project (a builder)
     that returns it wrapped in torch's DataParallel (DialoGPT's ``load_model`` in ``gpt2_training/train_utils.py``,
-    when ``args.n_gpu > 1``): the file's DataParallel fallback, held there."""
+    when ``args.n_gpu > 1``), or that builds a project class of another module whose ``__init__`` wraps it so on
+    ``self`` (seq2seq's ``Seq2SeqTrainer``, reached through ``getattr(trainers, args.trainer)(...)``): the file's
+    DataParallel fallback, held there. ``devices``: the wrap's ``device_ids`` as written, when it is given any
+    (the GPUs it runs on are then chosen, not every visible one)."""
 
     call: cst.Call
     builder: Found
     wrap_line: int
+    devices: Optional[str] = None
 
     @property
     def module(self) -> str:
         return os.path.abspath(self.builder.module.path)
 
+    @property
+    def where(self) -> str:
+        return f"{os.path.basename(self.builder.module.path)}:{self.wrap_line}"
+
 
 def fallback_builders(analysis: FileAnalysis, modules: Optional[Collection[str]] = None) -> list[Fallback]:
     """The calls of this file to a function of another module of the project (of ``modules``, absolute paths,
-    when given) that returns the model wrapped in torch's DataParallel."""
+    when given) that returns the model wrapped in torch's DataParallel, or to a class of one whose ``__init__``
+    wraps it on ``self``."""
     project = project_of(analysis.path)
     if project is None:
         return []
     here = os.path.abspath(analysis.path)
     found: list[Fallback] = []
     for call in analysis.calls:
-        qualified = analysis.resolve(call.func)
-        builder = project.find(qualified) if qualified else None
-        if builder is None or not isinstance(builder.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        module = os.path.abspath(builder.module.path)
-        if module == here or (modules is not None and module not in modules):
-            continue
-        for inner in ast.walk(builder.node):
-            if (
-                isinstance(inner, ast.Call)
-                and builder.module.qualified(inner.func) in DATA_PARALLEL_CLASSES
-                and returns_the_wrap(builder.node, inner)
-            ):
-                found.append(Fallback(call, builder, inner.lineno))
+        for builder in _built(analysis, project, call):
+            module = os.path.abspath(builder.module.path)
+            if module == here or (modules is not None and module not in modules):
+                continue
+            wrap = _wrap_of(project, builder)
+            if wrap is not None:
+                found.append(Fallback(call, wrap[0], wrap[1].lineno, _devices(wrap[1])))
                 break
     return found
+
+
+def _built(analysis: FileAnalysis, project: Project, call: cst.Call) -> Iterator[Found]:
+    """The project definitions a call may run: the function or class its callee names, or, for
+    ``getattr(module, name)(...)`` with ``module`` a project module and ``name`` no literal, each class that
+    module exports (its literal ``__all__``, else its public classes)."""
+    qualified = analysis.resolve(call.func)
+    if qualified:
+        builder = project.find(qualified)
+        if builder is not None:
+            yield builder
+        return
+    func = call.func
+    if not (type(func) is cst.Call and type(func.func) is cst.Name and func.func.value == "getattr" and len(func.args) == 2):
+        return
+    owner = analysis.resolve(func.args[0].value)
+    module = project.module(owner) if owner else None
+    if module is None:
+        return
+    exported = module.exports if module.exports is not None and "?" not in module.exports else None
+    for name, node in module.definitions.items():
+        if isinstance(node, ast.ClassDef) and (name in exported if exported is not None else not name.startswith("_")):
+            yield Found(module, node, os.path.dirname(os.path.abspath(analysis.path)))
+
+
+def _wrap_of(project: Project, builder: Found, depth: int = 0) -> Optional[tuple[Found, ast.Call]]:
+    """The call of torch's DataParallel that a builder function returns, or that a class's ``__init__`` (its own,
+    or the one it inherits from a project class) assigns to an attribute of ``self``; with the definition that
+    holds it."""
+    node = builder.node
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.Call) and builder.module.qualified(inner.func) in DATA_PARALLEL_CLASSES and returns_the_wrap(node, inner):
+                return builder, inner
+        return None
+    if not isinstance(node, ast.ClassDef) or depth > 4:
+        return None
+    init = next((item for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "__init__"), None)
+    if init is None:
+        for base in node.bases:
+            _, inherited = project.resolve_in(builder, base)
+            if inherited is not None and isinstance(inherited.node, ast.ClassDef) and inherited.node is not node:
+                return _wrap_of(project, inherited, depth + 1)
+        return None
+    if not init.args.args:
+        return None
+    owner = init.args.args[0].arg
+    for inner in ast.walk(init):
+        if not (isinstance(inner, ast.Assign) and isinstance(inner.value, ast.Call)):
+            continue
+        if builder.module.qualified(inner.value.func) in DATA_PARALLEL_CLASSES and any(
+            isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == owner
+            for target in inner.targets
+        ):
+            return builder, inner.value
+    return None
+
+
+def _devices(wrap: ast.Call) -> Optional[str]:
+    """The ``device_ids`` a DataParallel call is given (second positional, or by keyword), as written; None when
+    it is given none, or ``None``."""
+    given = wrap.args[1] if len(wrap.args) > 1 else next((k.value for k in wrap.keywords if k.arg == "device_ids"), None)
+    if given is None or (isinstance(given, ast.Constant) and given.value is None):
+        return None
+    return ast.unparse(given)
 
 
 def launches_own_path(path: str, module: str, builder: str) -> bool:

@@ -51,14 +51,22 @@ EXISTING_DISTRIBUTED_SETUP = Review(
         "`DistributedSampler`, `mp.spawn`), beside a DataParallel fallback. Processes relaunched from the "
         "fallback would not provably take the file's own path with the original's global batch, so the file is "
         "left as it is, unless a plain start can launch that path with the original's batch (MGP139: a launcher "
-        "chooses it, an option with a whole-number default sets its per-process batch, and the program has a "
-        "place that runs first; not under `--style torch`). When the file's own path is chosen by `LOCAL_RANK`, `RANK` or `WORLD_SIZE` (read from "
+        "chooses it, an option with a whole-number default sets its per-process batch, the fallback runs on "
+        "every visible GPU, and the program has a place that runs first; not under `--style torch`). A fallback "
+        "that runs on GPUs it chooses (`device_ids=args.gpus`, or a trainer's `self.device_ids` from a "
+        "`--device-ids 0` option, one GPU and no DataParallel by default) is said in the message: a plain start "
+        "would run one process per visible GPU, not on those. When the file's own path is chosen by `LOCAL_RANK`, `RANK` or `WORLD_SIZE` (read from "
         "the environment, or a `--local_rank` argument, which now defaults to `LOCAL_RANK`: MGP131), the message "
         "gives the command that runs it on the GPUs the fallback used: `torchrun --nproc_per_node=N` with "
         "N the number of GPUs, and the option that sets its per-process batch (the training loader's with a "
-        "`DistributedSampler`) at the fallback's batch divided by N, so that the global batch is the original's."
+        "`DistributedSampler`) at the fallback's batch divided by N, so that the global batch is the original's. "
+        "That path is the maintainers' own: what it computes per process (a loss divided by the tokens or rows "
+        "that process counted, its own sampler's order) is not made DataParallel's."
     ),
-    todo="Launch the file's own distributed path with the command in the message (B: the batch the fallback was given).",
+    todo=(
+        "Launch the file's own distributed path with the command in the message (B: the batch the fallback was "
+        "given; on chosen GPUs, name them in CUDA_VISIBLE_DEVICES and make N their number)."
+    ),
     veto=True,
 )
 TRAINED_ALONE = Review(

@@ -61,7 +61,9 @@ class OwnPathLaunch(Rule):
     In a file that sets up distributed training of its own beside a DataParallel fallback, where a launcher's
     variables choose that path (``LOCAL_RANK``, ``RANK`` or ``WORLD_SIZE`` read, or a ``--local_rank``
     argument, which defaults to ``LOCAL_RANK``: MGP131) and a command-line option sets the batch its
-    ``DistributedSampler`` loader loads per process (or a loader class of the project's own named
+    ``DistributedSampler`` loader loads per process (a call given ``sampler=`` a ``DistributedSampler`` and
+    ``batch_size=args.<option>``: torch's ``DataLoader``, or the project's own builder that hands both on to one,
+    ``train_data.get_loader(batch_size=args.batch_size, sampler=train_sampler)``; or a loader class of the project's own named
     ``Distributed...Loader`` that takes the rank or the number of processes, given the option by keyword or at
     the position of its ``__init__``'s batch parameter), inserts ``mgpu_runtime.launch_own_path(option, default)``
     where the program starts: at the top of the ``if __name__ == "__main__":`` block, or after the imports of a
@@ -69,7 +71,8 @@ class OwnPathLaunch(Rule):
     anything touches CUDA. The option's spellings and its declared default are read from the parser.
 
     Where a configuration file overrides the parsed options (``setattr(args, k, v)`` for each key of a loaded
-    JSON, ``vars(args).update(...)``), the batch the script uses is known only after that block: the call goes
+    JSON, ``vars(args).update(...)``, or ``parser.set_defaults(**config)`` followed, in the same block, by a
+    second ``args = parser.parse_args()``), the batch the script uses is known only after that block: the call goes
     right after it, given that value (``launch_own_path("--train_batch_size", batch=args.train_batch_size)``),
     and the relaunched processes get their share on their command line (a script that lets its command line
     override the file then uses it; each process checks that it does). What runs before the call may only read
@@ -79,7 +82,15 @@ class OwnPathLaunch(Rule):
     The DataParallel fallback may be a builder's of another module of the project that this script calls
     (DialoGPT's ``load_model``, which wraps the model when ``args.n_gpu > 1``, never on the own path): the
     script is migrated the same way, and that module stays as it is (no MGP320) when every script that trains
-    the model it returns launches its own path so; otherwise both are left.
+    the model it returns launches its own path so; otherwise both are left. A class of another module whose
+    ``__init__`` wraps the model on ``self`` is such a fallback too, built by name or through
+    ``getattr(trainers, args.trainer)(...)`` (any class the module exports).
+
+    The fallback must run on every visible GPU (``nn.DataParallel(model)``, ``device_ids=range(
+    torch.cuda.device_count())``), which is what a plain start launches. One given the GPUs it runs on
+    (``device_ids=args.gpus``, a trainer's ``self.device_ids`` from a ``--device-ids 0`` option: one GPU, no
+    DataParallel, by default) leaves the file (MGP231, naming them): a plain start would run one process per
+    visible GPU, several where the original ran one.
 
     Started plainly (``python train.py --train_batch_size 12``) on W devices (the visible GPUs, or
     ``MGPU_NPROC``), the call relaunches the same command line under torchrun as W processes, each given the
@@ -644,7 +655,7 @@ class OwnPathLaunch(Rule):
             call = with_keyword(call, "batch", cst.parse_expression(launch.held))
         statement = cst.SimpleStatementLine([cst.Expr(call)])
         if launch.held is not None:  # after the block that reads the configuration file: a blank line between
-            statement = statement.with_changes(leading_lines=[cst.EmptyLine()])
+            statement = statement.with_changes(leading_lines=[cst.EmptyLine(indent=False)])
         if point.after:
             self.edits.insert_after(point.anchor, statement)
         else:

@@ -310,3 +310,91 @@ def test_an_evaluation_on_the_main_process_may_outlast_mgpu_timeout(tmp_path):
     done = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     assert done.stdout.count("accuracy") == 3, done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("project_shapes_e2e")
+@pytest.mark.parametrize("processes", WORLD_SIZES)
+def test_the_own_path_left_to_torchrun_has_the_global_batch_but_divides_by_each_process_tokens(tmp_path, processes):
+    """chosen_fallback (a translation project's main.py: its own path beside a trainer, picked by name, that wraps
+    its model in DataParallel on the GPUs of --device-ids, dim=1): left with MGP231 and its command, which, with
+    --local_rank defaulting to LOCAL_RANK (MGP131), runs that path under torchrun with the original's global batch:
+    the original's weights when every process counts the same target tokens. With sentences of several lengths it
+    is not the original, since each process divides its loss by its own tokens: why no plain start launches it."""
+    ids = ",".join(str(device) for device in range(processes))
+    apart = {}
+    for equal in (True, False):
+        runs = tmp_path / ("equal" if equal else "varying")
+        source = FIXTURES / "projects" / "chosen_fallback"
+        for name in ("original", "migrated"):
+            shutil.copytree(source, runs / name, ignore=shutil.ignore_patterns("*.ddp.*", "*.balanced.*"))
+        assert not (source / "trainers.ddp.py").exists()  # the trainer's module stays as it is
+        (runs / "migrated" / "main.py").write_text((source / "main.ddp.py").read_text())
+        environment = {**_environment(), **({"FIXTURE_EQUAL_LENGTHS": "1"} if equal else {})}
+        original = subprocess.run(
+            [sys.executable, "-m", "mgpu_runtime.emulation", "--devices", str(processes), "main.py", "--device-ids", ids],
+            cwd=runs / "original", env={**environment, "FIXTURE_OUTPUT": str(runs / "original.pt")},
+            capture_output=True, text=True, timeout=TIMEOUT_S,
+        )
+        assert original.returncode == 0, original.stderr[-4000:]
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}", "main.py",
+                   "--batch-size", str(12 // processes)]
+        migrated = subprocess.run(
+            command, cwd=runs / "migrated", env={**environment, "FIXTURE_OUTPUT": str(runs / "migrated.pt")},
+            capture_output=True, text=True, timeout=TIMEOUT_S,
+        )
+        assert migrated.returncode == 0, (migrated.stdout + migrated.stderr)[-4000:]
+        before = dict(_tensors(torch.load(runs / "original.pt", map_location="cpu")))
+        after = dict(_tensors(torch.load(runs / "migrated.pt", map_location="cpu")))
+        assert before and before.keys() == after.keys()
+        apart[equal] = max((before[name] - after[name]).abs().max().item() for name in before)
+    assert apart[True] <= TOLERANCE, f"chosen_fallback at {processes}, equal lengths: {apart[True]:.3g} apart"
+    assert apart[False] > 1e-3, f"chosen_fallback at {processes}, several lengths: only {apart[False]:.3g} apart"
+
+
+# own_path_defaults: (W, the JSON config's options or None for none, the command line, the batch expected to be split).
+OWN_PATH_DEFAULTS_RUNS = [
+    (2, None, [], 12),
+    (3, {"batch_size": 18, "epochs": 2}, [], 18),  # 48 rows: two batches of 18, then a short one of 12
+    (2, {"batch_size": 18}, ["-b", "8"], 8),  # the command line overrides the file's defaults
+]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("project_shapes_e2e")
+@pytest.mark.parametrize(("processes", "config", "arguments", "batch"), OWN_PATH_DEFAULTS_RUNS)
+def test_a_plain_start_after_a_config_file_of_defaults_trains_as_the_original(tmp_path, processes, config, arguments, batch):
+    """own_path_defaults (a JSON --config-file made the parser's defaults, then a second parse): the migration,
+    launched as ``python train.py [...]`` with MGPU_NPROC=W, runs its own path at W processes, each with its share of
+    the batch the script holds after that block (the file's, or the command line's), against the original under
+    DataParallel emulated on W devices: its final weights."""
+    source = FIXTURES / "projects" / "own_path_defaults"
+    for name in ("original", "migrated"):
+        (tmp_path / name).mkdir()
+        shutil.copy(source / "pyproject.toml", tmp_path / name)
+    (tmp_path / "original" / "train.py").write_text((source / "train.py").read_text())
+    (tmp_path / "migrated" / "train.py").write_text((source / "train.ddp.py").read_text())
+    if config is not None:
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        arguments = ["--config-file", str(tmp_path / "config.json"), *arguments]
+    environment = _environment()
+    original = subprocess.run(
+        [sys.executable, "-m", "mgpu_runtime.emulation", "--devices", str(processes), "--float64", "train.py", *arguments],
+        cwd=tmp_path / "original", env={**environment, "FIXTURE_OUTPUT": str(tmp_path / "original.pt")},
+        capture_output=True, text=True, timeout=TIMEOUT_S,
+    )
+    assert original.returncode == 0, original.stderr[-4000:]
+    migrated = subprocess.run(
+        [sys.executable, "train.py", *arguments],
+        cwd=tmp_path / "migrated",
+        env={**environment, "MGPU_NPROC": str(processes), "FIXTURE_OUTPUT": str(tmp_path / "migrated.pt")},
+        capture_output=True, text=True, timeout=TIMEOUT_S,
+    )
+    assert migrated.returncode == 0, migrated.stderr[-4000:]
+    said = [line for line in migrated.stderr.splitlines() if line.startswith("mgpu_runtime:")]
+    assert len(said) == 1 and f"--batch-size {batch // processes} per process ({batch} over {processes})" in said[0], said
+    before = dict(_tensors(torch.load(tmp_path / "original.pt", map_location="cpu")))
+    after = dict(_tensors(torch.load(tmp_path / "migrated.pt", map_location="cpu")))
+    assert before and before.keys() == after.keys() and all(t.dtype == torch.float64 for t in before.values())
+    apart = max((before[name] - after[name]).abs().max().item() for name in before)
+    assert apart <= TOLERANCE, f"own_path_defaults at {processes} ({config}, {arguments}): {apart:.3g} apart"

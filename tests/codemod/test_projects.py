@@ -520,3 +520,29 @@ def test_a_builders_module_is_left_with_the_script_that_cannot_launch(tmp_path):
             assert set(said) == {"MGP320"} and "own distributed path" in said["MGP320"]
         else:
             assert "MGP139" not in said and "`print` (line 35) runs before the config file" in said["MGP231"]
+
+
+CHOSEN_FALLBACK = FIXTURES / "projects" / "chosen_fallback"
+
+
+def test_a_fallback_held_by_a_trainer_class_is_named_and_not_launched(tmp_path):
+    """A trainer class of another module whose __init__ wraps the model in DataParallel (seq2seq's shape, built by
+    name or through getattr(trainers, args.trainer)) is the script's fallback: --local_rank defaults to LOCAL_RANK
+    (MGP131) and the own path is left with its torchrun command (MGP231), never launched from a plain start
+    (MGP139): on GPUs the trainer chooses, or, on every visible GPU, from a class whose module is not left as the
+    launching script's fallback."""
+    copy = tmp_path / "chosen_fallback"
+    shutil.copytree(CHOSEN_FALLBACK, copy, ignore=shutil.ignore_patterns("*.ddp.*", "*.balanced.*"))
+    main = copy / "main.py"
+    said = {d.code: d.message for d in migrate_source(main.read_text(), "ddp", str(main)).diagnostics}
+    assert set(said) == {"MGP131", "MGP231"}
+    assert "its fallback's GPUs are chosen (`device_ids`, trainers.py:47)" in said["MGP231"]
+    assert "`torchrun --nproc_per_node=N main.py --batch-size B/N`" in said["MGP231"]
+    trainers = copy / "trainers.py"
+    trainers.write_text(trainers.read_text().replace("self.model_with_loss, device_ids,", "self.model_with_loss,"))
+    # ClippedTrainer inherits Trainer's __init__, and the wrap in it.
+    for built in ("getattr(trainers, args.trainer)", "trainers.Trainer", "trainers.ClippedTrainer"):
+        main.write_text((CHOSEN_FALLBACK / "main.py").read_text().replace("getattr(trainers, args.trainer)(", built + "("))
+        said = {d.code: d.message for d in migrate_source(main.read_text(), "ddp", str(main)).diagnostics}
+        assert set(said) == {"MGP131", "MGP231"}, (built, said)
+        assert "its fallback is held by the class `Trainer` (trainers.py:47)" in said["MGP231"]
