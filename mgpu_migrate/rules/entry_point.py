@@ -99,7 +99,8 @@ class EntryPointSetup(Rule):
     Inserts ``mgpu_runtime.setup()`` once, where it runs before any model or tensor touches CUDA: at the top
     of the ``if __name__ == "__main__":`` block; in the function that block calls first when that function
     sets ``CUDA_VISIBLE_DEVICES`` (right after it does, also inside an ``if``), or when a wrap's
-    ``device_ids`` reads what that function's command-line parsing binds (right after it); after the imports
+    ``device_ids`` reads what that function's command-line parsing binds (right after it); in the method of the
+    wraps' class that chooses their ``device_ids=self.gpus`` (right where it does, MGP150); after the imports
     of a flat script; or at the top of ``def main()`` in a module without a main block. The GPUs the wraps
     chose go with it when they hold there what they hold at the wraps (``setup(devices=args.gpus)``, MGP150).
 

@@ -349,3 +349,107 @@ def test_the_migrated_project_gives_the_set_up_the_gpus_its_config_chose(tmp_pat
     visible = ",".join(map(str, json.loads((project / "configs" / f"{config}.json").read_text())["gpu_ids"]))
     assert json.loads((tmp_path / "given.json").read_text()) == [{"devices": ids, "visible": visible}]
     assert (tmp_path / "weights.pt").exists()
+
+
+# st-gcn's IO (issue 23, item 2): the constructor calls a method that chooses the GPUs and keeps them on self,
+# then the method that wraps the model on them.
+_METHOD = """
+    import torch.nn as nn
+
+
+    class Processor:
+        def __init__(self, argv=None):
+            self.load_arg(argv)
+            {first}
+            {second}
+
+        def init_environment(self):
+            {choose}
+            self.dev = "cpu"
+
+        def gpu(self):
+            self.model = nn.Linear(2, 2)
+            if len(self.gpus) > 1:
+                self.model = nn.DataParallel(self.model, device_ids=self.gpus)
+
+        def start(self):
+            for x in loader:
+                self.model(x).sum().backward()
+
+
+    if __name__ == "__main__":
+        Processor().start()
+"""
+_CHOOSES = "gpus = visible_gpus(self.arg.device)\n            self.gpus = gpus"
+
+
+@pytest.mark.parametrize(
+    ("choose", "setup", "after"),
+    [
+        # The local the GPUs are chosen into: the set-up right after it, given it.
+        (_CHOOSES, "mgpu_runtime.setup(devices=gpus)", "gpus = visible_gpus(self.arg.device)"),
+        # Kept on self from an expression: the set-up right after, given the attribute.
+        ("self.gpus = list(self.arg.device)", "mgpu_runtime.setup(devices=self.gpus)", "self.gpus = list(self.arg.device)"),
+        # Inside the method's `if`, as st-gcn's `if self.arg.use_gpu:`.
+        (
+            "if self.arg.use_gpu:\n                gpus = visible_gpus(self.arg.device)\n                self.gpus = gpus",
+            "mgpu_runtime.setup(devices=gpus)",
+            "gpus = visible_gpus(self.arg.device)",
+        ),
+    ],
+)
+def test_gpus_a_method_chooses_go_to_the_set_up_in_that_method(choose, setup, after):
+    source = _METHOD.format(first="self.init_environment()", second="self.gpu()", choose=choose)
+    result = _migrated(source)
+    lines = [line.strip() for line in result.output.splitlines()]
+    assert _setups(result.output) == [setup]
+    assert lines[lines.index(setup) - 1] == after
+    assert "mgpu_runtime.DistributedDataParallel(self.model)" in result.output
+    assert CHOSEN not in {d.code for d in result.diagnostics}
+    assert any(d.code == "MGP120" and "in init_environment(), where it chooses the GPUs" in d.message for d in result.diagnostics)
+    assert migrate_source(result.output, "ddp", "train.py").output == result.output
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "choose", "said"),
+    [
+        # The model is wrapped before the GPUs are chosen.
+        ("self.gpu()", "self.init_environment()", _CHOOSES, "an attribute set in init_environment() (line 13)"),
+        # The constructor touches CUDA before it chooses them: the set-up would come too late.
+        ("self.x = torch.zeros(1).cuda()", "self.init_environment()", _CHOOSES, "an attribute set in init_environment()"),
+        # The method that chooses them touches CUDA first.
+        (
+            "self.init_environment()",
+            "self.gpu()",
+            "torch.zeros(1).cuda()\n            self.gpus = list(self.arg.device)",
+            "an attribute set in init_environment()",
+        ),
+        # Chosen twice: which one holds at the wrap is not known.
+        (
+            "self.init_environment()",
+            "self.gpu()",
+            _CHOOSES + "\n            self.gpus = self.gpus[:1]",
+            "`self.gpus` is an attribute",
+        ),
+    ],
+)
+def test_gpus_a_method_chooses_too_late_or_twice_leave_the_file(first, second, choose, said):
+    source = "import torch\n" + textwrap.dedent(_METHOD.format(first=first, second=second, choose=choose)).lstrip("\n")
+    result = migrate_source(source, "ddp", "train.py")
+    assert result.output == source
+    messages = [d.message for d in result.diagnostics if d.code == CHOSEN]
+    assert messages and all(said in message for message in messages), messages
+
+
+@pytest.mark.parametrize(("device", "ids"), [(["2", "3"], [0, 1]), (["1", "4", "5"], [0, 1, 2])])
+def test_the_migrated_processor_gives_the_set_up_the_gpus_its_method_chose(tmp_path, device, ids):
+    (tmp_path / "train.py").write_text((FIXTURES / "scripts" / "method_chosen_gpus.ddp.py").read_text())
+    (tmp_path / "recorded.py").write_text(_RECORDED)
+    environment = {key: value for key, value in os.environ.items() if key not in ("CUDA_VISIBLE_DEVICES", "MGPU_NPROC")}
+    environment["FIXTURE_OUTPUT"] = str(tmp_path / "weights.pt")
+    command = [sys.executable, "recorded.py", "train.py", str(tmp_path / "given.json"), "--device", *device, "--epochs", "1"]
+    done = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # The --device GPUs, made visible and renumbered by the method, are the ones the set-up is given.
+    assert json.loads((tmp_path / "given.json").read_text()) == [{"devices": ids, "visible": ",".join(device)}]
+    assert (tmp_path / "weights.pt").exists()
