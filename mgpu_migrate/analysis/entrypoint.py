@@ -9,7 +9,8 @@ GPU) and after the script has chosen its GPUs with ``CUDA_VISIBLE_DEVICES``. The
   ``CUDA_VISIBLE_DEVICES`` itself (right after it does);
 * in a method of the wraps' class that chooses their GPUs (``self.gpus = gpus`` in ``init_environment()``,
   which ``__init__`` calls before the method that wraps), right where it chooses them, given them
-  (``analysis.devices.chosen_in_method``), in a script whose main block or ``main()`` starts the program;
+  (``analysis.devices.chosen_in_method``), in a script whose main block or ``main()`` starts the program, or in
+  a module that trains nothing itself (a class that holds the model for subclasses elsewhere, st-gcn's ``IO``);
 * in the function the ``if __name__ == "__main__":`` block calls first, right after its leading statements
   that parse the command line, when a wrap's ``device_ids`` reads what they bind (``args.gpus``): the set-up
   is given those GPUs (``setup(devices=args.gpus)``);
@@ -342,7 +343,11 @@ def find_entry_point(
     )
     if trains_at_module_level or any(touches_cuda(analysis, statement) for statement in module_code):
         return _after_imports(analysis)
-    if chosen_in_method is not None and (main is not None or _top_level_function(module, "main") is not None):
+    if chosen_in_method is not None and (
+        main is not None or _top_level_function(module, "main") is not None or not training_loops
+    ):
+        # Also in a module that trains nothing itself: its class hands the model on (st-gcn's IO to the processors
+        # deriving from it), and the script that starts them leaves the set-up to this one.
         return chosen_in_method
     if main is not None:
         if type(main.body) is not cst.IndentedBlock:

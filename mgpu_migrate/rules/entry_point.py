@@ -12,6 +12,7 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis.entrypoint import EntryPoint, script_start
+from mgpu_migrate.analysis.held import set_up_where_chosen
 from mgpu_migrate.analysis.own_path import own_path_batch, own_path_launch, own_path_refusal
 from mgpu_migrate.analysis.project import importers
 from mgpu_migrate.diagnostics import shorten
@@ -540,6 +541,8 @@ class EntryPointSetup(Rule):
         entry = self.analysis.entry_point or script_start(self.analysis)
         if entry is None or not self.rewrite_allowed(entry.anchor):
             return
+        if set_up_where_chosen(modules, self.options) is not None:
+            return  # the class holding the model sets up where it chooses the GPUs (its MGP120 says where)
         here = os.path.dirname(os.path.abspath(self.analysis.path))
         trained = ", ".join(os.path.relpath(module, here) for module in modules[:2]) + (" ..." if len(modules) > 2 else "")
         self._set_up(entry, f"; it starts the training of {trained}")

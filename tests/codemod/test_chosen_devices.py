@@ -453,3 +453,57 @@ def test_the_migrated_processor_gives_the_set_up_the_gpus_its_method_chose(tmp_p
     # The --device GPUs, made visible and renumbered by the method, are the ones the set-up is given.
     assert json.loads((tmp_path / "given.json").read_text()) == [{"devices": ids, "visible": ",".join(device)}]
     assert (tmp_path / "weights.pt").exists()
+
+
+def test_the_held_model_project_sets_up_once_where_its_class_chooses_the_gpus(tmp_path):
+    """st-gcn's shape: the entry script hands the command line to a processor whose base class (another module)
+    chooses the GPUs; the set-up runs there, once, given them, and the script sets up nothing before."""
+    _held_project(tmp_path, migrated=True)
+    assert "mgpu_runtime" not in (tmp_path / "main.py").read_text()
+    (tmp_path / "recorded.py").write_text(_RECORDED)
+    environment = {key: value for key, value in os.environ.items() if key not in ("CUDA_VISIBLE_DEVICES", "MGPU_NPROC")}
+    environment["FIXTURE_OUTPUT"] = str(tmp_path / "weights.pt")
+    command = [sys.executable, "recorded.py", "main.py", str(tmp_path / "given.json"), "train", "--device", "2", "3", "--epochs", "1"]
+    done = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tmp_path / "given.json").read_text()) == [{"devices": [0, 1], "visible": "2,3"}]
+
+
+def _held_project(tmp_path, migrated: bool):
+    project = FIXTURES / "projects" / "held_chosen_gpus"
+    for name in ("main.py", "pyproject.toml", "processors/__init__.py", "processors/base.py", "processors/demo.py", "processors/trainer.py"):
+        chosen = project / name.replace(".py", ".ddp.py")
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text((chosen if migrated and chosen.exists() else project / name).read_text())
+
+
+def test_the_demo_that_reads_what_a_wrap_lacks_still_runs_as_one_process_on_its_gpu(tmp_path):
+    """st-gcn's demos only infer, and read `self.model.extract_feature` (here `intensity`), which DataParallel does
+    not have: the original ran them with one --device, unwrapped. The migrated one runs as one process there."""
+    environment = {key: value for key, value in os.environ.items() if key not in ("CUDA_VISIBLE_DEVICES", "MGPU_NPROC")}
+    printed = {}
+    for migrated in (False, True):
+        home = tmp_path / ("migrated" if migrated else "original")
+        _held_project(home, migrated)
+        (home / "recorded.py").write_text(_RECORDED)
+        command = [sys.executable, "recorded.py", "main.py", str(home / "given.json"), "demo", "--device", "3"]
+        done = subprocess.run(command, cwd=home, env=environment, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        printed[migrated] = done.stdout
+    assert printed[True] == printed[False] and "intensity" in printed[True]
+    assert json.loads((tmp_path / "migrated" / "given.json").read_text()) == [{"devices": [0], "visible": "3"}]
+
+
+def test_a_demo_that_dataparallel_could_run_keeps_the_class_that_holds_the_model(tmp_path):
+    """Without such a read, the original could run the demo on several GPUs; migrated, it would run once per
+    process: the class holding the model is left (MGP320), as before."""
+    _held_project(tmp_path, migrated=False)
+    demo = tmp_path / "processors" / "demo.py"
+    demo.write_text(demo.read_text().replace("self.model.intensity(data)", "scores.pow(2).sum().sqrt()"))
+    base = tmp_path / "processors" / "base.py"
+    result = migrate_source(base.read_text(), "ddp", str(base))
+    assert not result.changed
+    assert [d.message for d in result.diagnostics if d.code == "MGP320"] == [
+        "`Base` hands the model to its subclasses: `Demo` (demo.py:9) does not train it: every process would run it; "
+        "file left as it is"
+    ]

@@ -59,6 +59,12 @@ CASES = {
     ),
     # The wrap held by a base class, trained by a subclass of another module, run from an entry script.
     "held_model": ("projects/held_model", "main.py", NO_ARGUMENTS),
+    # st-gcn's IO in its own module: the GPUs it chooses go to the set-up there; the entry script sets up nothing.
+    "held_chosen_gpus": (
+        "projects/held_chosen_gpus",
+        "main.py",
+        {2: ["train", "--device", "0", "1"], 3: ["train", "--device", "0", "1", "2"]},
+    ),
     # WaveRNN: the model never wrapped, each step through the project's hand-written data_parallel (MGP107).
     "hand_written_dp": ("projects/hand_written_dp", "train.py", NO_ARGUMENTS),
 }
