@@ -186,8 +186,8 @@ def _read(path: str) -> bytes:
 
 
 def set_up_where_chosen(modules: tuple[str, ...], options: Options = DEFAULT_OPTIONS) -> Optional[str]:
-    """The module (its path) holding the wrap whose model one of ``modules`` trains, when its migration calls
-    ``mgpu_runtime.setup(devices=...)`` in the method that chooses the GPUs (st-gcn's ``IO.init_environment()``,
+    """The module (its path) holding the wrap whose model one of ``modules`` trains (or one of them), when its
+    migration calls ``mgpu_runtime.setup(devices=...)`` in the method that chooses the GPUs (st-gcn's ``IO.init_environment()``,
     ``analysis.devices.chosen_in_method``): the program's set-up is there, and the script starting ``modules``
     must not set up first, on every visible GPU, before the command line it hands the class is read."""
     from mgpu_migrate.engine import migration_of, might_need_migration
@@ -195,7 +195,9 @@ def set_up_where_chosen(modules: tuple[str, ...], options: Options = DEFAULT_OPT
     from mgpu_migrate.started import held_by
 
     for module in modules:
-        for holder in held_by(module, _read(module), might_need_migration):
+        # ``modules`` are those the script starts (the holders' are found through them), or the holders whose
+        # model the script trains itself.
+        for holder in (module, *held_by(module, _read(module), might_need_migration)):
             result = migration_of(holder, options)
             if result is not None and result.changed and any(
                 diagnostic.code == SETUP.code and diagnostic.path == holder for diagnostic in result.diagnostics

@@ -507,3 +507,21 @@ def test_a_demo_that_dataparallel_could_run_keeps_the_class_that_holds_the_model
         "`Base` hands the model to its subclasses: `Demo` (demo.py:9) does not train it: every process would run it; "
         "file left as it is"
     ]
+
+
+def test_a_script_that_trains_the_held_model_itself_leaves_the_set_up_to_the_class(tmp_path):
+    """The subclass that trains is the script (a main block of its own): it still sets up nothing before the
+    class it derives from chooses the GPUs and sets up there."""
+    _held_project(tmp_path, migrated=False)
+    trainer = (tmp_path / "processors" / "trainer.py").read_text()
+    script = trainer + '\n\nif __name__ == "__main__":\n    Trainer(["--device", "0", "1"]).start()\n'
+    (tmp_path / "train.py").write_text(script)
+    (tmp_path / "processors" / "trainer.py").unlink()
+    (tmp_path / "main.py").unlink()
+    (tmp_path / "processors" / "demo.py").unlink()
+    result = migrate_source((tmp_path / "train.py").read_text(), "ddp", str(tmp_path / "train.py"))
+    assert result.changed and "distribute_loader" in result.output
+    assert "mgpu_runtime.setup(" not in result.output
+    base = tmp_path / "processors" / "base.py"
+    lines = migrate_source(base.read_text(), "ddp", str(base)).output.splitlines()
+    assert "        mgpu_runtime.setup(devices=gpus)" in lines
