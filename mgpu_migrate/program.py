@@ -156,6 +156,9 @@ class Program:
             described = what_they_are(analysis, value, sites[0][0])
             return None, f"{described + ', and ' if described else ''}no set-up here takes them"
         anchor, how = placed
+        entry = analysis.entry_point
+        if how != "called at" and entry is not None and entry.devices is not None:
+            return entry.devices, None  # where a method of the wraps' class chooses them (``chosen_in_method``)
         if how == "called at":
             given = next((arg.value for arg in _setup_call(analysis).args if arg.keyword and arg.keyword.value == "devices"), None)
             if given is not None and analysis.code_of(given) == text:

@@ -10,12 +10,13 @@ an expression fails that, as conservatively as the flow index it reads is simple
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
 
-from mgpu_migrate.analysis.entrypoint import main_block
+from mgpu_migrate.analysis.entrypoint import main_block, touches_cuda
 from mgpu_migrate.analysis.scopes import Place, Scope, Slot
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.analysis.walk import children
@@ -80,6 +81,106 @@ def every_visible(analysis: ParsedFile, value: cst.BaseExpression) -> bool:
     """``range(torch.cuda.device_count())`` and its spellings: what DDP runs on anyway."""
     count = first_n(value)
     return type(count) is cst.Call and analysis.resolve(count.func) == _DEVICE_COUNT
+
+
+@dataclass(frozen=True)
+class ChosenInMethod:
+    """GPUs a method of the wraps' class chooses and keeps on ``self`` (``self.gpus = gpus`` in
+    ``init_environment()``, which ``__init__`` calls before the method that wraps): the set-up goes right after
+    ``anchor``, given ``devices``."""
+
+    anchor: cst.BaseStatement
+    devices: cst.BaseExpression
+    method: str
+
+
+def chosen_in_method(analysis: ParsedFile, wraps: Sequence[cst.Call]) -> Optional[ChosenInMethod]:
+    """Where the set-up can be given the GPUs that the wraps' ``device_ids=self.X`` reads, when a method of their
+    class chooses them: ``self.X`` is written once, by a method other than ``__init__`` that ``__init__`` calls
+    (a statement of its own) before any method that wraps, and nothing before that write in ``__init__`` or in
+    the method touches CUDA. The place is right after that write, or after the statement that binds the local
+    it is written from (``gpus = visible_gpus(...)``), the GPUs' one binding in the method; None otherwise (a
+    ``gpus`` given to the class, as a library's model is: its caller chooses them)."""
+    chosen = [(call, value) for call in wraps if (value := device_ids(call)) is not None]
+    if not chosen:
+        return None
+    first, value = chosen[0]
+    if type(value) is not cst.Attribute or type(value.value) is not cst.Name:
+        return None
+    index = analysis.flow
+    place = index.place_of(value, analysis.values.scope_of(first))
+    if place is None or not place[0].is_class or place[1].count(".") != 1:
+        return None
+    if any(index.place_of(other, analysis.values.scope_of(call)) != place for call, other in chosen[1:]):
+        return None
+    stored = analysis.values.stored.get(place, [])
+    if len(stored) != 1 or index.store_count(place) != 1:
+        return None
+    given, scope, _ = stored[0]
+    method = scope.node
+    init = place[0].functions.get("__init__")
+    if type(method) is not cst.FunctionDef or scope.owner is not place[0] or init is None or method is init:
+        return None
+    calls = _own_calls(init, scope.self_name or "self")
+    if method.name.value not in calls:
+        return None
+    for call, _ in chosen:
+        wrapping = analysis.tree.function(call)
+        if wrapping is None or wrapping is init or wrapping is method:
+            return None
+        if calls.get(wrapping.name.value, len(init.body.body)) < calls[method.name.value]:
+            return None
+    before = init.body.body[: calls[method.name.value]]
+    if any(touches_cuda(analysis, statement) for statement in before):
+        return None
+    anchor = analysis.tree.statement(given)
+    devices: cst.BaseExpression = value
+    local = _one_local_binding(analysis, given, scope, anchor)
+    if local is not None:
+        anchor, devices = local, given
+    if type(anchor) is not cst.SimpleStatementLine:
+        return None
+    line = analysis.position(anchor)[0]
+    earlier = contains(method.body, lambda node: type(node) is cst.SimpleStatementLine)
+    if any(analysis.position(statement)[0] < line and touches_cuda(analysis, statement) for statement in earlier):
+        return None
+    return ChosenInMethod(anchor, devices, method.name.value)
+
+
+def _own_calls(function: cst.FunctionDef, self_name: str) -> dict[str, int]:
+    """The methods a function calls on ``self`` as statements of its own (``self.init_environment()``), by name,
+    with the index of the first such statement."""
+    found: dict[str, int] = {}
+    body = function.body.body if type(function.body) is cst.IndentedBlock else []
+    for position, statement in enumerate(body):
+        if type(statement) is not cst.SimpleStatementLine or len(statement.body) != 1:
+            continue
+        small = statement.body[0]
+        call = small.value if type(small) is cst.Expr else None
+        if (
+            type(call) is cst.Call
+            and type(call.func) is cst.Attribute
+            and type(call.func.value) is cst.Name
+            and call.func.value.value == self_name
+        ):
+            found.setdefault(call.func.attr.value, position)
+    return found
+
+
+def _one_local_binding(
+    analysis: ParsedFile, given: cst.BaseExpression, scope: Scope, written: Optional[cst.BaseStatement]
+) -> Optional[cst.BaseStatement]:
+    """The statement binding the local ``given`` (a name) once, in the block that writes it to ``self``, above."""
+    if type(given) is not cst.Name or written is None:
+        return None
+    place = analysis.flow.place_of(given, scope)
+    stored = analysis.values.stored.get(place, []) if place is not None else []
+    if place is None or place[0] is not scope or len(stored) != 1 or analysis.flow.store_count(place) != 1:
+        return None
+    binding = analysis.tree.statement(stored[0][0])
+    if binding is None or analysis.tree.parent(binding) is not analysis.tree.parent(written):
+        return None
+    return binding if analysis.position(binding) < analysis.position(written) else None
 
 
 def why_unknown(

@@ -7,6 +7,10 @@ GPU) and after the script has chosen its GPUs with ``CUDA_VISIBLE_DEVICES``. The
   imports, or after its last module-level ``CUDA_VISIBLE_DEVICES`` assignment;
 * the function the ``if __name__ == "__main__":`` block calls first, when that function sets
   ``CUDA_VISIBLE_DEVICES`` itself (right after it does);
+* in a method of the wraps' class that chooses their GPUs (``self.gpus = gpus`` in ``init_environment()``,
+  which ``__init__`` calls before the method that wraps), right where it chooses them, given them
+  (``analysis.devices.chosen_in_method``), in a script whose main block or ``main()`` starts the program, or in
+  a module that trains nothing itself (a class that holds the model for subclasses elsewhere, st-gcn's ``IO``);
 * in the function the ``if __name__ == "__main__":`` block calls first, right after its leading statements
   that parse the command line, when a wrap's ``device_ids`` reads what they bind (``args.gpus``): the set-up
   is given those GPUs (``setup(devices=args.gpus)``);
@@ -53,6 +57,8 @@ class EntryPoint:
     anchor: cst.BaseStatement
     after: bool
     place: str
+    # The GPUs the set-up is given there, when the place is where a method chooses them (``ChosenInMethod``).
+    devices: Optional[cst.BaseExpression] = None
 
 
 # -- statements ------------------------------------------------------------------------------------
@@ -315,11 +321,15 @@ def _top_level_function(module: cst.Module, name: str) -> Optional[cst.FunctionD
 
 
 def find_entry_point(
-    analysis: ParsedFile, training_loops: Sequence[cst.For | cst.Call], device_names: frozenset[str] = frozenset()
+    analysis: ParsedFile,
+    training_loops: Sequence[cst.For | cst.Call],
+    device_names: frozenset[str] = frozenset(),
+    chosen_in_method: Optional[EntryPoint] = None,
 ) -> Optional[EntryPoint]:
     """The place for ``setup()`` (see the module doc); ``training_loops``: the file's (``LoaderFlow``), and the
     calls that run a training loop of the project's code (``analysis.handed``);
-    ``device_names``: the names the wraps' ``device_ids`` read (``args`` of ``args.gpus``)."""
+    ``device_names``: the names the wraps' ``device_ids`` read (``args`` of ``args.gpus``);
+    ``chosen_in_method``: the place in a method of the wraps' class that chooses their GPUs, if any."""
     module = analysis.module
     main = main_block(module)
     tree = analysis.tree
@@ -333,6 +343,12 @@ def find_entry_point(
     )
     if trains_at_module_level or any(touches_cuda(analysis, statement) for statement in module_code):
         return _after_imports(analysis)
+    if chosen_in_method is not None and (
+        main is not None or _top_level_function(module, "main") is not None or not training_loops
+    ):
+        # Also in a module that trains nothing itself: its class hands the model on (st-gcn's IO to the processors
+        # deriving from it), and the script that starts them leaves the set-up to this one.
+        return chosen_in_method
     if main is not None:
         if type(main.body) is not cst.IndentedBlock:
             return None

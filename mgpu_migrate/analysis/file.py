@@ -6,7 +6,7 @@ from functools import cached_property
 
 import libcst as cst
 
-from mgpu_migrate.analysis.devices import read_names
+from mgpu_migrate.analysis.devices import chosen_in_method, read_names
 from mgpu_migrate.analysis.entrypoint import EntryPoint, find_entry_point
 from mgpu_migrate.analysis.handed import HandedTraining
 from mgpu_migrate.analysis.loaders import LoaderFlow
@@ -34,7 +34,12 @@ class FileAnalysis(ParsedFile):
         """Where ``mgpu_runtime.setup()`` goes (None: the file has no place that runs first)."""
         # The training loops, and the calls that run the project's training loop this file hands its model to.
         training: list[cst.For | cst.Call] = [*self.loaders.training_loops, *self.handed.training_calls]
-        return find_entry_point(self, training, read_names(site.call for site in self.models.sites))
+        wraps = [site.call for site in self.models.sites]
+        device_names = read_names(wraps)
+        in_method = chosen_in_method(self, wraps) if "self" in device_names else None
+        place = f"in {in_method.method}(), where it chooses the GPUs" if in_method is not None else ""
+        method_entry = EntryPoint(in_method.anchor, True, place, in_method.devices) if in_method is not None else None
+        return find_entry_point(self, training, device_names, method_entry)
 
     @cached_property
     def handed(self) -> HandedTraining:

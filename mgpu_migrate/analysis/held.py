@@ -87,10 +87,16 @@ def direct_users(path: str, name: str, derived: list[Subclass]) -> list[str]:
     ]
 
 
-def held_training(path: str, name: str, options: Options = DEFAULT_OPTIONS) -> Optional[HeldTraining]:
+def held_training(
+    path: str, name: str, options: Options = DEFAULT_OPTIONS, one_per_chosen: Optional[str] = None
+) -> Optional[HeldTraining]:
     """Whether the model that class ``name`` of the module at ``path`` holds on ``self`` migrates with the
     subclasses that train it; None when no subclass of the project trains it (the modules importing the class
-    then train it some other way)."""
+    then train it some other way). ``one_per_chosen``: the attribute holding the model (``model`` of
+    ``self.model``) when the class gives the set-up the GPUs it chooses (``analysis.devices.chosen_in_method``),
+    so that a subclass runs as one process per GPU chosen for it: then a subclass that does not train, and that
+    reads of the wrapped model what DataParallel does not have (``self.model.extract_feature(...)``, st-gcn's
+    demos), ran on one GPU alone in the original, and runs so still, as one process."""
     derived = subclasses(path, name)
     if not any(sub.trains for sub in derived):
         return None
@@ -105,6 +111,8 @@ def held_training(path: str, name: str, options: Options = DEFAULT_OPTIONS) -> O
         if not sub.trains:
             if any(other.base == sub.name for other in derived):
                 why = "is between it and a subclass that trains: a class in between is not followed"
+            elif one_per_chosen is not None and _one_device_only(sub.path, one_per_chosen):
+                continue  # with one GPU chosen for it: one process, unwrapped, as the original ran it
             else:
                 why = "does not train it: every process would run it"
             return HeldTraining(False, f"`{sub.name}` ({sub.where(here)}) {why}")
@@ -119,6 +127,33 @@ def held_training(path: str, name: str, options: Options = DEFAULT_OPTIONS) -> O
                 False, f"`{sub.name}` ({sub.where(here)}) trains it, and no script imports it: no place for the set-up"
             )
     return HeldTraining(True)
+
+
+# What a DataParallel wrap has of its own (nn.Module's public names and DataParallel's): any other attribute of
+# the wrapped model read through the wrap (``self.model.extract_feature``) fails, as DataParallel does not forward.
+_WRAP_ATTRIBUTES = frozenset(
+    {
+        "T_destination", "add_module", "apply", "bfloat16", "buffers", "call_super_init", "children", "compile",
+        "cpu", "cuda", "device_ids", "dim", "double", "dump_patches", "eval", "extra_repr", "float", "forward",
+        "gather", "get_buffer", "get_extra_state", "get_parameter", "get_submodule", "half", "ipu",
+        "load_state_dict", "module", "modules", "mtia", "named_buffers", "named_children", "named_modules",
+        "named_parameters", "output_device", "parallel_apply", "parameters", "register_backward_hook",
+        "register_buffer", "register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+        "register_full_backward_pre_hook", "register_load_state_dict_post_hook",
+        "register_load_state_dict_pre_hook", "register_module", "register_parameter",
+        "register_state_dict_post_hook", "register_state_dict_pre_hook", "replicate", "requires_grad_", "scatter",
+        "set_extra_state", "set_submodule", "share_memory", "src_device_obj", "state_dict", "to", "to_empty",
+        "train", "training", "type", "xpu", "zero_grad"
+    }
+)
+
+
+def _one_device_only(module: str, attribute: str) -> bool:
+    """Whether the module reads, through ``self.<attribute>``, something of the wrapped model that a DataParallel
+    wrap does not have (``self.model.extract_feature(data)``, ``self.model.graph``): its classes could run the
+    model on one GPU only, where it is not wrapped."""
+    reads = re.findall(rb"\bself\." + re.escape(attribute.encode()) + rb"\.([A-Za-z]\w*)", _read(module))
+    return any(read.decode() not in _WRAP_ATTRIBUTES for read in reads)
 
 
 def _started(module: str) -> bool:
@@ -148,3 +183,25 @@ def _read(path: str) -> bytes:
             return handle.read(1 << 20)
     except OSError:
         return b""
+
+
+def set_up_where_chosen(modules: tuple[str, ...], options: Options = DEFAULT_OPTIONS) -> Optional[str]:
+    """The module (its path) holding the wrap whose model one of ``modules`` trains (or one of them), when its
+    migration calls ``mgpu_runtime.setup(devices=...)`` in the method that chooses the GPUs (st-gcn's ``IO.init_environment()``,
+    ``analysis.devices.chosen_in_method``): the program's set-up is there, and the script starting ``modules``
+    must not set up first, on every visible GPU, before the command line it hands the class is read."""
+    from mgpu_migrate.engine import migration_of, might_need_migration
+    from mgpu_migrate.program import SETUP
+    from mgpu_migrate.started import held_by
+
+    for module in modules:
+        # ``modules`` are those the script starts (the holders' are found through them), or the holders whose
+        # model the script trains itself.
+        for holder in (module, *held_by(module, _read(module), might_need_migration)):
+            result = migration_of(holder, options)
+            if result is not None and result.changed and any(
+                diagnostic.code == SETUP.code and diagnostic.path == holder for diagnostic in result.diagnostics
+            ):
+                return holder
+    return None
+

@@ -40,7 +40,10 @@ class DeviceSelection(Rule):
     and that expression holds the same where ``setup()`` runs: each name it reads is bound there, and nothing
     that may change it (an assignment, a method called on it, a call it is passed to) runs after the set-up.
     The set-up moves for it into the function the main block calls first, right after its command line is
-    parsed (``args = parser.parse_args()``). Otherwise the first N (``range(n)``) is said (MGP150: launch N
+    parsed (``args = parser.parse_args()``); or, when a method of the wraps' class chooses them and keeps them on
+    ``self`` (``gpus = visible_gpus(self.arg.device); self.gpus = gpus`` in ``init_environment()``, which
+    ``__init__`` calls before the method that wraps, nothing touching CUDA before), into that method, right
+    where they are chosen (``setup(devices=gpus)``). Otherwise the first N (``range(n)``) is said (MGP150: launch N
     processes), and named GPUs leave the file as it is (MGP283), saying what they are.
 
     ## Why is this bad?

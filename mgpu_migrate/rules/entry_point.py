@@ -12,6 +12,7 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis.entrypoint import EntryPoint, script_start
+from mgpu_migrate.analysis.held import set_up_where_chosen
 from mgpu_migrate.analysis.own_path import own_path_batch, own_path_launch, own_path_refusal
 from mgpu_migrate.analysis.project import importers
 from mgpu_migrate.diagnostics import shorten
@@ -107,7 +108,8 @@ class EntryPointSetup(Rule):
     Inserts ``mgpu_runtime.setup()`` once, where it runs before any model or tensor touches CUDA: at the top
     of the ``if __name__ == "__main__":`` block; in the function that block calls first when that function
     sets ``CUDA_VISIBLE_DEVICES`` (right after it does, also inside an ``if``), or when a wrap's
-    ``device_ids`` reads what that function's command-line parsing binds (right after it); after the imports
+    ``device_ids`` reads what that function's command-line parsing binds (right after it); in the method of the
+    wraps' class that chooses their ``device_ids=self.gpus`` (right where it does, MGP150); after the imports
     of a flat script; or at the top of ``def main()`` in a module without a main block. The GPUs the wraps
     chose go with it when they hold there what they hold at the wraps (``setup(devices=args.gpus)``, MGP150).
 
@@ -547,6 +549,8 @@ class EntryPointSetup(Rule):
         entry = self.analysis.entry_point or script_start(self.analysis)
         if entry is None or not self.rewrite_allowed(entry.anchor):
             return
+        if set_up_where_chosen(modules, self.options) is not None:
+            return  # the class holding the model sets up where it chooses the GPUs (its MGP120 says where)
         here = os.path.dirname(os.path.abspath(self.analysis.path))
         trained = ", ".join(os.path.relpath(module, here) for module in modules[:2]) + (" ..." if len(modules) > 2 else "")
         self._set_up(entry, f"; it starts the training of {trained}")

@@ -73,7 +73,9 @@ class ExplicitDevice(Rule):
     ## Fix safety
     Safe: in a single process the current device is the first GPU, as before. Another explicit GPU
     (``"cuda:1"``, ``.cuda(args.gpu)``, ``f"cuda:{i}"``, ``x.to(1)``) is left with MGP244, and a ``CUDA_VISIBLE_DEVICES``
-    assignment that would run after ``mgpu_runtime.setup()`` (too late to choose the GPUs) with MGP245. So is one
+    assignment that would run after ``mgpu_runtime.setup()`` (too late to choose the GPUs) with MGP245 (one in a
+    function of the file runs when the calls of that function do: ``visible_gpus()`` called where the set-up
+    goes right after, runs before it). So is one
     in a file where no ``setup()`` is inserted (a module of helpers), with a note that says so: the runtime
     then calls ``setup()`` when first used (the wrapper, when it is built), so the assignment still chooses the
     GPUs if it runs before that, but not in a program whose entry point calls ``setup()`` before any helper runs.
@@ -81,6 +83,7 @@ class ExplicitDevice(Rule):
 
     CODE = Rewrite("MGP127")
     PHASE = PROGRAM
+    USES = ("flow",)
     REVIEW_CODES = (EXPLICIT_OTHER_GPU, VISIBLE_DEVICES_AFTER_SETUP)
     DESCRIPTION = "explicit cuda:0 devices replaced with the process's own device"
     TARGETS = (DDP,)
@@ -405,9 +408,12 @@ class ExplicitDevice(Rule):
                 "a GPU",
             )
 
-    def _runs_before(self, statement: cst.CSTNode, anchor: cst.CSTNode, after_anchor: bool) -> bool:
+    def _runs_before(
+        self, statement: cst.CSTNode, anchor: cst.CSTNode, after_anchor: bool, seen: tuple[cst.CSTNode, ...] = ()
+    ) -> bool:
         """Whether ``statement`` runs before setup() placed next to ``anchor``: it, or the statement holding it
-        (an ``if`` in the same block), comes earlier in the anchor's block, or is the anchor with setup after."""
+        (an ``if`` in the same block), comes earlier in the anchor's block, or is the anchor with setup after; or
+        it is in a function of this file (``visible_gpus()``) that runs only from calls that do."""
         tree = self.analysis.tree
         block = tree.parent(anchor)
         for node in (statement, *tree.ancestors(statement)):
@@ -415,7 +421,13 @@ class ExplicitDevice(Rule):
                 body = list(block.body)
                 position, mark = body.index(node), body.index(anchor)
                 return position < mark or (position == mark and after_anchor)
-        return False
+        function = tree.function(statement)
+        if function is None or function in seen or function in tree.ancestors(anchor):
+            return False
+        calls = self.analysis.flow.call_sites(function)
+        return bool(calls) and all(
+            self._runs_before(call, anchor, after_anchor, (*seen, function)) for call, _, _ in calls
+        )
 
     def _before_lazy_setup(self, statement: cst.SimpleStatementLine, program: Program) -> None:
         """No setup() in this file: the runtime calls it when it is first used, which may come after this."""

@@ -82,10 +82,13 @@ TRAINED_BY_IMPORTER = Review(
         "would give a program whose every process trains on whole batches. One shape is followed: a class that "
         "keeps the model on `self` and whose subclasses in the importing modules train it (st-gcn's `IO`, "
         "`Processor`, `REC_Processor`). Then this file migrates together with them (each subclass's module gets "
-        "its loaders split and its side effects made once, the script importing it the set-up) when every "
+        "its loaders split and its side effects made once, the script importing it the set-up, or this class "
+        "where it chooses the GPUs: MGP150) when every "
         "subclass trains in its own module and migrates; else the message names the subclass that keeps them "
         "all as they are (`module:line`, with the code its module reports: MGP326), a class in between, or one "
-        "that does not train (a demo would run on every process)."
+        "that does not train (a demo would run on every process), unless the class gives the set-up the GPUs it "
+        "chooses and the demo reads of the model what DataParallel lacks (st-gcn's `self.model.extract_feature`): "
+        "the original ran it on one GPU alone, and one GPU chosen is one process."
     ),
     todo=(
         "Migrate the module that trains: split its loader with `mgpu_runtime.distribute_loader`, make its loss "
@@ -196,7 +199,11 @@ class ProjectTraining(Rule):
     with them: each such module, which has no DataParallel of its own, gets its training loaders split and its
     side effects made once, and the script that imports it the set-up (``engine.held_programs``,
     ``analysis/held.py``). A loop there whose data cannot be split there leaves that module (MGP326) and this
-    file, whose MGP320 names the site; so does a subclass that does not train, or a class in between. Such a file with no project root above it and no
+    file, whose MGP320 names the site; so does a subclass that does not train, or a class in between. A subclass
+    that does not train is no obstacle when the class gives the set-up the GPUs it chooses (``self.gpus``,
+    MGP150) and that subclass's module reads of the wrapped model what a DataParallel wrap does not have
+    (st-gcn's demos: ``self.model.extract_feature(...)``): the original could run it on one GPU only, unwrapped,
+    and with one GPU chosen the migration runs it as one process, unwrapped. Such a file with no project root above it and no
     importer beside it (a lone file in a scratch folder) is left too, since nothing shows who trains the model
     (MGP321).
 
@@ -230,7 +237,7 @@ class ProjectTraining(Rule):
 
     CODE = TRAINED_ELSEWHERE
     PHASE = CHECKS
-    USES = ("bindings", "handed", "loaders", "models", "values")
+    USES = ("bindings", "entry_point", "handed", "loaders", "models", "values")
     REVIEW_CODES = (
         TRAINED_BY_IMPORTER,
         LOADER_ON_OLD_TORCH,
@@ -393,7 +400,10 @@ class ProjectTraining(Rule):
             return False
         if type(holder) is cst.ClassDef and self.options.style == RUNTIME_STYLE:
             # Subclasses in the importing modules that train the model: migrated with this file, or it is left.
-            held = held_training(self.analysis.path, holder.name.value, self.options)
+            entry = self.analysis.entry_point
+            chosen_here = entry is not None and entry.devices is not None
+            attribute = _held_attribute(program.wraps[0], self.analysis) if chosen_here else None
+            held = held_training(self.analysis.path, holder.name.value, self.options, attribute)
             if held is not None:
                 if not held.migrates:
                     self.left(
@@ -499,6 +509,14 @@ class ProjectTraining(Rule):
         scope = self.analysis.values.scope_of(call)
         models = self.analysis.models
         return any(models.model_sites(arg.value, scope) for arg in call.args)
+
+
+def _held_attribute(wrap: cst.Call, analysis) -> Optional[str]:
+    """``model`` of ``self.model = nn.DataParallel(...)``: the attribute a class keeps the wrapped model in."""
+    statement = next((node for node in analysis.tree.ancestors(wrap) if type(node) is cst.Assign), None)
+    targets = [t.target for t in statement.targets] if statement is not None else []
+    named = [t.attr.value for t in targets if type(t) is cst.Attribute and _is_self_attribute(t)]
+    return named[0] if len(named) == 1 else None
 
 
 def _kind(holder: cst.FunctionDef | cst.ClassDef) -> str:

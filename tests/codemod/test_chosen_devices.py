@@ -349,3 +349,179 @@ def test_the_migrated_project_gives_the_set_up_the_gpus_its_config_chose(tmp_pat
     visible = ",".join(map(str, json.loads((project / "configs" / f"{config}.json").read_text())["gpu_ids"]))
     assert json.loads((tmp_path / "given.json").read_text()) == [{"devices": ids, "visible": visible}]
     assert (tmp_path / "weights.pt").exists()
+
+
+# st-gcn's IO (issue 23, item 2): the constructor calls a method that chooses the GPUs and keeps them on self,
+# then the method that wraps the model on them.
+_METHOD = """
+    import torch.nn as nn
+
+
+    class Processor:
+        def __init__(self, argv=None):
+            self.load_arg(argv)
+            {first}
+            {second}
+
+        def init_environment(self):
+            {choose}
+            self.dev = "cpu"
+
+        def gpu(self):
+            self.model = nn.Linear(2, 2)
+            if len(self.gpus) > 1:
+                self.model = nn.DataParallel(self.model, device_ids=self.gpus)
+
+        def start(self):
+            for x in loader:
+                self.model(x).sum().backward()
+
+
+    if __name__ == "__main__":
+        Processor().start()
+"""
+_CHOOSES = "gpus = visible_gpus(self.arg.device)\n            self.gpus = gpus"
+
+
+@pytest.mark.parametrize(
+    ("choose", "setup", "after"),
+    [
+        # The local the GPUs are chosen into: the set-up right after it, given it.
+        (_CHOOSES, "mgpu_runtime.setup(devices=gpus)", "gpus = visible_gpus(self.arg.device)"),
+        # Kept on self from an expression: the set-up right after, given the attribute.
+        ("self.gpus = list(self.arg.device)", "mgpu_runtime.setup(devices=self.gpus)", "self.gpus = list(self.arg.device)"),
+        # Inside the method's `if`, as st-gcn's `if self.arg.use_gpu:`.
+        (
+            "if self.arg.use_gpu:\n                gpus = visible_gpus(self.arg.device)\n                self.gpus = gpus",
+            "mgpu_runtime.setup(devices=gpus)",
+            "gpus = visible_gpus(self.arg.device)",
+        ),
+    ],
+)
+def test_gpus_a_method_chooses_go_to_the_set_up_in_that_method(choose, setup, after):
+    source = _METHOD.format(first="self.init_environment()", second="self.gpu()", choose=choose)
+    result = _migrated(source)
+    lines = [line.strip() for line in result.output.splitlines()]
+    assert _setups(result.output) == [setup]
+    assert lines[lines.index(setup) - 1] == after
+    assert "mgpu_runtime.DistributedDataParallel(self.model)" in result.output
+    assert CHOSEN not in {d.code for d in result.diagnostics}
+    assert any(d.code == "MGP120" and "in init_environment(), where it chooses the GPUs" in d.message for d in result.diagnostics)
+    assert migrate_source(result.output, "ddp", "train.py").output == result.output
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "choose", "said"),
+    [
+        # The model is wrapped before the GPUs are chosen.
+        ("self.gpu()", "self.init_environment()", _CHOOSES, "an attribute set in init_environment() (line 13)"),
+        # The constructor touches CUDA before it chooses them: the set-up would come too late.
+        ("self.x = torch.zeros(1).cuda()", "self.init_environment()", _CHOOSES, "an attribute set in init_environment()"),
+        # The method that chooses them touches CUDA first.
+        (
+            "self.init_environment()",
+            "self.gpu()",
+            "torch.zeros(1).cuda()\n            self.gpus = list(self.arg.device)",
+            "an attribute set in init_environment()",
+        ),
+        # Chosen twice: which one holds at the wrap is not known.
+        (
+            "self.init_environment()",
+            "self.gpu()",
+            _CHOOSES + "\n            self.gpus = self.gpus[:1]",
+            "`self.gpus` is an attribute",
+        ),
+    ],
+)
+def test_gpus_a_method_chooses_too_late_or_twice_leave_the_file(first, second, choose, said):
+    source = "import torch\n" + textwrap.dedent(_METHOD.format(first=first, second=second, choose=choose)).lstrip("\n")
+    result = migrate_source(source, "ddp", "train.py")
+    assert result.output == source
+    messages = [d.message for d in result.diagnostics if d.code == CHOSEN]
+    assert messages and all(said in message for message in messages), messages
+
+
+@pytest.mark.parametrize(("device", "ids"), [(["2", "3"], [0, 1]), (["1", "4", "5"], [0, 1, 2])])
+def test_the_migrated_processor_gives_the_set_up_the_gpus_its_method_chose(tmp_path, device, ids):
+    (tmp_path / "train.py").write_text((FIXTURES / "scripts" / "method_chosen_gpus.ddp.py").read_text())
+    (tmp_path / "recorded.py").write_text(_RECORDED)
+    environment = {key: value for key, value in os.environ.items() if key not in ("CUDA_VISIBLE_DEVICES", "MGPU_NPROC")}
+    environment["FIXTURE_OUTPUT"] = str(tmp_path / "weights.pt")
+    command = [sys.executable, "recorded.py", "train.py", str(tmp_path / "given.json"), "--device", *device, "--epochs", "1"]
+    done = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # The --device GPUs, made visible and renumbered by the method, are the ones the set-up is given.
+    assert json.loads((tmp_path / "given.json").read_text()) == [{"devices": ids, "visible": ",".join(device)}]
+    assert (tmp_path / "weights.pt").exists()
+
+
+def test_the_held_model_project_sets_up_once_where_its_class_chooses_the_gpus(tmp_path):
+    """st-gcn's shape: the entry script hands the command line to a processor whose base class (another module)
+    chooses the GPUs; the set-up runs there, once, given them, and the script sets up nothing before."""
+    _held_project(tmp_path, migrated=True)
+    assert "mgpu_runtime" not in (tmp_path / "main.py").read_text()
+    (tmp_path / "recorded.py").write_text(_RECORDED)
+    environment = {key: value for key, value in os.environ.items() if key not in ("CUDA_VISIBLE_DEVICES", "MGPU_NPROC")}
+    environment["FIXTURE_OUTPUT"] = str(tmp_path / "weights.pt")
+    command = [sys.executable, "recorded.py", "main.py", str(tmp_path / "given.json"), "train", "--device", "2", "3", "--epochs", "1"]
+    done = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tmp_path / "given.json").read_text()) == [{"devices": [0, 1], "visible": "2,3"}]
+
+
+def _held_project(tmp_path, migrated: bool):
+    project = FIXTURES / "projects" / "held_chosen_gpus"
+    for name in ("main.py", "pyproject.toml", "processors/__init__.py", "processors/base.py", "processors/demo.py", "processors/trainer.py"):
+        chosen = project / name.replace(".py", ".ddp.py")
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text((chosen if migrated and chosen.exists() else project / name).read_text())
+
+
+def test_the_demo_that_reads_what_a_wrap_lacks_still_runs_as_one_process_on_its_gpu(tmp_path):
+    """st-gcn's demos only infer, and read `self.model.extract_feature` (here `intensity`), which DataParallel does
+    not have: the original ran them with one --device, unwrapped. The migrated one runs as one process there."""
+    environment = {key: value for key, value in os.environ.items() if key not in ("CUDA_VISIBLE_DEVICES", "MGPU_NPROC")}
+    printed = {}
+    for migrated in (False, True):
+        home = tmp_path / ("migrated" if migrated else "original")
+        _held_project(home, migrated)
+        (home / "recorded.py").write_text(_RECORDED)
+        command = [sys.executable, "recorded.py", "main.py", str(home / "given.json"), "demo", "--device", "3"]
+        done = subprocess.run(command, cwd=home, env=environment, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        printed[migrated] = done.stdout
+    assert printed[True] == printed[False] and "intensity" in printed[True]
+    assert json.loads((tmp_path / "migrated" / "given.json").read_text()) == [{"devices": [0], "visible": "3"}]
+
+
+def test_a_demo_that_dataparallel_could_run_keeps_the_class_that_holds_the_model(tmp_path):
+    """Without such a read, the original could run the demo on several GPUs; migrated, it would run once per
+    process: the class holding the model is left (MGP320), as before."""
+    _held_project(tmp_path, migrated=False)
+    demo = tmp_path / "processors" / "demo.py"
+    demo.write_text(demo.read_text().replace("self.model.intensity(data)", "scores.pow(2).sum().sqrt()"))
+    base = tmp_path / "processors" / "base.py"
+    result = migrate_source(base.read_text(), "ddp", str(base))
+    assert not result.changed
+    assert [d.message for d in result.diagnostics if d.code == "MGP320"] == [
+        "`Base` hands the model to its subclasses: `Demo` (demo.py:9) does not train it: every process would run it; "
+        "file left as it is"
+    ]
+
+
+def test_a_script_that_trains_the_held_model_itself_leaves_the_set_up_to_the_class(tmp_path):
+    """The subclass that trains is the script (a main block of its own): it still sets up nothing before the
+    class it derives from chooses the GPUs and sets up there."""
+    _held_project(tmp_path, migrated=False)
+    trainer = (tmp_path / "processors" / "trainer.py").read_text()
+    script = trainer + '\n\nif __name__ == "__main__":\n    Trainer(["--device", "0", "1"]).start()\n'
+    (tmp_path / "train.py").write_text(script)
+    (tmp_path / "processors" / "trainer.py").unlink()
+    (tmp_path / "main.py").unlink()
+    (tmp_path / "processors" / "demo.py").unlink()
+    result = migrate_source((tmp_path / "train.py").read_text(), "ddp", str(tmp_path / "train.py"))
+    assert result.changed and "distribute_loader" in result.output
+    assert "mgpu_runtime.setup(" not in result.output
+    base = tmp_path / "processors" / "base.py"
+    lines = migrate_source(base.read_text(), "ddp", str(base)).output.splitlines()
+    assert "        mgpu_runtime.setup(devices=gpus)" in lines

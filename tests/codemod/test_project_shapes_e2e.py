@@ -32,7 +32,8 @@ torch = pytest.importorskip("torch")
 
 WORLD_SIZES = (2, 3)
 # name -> (directory under fixtures/, the entry script, its arguments at each W)
-# (chosen_gpus is given the config that chooses W GPUs, and the original runs on exactly those.)
+# (chosen_gpus is given the config that chooses W GPUs, method_chosen_gpus the --device list of W, and the original
+# runs on exactly those.)
 NO_ARGUMENTS = {processes: [] for processes in WORLD_SIZES}
 CASES = {
     "margin_head": ("scripts", "margin_head.py", NO_ARGUMENTS),
@@ -50,8 +51,20 @@ CASES = {
     "flat_entry": ("projects/flat_entry", "run.py", NO_ARGUMENTS),
     "evaluate_helper": ("projects/evaluate_helper", "train.py", NO_ARGUMENTS),
     "chosen_gpus": ("projects/chosen_gpus", "train.py", {2: ["--config", "two_gpus"], 3: ["--config", "three_gpus"]}),
+    # st-gcn's IO: a method chooses the GPUs (`--device`) and keeps them on self; the set-up is given them there.
+    "method_chosen_gpus": (
+        "scripts",
+        "method_chosen_gpus.py",
+        {2: ["--device", "0", "1"], 3: ["--device", "0", "1", "2"]},
+    ),
     # The wrap held by a base class, trained by a subclass of another module, run from an entry script.
     "held_model": ("projects/held_model", "main.py", NO_ARGUMENTS),
+    # st-gcn's IO in its own module: the GPUs it chooses go to the set-up there; the entry script sets up nothing.
+    "held_chosen_gpus": (
+        "projects/held_chosen_gpus",
+        "main.py",
+        {2: ["train", "--device", "0", "1"], 3: ["train", "--device", "0", "1", "2"]},
+    ),
     # WaveRNN: the model never wrapped, each step through the project's hand-written data_parallel (MGP107).
     "hand_written_dp": ("projects/hand_written_dp", "train.py", NO_ARGUMENTS),
 }
