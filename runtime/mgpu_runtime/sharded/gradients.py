@@ -12,8 +12,10 @@ piece's gradient is whole on its rank. So:
 * a collective's backward sums the parts again (``groups.py``);
 * the wrapped model's parameters are summed by DDP's reduction (``distributed/ddp.py``), or, for a wrapper
   whose one forward feeds several backward passes (``reduce_each_backward=True``), at the end of each backward
-  pass, so that ``.grad`` is whole after each, as DataParallel's was; any other parameter an optimizer steps (a
-  loss head outside the wrap, a learnable temperature) is summed at the step;
+  pass, so that ``.grad`` is whole after each, as DataParallel's was; so is a parameter outside every wrapped
+  model that a backward pass reaches through the loop's own computation (a loss head outside the wrap, a
+  learnable temperature, class centres), from that pass on, so a ``clip_grad_norm_`` or a logged norm reads the
+  whole (``_follow_the_loop``); any other parameter an optimizer steps is summed at the step;
   a gradient ``torch.autograd.grad`` returns for a value held alike is summed before it is returned.
 
 Gradient hooks see whole gradients, as DataParallel's did: a hook on a ``Sharded`` value is its piece's
@@ -42,6 +44,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from mgpu_runtime.sharded.groups import Group
 from mgpu_runtime.sharded.hooks import TORCH_REGISTER_HOOK, TORCH_RETAIN_GRAD, Handle
 from mgpu_runtime.sharded.rules import _autograd_backward, _autograd_grad, roots
+from mgpu_runtime.sharded.scatter_gather import MODEL_OUTPUT
 from mgpu_runtime.sharded.tensor import Sharded
 
 class Gradients:
@@ -67,6 +70,37 @@ class Gradients:
         one forward feeds several, which DDP's reducer cannot follow), and not again at the step."""
         self._each_backward.update((id(parameter), parameter) for parameter in parameters)
         self.note_synchronised(parameters)
+
+    def _follow_the_loop(self, roots_: Sequence[torch.Tensor]) -> None:
+        """The parameters outside every wrapped model that this backward pass reaches through the loop's own
+        computation (a loss head, a learnable margin or temperature, class centres) are summed at the end of each
+        pass from now on (``sum_each_backward``), so their ``.grad`` is whole when ``backward()`` returns, as
+        under DataParallel: a ``clip_grad_norm_`` over them, or a logged gradient norm, reads the whole. The walk
+        of the graph stops at the model's outputs (``MODEL_OUTPUT``): behind them is the wrapped forward, whose
+        parameters DDP sums. Every rank walks the same graph (the loop's values are global), so every rank finds
+        the same parameters in the same order."""
+        stack: list[Any] = [root.grad_fn for root in reversed(roots_) if root.grad_fn is not None]
+        seen: set[Any] = set()
+        found: list[torch.Tensor] = []
+        while stack:
+            node = stack.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            variable = getattr(node, "variable", None)  # an AccumulateGrad: a leaf's gradient goes here
+            if variable is not None:
+                if (
+                    isinstance(variable, torch.nn.Parameter)
+                    and variable.requires_grad
+                    and self._synchronised.get(id(variable)) is not variable
+                ):
+                    found.append(variable)
+                continue
+            if type(node).__name__ == "AliasBackward0" and node.metadata.get(MODEL_OUTPUT):
+                continue
+            stack.extend(next_node for next_node, _ in reversed(node.next_functions))
+        if found:
+            self.sum_each_backward(found)
 
     @contextmanager
     def _whole_after_backward(self) -> Iterator[None]:
@@ -133,6 +167,7 @@ class Gradients:
             given = grad_tensors if grad_tensors is not None else grad_variables
             listed = list(given) if isinstance(given, (list, tuple)) else [given]
             roots_, grads = roots(outputs, listed if given is not None else [None] * len(outputs), group)
+            self._follow_the_loop(roots_)
             with self._whole_after_backward():
                 return _autograd_backward(roots_, grads, retain_graph, create_graph, inputs=inputs)
 

@@ -34,6 +34,9 @@ from mgpu_runtime.sharded.groups import Group, starts
 from mgpu_runtime.sharded.tensor import Sharded, materialize
 from mgpu_runtime.structure import children, chunk_sizes, rebuild
 
+MODEL_OUTPUT = "mgpu_model_output"
+"""The mark on the autograd node of a replica's output as the loop receives it: behind it is the model's forward."""
+
 
 def _is_namedtuple(value: Any) -> bool:
     return isinstance(value, tuple) and hasattr(type(value), "_fields")
@@ -130,7 +133,11 @@ def _gathered_piece(output: torch.Tensor) -> torch.Tensor:
     ``(16, 1, 8, 4)`` came out with ``(4, 1, 8, 4)``), and torch's CPU BatchNorm backward misreads such a
     gradient: other weight gradients from the same values (pytorch-semseg's ``permute(0, 2, 3, 1)`` before its
     cross-entropy, on a piece of one row: a silent change of the gradient, its loss the original's)."""
-    return torch.ops.aten.alias.default(output) if output.requires_grad else output
+    if not output.requires_grad:
+        return output
+    piece = torch.ops.aten.alias.default(output)
+    piece.grad_fn.metadata[MODEL_OUTPUT] = True  # where the loop's graph ends (sharded/gradients.py)
+    return piece
 
 
 def _output_tensors(value: Any) -> list[torch.Tensor]:
