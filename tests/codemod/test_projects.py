@@ -520,3 +520,41 @@ def test_a_builders_module_is_left_with_the_script_that_cannot_launch(tmp_path):
             assert set(said) == {"MGP320"} and "own distributed path" in said["MGP320"]
         else:
             assert "MGP139" not in said and "`print` (line 35) runs before the config file" in said["MGP231"]
+
+
+def test_a_helper_left_on_every_process_is_said_with_every_write(tmp_path):
+    """self-critical's ``eval_split``: an evaluation helper whose result the loop reads (MGP322, not moved) also
+    makes its directory, saves its predictions and calls a helper that writes a json it reads back. The diagnostic
+    names each write by its line, not only the first (the directory), so the person moving it knows them all."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "evaluation.py").write_text(
+        "import json\nimport os\n\nimport torch\n\n\n"
+        "def score(predictions):\n"
+        "    json.dump(predictions, open('eval/cache.json', 'w'))\n"
+        "    return len(json.load(open('eval/cache.json')))\n\n\n"
+        "def evaluate(model, data):\n"
+        "    predictions = model(data).argmax(1).tolist()\n"
+        "    if not os.path.isdir('eval'):\n"
+        "        os.mkdir('eval')\n"
+        "    torch.save(predictions, 'eval/predictions.pth')\n"
+        "    return score(predictions)\n"
+    )
+    train = tmp_path / "train.py"
+    train.write_text(
+        "import torch\nimport evaluation\nfrom torch.utils.data import DataLoader\n\n"
+        "model = torch.nn.DataParallel(torch.nn.Linear(2, 2))\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for x in DataLoader(torch.randn(8, 2), batch_size=4):\n"
+        "    loss = model(x).pow(2).mean()\n"
+        "    optimizer.zero_grad()\n"
+        "    loss.backward()\n"
+        "    optimizer.step()\n"
+        "    scored = evaluation.evaluate(model, x)\n"
+        "    if scored > 2:\n"
+        "        break\n"
+    )
+    result = migrate_source(train.read_text(), "ddp", str(train))
+    said = [(d.line, d.message) for d in result.diagnostics if d.code == "MGP322"]
+    assert said == [
+        (12, "`evaluation.evaluate(...)` writes at evaluation.py:15 `os.mkdir`, 16 `torch.save`, 17 `score(...)`: not moved, as what it returns is used")
+    ], said
