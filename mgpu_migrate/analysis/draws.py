@@ -200,15 +200,16 @@ def builder_draw(project: Project, found: Found) -> str | None:
     """Where the objects a project builder makes draw random numbers when applied (pytorch-semseg's
     ``get_composed_augmentations``, which composes the classes its module imports from ``augmentations.py``, each
     drawing from Python's ``random``): the first draw (``path:line``) in the builder, the classes and functions of
-    its module, and the project definitions its module imports; None when there is none."""
-    if not isinstance(found.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return None
+    its module, and the project definitions its module imports; for a class (speech-commands' ``ChangeAmplitude``,
+    whose ``__call__`` draws from Python's ``random``), the class's own methods. None when there is none."""
     module = found.module
-    definitions = [Found(module, node, found.seen_from) for node in module.definitions.values()]
-    for qualified in module.imports.values():
-        imported = project.find(qualified)
-        if imported is not None:
-            definitions.append(imported)
+    definitions: list[Found] = []
+    if isinstance(found.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        definitions = [Found(module, node, found.seen_from) for node in module.definitions.values()]
+        for qualified in module.imports.values():
+            imported = project.find(qualified)
+            if imported is not None:
+                definitions.append(imported)
     first: tuple[str, int] | None = None
     for definition in [found, *definitions]:
         for node in ast.walk(definition.node):

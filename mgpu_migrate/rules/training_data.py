@@ -13,7 +13,7 @@ import libcst as cst
 from mgpu_migrate.analysis.batch import is_row_count
 from mgpu_migrate.analysis.draws import builder_draw
 from mgpu_migrate.analysis.loaders import BUILT, LOADER, LoaderTrace
-from mgpu_migrate.analysis.project import project_of
+from mgpu_migrate.analysis.project import NOT_BOUND, project_of
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, TORCH_STYLE, Example, Review, Rewrite, Rule
@@ -393,18 +393,19 @@ class TrainingData(Rule):
     def _random_transform(self) -> Optional[cst.Call]:
         """The first call of the file that builds a transform drawing random numbers per sample
         (torchvision's ``RandomCrop``, ``ColorJitter``, a project's ``transforms.RandomSizedRectCrop``, any
-        albumentations transform), else None. Failing that, the first call of a project builder of augmentations
-        or transforms whose objects draw (pytorch-semseg's ``get_composed_augmentations(cfg)``), its draw's place
-        kept in ``self._drawn_at``."""
+        albumentations transform), also one a star import of transforms binds, else None. Failing that, the first
+        call of a project builder or class of augmentations or transforms whose objects draw (pytorch-semseg's
+        ``get_composed_augmentations(cfg)``, speech-commands' ``ChangeAmplitude()``), its draw's place kept in
+        ``self._drawn_at``."""
         self._drawn_at: Optional[str] = None
         builders = []
         for call in self.analysis.calls:
-            qualified = self.analysis.resolve(call.func) or ""
+            qualified = self.analysis.resolve(call.func) or self._star_transform(call.func) or ""
             last = qualified.rpartition(".")[2]
             drawing = last.startswith("Random") or last in _DRAWING_TRANSFORMS
             if (drawing and "transform" in qualified.lower()) or qualified.startswith("albumentations."):
                 return call
-            if ("aug" in last.lower() or "transform" in last.lower()) and not qualified.startswith(_LIBRARIES):
+            if ("aug" in qualified.lower() or "transform" in qualified.lower()) and not qualified.startswith(_LIBRARIES):
                 builders.append((call, qualified))
         project = project_of(self.analysis.path) if builders else None
         for call, qualified in builders:
@@ -413,6 +414,20 @@ class TrainingData(Rule):
             if self._drawn_at is not None:
                 return call
         return None
+
+    def _star_transform(self, func: cst.BaseExpression) -> Optional[str]:
+        """A name that only a star import of a module of transforms binds (speech-commands' ``from transforms import
+        *`` beside ``from torchvision.transforms import *``): what the project's module binds it to, else
+        torchvision's (``RandomCrop``); None for any other name."""
+        if type(func) is not cst.Name or not self.analysis.bindings.star_sources(func.value):
+            return None
+        modules = sorted(module for module in self.analysis.bindings.star_modules if "transform" in module.lower())
+        project = project_of(self.analysis.path) if modules else None
+        for module in modules:
+            bound = project.star_binding(module, func.value) if project is not None else None
+            if bound is not None and bound != NOT_BOUND:
+                return bound
+        return f"torchvision.transforms.{func.value}" if "torchvision.transforms" in modules else None
 
     def _check_origin(self, origin: cst.Call) -> None:
         """What to say of a DataLoader distributed: its own sampler, an iterable dataset."""
