@@ -6,6 +6,7 @@ through a ``DistributedSampler``.
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import libcst as cst
@@ -383,8 +384,11 @@ class TrainingData(Rule):
             )
             # Every process loads each whole batch, so that the transform's draws are the original's numbers.
             if drawing is not None and not whole and self._drawn_at is not None:
-                built = f"`{shorten(self.analysis.code_of(drawing.func), 30)}(...)`, line {self.analysis.position(drawing)[0]}"
-                message += f"; whole batches ({built}, builds what draws per sample: {self._drawn_at})"
+                line = self.analysis.position(drawing)[0]
+                whole = f"; whole batches (line {line} builds what draws per sample, {self._drawn_at})"
+                if len(message + whole) > 160:  # a deep path: its file's name says enough
+                    whole = f"; whole batches (line {line} builds what draws per sample, {os.path.basename(self._drawn_at)})"
+                message += whole
             elif drawing is not None and not whole:
                 message += f"; whole batches (line {self.analysis.position(drawing)[0]} draws per sample)"
         self.edits.need_import(RUNTIME)
