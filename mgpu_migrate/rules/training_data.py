@@ -160,7 +160,7 @@ class TrainingData(Rule):
 
     CODE = Rewrite("MGP122", accounts_for_data=True)
     PHASE = PROGRAM
-    USES: tuple[str, ...] = ("handed", "loaders", "values")
+    USES: tuple[str, ...] = ("bindings", "handed", "loaders", "values")
     STYLES = (RUNTIME_STYLE,)
     REVIEW_CODES: tuple[Review, ...] = (EVALUATION_LOADER_WHOLE, TRAINING_DATA_NOT_FOLLOWED, CUSTOM_SAMPLER, ITERABLE_DATASET)
     DESCRIPTION = "training loaders distributed with mgpu_runtime.distribute_loader"
