@@ -115,9 +115,27 @@ class RemoteTraining(Rule):
             None,
             DDP,
             ("MGP263",),
-            message="does not train or run the model (it loads its weights",
+            message="does not train or run the model (it loads or saves its weights",
             line=6,
             name="a checkpoint converter",
+        ),
+        Example(
+            """
+            import torch
+
+            if __name__ == "__main__":
+                net = Net()
+                net.load_pretrained_model(model_path="caffe/net.caffemodel")
+                net.eval()
+                net = torch.nn.DataParallel(net, device_ids=range(torch.cuda.device_count()))
+                torch.save({"model_state": net.state_dict()}, "checkpoints/net.pth")
+            """,
+            None,
+            DDP,
+            ("MGP263",),
+            message="does not train or run the model (it loads or saves its weights",
+            line=7,
+            name="a wrap only to save the keys prefixed module.",
         ),
         Example(
             """
@@ -208,7 +226,7 @@ class RemoteTraining(Rule):
                 f"this file does not train (no backward pass, no optimizer; the model goes to {gone[0].what}): left as "
                 "DataParallel, one process"
             )
-        return "this file does not train or run the model (it loads its weights; no backward pass, no optimizer): left as DataParallel"
+        return "this file does not train or run the model (it loads or saves its weights; no backward pass, no optimizer): left as DataParallel"
 
     def _does_not_train(self, sites, escapes) -> bool:
         """Nothing here trains (no backward pass, no optimizer made); the model stays in this program (it is not
@@ -257,10 +275,12 @@ class RemoteTraining(Rule):
         return False
 
     def _loads_weights(self, sites) -> bool:
-        """``model.load_state_dict(...)`` (or ``model.module.load_state_dict``) on a wrapped model."""
+        """``model.load_state_dict(...)`` (or ``model.module.load_state_dict``) on a wrapped model, or
+        ``model.state_dict()``: a converter that wraps only to save the keys prefixed ``module.`` (pytorch-semseg's
+        ``__main__`` blocks of its model modules, which convert caffe weights)."""
         models = self.analysis.models
         for call in self.analysis.calls:
-            if type(call.func) is not cst.Attribute or call.func.attr.value != "load_state_dict":
+            if type(call.func) is not cst.Attribute or call.func.attr.value not in ("load_state_dict", "state_dict"):
                 continue
             owner = call.func.value
             if type(owner) is cst.Attribute and owner.attr.value == "module":
