@@ -139,6 +139,34 @@ class RemoteTraining(Rule):
         ),
         Example(
             """
+            import torch
+            import torch.nn as nn
+            from ignite.engine import Engine
+
+
+            def create_supervised_evaluator(model, metrics):
+                if torch.cuda.device_count() > 1:
+                    model = nn.DataParallel(model)
+
+                def _inference(engine, batch):
+                    with torch.no_grad():
+                        data, pids = batch
+                        return model(data), pids
+
+                engine = Engine(_inference)
+                for name, metric in metrics.items():
+                    metric.attach(engine, name)
+                return engine
+            """,
+            None,
+            DDP,
+            ("MGP263",),
+            message="this file only evaluates (no backward pass, no optimizer)",
+            line=8,
+            name="an evaluator engine's step handed to the engine here",
+        ),
+        Example(
+            """
             import torch.nn as nn
             from evaluation_kit import test
 
@@ -249,10 +277,10 @@ class RemoteTraining(Rule):
         ):
             return False
         if any(
-            not index.call_sites(function) and models.derived_sites(value, scope) & set(sites)
+            not index.call_sites(function) and not (function is not None and self._handed_on(function)) and models.derived_sites(value, scope) & set(sites)
             for function, value, scope in index.returns
         ):
-            return False  # a step function returns a loss (or outputs) to a caller elsewhere
+            return False  # a step function returns a loss (or outputs) to a caller elsewhere, not to an engine here
         project = project_of(analysis.path)
         outputs = models.output_escapes()
         for site in sites:
@@ -266,28 +294,53 @@ class RemoteTraining(Rule):
         return self._runs_here(sites) or handed or self._loads_weights(sites)
 
     def _runs_here(self, sites) -> bool:
-        """A forward call of the model at module level or in a function this file calls."""
+        """A forward call of the model at module level, in a function this file calls, or in one it hands on to
+        be called (reid-strong-baseline's ``Engine(_inference)``, an ignite evaluator's step)."""
         tree, index = self.analysis.tree, self.analysis.models.index
         for call, _, found in self.analysis.models.model_calls():
             function = tree.function(call)
-            if found & set(sites) and (function is None or index.call_sites(function)):
+            if found & set(sites) and (function is None or index.call_sites(function) or self._handed_on(function)):
                 return True
         return False
 
+    def _handed_on(self, function: cst.FunctionDef) -> bool:
+        """``function`` given by name to a call of its own scope (``Engine(_inference)``)."""
+        tree = self.analysis.tree
+        scope = tree.parent(tree.parent(function))  # the block, then the function or module it is defined in
+        name = function.name.value
+        return any(
+            type(arg.value) is cst.Name and arg.value.value == name
+            for call in self.analysis.calls
+            for arg in call.args
+            if scope is not None and any(ancestor is scope for ancestor in tree.ancestors(call))
+        )
+
     def _loads_weights(self, sites) -> bool:
         """``model.load_state_dict(...)`` (or ``model.module.load_state_dict``) on a wrapped model, or
-        ``model.state_dict()``: a converter that wraps only to save the keys prefixed ``module.`` (pytorch-semseg's
-        ``__main__`` blocks of its model modules, which convert caffe weights)."""
+        ``model.state_dict()`` of a wrapper never taken off (no ``model.module``): a converter that wraps only to save
+        the keys prefixed ``module.`` (pytorch-semseg's ``__main__`` blocks of its model modules, which convert caffe
+        weights)."""
         models = self.analysis.models
+        unwrapped = self._unwrapped(sites)
         for call in self.analysis.calls:
             if type(call.func) is not cst.Attribute or call.func.attr.value not in ("load_state_dict", "state_dict"):
                 continue
+            if call.func.attr.value == "state_dict" and unwrapped:
+                continue  # a program that takes the wrapper off is no converter saving the wrapper's keys
             owner = call.func.value
             if type(owner) is cst.Attribute and owner.attr.value == "module":
                 owner = owner.value
             if models.model_sites(owner, self.analysis.values.scope_of(call)) & set(sites):
                 return True
         return False
+
+    def _unwrapped(self, sites) -> bool:
+        """``model.module`` read anywhere of a wrapped model."""
+        models, values = self.analysis.models, self.analysis.values
+        return any(
+            node.attr.value == "module" and models.model_sites(node.value, values.scope_of(node)) & set(sites)
+            for node in self.analysis.tree.nodes(cst.Attribute)
+        )
 
     def _held(self, site) -> bool:
         """The wrapped model is kept on ``self`` by a method of a class: the class's users run it."""
