@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+from typing import Optional
 
 import libcst as cst
 
 from mgpu_migrate.analysis.project import project_of
+from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rule
 
 
@@ -30,11 +32,13 @@ INFERENCE_ONLY = Review(
 TRAINED_ELSEWHERE = Review(
     "MGP262",
     name="trained-elsewhere",
-    summary="the model is trained in code this file does not show: its data loader is not distributed",
+    summary="the model is trained in code this file does not show, or from data it cannot follow: its data loader is not distributed",
     why=(
-        "This file has no training loop: the wrapped model is trained in code it does not show (a caller, "
-        "another module), whose data loader the tool does not distribute. Until it is, every process trains on "
-        "whole batches."
+        "This file has no training loop the tool can read: the wrapped model is trained in code it does not show "
+        "(a caller, another module), or in a loop of this file whose data it cannot follow to a DataLoader (a "
+        "`while True:` loop drawing `loader.get_batch('train')` from the project's own loader), so the tool does "
+        "not distribute that data. Until it is, every process loads whole batches; the runtime's wrapper runs each "
+        "process's rows of them, so the training is the original's, only the loading is repeated."
     ),
     todo="Pass the training DataLoader through `mgpu_runtime.distribute_loader(...)` where it is built.",
     accounts_for_data=True,
@@ -167,6 +171,41 @@ class RemoteTraining(Rule):
         ),
         Example(
             """
+            import torch
+            import eval_utils
+
+            dp_model = torch.nn.DataParallel(model)
+            dp_lw_model = torch.nn.DataParallel(lw_model)
+            while True:
+                data = loader.get_batch("train")
+                loss = dp_lw_model(data["fc_feats"], data["labels"]).mean()
+                loss.backward()
+                optimizer.step()
+                if iteration % 100 == 0:
+                    val_loss = eval_utils.eval_split(dp_model, loader)
+            """,
+            """
+            import eval_utils
+            import mgpu_runtime
+
+            dp_model = mgpu_runtime.DistributedDataParallel(model)
+            dp_lw_model = mgpu_runtime.DistributedDataParallel(lw_model)
+            while True:
+                data = loader.get_batch("train")
+                loss = dp_lw_model(data["fc_feats"], data["labels"]).mean()
+                loss.backward()
+                optimizer.step()
+                if iteration % 100 == 0:
+                    val_loss = eval_utils.eval_split(dp_model, loader)
+            """,
+            DDP,
+            ("MGP101", TRAINED_ELSEWHERE),
+            message="the training here (`loss.backward()`, line 9) draws data the tool does not follow to a DataLoader",
+            line=4,  # the first wrap's line
+            name="a while loop that trains from data not followed, beside a model only evaluated",
+        ),
+        Example(
+            """
             import torch.nn as nn
             from evaluation_kit import test
 
@@ -230,11 +269,23 @@ class RemoteTraining(Rule):
             for wrap in program.wraps:  # each wrap stays: each says why
                 self.left(wrap, INFERENCE_ONLY, said)
             return
+        backward = self._unfollowed_backward()
         for wrap in program.wraps:  # once per file: the advice is the same for every wrap
             site = self.analysis.models.site_of(wrap)
             where = self.analysis.models.after_wrap(site, escapes.get(site, [])) if site is not None else None
             if not where:
                 continue
+            if backward is not None:
+                # self-critical's `while True:` loop over `loader.get_batch('train')`: it trains here, from data the
+                # loop analysis does not follow; the wrap that goes elsewhere is only what the first wrap does.
+                line = self.analysis.position(backward)[0]
+                self.left(
+                    wrap,
+                    TRAINED_ELSEWHERE,
+                    f"the training here (`{shorten(self.analysis.code_of(backward), 24)}`, line {line}) draws data the tool "
+                    "does not follow to a DataLoader: not split, every process loads whole batches",
+                )
+                return
             others = len(program.wraps) - 1
             self.left(
                 wrap,
@@ -244,6 +295,14 @@ class RemoteTraining(Rule):
                 "loader there",
             )
             return
+
+    def _unfollowed_backward(self) -> Optional[cst.Call]:
+        """A backward pass of this file in a loop (``while True:``) that is no training loop the analysis reads."""
+        tree = self.analysis.tree
+        for call in self.analysis.calls:
+            if self.analysis.loaders.is_backward(call) and any(type(node) in (cst.While, cst.For) for node in tree.ancestors(call)):
+                return call
+        return None
 
     def _what_it_does(self, sites, escapes) -> str:
         if self._runs_here(sites):
