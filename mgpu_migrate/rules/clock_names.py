@@ -352,7 +352,10 @@ def _changes_its_arguments(function: ast.FunctionDef | ast.AsyncFunctionDef) -> 
 
 def _text_reading(found: Found) -> Optional[int]:
     """The line of the first clock reading in a project function, outside its loops, made into text there
-    (``time.strftime(fmt)``, ``datetime.datetime.now().strftime(fmt)``, ``str(time.time())``); None when none is."""
+    (``time.strftime(fmt)``, ``datetime.datetime.now().strftime(fmt)``, ``str(time.time())``) and returned; None when
+    none is."""
+    if not isinstance(found.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
     parents = {id(child): node for node in ast.walk(found.node) for child in ast.iter_child_nodes(node)}
     for node in sorted((n for n in ast.walk(found.node) if isinstance(n, ast.Call)), key=lambda n: (n.lineno, n.col_offset)):
         qualified = found.module.qualified(node.func)
@@ -371,8 +374,32 @@ def _text_reading(found: Found) -> Optional[int]:
         parent = parents.get(id(node))
         method = parent.attr if isinstance(parent, ast.Attribute) and parent.value is node else None
         called = parents.get(id(parent)) if method is not None else parent
-        if qualified in _TEXT_READINGS or method in _TO_TEXT_METHODS:
-            return node.lineno
-        if isinstance(called, ast.Call) and isinstance(called.func, ast.Name) and called.func.id == "str" and node in called.args:
+        text = qualified in _TEXT_READINGS or method in _TO_TEXT_METHODS or (
+            isinstance(called, ast.Call) and isinstance(called.func, ast.Name) and called.func.id == "str" and node in called.args
+        )
+        if text and _returned(found.node, node):
             return node.lineno
     return None
+
+
+def _returned(function: ast.FunctionDef | ast.AsyncFunctionDef, reading: ast.Call) -> bool:
+    """Whether what ``function`` returns is made from ``reading``: the reading itself, or a name assigned from it,
+    directly or through other such names (``stamp = now().strftime(...)``, ``return base / stamp``). A function
+    that only uses it on the way (pytorch-semseg's ``get_logger``, which names its log file by it and returns
+    the logger) returns no name."""
+    derived: set[str] = set()
+
+    def made_of(value: ast.AST) -> bool:
+        return any(node is reading or (isinstance(node, ast.Name) and node.id in derived) for node in ast.walk(value))
+
+    assignments = sorted(
+        (node for node in ast.walk(function) if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.value is not None),
+        key=lambda node: node.lineno,
+    )
+    for assignment in assignments:
+        assert assignment.value is not None
+        if not made_of(assignment.value):
+            continue
+        targets = assignment.targets if isinstance(assignment, ast.Assign) else [assignment.target]
+        derived |= {node.id for target in targets for node in ast.walk(target) if isinstance(node, ast.Name)}
+    return any(isinstance(node, ast.Return) and node.value is not None and made_of(node.value) for node in ast.walk(function))
