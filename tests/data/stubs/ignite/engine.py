@@ -1,6 +1,8 @@
-"""An engine that runs a process function over a loader's batches and calls the handlers attached to its events."""
+"""An engine that runs a process function over a loader's batches and calls the handlers attached to its events,
+checking each handler's signature when it is attached, as ignite does."""
 
 import enum
+import inspect
 
 
 class Events(enum.Enum):
@@ -25,6 +27,8 @@ class Engine:
         self.state = State()
 
     def add_event_handler(self, event_name, handler, *args, **kwargs):
+        # As ignite does: the handler must take the engine and the arguments given (TypeError otherwise).
+        inspect.signature(handler).bind(self, *args, **kwargs)
         self._handlers[event_name].append((handler, args, kwargs))
 
     def on(self, event_name, *args, **kwargs):
