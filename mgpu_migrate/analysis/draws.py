@@ -191,3 +191,34 @@ def _counts_rows(node: ast.expr) -> bool:
         ):
             return True
     return False
+
+
+_TORCH_DRAWS = ("torch.rand", "torch.normal", "torch.bernoulli", "torch.multinomial")
+
+
+def builder_draw(project: Project, found: Found) -> str | None:
+    """Where the objects a project builder makes draw random numbers when applied (pytorch-semseg's
+    ``get_composed_augmentations``, which composes the classes its module imports from ``augmentations.py``, each
+    drawing from Python's ``random``): the first draw (``path:line``) in the builder, the classes and functions of
+    its module, and the project definitions its module imports; for a class (speech-commands' ``ChangeAmplitude``,
+    whose ``__call__`` draws from Python's ``random``), the class's own methods. None when there is none."""
+    module = found.module
+    definitions: list[Found] = []
+    if isinstance(found.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        definitions = [Found(module, node, found.seen_from) for node in module.definitions.values()]
+        for qualified in module.imports.values():
+            imported = project.find(qualified)
+            if imported is not None:
+                definitions.append(imported)
+    first: tuple[str, int] | None = None
+    for definition in [found, *definitions]:
+        for node in ast.walk(definition.node):
+            if not isinstance(node, ast.Call):
+                continue
+            qualified = definition.module.qualified(node.func) or ""
+            if numpy_draw(qualified) or qualified.startswith(_TORCH_DRAWS):
+                place = (definition.where.rpartition(":")[0], node.lineno)
+                if first is None or (place[0] == first[0] and place[1] < first[1]):
+                    first = place
+                break
+    return f"{first[0]}:{first[1]}" if first is not None else None

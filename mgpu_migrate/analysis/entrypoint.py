@@ -313,6 +313,15 @@ def _first_called_function(analysis: ParsedFile, block: cst.If) -> Optional[cst.
     return None
 
 
+def main_function(analysis: ParsedFile) -> Optional[cst.FunctionDef]:
+    """The function the program runs as its main one: the first the main block calls (``main()``), or, without a
+    main block, a top-level ``def main()``."""
+    block = main_block(analysis.module)
+    if block is not None:
+        return _first_called_function(analysis, block)
+    return _top_level_function(analysis.module, "main")
+
+
 def _top_level_function(module: cst.Module, name: str) -> Optional[cst.FunctionDef]:
     for statement in module.body:
         if type(statement) is cst.FunctionDef and statement.name.value == name:

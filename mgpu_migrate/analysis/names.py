@@ -49,6 +49,8 @@ NON_TORCH_FRAMEWORKS = frozenset(
 )
 
 MIGRATED_NAMES = frozenset({DATA_PARALLEL, DATA_PARALLEL_FUNCTION, APEX_DDP, ENCODING_MODEL, ENCODING_CRITERION})
+# What a star import of a library binds, of the names the analysis reads: tqdm's progress bars around a loader.
+_LIBRARY_STAR_EXPORTS = {"tqdm": frozenset({"tqdm", "trange"}), "tqdm.auto": frozenset({"tqdm", "trange"})}
 
 
 def canonical(qualified: str, vendored_encoding: bool = False) -> str:
@@ -134,9 +136,15 @@ class Bindings:
         found = {self.canonical(f"{module}.{name}") for module in self.star_modules} & MIGRATED_NAMES
         if len(found) == 1:
             return found.pop()
-        if found or self.star_resolver is None:
+        if found:
             return None
-        resolved = self.star_resolver(name)
+        resolved = self.star_resolver(name) if self.star_resolver is not None else None
+        exported = {f"{module}.{name}" for module in self.star_modules if name in _LIBRARY_STAR_EXPORTS.get(module, ())}
+        if exported:
+            # One library's known export (speech-commands' `from tqdm import *`), unless a module of the project
+            # star-imported beside it binds the name to something else.
+            only = exported.pop() if len(exported) == 1 else None
+            return only if only is not None and (resolved is None or self.canonical(resolved) == only) else None
         return self.canonical(resolved) if resolved is not None else None
 
     def star_sources(self, name: str) -> list[str]:

@@ -309,6 +309,27 @@ class Project:
         a project function it calls (``create_folder(d)``)."""
         return self._in_class_or_bases(found, self._first_write)
 
+    def function_writes(self, found: Found) -> list[Write]:
+        """Every write a function makes itself, in the order of its lines: its file writes and directory changes
+        (``writes`` names the first), and its calls by name of project functions that write (``language_eval(...)``,
+        whose ``json.dump(..., open(path, "w"))`` a caller's other processes would read back)."""
+        if not isinstance(found.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return []
+        listed = []
+        caught = {id(call) for call in _calls_catching_existing(found.node)}
+        for call in sorted(_calls(found.node), key=lambda call: (call.lineno, call.col_offset)):
+            written = _file_write(found, call)
+            qualified = found.module.qualified(call.func)
+            if written is None and id(call) not in caught and _changes_a_directory(call, qualified):
+                written = Write(call.lineno, qualified or ".mkdir()", directory=True)
+            if written is None and isinstance(call.func, ast.Name):
+                _, helper = self.resolve_in(found, call.func)
+                if helper is not None and isinstance(helper.node, (ast.FunctionDef, ast.AsyncFunctionDef)) and self.writes(helper):
+                    written = Write(call.lineno, f"{call.func.id}(...)")
+            if written is not None:
+                listed.append(written)
+        return listed
+
     def _first_write(self, found: Found) -> Write | None:
         written = self._file_write(found, 0)
         changed = self._directory_change(found, 0)
@@ -648,17 +669,25 @@ def _kinds(caught: ast.expr) -> list[ast.expr]:
 
 def _first_file_write(found: Found) -> Write | None:
     for call in sorted(_calls(found.node), key=lambda call: (call.lineno, call.col_offset)):
-        func = call.func
-        if isinstance(func, ast.Name) and func.id == "open" and func.id not in found.module.imports:
-            mode = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "mode"), None)
-            if isinstance(mode, ast.Constant) and isinstance(mode.value, str) and set(mode.value) & set("wax"):
-                return Write(call.lineno, f"open(..., {mode.value!r})")
-            continue
-        qualified = found.module.qualified(func)
-        if qualified in _WRITERS:
-            return Write(call.lineno, qualified)
-        if isinstance(func, ast.Attribute) and func.attr in _WRITING_METHODS:
-            return Write(call.lineno, f".{func.attr}()")
+        written = _file_write(found, call)
+        if written is not None:
+            return written
+    return None
+
+
+def _file_write(found: Found, call: ast.Call) -> Write | None:
+    """The file ``call`` writes, in ``found``'s module: ``open(path, "w")``, a known writer, a writing method."""
+    func = call.func
+    if isinstance(func, ast.Name) and func.id == "open" and func.id not in found.module.imports:
+        mode = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "mode"), None)
+        if isinstance(mode, ast.Constant) and isinstance(mode.value, str) and set(mode.value) & set("wax"):
+            return Write(call.lineno, f"open(..., {mode.value!r})")
+        return None
+    qualified = found.module.qualified(func)
+    if qualified in _WRITERS:
+        return Write(call.lineno, qualified)
+    if isinstance(func, ast.Attribute) and func.attr in _WRITING_METHODS:
+        return Write(call.lineno, f".{func.attr}()")
     return None
 
 

@@ -4,9 +4,10 @@
 original used the writer: calling one of its methods runs it on the main process only, and returns None on the
 others. That is the original's behaviour exactly where the script calls the object's methods for their effect
 and never reads what they return or what the object holds: this module finds the first use that does, in the
-file (``writer.add_scalar(...)`` as a statement is fine, ``writer.log_dir`` is not) and in the functions the
-object is handed to, the file's own or the project's (a ``log(logger, ...)`` helper in ``utils/``, an
-``evaluate(..., logger)`` that tests ``if logger is not None:``), read with ``ast`` through project reading.
+file (``writer.add_scalar(...)`` as a statement is fine, ``writer.log_dir`` is not; an ignite engine's
+``add_event_handler(event, handler)`` calls it for its effect) and in the functions the object is handed to,
+the file's own or the project's (a ``log(logger, ...)`` helper in ``utils/``, an ``evaluate(..., logger)`` that
+tests ``if logger is not None:``), read with ``ast`` through project reading.
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ def _handed(analysis: FileAnalysis, call: cst.Call, arg: cst.Arg) -> Optional[st
         return "handed on with *"
     position = None if arg.keyword is not None else [a for a in call.args if a.keyword is None].index(arg)
     keyword = arg.keyword.value if arg.keyword is not None else None
+    if _attached_to_an_engine(call, position, keyword):
+        return None
     callee = analysis.code_of(call.func)
     if type(call.func) is cst.Name:
         own = [f for f in analysis.tree.nodes(cst.FunctionDef) if f.name.value == call.func.value]
@@ -108,6 +111,15 @@ def _handed(analysis: FileAnalysis, call: cst.Call, arg: cst.Arg) -> Optional[st
     if found is None or not isinstance(found.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return f"handed to `{callee}`, which is not read"
     return _parameter_blocks(found, found.node, position, keyword, 0, callee, _lines_of(found))
+
+
+def _attached_to_an_engine(call: cst.Call, position: Optional[int], keyword: Optional[str]) -> bool:
+    """``engine.add_event_handler(event, handler, *args)`` (ignite's): the engine calls the handler at each event
+    for its effect, and drops what it returns."""
+    func = call.func
+    if type(func) is not cst.Attribute or func.attr.value != "add_event_handler":
+        return False
+    return position == 1 or keyword == "handler"
 
 
 def _lines_of(found: Found):

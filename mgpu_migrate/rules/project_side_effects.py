@@ -245,6 +245,18 @@ class ProjectSideEffects(Rule):
         writes = "makes or deletes directories" if written.directory else "writes files"
         return f"{writes} ({definition.where.rpartition(':')[0]}:{written.line}: `{written.call}`)"
 
+    def _every_write(self, definition: Found, written: Write) -> str:
+        """What a function left on every process writes, each write by its line (self-critical's ``eval_split``:
+        a directory made, a ``torch.save``, and ``language_eval(...)``, whose json it reads back), so that the
+        person moving it knows them all; ``_where`` when it writes once."""
+        project = project_of(self.analysis.path)
+        listed = project.function_writes(definition) if project is not None else []
+        if len(listed) < 2:
+            return self._where(definition, written)
+        shown = ", ".join(f"{write.line} `{shorten(write.call, 24)}`" for write in listed[:3])
+        more = f" and {len(listed) - 3} more" if len(listed) > 3 else ""
+        return f"writes at {definition.where.rpartition(':')[0]}:{shown}{more}"
+
     def _call_once(self, call: cst.Call, definition: Found, written: Write, what: str) -> None:
         """A call of a project function (or of a writing method of a project object) made once: under ``if
         mgpu_runtime.is_main_process():`` then a wait, or, given the batch's values, through
@@ -266,7 +278,7 @@ class ProjectSideEffects(Rule):
                 )
             return
         if why is not None:
-            self.left(call, WRITTEN_BY_EVERY_PROCESS, f"{what} {where}: not moved, {why}")
+            self.left(call, WRITTEN_BY_EVERY_PROCESS, f"{what} {self._every_write(definition, written)}: not moved, {why}")
             return
         if not self.rewrite_allowed(call):
             return

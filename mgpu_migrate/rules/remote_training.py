@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+from typing import Optional
 
 import libcst as cst
 
 from mgpu_migrate.analysis.project import project_of
+from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rule
 
 
@@ -30,11 +32,13 @@ INFERENCE_ONLY = Review(
 TRAINED_ELSEWHERE = Review(
     "MGP262",
     name="trained-elsewhere",
-    summary="the model is trained in code this file does not show: its data loader is not distributed",
+    summary="the model is trained in code this file does not show, or from data it cannot follow: its data loader is not distributed",
     why=(
-        "This file has no training loop: the wrapped model is trained in code it does not show (a caller, "
-        "another module), whose data loader the tool does not distribute. Until it is, every process trains on "
-        "whole batches."
+        "This file has no training loop the tool can read: the wrapped model is trained in code it does not show "
+        "(a caller, another module), or in a loop of this file whose data it cannot follow to a DataLoader (a "
+        "`while True:` loop drawing `loader.get_batch('train')` from the project's own loader), so the tool does "
+        "not distribute that data. Until it is, every process loads whole batches; the runtime's wrapper runs each "
+        "process's rows of them, so the training is the original's, only the loading is repeated."
     ),
     todo="Pass the training DataLoader through `mgpu_runtime.distribute_loader(...)` where it is built.",
     accounts_for_data=True,
@@ -115,9 +119,90 @@ class RemoteTraining(Rule):
             None,
             DDP,
             ("MGP263",),
-            message="does not train or run the model (it loads its weights",
+            message="does not train or run the model (it loads or saves its weights",
             line=6,
             name="a checkpoint converter",
+        ),
+        Example(
+            """
+            import torch
+
+            if __name__ == "__main__":
+                net = Net()
+                net.load_pretrained_model(model_path="caffe/net.caffemodel")
+                net.eval()
+                net = torch.nn.DataParallel(net, device_ids=range(torch.cuda.device_count()))
+                torch.save({"model_state": net.state_dict()}, "checkpoints/net.pth")
+            """,
+            None,
+            DDP,
+            ("MGP263",),
+            message="does not train or run the model (it loads or saves its weights",
+            line=7,
+            name="a wrap only to save the keys prefixed module.",
+        ),
+        Example(
+            """
+            import torch
+            import torch.nn as nn
+            from ignite.engine import Engine
+
+
+            def create_supervised_evaluator(model, metrics):
+                if torch.cuda.device_count() > 1:
+                    model = nn.DataParallel(model)
+
+                def _inference(engine, batch):
+                    with torch.no_grad():
+                        data, pids = batch
+                        return model(data), pids
+
+                engine = Engine(_inference)
+                for name, metric in metrics.items():
+                    metric.attach(engine, name)
+                return engine
+            """,
+            None,
+            DDP,
+            ("MGP263",),
+            message="this file only evaluates (no backward pass, no optimizer)",
+            line=8,
+            name="an evaluator engine's step handed to the engine here",
+        ),
+        Example(
+            """
+            import torch
+            import eval_utils
+
+            dp_model = torch.nn.DataParallel(model)
+            dp_lw_model = torch.nn.DataParallel(lw_model)
+            while True:
+                data = loader.get_batch("train")
+                loss = dp_lw_model(data["fc_feats"], data["labels"]).mean()
+                loss.backward()
+                optimizer.step()
+                if iteration % 100 == 0:
+                    val_loss = eval_utils.eval_split(dp_model, loader)
+            """,
+            """
+            import eval_utils
+            import mgpu_runtime
+
+            dp_model = mgpu_runtime.DistributedDataParallel(model)
+            dp_lw_model = mgpu_runtime.DistributedDataParallel(lw_model)
+            while True:
+                data = loader.get_batch("train")
+                loss = dp_lw_model(data["fc_feats"], data["labels"]).mean()
+                loss.backward()
+                optimizer.step()
+                if iteration % 100 == 0:
+                    val_loss = eval_utils.eval_split(dp_model, loader)
+            """,
+            DDP,
+            ("MGP101", TRAINED_ELSEWHERE),
+            message="the training here (`loss.backward()`, line 9) draws data the tool does not follow to a DataLoader",
+            line=4,  # the first wrap's line
+            name="a while loop that trains from data not followed, beside a model only evaluated",
         ),
         Example(
             """
@@ -184,11 +269,23 @@ class RemoteTraining(Rule):
             for wrap in program.wraps:  # each wrap stays: each says why
                 self.left(wrap, INFERENCE_ONLY, said)
             return
+        backward = self._unfollowed_backward()
         for wrap in program.wraps:  # once per file: the advice is the same for every wrap
             site = self.analysis.models.site_of(wrap)
             where = self.analysis.models.after_wrap(site, escapes.get(site, [])) if site is not None else None
             if not where:
                 continue
+            if backward is not None:
+                # self-critical's `while True:` loop over `loader.get_batch('train')`: it trains here, from data the
+                # loop analysis does not follow; the wrap that goes elsewhere is only what the first wrap does.
+                line = self.analysis.position(backward)[0]
+                self.left(
+                    wrap,
+                    TRAINED_ELSEWHERE,
+                    f"the training here (`{shorten(self.analysis.code_of(backward), 24)}`, line {line}) draws data the tool "
+                    "does not follow to a DataLoader: not split, every process loads whole batches",
+                )
+                return
             others = len(program.wraps) - 1
             self.left(
                 wrap,
@@ -199,6 +296,14 @@ class RemoteTraining(Rule):
             )
             return
 
+    def _unfollowed_backward(self) -> Optional[cst.Call]:
+        """A backward pass of this file in a loop (``while True:``) that is no training loop the analysis reads."""
+        tree = self.analysis.tree
+        for call in self.analysis.calls:
+            if self.analysis.loaders.is_backward(call) and any(type(node) in (cst.While, cst.For) for node in tree.ancestors(call)):
+                return call
+        return None
+
     def _what_it_does(self, sites, escapes) -> str:
         if self._runs_here(sites):
             return "this file only evaluates (no backward pass, no optimizer): left as DataParallel, which splits each batch"
@@ -208,7 +313,7 @@ class RemoteTraining(Rule):
                 f"this file does not train (no backward pass, no optimizer; the model goes to {gone[0].what}): left as "
                 "DataParallel, one process"
             )
-        return "this file does not train or run the model (it loads its weights; no backward pass, no optimizer): left as DataParallel"
+        return "this file does not train or run the model (it loads or saves its weights; no backward pass, no optimizer): left as DataParallel"
 
     def _does_not_train(self, sites, escapes) -> bool:
         """Nothing here trains (no backward pass, no optimizer made); the model stays in this program (it is not
@@ -231,10 +336,10 @@ class RemoteTraining(Rule):
         ):
             return False
         if any(
-            not index.call_sites(function) and models.derived_sites(value, scope) & set(sites)
+            not index.call_sites(function) and not (function is not None and self._handed_on(function)) and models.derived_sites(value, scope) & set(sites)
             for function, value, scope in index.returns
         ):
-            return False  # a step function returns a loss (or outputs) to a caller elsewhere
+            return False  # a step function returns a loss (or outputs) to a caller elsewhere, not to an engine here
         project = project_of(analysis.path)
         outputs = models.output_escapes()
         for site in sites:
@@ -248,26 +353,53 @@ class RemoteTraining(Rule):
         return self._runs_here(sites) or handed or self._loads_weights(sites)
 
     def _runs_here(self, sites) -> bool:
-        """A forward call of the model at module level or in a function this file calls."""
+        """A forward call of the model at module level, in a function this file calls, or in one it hands on to
+        be called (reid-strong-baseline's ``Engine(_inference)``, an ignite evaluator's step)."""
         tree, index = self.analysis.tree, self.analysis.models.index
         for call, _, found in self.analysis.models.model_calls():
             function = tree.function(call)
-            if found & set(sites) and (function is None or index.call_sites(function)):
+            if found & set(sites) and (function is None or index.call_sites(function) or self._handed_on(function)):
                 return True
         return False
 
+    def _handed_on(self, function: cst.FunctionDef) -> bool:
+        """``function`` given by name to a call of its own scope (``Engine(_inference)``)."""
+        tree = self.analysis.tree
+        scope = tree.parent(tree.parent(function))  # the block, then the function or module it is defined in
+        name = function.name.value
+        return any(
+            type(arg.value) is cst.Name and arg.value.value == name
+            for call in self.analysis.calls
+            for arg in call.args
+            if scope is not None and any(ancestor is scope for ancestor in tree.ancestors(call))
+        )
+
     def _loads_weights(self, sites) -> bool:
-        """``model.load_state_dict(...)`` (or ``model.module.load_state_dict``) on a wrapped model."""
+        """``model.load_state_dict(...)`` (or ``model.module.load_state_dict``) on a wrapped model, or
+        ``model.state_dict()`` of a wrapper never taken off (no ``model.module``): a converter that wraps only to save
+        the keys prefixed ``module.`` (pytorch-semseg's ``__main__`` blocks of its model modules, which convert caffe
+        weights)."""
         models = self.analysis.models
+        unwrapped = self._unwrapped(sites)
         for call in self.analysis.calls:
-            if type(call.func) is not cst.Attribute or call.func.attr.value != "load_state_dict":
+            if type(call.func) is not cst.Attribute or call.func.attr.value not in ("load_state_dict", "state_dict"):
                 continue
+            if call.func.attr.value == "state_dict" and unwrapped:
+                continue  # a program that takes the wrapper off is no converter saving the wrapper's keys
             owner = call.func.value
             if type(owner) is cst.Attribute and owner.attr.value == "module":
                 owner = owner.value
             if models.model_sites(owner, self.analysis.values.scope_of(call)) & set(sites):
                 return True
         return False
+
+    def _unwrapped(self, sites) -> bool:
+        """``model.module`` read anywhere of a wrapped model."""
+        models, values = self.analysis.models, self.analysis.values
+        return any(
+            node.attr.value == "module" and models.model_sites(node.value, values.scope_of(node)) & set(sites)
+            for node in self.analysis.tree.nodes(cst.Attribute)
+        )
 
     def _held(self, site) -> bool:
         """The wrapped model is kept on ``self`` by a method of a class: the class's users run it."""

@@ -6,12 +6,15 @@ through a ``DistributedSampler``.
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import libcst as cst
 
 from mgpu_migrate.analysis.batch import is_row_count
+from mgpu_migrate.analysis.draws import builder_draw
 from mgpu_migrate.analysis.loaders import BUILT, LOADER, LoaderTrace
+from mgpu_migrate.analysis.project import NOT_BOUND, project_of
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, TORCH_STYLE, Example, Review, Rewrite, Rule
@@ -29,6 +32,8 @@ _ITERABLE_DATASETS = {"torch.utils.data.IterableDataset", "torch.utils.data.data
 # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, ...)
 _SAMPLER_POSITIONS = {"sampler": 3, "batch_sampler": 4}
 # Transforms that draw random numbers per sample besides torchvision's ``Random*`` ones.
+# Where a builder of augmentations is no project's: the libraries' own are known by their classes' names above.
+_LIBRARIES = ("torch", "torchvision", "albumentations", "numpy", "builtins", "kornia", "imgaug", "monai")
 _DRAWING_TRANSFORMS = frozenset(
     {"ColorJitter", "GaussianBlur", "AutoAugment", "RandAugment", "TrivialAugmentWide", "AugMix", "ElasticTransform"}
 )
@@ -122,7 +127,9 @@ class TrainingData(Rule):
     original's global batches, in the original order and with the original sampler's randomness, while the
     loop sees the global batch (its ``len``, ``shape`` and every value computed from it are the original's), so
     the run trains on exactly the original batches. Each process loads only its rows of each batch, unless the
-    file builds transforms that draw per sample (``RandomCrop``, ``ColorJitter``, albumentations): then the
+    file builds transforms that draw per sample (``RandomCrop``, ``ColorJitter``, albumentations), or calls a
+    project builder of augmentations or transforms whose objects draw (pytorch-semseg's
+    ``get_composed_augmentations(cfg)``, composing classes that draw from Python's ``random``): then the
     call is ``distribute_loader(..., whole_batches=True)``, and every process loads the whole batch, so that its
     random draws are the original's numbers (the original loaded the whole batch in its one process too).
 
@@ -153,7 +160,7 @@ class TrainingData(Rule):
 
     CODE = Rewrite("MGP122", accounts_for_data=True)
     PHASE = PROGRAM
-    USES: tuple[str, ...] = ("handed", "loaders", "values")
+    USES: tuple[str, ...] = ("bindings", "handed", "loaders", "values")
     STYLES = (RUNTIME_STYLE,)
     REVIEW_CODES: tuple[Review, ...] = (EVALUATION_LOADER_WHOLE, TRAINING_DATA_NOT_FOLLOWED, CUSTOM_SAMPLER, ITERABLE_DATASET)
     DESCRIPTION = "training loaders distributed with mgpu_runtime.distribute_loader"
@@ -376,7 +383,13 @@ class TrainingData(Rule):
                 )
             )
             # Every process loads each whole batch, so that the transform's draws are the original's numbers.
-            if drawing is not None and not whole:
+            if drawing is not None and not whole and self._drawn_at is not None:
+                line = self.analysis.position(drawing)[0]
+                whole = f"; whole batches (line {line} builds what draws per sample, {self._drawn_at})"
+                if len(message + whole) > 160:  # a deep path: its file's name says enough
+                    whole = f"; whole batches (line {line} builds what draws per sample, {os.path.basename(self._drawn_at)})"
+                message += whole
+            elif drawing is not None and not whole:
                 message += f"; whole batches (line {self.analysis.position(drawing)[0]} draws per sample)"
         self.edits.need_import(RUNTIME)
         self.rewrote(point, message)
@@ -384,14 +397,41 @@ class TrainingData(Rule):
     def _random_transform(self) -> Optional[cst.Call]:
         """The first call of the file that builds a transform drawing random numbers per sample
         (torchvision's ``RandomCrop``, ``ColorJitter``, a project's ``transforms.RandomSizedRectCrop``, any
-        albumentations transform), else None."""
+        albumentations transform), also one a star import of transforms binds, else None. Failing that, the first
+        call of a project builder or class of augmentations or transforms whose objects draw (pytorch-semseg's
+        ``get_composed_augmentations(cfg)``, speech-commands' ``ChangeAmplitude()``), its draw's place kept in
+        ``self._drawn_at``."""
+        self._drawn_at: Optional[str] = None
+        builders = []
         for call in self.analysis.calls:
-            qualified = self.analysis.resolve(call.func) or ""
+            qualified = self.analysis.resolve(call.func) or self._star_transform(call.func) or ""
             last = qualified.rpartition(".")[2]
             drawing = last.startswith("Random") or last in _DRAWING_TRANSFORMS
             if (drawing and "transform" in qualified.lower()) or qualified.startswith("albumentations."):
                 return call
+            if ("aug" in qualified.lower() or "transform" in qualified.lower()) and not qualified.startswith(_LIBRARIES):
+                builders.append((call, qualified))
+        project = project_of(self.analysis.path) if builders else None
+        for call, qualified in builders:
+            found = project.find(qualified) if project is not None else None
+            self._drawn_at = builder_draw(project, found) if project is not None and found is not None else None
+            if self._drawn_at is not None:
+                return call
         return None
+
+    def _star_transform(self, func: cst.BaseExpression) -> Optional[str]:
+        """A name that only a star import of a module of transforms binds (speech-commands' ``from transforms import
+        *`` beside ``from torchvision.transforms import *``): what the project's module binds it to, else
+        torchvision's (``RandomCrop``); None for any other name."""
+        if type(func) is not cst.Name or not self.analysis.bindings.star_sources(func.value):
+            return None
+        modules = sorted(module for module in self.analysis.bindings.star_modules if "transform" in module.lower())
+        project = project_of(self.analysis.path) if modules else None
+        for module in modules:
+            bound = project.star_binding(module, func.value) if project is not None else None
+            if bound is not None and bound != NOT_BOUND:
+                return bound
+        return f"torchvision.transforms.{func.value}" if "torchvision.transforms" in modules else None
 
     def _check_origin(self, origin: cst.Call) -> None:
         """What to say of a DataLoader distributed: its own sampler, an iterable dataset."""

@@ -12,21 +12,37 @@ from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review, Rule
 from mgpu_migrate.rules.syntax import MAIN_PROCESS_OBJECT, RUNTIME, through_runtime
 
-_SUMMARY_WRITERS = frozenset(
-    {"torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.writer.SummaryWriter", "tensorboardX.SummaryWriter"}
-)
+# The library objects that write once built, and what each process would write: TensorBoard's writers (torch's,
+# tensorboardX's, tensorboard_logger's ``Logger``, whose event file is named by the second and the host, so two
+# processes starting in one second write one file), and ignite's ``ModelCheckpoint``, a handler an engine calls
+# to save (every process would save the same files, and remove the oldest past ``n_saved`` once each).
+_EVENTS = ("an event file each", "each value logged once")
+_CHECKPOINTS = ("each saving the same files", "its files saved once")
+_WRITER_OBJECTS = {
+    "torch.utils.tensorboard.SummaryWriter": _EVENTS,
+    "torch.utils.tensorboard.writer.SummaryWriter": _EVENTS,
+    "tensorboardX.SummaryWriter": _EVENTS,
+    "tensorboard_logger.Logger": _EVENTS,
+    "tensorboard_logger.tensorboard_logger.Logger": _EVENTS,
+    "ignite.handlers.ModelCheckpoint": _CHECKPOINTS,
+    "ignite.handlers.checkpoint.ModelCheckpoint": _CHECKPOINTS,
+}
 
 WRITER_ON_EVERY_PROCESS = Review(
     "MGP332",
     name="writer-on-every-process",
-    summary="a TensorBoard SummaryWriter built by every process: each value is logged once per process",
+    summary="a writer object (a TensorBoard writer, a checkpoint handler) built by every process: it writes once per process",
     why=(
-        "A TensorBoard `SummaryWriter` is built by every process of the distributed run: each writes an event "
-        "file of its own into the log directory, so TensorBoard shows every scalar, image and histogram once per "
-        "process (the values are the same where they are global, such as the runtime's losses and metrics). The "
-        "tool builds a writer on the main process only (MGP135) where the script only calls its methods for their "
-        "effect, also in the functions it is handed to; this one is read otherwise (an attribute, a result), "
-        "handed to a function that is not read, or the file is migrated with `--style torch`."
+        "A TensorBoard `SummaryWriter` (torch's, tensorboardX's, or tensorboard_logger's `Logger`) is built by every "
+        "process of the distributed run: each writes an event file of its own into the log directory, so "
+        "TensorBoard shows every scalar, image and histogram once per process (the values are the same where they "
+        "are global, such as the runtime's losses and metrics); tensorboard_logger names its file by the second "
+        "and the host, so two processes starting in one second write one file. An ignite `ModelCheckpoint` "
+        "attached to an engine saves the same files from every process, and each removes the oldest past "
+        "`n_saved`, so a slower process fails on a file another removed. The tool builds such an object on the "
+        "main process only (MGP135) where the script only calls its methods for their effect or attaches it to "
+        "an engine (`add_event_handler`), also in the functions it is handed to; this one is read otherwise (an "
+        "attribute, a result), handed to a function that is not read, or the file is migrated with `--style torch`."
     ),
     todo=(
         "Build it on the main process only (`writer = SummaryWriter(...) if mgpu_runtime.is_main_process() else "
@@ -39,16 +55,19 @@ class WriterObjects(Rule):
     """
     ## What it does
     In a file that becomes a distributed program, builds a TensorBoard ``SummaryWriter`` (torch's or
-    tensorboardX's) on the main process only: ``writer = SummaryWriter(log_dir)`` becomes ``writer =
+    tensorboardX's, or tensorboard_logger's ``Logger``) or an ignite ``ModelCheckpoint`` handler on the main
+    process only: ``writer = SummaryWriter(log_dir)`` becomes ``writer =
     mgpu_runtime.main_process_only(SummaryWriter, log_dir)``. Every process gets a stand-in and goes on using it
     as before (``writer.add_scalar("loss", loss, step)``, ``log(writer, ...)``): its method calls run on the
     main process only, given the whole values. The tool first reads every use of the writer, in the file and in
     the functions of the file or the project that it is handed to: each must call a method for its effect, test
-    it against None, or hand it on to such a function. Else the writer is reported (MGP332).
+    it against None, hand it on to such a function, or attach it to an engine (``trainer.add_event_handler(event,
+    checkpointer, {...})``, which calls it for its effect). Else the writer is reported (MGP332).
 
     ## Why is this bad?
     Each process would write an event file of its own into the log directory, and TensorBoard would show every
-    value once per process.
+    value once per process. A checkpoint handler attached on every process saves the same files once per
+    process, and each process removes the oldest past ``n_saved``: the slower one fails on a file already removed.
 
     ## Example
     ```python
@@ -77,7 +96,7 @@ class WriterObjects(Rule):
     CODE = MAIN_PROCESS_OBJECT
     PHASE = PROGRAM
     REVIEW_CODES = (WRITER_ON_EVERY_PROCESS,)
-    DESCRIPTION = "TensorBoard writers built and used on the main process only, behind a stand-in"
+    DESCRIPTION = "TensorBoard writers and checkpoint handlers built and used on the main process only, behind a stand-in"
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
@@ -123,14 +142,84 @@ class WriterObjects(Rule):
             ("MGP101", WRITER_ON_EVERY_PROCESS),
             message="`writer.log_dir` is read at line 6",
         ),
+        Example(
+            """
+            import torch.nn as nn
+            import tensorboard_logger as tb_logger
+
+            model = nn.DataParallel(model)
+            logger = tb_logger.Logger(logdir="runs", flush_secs=2)
+            logger.log_value("loss", loss, epoch)
+            """,
+            """
+            import tensorboard_logger as tb_logger
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            logger = mgpu_runtime.main_process_only(tb_logger.Logger, logdir="runs", flush_secs=2)
+            logger.log_value("loss", loss, epoch)
+            """,
+            DDP,
+            ("MGP101", "MGP135"),
+            name="tensorboard_logger's Logger is a TensorBoard writer",
+        ),
+        Example(
+            """
+            import torch.nn as nn
+            from ignite.engine import Engine, Events
+            from ignite.handlers import ModelCheckpoint
+
+            model = nn.DataParallel(model)
+            trainer = Engine(update)
+            checkpointer = ModelCheckpoint("out", "net", 1, n_saved=10, require_empty=False)
+            trainer.add_event_handler(Events.EPOCH_COMPLETED, checkpointer, {"model": model})
+            """,
+            """
+            from ignite.engine import Engine, Events
+            from ignite.handlers import ModelCheckpoint
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            trainer = Engine(update)
+            checkpointer = mgpu_runtime.main_process_only(ModelCheckpoint, "out", "net", 1, n_saved=10, require_empty=False)
+            trainer.add_event_handler(Events.EPOCH_COMPLETED, checkpointer, {"model": model})
+            """,
+            DDP,
+            ("MGP101", "MGP135"),
+            message="`ModelCheckpoint(...)`: built on the main process only",
+            line=7,
+        ),
+        Example(
+            """
+            import torch.nn as nn
+            from ignite.handlers import ModelCheckpoint
+
+            model = nn.DataParallel(model)
+            checkpointer = ModelCheckpoint("out", "net", 1, n_saved=10, require_empty=False)
+            on_epoch(checkpointer)
+            """,
+            """
+            from ignite.handlers import ModelCheckpoint
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            checkpointer = ModelCheckpoint("out", "net", 1, n_saved=10, require_empty=False)
+            on_epoch(checkpointer)
+            """,
+            DDP,
+            ("MGP101", WRITER_ON_EVERY_PROCESS),
+            message="`ModelCheckpoint(...)` built by every process, each saving the same files: not moved, handed to `on_epoch`",
+        ),
     )
 
     def apply(self) -> None:
         if not self.program.runs_distributed:
             return
         for call in self.analysis.calls:
-            if self.analysis.resolve(call.func) not in _SUMMARY_WRITERS or under_main_process_block(self.analysis, call):
+            kind = _WRITER_OBJECTS.get(self.analysis.resolve(call.func) or "")
+            if kind is None or under_main_process_block(self.analysis, call):
                 continue
+            writes, once = kind
             reason = self._blocker(call)
             if reason is None:
                 if self.rewrite_allowed(call):
@@ -139,14 +228,13 @@ class WriterObjects(Rule):
                     self.rewrote(
                         call,
                         f"`{shorten(self.analysis.code_of(call.func), 40)}(...)`: built on the main process only, a "
-                        f"stand-in elsewhere ({RUNTIME}.main_process_only): each value logged once",
+                        f"stand-in elsewhere ({RUNTIME}.main_process_only): {once}",
                     )
                 continue
             self.left(
                 call,
                 WRITER_ON_EVERY_PROCESS,
-                f"`{shorten(self.analysis.code_of(call.func), 40)}(...)` built by every process, an event file each: not "
-                f"moved, {reason}",
+                f"`{shorten(self.analysis.code_of(call.func), 40)}(...)` built by every process, {writes}: not moved, {reason}",
             )
 
     def _blocker(self, call: cst.Call) -> Optional[str]:

@@ -48,6 +48,8 @@ CASES = {
     "directories": ("projects/directories", "train.py", NO_ARGUMENTS),
     "star_imports": ("projects/star_imports", "train.py", NO_ARGUMENTS),
     "random_transforms": ("projects/random_transforms", "train.py", NO_ARGUMENTS),
+    # pytorch-semseg: augmentations drawing from Python's random, composed by a builder of another module
+    "built_augmentations": ("projects/built_augmentations", "train.py", NO_ARGUMENTS),
     "flat_entry": ("projects/flat_entry", "run.py", NO_ARGUMENTS),
     "evaluate_helper": ("projects/evaluate_helper", "train.py", NO_ARGUMENTS),
     "chosen_gpus": ("projects/chosen_gpus", "train.py", {2: ["--config", "two_gpus"], 3: ["--config", "three_gpus"]}),

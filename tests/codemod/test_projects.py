@@ -546,3 +546,80 @@ def test_a_fallback_held_by_a_trainer_class_is_named_and_not_launched(tmp_path):
         said = {d.code: d.message for d in migrate_source(main.read_text(), "ddp", str(main)).diagnostics}
         assert set(said) == {"MGP131", "MGP231"}, (built, said)
         assert "its fallback is held by the class `Trainer` (trainers.py:47)" in said["MGP231"]
+
+
+def test_a_helper_left_on_every_process_is_said_with_every_write(tmp_path):
+    """self-critical's ``eval_split``: an evaluation helper whose result the loop reads (MGP322, not moved) also
+    makes its directory, saves its predictions and calls a helper that writes a json it reads back. The diagnostic
+    names each write by its line, not only the first (the directory), so the person moving it knows them all."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "evaluation.py").write_text(
+        "import json\nimport os\n\nimport torch\n\n\n"
+        "def score(predictions):\n"
+        "    json.dump(predictions, open('eval/cache.json', 'w'))\n"
+        "    return len(json.load(open('eval/cache.json')))\n\n\n"
+        "def evaluate(model, data):\n"
+        "    predictions = model(data).argmax(1).tolist()\n"
+        "    if not os.path.isdir('eval'):\n"
+        "        os.mkdir('eval')\n"
+        "    torch.save(predictions, 'eval/predictions.pth')\n"
+        "    return score(predictions)\n"
+    )
+    train = tmp_path / "train.py"
+    train.write_text(
+        "import torch\nimport evaluation\nfrom torch.utils.data import DataLoader\n\n"
+        "model = torch.nn.DataParallel(torch.nn.Linear(2, 2))\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for x in DataLoader(torch.randn(8, 2), batch_size=4):\n"
+        "    loss = model(x).pow(2).mean()\n"
+        "    optimizer.zero_grad()\n"
+        "    loss.backward()\n"
+        "    optimizer.step()\n"
+        "    scored = evaluation.evaluate(model, x)\n"
+        "    if scored > 2:\n"
+        "        break\n"
+    )
+    result = migrate_source(train.read_text(), "ddp", str(train))
+    said = [(d.line, d.message) for d in result.diagnostics if d.code == "MGP322"]
+    assert said == [
+        (12, "`evaluation.evaluate(...)` writes at evaluation.py:15 `os.mkdir`, 16 `torch.save`, 17 `score(...)`: not moved, as what it returns is used")
+    ], said
+
+
+def test_a_helper_that_returns_a_name_read_from_the_clock_gives_the_main_processs(tmp_path):
+    """SfmLearner's ``save_path_formatter``: a project helper returns a path with the clock's reading in it; called
+    where the program sets up, its result is the main process's on every process (MGP138). A helper that only
+    names a file it opens by the clock and returns something else (pytorch-semseg's ``get_logger``) is left."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "utils.py").write_text(
+        "import datetime\nimport logging\nimport os\n\n\n"
+        "def save_path(base):\n"
+        "    stamp = datetime.datetime.now().strftime('%m-%d-%H:%M')\n"
+        "    return os.path.join(base, stamp)\n\n\n"
+        "def get_logger(logdir):\n"
+        "    logger = logging.getLogger('p')\n"
+        "    ts = str(datetime.datetime.now()).split('.')[0]\n"
+        "    logger.addHandler(logging.FileHandler(os.path.join(logdir, ts + '.log')))\n"
+        "    return logger\n"
+    )
+    train = tmp_path / "train.py"
+    train.write_text(
+        "import torch\nimport utils\nfrom torch.utils.data import DataLoader\n\n\n"
+        "def main():\n"
+        "    run = utils.save_path('checkpoints')\n"
+        "    logger = utils.get_logger(run)\n"
+        "    model = torch.nn.DataParallel(torch.nn.Linear(2, 2))\n"
+        "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for x in DataLoader(torch.randn(8, 2), batch_size=4):\n"
+        "        loss = model(x).pow(2).mean()\n"
+        "        optimizer.zero_grad()\n"
+        "        loss.backward()\n"
+        "        optimizer.step()\n"
+        "        logger.info(loss.item())\n\n\n"
+        "if __name__ == '__main__':\n"
+        "    main()\n"
+    )
+    result = migrate_source(train.read_text(), "ddp", str(train))
+    said = [(d.line, d.message) for d in result.diagnostics if d.code == "MGP138"]
+    assert said == [(7, "`utils.save_path(...)` names something from the clock (utils.py:7): the main process's result on every process (mgpu_runtime.main_process_value)")], said
+    assert "    run = mgpu_runtime.main_process_value(utils.save_path, 'checkpoints')\n    logger = utils.get_logger(run)\n" in result.output

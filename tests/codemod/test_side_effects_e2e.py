@@ -9,12 +9,14 @@ with the same content (tensors and arrays within 1e-9, float64; anything else by
 model's final weights must agree within 1e-9, and the job must print the lines the original printed.
 
 "Once" is checked, not assumed: the writers these projects call that the test machine lacks (tensorboardX,
-torchvision's ``save_image``, PIL) are the stand-ins of ``tests/data/stubs`` on ``PYTHONPATH``, which create
+tensorboard_logger, ignite's engine and ``ModelCheckpoint``, torchvision's ``save_image``, PIL) are the stand-ins
+of ``tests/data/stubs`` on ``PYTHONPATH``, which create
 each file exclusively, so a second process writing it fails the job; appended logs would hold each line once
 per process; the directory reset of ncsn's ``main.py`` races when every process runs it. The clock that names darts's run
 directory is a stand-in (``FIXTURE_CLOCK``, ``stubs/sitecustomize.py``) that reads the same second in the original
 and on rank 0 and 1.1 s later on every other rank: read on each rank, the names part, and the job fails. The last test shows
-that the check fails a migration that writes the runner's images on every process.
+that the check fails a migration that writes the runner's images on every process, and one whose checkpoint handler
+and run directory are every process's (as before the aside review's fixes).
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ CASES = {
     # classes (open-reid's datasets.create); open-reid's sys.stdout = Logger(path), its file opened with "w"
     "downloads": "train.py",
     "run_directory": "train.py",  # quark0/darts: a run directory named by the clock, made and logged into at module level
+    # the aside review's (A3, A4, A6): reid-strong-baseline's ignite ModelCheckpoint attached to the engine of another
+    # module, SupContrast's tensorboard_logger Logger, SfmLearner's run directory named from the clock in utils.py
+    "engine_writers": "train.py",
 }
 # The stand-in clock (tests/data/stubs/sitecustomize.py): time.strftime(fmt) reads this second, 1.1 s later per rank.
 CLOCK_S = "1700000000.5"
@@ -115,11 +120,12 @@ def runs(tmp_path_factory):
 
 
 def _written(home: Path) -> list[str]:
-    """What a run wrote into its directory (its sources and their byte code left out)."""
+    """What a run wrote into its directory (its sources and their byte code left out): its files, and the
+    directories it made and left empty (a run directory a second process named otherwise)."""
     return sorted(
         str(path.relative_to(home))
         for path in home.rglob("*")
-        if path.is_file() and path.relative_to(home).parts[0] != "src"
+        if (path.is_file() or (path.is_dir() and not any(path.iterdir()))) and path.relative_to(home).parts[0] != "src"
     )
 
 
@@ -202,3 +208,36 @@ def test_a_plain_start_that_relaunches_makes_one_run_directory(tmp_path):
     assert job.returncode == 0, job.stderr[-3000:]
     assert "relaunching under torchrun as 2 processes" in job.stderr
     assert [path.name for path in home.glob("eval-*")] == ["eval-EXP-" + time.strftime("%Y%m%d-%H%M%S", time.localtime(float(CLOCK_S)))]
+
+
+# What the migration of engine_writers moved onto the main process, and the original's call it undoes: the
+# checkpoint handler and the Logger then write their files twice (FileExistsError); the run directory's name
+# read on every process names a second directory, which the other process makes and leaves empty.
+_UNDONE = {
+    "checkpoint handler": ("engine.py", "mgpu_runtime.main_process_only(ModelCheckpoint, ", "ModelCheckpoint("),
+    "tensorboard_logger": ("train.py", "mgpu_runtime.main_process_only(tb_logger.Logger, ", "tb_logger.Logger("),
+    "run directory": ("train.py", "mgpu_runtime.main_process_value(run_directory, ", "run_directory("),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("side_effects_e2e")
+@pytest.mark.parametrize("undone", sorted(_UNDONE))
+def test_the_check_fails_the_engine_writers_every_process_made(tmp_path, undone):
+    """engine_writers's migration with one of its moves undone, as the tool wrote it before the aside review's
+    fixes (A3, A4, A6): the job fails, or what it wrote is not what the original wrote."""
+    module, moved, original = _UNDONE[undone]
+    home = tmp_path / "every-process"
+    home.mkdir()
+    script = _copy("engine_writers", home, migrated=True)
+    path = home / "src" / module
+    text = path.read_text()
+    assert moved in text
+    path.write_text(text.replace(moved, original))
+    code, _, err = _finish(_start(home, script, 2, original=False))
+    if undone == "run directory":
+        assert code == 0, err[-3000:]
+        made = sorted(path.name for path in (home / "runs" / "lr0.1").iterdir())
+        assert len(made) == 2 and f"runs/lr0.1/{made[1]}" in _written(home), _written(home)  # the second, empty
+    else:
+        assert code != 0 and "FileExistsError" in err, err[-3000:]

@@ -251,6 +251,17 @@ def plain_operands(b: Batch):
     return ((o + b.plain) * rows).mean() + (o * noise).sum() + torch.where(o > 0, o, b.plain).sum()
 
 
+def paired_rows(b: Batch):
+    """Layers whose two operands are both rows of the batch, one plain and whole (SfmLearner's
+    ``F.grid_sample(reference_image, grid_from_depth)``), ``F.pairwise_distance`` and ``F.bilinear``."""
+    o = b.out
+    images = b.plain.view(-1, 1, 1, CLASSES).expand(-1, 2, 3, CLASSES)
+    grid = torch.tanh(o[:, :2]).view(-1, 1, 1, 2).expand(-1, 3, 2, 2)
+    sampled = F.grid_sample(images, grid, align_corners=True)
+    weight = torch.linspace(-1, 1, 2 * CLASSES * CLASSES, dtype=o.dtype).view(2, CLASSES, CLASSES)
+    return sampled.pow(2).sum() + F.pairwise_distance(o, b.plain).sum() + F.bilinear(b.plain, o, weight).mean()
+
+
 def python_values(b: Batch):
     """``.item()``, numpy, ``if``, iteration: the global values."""
     o = b.out
@@ -283,6 +294,7 @@ CASES = [
     shapes,
     products,
     plain_operands,
+    paired_rows,
     python_values,
 ]
 

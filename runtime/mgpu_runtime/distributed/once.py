@@ -69,6 +69,11 @@ class MainProcessOnly:
 
     def __getattr__(self, name: str) -> MainProcessOnly:
         held = object.__getattribute__(self, "_held")
+        if name.startswith("__") and name.endswith("__"):
+            # What Python's machinery asks of an object (``inspect.signature`` reads ``__signature__`` and
+            # ``__wrapped__``; ignite checks a handler's signature when it is attached) is the stand-in's own,
+            # the same on every process: none of these.
+            raise AttributeError(name)
         if is_main_process():
             return MainProcessOnly(getattr(held, name))
         kind = object.__getattribute__(self, "_kind")

@@ -359,6 +359,30 @@ def _row_wise(func, args, kwargs):
     return _per_piece(func, args, kwargs, reference, split=False)
 
 
+def _row_paired(func, args, kwargs):
+    """Layers of two operands cut like the batch, each row with its own (``F.grid_sample(input, grid)``,
+    ``F.bilinear``, ``F.pairwise_distance``): a plain operand with the batch's rows is cut to each piece's rows,
+    as the piece of the other is (SfmLearner's warp samples the loader's whole reference images at a grid computed
+    from the model's output); the rest (a weight, a one-row operand that broadcasts) is every piece's."""
+    reference = _reference(args, kwargs)
+    if reference is None:
+        return _materialized(func, args, kwargs)
+    rows = sum(reference._splits)
+
+    def operand(value: Any, index: int, paired: bool) -> Any:
+        if paired and isinstance(value, torch.Tensor) and type(value) is not Sharded and value.dim() > 0 and value.shape[0] == rows:
+            start, count = reference.rows_of_part(reference._group.held[index])
+            value = value.narrow(0, start, count)
+        return _operand(value, index, reference, False, 0)
+
+    def local(index: int) -> tuple[tuple, dict]:
+        piece_args = tuple(operand(value, index, position < 2) for position, value in enumerate(args))
+        piece_kwargs = {name: operand(value, index, name in _PAIRED_OPERANDS) for name, value in kwargs.items()}
+        return piece_args, piece_kwargs
+
+    return _per_piece(func, args, kwargs, reference, local=local)
+
+
 def _new_factory(func, args, kwargs):
     """``x.new_zeros(size)`` ...: a plain tensor of the given size, with the value's dtype and device."""
     return func(args[0]._pieces[0], *materialize(args[1:]), **materialize(kwargs))
@@ -1024,16 +1048,18 @@ _CONVERSIONS = frozenset(
 )
 _ROW_WISE = frozenset(
     {
-        "linear", "bilinear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+        "linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
         "conv_transpose3d", "max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d",
         "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d", "adaptive_avg_pool1d",
         "adaptive_avg_pool2d", "adaptive_avg_pool3d", "lp_pool1d", "lp_pool2d", "max_pool1d_with_indices",
         "max_pool2d_with_indices", "max_pool3d_with_indices", "fractional_max_pool2d_with_indices",
         "interpolate", "upsample", "upsample_nearest", "upsample_bilinear", "pixel_shuffle", "pixel_unshuffle",
-        "unfold", "fold", "embedding", "one_hot", "group_norm", "local_response_norm", "prelu", "grid_sample",
-        "channel_shuffle", "native_channel_shuffle", "pairwise_distance",
+        "unfold", "fold", "embedding", "one_hot", "group_norm", "local_response_norm", "prelu",
+        "channel_shuffle", "native_channel_shuffle",
     }
 )
+_ROW_PAIRED = frozenset({"grid_sample", "bilinear", "pairwise_distance"})
+_PAIRED_OPERANDS = frozenset({"input", "grid", "input1", "input2", "x1", "x2"})
 _LIKE = frozenset({"zeros_like", "ones_like", "empty_like", "full_like"})
 _RANDOM_LIKE = frozenset({"rand_like", "randn_like", "randint_like"})
 _NEW = frozenset({"new_zeros", "new_ones", "new_empty", "new_full", "new_tensor"})
@@ -1236,6 +1262,8 @@ def _classify(func: Any) -> Rule:
         return _conversion
     if name in _ROW_WISE:
         return _row_wise
+    if name in _ROW_PAIRED:
+        return _row_paired
     if name in _LIKE:
         return _like_factory
     if name in _RANDOM_LIKE:
