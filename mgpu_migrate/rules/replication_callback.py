@@ -7,6 +7,7 @@ from typing import Optional, Union
 
 import libcst as cst
 
+from mgpu_migrate.analysis import names
 from mgpu_migrate.analysis.project import project_of
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import keyword, with_keyword
@@ -74,7 +75,7 @@ class ReplicationCallback(Rule):
 
     CODE = Rewrite("MGP109")
     PHASE = PROGRAM
-    USES = ("models", "values")
+    USES = ("bindings", "models", "values")
     REVIEW_CODES = (REPLICATION_CALLBACK,)
     DESCRIPTION = "the Synchronized-BatchNorm package's replication callbacks linked over the processes by the runtime"
     TARGETS = (DDP,)
@@ -111,6 +112,7 @@ class ReplicationCallback(Rule):
             return
         left: list[tuple[cst.CSTNode, str]] = []
         patches: list[tuple[cst.Call, cst.SimpleStatementLine, list[cst.Call]]] = []
+        callbacks: list[cst.Call] = []
         for call in self.analysis.calls:
             name = _last_name(call.func)
             if name == _PATCH:
@@ -120,9 +122,13 @@ class ReplicationCallback(Rule):
                 elif found is not None:
                     patches.append(found)
             elif name in _CALLBACK_NAMES:
-                left.append((call, f"`{name}(...)` synchronises BatchNorm across DataParallel's replicas, which DDP never makes"))
+                why = self._callback_wrap(call)
+                if why is None:
+                    callbacks.append(call)
+                else:
+                    left.append((call, f"`{name}(...)` {why}"))
         for layer in self._layer_classes():
-            if not (patches and _follows_protocol(self.analysis.code_of(layer))):
+            if not ((patches or callbacks) and _follows_protocol(self.analysis.code_of(layer))):
                 method = next(s for s in layer.body.body if type(s) is cst.FunctionDef and s.name.value == _CALLBACK_METHOD)
                 left.append((method.name, f"`{_CALLBACK_METHOD}` synchronises BatchNorm across DataParallel's replicas, which DDP never makes"))
         if left:
@@ -142,6 +148,24 @@ class ReplicationCallback(Rule):
                 f"`{_PATCH}(...)` dropped: the wrap at line {line} links the layers over the processes "
                 "(replication_callbacks=True)",
             )
+        for call in callbacks:
+            if not self.rewrite_allowed(call):
+                continue
+            if keyword(call, "replication_callbacks") is None:
+                self.edits.replace(call, _linking)
+            self.rewrote(call, "the layers DataParallelWithCallback called back are linked over the processes (replication_callbacks=True)")
+
+    def _callback_wrap(self, call: cst.Call) -> Optional[str]:
+        """Why a call of ``DataParallelWithCallback`` cannot have its layers linked over the processes; None when
+        it can: it is the Synchronized-BatchNorm package's class, made the runtime's DDP (MGP101), and the layers of
+        that package follow its protocol."""
+        if self.options.style != RUNTIME_STYLE:
+            return "synchronises BatchNorm across DataParallel's replicas, which --style torch cannot link"
+        if self.analysis.resolve(call.func) != names.CALLBACK_DATA_PARALLEL or call not in self.program.wraps:
+            return "synchronises BatchNorm across DataParallel's replicas, which DDP never makes"
+        if not self._layers_follow_protocol(call):
+            return "calls back layers not known to follow the Synchronized-BatchNorm package's protocol"
+        return None
 
     def _layer_classes(self) -> list[cst.ClassDef]:
         """The classes of this file that define ``__data_parallel_replicate__`` (the layers called back)."""
@@ -177,7 +201,7 @@ class ReplicationCallback(Rule):
         if own:
             return all(_follows_protocol(self.analysis.code_of(node)) for node in own)
         project = project_of(self.analysis.path)
-        qualified = self.analysis.resolve(call.func)
+        qualified = _imported_as(self.analysis.bindings, call.func)
         found = project.find(qualified) if project is not None and qualified else None
         if found is None:
             return False
@@ -200,6 +224,19 @@ def _follows_protocol(text: str) -> bool:
     """Whether a layer's (or a module's) source holds the Synchronized-BatchNorm package's protocol: a pipe to the
     master copy and ``_compute_mean_std``, which the runtime's link calls."""
     return all(part in text for part in ("_slave_pipe", "_sync_master", "def _compute_mean_std", "_is_parallel", "_parallel_id"))
+
+
+def _imported_as(bindings: names.Bindings, func: cst.BaseExpression) -> str | None:
+    """The qualified name a callee is imported as, before any canonical spelling (the project's own module)."""
+    head = names.head_name(func)
+    base = bindings.qualified_name(head) if head is not None else None
+    if base is None:
+        return None
+    rest = []
+    while type(func) is cst.Attribute:
+        rest.insert(0, func.attr.value)
+        func = func.value
+    return ".".join([base, *rest])
 
 
 def _last_name(func: cst.BaseExpression) -> str | None:
