@@ -131,7 +131,7 @@ class Program:
         chose it and it holds, where ``setup()`` runs, what it holds at each wrap (``analysis.devices``)."""
         sites = []
         for call in self.wraps:
-            if analysis.resolve(call.func) != names.DATA_PARALLEL:
+            if analysis.resolve(call.func) not in (names.DATA_PARALLEL, names.CALLBACK_DATA_PARALLEL):
                 continue
             chosen = device_ids(call)
             if chosen is not None and not every_visible(analysis, chosen):
