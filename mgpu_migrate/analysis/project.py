@@ -287,6 +287,24 @@ class Project:
                 return None if _returns_the_wrap(found.node, call) else Write(call.lineno, qualified.rpartition(".")[2])
         return None
 
+    def device_parameter(self, found: Found) -> str | None:
+        """The parameter of a project function whose value its DataParallel takes as ``device_ids``
+        (first-order-model's ``train(..., device_ids)`` wrapping in ``DataParallelWithCallback(model,
+        device_ids=device_ids)``): the GPUs its caller chose. None when no wrap of the function chooses so, or its
+        wraps choose differently."""
+        node = found.node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return None
+        parameters = {arg.arg for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]}
+        chosen = set()
+        for call in _calls(node):
+            qualified = found.module.qualified(call.func) or _dotted(call.func)
+            if qualified not in _DATA_PARALLEL and not self._callback_data_parallel(qualified):
+                continue
+            given = [keyword.value for keyword in call.keywords if keyword.arg == "device_ids"] + call.args[1:2]
+            chosen.add(given[0].id if given and isinstance(given[0], ast.Name) and given[0].id in parameters else None)
+        return chosen.pop() if len(chosen) == 1 else None
+
     def _callback_data_parallel(self, qualified: str) -> bool:
         """``qualified`` is the Synchronized-BatchNorm package's ``DataParallelWithCallback``, in the project."""
         if not qualified.endswith(_CALLBACK_NAME):
