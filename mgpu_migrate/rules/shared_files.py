@@ -14,6 +14,8 @@ from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review
 from mgpu_migrate.rules.syntax import RUNTIME, argument, through_runtime
 
 _RACE = "all write the file at once"
+# What a test around a write may ask of the disk, which the main process's write then changes.
+_FILE_QUERIES = frozenset(f"os.path.{name}" for name in ("exists", "lexists", "isfile", "isdir", "getsize"))
 # The library functions that write a file they are given the path of (a statement of its own: nothing returned).
 _WRITERS = frozenset(
     {
@@ -342,8 +344,31 @@ class SharedFiles(Rule):
             )
             return
         self.edits.replace(call, through_runtime("on_main_process"))
+        looked = self._looks_at_files(call)
+        for query in looked:
+            self.edits.replace(query, through_runtime("main_process_value"))
         self.rewrote(
             call,
             f"`{shorten(self.analysis.code_of(call.func), 40)}(...)` writes on the main process only ({RUNTIME}.on_main_process), "
-            "given the whole values; every process waits",
+            "given the whole values; every process waits"
+            + (f", under the main process's `{shorten(self.analysis.code_of(looked[0].func), 20)}`" if looked else ""),
         )
+
+    def _looks_at_files(self, call: cst.Call) -> list[cst.Call]:
+        """The file-system queries (``os.path.exists(...)``) in the tests of the ``if`` statements around a write, in
+        its function: each process would read the disk at its own time, and one that runs after the main process
+        wrote (run.py's ``if not os.path.exists(...): copy(config, log_dir)``) would skip the write, and the wait
+        the others hold for it."""
+        tree = self.analysis.tree
+        function = tree.function(call)
+        found = []
+        for ancestor in tree.ancestors(call):
+            if ancestor is function:
+                break
+            if type(ancestor) is cst.If:
+                found.extend(
+                    query
+                    for query in contains(ancestor.test, lambda node: type(node) is cst.Call)
+                    if self.analysis.resolve(query.func) in _FILE_QUERIES
+                )
+        return found

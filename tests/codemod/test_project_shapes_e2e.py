@@ -52,6 +52,8 @@ CASES = {
     "chosen_gpus": ("projects/chosen_gpus", "train.py", {2: ["--config", "two_gpus"], 3: ["--config", "three_gpus"]}),
     # The wrap held by a base class, trained by a subclass of another module, run from an entry script.
     "held_model": ("projects/held_model", "main.py", NO_ARGUMENTS),
+    # first-order-model: DataParallelWithCallback over synchronized BatchNorm, GPUs chosen in run.py (MGP109, MGP150).
+    "keypoint_gan": ("projects/keypoint_gan", "run.py", {2: ["--device_ids", "0,1"], 3: ["--device_ids", "0,1,2"]}),
     # WaveRNN: the model never wrapped, each step through the project's hand-written data_parallel (MGP107).
     "hand_written_dp": ("projects/hand_written_dp", "train.py", NO_ARGUMENTS),
 }
