@@ -82,7 +82,9 @@ class SharedFiles(Rule):
       ``shutil.copy`` of the run's config into its folder) becomes
       ``mgpu_runtime.on_main_process(writer, ...)``: every process computes the arguments as before, their global
       values (the batch's, the model's outputs) are made whole on every process, the main process writes, and
-      the others wait for it;
+      the others wait for it; a file-system query in an ``if`` around it (``if not os.path.exists(dst):``) becomes
+      the main process's reading (``mgpu_runtime.main_process_value(os.path.exists, dst)``), so every process
+      takes the branch the main one takes, and none skips the wait for a file the main process just wrote;
     - ``with open(path, "w") as f:`` (``"a"``, ``"x"``, binary too) whose block only writes to ``f`` (its methods,
       ``json.dump(x, f)``, ``print(..., file=f)``) becomes ``with mgpu_runtime.main_process_only(open, path, "w") as
       f:``: the file is opened and written by the main process only, the block still runs on every process, and
