@@ -128,6 +128,29 @@ class SharedFiles(Rule):
     EXAMPLES = (
         Example(
             """
+            import os
+            import shutil
+            import torch.nn as nn
+            model = nn.DataParallel(model)
+            if not os.path.exists(os.path.join(log_dir, 'config.yaml')):
+                shutil.copy('config.yaml', log_dir)
+            """,
+            """
+            import os
+            import shutil
+            import mgpu_runtime
+            model = mgpu_runtime.DistributedDataParallel(model)
+            if not mgpu_runtime.main_process_value(os.path.exists, os.path.join(log_dir, 'config.yaml')):
+                mgpu_runtime.on_main_process(shutil.copy, 'config.yaml', log_dir)
+            """,
+            DDP,
+            ("MGP101", "MGP134"),
+            message="every process waits, under the main process's `os.path.exists`",
+            line=6,
+            name="a process that asked the disk after the main process copied would skip the copy's wait",
+        ),
+        Example(
+            """
             import torch.nn as nn
             model = nn.DataParallel(model)
             with open('log.txt', 'a') as log:
