@@ -78,6 +78,7 @@ class DeviceSelection(Rule):
 
     CODE = Rewrite("MGP150")
     PHASE = PROGRAM
+    USES = ("entry_point",)
     REVIEW_CODES = (CHOSEN_DEVICES,)
     DESCRIPTION = "DataParallel's choice of GPUs handed to mgpu_runtime.setup(devices=...), said, or kept by leaving the file"
     TARGETS = (DDP,)

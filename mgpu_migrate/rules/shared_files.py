@@ -145,7 +145,7 @@ class SharedFiles(Rule):
             """,
             DDP,
             ("MGP101", "MGP134"),
-            message="every process waits, under the main process's `os.path.exists`",
+            message="its `if` reads the disk there; every process waits",
             line=6,
             name="a process that asked the disk after the main process copied would skip the copy's wait",
         ),
@@ -375,8 +375,7 @@ class SharedFiles(Rule):
         self.rewrote(
             call,
             f"`{shorten(self.analysis.code_of(call.func), 40)}(...)` writes on the main process only ({RUNTIME}.on_main_process), "
-            "given the whole values; every process waits"
-            + (f", under the main process's `{shorten(self.analysis.code_of(looked[0].func), 20)}`" if looked else ""),
+            + ("its `if` reads the disk there; every process waits" if looked else "given the whole values; every process waits"),
         )
 
     def _looks_at_files(self, call: cst.Call) -> list[cst.Call]:
