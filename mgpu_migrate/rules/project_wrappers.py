@@ -158,7 +158,7 @@ class ProjectWrappers(Rule):
         canonical = self.analysis.bindings.canonical(qualified)
         if qualified in names.MIGRATED_NAMES or canonical in names.MIGRATED_NAMES:
             return False  # a vendored copy the tool recognizes and migrates itself
-        if canonical == names.CALLBACK_DATA_PARALLEL:
+        if canonical == names.CALLBACK_DATA_PARALLEL and self.analysis.resolve(call.func) == canonical:
             return False  # the Synchronized-BatchNorm package's: a wrap site (MGP101, MGP109), rebased under balanced
         found = project.find(qualified)
         if found is None:
