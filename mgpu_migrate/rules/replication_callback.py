@@ -22,8 +22,8 @@ REPLICATION_CALLBACK = Review(
         "`__data_parallel_replicate__`): they synchronise BatchNorm statistics across the replicas DataParallel "
         "makes. DDP makes no replicas, so the callback would never run (BatchNorm per process) or fail an assertion "
         "at start-up. The runtime links the Synchronized-BatchNorm package's layers over the processes instead "
-        "(MGP109), for `patch_replication_callback(model)` on a wrapped model; this site is another shape (the "
-        "`DataParallelWithCallback` class, layers that meet their copies another way, a patch of a model not wrapped "
+        "(MGP109), for `patch_replication_callback(model)` on a wrapped model and for the package's "
+        "`DataParallelWithCallback`; this site is another shape (a `DataParallelWithCallback` not read as the package's, layers that meet their copies another way, a patch of a model not wrapped "
         "here, `--style torch`). The file is left as it is."
     ),
     todo=(
@@ -43,9 +43,12 @@ class ReplicationCallback(Rule):
     Under ``--to ddp``, ``patch_replication_callback(model)`` on a model this file wraps in DataParallel (the
     Synchronized-BatchNorm package, vendored as ``sync_batchnorm/`` by many segmentation projects) goes, and the
     wrap gets ``replication_callbacks=True``: the runtime links the package's layers over the processes at each
-    forward, as the callbacks linked DataParallel's replicas. Any other replication callback (the
-    ``DataParallelWithCallback`` class, a layer that meets its copies some other way, a patch of a model not
-    wrapped here) is reported (MGP266) and the file left as it is.
+    forward, as the callbacks linked DataParallel's replicas. So does the package's own ``DataParallelWithCallback(
+    model, device_ids=...)`` (the tool reads the project's class: a DataParallel whose only method, ``replicate``,
+    calls ``execute_replication_callbacks``), which becomes the runtime's DDP (MGP101) with
+    ``replication_callbacks=True``. Any other replication callback (a class the tool does not read as the
+    package's, a layer that meets its copies some other way, a patch of a model not wrapped here) is reported
+    (MGP266) and the file left as it is.
 
     ## Why is this bad?
     Those layers synchronise their statistics across the replicas of one ``nn.DataParallel`` forward, which
