@@ -190,7 +190,9 @@ def handed_device_ids(analysis: FileAnalysis, started: Collection[str]) -> list[
         if found is None or os.path.abspath(found.module.path) not in modules:
             continue
         parameter = project.device_parameter(found)
-        given = _argument_for(found.node, call, parameter) if parameter is not None else None
+        node = found.node
+        functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+        given = _argument_for(node, call, parameter) if parameter is not None and isinstance(node, functions) else None
         if given is not None:
             sites.append((call, given))
     return sites

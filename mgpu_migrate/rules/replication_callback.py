@@ -235,7 +235,7 @@ def _imported_as(bindings: names.Bindings, func: cst.BaseExpression) -> str | No
     base = bindings.qualified_name(head) if head is not None else None
     if base is None:
         return None
-    rest = []
+    rest: list[str] = []
     while type(func) is cst.Attribute:
         rest.insert(0, func.attr.value)
         func = func.value

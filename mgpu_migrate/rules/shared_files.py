@@ -385,7 +385,7 @@ class SharedFiles(Rule):
         the others hold for it."""
         tree = self.analysis.tree
         function = tree.function(call)
-        found = []
+        found: list[cst.Call] = []
         for ancestor in tree.ancestors(call):
             if ancestor is function:
                 break
