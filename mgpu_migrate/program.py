@@ -16,18 +16,23 @@ every rewrite is dropped and the file is left as it is, with the diagnostics tha
 
 from __future__ import annotations
 
+import ast
+import os
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import libcst as cst
 
+from mgpu_migrate import files
 from mgpu_migrate.analysis import FileAnalysis, names
 from mgpu_migrate.analysis.devices import device_ids, every_visible, what_they_are, why_unknown
 from mgpu_migrate.analysis.entrypoint import RUNTIME_SETUP
 from mgpu_migrate.analysis.models import RUNTIME
 from mgpu_migrate.analysis.own_path import Fallback, fallback_builders
+from mgpu_migrate.analysis.project import importers, project_of
 from mgpu_migrate.diagnostics import Rewrite
 from mgpu_migrate.edits import Edits
+from mgpu_migrate.started import is_script
 
 # The rewrite that calls ``mgpu_runtime.setup()`` at the entry point (``EntryPointSetup.CODE``). Its code is the
 # verdict's because where the set-up runs is a fact of the program other rules need (``Program.setup_statement``).
@@ -131,11 +136,13 @@ class Program:
         chose it and it holds, where ``setup()`` runs, what it holds at each wrap (``analysis.devices``)."""
         sites = []
         for call in self.wraps:
-            if analysis.resolve(call.func) != names.DATA_PARALLEL:
+            if analysis.resolve(call.func) not in (names.DATA_PARALLEL, names.CALLBACK_DATA_PARALLEL):
                 continue
             chosen = device_ids(call)
             if chosen is not None and not every_visible(analysis, chosen):
                 sites.append((call, chosen))
+        if not self.wraps and self.starts:
+            sites = [site for site in handed_device_ids(analysis, self.starts) if not every_visible(analysis, site[1])]
         if not sites:
             return None
         return ChosenDevices(tuple(sites), *self._setup_takes(analysis, sites))
@@ -170,6 +177,69 @@ class Program:
             if reason is not None:
                 return None, reason
         return value, None
+
+
+def handed_device_ids(analysis: FileAnalysis, started: Collection[str]) -> list[tuple[cst.Call, cst.BaseExpression]]:
+    """The calls of a script that hand the GPUs to a function of a module it starts whose wraps take them as
+    ``device_ids`` (run.py's ``train(..., opt.device_ids)``), with what each hands."""
+    project = project_of(analysis.path)
+    if project is None:
+        return []
+    modules = {os.path.abspath(path) for path in started}
+    sites = []
+    for call in analysis.calls:
+        qualified = analysis.resolve(call.func)
+        found = project.find(qualified) if qualified and "." in qualified else None
+        if found is None or os.path.abspath(found.module.path) not in modules:
+            continue
+        parameter = project.device_parameter(found)
+        node = found.node
+        functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+        given = _argument_for(node, call, parameter) if parameter is not None and isinstance(node, functions) else None
+        if given is not None:
+            sites.append((call, given))
+    return sites
+
+
+def _argument_for(function: ast.FunctionDef | ast.AsyncFunctionDef, call: cst.Call, parameter: str) -> cst.BaseExpression | None:
+    """What ``call`` gives ``function``'s ``parameter`` (by keyword or position), None when it cannot be told."""
+    positional = [arg.arg for arg in [*function.args.posonlyargs, *function.args.args]]
+    for index, arg in enumerate(call.args):
+        if arg.star:
+            return None
+        if arg.keyword is not None:
+            if arg.keyword.value == parameter:
+                return arg.value
+        elif index < len(positional) and positional[index] == parameter:
+            return arg.value
+    return None
+
+
+def handed_to_a_setup(analysis: FileAnalysis, wrap: cst.Call) -> str | None:
+    """For a wrap whose ``device_ids`` are a parameter of its function, in a module with no entry point of its own:
+    the script that starts it and gives those GPUs to its ``mgpu_runtime.setup(devices=...)`` (``run.py:86``,
+    the call that hands them), as that script's own migration does (``Program.chosen_devices``); else None."""
+    here = os.path.dirname(os.path.abspath(analysis.path))
+    function = analysis.tree.function(wrap)
+    if function is None:
+        return None
+    for importer in importers(analysis.path, function.name.value):
+        try:
+            source = files.read(importer.path)[0].decode("utf-8")
+            script = FileAnalysis(importer.path, source, cst.parse_module(source))
+        except (OSError, UnicodeDecodeError, cst.ParserSyntaxError):
+            continue
+        try:
+            if not is_script(source.encode("utf-8", "surrogateescape")):
+                continue
+            starting = Program((), (), existing_setup(script), False, (os.path.abspath(analysis.path),))
+            chosen = starting.chosen_devices(script)
+            if chosen is not None and chosen.passed is not None:
+                call = chosen.sites[0][0]
+                return f"{os.path.relpath(importer.path, here)}:{script.position(call)[0]}"
+        finally:
+            script.release()
+    return None
 
 
 def _setup_call(analysis: FileAnalysis) -> cst.Call:

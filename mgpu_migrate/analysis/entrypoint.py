@@ -193,7 +193,7 @@ def _at_top(
         statement = body[parsed]
         if parses_arguments(analysis, statement) or _is_global(statement):
             start = parsed + 1
-        elif not _computes_a_path(analysis, statement):
+        elif not (_computes_a_path(analysis, statement) or _refuses_to_run(statement)):
             break  # a path computed between two parser statements stays with them; one after them goes below
         parsed += 1
     if parsed > first:
@@ -201,6 +201,17 @@ def _at_top(
     if start < len(body):
         return EntryPoint(body[start], False, place)
     return EntryPoint(body[-1], True, place) if body else None
+
+
+def _refuses_to_run(statement: cst.CSTNode) -> bool:
+    """``if sys.version_info[0] < 3: raise Exception(...)`` before the parser (first-order-model's run.py): a check
+    that calls nothing and only raises, which stays before the set-up with the parser after it."""
+    if type(statement) is not cst.If or statement.orelse is not None or contains(statement.test, lambda node: type(node) is cst.Call):
+        return False
+    body = statement.body.body if type(statement.body) is cst.IndentedBlock else ()
+    return bool(body) and all(
+        type(line) is cst.SimpleStatementLine and all(type(small) is cst.Raise for small in line.body) for line in body
+    )
 
 
 def _computes_a_path(analysis: ParsedFile, statement: cst.CSTNode) -> bool:

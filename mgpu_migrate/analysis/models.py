@@ -47,6 +47,7 @@ _BUILTINS = frozenset(dir(builtins))
 TORCH, ENCODING, SUBCLASS, RUNTIME, FUNCTIONAL = "torch", "encoding", "subclass", "runtime", "functional"
 _SITE_KINDS = {
     names.DATA_PARALLEL: TORCH,
+    names.CALLBACK_DATA_PARALLEL: TORCH,
     names.ENCODING_MODEL: ENCODING,
     names.RUNTIME_MODEL: RUNTIME,
     names.RUNTIME_DDP: RUNTIME,

@@ -21,6 +21,9 @@ TORCH_DDP = "torch.nn.parallel.DistributedDataParallel"
 APEX_DDP = "apex.parallel.DistributedDataParallel"
 ENCODING_MODEL = "encoding.parallel.DataParallelModel"
 ENCODING_CRITERION = "encoding.parallel.DataParallelCriterion"
+# The Synchronized-BatchNorm package's DataParallel, which calls its layers back at each replicate (a vendored
+# ``sync_batchnorm/replicate.py``, recognized by reading the project's copy: ``analysis.project``).
+CALLBACK_DATA_PARALLEL = "sync_batchnorm.DataParallelWithCallback"
 TORCH_MODULE = "torch.nn.Module"
 TORCH_FUNCTIONAL = "torch.nn.functional"
 # The runtime's names, recognized so that a second run (or a file already half migrated) is understood.
@@ -102,6 +105,8 @@ class Bindings:
     # Modules of the project that hold a copy of PyTorch-Encoding's pair under another name
     # (``utils.encoding``), recognized by reading them (``analysis.project``).
     encoding_modules: frozenset[str] = frozenset()
+    # Modules of the project holding the Synchronized-BatchNorm package's ``DataParallelWithCallback``.
+    callback_modules: frozenset[str] = frozenset()
     # What a name bound by none of the file's statements comes from, when the project's copies of the modules it
     # star-imports tell (``analysis.project.star_resolver``); None without star imports or a project.
     star_resolver: Callable[[str], str | None] | None = None
@@ -119,6 +124,8 @@ class Bindings:
         module, _, name = qualified.rpartition(".")
         if name in _ENCODING_NAMES and module in self.encoding_modules:
             return _ENCODING_NAMES[name]
+        if name == "DataParallelWithCallback" and module in self.callback_modules:
+            return CALLBACK_DATA_PARALLEL
         return canonical(qualified, self.vendored_encoding)
 
     def qualified_name(self, name: str) -> str | None:

@@ -10,7 +10,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis import names
 from mgpu_migrate.analysis.positions import Positions, code_of
-from mgpu_migrate.analysis.project import encoding_pair_modules, star_resolver
+from mgpu_migrate.analysis.project import callback_data_parallel_modules, encoding_pair_modules, star_resolver
 from mgpu_migrate.analysis.scopes import FlowCollector, FlowIndex
 from mgpu_migrate.analysis.tree import Tree
 from mgpu_migrate.analysis.values import Values
@@ -39,6 +39,8 @@ class ParsedFile:
         tree = Tree(self.module, flow)
         # PyTorch-Encoding's pair is recognised in the project's own copies of it too (analysis/project.py).
         flow.bindings.encoding_modules = encoding_pair_modules(self.path, flow.bindings.imported)
+        # So is the Synchronized-BatchNorm package's DataParallelWithCallback.
+        flow.bindings.callback_modules = callback_data_parallel_modules(self.path, flow.bindings.imported)
         if flow.bindings.star_modules:  # what `from models import *` binds, where the project's copy tells
             flow.bindings.star_resolver = star_resolver(self.path, flow.bindings.star_modules)
         return tree, flow.bindings, FlowIndex(flow)

@@ -39,6 +39,7 @@ _REPLICATE = {"torch.nn.parallel.replicate", "torch.nn.parallel.replicate.replic
 _PARALLEL_APPLY = {"torch.nn.parallel.parallel_apply", "torch.nn.parallel.parallel_apply.parallel_apply"}
 
 _ENCODING_NAMES = (".DataParallelModel", ".DataParallelCriterion")
+_CALLBACK_NAME = ".DataParallelWithCallback"
 _UNEVEN_LOSS_OPERATIONS = frozenset(
     {"topk", "sort", "argsort", "kthvalue", "cdist", "masked_select", "nonzero", "ignore_index"}
 )
@@ -285,11 +286,36 @@ class Project:
             # ``torch`` from a star import of the project's own module (MOT's ``from models import *``) is no
             # import of this module: then the spelling, ``torch.nn.DataParallel``, says it.
             qualified = found.module.qualified(call.func) or _dotted(call.func)
-            if qualified in _DATA_PARALLEL:
+            if qualified in _DATA_PARALLEL or self._callback_data_parallel(qualified):
                 # A builder that returns the wrapped model (``return nn.DataParallel(net)``) hands it to its
                 # caller: no evaluation of its own (MGP320 follows such models).
                 return None if _returns_the_wrap(found.node, call) else Write(call.lineno, qualified.rpartition(".")[2])
         return None
+
+    def device_parameter(self, found: Found) -> str | None:
+        """The parameter of a project function whose value its DataParallel takes as ``device_ids``
+        (first-order-model's ``train(..., device_ids)`` wrapping in ``DataParallelWithCallback(model,
+        device_ids=device_ids)``): the GPUs its caller chose. None when no wrap of the function chooses so, or its
+        wraps choose differently."""
+        node = found.node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return None
+        parameters = {arg.arg for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]}
+        chosen = set()
+        for call in _calls(node):
+            qualified = found.module.qualified(call.func) or _dotted(call.func)
+            if qualified not in _DATA_PARALLEL and not self._callback_data_parallel(qualified):
+                continue
+            given = [keyword.value for keyword in call.keywords if keyword.arg == "device_ids"] + call.args[1:2]
+            chosen.add(given[0].id if given and isinstance(given[0], ast.Name) and given[0].id in parameters else None)
+        return chosen.pop() if len(chosen) == 1 else None
+
+    def _callback_data_parallel(self, qualified: str) -> bool:
+        """``qualified`` is the Synchronized-BatchNorm package's ``DataParallelWithCallback``, in the project."""
+        if not qualified.endswith(_CALLBACK_NAME):
+            return False
+        definition = self.find(qualified)
+        return definition is not None and bool(self.data_parallel_base(definition)) and _only_calls_back(definition.node)
 
     def writes_unless(self, found: Found, switched_off: frozenset[str]) -> Write | None:
         """``writes`` of a function called with ``switched_off`` (parameters given a false constant): what it
@@ -935,6 +961,39 @@ def encoding_pair_modules(path: str, imported: dict[str, set[str]]) -> frozenset
         ):
             found.add(module)
     return frozenset(found)
+
+
+def callback_data_parallel_modules(path: str, imported: dict[str, set[str]]) -> frozenset[str]:
+    """The modules a file imports ``DataParallelWithCallback`` from that hold the Synchronized-BatchNorm package's
+    class: it derives from torch's DataParallel, and its one method, ``replicate(self, module, device_ids)``,
+    makes the replicas with DataParallel's own and calls ``execute_replication_callbacks`` on them (what
+    ``replication_callbacks=True`` of the runtime's DDP reproduces over the processes)."""
+    wanted = {origin for origins in imported.values() for origin in origins if origin.endswith(_CALLBACK_NAME)}
+    project = project_of(path) if wanted else None
+    if project is None:
+        return frozenset()
+    found = set()
+    for origin in wanted:
+        definition = project.find(origin)
+        if definition is not None and project.data_parallel_base(definition) and _only_calls_back(definition.node):
+            found.add(origin.rpartition(".")[0])
+    return frozenset(found)
+
+
+def _only_calls_back(cls: ast.AST) -> bool:
+    """``cls`` (a class) defines nothing but ``replicate(self, module, device_ids)``, which returns the replicas
+    of the base class's ``replicate`` after calling ``execute_replication_callbacks`` on them."""
+    if not isinstance(cls, ast.ClassDef):
+        return False
+    methods = [node for node in cls.body if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
+    if len(methods) != 1 or not isinstance(methods[0], ast.FunctionDef) or methods[0].name != "replicate":
+        return False
+    method = methods[0]
+    if [arg.arg for arg in method.args.args] != ["self", "module", "device_ids"] or method.decorator_list:
+        return False
+    calls = [node for node in ast.walk(method) if isinstance(node, ast.Call)]
+    called = {_dotted(call.func).rpartition(".")[2] for call in calls}
+    return called <= {"replicate", "super", "execute_replication_callbacks"} and "execute_replication_callbacks" in called
 
 
 def _returns_its_argument(cls: ast.ClassDef, method: str) -> bool:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from mgpu_migrate.analysis.devices import first_n
+from mgpu_migrate.analysis.devices import first_n, what_they_are
 from mgpu_migrate.diagnostics import shorten
+from mgpu_migrate.program import handed_to_a_setup
 from mgpu_migrate.rules.base import DDP, PROGRAM, TORCH_STYLE, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME
 from mgpu_migrate.rules.torch_style import TORCH_OPTIONS
@@ -80,6 +81,7 @@ class DeviceSelection(Rule):
 
     CODE = Rewrite("MGP150")
     PHASE = PROGRAM
+    USES = ("entry_point",)
     REVIEW_CODES = (CHOSEN_DEVICES,)
     DESCRIPTION = "DataParallel's choice of GPUs handed to mgpu_runtime.setup(devices=...), said, or kept by leaving the file"
     TARGETS = (DDP,)
@@ -216,6 +218,16 @@ class DeviceSelection(Rule):
         ),
     )
 
+    def _handed_to_a_setup(self, call, value) -> str | None:
+        """The script that starts this module and gives the GPUs of a wrap's ``device_ids``, a parameter of its
+        function, to its set-up (first-order-model's run.py, calling ``train(..., opt.device_ids)``)."""
+        if self.options.style == TORCH_STYLE or self.analysis.entry_point is not None:
+            return None
+        described = what_they_are(self.analysis, value, call)
+        if described is None or not described.endswith("()") or " is a parameter of " not in described:
+            return None
+        return handed_to_a_setup(self.analysis, call)
+
     def apply(self) -> None:
         program = self.program
         if not program.migrates:
@@ -234,6 +246,11 @@ class DeviceSelection(Rule):
                     call,
                     f"`device_ids={text}` (the first {self.analysis.code_of(count)} GPUs) dropped: one "
                     f"process runs per visible GPU, so launch that many (`torchrun --nproc_per_node=N`)",
+                )
+            elif (starter := self._handed_to_a_setup(call, value)) is not None:
+                self.rewrote(
+                    call,
+                    f"`device_ids={text}` dropped: {starter} hands them to `{RUNTIME}.setup(devices=...)`, one process on each",
                 )
             elif self.options.style == TORCH_STYLE:
                 self.left(call, CHOSEN_DEVICES, f"`device_ids={text}` names the GPUs to use (under DDP every visible GPU runs a process): file left as it is")

@@ -144,7 +144,9 @@ class ProjectSideEffects(Rule):
             found = self._project_writer(project, call)
             if found is not None and os.path.abspath(found[0].module.path) in started:
                 continue
-            evaluated = self._evaluation(project, call) if found is None else None
+            # An evaluation that also writes (first-order-model's reconstruction(), its videos) is an evaluation:
+            # the others wait for it without a time limit.
+            evaluated = self._evaluation(project, call)
             if evaluated is not None:
                 self._evaluated_once(call, *evaluated)
                 continue

@@ -155,8 +155,11 @@ class ProjectWrappers(Rule):
             # A copy of DataParallel goes by a name that says so (the pre-filter counts on it too); reading the
             # project's modules behind every other call made a tree check of a large repository 2x slower.
             return False
-        if qualified in names.MIGRATED_NAMES or self.analysis.bindings.canonical(qualified) in names.MIGRATED_NAMES:
+        canonical = self.analysis.bindings.canonical(qualified)
+        if qualified in names.MIGRATED_NAMES or canonical in names.MIGRATED_NAMES:
             return False  # a vendored copy the tool recognizes and migrates itself
+        if canonical == names.CALLBACK_DATA_PARALLEL and self.analysis.resolve(call.func) == canonical:
+            return False  # the Synchronized-BatchNorm package's: a wrap site (MGP101, MGP109), rebased under balanced
         found = project.find(qualified)
         if found is None:
             return False

@@ -7,6 +7,7 @@ from typing import Optional, Union
 
 import libcst as cst
 
+from mgpu_migrate.analysis import names
 from mgpu_migrate.analysis.project import project_of
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import keyword, with_keyword
@@ -21,8 +22,8 @@ REPLICATION_CALLBACK = Review(
         "`__data_parallel_replicate__`): they synchronise BatchNorm statistics across the replicas DataParallel "
         "makes. DDP makes no replicas, so the callback would never run (BatchNorm per process) or fail an assertion "
         "at start-up. The runtime links the Synchronized-BatchNorm package's layers over the processes instead "
-        "(MGP109), for `patch_replication_callback(model)` on a wrapped model; this site is another shape (the "
-        "`DataParallelWithCallback` class, layers that meet their copies another way, a patch of a model not wrapped "
+        "(MGP109), for `patch_replication_callback(model)` on a wrapped model and for the package's "
+        "`DataParallelWithCallback`; this site is another shape (a `DataParallelWithCallback` not read as the package's, layers that meet their copies another way, a patch of a model not wrapped "
         "here, `--style torch`). The file is left as it is."
     ),
     todo=(
@@ -42,9 +43,12 @@ class ReplicationCallback(Rule):
     Under ``--to ddp``, ``patch_replication_callback(model)`` on a model this file wraps in DataParallel (the
     Synchronized-BatchNorm package, vendored as ``sync_batchnorm/`` by many segmentation projects) goes, and the
     wrap gets ``replication_callbacks=True``: the runtime links the package's layers over the processes at each
-    forward, as the callbacks linked DataParallel's replicas. Any other replication callback (the
-    ``DataParallelWithCallback`` class, a layer that meets its copies some other way, a patch of a model not
-    wrapped here) is reported (MGP266) and the file left as it is.
+    forward, as the callbacks linked DataParallel's replicas. So does the package's own ``DataParallelWithCallback(
+    model, device_ids=...)`` (the tool reads the project's class: a DataParallel whose only method, ``replicate``,
+    calls ``execute_replication_callbacks``), which becomes the runtime's DDP (MGP101) with
+    ``replication_callbacks=True``. Any other replication callback (a class the tool does not read as the
+    package's, a layer that meets its copies some other way, a patch of a model not wrapped here) is reported
+    (MGP266) and the file left as it is.
 
     ## Why is this bad?
     Those layers synchronise their statistics across the replicas of one ``nn.DataParallel`` forward, which
@@ -74,7 +78,7 @@ class ReplicationCallback(Rule):
 
     CODE = Rewrite("MGP109")
     PHASE = PROGRAM
-    USES = ("models", "values")
+    USES = ("bindings", "models", "values")
     REVIEW_CODES = (REPLICATION_CALLBACK,)
     DESCRIPTION = "the Synchronized-BatchNorm package's replication callbacks linked over the processes by the runtime"
     TARGETS = (DDP,)
@@ -111,6 +115,7 @@ class ReplicationCallback(Rule):
             return
         left: list[tuple[cst.CSTNode, str]] = []
         patches: list[tuple[cst.Call, cst.SimpleStatementLine, list[cst.Call]]] = []
+        callbacks: list[cst.Call] = []
         for call in self.analysis.calls:
             name = _last_name(call.func)
             if name == _PATCH:
@@ -120,9 +125,13 @@ class ReplicationCallback(Rule):
                 elif found is not None:
                     patches.append(found)
             elif name in _CALLBACK_NAMES:
-                left.append((call, f"`{name}(...)` synchronises BatchNorm across DataParallel's replicas, which DDP never makes"))
+                why = self._callback_wrap(call)
+                if why is None:
+                    callbacks.append(call)
+                else:
+                    left.append((call, f"`{name}(...)` {why}"))
         for layer in self._layer_classes():
-            if not (patches and _follows_protocol(self.analysis.code_of(layer))):
+            if not ((patches or callbacks) and _follows_protocol(self.analysis.code_of(layer))):
                 method = next(s for s in layer.body.body if type(s) is cst.FunctionDef and s.name.value == _CALLBACK_METHOD)
                 left.append((method.name, f"`{_CALLBACK_METHOD}` synchronises BatchNorm across DataParallel's replicas, which DDP never makes"))
         if left:
@@ -142,6 +151,24 @@ class ReplicationCallback(Rule):
                 f"`{_PATCH}(...)` dropped: the wrap at line {line} links the layers over the processes "
                 "(replication_callbacks=True)",
             )
+        for call in callbacks:
+            if not self.rewrite_allowed(call):
+                continue
+            if keyword(call, "replication_callbacks") is None:
+                self.edits.replace(call, _linking)
+            self.rewrote(call, "the layers DataParallelWithCallback called back are linked over the processes (replication_callbacks=True)")
+
+    def _callback_wrap(self, call: cst.Call) -> Optional[str]:
+        """Why a call of ``DataParallelWithCallback`` cannot have its layers linked over the processes; None when
+        it can: it is the Synchronized-BatchNorm package's class, made the runtime's DDP (MGP101), and the layers of
+        that package follow its protocol."""
+        if self.options.style != RUNTIME_STYLE:
+            return "synchronises BatchNorm across DataParallel's replicas, which --style torch cannot link"
+        if self.analysis.resolve(call.func) != names.CALLBACK_DATA_PARALLEL or call not in self.program.wraps:
+            return "synchronises BatchNorm across DataParallel's replicas, which DDP never makes"
+        if not self._layers_follow_protocol(call):
+            return "calls back layers not known to follow the Synchronized-BatchNorm package's protocol"
+        return None
 
     def _layer_classes(self) -> list[cst.ClassDef]:
         """The classes of this file that define ``__data_parallel_replicate__`` (the layers called back)."""
@@ -177,7 +204,7 @@ class ReplicationCallback(Rule):
         if own:
             return all(_follows_protocol(self.analysis.code_of(node)) for node in own)
         project = project_of(self.analysis.path)
-        qualified = self.analysis.resolve(call.func)
+        qualified = _imported_as(self.analysis.bindings, call.func)
         found = project.find(qualified) if project is not None and qualified else None
         if found is None:
             return False
@@ -200,6 +227,19 @@ def _follows_protocol(text: str) -> bool:
     """Whether a layer's (or a module's) source holds the Synchronized-BatchNorm package's protocol: a pipe to the
     master copy and ``_compute_mean_std``, which the runtime's link calls."""
     return all(part in text for part in ("_slave_pipe", "_sync_master", "def _compute_mean_std", "_is_parallel", "_parallel_id"))
+
+
+def _imported_as(bindings: names.Bindings, func: cst.BaseExpression) -> str | None:
+    """The qualified name a callee is imported as, before any canonical spelling (the project's own module)."""
+    head = names.head_name(func)
+    base = bindings.qualified_name(head) if head is not None else None
+    if base is None:
+        return None
+    rest: list[str] = []
+    while type(func) is cst.Attribute:
+        rest.insert(0, func.attr.value)
+        func = func.value
+    return ".".join([base, *rest])
 
 
 def _last_name(func: cst.BaseExpression) -> str | None:

@@ -14,6 +14,8 @@ from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review
 from mgpu_migrate.rules.syntax import RUNTIME, argument, through_runtime
 
 _RACE = "all write the file at once"
+# What a test around a write may ask of the disk, which the main process's write then changes.
+_FILE_QUERIES = frozenset(f"os.path.{name}" for name in ("exists", "lexists", "isfile", "isdir", "getsize"))
 # The library functions that write a file they are given the path of (a statement of its own: nothing returned).
 _WRITERS = frozenset(
     {
@@ -80,7 +82,9 @@ class SharedFiles(Rule):
       ``shutil.copy`` of the run's config into its folder) becomes
       ``mgpu_runtime.on_main_process(writer, ...)``: every process computes the arguments as before, their global
       values (the batch's, the model's outputs) are made whole on every process, the main process writes, and
-      the others wait for it;
+      the others wait for it; a file-system query in an ``if`` around it (``if not os.path.exists(dst):``) becomes
+      the main process's reading (``mgpu_runtime.main_process_value(os.path.exists, dst)``), so every process
+      takes the branch the main one takes, and none skips the wait for a file the main process just wrote;
     - ``with open(path, "w") as f:`` (``"a"``, ``"x"``, binary too) whose block only writes to ``f`` (its methods,
       ``json.dump(x, f)``, ``print(..., file=f)``) becomes ``with mgpu_runtime.main_process_only(open, path, "w") as
       f:``: the file is opened and written by the main process only, the block still runs on every process, and
@@ -122,6 +126,29 @@ class SharedFiles(Rule):
     DESCRIPTION = "files the script writes itself written once, by the main process"
     TARGETS = (DDP,)
     EXAMPLES = (
+        Example(
+            """
+            import os
+            import shutil
+            import torch.nn as nn
+            model = nn.DataParallel(model)
+            if not os.path.exists(os.path.join(log_dir, 'config.yaml')):
+                shutil.copy('config.yaml', log_dir)
+            """,
+            """
+            import os
+            import shutil
+            import mgpu_runtime
+            model = mgpu_runtime.DistributedDataParallel(model)
+            if not mgpu_runtime.main_process_value(os.path.exists, os.path.join(log_dir, 'config.yaml')):
+                mgpu_runtime.on_main_process(shutil.copy, 'config.yaml', log_dir)
+            """,
+            DDP,
+            ("MGP101", "MGP134"),
+            message="its `if` reads the disk there; every process waits",
+            line=6,
+            name="a process that asked the disk after the main process copied would skip the copy's wait",
+        ),
         Example(
             """
             import torch.nn as nn
@@ -342,8 +369,30 @@ class SharedFiles(Rule):
             )
             return
         self.edits.replace(call, through_runtime("on_main_process"))
+        looked = self._looks_at_files(call)
+        for query in looked:
+            self.edits.replace(query, through_runtime("main_process_value"))
         self.rewrote(
             call,
             f"`{shorten(self.analysis.code_of(call.func), 40)}(...)` writes on the main process only ({RUNTIME}.on_main_process), "
-            "given the whole values; every process waits",
+            + ("its `if` reads the disk there; every process waits" if looked else "given the whole values; every process waits"),
         )
+
+    def _looks_at_files(self, call: cst.Call) -> list[cst.Call]:
+        """The file-system queries (``os.path.exists(...)``) in the tests of the ``if`` statements around a write, in
+        its function: each process would read the disk at its own time, and one that runs after the main process
+        wrote (run.py's ``if not os.path.exists(...): copy(config, log_dir)``) would skip the write, and the wait
+        the others hold for it."""
+        tree = self.analysis.tree
+        function = tree.function(call)
+        found: list[cst.Call] = []
+        for ancestor in tree.ancestors(call):
+            if ancestor is function:
+                break
+            if type(ancestor) is cst.If:
+                found.extend(
+                    query
+                    for query in contains(ancestor.test, lambda node: type(node) is cst.Call)
+                    if self.analysis.resolve(query.func) in _FILE_QUERIES
+                )
+        return found

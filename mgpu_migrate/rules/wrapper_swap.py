@@ -292,7 +292,12 @@ class WrapperSwap(Rule):
 
     def apply(self) -> None:
         not_modules = self.analysis.models.not_modules
-        for call in self.analysis.calls_to(names.DATA_PARALLEL):
+        calls = list(self.analysis.calls_to(names.DATA_PARALLEL))
+        if self.target == DDP and self.options.style == RUNTIME_STYLE:
+            # The Synchronized-BatchNorm package's DataParallelWithCallback: its layers are linked over the
+            # processes (replication_callbacks=True, MGP109). Under balanced its class is rebased (MGP106).
+            calls += self.analysis.calls_to(names.CALLBACK_DATA_PARALLEL)
+        for call in calls:
             if not self.rewrite_allowed(call):
                 continue
             if call in not_modules:
@@ -355,7 +360,8 @@ class WrapperSwap(Rule):
     def _announce(self, call: cst.Call) -> None:
         self.edits.need_import(RUNTIME)
         wrapper = "DataParallelModel" if self.target == BALANCED else "DistributedDataParallel"
-        self.rewrote(call, f"DataParallel replaced with {RUNTIME}.{wrapper}")
+        replaced = "DataParallelWithCallback" if self.analysis.resolve(call.func) == names.CALLBACK_DATA_PARALLEL else "DataParallel"
+        self.rewrote(call, f"{replaced} replaced with {RUNTIME}.{wrapper}")
 
     def _ddp_wrapper(self, call: cst.Call, args: list[cst.Arg]) -> cst.Call:
         """The DDP wrap that replaces ``call`` (the DataParallel call, its kept ``args``)."""

@@ -67,6 +67,8 @@ CASES = {
         "main.py",
         {2: ["train", "--device", "0", "1"], 3: ["train", "--device", "0", "1", "2"]},
     ),
+    # first-order-model: DataParallelWithCallback over synchronized BatchNorm, GPUs chosen in run.py (MGP109, MGP150).
+    "keypoint_gan": ("projects/keypoint_gan", "run.py", {2: ["--device_ids", "0,1"], 3: ["--device_ids", "0,1,2"]}),
     # WaveRNN: the model never wrapped, each step through the project's hand-written data_parallel (MGP107).
     "hand_written_dp": ("projects/hand_written_dp", "train.py", NO_ARGUMENTS),
 }

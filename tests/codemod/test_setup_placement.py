@@ -206,3 +206,29 @@ def test_an_entry_script_names_the_training_it_starts_apart_from_the_distributed
     said = [d.message for d in result.diagnostics if d.code == "MGP239"]
     assert len(said) == 1 and "runners/toy.py" in said[0] and "steps.py" not in said[0] and "anneal" not in said[0], said
     assert "mgpu_runtime.setup()" in result.output
+
+
+def test_a_version_check_that_only_raises_stays_before_the_set_up_with_the_parser_after_it():
+    """first-order-model's run.py: `if sys.version_info[0] < 3: raise ...` opens the main block, then the parser;
+    the set-up comes after both (a bad argument stops before any process starts)."""
+    source = textwrap.dedent(
+        """
+        import argparse
+        import sys
+        import torch.nn as nn
+
+        if __name__ == "__main__":
+            if sys.version_info[0] < 3:
+                raise Exception("Python 3 or higher")
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--lr", type=float)
+            args = parser.parse_args()
+            model = nn.DataParallel(nn.Linear(4, 4))
+            for x in loader:
+                model(x).mean().backward()
+        """
+    )
+    result = migrate_source(source, "ddp", "train.py")
+    lines = result.output.splitlines()
+    index = next(index for index, line in enumerate(lines) if "mgpu_runtime.setup()" in line)
+    assert lines[index - 1].strip() == "args = parser.parse_args()"

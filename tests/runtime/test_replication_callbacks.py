@@ -11,7 +11,7 @@ import sys
 import pytest
 from torch import nn
 
-from mgpu_runtime.distributed.replication_callbacks import linked, told_copies
+from mgpu_runtime.distributed.replication_callbacks import _master_computes_on_the_layer, linked, told_copies
 from tests.fixture_cases import FIXTURES
 
 FIXTURE = FIXTURES / "scripts" / "patched_sync_batchnorm.py"
@@ -56,3 +56,38 @@ def test_without_the_link_each_rank_normalises_its_own_rows(tmp_path):
     environment.update(MGPU_NPROC="2", OMP_NUM_THREADS="1", FIXTURE_OUTPUT=str(tmp_path / "out.pt"))
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0 and "Expected more than 1 value per channel" in done.stdout + done.stderr
+
+
+def test_the_statistics_are_computed_where_dataparallels_master_copy_computed_them():
+    """The package's master holds the callback bound when the layer was built: DataParallel's master copy computes
+    on the module's own layer, whose running statistics then move; a layer whose callback binds a new master to its
+    replica (the fixture's) computes on the replica, and they are lost. The probe leaves the layer as it was."""
+    class _Master:
+        def __init__(self, callback):
+            self._master_callback = callback
+
+    class _Layer(nn.BatchNorm1d):
+        rebinds = False
+
+        def __init__(self):
+            super().__init__(3)
+            self._sync_master = _Master(self._data_parallel_master)
+            self._is_parallel, self._parallel_id, self._slave_pipe = False, None, None
+
+        def __data_parallel_replicate__(self, ctx, copy_id):
+            self._is_parallel, self._parallel_id = True, copy_id
+            if copy_id == 0 and self.rebinds:
+                self._sync_master.__init__(self._data_parallel_master)
+            ctx.sync_master = self._sync_master
+
+        def _data_parallel_master(self, messages):
+            return messages
+
+        def _compute_mean_std(self, total, squares, rows):
+            return total / rows, squares
+
+    layer = _Layer()
+    assert _master_computes_on_the_layer(layer)
+    layer.rebinds = True
+    assert not _master_computes_on_the_layer(layer)
+    assert layer._sync_master._master_callback.__self__ is layer and not layer._is_parallel

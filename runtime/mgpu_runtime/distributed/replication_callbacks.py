@@ -6,17 +6,20 @@ Its ``DataParallelWithCallback`` calls each layer's ``__data_parallel_replicate_
 replica it makes: the layer becomes parallel (``_is_parallel``), the copy with id 0 keeps the master
 (``_sync_master``) and the others get a pipe to it (``_slave_pipe``). In the forward of a training replica, each
 copy sends its sums (``input_sum``, ``input_ssum``, ``sum_size``) to the master, which adds them up, computes
-the mean and the inverse deviation with the layer's ``_compute_mean_std`` (on replica 0: what that method
-assigns to the replica, ``self.running_mean = ...``, is lost with it; what it changes in place stays), and sends
-them back; autograd carries the gradients of those statistics back to every copy.
+the mean and the inverse deviation with the layer's ``_compute_mean_std`` (through the callback its master was
+built with: the module's own layer, so what that method assigns, ``self.running_mean = ...``, is the module's),
+and sends them back; autograd carries the gradients of those statistics back to every copy.
 
 Under DDP each process holds one replica, and the master would wait forever for copies that are in the other
 processes. ``DistributedDataParallel(module, replication_callbacks=True)`` (what ``mgpu-migrate`` writes for such
 a wrapper) gives each of those layers, for the time of each forward, what the callback gave the replica of this
 rank: parallel, and a pipe whose ``run_slave(message)`` sums the message's statistics over the ranks (one
 collective, whose backward sums the ranks' gradients of the statistics, as the master's broadcast did) and
-computes the mean and inverse deviation with the layer's own ``_compute_mean_std`` on a replica of the layer
-(its own dict of buffers, as DataParallel's replica 0 had). After the forward the layer is as the module's was
+computes the mean and inverse deviation with the layer's own ``_compute_mean_std`` where DataParallel's master
+copy computed them: on the module's own layer for the package (its ``SyncMaster`` holds the callback bound when
+the layer was built, so the running statistics ``_compute_mean_std`` assigns are kept), on a replica of the layer
+(its own dict of buffers, as DataParallel's replica 0 had) for a layer whose callback binds a new master to the
+replica. After the forward the layer is as the module's was
 under DataParallel: not parallel, so saved or evaluated it is a plain BatchNorm. Another layer that meets its
 copies through ``__data_parallel_replicate__`` in a way the runtime does not know is refused at the wrap.
 """
@@ -24,6 +27,8 @@ copies through ``__data_parallel_replicate__`` in a way the runtime does not kno
 from __future__ import annotations
 
 import contextlib
+import copy
+import inspect
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -60,6 +65,7 @@ class _RankPipe:
 
     def __init__(self, layer: nn.Module) -> None:
         self._layer = layer
+        self._on_the_layer = _master_computes_on_the_layer(layer)
 
     def run_slave(self, message: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         input_sum, input_ssum, size = message[0], message[1], message[2]
@@ -71,12 +77,39 @@ class _RankPipe:
         summed = total[:channels].to(input_sum.dtype)
         squares = total[channels : 2 * channels].to(input_ssum.dtype)
         rows = int(round(total[-1].item()))
-        replica: Any = _replica_of(self._layer)  # the package's layer, whose method nn.Module does not declare
-        mean, inverse_deviation = replica._compute_mean_std(summed, squares, rows)
+        # The package's layer, whose method nn.Module does not declare: the layer itself when DataParallel's master
+        # copy computes on it (the running statistics it assigns stay), else a replica of it (they are lost).
+        computing: Any = self._layer if self._on_the_layer else _replica_of(self._layer)
+        mean, inverse_deviation = computing._compute_mean_std(summed, squares, rows)
         return mean, inverse_deviation
 
     def __reduce__(self) -> Any:
         return (type(None), ())  # a pickle of the layer mid-forward holds no pipe, as a fresh layer
+
+
+def _master_computes_on_the_layer(layer: nn.Module) -> bool:
+    """Whether, under DataParallel, the master copy's ``_compute_mean_std`` runs on the module's own layer: the
+    package's ``SyncMaster`` holds the callback ``_data_parallel_master`` bound when the layer was built, so the
+    statistics it assigns (``self.running_mean = ...``) are the module's. What replica 0's
+    ``__data_parallel_replicate__(ctx, 0)`` does is played on a copy of the layer holding a copy of its master
+    (the layer is left as it is): a layer whose callback binds a new master to the replica computes on the replica."""
+    probe: Any = _replica_of(layer)
+    master = layer.__dict__.get("_sync_master")
+    if master is None:
+        return False
+    probe.__dict__["_sync_master"] = copy.copy(master)
+    probe.__dict__["_sync_master"].__dict__ = dict(master.__dict__)
+    probe.__data_parallel_replicate__(_Context(), 0)
+    callbacks = [
+        value
+        for value in vars(probe.__dict__["_sync_master"]).values()
+        if inspect.ismethod(value) and value.__func__.__name__ == "_data_parallel_master"
+    ]
+    return bool(callbacks) and all(callback.__self__ is layer for callback in callbacks)
+
+
+class _Context:
+    """The context replication callbacks share between the copies of one layer."""
 
 
 def _replica_of(layer: nn.Module) -> nn.Module:
