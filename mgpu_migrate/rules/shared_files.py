@@ -289,13 +289,23 @@ class SharedFiles(Rule):
         )
 
     def _checkpoint_file(self, call: cst.Call) -> bool:
-        """``with open(path, "wb") as f: torch.save(obj, f)``: MGP123 reports that save (MGP240)."""
+        """``with open(path, "wb") as f: torch.save(obj, f)``: MGP123 reports that save (MGP240). A save of
+        another file inside the block (a best model saved while a log opened for appending is written) does not
+        make the opened file a checkpoint: that file is still written by every process."""
         item = self.analysis.tree.parent(call)
         block = self.analysis.tree.parent(item) if type(item) is cst.WithItem else None
-        return type(block) is cst.With and any(
-            self.analysis.resolve(inner.func) == "torch.save"
-            for inner in contains(block.body, lambda node: type(node) is cst.Call)
-        )
+        if type(block) is not cst.With or type(item) is not cst.WithItem:
+            return False
+        bound = item.asname.name if item.asname is not None else None
+        if type(bound) is not cst.Name:
+            return False
+        for inner in contains(block.body, lambda node: type(node) is cst.Call):
+            if self.analysis.resolve(inner.func) != "torch.save":
+                continue
+            target = argument(inner, "f", 1)
+            if target is not None and type(target.value) is cst.Name and target.value.value == bound.value:
+                return True
+        return False
 
     def _copies_a_checkpoint(self, call: cst.Call) -> bool:
         """A copy of the file a ``torch.save`` of its function wrote (``if is_best: shutil.copyfile(filename,
