@@ -443,7 +443,7 @@ def test_gpus_a_method_chooses_too_late_or_twice_leave_the_file(first, second, c
 
 @pytest.mark.parametrize(("device", "ids"), [(["2", "3"], [0, 1]), (["1", "4", "5"], [0, 1, 2])])
 def test_the_migrated_processor_gives_the_set_up_the_gpus_its_method_chose(tmp_path, device, ids):
-    (tmp_path / "train.py").write_text((FIXTURES / "scripts" / "method_chosen_gpus.ddp.py").read_text())
+    (tmp_path / "train.py").write_text((FIXTURES / "projects" / "method_chosen_gpus" / "train.ddp.py").read_text())
     (tmp_path / "recorded.py").write_text(_RECORDED)
     environment = {key: value for key, value in os.environ.items() if key not in ("CUDA_VISIBLE_DEVICES", "MGPU_NPROC")}
     environment["FIXTURE_OUTPUT"] = str(tmp_path / "weights.pt")

@@ -55,8 +55,8 @@ CASES = {
     "chosen_gpus": ("projects/chosen_gpus", "train.py", {2: ["--config", "two_gpus"], 3: ["--config", "three_gpus"]}),
     # st-gcn's IO: a method chooses the GPUs (`--device`) and keeps them on self; the set-up is given them there.
     "method_chosen_gpus": (
-        "scripts",
-        "method_chosen_gpus.py",
+        "projects/method_chosen_gpus",
+        "train.py",
         {2: ["--device", "0", "1"], 3: ["--device", "0", "1", "2"]},
     ),
     # The wrap held by a base class, trained by a subclass of another module, run from an entry script.
@@ -181,6 +181,7 @@ def test_the_migration_trains_as_the_original_under_dataparallel(runs, case, pro
     assert original and original.keys() == migrated.keys()
     apart = {name: (original[name] - migrated[name]).abs().max().item() for name in original}
     worst = max(apart, key=apart.get)
+    print(f"{case} at {processes}: {worst} is {apart[worst]:.3g} apart")
     assert apart[worst] <= TOLERANCE, f"{case} at {processes}: {worst} is {apart[worst]:.3g} apart"
 
 
