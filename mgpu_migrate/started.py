@@ -37,6 +37,9 @@ _FLAT_SCRIPT = re.compile(rb"(?:\w[\w, ]*=[ \t]*)?\w+\.parse_(?:known_)?args\(")
 _IMPORTS = re.compile(
     rb"^[ \t]*(?:from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+\(?([\w., \t*]+)|import[ \t]+([\w., \t]+))", re.MULTILINE
 )
+# A class or module named by its dotted path to a loader of the script's own (st-gcn's main.py:
+# ``import_class('processor.recognition.REC_Processor')``, ``importlib.import_module('models.resnet')``).
+_IMPORTED_BY_NAME = re.compile(rb"""\bimport_\w+\s*\(\s*['"]([A-Za-z_][\w.]*)['"]""")
 _MODULE_BYTES = 1 << 20
 
 
@@ -255,6 +258,11 @@ def _imported(data: bytes, here: str, bases: tuple[str, ...]) -> list[str]:
             file = _module_file(module, where)
             if file is not None and file not in found:
                 found.append(file)
+    for dotted in _IMPORTED_BY_NAME.findall(data):
+        name = dotted.decode()
+        file = _module_file(name, bases) or (_module_file(name.rpartition(".")[0], bases) if "." in name else None)
+        if file is not None and file not in found:
+            found.append(file)
     return found
 
 
