@@ -112,6 +112,16 @@ def held_by(path: str, data: bytes, might_migrate: Callable[[bytes], bool]) -> t
     IO's ``self.model = nn.DataParallel(...)``): the modules whose wrapped model this one may train. Read from
     bytes and paths alone, as the candidates of a script are: each base is looked up through the one import
     that binds its name, so a module with many imports and classes costs a few dictionary lookups."""
+    return _walk_bases(path, data, might_migrate)[0]
+
+
+def base_modules(path: str, data: bytes, might_migrate: Callable[[bytes], bool]) -> tuple[str, ...]:
+    """The project modules :func:`held_by` passes through, up to the holders: those defining the classes this
+    module's classes derive from (st-gcn's ``processor.py`` and ``io.py`` for ``recognition.py``)."""
+    return _walk_bases(path, data, might_migrate)[1]
+
+
+def _walk_bases(path: str, data: bytes, might_migrate: Callable[[bytes], bool]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     directory = os.path.dirname(os.path.abspath(path))
     bases = _bases(directory)
     found: list[str] = []
@@ -136,7 +146,7 @@ def held_by(path: str, data: bytes, might_migrate: Callable[[bytes], bool]) -> t
                 if inner:
                     following.append((defined, os.path.dirname(module), inner))
         pending = following
-    return tuple(found)
+    return tuple(found), tuple(module for module in seen if module != os.path.abspath(path))
 
 
 def _base_names(text: bytes) -> list[str]:

@@ -90,6 +90,17 @@ def _trained_below(sub: Subclass, derived: list[Subclass]) -> bool:
     return any(other.trains or _trained_below(other, derived) for other in below)
 
 
+def stored_by_a_base(path: str, source: str, name: str) -> bool:
+    """Whether a module defining a class the classes of the module at ``path`` derive from stores ``self.<name>``
+    or an entry of it (st-gcn's ``self.data_loader['train'] = DataLoader(...)`` in ``Processor.load_data()``)."""
+    from mgpu_migrate.engine import might_need_migration
+    from mgpu_migrate.started import base_modules
+
+    stored = re.compile(rb"\bself\." + re.escape(name.encode()) + rb"\s*(?:\[[^\]\n]*\]\s*)?=(?!=)")
+    modules = base_modules(path, source.encode("utf-8", "surrogateescape"), might_need_migration)
+    return any(stored.search(_read(module)) for module in modules)
+
+
 def direct_users(path: str, name: str, derived: list[Subclass]) -> list[str]:
     """The modules (``path:line`` of their import) that import the module at ``path`` and name class ``name``
     without deriving from it: they build the model themselves."""

@@ -408,7 +408,10 @@ class ProjectSideEffects(Rule):
         """``self.io.print_log(...)`` in a module that trains a model a project class holds (``Program.holds``),
         where ``self.io`` is an object of a project class that the holding class builds (st-gcn's
         ``self.io = torchlight.IO(...)`` in ``IO.init_environment()``) and this file never stores."""
-        owner = call.func.value if type(call.func) is cst.Attribute else None
+        if type(call.func) is not cst.Attribute:
+            return None
+        method_name = call.func.attr.value
+        owner = call.func.value
         if (
             not self.program.holds
             or type(owner) is not cst.Attribute
@@ -422,7 +425,7 @@ class ProjectSideEffects(Rule):
             return None
         for holder in self.program.holds:
             cls = project.kept_on_self(holder, owner.attr.value)
-            method = project.method(cls, call.func.attr.value) if cls is not None else None
+            method = project.method(cls, method_name) if cls is not None else None
             written = project.writes(method) if method is not None else None
             if method is not None and written is not None:
                 return method, written

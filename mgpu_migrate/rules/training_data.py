@@ -11,6 +11,7 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis.batch import is_row_count
+from mgpu_migrate.analysis.held import stored_by_a_base
 from mgpu_migrate.analysis.loaders import BUILT, LOADER, LoaderTrace
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
@@ -322,6 +323,8 @@ class TrainingData(Rule):
         if type(read) is not cst.Attribute or not _is_name(read.value, "self"):
             return None
         name = read.attr.value
+        if not stored_by_a_base(self.analysis.path, self.analysis.source, name):
+            return None
         for node in self.analysis.tree.nodes(cst.Attribute):
             if node is read or not _is_name(node.value, "self") or node.attr.value != name:
                 continue
