@@ -30,7 +30,9 @@ WRITTEN_BY_EVERY_PROCESS = Review(
         "writes onto the main process when its result is unused (MGP132), and builds an object whose construction "
         "writes on the main process only, behind a stand-in, when the script only calls its methods for their effect "
         "(MGP135); this one is another shape: a result that every process uses, an object read otherwise, a method "
-        "that also changes the object's state, a function only the main process calls, or `--style torch`."
+        "that also changes the object's state, a function only the main process calls, a call made before "
+        "`mgpu_runtime.setup()` in the method that chooses the GPUs (asking which process is the main one there "
+        "would set up first, on every visible GPU), or `--style torch`."
     ),
     todo=(
         "Build the object on the main process only and use it under `if mgpu_runtime.is_main_process():` "
@@ -312,7 +314,7 @@ class ProjectSideEffects(Rule):
             return "as it is a class"
         early = self._before_setup(call)
         if early is not None:
-            return f"as it runs before {RUNTIME}.setup(...) ({early}): a main-process test would set up first"
+            return f"as it runs before {RUNTIME}.setup() (line {early})"
         kept = _read_elsewhere(definition, self.analysis.source) if type(call.func) is cst.Attribute else None
         changed = _changes_its_object(definition.node, kept) if type(call.func) is cst.Attribute else None
         if changed is not None:
@@ -320,16 +322,17 @@ class ProjectSideEffects(Rule):
         return None
 
     def _before_setup(self, call: cst.Call) -> Optional[str]:
-        """Where ``mgpu_runtime.setup(...)`` goes (``inserted after line 61``) when the migration inserts it later in ``call``'s own function
-        (st-gcn's ``init_environment()``, where the GPUs are chosen: ``save_arg`` runs first); else None. Asking
-        there which process is the main one would set up, on every visible GPU, before the GPUs are chosen."""
+        """The line next to which ``mgpu_runtime.setup(...)`` goes, when the migration inserts it after ``call`` in
+        ``call``'s own function (st-gcn's ``init_environment()``, where the GPUs are chosen: ``save_arg`` runs
+        first); else None. Asking there which process is the main one would set up, on every visible GPU, before the
+        GPUs are chosen."""
         placed = self.program.setup_statement(self.analysis)
         function = self.analysis.tree.function(call)
         if placed is None or function is None or self.analysis.tree.function(placed[0]) is not function:
             return None
         line = self.analysis.position(placed[0])[0]
         here = self.analysis.position(call)[0]
-        return f"{placed[1]} line {line}" if here < line or (here == line and placed[1] == "inserted after") else None
+        return str(line) if here < line or (here == line and placed[1] == "inserted after") else None
 
     def _object_once(self, project: Project, call: cst.Call, definition: Found) -> None:
         """A project class whose construction writes (a ``Logger`` opening its file): built on the main process only,

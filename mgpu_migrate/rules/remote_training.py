@@ -83,7 +83,7 @@ class RemoteTraining(Rule):
 
     CODE = TRAINED_ELSEWHERE
     PHASE = PROGRAM
-    USES = ("handed", "loaders", "models", "values")
+    USES = ("entry_point", "handed", "loaders", "models", "values")
     REVIEW_CODES = (TRAINED_ELSEWHERE, INFERENCE_ONLY)
     DESCRIPTION = "wraps whose training loop is in another file reported"
     TARGETS = (DDP,)
