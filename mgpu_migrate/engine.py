@@ -106,12 +106,18 @@ def held_programs(source: str, target: str, path: str, options: Options = DEFAUL
     runs a backward pass derives from a project class that holds the wrap on ``self`` (st-gcn's processors), and
     that module migrates. This module is then migrated with it: its training loaders split, its side effects
     made once (``Program.holds``)."""
-    if target != "ddp" or options.style != "runtime" or ".backward(" not in source:
+    if target != "ddp" or options.style != "runtime" or "class " not in source:
         return ()
+    from mgpu_migrate.analysis.held import between
     from mgpu_migrate.started import held_by
 
     data = source.encode("utf-8", "surrogateescape")
-    return tuple(module for module in held_by(path, data, might_need_migration) if _becomes_a_program(module, options))
+    holders = held_by(path, data, might_need_migration)
+    if ".backward(" not in source:
+        # A class in between (st-gcn's ``Processor(IO)``, which builds the loaders that ``REC_Processor(Processor)``
+        # trains on): its module runs on every process too, its side effects made once.
+        holders = tuple(module for module in holders if between(path, module))
+    return tuple(module for module in holders if _becomes_a_program(module, options))
 
 
 # A distributed set-up of the script's own, as the program's verdict reads it (``program.existing_setup``).
@@ -148,6 +154,11 @@ def might_start_a_program(data: bytes, target: str, path: str) -> bool:
 
     if b".backward(" in data and held_by(path, data, might_need_migration):
         return True  # it may train a model a project class holds
+    if b"class " in data and b".backward(" not in data:
+        from mgpu_migrate.analysis.held import between
+
+        if any(between(path, module) for module in held_by(path, data, might_need_migration)):
+            return True  # a class between that one and a subclass that trains its model
     started = b"__main__" in data or b".parse_args(" in data or b".parse_known_args(" in data
     return started and bool(candidates(path, data, might_start_module))
 

@@ -37,6 +37,9 @@ _FLAT_SCRIPT = re.compile(rb"(?:\w[\w, ]*=[ \t]*)?\w+\.parse_(?:known_)?args\(")
 _IMPORTS = re.compile(
     rb"^[ \t]*(?:from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+\(?([\w., \t*]+)|import[ \t]+([\w., \t]+))", re.MULTILINE
 )
+# A class or module named by its dotted path to a loader of the script's own (st-gcn's main.py:
+# ``import_class('processor.recognition.REC_Processor')``, ``importlib.import_module('models.resnet')``).
+_IMPORTED_BY_NAME = re.compile(rb"""\bimport_\w+\s*\(\s*['"]([A-Za-z_][\w.]*)['"]""")
 _MODULE_BYTES = 1 << 20
 
 
@@ -109,6 +112,16 @@ def held_by(path: str, data: bytes, might_migrate: Callable[[bytes], bool]) -> t
     IO's ``self.model = nn.DataParallel(...)``): the modules whose wrapped model this one may train. Read from
     bytes and paths alone, as the candidates of a script are: each base is looked up through the one import
     that binds its name, so a module with many imports and classes costs a few dictionary lookups."""
+    return _walk_bases(path, data, might_migrate)[0]
+
+
+def base_modules(path: str, data: bytes, might_migrate: Callable[[bytes], bool]) -> tuple[str, ...]:
+    """The project modules :func:`held_by` passes through, up to the holders: those defining the classes this
+    module's classes derive from (st-gcn's ``processor.py`` and ``io.py`` for ``recognition.py``)."""
+    return _walk_bases(path, data, might_migrate)[1]
+
+
+def _walk_bases(path: str, data: bytes, might_migrate: Callable[[bytes], bool]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     directory = os.path.dirname(os.path.abspath(path))
     bases = _bases(directory)
     found: list[str] = []
@@ -133,7 +146,7 @@ def held_by(path: str, data: bytes, might_migrate: Callable[[bytes], bool]) -> t
                 if inner:
                     following.append((defined, os.path.dirname(module), inner))
         pending = following
-    return tuple(found)
+    return tuple(found), tuple(module for module in seen if module != os.path.abspath(path))
 
 
 def _base_names(text: bytes) -> list[str]:
@@ -255,6 +268,11 @@ def _imported(data: bytes, here: str, bases: tuple[str, ...]) -> list[str]:
             file = _module_file(module, where)
             if file is not None and file not in found:
                 found.append(file)
+    for dotted in _IMPORTED_BY_NAME.findall(data):
+        name = dotted.decode()
+        file = _module_file(name, bases) or (_module_file(name.rpartition(".")[0], bases) if "." in name else None)
+        if file is not None and file not in found:
+            found.append(file)
     return found
 
 

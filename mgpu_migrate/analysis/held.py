@@ -73,6 +73,34 @@ def subclasses(path: str, name: str) -> list[Subclass]:
     return found
 
 
+def between(path: str, holder: str) -> bool:
+    """Whether a class of the module at ``path`` stands between a class of the module ``holder`` and a subclass
+    that trains (st-gcn's ``Processor``: ``IO`` holds the wrap, ``REC_Processor(Processor)`` trains)."""
+    path = os.path.abspath(path)
+    for name in sorted(set(re.findall(rb"^[ \t]*class[ \t]+(\w+)", _read(holder), re.MULTILINE))):
+        derived = subclasses(holder, name.decode())
+        for sub in derived:
+            if os.path.abspath(sub.path) == path and not sub.trains and _trained_below(sub, derived):
+                return True
+    return False
+
+
+def _trained_below(sub: Subclass, derived: list[Subclass]) -> bool:
+    below = [other for other in derived if other.base == sub.name and other.path != sub.path]
+    return any(other.trains or _trained_below(other, derived) for other in below)
+
+
+def stored_by_a_base(path: str, source: str, name: str) -> bool:
+    """Whether a module defining a class the classes of the module at ``path`` derive from stores ``self.<name>``
+    or an entry of it (st-gcn's ``self.data_loader['train'] = DataLoader(...)`` in ``Processor.load_data()``)."""
+    from mgpu_migrate.engine import might_need_migration
+    from mgpu_migrate.started import base_modules
+
+    stored = re.compile(rb"\bself\." + re.escape(name.encode()) + rb"\s*(?:\[[^\]\n]*\]\s*)?=(?!=)")
+    modules = base_modules(path, source.encode("utf-8", "surrogateescape"), might_need_migration)
+    return any(stored.search(_read(module)) for module in modules)
+
+
 def direct_users(path: str, name: str, derived: list[Subclass]) -> list[str]:
     """The modules (``path:line`` of their import) that import the module at ``path`` and name class ``name``
     without deriving from it: they build the model themselves."""
@@ -110,7 +138,7 @@ def held_training(
     for sub in sorted(derived, key=lambda sub: sub.trains):
         if not sub.trains:
             if any(other.base == sub.name for other in derived):
-                why = "is between it and a subclass that trains: a class in between is not followed"
+                continue
             elif one_per_chosen is not None and _one_device_only(sub.path, one_per_chosen):
                 continue  # with one GPU chosen for it: one process, unwrapped, as the original ran it
             else:

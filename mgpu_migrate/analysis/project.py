@@ -111,9 +111,11 @@ class Project:
         self.path = os.path.abspath(path)
         directory = os.path.dirname(self.path)
         self.root = find_root(directory)
-        bases = [directory, _above_package(directory), *_script_paths(self.path)]
+        top = _above_package(directory)
+        bases = [directory, top, *_script_paths(self.path)]
         if self.root is not None:
             bases.append(self.root)
+        bases.extend(_packages_installed_from(self.root or top))
         self.bases = tuple(dict.fromkeys(bases))
         self._found: dict[tuple[str, int], Found | None] = {}
         self._changes: dict[int, Write | None] = {}  # by definition node: its first directory change
@@ -380,8 +382,27 @@ class Project:
                 if helper is not None and isinstance(helper.node, functions) and self._file_write(helper, depth + 1):
                     written = Write(call.lineno, f"{call.func.id}(...)")
                     break
+            sibling = self._own_method(found, call) if depth < _MAX_DEPTH else None
+            if sibling is not None and self._file_write(sibling, depth + 1):
+                assert isinstance(call.func, ast.Attribute)
+                written = Write(call.lineno, f"self.{call.func.attr}(...)")
+                break
         self._written[key] = written
         return written
+
+    def _own_method(self, found: Found, call: ast.Call) -> Found | None:
+        """The method of its own class that a method calls on its first parameter (torchlight's ``print_timer``
+        calling ``self.print_log(...)``)."""
+        node = found.node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or not node.args.args:
+            return None
+        func = call.func
+        if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == node.args.args[0].arg):
+            return None
+        for definition in found.module.definitions.values():
+            if isinstance(definition, ast.ClassDef) and any(item is node for item in definition.body):
+                return self.method(Found(found.module, definition, found.seen_from), func.attr)
+        return None
 
     def _directory_change(self, found: Found, depth: int) -> Write | None:
         """The first call that makes or deletes a directory in ``found``, itself or through the project's
@@ -496,6 +517,36 @@ class Project:
                     if definition is not None:
                         entries.append(definition)
         return entries
+
+    def kept_on_self(self, holder: str, attribute: str) -> Found | None:
+        """The project class whose object a class of the module at ``holder`` keeps on ``self.<attribute>``
+        (st-gcn's ``IO.init_environment()``: ``self.io = torchlight.IO(...)``): the object its subclasses in other
+        modules use; None when no class there builds one, or builds several."""
+        package = os.path.relpath(os.path.dirname(os.path.abspath(holder)), _above_package(os.path.dirname(os.path.abspath(holder))))
+        module = _read(os.path.abspath(holder), "" if package == "." else package.replace(os.sep, "."))
+        if module is None:
+            return None
+        built = {
+            qualified
+            for definition in module.definitions.values()
+            if isinstance(definition, ast.ClassDef)
+            for node in ast.walk(definition)
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+            for target in node.targets
+            if isinstance(target, ast.Attribute) and target.attr == attribute
+            and isinstance(target.value, ast.Name) and target.value.id == "self"
+            for qualified in (module.qualified(node.value.func),)
+        }
+        if len(built) != 1 or None in built:
+            return None
+        qualified = built.pop()
+        assert qualified is not None
+        if qualified.startswith("."):
+            definition = module.definitions.get(qualified[1:])
+            found = Found(module, definition, os.path.dirname(self.path)) if definition is not None else None
+        else:
+            found = self.find(qualified)
+        return found if found is not None and isinstance(found.node, ast.ClassDef) else None
 
     def method(self, cls: Found, name: str, depth: int = 0) -> Found | None:
         """The method ``name`` of a project class, defined there or in a project class it derives from."""
@@ -1121,6 +1172,9 @@ def _import_line(data: bytes, parts: list[str], nearby: bool) -> int:
     if nearby:  # `from .train_utils import x`, `from . import train_utils`
         patterns.append(rf"from\s+\.+{last}\s+import\b|from\s+\.+\s+import\s+[^#\n]*(?<![\w.]){last}(?![\w.])")
     match = re.compile(rb"^[ \t]*(?:" + "|".join(patterns).encode() + rb")", re.MULTILINE).search(data)
+    if match is None:  # named by its dotted path (`import_class('processor.recognition.REC_Processor')`)
+        dotted = r"\.".join(map(re.escape, parts))
+        match = re.compile(rf"""\bimport_\w+\s*\(\s*['"]{dotted}(?:\.\w+)?['"]""".encode()).search(data)
     return data.count(b"\n", 0, match.start()) + 1 if match else 0
 
 
@@ -1207,6 +1261,23 @@ def _joined_from_script_directory(node: ast.expr) -> list[str] | None:
     if not all(isinstance(part, ast.Constant) and isinstance(part.value, str) for part in rest):
         return None
     return [part.value for part in rest]
+
+
+@cache
+def _packages_installed_from(top: str) -> tuple[str, ...]:
+    """The folders of ``top`` that hold a package the project installs from its own tree (st-gcn's
+    ``torchlight/setup.py`` beside ``torchlight/torchlight/``, installed with ``cd torchlight; python setup.py
+    install``): there ``import torchlight`` resolves as in the installed copy."""
+    try:
+        names = sorted(os.listdir(top))
+    except OSError:
+        return ()
+    return tuple(
+        folder
+        for folder in (os.path.join(top, name) for name in names)
+        if os.path.isfile(os.path.join(folder, "setup.py"))
+        and os.path.isfile(os.path.join(folder, os.path.basename(folder), "__init__.py"))
+    )
 
 
 def _above_package(directory: str) -> str:

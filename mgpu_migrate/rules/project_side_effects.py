@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from typing import Optional
 
 import libcst as cst
@@ -29,7 +30,9 @@ WRITTEN_BY_EVERY_PROCESS = Review(
         "writes onto the main process when its result is unused (MGP132), and builds an object whose construction "
         "writes on the main process only, behind a stand-in, when the script only calls its methods for their effect "
         "(MGP135); this one is another shape: a result that every process uses, an object read otherwise, a method "
-        "that also changes the object's state, a function only the main process calls, or `--style torch`."
+        "that also changes the object's state, a function only the main process calls, a call made before "
+        "`mgpu_runtime.setup()` in the method that chooses the GPUs (asking which process is the main one there "
+        "would set up first, on every visible GPU), or `--style torch`."
     ),
     todo=(
         "Build the object on the main process only and use it under `if mgpu_runtime.is_main_process():` "
@@ -323,10 +326,27 @@ class ProjectSideEffects(Rule):
             return f"as its function is called on the main process only (line {self.analysis.position(caller)[0]})"
         if not isinstance(definition.node, _FUNCTIONS):
             return "as it is a class"
-        changed = _changes_its_object(definition.node) if type(call.func) is cst.Attribute else None
+        early = self._before_setup(call)
+        if early is not None:
+            return f"as it runs before {RUNTIME}.setup() (line {early})"
+        kept = _read_elsewhere(definition, self.analysis.source) if type(call.func) is cst.Attribute else None
+        changed = _changes_its_object(definition.node, kept) if type(call.func) is cst.Attribute else None
         if changed is not None:
             return f"as `{definition.name}` also changes its object (`{shorten(changed, 30)}`)"
         return None
+
+    def _before_setup(self, call: cst.Call) -> Optional[str]:
+        """The line next to which ``mgpu_runtime.setup(...)`` goes, when the migration inserts it after ``call`` in
+        ``call``'s own function (st-gcn's ``init_environment()``, where the GPUs are chosen: ``save_arg`` runs
+        first); else None. Asking there which process is the main one would set up, on every visible GPU, before the
+        GPUs are chosen."""
+        placed = self.program.setup_statement(self.analysis)
+        function = self.analysis.tree.function(call)
+        if placed is None or function is None or self.analysis.tree.function(placed[0]) is not function:
+            return None
+        line = self.analysis.position(placed[0])[0]
+        here = self.analysis.position(call)[0]
+        return str(line) if here < line or (here == line and placed[1] == "inserted after") else None
 
     def _object_once(self, project: Project, call: cst.Call, definition: Found) -> None:
         """A project class whose construction writes (a ``Logger`` opening its file): built on the main process only,
@@ -396,6 +416,33 @@ class ProjectSideEffects(Rule):
             if cls is None or not isinstance(cls.node, ast.ClassDef):
                 continue
             method = project.method(cls, call.func.attr.value)
+            written = project.writes(method) if method is not None else None
+            if method is not None and written is not None:
+                return method, written
+        return self._inherited_writer(project, call)
+
+    def _inherited_writer(self, project: Project, call: cst.Call) -> Optional[tuple[Found, Write]]:
+        """``self.io.print_log(...)`` in a module that trains a model a project class holds (``Program.holds``),
+        where ``self.io`` is an object of a project class that the holding class builds (st-gcn's
+        ``self.io = torchlight.IO(...)`` in ``IO.init_environment()``) and this file never stores."""
+        if type(call.func) is not cst.Attribute:
+            return None
+        method_name = call.func.attr.value
+        owner = call.func.value
+        if (
+            not self.program.holds
+            or type(owner) is not cst.Attribute
+            or type(owner.value) is not cst.Name
+            or owner.value.value != "self"
+            or any(
+                type(node.target) is cst.Attribute and node.target.attr.value == owner.attr.value
+                for node in self.analysis.tree.nodes(cst.AssignTarget)
+            )
+        ):
+            return None
+        for holder in self.program.holds:
+            cls = project.kept_on_self(holder, owner.attr.value)
+            method = project.method(cls, method_name) if cls is not None else None
             written = project.writes(method) if method is not None else None
             if method is not None and written is not None:
                 return method, written
@@ -490,9 +537,27 @@ def _loads_into_its_arguments(function: ast.AST) -> Optional[str]:
     return None
 
 
-def _changes_its_object(method: ast.FunctionDef | ast.AsyncFunctionDef) -> Optional[str]:
+def _read_elsewhere(method: Found, source: str) -> Optional[set[str]]:
+    """The attributes of its object that the class of ``method`` reads in its other methods, and those the calling
+    file reads of any object (``.name`` in its text); None when the class does not show."""
+    for definition in method.module.definitions.values():
+        if isinstance(definition, ast.ClassDef) and any(item is method.node for item in definition.body):
+            read = {
+                node.attr
+                for item in definition.body
+                if item is not method.node
+                for node in ast.walk(item)
+                if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
+            }
+            return read | set(re.findall(r"\.(\w+)", source))
+    return None
+
+
+def _changes_its_object(method: ast.FunctionDef | ast.AsyncFunctionDef, read: Optional[set[str]] = None) -> Optional[str]:
     """What a method assigns or changes in its own object (``self.history.append(...)``, ``self.step += 1``):
-    moved onto the main process, it would leave the other processes' objects behind."""
+    moved onto the main process, it would leave the other processes' objects behind. An attribute it assigns
+    that nothing else reads (``read``: what the class's other methods and the calling file read; torchlight's
+    ``save_arg`` keeps ``self.session_file`` for itself) leaves nothing behind."""
     if not method.args.args:
         return None
     me = method.args.args[0].arg
@@ -504,6 +569,8 @@ def _changes_its_object(method: ast.FunctionDef | ast.AsyncFunctionDef) -> Optio
             ):
                 target = target.value
             if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == me:
+                if isinstance(node, ast.Assign) and read is not None and target.attr not in read:
+                    continue  # assigned, never read but by the method itself, on the main process
                 return ast.unparse(node).splitlines()[0][:40]
         if (
             isinstance(node, ast.Call)

@@ -7,9 +7,10 @@ from typing import Optional
 
 import libcst as cst
 
+from mgpu_migrate.analysis.held import held_training
 from mgpu_migrate.analysis.project import project_of
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review, Rule
 
 
 INFERENCE_ONLY = Review(
@@ -86,7 +87,7 @@ class RemoteTraining(Rule):
 
     CODE = TRAINED_ELSEWHERE
     PHASE = PROGRAM
-    USES = ("handed", "loaders", "models", "values")
+    USES = ("entry_point", "handed", "loaders", "models", "values")
     REVIEW_CODES = (TRAINED_ELSEWHERE, INFERENCE_ONLY)
     DESCRIPTION = "wraps whose training loop is in another file reported"
     TARGETS = (DDP,)
@@ -264,6 +265,8 @@ class RemoteTraining(Rule):
             return  # trained here, or in the project's code, whose data this file hands it and splits (MGP122)
         escapes = self.analysis.models.model_escapes()
         sites = [site for site in map(self.analysis.models.site_of, program.wraps) if site is not None]
+        if sites and all(self._trained_by_subclasses(site) for site in sites):
+            return  # the subclasses that train it migrate with this file, their loaders split (MGP122 there)
         if self._does_not_train(sites, escapes):
             said = self._what_it_does(sites, escapes)
             for wrap in program.wraps:  # each wrap stays: each says why
@@ -400,6 +403,23 @@ class RemoteTraining(Rule):
             node.attr.value == "module" and models.model_sites(node.value, values.scope_of(node)) & set(sites)
             for node in self.analysis.tree.nodes(cst.Attribute)
         )
+    def _trained_by_subclasses(self, site) -> bool:
+        """The model is kept on ``self`` by a class whose subclasses in the project's other modules train it and
+        migrate with this file (``analysis.held``: st-gcn's ``IO``, trained by ``REC_Processor``)."""
+        if not self._held(site) or self.options.style != RUNTIME_STYLE:
+            return False
+        tree = self.analysis.tree
+        function = tree.function(site.call)
+        cls = next(node for node in tree.ancestors(function) if type(node) is cst.ClassDef)
+        entry = self.analysis.entry_point
+        kept = [
+            target.attr.value
+            for target, _ in self.analysis.models.assigned_to(site)
+            if type(target) is cst.Attribute and type(target.value) is cst.Name and target.value.value == "self"
+        ]
+        attribute = kept[0] if entry is not None and entry.devices is not None and len(kept) == 1 else None
+        held = held_training(self.analysis.path, cls.name.value, self.options, attribute)
+        return held is not None and held.migrates
 
     def _held(self, site) -> bool:
         """The wrapped model is kept on ``self`` by a method of a class: the class's users run it."""

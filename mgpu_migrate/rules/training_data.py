@@ -13,6 +13,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis.batch import is_row_count
 from mgpu_migrate.analysis.draws import builder_draw
+from mgpu_migrate.analysis.held import stored_by_a_base
 from mgpu_migrate.analysis.loaders import BUILT, LOADER, LoaderTrace
 from mgpu_migrate.analysis.project import NOT_BOUND, project_of
 from mgpu_migrate.analysis.tree import contains
@@ -238,6 +239,16 @@ class TrainingData(Rule):
             elif trace.origin is None:
                 if any(other.loop is trace.loop and other.origin is not None for other in flow.traces):
                     continue  # the loop draws its batches from a loader the analysis followed
+                inherited = self._inherited(trace) if program.holds else None
+                if inherited is not None:
+                    if inherited not in wrapped and self.rewrite_allowed(inherited):
+                        wrapped.add(inherited)
+                        self._distribute_at(
+                            inherited,
+                            f"training data split across processes with {RUNTIME}.distribute_loader "
+                            f"(`{shorten(code(inherited), 40)}`, built by a class this one derives from)",
+                        )
+                    continue
                 data = self._drawn_data(trace)
                 if data is not None:
                     self._report_once(
@@ -273,6 +284,63 @@ class TrainingData(Rule):
                     EVALUATION_LOADER_WHOLE,
                     "evaluation loader left whole: every process evaluates all of it",
                 )
+        if program.holds:
+            self._other_entries(wrapped, reported)
+
+    def _other_entries(self, wrapped: set[cst.CSTNode], reported: set[cst.CSTNode]) -> None:
+        """The other entries of a dict of loaders whose training entry a base class builds and this file splits
+        (st-gcn's ``self.data_loader['test']`` beside ``['train']``): left whole, every process evaluates them."""
+        split = {
+            (point.value.attr.value, self.analysis.code_of(point.slice[0].slice))
+            for point in wrapped
+            if type(point) is cst.Subscript and type(point.value) is cst.Attribute
+        }
+        for read in self.analysis.tree.nodes(cst.Subscript):
+            owner = read.value
+            if (
+                read in wrapped
+                or type(owner) is not cst.Attribute
+                or not _is_name(owner.value, "self")
+                or len(read.slice) != 1
+                or type(read.slice[0].slice) is not cst.Index
+            ):
+                continue
+            key = self.analysis.code_of(read.slice[0].slice)
+            if any(name == owner.attr.value and other != key for name, other in split):
+                self._report_once(
+                    reported,
+                    read,
+                    EVALUATION_LOADER_WHOLE,
+                    f"`{shorten(self.analysis.code_of(read), 40)}` left whole: every process evaluates all of it",
+                )
+
+    def _inherited(self, trace: LoaderTrace) -> Optional[cst.BaseExpression]:
+        """Where a loop of a module that trains a held model (``Program.holds``) reads data that a class it derives
+        from keeps on ``self`` (st-gcn's ``loader = self.data_loader['train']``, built in ``Processor.load_data()``):
+        ``self.<name>`` or one entry of it (``self.<name>[<literal>]``), when nothing in this file stores it."""
+        if not trace.path:
+            return None
+        step = trace.path[-1]
+        read = step.value if type(step) is cst.Subscript else step
+        if type(step) is cst.Subscript and not all(
+            type(element.slice) is cst.Index and type(element.slice.value) in (cst.SimpleString, cst.Integer)
+            for element in step.slice
+        ):
+            return None
+        if type(read) is not cst.Attribute or not _is_name(read.value, "self"):
+            return None
+        name = read.attr.value
+        if not stored_by_a_base(self.analysis.path, self.analysis.source, name):
+            return None
+        for node in self.analysis.tree.nodes(cst.Attribute):
+            if node is read or not _is_name(node.value, "self") or node.attr.value != name:
+                continue
+            parent = self.analysis.tree.parent(node)
+            if type(parent) is cst.Subscript and parent.value is node:
+                node, parent = parent, self.analysis.tree.parent(parent)
+            if type(parent) in (cst.AssignTarget, cst.AugAssign, cst.AnnAssign) and parent.target is node:
+                return None  # stored here: the analysis follows what this file builds
+        return step
 
     def _split_handed(self, wrapped: set[cst.CSTNode]) -> None:
         """The data this file hands to a training loop of the project's code (``analysis.handed``): distributed

@@ -84,16 +84,94 @@ def test_a_subclass_that_only_evaluates_leaves_every_file(tmp_path):
     assert "`Demo` (demo.py:4) does not train it: every process would run it" in message
 
 
-def test_a_class_in_between_leaves_every_file(tmp_path):
+def test_a_class_in_between_migrates_with_the_holder_and_the_subclass_that_trains(tmp_path):
+    """st-gcn's ``Processor(IO)``, between the holder and ``REC_Processor(Processor)``: followed, not a reason to leave."""
     middle = "from processors.base import Base\n\n\nclass Processor(Base):\n    pass\n"
     trainer = TRAINER.replace("from processors.base import Base", "from processors.middle import Processor").replace(
         "class Trainer(Base)", "class Trainer(Processor)"
     )
     files = {"processors/base.py": BASE, "processors/middle.py": middle, "processors/trainer.py": trainer, "main.py": MAIN}
     results = _project(tmp_path, files)
+    assert "mgpu_runtime.DistributedDataParallel(nn.Linear(5, 2))" in results["processors/base.py"].output
+    assert "mgpu_runtime.distribute_loader(DataLoader(self.data" in results["processors/trainer.py"].output
+    assert "mgpu_runtime.setup()" in results["main.py"].output
+    assert not results["processors/middle.py"].changed  # nothing of its own to make once
+    assert not _messages(results["processors/base.py"], "MGP320")
+
+
+MIDDLE_WITH_LOADERS = """\
+import os
+
+import torch
+from torch.utils.data import DataLoader
+
+from processors.base import Base
+
+
+class Processor(Base):
+    def load_data(self):
+        self.data_loader = dict()
+        self.data_loader["train"] = DataLoader(self.data, batch_size=8, shuffle=True)
+        self.data_loader["test"] = DataLoader(self.data, batch_size=8)
+
+    def start(self):
+        for epoch in range(3):
+            self.train()
+            self.test()
+            with open(os.path.join("work", "log.txt"), "a") as log:
+                log.write(str(epoch))
+"""
+TRAINER_ON_ENTRIES = """\
+from processors.middle import Processor
+
+
+class Trainer(Processor):
+    def train(self):
+        loader = self.data_loader["train"]
+        for x, y in loader:
+            loss = (self.model(x) - y).pow(2).mean()
+            loss.backward()
+
+    def test(self):
+        for x, y in self.data_loader["test"]:
+            print(self.model(x).sum())
+"""
+
+
+def test_the_training_entry_of_a_dict_of_loaders_a_base_builds_is_split_where_it_is_read(tmp_path):
+    files = {
+        "processors/base.py": BASE,
+        "processors/middle.py": MIDDLE_WITH_LOADERS,
+        "processors/trainer.py": TRAINER_ON_ENTRIES,
+        "main.py": MAIN,
+    }
+    results = _project(tmp_path, files)
+    trainer = results["processors/trainer.py"]
+    assert 'loader = mgpu_runtime.distribute_loader(self.data_loader["train"])' in trainer.output
+    (whole,) = _messages(trainer, "MGP234")
+    assert '`self.data_loader["test"]` left whole: every process evaluates all of it' in whole
+    middle = results["processors/middle.py"].output  # the class in between: its log written once
+    assert 'with mgpu_runtime.main_process_only(open, os.path.join("work", "log.txt"), "a") as log:' in middle
+
+
+def test_an_entry_no_base_stores_is_not_split(tmp_path):
+    middle = MIDDLE_WITH_LOADERS.replace("self.data_loader", "self.loaders")
+    files = {"processors/base.py": BASE, "processors/middle.py": middle, "processors/trainer.py": TRAINER_ON_ENTRIES, "main.py": MAIN}
+    results = _project(tmp_path, files)
     assert not any(result.changed for result in results.values())
     (message,) = _messages(results["processors/base.py"], "MGP320")
-    assert "`Processor` (middle.py:4) is between it and a subclass that trains" in message
+    assert "MGP326" in message
+
+
+def test_a_class_named_by_its_dotted_path_is_started_by_the_script(tmp_path):
+    """st-gcn's main.py: ``import_class('processor.recognition.REC_Processor')``."""
+    main = (
+        "import importlib\n\nif __name__ == '__main__':\n"
+        "    importlib.import_module('processors.trainer').Trainer(None).start()\n"
+    )
+    results = _project(tmp_path, {"processors/base.py": BASE, "processors/trainer.py": TRAINER, "main.py": main})
+    assert all(result.changed for result in results.values())
+    assert "mgpu_runtime.setup()" in results["main.py"].output
 
 
 def test_no_script_to_set_up_in_leaves_every_file(tmp_path):

@@ -69,6 +69,13 @@ CASES = {
     ),
     # first-order-model: DataParallelWithCallback over synchronized BatchNorm, GPUs chosen in run.py (MGP109, MGP150).
     "keypoint_gan": ("projects/keypoint_gan", "run.py", {2: ["--device_ids", "0,1"], 3: ["--device_ids", "0,1,2"]}),
+    # st-gcn's whole chain: IO holds the wrap, Processor (in between, another module) builds a dict of loaders, logs
+    # and saves through the project's installed package, Recognition trains on `self.data_loader['train']`.
+    "held_between": (
+        "projects/held_between",
+        "main.py",
+        {2: ["recognition", "--device", "0", "1"], 3: ["recognition", "--device", "0", "1", "2"]},
+    ),
     # WaveRNN: the model never wrapped, each step through the project's hand-written data_parallel (MGP107).
     "hand_written_dp": ("projects/hand_written_dp", "train.py", NO_ARGUMENTS),
 }
