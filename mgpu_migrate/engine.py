@@ -99,6 +99,8 @@ def migrate_source(
     finally:
         if deciding:
             _DECIDING.discard(here)
+        if not _DECIDING:
+            _MIGRATIONS.clear()  # other files' migrations are kept only within the one that asked for them
 
 
 def held_programs(source: str, target: str, path: str, options: Options = DEFAULT_OPTIONS) -> tuple[str, ...]:
@@ -185,8 +187,7 @@ def _becomes_a_program(path: str, options: Options) -> bool:
     the wrap migrates when the modules that train its model do, and they migrate when it does. A verdict reached
     under such an assumption is not kept, since it holds only for the one that assumed it."""
     path = os.path.abspath(path)
-    if path in _DECIDING:
-        _ASSUMED[0] += 1
+    if being_decided(path):
         return True
     try:
         stamp = os.stat(path).st_mtime_ns
@@ -214,15 +215,37 @@ _ASSUMED = [0]
 _VERDICTS: dict[tuple[str, int, Options], bool] = {}
 
 
+def being_decided(path: str) -> bool:
+    """Whether the module at ``path`` is being migrated further up this call (``_DECIDING``): a module asked about
+    on the way that asks about it in turn assumes it migrates, and asks nothing more of it. Without this, two
+    modules that each read the other's migration (a class that holds the wrap, a script that trains its model
+    and asks where the class sets up) would migrate each other without end."""
+    if os.path.abspath(path) in _DECIDING:
+        _ASSUMED[0] += 1
+        return True
+    return False
+
+
 def migration_of(path: str, options: Options = DEFAULT_OPTIONS) -> MigrationResult | None:
-    """The ``--to ddp`` migration of the module at ``path`` (None when it cannot be read)."""
+    """The ``--to ddp`` migration of the module at ``path`` (None when it cannot be read), kept while the file
+    that asked is migrated, unless it was reached under an assumption (``being_decided``)."""
     from mgpu_migrate import files
 
     try:
         text = files.read(path)[0].decode("utf-8")
     except (OSError, UnicodeDecodeError):
         return None
-    return migrate_source(text, "ddp", path, options)
+    key = (os.path.abspath(path), text, options)
+    if key in _MIGRATIONS:
+        return _MIGRATIONS[key]
+    before = _ASSUMED[0]
+    result = migrate_source(text, "ddp", path, options)
+    if _ASSUMED[0] == before:
+        _MIGRATIONS[key] = result
+    return result
+
+
+_MIGRATIONS: dict[tuple[str, str, Options], MigrationResult] = {}
 
 
 def _migrated_under_ddp(path: str, options: Options) -> bool:

@@ -132,7 +132,7 @@ def held_training(
     users = direct_users(path, name, derived)
     if users:
         return HeldTraining(False, f"{users[0]} uses `{name}` itself, beside the subclasses that train it")
-    from mgpu_migrate.engine import migration_of  # the verdict of each module is its own migration's
+    from mgpu_migrate.engine import being_decided, migration_of  # each module's verdict is its own migration's
 
     # The cheap verdicts first (a subclass that does not train, one in between), then each module that trains.
     for sub in sorted(derived, key=lambda sub: sub.trains):
@@ -144,8 +144,10 @@ def held_training(
             else:
                 why = "does not train it: every process would run it"
             return HeldTraining(False, f"`{sub.name}` ({sub.where(here)}) {why}")
-        result = migration_of(sub.path, options)
-        if result is None or not result.changed or result.error is not None:
+        # A module that asked about this one migrates if this one does (its own migration says what else it needs).
+        assumed = being_decided(sub.path)
+        result = None if assumed else migration_of(sub.path, options)
+        if not assumed and (result is None or not result.changed or result.error is not None):
             vetoes = [d for d in (result.diagnostics if result is not None else []) if d.needs_review]
             first = vetoes[0] if vetoes else None
             said = f" ({os.path.relpath(first.path, here)}:{first.line}: {first.code})" if first is not None else ""
@@ -218,7 +220,7 @@ def set_up_where_chosen(modules: tuple[str, ...], options: Options = DEFAULT_OPT
     migration calls ``mgpu_runtime.setup(devices=...)`` in the method that chooses the GPUs (st-gcn's ``IO.init_environment()``,
     ``analysis.devices.chosen_in_method``): the program's set-up is there, and the script starting ``modules``
     must not set up first, on every visible GPU, before the command line it hands the class is read."""
-    from mgpu_migrate.engine import migration_of, might_need_migration
+    from mgpu_migrate.engine import being_decided, migration_of, might_need_migration
     from mgpu_migrate.program import SETUP
     from mgpu_migrate.started import held_by
 
@@ -226,6 +228,8 @@ def set_up_where_chosen(modules: tuple[str, ...], options: Options = DEFAULT_OPT
         # ``modules`` are those the script starts (the holders' are found through them), or the holders whose
         # model the script trains itself.
         for holder in (module, *held_by(module, _read(module), might_need_migration)):
+            if being_decided(holder):
+                continue  # the module asking holds no set-up of its own while the class asks about it
             result = migration_of(holder, options)
             if result is not None and result.changed and any(
                 diagnostic.code == SETUP.code and diagnostic.path == holder for diagnostic in result.diagnostics
