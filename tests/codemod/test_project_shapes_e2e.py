@@ -164,6 +164,28 @@ def runs(tmp_path_factory, request):
     return {path.stem: torch.load(path, map_location="cpu") for path in root.glob("*.pt")}
 
 
+def _plain_starts(tmp_path: Path, processes: int, arguments: list[str], logged: bool = False):
+    """The original (tmp_path/original/train.py) under DataParallel emulated on ``processes`` devices in float64,
+    then the migration (tmp_path/migrated/train.py) started as ``python train.py`` with MGPU_NPROC set, as its
+    user would; each saves its weights to tmp_path/<name>.pt (and appends to <name>.log when ``logged``)."""
+    environment = _environment()
+    done = []
+    for name, command, more in (
+        ("original", ["-m", "mgpu_runtime.emulation", "--devices", str(processes), "--float64", "train.py"], {}),
+        ("migrated", ["train.py"], {"MGPU_NPROC": str(processes)}),
+    ):
+        outputs = {"FIXTURE_OUTPUT": str(tmp_path / f"{name}.pt")}
+        if logged:
+            outputs["FIXTURE_LOG"] = str(tmp_path / f"{name}.log")
+        run = subprocess.run(
+            [sys.executable, *command, *arguments], cwd=tmp_path / name, env={**environment, **more, **outputs},
+            capture_output=True, text=True, timeout=TIMEOUT_S,
+        )
+        assert run.returncode == 0, run.stderr[-4000:]
+        done.append(run)
+    return done[0], done[1]
+
+
 def _tensors(saved, prefix=""):
     """Every tensor in a saved object, by its path (``model.0.weight``), and every plain number."""
     if isinstance(saved, torch.Tensor):
@@ -213,26 +235,7 @@ def test_a_plain_start_of_the_own_path_trains_as_the_original(tmp_path, processe
         shutil.copy(source / "pyproject.toml", tmp_path / name)
     (tmp_path / "original" / "train.py").write_text((source / "train.py").read_text())
     (tmp_path / "migrated" / "train.py").write_text((source / "train.ddp.py").read_text())
-    environment = _environment()
-    original = subprocess.run(
-        [sys.executable, "-m", "mgpu_runtime.emulation", "--devices", str(processes), "--float64", "train.py", *arguments],
-        cwd=tmp_path / "original",
-        env={**environment, "FIXTURE_OUTPUT": str(tmp_path / "original.pt"), "FIXTURE_LOG": str(tmp_path / "original.log")},
-        capture_output=True, text=True, timeout=TIMEOUT_S,
-    )
-    assert original.returncode == 0, original.stderr[-4000:]
-    migrated = subprocess.run(
-        [sys.executable, "train.py", *arguments],
-        cwd=tmp_path / "migrated",
-        env={
-            **environment,
-            "MGPU_NPROC": str(processes),
-            "FIXTURE_OUTPUT": str(tmp_path / "migrated.pt"),
-            "FIXTURE_LOG": str(tmp_path / "migrated.log"),
-        },
-        capture_output=True, text=True, timeout=TIMEOUT_S,
-    )
-    assert migrated.returncode == 0, migrated.stderr[-4000:]
+    _, migrated = _plain_starts(tmp_path, processes, arguments, logged=True)
     said = [line for line in migrated.stderr.splitlines() if line.startswith("mgpu_runtime:")]
     if expected > 1:
         assert len(said) == 1 and f"as {expected} processes" in said[0], migrated.stderr[-4000:]
@@ -284,21 +287,7 @@ def test_a_plain_start_of_the_own_path_with_its_fallback_in_a_helper_trains_as_t
     if config is not None:
         (tmp_path / "config.json").write_text(json.dumps(config))
         arguments = ["--config", str(tmp_path / "config.json"), *arguments]
-    environment = _environment()
-    original = subprocess.run(
-        [sys.executable, "-m", "mgpu_runtime.emulation", "--devices", str(processes), "--float64", "train.py", *arguments],
-        cwd=tmp_path / "original",
-        env={**environment, "FIXTURE_OUTPUT": str(tmp_path / "original.pt")},
-        capture_output=True, text=True, timeout=TIMEOUT_S,
-    )
-    assert original.returncode == 0, original.stderr[-4000:]
-    migrated = subprocess.run(
-        [sys.executable, "train.py", *arguments],
-        cwd=tmp_path / "migrated",
-        env={**environment, "MGPU_NPROC": str(processes), "FIXTURE_OUTPUT": str(tmp_path / "migrated.pt")},
-        capture_output=True, text=True, timeout=TIMEOUT_S,
-    )
-    assert migrated.returncode == 0, migrated.stderr[-4000:]
+    original, migrated = _plain_starts(tmp_path, processes, arguments)
     said = [line for line in migrated.stderr.splitlines() if line.startswith("mgpu_runtime:")]
     if expected > 1:
         assert len(said) == 1 and f"as {expected} processes" in said[0], migrated.stderr[-4000:]
@@ -402,20 +391,7 @@ def test_a_plain_start_after_a_config_file_of_defaults_trains_as_the_original(tm
     if config is not None:
         (tmp_path / "config.json").write_text(json.dumps(config))
         arguments = ["--config-file", str(tmp_path / "config.json"), *arguments]
-    environment = _environment()
-    original = subprocess.run(
-        [sys.executable, "-m", "mgpu_runtime.emulation", "--devices", str(processes), "--float64", "train.py", *arguments],
-        cwd=tmp_path / "original", env={**environment, "FIXTURE_OUTPUT": str(tmp_path / "original.pt")},
-        capture_output=True, text=True, timeout=TIMEOUT_S,
-    )
-    assert original.returncode == 0, original.stderr[-4000:]
-    migrated = subprocess.run(
-        [sys.executable, "train.py", *arguments],
-        cwd=tmp_path / "migrated",
-        env={**environment, "MGPU_NPROC": str(processes), "FIXTURE_OUTPUT": str(tmp_path / "migrated.pt")},
-        capture_output=True, text=True, timeout=TIMEOUT_S,
-    )
-    assert migrated.returncode == 0, migrated.stderr[-4000:]
+    _, migrated = _plain_starts(tmp_path, processes, arguments)
     said = [line for line in migrated.stderr.splitlines() if line.startswith("mgpu_runtime:")]
     assert len(said) == 1 and f"--batch-size {batch // processes} per process ({batch} over {processes})" in said[0], said
     before = dict(_tensors(torch.load(tmp_path / "original.pt", map_location="cpu")))
