@@ -355,7 +355,12 @@ def test_a_replica_on_another_device_lists_its_parameters_there():
 
     module = _FindsItsDevice().double()
     home, other = replicate(module, [torch.device("cpu"), torch.device("meta")])
-    assert all(a is b for a, b in zip(home.parameters(), module.parameters(), strict=True))
+    # On the home device: views of the module's parameters (torch's broadcast aliases them there), ...
+    assert all(a._base is b for a, b in zip(home.parameters(), module.parameters(), strict=True))
+    with torch.no_grad():  # ... and, with no gradient recorded, the first replica holds them themselves
+        first, second = replicate(module, [torch.device("cpu"), torch.device("cpu")])
+    assert all(a is b for a, b in zip(first.parameters(), module.parameters(), strict=True))
+    assert all(a._base is b for a, b in zip(second.parameters(), module.parameters(), strict=True))
     copies = list(other.parameters())
     assert len(copies) == len(list(module.parameters()))
     assert {copy.device.type for copy in copies} == {"meta"}
@@ -373,3 +378,38 @@ def test_a_forward_that_finds_its_device_trains_on_three_replicas_as_data_parall
     reference(x).pow(2).sum().backward()
     for ours, theirs in zip(module.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(ours.grad, theirs.grad, rtol=0, atol=1e-12)
+
+
+class _RebindsInForward(nn.Module):
+    """A power-iteration vector kept as a parameter and rebound in ``forward`` (SAGAN's SpectralNorm, reduced)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+        self.u = nn.Parameter(torch.randn(3), requires_grad=False)
+
+    def forward(self, x):
+        weight = self.linear.weight
+        self.u.data = nn.functional.normalize(weight.detach().mv(weight.detach().t().mv(self.u)), dim=0)
+        return self.linear(x) / self.u.dot(weight.mv(weight.t().mv(self.u))).sqrt()
+
+
+@pytest.mark.parametrize("recording", [True, False])
+def test_a_parameter_rebound_in_forward_is_kept_only_where_data_parallel_kept_it(three_replicas, recording):
+    """In a training forward DataParallel's replicas hold aliases, and a rebinding of ``.data`` is lost with them;
+    under no_grad the first replica holds the module's own parameter, and its rebinding stays."""
+    torch.manual_seed(0)
+    module = _RebindsInForward().double()
+    reference = copy.deepcopy(module)
+    start = module.u.detach().clone()
+    x = torch.randn(7, 4, dtype=torch.float64)
+    with torch.set_grad_enabled(recording):
+        ours = gather(DataParallelModel(module)(x))
+        theirs = EmulatedDataParallel(reference, device_ids=[0, 1, 2])(x)
+    assert max_abs_diff(ours, theirs) <= 1e-12
+    assert max_abs_diff(module.u, reference.u) <= 1e-12
+    assert torch.equal(module.u, start) == recording  # the test really takes the path it names
+    if recording:
+        ours.sum().backward()
+        theirs.sum().backward()
+        assert max_abs_diff(module.linear.weight.grad, reference.linear.weight.grad) <= 1e-12

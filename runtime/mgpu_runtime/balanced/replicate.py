@@ -3,8 +3,11 @@
 A replica is a shallow copy of every submodule (``Module._replicate_for_data_parallel``, as torch's own
 ``replicate`` does). Its parameters are:
 
-* on the original's device: the original ``Parameter`` objects themselves, so several replicas on one device
-  (CPU replicas, or ``device_ids=[0, 0]``) cost no memory and autograd sums their gradients into ``.grad``;
+* on the original's device: a view of the original (``view_as``), as torch's broadcast gives the first device an
+  alias, so several replicas on one device (CPU replicas, or ``device_ids=[0, 0]``) cost no memory and autograd
+  sums their gradients into ``.grad``; under ``torch.no_grad()`` the first replica holds the original ``Parameter``
+  objects themselves, as torch's does there. A ``forward`` that rebinds a parameter's data (``u.data = ...``, the
+  SpectralNorm of many GAN repositories) so changes the module only where DataParallel's did;
 * on another device: a differentiable copy (``Tensor.to``), whose backward carries the gradient home.
 
 Either way the replica lists them in ``parameters()``. torch's own replicas have listed none since torch 1.5, so a
@@ -36,16 +39,26 @@ def replicate(module: nn.Module, devices: Sequence[torch.device]) -> list[nn.Mod
     """One replica of ``module`` per entry of ``devices``; the first, on the module's own device, shares its
     buffers."""
     home = _home_device(module)
-    return [_replica(module, device, home, index == 0 and device == home) for index, device in enumerate(devices)]
+    recording = torch.is_grad_enabled()
+    return [
+        _replica(module, device, home, index == 0 and device == home, recording) for index, device in enumerate(devices)
+    ]
 
 
-def _replica(module: nn.Module, device: torch.device, home: torch.device, shares_buffers: bool) -> nn.Module:
+def _replica(
+    module: nn.Module, device: torch.device, home: torch.device, first: bool, recording: bool
+) -> nn.Module:
+    """``first``: the first replica, on the module's own device, which shares its buffers (and, when no gradient is
+    recorded, its parameters)."""
     copies: dict[nn.Module, nn.Module] = {}
     parameters: dict[torch.Tensor, torch.Tensor] = {}  # shared (tied) parameters stay shared in the replica
 
     def place_parameter(parameter: torch.Tensor) -> torch.Tensor:
         if parameter not in parameters:
-            parameters[parameter] = parameter if device == home else parameter.to(device)
+            if device != home:
+                parameters[parameter] = parameter.to(device)
+            else:
+                parameters[parameter] = parameter if first and not recording else parameter.view_as(parameter)
         return parameters[parameter]
 
     def copy(original: nn.Module) -> nn.Module:
@@ -59,14 +72,14 @@ def _replica(module: nn.Module, device: torch.device, home: torch.device, shares
             if parameter is None:
                 replica._parameters[name] = None
             else:
-                # setattr registers an original Parameter as a parameter, and a copy as a plain attribute (an RNN
-                # also points its flat weights at it there) ...
+                # setattr registers an original Parameter as a parameter, and a copy or a view as a plain attribute
+                # (an RNN also points its flat weights at it there) ...
                 placed = place_parameter(parameter)
                 setattr(replica, name, placed)
                 # ... which parameters() then lists too, as DataParallel's replicas did before torch 1.5
                 replica._parameters[name] = placed
         for name, buffer in original._buffers.items():
-            replica._buffers[name] = buffer if buffer is None or shares_buffers else buffer.to(device, copy=True)
+            replica._buffers[name] = buffer if buffer is None or first else buffer.to(device, copy=True)
         return replica
 
     return copy(module)

@@ -58,6 +58,7 @@ from torch import nn
 
 from mgpu_runtime.distributed import global_view, lockstep, safety, sync_batchnorm
 from mgpu_runtime.distributed.process_group import Job, device, job, setup, world_size
+from mgpu_runtime.distributed.rebinding import HeldParameters
 from mgpu_runtime.distributed.replication_callbacks import linked
 from mgpu_runtime.distributed.replication_callbacks import told_copies as replication_callbacks_of
 from mgpu_runtime.pickling import as_data_parallel
@@ -127,6 +128,7 @@ class DistributedDataParallel(_TorchDDP):
         self._trainable = _trainable(self._watched)
         self._note_synchronised()
         self._aligned = False
+        self._held = HeldParameters(self.module)  # rebound with `.data =` in forward: kept as DataParallel kept them
         # What the original's nn.DataParallel was given: a pickle of this wrapper is that DataParallel.
         listed = None if device_ids is None else list(device_ids)
         self._data_parallel_arguments = {"device_ids": listed, "output_device": output_device, "dim": dim}
@@ -158,7 +160,7 @@ class DistributedDataParallel(_TorchDDP):
             current.safety.note_forward(inputs, kwargs)
             current.lockstep.note_forward()
         with linked(self._told):
-            output, active = _replica_forward(super().forward, inputs, kwargs, current)
+            output, active = _replica_forward(super().forward, inputs, kwargs, current, self._held)
         if self.training and not torch.is_grad_enabled():
             # Buffers changed without a training forward (BatchNorm statistics recomputed under no_grad): the next
             # forward gives every rank rank 0's again, as DataParallel's replicas always took the module's.
@@ -213,12 +215,12 @@ class DistributedDataParallel(_TorchDDP):
             return super()._sync_buffers()
 
 
-def _replica_forward(forward, inputs: tuple, kwargs: dict, current: Job) -> tuple[Any, int]:
+def _replica_forward(forward, inputs: tuple, kwargs: dict, current: Job, held: HeldParameters) -> tuple[Any, int]:
     """This rank's replica's output (DataParallel's scatter over the ranks), and how many devices ran."""
     group = current.group
     active = scatter_gather.active_devices(inputs, kwargs, group.parts)
     ((local_inputs, local_kwargs),) = scatter_gather.scatter(inputs, kwargs, group, active)
-    with global_view.own_forward(current.gradients, group.rank, current.stream):
+    with global_view.own_forward(current.gradients, group.rank, current.stream), held.rebinding_dropped():
         return forward(*local_inputs, **local_kwargs), active
 
 
@@ -232,12 +234,13 @@ class FrozenModule(nn.Module):
         super().__init__()
         setup()
         self.module = module.to(device())
+        self._held = HeldParameters(self.module)
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         current = job()
         if current.group is None:
             return self.module(*inputs, **kwargs)
-        output, active = _replica_forward(self.module, inputs, kwargs, current)
+        output, active = _replica_forward(self.module, inputs, kwargs, current, self._held)
         return scatter_gather.gather([output], active, current.group)
 
     def __reduce_ex__(self, protocol: int) -> Any:
