@@ -37,8 +37,12 @@ class HeldParameters:
     def __init__(self, module: nn.Module) -> None:
         self._held: list[tuple[nn.Module, str, torch.Tensor]] = []
         seen: set[tuple[int, str]] = set()
+        read: dict[type, bool] = {}  # each class's source read once per wrap
         for layer in module.modules():
-            if not _rebinds(type(layer)):
+            kind = type(layer)
+            if kind not in read:
+                read[kind] = _rebinds(kind)
+            if not read[kind]:
                 continue
             for holder in layer.modules():
                 for name, parameter in holder._parameters.items():
@@ -68,17 +72,7 @@ class HeldParameters:
 
 
 def _rebinds(cls: type) -> bool:
-    """Whether a class of the module's own (not torch's) assigns ``.data`` somewhere in its source (read once
-    per class)."""
-    if cls not in _READ:
-        _READ[cls] = _source_rebinds(cls)
-    return _READ[cls]
-
-
-_READ: dict[type, bool] = {}
-
-
-def _source_rebinds(cls: type) -> bool:
+    """Whether a class of the module's own (not torch's) assigns ``.data`` somewhere in its source."""
     for klass in cls.__mro__:
         if klass.__module__.split(".")[0] in ("torch", "builtins"):
             continue
