@@ -50,15 +50,15 @@ class HeldParameters:
                         seen.add((id(holder), name))
                         self._held.append((holder, name, parameter))
 
-    def __bool__(self) -> bool:
-        return bool(self._held)
+    def rebinding_dropped(self) -> contextlib.AbstractContextManager[None]:
+        """For a training forward: each held parameter read as a view of itself, whose rebinding is dropped after
+        (nothing to enter on the common path: no such layer, or no gradient recorded)."""
+        if not self._held or not torch.is_grad_enabled():
+            return contextlib.nullcontext()  # under no_grad the first replica held the module's own: it stayed
+        return self._shadowed()
 
     @contextlib.contextmanager
-    def rebinding_dropped(self) -> Iterator[None]:
-        """For a training forward: each held parameter read as a view of itself, whose rebinding is dropped after."""
-        if not self._held or not torch.is_grad_enabled():
-            yield  # under no_grad the first replica held the module's own: its rebinding stayed
-            return
+    def _shadowed(self) -> Iterator[None]:
         shadowed = []
         try:
             for holder, name, parameter in self._held:
@@ -69,7 +69,6 @@ class HeldParameters:
         finally:
             for holder, name in shadowed:
                 holder.__dict__.pop(name, None)
-
 
 def _rebinds(cls: type) -> bool:
     """Whether a class of the module's own (not torch's) assigns ``.data`` somewhere in its source."""
