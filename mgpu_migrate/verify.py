@@ -351,9 +351,11 @@ def _runner(steps: int, state: str, script: str, script_args: tuple[str, ...], d
     return [*command, os.path.basename(script), *script_args]
 
 
-def same_line(original: str, migrated: str) -> bool:
+def same_line(original: str, migrated: str, tolerance: float = 0.0) -> bool:
     """Equal, or apart only in numbers printed with a fraction or exponent by at most one unit of their last
-    digit (a value within the bound can round either way); integers must be equal."""
+    digit (a value within the bound can round either way), or by at most ``tolerance`` relative to the larger
+    (a full-precision ``repr`` of a float, whose last digits follow the order of a sum); integers must be
+    equal."""
     if original == migrated:
         return True
     if _NUMBER.split(original) != _NUMBER.split(migrated):
@@ -363,7 +365,10 @@ def same_line(original: str, migrated: str) -> bool:
             continue
         units = [_last_digit_unit(number) for number in (first, second)]
         known = [unit for unit in units if unit is not None]
-        if len(known) < len(units) or abs(float(first) - float(second)) > max(known) * (1 + 1e-9):
+        if len(known) < len(units):
+            return False
+        a, b = float(first), float(second)
+        if abs(a - b) > max(max(known) * (1 + 1e-9), tolerance * max(abs(a), abs(b))):
             return False
     return True
 
@@ -377,9 +382,9 @@ def _last_digit_unit(number: str) -> float | None:
     return 10.0 ** (int(exponent or 0) - decimals)
 
 
-def _first_difference(original: list[str], migrated: list[str]) -> int | None:
+def _first_difference(original: list[str], migrated: list[str], tolerance: float) -> int | None:
     for index in range(max(len(original), len(migrated))):
-        if index >= len(original) or index >= len(migrated) or not same_line(original[index], migrated[index]):
+        if index >= len(original) or index >= len(migrated) or not same_line(original[index], migrated[index], tolerance):
             return index
     return None
 
@@ -439,7 +444,7 @@ def verify(scripts, target, procs, steps, tolerance, migrated, data_paths, style
     float64 on the CPU for the same optimizer steps, and compares the wrapped models' final weights and
     buffers (and the parameters the optimizers trained outside them) and the lines each printed (the
     migrated job prints its main process's). Numbers printed with a fraction may differ by one unit of
-    their last digit.
+    their last digit, or by the tolerance relative to their size.
 
     Each run works in a new temporary directory, its current directory, which holds its copy of SCRIPT and
     receives whatever the script writes there: neither run writes into your files by a relative path or
@@ -611,7 +616,7 @@ def _report(runs: list[ScriptRun], found: dict, tolerance: float, target: str, p
         click.echo(f"largest difference: {largest['difference']:.3g} in {where} (tolerance {tolerance:g})")
         if largest["difference"] > tolerance:
             problems.append(f"{where} is {largest['difference']:.3g} apart, past the tolerance {tolerance:g}")
-    line = _first_difference(lines[ORIGINAL], lines[MIGRATED])
+    line = _first_difference(lines[ORIGINAL], lines[MIGRATED], tolerance)
     if line is None:
         click.echo("printed lines: the same")
     else:

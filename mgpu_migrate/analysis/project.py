@@ -1096,7 +1096,11 @@ def importers(path: str, uses: str) -> list[Importer]:
     found = []
     for other, data in _tree(top):
         if other != path and parts[-1].encode() in data:
-            line = _import_line(data, parts, os.path.dirname(other) in (directory, os.path.dirname(directory)))
+            # Without a project marker, an import of a dotted suffix of the module's path names it only from inside
+            # the folder that suffix is relative to: `from trainer import Trainer` in another folder of scripts
+            # beside this one is that folder's trainer.
+            within = None if root is not None else _within(top, parts, os.path.dirname(other))
+            line = _import_line(data, parts, os.path.dirname(other) in (directory, os.path.dirname(directory)), within)
             if line:
                 group = _PROCESS_GROUP.search(data)
                 own = data.count(b"\n", 0, group.start()) + 1 if group else 0
@@ -1159,11 +1163,26 @@ def _modules_under(top: str) -> Iterator[str]:
                 yield file
 
 
-def _import_line(data: bytes, parts: list[str], nearby: bool) -> int:
-    """The line of ``data`` that imports the module ``parts`` names (any dotted suffix of it), or 0."""
+def _within(top: str, parts: list[str], folder: str) -> int:
+    """How many leading parts of a module's dotted path (relative to ``top``) a file in ``folder`` may leave out
+    of an import of it at most: those of the folders of ``top`` that hold ``folder``."""
+    relative = os.path.relpath(folder, top)
+    if relative == "." or relative.startswith(".."):
+        return 0
+    held = 0
+    for name in relative.split(os.sep):
+        if held >= len(parts) - 1 or name != parts[held]:
+            break
+        held += 1
+    return held
+
+
+def _import_line(data: bytes, parts: list[str], nearby: bool, within: int | None = None) -> int:
+    """The line of ``data`` that imports the module ``parts`` names (any dotted suffix of it; with ``within``, a
+    suffix that leaves out at most that many leading parts), or 0."""
     last = re.escape(parts[-1])
     patterns = []
-    for start in range(len(parts)):
+    for start in range(len(parts) if within is None else within + 1):
         name = r"\.".join(map(re.escape, parts[start:]))
         patterns.append(rf"import\s+(?:[\w.]+\s*,\s*)*{name}(?![\w.])|from\s+{name}\s+import\b")
         if start < len(parts) - 1:

@@ -31,7 +31,10 @@ REPEATED_BACKWARD = Review(
         "the first reached fails (\"Expected to mark a variable ready only once\"); when the first pass reached "
         "every parameter, the second pass's gradients are never reduced, and the processes' weights drift apart "
         "without an error; a step that runs only one of the passes leaves the reduction unfinished (\"Expected to "
-        "have finished reduction in the prior iteration\"). `--to ddp --style torch`, which has no runtime to sum the "
+        "have finished reduction in the prior iteration\"). So does a backward pass that reaches the model only "
+        "through `torch.autograd.grad(..., create_graph=True)` of its output (a WGAN-GP gradient penalty stepped on "
+        "its own): it reaches only the parameters that gradient depends on, never the last layer's bias, and the "
+        "reduction waits for the others. `--to ddp --style torch`, which has no runtime to sum the "
         "gradients otherwise, leaves the file as it is; the default style passes `reduce_each_backward=True` to the "
         "runtime's wrapper (MGP108)."
     ),
@@ -46,6 +49,7 @@ REPEATED_BACKWARD = Review(
     ),
     veto=True,
 )
+AUTOGRAD_GRAD = "torch.autograd.grad"
 # Methods and attributes whose result carries no autograd graph: a backward pass does not reach the forward through them.
 _DETACHING = frozenset({"detach", "detach_", "item", "tolist", "numpy"})
 _NO_GRAPH = TENSOR_DESCRIPTION | {"data", "grad"}
@@ -63,7 +67,9 @@ class RepeatedBackward(Rule):
     both come from the same call of the wrapped model, with no new call of that model between them, or a
     ``.backward()`` in a loop that runs over the outputs of one forward made before it. The values are
     followed back through the assignments that reach each backward pass; ``.detach()``, ``.item()`` and
-    ``.data`` end the graph. The wrap that forward runs is then given ``reduce_each_backward=True``: the
+    ``.data`` end the graph. So is a backward pass whose loss reaches a wrapped model only through
+    ``torch.autograd.grad(...)`` of its output (a WGAN-GP gradient penalty, ``create_graph=True``, stepped on its
+    own): it reaches only the parameters that gradient depends on. The wrap that forward runs is then given ``reduce_each_backward=True``: the
     runtime leaves torch's reducer out of its forwards and sums the model's gradients over the processes at
     the end of each backward pass. Under ``--style torch``, which has no runtime, the file is left as it is
     (MGP370).
@@ -164,6 +170,39 @@ class RepeatedBackward(Rule):
             message='`losses["g"].backward()`: a second backward pass over one forward, `model(x)` (line 5), after line 6\'s',
             line=8,
             name="style-torch-leaves-the-file",
+        ),
+        Example(
+            """
+            import torch
+            import torch.nn as nn
+
+            critic = nn.DataParallel(Critic())
+            for points in loader:
+                points.requires_grad_(True)
+                scores = critic(points)
+                grad = torch.autograd.grad(scores.sum(), points, create_graph=True)[0]
+                penalty = ((grad.norm(2, dim=1) - 1) ** 2).mean()
+                penalty.backward()
+                optimizer.step()
+            """,
+            """
+            import torch
+            import mgpu_runtime
+
+            critic = mgpu_runtime.DistributedDataParallel(Critic(), reduce_each_backward=True)
+            for points in loader:
+                points.requires_grad_(True)
+                scores = critic(points)
+                grad = torch.autograd.grad(scores.sum(), points, create_graph=True)[0]
+                penalty = ((grad.norm(2, dim=1) - 1) ** 2).mean()
+                penalty.backward()
+                optimizer.step()
+            """,
+            DDP,
+            ("MGP101", "MGP108"),
+            message="line 10's `penalty.backward()` reaches `critic(points)` (line 7) only through the gradient of its output",
+            line=4,
+            name="gradient-penalty-stepped-on-its-own",
         ),
         Example(
             """
@@ -376,8 +415,10 @@ class RepeatedBackward(Rule):
             return
         order = {id(node): number for number, node in enumerate(contains(root, lambda node: True))}
         backwards = sorted((call for call in backwards if id(call) in order), key=lambda call: order[id(call)])
-        reader = _Reader(analysis.tree, analysis.flow, analysis.values, function, order, forwards)
+        reader = _Reader(analysis.tree, analysis.flow, analysis.values, function, order, forwards, analysis.resolve)
         sources = {call: reader.sources(_loss_of(analysis, call), call) for call in backwards}
+        for call in backwards:
+            self._through_a_gradient(call, reader, sources[call], forwards)
         regions = {call: self._region(call, root) for call in backwards}
         reported: set[cst.Call] = set()
         for later_index, later in enumerate(backwards):
@@ -432,6 +473,30 @@ class RepeatedBackward(Rule):
                     f"`{code}` runs at each pass of the loop at line {loop} over one forward, {made}: file left as it is",
                     f"`{code}` runs at each pass of the loop at line {loop} over one forward, {made}",
                 )
+
+    def _through_a_gradient(self, backward: cst.Call, reader: _Reader, sources: frozenset[cst.Call], forwards: dict[cst.Call, Sites]) -> None:
+        """A backward pass that reaches a wrapped model only through ``torch.autograd.grad(..., create_graph=True)``
+        of its output (a WGAN-GP gradient penalty stepped on its own): it reaches only the parameters that gradient
+        depends on, never the last layer's bias, while DDP's reducer waits for every parameter of the forward."""
+        if not sources:
+            return
+        direct = reader.sources(_loss_of(self.analysis, backward), backward, gradients=False)
+        reached = frozenset().union(*(forwards[call] for call in direct))
+        analysis = self.analysis
+        for forward in sorted(sources - direct, key=lambda call: analysis.position(call)):
+            sites = forwards[forward] - reached
+            if not sites:
+                continue
+            code, line = shorten(analysis.code_of(backward), 32), analysis.position(backward)[0]
+            made = f"`{shorten(analysis.code_of(forward), 24)}` (line {analysis.position(forward)[0]})"
+            self._several_passes(
+                backward,
+                forward,
+                sites,
+                f"`{code}` reaches {made} only through the gradient of its output: file left as it is",
+                f"line {line}'s `{code}` reaches {made} only through the gradient of its output",
+            )
+            return
 
     def _region(self, call: cst.Call, root: cst.CSTNode) -> cst.CSTNode:
         """The innermost loop whose body runs ``call`` (its function, or the module, when none does)."""
@@ -498,7 +563,9 @@ class _Reader:
         function: Optional[cst.FunctionDef],
         order: dict[int, int],
         forwards: dict[cst.Call, Sites],
+        resolve: Any,
     ) -> None:
+        self.resolve = resolve
         self.tree = tree
         self.index = index
         self.values = values
@@ -508,13 +575,17 @@ class _Reader:
         self.scope: Scope = self.index.scopes.get(function, self.index.module_scope) if function is not None else self.index.module_scope
         self._loops: Optional[dict[Place, list[cst.BaseExpression]]] = None
 
-    def sources(self, expr: Optional[cst.BaseExpression], use: cst.CSTNode) -> frozenset[cst.Call]:
+    def sources(self, expr: Optional[cst.BaseExpression], use: cst.CSTNode, gradients: bool = True) -> frozenset[cst.Call]:
+        """The forwards ``expr`` comes from; with ``gradients=False``, not counting those it reaches only through
+        the gradient ``torch.autograd.grad`` takes of them."""
         found: set[cst.Call] = set()
         if expr is not None:
-            self._read(expr, use, _DEPTH, found, set())
+            self._read(expr, use, _DEPTH, found, set(), gradients)
         return frozenset(found)
 
-    def _read(self, expr: cst.CSTNode, use: cst.CSTNode, depth: int, found: set[cst.Call], seen: set[int]) -> None:
+    def _read(
+        self, expr: cst.CSTNode, use: cst.CSTNode, depth: int, found: set[cst.Call], seen: set[int], gradients: bool
+    ) -> None:
         stack: list[Any] = [expr]  # (each node is told apart by its type before its fields are read)
         while stack:
             node = stack.pop()
@@ -524,6 +595,8 @@ class _Reader:
             if kind is cst.Call:
                 func = node.func
                 if type(func) is cst.Attribute and func.attr.value in _DETACHING:
+                    continue
+                if not gradients and self.resolve(func) == AUTOGRAD_GRAD:
                     continue
                 if node in self.forwards:
                     found.add(node)
@@ -537,7 +610,7 @@ class _Reader:
                     for value in self._reaching(place, use):
                         if id(value) not in seen:
                             seen.add(id(value))
-                            self._read(value, value, depth - 1, found, seen)
+                            self._read(value, value, depth - 1, found, seen, gradients)
             if kind is cst.Attribute or kind is cst.Subscript:
                 stack.append(node.value)
             elif kind is not cst.Name:

@@ -227,6 +227,20 @@ def test_the_importer_search_skips_other_projects_beside_a_folder_of_scripts(tmp
     assert searched[str(tmp_path)] == 2
 
 
+def test_a_folder_of_scripts_beside_this_one_imports_its_own_module_of_that_name(tmp_path):
+    """A folder of scripts with no project marker, searched from its parent (/tmp, a home directory): another
+    folder there whose script writes `from trainer import Trainer` imports its own trainer.py, not this one's.
+    Self-Attention-GAN, fetched into /tmp, was told that a test's train.py in another folder of /tmp started it."""
+    for name in ("sagan", "elsewhere"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "trainer.py").write_text("class Trainer:\n    pass\n")
+    (tmp_path / "elsewhere" / "train.py").write_text("from trainer import Trainer\nTrainer().run()\n")
+    (tmp_path / "run_sagan.py").write_text("from sagan.trainer import Trainer\n")
+    (tmp_path / "sagan" / "main.py").write_text("from trainer import Trainer\n")
+    found = project.importers(str(tmp_path / "sagan" / "trainer.py"), "Trainer")
+    assert sorted(os.path.relpath(importer.path, tmp_path) for importer in found) == ["run_sagan.py", os.path.join("sagan", "main.py")]
+
+
 def test_the_files_own_functions_are_read_from_the_text_being_migrated(tmp_path):
     """stdin (`--stdin-filename`) or a notebook's cells are not what the disk holds at that path: the draws of the
     file's own functions come from the text migrated, here with an empty file on disk under its name."""

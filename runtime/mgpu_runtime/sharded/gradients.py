@@ -44,6 +44,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from mgpu_runtime.sharded.groups import Group
 from mgpu_runtime.sharded.hooks import TORCH_REGISTER_HOOK, TORCH_RETAIN_GRAD, Handle
 from mgpu_runtime.sharded.rules import _autograd_backward, _autograd_grad, roots
+from mgpu_runtime.sharded.rules import _grad as _sharded_grad
 from mgpu_runtime.sharded.scatter_gather import MODEL_OUTPUT
 from mgpu_runtime.sharded.tensor import Sharded
 
@@ -177,6 +178,14 @@ class Gradients:
                 return _autograd_grad(outputs, inputs, grad_outputs, retain_graph, create_graph, only_inputs,
                                       allow_unused, is_grads_batched, materialize_grads)
             outputs_ = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+            inputs_ = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+            if any(type(value) is Sharded for value in (*outputs_, *inputs_)):
+                # A gradient penalty's ``autograd.grad(critic(points), points)``: a Sharded input's gradient is
+                # whole on each rank already, piece by piece; only the plain inputs' parts are summed.
+                return _sharded_grad(torch.autograd.grad, (outputs_, inputs_), dict(
+                    grad_outputs=grad_outputs, retain_graph=retain_graph, create_graph=create_graph,
+                    only_inputs=only_inputs, allow_unused=allow_unused, is_grads_batched=is_grads_batched,
+                    materialize_grads=materialize_grads))
             given = list(grad_outputs) if isinstance(grad_outputs, (list, tuple)) else [grad_outputs] * len(outputs_)
             roots_, grads = roots(outputs_, given if grad_outputs is not None else [None] * len(outputs_), group)
             found = _autograd_grad(roots_, inputs, grads, retain_graph, create_graph, only_inputs, allow_unused,

@@ -33,7 +33,7 @@ import torch
 
 from mgpu_runtime.sharded import hooks
 from mgpu_runtime.sharded.groups import RankGroup, starts
-from mgpu_runtime.sharded.tensor import Sharded, materialize
+from mgpu_runtime.sharded.tensor import Sharded, adopt_requires_grad, materialize
 from mgpu_runtime.structure import children, rebuild
 
 Rule = Callable[[Callable, tuple, dict], Any]
@@ -60,10 +60,14 @@ def _note_uses(args: tuple, kwargs: dict) -> None:
     for value in (*args, *kwargs.values()) if kwargs else args:
         if type(value) is Sharded:
             value._used = True
+            if value._legacy_leaf:
+                adopt_requires_grad(value)
         elif type(value) in (list, tuple):
             for part in value:
                 if type(part) is Sharded:
                     part._used = True
+                    if part._legacy_leaf:
+                        adopt_requires_grad(part)
 
 
 # --- finding the Sharded arguments --------------------------------------------------------------------------
@@ -962,6 +966,8 @@ def _leaves(values: list[Any]) -> list[torch.Tensor]:
     """The tensors autograd takes as ``inputs`` for these values (a hooked value's gradient is its holders')."""
     found: list[torch.Tensor] = []
     for value in values:
+        if type(value) is Sharded and value._legacy_leaf:
+            adopt_requires_grad(value)
         found.extend(hooks.holders(value) if type(value) is Sharded else [value])
     return found
 
@@ -977,10 +983,10 @@ def _grad(func, args, kwargs):
     outputs = _as_list(bound.pop("outputs"))
     inputs = _as_list(bound.pop("inputs"))
     gradients = _as_list(bound.pop("grad_outputs", None)) or [None] * len(outputs)
-    tensors, grads = roots(outputs, gradients)
+    group = next(value._group for value in (*outputs, *inputs) if type(value) is Sharded)
+    tensors, grads = roots(outputs, gradients, group)
     leaves = _leaves(inputs)
     found = list(_autograd_grad(tensors, leaves, grads, **bound))
-    group = next(value._group for value in (*outputs, *inputs) if type(value) is Sharded)
     result, position = [], 0
     for value in inputs:
         if type(value) is Sharded:

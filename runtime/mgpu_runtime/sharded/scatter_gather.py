@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from mgpu_runtime.sharded.groups import Group, starts
-from mgpu_runtime.sharded.tensor import Sharded, materialize
+from mgpu_runtime.sharded.tensor import Sharded, adopt_requires_grad, materialize
 from mgpu_runtime.structure import children, chunk_sizes, rebuild
 
 MODEL_OUTPUT = "mgpu_model_output"
@@ -89,6 +89,8 @@ def scatter(inputs: tuple, kwargs: dict, group: Group, active: int) -> list[tupl
             sizes = chunk_sizes(len(tensor), group.parts)
             sizes += [0] * (group.parts - len(sizes))
             if type(tensor) is Sharded and tensor._splits == tuple(sizes) and tensor._group.held[: len(group.held)] == group.held:
+                if tensor._legacy_leaf:
+                    adopt_requires_grad(tensor)
                 piece = tensor._pieces[index]
                 if torch.is_grad_enabled():
                     tensor._used = True  # a later gradient hook on it goes on its pieces (sharded/hooks.py)

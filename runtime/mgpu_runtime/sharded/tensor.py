@@ -32,6 +32,9 @@ class Sharded(torch.Tensor):
     """The node a hooked value's later uses go through, when it has one."""
     _holders: tuple[torch.Tensor, ...] | None = None
     """The tensors whose gradients are this value's after its hooks, when they are not its pieces."""
+    _legacy_leaf: bool = False
+    """Made by ``torch.autograd.Variable(x, ...)``, whose ``requires_grad=True`` C++ sets on this wrapper, not on its
+    pieces: read once, at the value's first use (``adopt_requires_grad``)."""
 
     @staticmethod
     def __new__(cls, pieces: Sequence[torch.Tensor], splits: Sequence[int], group: Group) -> Sharded:
@@ -59,7 +62,9 @@ class Sharded(torch.Tensor):
             # ``torch.autograd.Variable(x)`` (PyTorch 0.3's wrapper, still accepted): C++ detaches its argument
             # below __torch_function__. The value detached is each piece detached.
             value = args[0]
-            return Sharded([piece.detach() for piece in value._pieces], value._splits, value._group)
+            detached = Sharded([piece.detach() for piece in value._pieces], value._splits, value._group)
+            detached._legacy_leaf = True
+            return detached
         raise RuntimeError(
             f"mgpu_runtime: {func} reached torch's dispatcher with a Sharded tensor (a global value of the batch "
             "held in pieces); no rule of mgpu_runtime.sharded answered it. Please report this, with the line "
@@ -99,6 +104,16 @@ class Sharded(torch.Tensor):
     def rows_of_part(self, part: int) -> tuple[int, int]:
         """``(start, rows)`` of ``part`` in the global value."""
         return starts(self._splits)[part], self._splits[part]
+
+
+def adopt_requires_grad(value: Sharded) -> None:
+    """A value made by ``Variable(x, requires_grad=True)`` (SAGAN's gradient penalty: the points between real and
+    generated rows): the flag the constructor set on the wrapper goes on its pieces, the leaves autograd sees."""
+    value._legacy_leaf = False
+    with torch._C.DisableTorchFunctionSubclass():
+        wanted = value.requires_grad  # the wrapper's own flag, not the rule that asks its pieces
+    if wanted:
+        value._pieces = tuple(piece.requires_grad_(True) if piece.is_leaf else piece for piece in value._pieces)
 
 
 def is_sharded(value: Any) -> bool:
