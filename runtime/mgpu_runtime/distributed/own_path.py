@@ -34,10 +34,8 @@ command line), rather than train on another batch.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 import sys
-import time
 from collections.abc import Sequence
 
 import torch.distributed as dist
@@ -46,6 +44,7 @@ from torch.utils.hooks import RemovableHandle
 
 from mgpu_runtime.distributed import rank_output
 from mgpu_runtime.distributed.environment import TORCHRUN, detect_environment
+from mgpu_runtime.distributed.leaving import meet_the_others, the_store
 from mgpu_runtime.distributed.launch import (
     RELAUNCHED_VARIABLE,
     can_rerun_command_line,
@@ -225,38 +224,12 @@ def _leave_the_process_group() -> None:
     reset, and aborted). Not a barrier: a process leaving mid-training (``sys.exit()``) would wait there for peers
     waiting for it in a gradient reduction, until the process group's timeout."""
     if dist.is_available() and dist.is_initialized():
-        store, everyone = _the_store()
-        _meet_the_others(store, everyone, "leaving")
+        store, everyone = the_store()
+        meet_the_others(store, everyone, "own_path/leaving")
         dist.destroy_process_group()
         # ... and again once each has destroyed its group: none ends its process (closing its connections)
         # while a peer is still taking its own down.
-        _meet_the_others(store, everyone, "left")
-
-
-_EXIT_KEY = "mgpu_runtime/own_path_exit/"
-_EXIT_WAIT_S = 30.0
-
-
-def _the_store() -> tuple[object | None, int]:
-    """The job's store and the number of processes, read while the process group exists."""
-    try:
-        return dist.distributed_c10d._get_default_store(), dist.get_world_size()
-    except Exception:  # noqa: BLE001 -- no store to meet through: leave without waiting
-        return None, 0
-
-
-def _meet_the_others(store: object | None, everyone: int, stage: str) -> None:
-    """Count this process at ``stage``, then wait until every process has come to it (or ``_EXIT_WAIT_S`` has
-    passed, or the store is gone with a peer that already left)."""
-    if store is None:
-        return
-    key = _EXIT_KEY + stage
-    with contextlib.suppress(Exception):
-        arrived = store.add(key, 1)  # type: ignore[attr-defined]
-        deadline = time.monotonic() + _EXIT_WAIT_S
-        while arrived < everyone and time.monotonic() < deadline:
-            time.sleep(0.02)
-            arrived = store.add(key, 0)  # type: ignore[attr-defined]
+        meet_the_others(store, everyone, "own_path/left")
 
 
 def _check_at_the_first_step(processes: int) -> None:

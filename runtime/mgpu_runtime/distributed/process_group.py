@@ -16,8 +16,9 @@ initialises the default process group.
   torch's 30 minutes for gloo), and a collective that fails says which ranks did not arrive (``lockstep.py``).
 * Teardown, registered with ``atexit`` when this module created the group, also when the script never
   calls anything: a note saying how this rank ended (read by peers whose collectives then fail), then
-  destroy. No barrier: a rank that leaves early (``sys.exit`` on one rank) would wait there for peers that
-  wait for it elsewhere; destroying the group instead makes their pending collectives fail at once, naming it.
+  destroy, then a wait until every rank has destroyed its group (``leaving.py``). No barrier before the
+  destroy: a rank that leaves early (``sys.exit`` on one rank) would wait there for peers that wait for it
+  elsewhere; destroying the group instead makes their pending collectives fail at once, naming it.
 
 The other functions are the process's coordinates. ``rank()`` & co. read the launch environment without
 joining anything (they also work in a DataLoader worker, and in a plain single process); ``device()`` and
@@ -56,6 +57,7 @@ from mgpu_runtime.distributed.environment import (
     detect_environment,
 )
 from mgpu_runtime.distributed.launch import relaunch_if_requested, relaunch_wanted
+from mgpu_runtime.distributed.leaving import meet_the_others, the_store
 
 BACKEND_VARIABLE = "MGPU_BACKEND"
 SHARE_DEVICE_VARIABLE = "MGPU_SHARE_DEVICE"
@@ -146,7 +148,12 @@ def teardown() -> None:
         ended = getattr(sys, "last_value", None)
         job.lockstep.stop(f"an uncaught {type(ended).__name__}" if ended is not None else "sys.exit() or the end of its script")
     if job.owns_process_group and dist.is_initialized():
+        store, everyone = the_store()
         dist.destroy_process_group()
+        # None ends its process (closing its connections) while a peer is still taking its group down: that peer
+        # could abort at exit (leaving.py). Not before the destroy: a rank leaving early must not wait for peers
+        # that wait for it in a collective, which the destroy makes fail at once.
+        meet_the_others(store, everyone, "left")
 
 
 def current_job() -> Job | None:
