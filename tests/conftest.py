@@ -1,4 +1,11 @@
+import os
+
 import pytest
+
+# One thread for torch's operations, in the workers and in every process a test starts (they inherit it; torchrun
+# sets the same for its workers): the suite runs two workers on two cores, whose processes would otherwise each
+# run a thread per core against the others'. A test that needs another value sets its own.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_addoption(parser):
