@@ -193,8 +193,10 @@ def _at_top(
         statement = body[parsed]
         if parses_arguments(analysis, statement) or _is_global(statement):
             start = parsed + 1
-        elif not (_computes_a_path(analysis, statement) or _refuses_to_run(statement)):
-            break  # a path computed between two parser statements stays with them; one after them goes below
+        elif not (_computes_a_path(analysis, statement) or _refuses_to_run(statement) or _is_docstring(statement)):
+            # A path computed between two parser statements stays with them, and so does a string that heads a
+            # group of arguments (deep-text-recognition's `""" Data processing """`); one after them goes below.
+            break
         parsed += 1
     if parsed > first:
         place = f"{place.replace('at the top of ', 'in ', 1)}, after its command-line parser"

@@ -149,6 +149,37 @@ def test_a_path_computed_among_the_parsers_declarations_stays_before_the_set_up(
     assert message.endswith('inserted in the `if __name__ == "__main__":` block, after its command-line parser')
 
 
+def test_a_string_heading_a_group_of_arguments_stays_among_them_before_the_set_up():
+    """deep-text-recognition's train.py heads each group of ``add_argument`` calls with a bare string
+    (``\"\"\" Data processing \"\"\"``): the set-up goes after the whole parser, not among its arguments."""
+    source = textwrap.dedent(
+        """
+        import argparse
+
+        import torch.nn as nn
+
+
+        def train(opt):
+            model = nn.DataParallel(nn.Linear(4, 4))
+            for x in loader:
+                model(x).mean().backward()
+
+
+        if __name__ == "__main__":
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--lr", type=float, default=1)
+            \"\"\" Data processing \"\"\"
+            parser.add_argument("--batch_max_length", type=int, default=25)
+            opt = parser.parse_args()
+            \"\"\" Seed \"\"\"
+            train(opt)
+        """
+    )
+    lines = migrate_source(source, "ddp", "train.py").output.splitlines()
+    at = next(index for index, line in enumerate(lines) if "mgpu_runtime.setup()" in line)
+    assert lines[at - 1].strip() == "opt = parser.parse_args()", lines[at - 3 : at + 2]
+
+
 def test_an_entry_script_names_the_training_it_starts_apart_from_the_distributed_program(tmp_path):
     """ncsn's shape: main.py picks a runner by name. Its set-up makes every runner N processes, so MGP239 names
     the runner that trains without DataParallel (toy.py), not the helper the migrated runner trains through
