@@ -382,9 +382,15 @@ def _changed_after(
         for node, _, slot in index.references((owner, prefix)):
             if id(node) not in inside and slot is not None and slot.parent not in handed and _may_change(analysis, slot):
                 changes.append(node)
-    for node in changes:
+    stored = len(changes) - len([node for node in changes if node not in index.stores])
+    for position, node in enumerate(changes):
         if not _before_setup(analysis, node, setup_scope, anchor, after):
             line, _ = analysis.position(node)
+            # A value stored there (face.evoLVe's one `GPU_ID = cfg['GPU_ID']`) is set after the set-up; a call
+            # handed it, or a method of it, may change it there.
+            if position < stored:
+                again = stored > 1 or root in owner.params  # a parameter came with a value
+                return f"is set {'again ' if again else ''}at line {line}, after the set-up"
             return f"may change at line {line}, after the set-up"
     return None
 

@@ -129,7 +129,7 @@ def test_gpus_parsed_in_the_main_block_and_handed_to_main_go_to_the_set_up():
 def test_gpus_handed_to_main_and_changed_there_leave_the_file():
     result = _migrated(_HANDED.format(in_main="args.gpus = args.gpus[:1]"))
     (message,) = [d.message for d in result.diagnostics if d.code == CHOSEN]
-    assert "but `args.gpus` may change at line 9, after the set-up" in message
+    assert "but `args.gpus` is set again at line 9, after the set-up" in message
 
 
 def test_without_devices_to_keep_the_set_up_stays_in_the_main_block():
@@ -247,7 +247,7 @@ def test_without_devices_to_keep_the_set_up_stays_in_the_main_block():
             if __name__ == "__main__":
                 main()
             """,
-            "but `args.gpus` may change at line 8, after the set-up",
+            "but `args.gpus` is set again at line 8, after the set-up",
         ),
         # Two wraps on two choices: one set of processes cannot keep both.
         (
@@ -525,3 +525,24 @@ def test_a_script_that_trains_the_held_model_itself_leaves_the_set_up_to_the_cla
     base = tmp_path / "processors" / "base.py"
     lines = migrate_source(base.read_text(), "ddp", str(base)).output.splitlines()
     assert "        mgpu_runtime.setup(devices=gpus)" in lines
+
+
+def test_gpus_read_from_a_config_once_after_the_set_up_are_said_to_be_set_there_not_to_change():
+    """face.evoLVe's trainer: `GPU_ID = cfg['GPU_ID']` is the one assignment of the GPUs, after where the set-up
+    goes; the message says it is set there (before, "may change", a reassignment that is not in the file)."""
+    source = textwrap.dedent(
+        """
+        import torch.nn as nn
+        from config import configurations
+
+        if __name__ == '__main__':
+            cfg = configurations[1]
+            GPU_ID = cfg['GPU_ID']
+            model = nn.DataParallel(nn.Linear(2, 2), device_ids=GPU_ID)
+            for x in loader:
+                model(x).sum().backward()
+        """
+    )
+    result = migrate_source(source, "ddp", "train.py")
+    (message,) = [d.message for d in result.diagnostics if d.code == CHOSEN]
+    assert "but `GPU_ID` is set at line 7, after the set-up" in message and not result.changed
