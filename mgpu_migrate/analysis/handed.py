@@ -167,6 +167,9 @@ class HandedTraining:
                 if isinstance(found.node, _FUNCTIONS)
                 else "no method this file calls on it runs a `for` loop around the backward pass"
             )
+            deeper = self._deeper_loop(runs)
+            if deeper is not None:
+                where, what = deeper
             blocker = Blocker(where, what, in_code=False)
         split = self._split(data) if blocker is None else ()
         if blocker is None and isinstance(split, Blocker):
@@ -185,6 +188,21 @@ class HandedTraining:
             )
         )
         return Handover(call, name, trainer, loop_where, tuple(entered), tuple(split), blocker, bars)
+
+    def _deeper_loop(self, runs: Sequence[tuple[cst.Call, Found, Optional[Found]]]) -> Optional[tuple[str, str]]:
+        """Where the training loop is when it is in a method that a method this file calls calls in turn
+        (Conv-TasNet's ``solver.train()`` -> ``self._run_one_epoch()``), and what to say of it: the tool reads
+        the loop's data only in the methods this file calls."""
+        for _, function, cls in runs:
+            for method in self._reachable(function, cls)[1:]:
+                loops = self._loops(method, cls, 0)
+                if loops:
+                    return (
+                        self._where(method, loops[0].lineno),
+                        f"its loop is in `{method.name}`, which `{function.name}` calls: the tool reads a loop's data "
+                        "only in a method this file calls",
+                    )
+        return None
 
     def _method_calls(self, construction: cst.Call, cls: Found) -> list[tuple[cst.Call, Found]]:
         """The calls of this file of a method on the object ``construction`` builds (``trainer.train(...)``,

@@ -132,3 +132,41 @@ def test_text_that_is_no_file_reads_no_training_code():
     source = (TRAINER_CLASS / "train.py").read_text()
     result = migrate_source(source, "ddp", "<stdin>")
     assert "distribute_loader" not in result.output and "MGP262" in _codes(result)
+
+
+def test_a_loop_one_method_call_deeper_is_named_where_it_is(tmp_path):
+    """Conv-TasNet's Solver: the script calls `solver.train()`, whose `for epoch in range(...)` only counts, and
+    `self._run_one_epoch()` holds the loop over the data with the backward pass. The file is left (the tool reads a
+    loop's data in the methods the script calls), and the reason says where the loop is, not that there is none."""
+    trainers = """\
+class Solver:
+    def __init__(self, data, model, optimizer):
+        self.tr_loader = data["tr_loader"]
+        self.model = model
+        self.optimizer = optimizer
+
+    def train(self):
+        for epoch in range(3):
+            self._run_one_epoch(epoch)
+
+    def _run_one_epoch(self, epoch):
+        for x, y in self.tr_loader:
+            loss = (self.model(x) - y).pow(2).mean()
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+"""
+    script = """\
+import torch.nn as nn
+from torch.utils.data import DataLoader
+
+from trainers import Solver
+
+model = nn.DataParallel(net)
+solver = Solver({"tr_loader": DataLoader(train_set, batch_size=8)}, model, optimizer)
+solver.train()
+"""
+    result = _project(tmp_path, trainers, script)
+    (left,) = [d for d in result.diagnostics if d.code == "MGP285"]
+    assert "its loop is in `_run_one_epoch`, which `train` calls" in left.message and "(trainers.py:12)" in left.message
+    assert not result.changed
