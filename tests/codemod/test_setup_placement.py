@@ -28,7 +28,12 @@ def _setup_line(module_level: str) -> tuple[int, str]:
     result = migrate_source(textwrap.dedent(MAIN.format(module_level=module_level)), "ddp", "train.py")
     assert result.error is None
     lines = result.output.splitlines()
-    return next(index for index, line in enumerate(lines) if "mgpu_runtime.setup()" in line), lines
+    return _set_up_at(lines), lines
+
+
+def _set_up_at(lines: list[str]) -> int:
+    """The index of the line that calls ``mgpu_runtime.setup()``."""
+    return next(index for index, line in enumerate(lines) if "mgpu_runtime.setup()" in line)
 
 
 @pytest.mark.parametrize(
@@ -74,7 +79,7 @@ def test_setup_comes_after_a_conditional_cuda_visible_devices_in_the_main_block(
     )
     result = migrate_source(source, "ddp", "train.py")
     lines = result.output.splitlines()
-    setup = next(index for index, line in enumerate(lines) if "mgpu_runtime.setup()" in line)
+    setup = _set_up_at(lines)
     chosen = next(index for index, line in enumerate(lines) if "CUDA_VISIBLE_DEVICES" in line)
     assert chosen < setup < next(index for index, line in enumerate(lines) if line.strip() == "main(args)")
     assert lines[setup] == "    mgpu_runtime.setup()"
@@ -110,7 +115,7 @@ def test_module_level_code_that_asks_the_runtime_leaves_setup_in_the_main_block(
         """
     )
     lines = migrate_source(source, "ddp", "train.py").output.splitlines()
-    index = next(index for index, line in enumerate(lines) if "mgpu_runtime.setup()" in line)
+    index = _set_up_at(lines)
     assert lines[index - 1].startswith('if __name__ == "__main__":')
     asks = [i for i, line in enumerate(lines) if "mgpu_runtime.main_process_value(" in line or "is_main_process()" in line]
     assert len(asks) == 2 and max(asks) < index
@@ -143,7 +148,7 @@ def test_a_path_computed_among_the_parsers_declarations_stays_before_the_set_up(
     )
     result = migrate_source(source, "ddp", "train.py")
     lines = result.output.splitlines()
-    at = next(index for index, line in enumerate(lines) if "mgpu_runtime.setup()" in line)
+    at = _set_up_at(lines)
     assert lines[at - 1].strip().startswith('parser.add_argument("--data-dir"') and lines[at + 1].strip() == "main(parser.parse_args())"
     (message,) = [d.message for d in result.diagnostics if d.code == "MGP120"]
     assert message.endswith('inserted in the `if __name__ == "__main__":` block, after its command-line parser')
@@ -176,7 +181,7 @@ def test_a_string_heading_a_group_of_arguments_stays_among_them_before_the_set_u
         """
     )
     lines = migrate_source(source, "ddp", "train.py").output.splitlines()
-    at = next(index for index, line in enumerate(lines) if "mgpu_runtime.setup()" in line)
+    at = _set_up_at(lines)
     assert lines[at - 1].strip() == "opt = parser.parse_args()", lines[at - 3 : at + 2]
 
 
@@ -261,5 +266,5 @@ def test_a_version_check_that_only_raises_stays_before_the_set_up_with_the_parse
     )
     result = migrate_source(source, "ddp", "train.py")
     lines = result.output.splitlines()
-    index = next(index for index, line in enumerate(lines) if "mgpu_runtime.setup()" in line)
+    index = _set_up_at(lines)
     assert lines[index - 1].strip() == "args = parser.parse_args()"
