@@ -134,6 +134,22 @@ class Lockstep(Monitor):
             self._heartbeat_thread = None
         self._publish(f"exited/{self._rank}", f"{self._steps} {how}")
 
+    def a_peer_waits(self) -> bool:
+        """Whether a peer that has not left is blocked in a collective (after this rank has stopped: it waits for
+        this rank then, and its collective fails only when this process ends)."""
+        if self._store is None:
+            return False
+        try:
+            for rank in range(self._world):
+                if rank == self._rank or self._read(f"exited/{rank}") is not None:
+                    continue
+                progress = self._read(f"progress/{rank}")
+                if progress is not None and progress.split(" ", 5)[4] != "-":
+                    return True
+        except (RuntimeError, dist.DistStoreError, IndexError):
+            return False
+        return False
+
     def note_forward(self) -> None:
         """Called by the wrapper at each training forward."""
         self._steps += 1

@@ -143,17 +143,19 @@ def teardown() -> None:
         job.safety.remove()
     if job.gradients is not None:
         global_view.leave(job.gradients)
+    # Python sets sys.last_value when an uncaught exception ended the script.
+    ended = getattr(sys, "last_value", None)
     if job.lockstep is not None:
-        # Python sets sys.last_value when an uncaught exception ended the script.
-        ended = getattr(sys, "last_value", None)
         job.lockstep.stop(f"an uncaught {type(ended).__name__}" if ended is not None else "sys.exit() or the end of its script")
     if job.owns_process_group and dist.is_initialized():
         store, everyone = the_store()
         dist.destroy_process_group()
         # None ends its process (closing its connections) while a peer is still taking its group down: that peer
-        # could abort at exit (leaving.py). Not before the destroy: a rank leaving early must not wait for peers
-        # that wait for it in a collective, which the destroy makes fail at once.
-        meet_the_others(store, everyone, "left")
+        # could abort at exit (leaving.py). Only after a good end, and not before the destroy: a rank leaving
+        # early must not wait for peers that wait for it in a collective (the lockstep check's heartbeats say
+        # which), nor one whose script failed (the job fails anyway).
+        if ended is None:
+            meet_the_others(store, everyone, "left", job.lockstep.a_peer_waits if job.lockstep is not None else None)
 
 
 def current_job() -> Job | None:
