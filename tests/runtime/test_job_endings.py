@@ -47,7 +47,10 @@ def _launch(tmp_path, script: str, command: list[str], **extra: str) -> subproce
 
 @pytest.mark.slow
 def test_a_relaunched_job_ends_with_the_failing_rank_its_exception_and_line(tmp_path):
+    started = time.monotonic()
     result = _launch(tmp_path, FAILING, [sys.executable], MGPU_NPROC="2")
+    # The failing rank leaves at once (it used to wait 30 s at exit for rank 0, which sleeps 30 s).
+    assert time.monotonic() - started < 25
     assert result.returncode == 1, result.stderr
     lines = result.stderr.splitlines()
     # The rank's own traceback, then one line; none of the agent's traceback or progress messages.
@@ -61,7 +64,9 @@ def test_a_relaunched_job_ends_with_the_failing_rank_its_exception_and_line(tmp_
 
 @pytest.mark.slow
 def test_under_torchrun_the_failure_block_holds_the_ranks_error_file(tmp_path):
+    started = time.monotonic()
     result = _launch(tmp_path, FAILING, TORCHRUN)
+    assert time.monotonic() - started < 25
     assert result.returncode == 1
     root_cause = result.stderr[result.stderr.index("Root Cause (first observed failure)") :]
     assert "rank      : 1 (local_rank: 1)" in root_cause
@@ -69,6 +74,33 @@ def test_under_torchrun_the_failure_block_holds_the_ranks_error_file(tmp_path):
     assert error_file.endswith("error.json")  # no longer <N/A>
     assert 'File "job.py", line 5, in <module>' in root_cause or f'File "{tmp_path / "job.py"}", line 5' in root_cause
     assert "ValueError: no data for rank one" in root_cause
+
+
+# A script's own distributed path (launch_own_path relaunches it), whose rank 1 fails while rank 0 still works.
+OWN_PATH_FAILING = """\
+import os
+import time
+
+import torch.distributed as dist
+
+import mgpu_runtime
+
+mgpu_runtime.launch_own_path("--batch-size", 12)
+if "LOCAL_RANK" in os.environ:
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        raise ValueError("no data for rank one")
+time.sleep(30)
+"""
+
+
+@pytest.mark.slow
+def test_a_failing_rank_of_the_scripts_own_path_ends_the_job_at_once(tmp_path):
+    """Its exit does not wait for the peers to leave too (as it does after a good end: leaving.py)."""
+    started = time.monotonic()
+    result = _launch(tmp_path, OWN_PATH_FAILING, [sys.executable], MGPU_NPROC="2")
+    assert time.monotonic() - started < 25, result.stderr[-3000:]
+    assert result.returncode == 1 and "ValueError: no data for rank one" in result.stderr, result.stderr[-3000:]
 
 
 def _interrupted(tmp_path, command: list[str], **extra: str) -> tuple[int, list[str]]:

@@ -222,9 +222,12 @@ def _leave_the_process_group() -> None:
     other through the job's store, at most ``_EXIT_WAIT_S`` seconds, so that none closes its side while a slower
     peer still finishes the script's last collective (under load such a peer's gloo thread saw its connection
     reset, and aborted). Not a barrier: a process leaving mid-training (``sys.exit()``) would wait there for peers
-    waiting for it in a gradient reduction, until the process group's timeout."""
+    waiting for it in a gradient reduction, until the process group's timeout. A process whose script ended with an
+    uncaught exception waits for nobody: the job fails anyway, and its peers may be waiting for it."""
     if dist.is_available() and dist.is_initialized():
         store, everyone = the_store()
+        if getattr(sys, "last_value", None) is not None:  # set by Python when an uncaught exception ended the script
+            store = None
         meet_the_others(store, everyone, "own_path/leaving")
         dist.destroy_process_group()
         # ... and again once each has destroyed its group: none ends its process (closing its connections)
