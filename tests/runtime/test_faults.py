@@ -42,9 +42,9 @@ def _job(*arguments: str, **environment: str) -> tuple[int, str, float]:
 def test_one_rank_calling_sys_exit_ends_the_job_naming_it():
     """The exit hook used to run a barrier there, which the other rank (in a gradient reduction) never joined; then
     it waited 30 s at exit for rank 0 to leave too, which rank 0, blocked in that reduction, could not do until
-    rank 1's process ended."""
-    returncode, output, seconds = _job("exit_early")
-    assert seconds < 25, f"the job took {seconds:.0f}s"
+    rank 1's process ended. Counted from the step of the exit (a loaded machine starts the job slowly)."""
+    returncode, output, seconds = _timed_from_the_fault("exit_early")
+    assert seconds < 20, f"the job ended {seconds:.0f}s after the exit"
     assert returncode != 0
     assert "rank 0 waited in vain at the gradient reduction of step 4" in output
     assert "rank 1 exited at step 4 (sys.exit() or the end of its script)" in output
@@ -53,8 +53,8 @@ def test_one_rank_calling_sys_exit_ends_the_job_naming_it():
 
 @pytest.mark.slow
 def test_a_nonzero_exit_of_one_rank_ends_the_job_with_that_rank_and_code():
-    returncode, output, seconds = _job("exit_early", "3")
-    assert seconds < 25, f"the job took {seconds:.0f}s"
+    returncode, output, seconds = _timed_from_the_fault("exit_early", "3")
+    assert seconds < 20, f"the job ended {seconds:.0f}s after the exit"
     assert returncode != 0
     assert "exitcode  : 3" in output and "rank      : 1" in output
 
@@ -85,27 +85,27 @@ def test_without_the_lockstep_check_the_skip_waits_for_the_timeout():
 
 @pytest.mark.slow
 def test_a_stalled_rank_times_out_after_mgpu_timeout_naming_it():
-    returncode, output, seconds = _job("stall", MGPU_TIMEOUT="5")
+    returncode, output, seconds = _timed_from_the_fault("stall", MGPU_TIMEOUT="5")
     assert returncode != 0
     # torch's own wording of the failure varies with timing (a timeout, or the peer's connection closed): the
     # runtime's explanation is what the user reads.
     assert "rank 0 waited in vain at the gradient reduction of step 4 (RuntimeError:" in output
     assert "rank 1 is alive, at step 4 but not in its gradient reduction" in output
-    assert seconds < 30, f"the job took {seconds:.0f}s; rank 1 sleeps 60s, the timeout is 5s"
+    assert seconds < 40, f"the job ended {seconds:.0f}s after the stall; rank 1 sleeps 60s, the timeout is 5s"
 
 
 @pytest.mark.slow
 def test_a_timeout_in_another_collective_is_explained_after_the_traceback():
-    returncode, output, seconds = _job("stall_barrier", MGPU_TIMEOUT="5")
-    assert returncode != 0 and seconds < 30
+    returncode, output, seconds = _timed_from_the_fault("stall_barrier", MGPU_TIMEOUT="5")
+    assert returncode != 0 and seconds < 40
     assert "mgpu_runtime: rank 0 waited in vain at a collective at step 4" in output
     assert "rank 1 is alive, at step 4 but not in its gradient reduction" in output
 
 
-def _timed_from_the_fault(mode: str, **environment: str) -> tuple[int, str, float]:
+def _timed_from_the_fault(mode: str, *arguments: str, **environment: str) -> tuple[int, str, float]:
     """A job's exit status, output, and seconds from rank 0's "started" (the step of the fault) to its end: a
     loaded machine takes longer than the bound to start the job."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT), mode]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT), mode, *arguments]
     job = subprocess.Popen(
         command, env=_clean_environment(**environment), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
