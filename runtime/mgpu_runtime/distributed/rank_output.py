@@ -12,10 +12,10 @@
 * ``all``: every rank prints every line, as torchrun leaves it.
 * ``prefix``: every rank prints, and each line of stdout and stderr starts with ``[rank N]``.
 
-The values printed are mostly the job's, not the rank's: a loss through ``DistributedCriterion`` or the
-loss watch is the global batch's on every rank, and the codemod sums the counts a training loop accumulates
-from its rows (``correct += mgpu_runtime.reduce_sum(...)``). ``print_once`` prints on the main process only,
-whatever ``MGPU_LOG`` says.
+The values printed are the job's, not the rank's: under the runtime contract what the loop computes from the
+model's outputs and the distributed loader's batches is the global batch's value on every rank (``sharded/``),
+and where a script counts on its own the codemod sums the counts (``correct += mgpu_runtime.reduce_sum(...)``).
+``print_once`` prints on the main process only, whatever ``MGPU_LOG`` says.
 """
 
 from __future__ import annotations
