@@ -11,18 +11,40 @@ from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 # nn.DataParallel's machinery, which the runtime's wrapper does not call: overriding it changes behaviour.
 _MACHINERY = frozenset({"forward", "scatter", "gather", "replicate", "parallel_apply"})
 # ... except ``replicate(self, module, device_ids)``, through which the runtime's wrapper makes its replicas (a
-# Synchronized-BatchNorm package's ``DataParallelWithCallback`` runs its replication callbacks there).
-_CALLED = "replicate"
+# Synchronized-BatchNorm package's ``DataParallelWithCallback`` runs its replication callbacks there), and
+# ``scatter(self, inputs, kwargs, device_ids)``, through which it cuts the batch when a subclass overrides it (a
+# detection project's ``CustomDataParallel``, placing each device's images itself) -- unless the override calls
+# ``super()``: DataParallel's own scatter, which the runtime's wrapper does not use (it knows nothing of CPU replicas).
+_CALLED = frozenset({"replicate", "scatter"})
 # nn.DataParallel's own attributes that the runtime's wrapper does not set.
 _PRIVATE_STATE = frozenset({"src_device_obj", "device_type"})
 
 
 def _called(method: cst.FunctionDef) -> bool:
-    """A ``replicate(self, module, device_ids)`` override: the runtime's wrapper calls it as DataParallel did."""
+    """A ``replicate(self, module, device_ids)`` or ``scatter(self, inputs, kwargs, device_ids)`` override: the
+    runtime's wrapper calls it as DataParallel did."""
     params = method.params
     starred = type(params.star_arg) in (cst.Param, cst.ParamStar) or params.star_kwarg is not None
     plain = not (starred or params.kwonly_params or params.posonly_params)
-    return method.name.value == _CALLED and plain and len(params.params) == 3 and not method.decorators
+    arity = {"replicate": 3, "scatter": 4}.get(method.name.value)
+    if method.name.value not in _CALLED or not plain or len(params.params) != arity or method.decorators:
+        return False
+    return method.name.value == "replicate" or not _calls_super(method)
+
+
+def _calls_super(method: cst.FunctionDef) -> bool:
+    found = _SuperCalls()
+    method.body.visit(found)
+    return found.seen
+
+
+class _SuperCalls(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.seen = False
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if type(node.func) is cst.Name and node.func.value == "super":
+            self.seen = True
 
 
 class _SelfAttributes(cst.CSTVisitor):
@@ -82,9 +104,12 @@ class DataParallelSubclass(Rule):
     constructor, so ``super().__init__``, ``.module`` and ``isinstance`` checks hold. Its forward makes the
     replicas through ``self.replicate(module, device_ids)``, as DataParallel's does, so an override of that
     (the Synchronized-BatchNorm packages' ``DataParallelWithCallback``, which then calls each layer's
-    ``__data_parallel_replicate__``) keeps working. A class that overrides ``forward``, ``scatter``, ``gather``
-    or ``parallel_apply`` (the runtime's wrapper does not call them), or reads ``nn.DataParallel``'s private
-    state (``src_device_obj``, ``device_type``), is left with MGP210. For ``--to ddp`` every subclass is left
+    ``__data_parallel_replicate__``) keeps working, and it cuts the batch through ``self.scatter(inputs, kwargs,
+    device_ids)`` when a class overrides that (a detection project's ``CustomDataParallel``, which places each
+    device's images itself): each part runs on its replica, the outputs are gathered as the parts' rows. A class
+    that overrides ``forward``, ``gather`` or ``parallel_apply`` (the runtime's wrapper does not call them), a
+    ``scatter`` that calls ``super()`` (DataParallel's own, which the wrapper does not use), or reads
+    ``nn.DataParallel``'s private state (``src_device_obj``, ``device_type``), is left with MGP210. For ``--to ddp`` every subclass is left
     with MGP210: DDP has no such extension points.
     """
 
@@ -140,6 +165,28 @@ class DataParallelSubclass(Rule):
             BALANCED,
             ("MGP106",),
             name="MGP106-replication-callback",
+        ),
+        Example(
+            """
+            import torch.nn as nn
+            class CustomDataParallel(nn.DataParallel):
+                def scatter(self, inputs, kwargs, device_ids):
+                    size = inputs[0].shape[0] // len(device_ids)
+                    parts = [(inputs[0][size * i : size * (i + 1)].to(f"cuda:{d}"),) for i, d in enumerate(device_ids)]
+                    return parts, [kwargs] * len(parts)
+            """,
+            """
+            import torch.nn as nn
+            import mgpu_runtime
+            class CustomDataParallel(mgpu_runtime.DataParallelModel):
+                def scatter(self, inputs, kwargs, device_ids):
+                    size = inputs[0].shape[0] // len(device_ids)
+                    parts = [(inputs[0][size * i : size * (i + 1)].to(f"cuda:{d}"),) for i, d in enumerate(device_ids)]
+                    return parts, [kwargs] * len(parts)
+            """,
+            BALANCED,
+            ("MGP106",),
+            name="MGP106-own-scatter",
         ),
         Example(
             """

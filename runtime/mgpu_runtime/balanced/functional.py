@@ -22,6 +22,9 @@ from mgpu_runtime.balanced.replicate import replicate as replicate_module
 from mgpu_runtime.balanced.scatter import batch_size, scatter_inputs, split_sizes
 from mgpu_runtime.sharded import ReplicaGroup, materialize, scatter_gather
 
+# A DataParallel subclass's scatter, its device ids given: (inputs, kwargs) -> (each part's inputs, each one's kwargs).
+Scatter = Callable[[tuple[Any, ...], dict[str, Any]], tuple[Sequence[Any], Sequence[dict[str, Any]]]]
+
 
 def parallel_forward(
     module: nn.Module,
@@ -30,14 +33,18 @@ def parallel_forward(
     devices: Devices,
     dim: int,
     replicate: Callable[[nn.Module, Sequence[torch.device]], Sequence[nn.Module]] = replicate_module,
+    scatter: Scatter | None = None,
 ) -> Any:
     """``module(*inputs, **kwargs)`` split over ``devices`` (see the module doc).
 
     Without replicas the module runs as is; with one device it runs once, on that device, without threads,
-    copies of the module or a gather, as DataParallel does.
+    copies of the module or a gather, as DataParallel does. ``scatter`` is a DataParallel subclass's own, given its
+    device ids, which then cuts the batch instead of ``torch.chunk``.
     """
     if not devices.replicas:
         return module(*materialize(inputs), **materialize(kwargs))
+    if scatter is not None:
+        return _own_scatter(module, inputs, kwargs, devices, replicate, scatter)
     if dim != 0:
         return _along_another_dimension(module, inputs, kwargs, devices, dim, replicate)
     active = scatter_gather.active_devices(inputs, kwargs, len(devices.replicas))
@@ -49,6 +56,37 @@ def parallel_forward(
     _check_module_device(module, devices.replicas[0])
     replicas = replicate(module, devices.replicas[:active])  # a wrapper's own (patch_replication_callback)
     outputs = parallel_apply(replicas, [args for args, _ in per_part], [kw for _, kw in per_part], devices)
+    return scatter_gather.gather(outputs, active, group)
+
+
+def _own_scatter(
+    module: nn.Module,
+    inputs: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    devices: Devices,
+    replicate: Callable[[nn.Module, Sequence[torch.device]], Sequence[nn.Module]],
+    scatter: Scatter,
+) -> Any:
+    """A DataParallel subclass's ``scatter`` override (a detection project's, which places each device's images
+    itself): its parts run as DataParallel ran them, one replica each on the first devices, and their outputs are
+    gathered as usual, each part's rows as many as its output has. nn.DataParallel calls the override on one
+    device too; then the module runs once, on the part it gave."""
+    parts, part_kwargs = scatter(materialize(inputs), materialize(kwargs))
+    if not parts and not part_kwargs:
+        parts, part_kwargs = ((),), ({},)
+    if len(devices.replicas) == 1:
+        with devices.stream(0):
+            return module(*parts[0], **part_kwargs[0])
+    active = len(parts)
+    if not 0 < active <= len(devices.replicas) or len(part_kwargs) != active:
+        raise RuntimeError(
+            f"mgpu_runtime: the wrapper's scatter gave {len(parts)} parts of inputs and {len(part_kwargs)} of keyword "
+            f"arguments for {len(devices.replicas)} devices: nn.DataParallel runs one replica per part, at most one "
+            "per device"
+        )
+    _check_module_device(module, devices.replicas[0])
+    group = ReplicaGroup(devices.replicas, devices.output, active)
+    outputs = parallel_apply(replicate(module, devices.replicas[:active]), list(parts), list(part_kwargs), devices)
     return scatter_gather.gather(outputs, active, group)
 
 
