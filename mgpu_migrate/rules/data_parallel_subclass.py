@@ -12,24 +12,45 @@ from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 _MACHINERY = frozenset({"forward", "scatter", "gather", "replicate", "parallel_apply"})
 # ... except ``replicate(self, module, device_ids)``, through which the runtime's wrapper makes its replicas (a
 # Synchronized-BatchNorm package's ``DataParallelWithCallback`` runs its replication callbacks there), and
-# ``scatter(self, inputs, kwargs, device_ids)``, through which it cuts the batch when a subclass overrides it (a
-# detection project's ``CustomDataParallel``, placing each device's images itself) -- unless the override calls
-# ``super()``: DataParallel's own scatter, which the runtime's wrapper does not use (it knows nothing of CPU replicas).
-_CALLED = frozenset({"replicate", "scatter"})
+# ``scatter(self, inputs, kwargs, device_ids)`` and ``gather(self, outputs, output_device)``, which it calls when a
+# subclass overrides them (a detection project's ``CustomDataParallel``, placing each device's images itself and
+# stacking each device's losses) -- unless the scatter calls ``super()``: DataParallel's own scatter, which the
+# runtime's wrapper does not use (it knows nothing of CPU replicas). The number of parameters of each.
+_CALLED = {"replicate": 3, "scatter": 4, "gather": 3}
 # nn.DataParallel's own attributes that the runtime's wrapper does not set.
 _PRIVATE_STATE = frozenset({"src_device_obj", "device_type"})
 
 
 def _called(method: cst.FunctionDef) -> bool:
-    """A ``replicate(self, module, device_ids)`` or ``scatter(self, inputs, kwargs, device_ids)`` override: the
-    runtime's wrapper calls it as DataParallel did."""
+    """A ``replicate``, ``scatter`` or ``gather`` override the runtime's wrapper calls as DataParallel did."""
     params = method.params
     starred = type(params.star_arg) in (cst.Param, cst.ParamStar) or params.star_kwarg is not None
     plain = not (starred or params.kwonly_params or params.posonly_params)
-    arity = {"replicate": 3, "scatter": 4}.get(method.name.value)
-    if method.name.value not in _CALLED or not plain or len(params.params) != arity or method.decorators:
+    if len(params.params) != _CALLED.get(method.name.value) or not plain or method.decorators:
         return False
-    return method.name.value == "replicate" or not _calls_super(method)
+    return method.name.value != "scatter" or not _calls_super(method)
+
+
+def _keeps_outputs(method: cst.FunctionDef) -> bool:
+    """``def gather(self, outputs, output_device): return outputs``: PyTorch-Encoding's ``DataParallelModel``, whose
+    call sites the runtime's own replaces (MGP104); rebasing the class would add nothing but a hunk."""
+    if method.name.value != "gather" or len(method.params.params) != 3 or type(method.body) is not cst.IndentedBlock:
+        return False
+    body = [statement for statement in method.body.body if not _is_docstring(statement)]
+    if len(body) != 1 or type(body[0]) is not cst.SimpleStatementLine or len(body[0].body) != 1:
+        return False
+    returned = body[0].body[0]
+    outputs = method.params.params[1].name.value
+    return type(returned) is cst.Return and type(returned.value) is cst.Name and returned.value.value == outputs
+
+
+def _is_docstring(statement: cst.BaseStatement) -> bool:
+    return (
+        type(statement) is cst.SimpleStatementLine
+        and len(statement.body) == 1
+        and type(statement.body[0]) is cst.Expr
+        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
 
 
 def _calls_super(method: cst.FunctionDef) -> bool:
@@ -63,9 +84,10 @@ DATA_PARALLEL_SUBCLASS_KEPT = Review(
         "left as it is"
     ),
     why=(
-        "The subclass overrides part of DataParallel's machinery (`scatter`, `gather`, `replicate` ...) that the "
-        "runtime's model does not use, or the target is `--to ddp`, where no subclass of DataParallel can be "
-        "kept; rebased, it would lose what it overrides."
+        "The subclass overrides part of DataParallel's machinery that the runtime's model does not use (`forward`, "
+        "`parallel_apply`, a `scatter` that calls DataParallel's own through `super()`), or the target is "
+        "`--to ddp`, where no subclass of DataParallel can be kept; rebased, it would lose what it overrides. "
+        "(`replicate`, `gather` and a `scatter` of its own are kept: the runtime's model calls them.)"
     ),
     todo="Port what the override does by hand, or keep the subclass.",
     veto=True,
@@ -105,10 +127,11 @@ class DataParallelSubclass(Rule):
     replicas through ``self.replicate(module, device_ids)``, as DataParallel's does, so an override of that
     (the Synchronized-BatchNorm packages' ``DataParallelWithCallback``, which then calls each layer's
     ``__data_parallel_replicate__``) keeps working, and it cuts the batch through ``self.scatter(inputs, kwargs,
-    device_ids)`` when a class overrides that (a detection project's ``CustomDataParallel``, which places each
-    device's images itself): each part runs on its replica, the outputs are gathered as the parts' rows. A class
-    that overrides ``forward``, ``gather`` or ``parallel_apply`` (the runtime's wrapper does not call them), a
-    ``scatter`` that calls ``super()`` (DataParallel's own, which the wrapper does not use), or reads
+    device_ids)`` and gathers through ``self.gather(outputs, output_device)`` when a class overrides them (a
+    detection project's ``CustomDataParallel``, which places each device's images itself and stacks each device's
+    losses): each part runs on its replica, and the outputs are the parts' rows held on the replicas, or what the
+    own gather returns. A class that overrides ``forward`` or ``parallel_apply`` (the runtime's wrapper does not
+    call them), a ``scatter`` that calls ``super()`` (DataParallel's own, which the wrapper does not use), or reads
     ``nn.DataParallel``'s private state (``src_device_obj``, ``device_type``), is left with MGP210. For ``--to ddp`` every subclass is left
     with MGP210: DDP has no such extension points.
     """
@@ -176,7 +199,6 @@ class DataParallelSubclass(Rule):
                     return parts, [kwargs] * len(parts)
             """,
             """
-            import torch.nn as nn
             import mgpu_runtime
             class CustomDataParallel(mgpu_runtime.DataParallelModel):
                 def scatter(self, inputs, kwargs, device_ids):
@@ -235,6 +257,15 @@ class DataParallelSubclass(Rule):
         attributes = _SelfAttributes()
         cls.body.visit(attributes)
         private = sorted(attributes.names & _PRIVATE_STATE)
+        kept = [statement for statement in cls.body.body if type(statement) is cst.FunctionDef and _keeps_outputs(statement)]
+        if kept and not overridden and not private:
+            self.left(
+                cls,
+                DATA_PARALLEL_SUBCLASS_KEPT,
+                f"`{cls.name.value}` overrides `gather` to keep the outputs on their devices (PyTorch-Encoding's "
+                f"DataParallelModel), which is what {RUNTIME}.DataParallelModel does itself: not rebased",
+            )
+            return
         if overridden or private:
             what = f"overrides `{overridden[0]}`" if overridden else f"reads `{private[0]}`"
             self.left(

@@ -13,6 +13,7 @@ from torch import nn
 from mgpu_runtime.balanced import DataParallelCriterion, DataParallelModel, gather
 from mgpu_runtime.balanced.devices import resolve_devices
 from mgpu_runtime.emulation.data_parallel import DataParallel as EmulatedDataParallel
+from mgpu_runtime.sharded import materialize
 from tests.runtime.conftest_balanced import (
     CLASSES,
     Classifier,
@@ -413,3 +414,43 @@ def test_a_parameter_rebound_in_forward_is_kept_only_where_data_parallel_kept_it
         ours.sum().backward()
         theirs.sum().backward()
         assert max_abs_diff(module.linear.weight.grad, reference.linear.weight.grad) <= 1e-12
+
+
+class _OwnScatter(DataParallelModel):
+    """A subclass that cuts the batch itself: two rows for each of the first two devices, the rest dropped."""
+
+    def scatter(self, inputs, kwargs, device_ids):
+        self.given = list(device_ids)
+        return [(inputs[0][2 * part : 2 * part + 2],) for part in range(2)], [kwargs, kwargs]
+
+
+class _OwnGather(DataParallelModel):
+    """A subclass whose gather gives the loop the list of the replicas' outputs."""
+
+    def gather(self, outputs, output_device):
+        self.output_to = output_device
+        return list(outputs)
+
+
+def test_a_subclass_scatter_cuts_the_batch_and_its_gather_gives_the_forward_value(three_replicas):
+    """Rebased DataParallel subclasses (MGP106): their own scatter is called with the wrapper's device ids and each of
+    its parts runs on its replica (here 2 of 3, 4 of 7 rows), their own gather with the output device."""
+    cut = _OwnScatter(Recorder())
+    output = cut(features(7))
+    assert cut.given == [0, 1, 2]
+    assert [(call["rows"], call["device"]) for call in cut.module.calls] == [(2, 0), (2, 1)]
+    assert output.shape == (4, CLASSES)
+    torch.testing.assert_close(materialize(output), cut.module(features(7)[:4]).detach(), rtol=0, atol=1e-12)
+    listed = _OwnGather(Recorder())
+    outputs = listed(features(7))
+    assert type(outputs) is list and [len(output) for output in outputs] == [3, 3, 1]
+    assert listed.output_to == listed.output_device
+
+
+def test_a_subclass_scatter_of_more_parts_than_devices_is_an_error(three_replicas):
+    class TooMany(DataParallelModel):
+        def scatter(self, inputs, kwargs, device_ids):
+            return [(inputs[0][:1],)] * 4, [kwargs] * 4
+
+    with pytest.raises(RuntimeError, match="gave 4 parts of inputs and 4 of keyword arguments for 3 devices"):
+        TooMany(Classifier())(features(7))

@@ -24,6 +24,8 @@ from mgpu_runtime.sharded import ReplicaGroup, materialize, scatter_gather
 
 # A DataParallel subclass's scatter, its device ids given: (inputs, kwargs) -> (each part's inputs, each one's kwargs).
 Scatter = Callable[[tuple[Any, ...], dict[str, Any]], tuple[Sequence[Any], Sequence[dict[str, Any]]]]
+# A DataParallel subclass's gather, its output device given: the replicas' outputs -> the forward's value.
+Gather = Callable[[list[Any]], Any]
 
 
 def parallel_forward(
@@ -34,60 +36,51 @@ def parallel_forward(
     dim: int,
     replicate: Callable[[nn.Module, Sequence[torch.device]], Sequence[nn.Module]] = replicate_module,
     scatter: Scatter | None = None,
+    gather: Gather | None = None,
 ) -> Any:
     """``module(*inputs, **kwargs)`` split over ``devices`` (see the module doc).
 
     Without replicas the module runs as is; with one device it runs once, on that device, without threads,
-    copies of the module or a gather, as DataParallel does. ``scatter`` is a DataParallel subclass's own, given its
-    device ids, which then cuts the batch instead of ``torch.chunk``.
+    copies of the module or a gather, as DataParallel does. ``scatter`` and ``gather`` are a DataParallel
+    subclass's own (a detection project's, which places each device's images itself and stacks each device's
+    losses), its device ids given, called as DataParallel called them: the scatter cuts the batch instead of
+    ``torch.chunk`` (also on one device), each part runs on its replica, and the gather's value is the forward's,
+    held where it put it, instead of the outputs held on their replicas.
     """
     if not devices.replicas:
         return module(*materialize(inputs), **materialize(kwargs))
     if scatter is not None:
-        return _own_scatter(module, inputs, kwargs, devices, replicate, scatter)
-    if dim != 0:
-        return _along_another_dimension(module, inputs, kwargs, devices, dim, replicate)
-    active = scatter_gather.active_devices(inputs, kwargs, len(devices.replicas))
+        parts = _own_parts(inputs, kwargs, devices, scatter)
+        active = len(parts)
+    elif dim != 0:
+        return _along_another_dimension(module, inputs, kwargs, devices, dim, replicate, gather)
+    else:
+        active = scatter_gather.active_devices(inputs, kwargs, len(devices.replicas))
     group = ReplicaGroup(devices.replicas, devices.output, active)
-    per_part = scatter_gather.scatter(inputs, kwargs, group, active)
+    if scatter is None:
+        parts = scatter_gather.scatter(inputs, kwargs, group, active)
     if len(devices.replicas) == 1:
         with devices.stream(0):
-            return module(*per_part[0][0], **per_part[0][1])
+            return module(*parts[0][0], **parts[0][1])
     _check_module_device(module, devices.replicas[0])
     replicas = replicate(module, devices.replicas[:active])  # a wrapper's own (patch_replication_callback)
-    outputs = parallel_apply(replicas, [args for args, _ in per_part], [kw for _, kw in per_part], devices)
-    return scatter_gather.gather(outputs, active, group)
+    outputs = parallel_apply(replicas, [args for args, _ in parts], [kw for _, kw in parts], devices)
+    return gather(outputs) if gather is not None else scatter_gather.gather(outputs, active, group)
 
 
-def _own_scatter(
-    module: nn.Module,
-    inputs: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    devices: Devices,
-    replicate: Callable[[nn.Module, Sequence[torch.device]], Sequence[nn.Module]],
-    scatter: Scatter,
-) -> Any:
-    """A DataParallel subclass's ``scatter`` override (a detection project's, which places each device's images
-    itself): its parts run as DataParallel ran them, one replica each on the first devices, and their outputs are
-    gathered as usual, each part's rows as many as its output has. nn.DataParallel calls the override on one
-    device too; then the module runs once, on the part it gave."""
-    parts, part_kwargs = scatter(materialize(inputs), materialize(kwargs))
-    if not parts and not part_kwargs:
-        parts, part_kwargs = ((),), ({},)
-    if len(devices.replicas) == 1:
-        with devices.stream(0):
-            return module(*parts[0], **part_kwargs[0])
-    active = len(parts)
-    if not 0 < active <= len(devices.replicas) or len(part_kwargs) != active:
+def _own_parts(inputs: tuple[Any, ...], kwargs: dict[str, Any], devices: Devices, scatter: Scatter) -> list[tuple[Any, Any]]:
+    """Each part's arguments as a subclass's ``scatter`` gives them (on the devices it placed them on): one replica
+    runs each, on the first devices."""
+    part_inputs, part_kwargs = scatter(materialize(inputs), materialize(kwargs))
+    if not part_inputs and not part_kwargs:
+        part_inputs, part_kwargs = ((),), ({},)
+    if not 0 < len(part_inputs) <= len(devices.replicas) or len(part_kwargs) != len(part_inputs):
         raise RuntimeError(
-            f"mgpu_runtime: the wrapper's scatter gave {len(parts)} parts of inputs and {len(part_kwargs)} of keyword "
-            f"arguments for {len(devices.replicas)} devices: nn.DataParallel runs one replica per part, at most one "
-            "per device"
+            f"mgpu_runtime: the wrapper's scatter gave {len(part_inputs)} parts of inputs and {len(part_kwargs)} of "
+            f"keyword arguments for {len(devices.replicas)} devices: nn.DataParallel runs one replica per part, at "
+            "most one per device"
         )
-    _check_module_device(module, devices.replicas[0])
-    group = ReplicaGroup(devices.replicas, devices.output, active)
-    outputs = parallel_apply(replicate(module, devices.replicas[:active]), list(parts), list(part_kwargs), devices)
-    return scatter_gather.gather(outputs, active, group)
+    return list(zip(part_inputs, part_kwargs))
 
 
 def _along_another_dimension(
@@ -97,6 +90,7 @@ def _along_another_dimension(
     devices: Devices,
     dim: int,
     replicate: Callable[[nn.Module, Sequence[torch.device]], Sequence[nn.Module]],
+    gather: Gather | None,
 ) -> Any:
     """``dim != 0`` (a sequence-first RNN): DataParallel's forward, gathered along ``dim`` on the output device.
     The loop's values are held in pieces along the rows only, so here they are plain tensors."""
@@ -110,7 +104,7 @@ def _along_another_dimension(
             return module(*piece_inputs[0], **piece_kwargs[0])
     _check_module_device(module, devices.replicas[0])
     outputs = parallel_apply(replicate(module, used), piece_inputs, piece_kwargs, devices)
-    return _gather_along(outputs, dim, devices.output)
+    return gather(outputs) if gather is not None else _gather_along(outputs, dim, devices.output)
 
 
 def _gather_along(outputs: Sequence[Any], dim: int, device: torch.device) -> Any:

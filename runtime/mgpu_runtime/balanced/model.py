@@ -48,13 +48,18 @@ class DataParallelModel(nn.DataParallel):
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         # Through self.replicate, which a synchronized-BatchNorm package's patch_replication_callback replaces
-        # to tell each replica's layers their copy (as it does on nn.DataParallel). A subclass's own scatter (a
-        # detection project's CustomDataParallel, placing each device's images itself) cuts the batch, as there.
+        # to tell each replica's layers their copy (as it does on nn.DataParallel). A subclass's own scatter and
+        # gather (a detection project's CustomDataParallel, placing each device's images itself, stacking each
+        # device's losses) are called as there.
         scatter = self._own_scatter if type(self).scatter is not nn.DataParallel.scatter else None
-        return parallel_forward(self.module, inputs, kwargs, self._devices, self.dim, self.replicate, scatter)
+        gather = self._own_gather if type(self).gather is not nn.DataParallel.gather else None
+        return parallel_forward(self.module, inputs, kwargs, self._devices, self.dim, self.replicate, scatter, gather)
 
     def _own_scatter(self, inputs: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return self.scatter(inputs, kwargs, self.device_ids)
+
+    def _own_gather(self, outputs: list[Any]) -> Any:
+        return self.gather(outputs, self.output_device)
 
     def replicate(self, module: nn.Module, device_ids: Sequence[Any]) -> list[nn.Module]:  # type: ignore[override]
         """``module``'s replicas for ``device_ids`` (the replicas' devices, as this wrapper's forward gives them)."""
