@@ -56,7 +56,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mgpu_runtime.distributed import global_view, lockstep, safety, sync_batchnorm
+from mgpu_runtime.distributed import global_view, lockstep, own_machinery, safety, sync_batchnorm
 from mgpu_runtime.distributed.process_group import Job, device, job, setup, world_size
 from mgpu_runtime.distributed.rebinding import HeldParameters
 from mgpu_runtime.distributed.replication_callbacks import linked
@@ -159,12 +159,17 @@ class DistributedDataParallel(_TorchDDP):
                 safety.align_replicas(self.module, self.process_group)
             current.safety.note_forward(inputs, kwargs)
             current.lockstep.note_forward()
+        # A DataParallel subclass rebased on this wrapper (MGP106) may cut the batch and gather the outputs its own way.
+        scatter = self.scatter if type(self).scatter is not _TorchDDP.scatter else None
         with linked(self._told):
-            output, active = _replica_forward(super().forward, inputs, kwargs, current, self._held)
+            output, active = _replica_forward(super().forward, inputs, kwargs, current, self._held, scatter)
         if self.training and not torch.is_grad_enabled():
             # Buffers changed without a training forward (BatchNorm statistics recomputed under no_grad): the next
             # forward gives every rank rank 0's again, as DataParallel's replicas always took the module's.
             self.require_forward_param_sync = True
+        if type(self).gather is not _TorchDDP.gather:
+            group = current.group
+            return own_machinery.own_gather(self.gather, output, active, group, group.rank, device())
         return scatter_gather.gather([output], active, current.group)
 
     def _follow_frozen_parameters(self) -> bool:
@@ -215,11 +220,17 @@ class DistributedDataParallel(_TorchDDP):
             return super()._sync_buffers()
 
 
-def _replica_forward(forward, inputs: tuple, kwargs: dict, current: Job, held: HeldParameters) -> tuple[Any, int]:
-    """This rank's replica's output (DataParallel's scatter over the ranks), and how many devices ran."""
+def _replica_forward(
+    forward, inputs: tuple, kwargs: dict, current: Job, held: HeldParameters, scatter: Any = None
+) -> tuple[Any, int]:
+    """This rank's replica's output (DataParallel's scatter over the ranks, or a subclass's own), and how many
+    devices ran."""
     group = current.group
-    active = scatter_gather.active_devices(inputs, kwargs, group.parts)
-    ((local_inputs, local_kwargs),) = scatter_gather.scatter(inputs, kwargs, group, active)
+    if scatter is not None:
+        local_inputs, local_kwargs, active = own_machinery.own_part(scatter, inputs, kwargs, group, group.rank, device())
+    else:
+        active = scatter_gather.active_devices(inputs, kwargs, group.parts)
+        ((local_inputs, local_kwargs),) = scatter_gather.scatter(inputs, kwargs, group, active)
     with global_view.own_forward(current.gradients, group.rank, current.stream), held.rebinding_dropped():
         return forward(*local_inputs, **local_kwargs), active
 
