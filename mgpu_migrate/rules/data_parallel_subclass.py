@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from mgpu_migrate.analysis import names
+from mgpu_migrate.analysis import FileAnalysis, names
 from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 
@@ -79,15 +79,15 @@ class _SelfAttributes(cst.CSTVisitor):
 DATA_PARALLEL_SUBCLASS_KEPT = Review(
     "MGP210",
     name="data-parallel-subclass-kept",
-    summary=(
-        "a subclass of DataParallel that overrides its machinery (or any subclass, for --to ddp); "
-        "left as it is"
-    ),
+    summary="a subclass of DataParallel that overrides machinery the runtime's wrapper does not call; left as it is",
     why=(
-        "The subclass overrides part of DataParallel's machinery that the runtime's model does not use (`forward`, "
-        "`parallel_apply`, a `scatter` that calls DataParallel's own through `super()`), or the target is "
-        "`--to ddp`, where no subclass of DataParallel can be kept; rebased, it would lose what it overrides. "
-        "(`replicate`, `gather` and a `scatter` of its own are kept: the runtime's model calls them.)"
+        "The subclass overrides part of DataParallel's machinery that the runtime's wrapper does not use (`forward`, "
+        "`parallel_apply`, a `scatter` that calls DataParallel's own through `super()`; under `--to ddp` also "
+        "`replicate`, since each process holds one model and makes no replicas), or reads DataParallel's private "
+        "state; rebased, it would lose what it overrides. (`gather` and a `scatter` of its own are kept on both "
+        "targets, `replicate` under `--to balanced`: the runtime's wrapper calls them as DataParallel did.) A "
+        "`gather` that only returns the outputs as they are (PyTorch-Encoding's `DataParallelModel`) is left too: "
+        "its callers get the runtime's own wrapper instead (MGP104)."
     ),
     todo="Port what the override does by hand, or keep the subclass.",
     veto=True,
@@ -98,9 +98,11 @@ class DataParallelSubclass(Rule):
     """
     ## What it does
     Rebases a class deriving from ``nn.DataParallel`` on ``mgpu_runtime.DataParallelModel`` for
-    ``--to balanced``, when the class only adds conveniences: an ``__init__`` that calls ``super()``,
-    attribute forwarding (``__getattr__`` to ``self.module``), extra methods. Its instances then
-    behave like the runtime's wrapper: their outputs are the global batch's values, held per device.
+    ``--to balanced`` (on ``mgpu_runtime.DistributedDataParallel`` for ``--to ddp``), when the class adds
+    conveniences (an ``__init__`` that calls ``super()``, attribute forwarding, extra methods) or its own
+    ``scatter`` and ``gather`` (a detection project's ``CustomDataParallel``). Its instances then behave like the
+    runtime's wrapper: their outputs are the global batch's values, held per device or per process, and a call
+    of the class, here or in another module of the project, is a wrap site like ``nn.DataParallel(...)``.
 
     ## Why is this bad?
     The subclass inherits ``nn.DataParallel``'s gather of every output on the first device.
@@ -132,8 +134,15 @@ class DataParallelSubclass(Rule):
     losses): each part runs on its replica, and the outputs are the parts' rows held on the replicas, or what the
     own gather returns. A class that overrides ``forward`` or ``parallel_apply`` (the runtime's wrapper does not
     call them), a ``scatter`` that calls ``super()`` (DataParallel's own, which the wrapper does not use), or reads
-    ``nn.DataParallel``'s private state (``src_device_obj``, ``device_type``), is left with MGP210. For ``--to ddp`` every subclass is left
-    with MGP210: DDP has no such extension points.
+    ``nn.DataParallel``'s private state (``src_device_obj``, ``device_type``), is left with MGP210.
+
+    Under ``--to ddp`` the runtime's ``DistributedDataParallel`` calls an own ``scatter`` on every process with the
+    global batch and one device id per process, and each process runs its part (part r on rank r, as GPU r ran
+    it; a move to another GPU inside it is skipped, one to this rank's GPU goes to the process's device); an own
+    ``gather`` is given every part's outputs, gathered from the processes. The loader then gives every process
+    the whole batch (MGP122, ``whole_batches=True``). A ``replicate`` override has no place there (no replicas):
+    left with MGP210 (a Synchronized-BatchNorm package's ``DataParallelWithCallback`` is migrated at its call
+    sites instead, MGP109).
     """
 
     CODE = Rewrite("MGP106")
@@ -227,9 +236,27 @@ class DataParallelSubclass(Rule):
             class MyDP(nn.DataParallel):
                 pass
             """,
+            """
+            import mgpu_runtime
+            class MyDP(mgpu_runtime.DistributedDataParallel):
+                pass
+            """,
+            DDP,
+            ("MGP106",),
+        ),
+        Example(
+            """
+            from torch.nn.parallel import DataParallel
+            class CallbackDP(DataParallel):
+                def replicate(self, module, device_ids):
+                    modules = super().replicate(module, device_ids)
+                    execute_replication_callbacks(modules)
+                    return modules
+            """,
             None,
             DDP,
             ("MGP210",),
+            name="MGP210-ddp-replicate",
         ),
     )
 
@@ -241,18 +268,14 @@ class DataParallelSubclass(Rule):
                     self._rebase(cls, base)
 
     def _rebase(self, cls: cst.ClassDef, base: cst.Arg) -> None:
-        if self.target == DDP:
-            self.left(
-                cls,
-                DATA_PARALLEL_SUBCLASS_KEPT,
-                f"`{cls.name.value}` subclasses DataParallel, which has no DistributedDataParallel counterpart: "
-                "not rewritten",
-            )
-            return
+        wrapper = "DistributedDataParallel" if self.target == DDP else "DataParallelModel"
         overridden = sorted(
             statement.name.value
             for statement in cls.body.body
-            if type(statement) is cst.FunctionDef and statement.name.value in _MACHINERY and not _called(statement)
+            if type(statement) is cst.FunctionDef
+            and statement.name.value in _MACHINERY
+            # Under ddp there are no replicas: a replicate override (a sync-BN package's callbacks) has no place.
+            and not (_called(statement) and (self.target != DDP or statement.name.value != "replicate"))
         )
         attributes = _SelfAttributes()
         cls.body.visit(attributes)
@@ -262,8 +285,8 @@ class DataParallelSubclass(Rule):
             self.left(
                 cls,
                 DATA_PARALLEL_SUBCLASS_KEPT,
-                f"`{cls.name.value}` overrides `gather` to keep the outputs on their devices (PyTorch-Encoding's "
-                f"DataParallelModel), which is what {RUNTIME}.DataParallelModel does itself: not rebased",
+                f"`{cls.name.value}` gathers nothing, as PyTorch-Encoding's DataParallelModel (its callers get "
+                f"{RUNTIME}'s wrapper): not rebased",
             )
             return
         if overridden or private:
@@ -271,11 +294,24 @@ class DataParallelSubclass(Rule):
             self.left(
                 cls,
                 DATA_PARALLEL_SUBCLASS_KEPT,
-                f"`{cls.name.value}` {what}, which {RUNTIME}.DataParallelModel does not use: not rebased",
+                f"`{cls.name.value}` {what}, which {RUNTIME}.{wrapper} does not use: not rebased",
             )
             return
         if not self.rewrite_allowed(cls):
             return
-        self.edits.replace(base.value, lambda _: runtime_attr("DataParallelModel"))
+        self.edits.replace(base.value, lambda _: runtime_attr(wrapper))
         self.edits.need_import(RUNTIME)
-        self.rewrote(cls, f"`{cls.name.value}` rebased on {RUNTIME}.DataParallelModel")
+        self.rewrote(cls, f"`{cls.name.value}` rebased on {RUNTIME}.{wrapper}")
+
+
+def rebased_machinery(analysis: FileAnalysis, rewritten: frozenset) -> frozenset[cst.FunctionDef]:
+    """The ``scatter`` and ``gather`` methods of this file's DataParallel subclasses rebased on the runtime's
+    wrapper (``rewritten``: the nodes the wrap rules rewrote). The runtime calls them as DataParallel did, and under
+    ddp a move to a GPU inside them is this process's own (``mgpu_runtime.distributed.own_machinery``)."""
+    return frozenset(
+        statement
+        for cls in analysis.models.subclasses
+        if any(base.value in rewritten for base in cls.bases)
+        for statement in cls.body.body
+        if type(statement) is cst.FunctionDef and statement.name.value in ("scatter", "gather")
+    )

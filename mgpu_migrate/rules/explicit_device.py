@@ -9,6 +9,7 @@ from mgpu_migrate.analysis.tree import is_zero
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.program import Program
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rewrite, Rule
+from mgpu_migrate.rules.data_parallel_subclass import rebased_machinery
 from mgpu_migrate.rules.syntax import RUNTIME, argument, keyword, runtime_call
 
 FIRST_GPU = "cuda:0"
@@ -379,6 +380,8 @@ class ExplicitDevice(Rule):
         self.rewrote(call, "the first GPU is now the current one: this process's own GPU")
 
     def _other_gpu(self, node: cst.CSTNode, code: str) -> None:
+        if self.analysis.tree.function(node) in rebased_machinery(self.analysis, self.rewritten):
+            return  # a rebased subclass's own scatter or gather: the runtime gives each process its GPU there
         self.left(
             node,
             EXPLICIT_OTHER_GPU,

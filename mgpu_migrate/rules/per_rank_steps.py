@@ -180,7 +180,7 @@ class PerRankSteps(Rule):
                 self.left(
                     node,
                     PER_RANK_STEP,
-                    f"`{shorten(text)}` {what}: under DDP each process would decide alone; file left as it is",
+                    f"`{shorten(text, 32)}` {what}: under DDP each process would decide alone; file left as it is",
                 )
                 return
 

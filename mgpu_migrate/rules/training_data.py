@@ -18,6 +18,7 @@ from mgpu_migrate.analysis.loaders import BUILT, LOADER, LoaderTrace
 from mgpu_migrate.analysis.project import NOT_BOUND, project_of
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
+from mgpu_migrate.rules.data_parallel_subclass import rebased_machinery
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, TORCH_STYLE, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.counting import GLOBAL_COUNT, sample_counters
 from mgpu_migrate.rules.syntax import RUNTIME, argument, has_star_args, parse, runtime_call, with_keyword
@@ -439,6 +440,11 @@ class TrainingData(Rule):
         """``distribute_loader(point)``; with ``whole_batches=True`` in a file that builds random transforms, or when
         ``whole`` says so (the message then says why)."""
         drawing = self._drawing
+        cutter = self._own_scatter()
+        if cutter is not None and not whole:
+            # A rebased DataParallel subclass cuts each batch itself: every process needs the whole batch for it.
+            message += f": whole batches, the wrapper's own scatter (line {self.analysis.position(cutter)[0]}) cuts each one"
+            whole = True
         if drawing is None and not whole:
             self.edits.replace(point, lambda expr: runtime_call("distribute_loader", expr))
         else:
@@ -461,6 +467,11 @@ class TrainingData(Rule):
                 message += f"; whole batches (line {self.analysis.position(drawing)[0]} draws per sample)"
         self.edits.need_import(RUNTIME)
         self.rewrote(point, message)
+
+    def _own_scatter(self) -> Optional[cst.FunctionDef]:
+        """The ``scatter`` of a DataParallel subclass of this file rebased on the runtime's wrapper (MGP106), if any."""
+        methods = [method for method in rebased_machinery(self.analysis, self.rewritten) if method.name.value == "scatter"]
+        return min(methods, key=self.analysis.position, default=None)
 
     def _random_transform(self) -> Optional[cst.Call]:
         """The first call of the file that builds a transform drawing random numbers per sample
