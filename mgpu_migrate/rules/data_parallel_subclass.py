@@ -5,76 +5,9 @@ from __future__ import annotations
 import libcst as cst
 
 from mgpu_migrate.analysis import FileAnalysis, names
+from mgpu_migrate.analysis.subclasses import KEEPS_OUTPUTS, from_cst
 from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
-
-# nn.DataParallel's machinery, which the runtime's wrapper does not call: overriding it changes behaviour.
-_MACHINERY = frozenset({"forward", "scatter", "gather", "replicate", "parallel_apply"})
-# ... except ``replicate(self, module, device_ids)``, through which the runtime's wrapper makes its replicas (a
-# Synchronized-BatchNorm package's ``DataParallelWithCallback`` runs its replication callbacks there), and
-# ``scatter(self, inputs, kwargs, device_ids)`` and ``gather(self, outputs, output_device)``, which it calls when a
-# subclass overrides them (a detection project's ``CustomDataParallel``, placing each device's images itself and
-# stacking each device's losses) -- unless the scatter calls ``super()``: DataParallel's own scatter, which the
-# runtime's wrapper does not use (it knows nothing of CPU replicas). The number of parameters of each.
-_CALLED = {"replicate": 3, "scatter": 4, "gather": 3}
-# nn.DataParallel's own attributes that the runtime's wrapper does not set.
-_PRIVATE_STATE = frozenset({"src_device_obj", "device_type"})
-
-
-def _called(method: cst.FunctionDef) -> bool:
-    """A ``replicate``, ``scatter`` or ``gather`` override the runtime's wrapper calls as DataParallel did."""
-    params = method.params
-    starred = type(params.star_arg) in (cst.Param, cst.ParamStar) or params.star_kwarg is not None
-    plain = not (starred or params.kwonly_params or params.posonly_params)
-    if len(params.params) != _CALLED.get(method.name.value) or not plain or method.decorators:
-        return False
-    return method.name.value != "scatter" or not _calls_super(method)
-
-
-def _keeps_outputs(method: cst.FunctionDef) -> bool:
-    """``def gather(self, outputs, output_device): return outputs``: PyTorch-Encoding's ``DataParallelModel``, whose
-    call sites the runtime's own replaces (MGP104); rebasing the class would add nothing but a hunk."""
-    if method.name.value != "gather" or len(method.params.params) != 3 or type(method.body) is not cst.IndentedBlock:
-        return False
-    body = [statement for statement in method.body.body if not _is_docstring(statement)]
-    if len(body) != 1 or type(body[0]) is not cst.SimpleStatementLine or len(body[0].body) != 1:
-        return False
-    returned = body[0].body[0]
-    outputs = method.params.params[1].name.value
-    return type(returned) is cst.Return and type(returned.value) is cst.Name and returned.value.value == outputs
-
-
-def _is_docstring(statement: cst.BaseStatement) -> bool:
-    return (
-        type(statement) is cst.SimpleStatementLine
-        and len(statement.body) == 1
-        and type(statement.body[0]) is cst.Expr
-        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
-    )
-
-
-def _calls_super(method: cst.FunctionDef) -> bool:
-    found = _SuperCalls()
-    method.body.visit(found)
-    return found.seen
-
-
-class _SuperCalls(cst.CSTVisitor):
-    def __init__(self) -> None:
-        self.seen = False
-
-    def visit_Call(self, node: cst.Call) -> None:
-        if type(node.func) is cst.Name and node.func.value == "super":
-            self.seen = True
-
-
-class _SelfAttributes(cst.CSTVisitor):
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-
-    def visit_Attribute(self, node: cst.Attribute) -> None:
-        self.names.add(node.attr.value)
-
 
 DATA_PARALLEL_SUBCLASS_KEPT = Review(
     "MGP210",
@@ -269,19 +202,8 @@ class DataParallelSubclass(Rule):
 
     def _rebase(self, cls: cst.ClassDef, base: cst.Arg) -> None:
         wrapper = "DistributedDataParallel" if self.target == DDP else "DataParallelModel"
-        overridden = sorted(
-            statement.name.value
-            for statement in cls.body.body
-            if type(statement) is cst.FunctionDef
-            and statement.name.value in _MACHINERY
-            # Under ddp there are no replicas: a replicate override (a sync-BN package's callbacks) has no place.
-            and not (_called(statement) and (self.target != DDP or statement.name.value != "replicate"))
-        )
-        attributes = _SelfAttributes()
-        cls.body.visit(attributes)
-        private = sorted(attributes.names & _PRIVATE_STATE)
-        kept = [statement for statement in cls.body.body if type(statement) is cst.FunctionDef and _keeps_outputs(statement)]
-        if kept and not overridden and not private:
+        kept = from_cst(cls, lambda node: self.analysis.position(node)[0]).kept(ddp=self.target == DDP)
+        if kept == KEEPS_OUTPUTS:
             self.left(
                 cls,
                 DATA_PARALLEL_SUBCLASS_KEPT,
@@ -289,13 +211,8 @@ class DataParallelSubclass(Rule):
                 f"{RUNTIME}'s wrapper): not rebased",
             )
             return
-        if overridden or private:
-            what = f"overrides `{overridden[0]}`" if overridden else f"reads `{private[0]}`"
-            self.left(
-                cls,
-                DATA_PARALLEL_SUBCLASS_KEPT,
-                f"`{cls.name.value}` {what}, which {RUNTIME}.{wrapper} does not use: not rebased",
-            )
+        if kept is not None:
+            self.left(cls, DATA_PARALLEL_SUBCLASS_KEPT, f"`{cls.name.value}` {kept}, which {RUNTIME}.{wrapper} does not use: not rebased")
             return
         if not self.rewrite_allowed(cls):
             return

@@ -150,7 +150,12 @@ class DistributedDataParallel(_TorchDDP):
 
     def _global_forward(self, inputs: tuple, kwargs: dict) -> Any:
         current = self._job
+        # A DataParallel subclass rebased on this wrapper (MGP106) may cut the batch and gather the outputs its own way.
+        scatter = self.scatter if type(self).scatter is not _TorchDDP.scatter else None
         if current.group is None:
+            if scatter is not None and device().type == "cuda":
+                # DataParallel on one GPU still called the subclass's scatter (and ran its one part, ungathered).
+                inputs, kwargs = own_machinery.own_part(scatter, inputs, kwargs, None, 0, device())[:2]
             return super().forward(*inputs, **kwargs)
         training = self.training and torch.is_grad_enabled()
         if training:
@@ -159,8 +164,6 @@ class DistributedDataParallel(_TorchDDP):
                 safety.align_replicas(self.module, self.process_group)
             current.safety.note_forward(inputs, kwargs)
             current.lockstep.note_forward()
-        # A DataParallel subclass rebased on this wrapper (MGP106) may cut the batch and gather the outputs its own way.
-        scatter = self.scatter if type(self).scatter is not _TorchDDP.scatter else None
         with linked(self._told):
             output, active = _replica_forward(super().forward, inputs, kwargs, current, self._held, scatter)
         if self.training and not torch.is_grad_enabled():

@@ -39,19 +39,21 @@ def own_part(
     scatter: Callable[[tuple, dict, list[int]], tuple[Any, Any]],
     inputs: tuple,
     kwargs: dict,
-    group: Group,
+    group: Group | None,
     rank: int,
     local: torch.device,
 ) -> tuple[tuple, dict, int]:
-    """This rank's arguments as the subclass's ``scatter`` cuts the global batch, and how many parts it made."""
+    """This rank's arguments as the subclass's ``scatter`` cuts the global batch, and how many parts it made (a
+    world of one: ``group`` None, one GPU)."""
+    processes = group.parts if group is not None else 1
     with gpus_of_this_rank(rank, local):
-        parts, part_kwargs = scatter(materialize(inputs), materialize(kwargs), list(range(group.parts)))
+        parts, part_kwargs = scatter(materialize(inputs), materialize(kwargs), list(range(processes)))
     if not parts and not part_kwargs:
         parts, part_kwargs = ((),), ({},)
-    if not 0 < len(parts) <= group.parts or len(part_kwargs) != len(parts):
+    if not 0 < len(parts) <= processes or len(part_kwargs) != len(parts):
         raise RuntimeError(
             f"mgpu_runtime: the wrapper's scatter gave {len(parts)} parts of inputs and {len(part_kwargs)} of keyword "
-            f"arguments for {group.parts} processes: nn.DataParallel ran one replica per part, at most one per GPU"
+            f"arguments for {processes} processes: nn.DataParallel ran one replica per part, at most one per GPU"
         )
     if rank < len(parts):
         return tuple(parts[rank]), dict(part_kwargs[rank]), len(parts)

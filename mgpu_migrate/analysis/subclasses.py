@@ -1,0 +1,161 @@
+"""What a subclass of ``nn.DataParallel`` overrides, and whether the runtime's wrapper can stand as its base.
+
+The facts are read from the class itself, with LibCST in the file being migrated (MGP106 rebases the class there)
+or with ``ast`` in another module of the project (a call of the class is then a wrap site of the calling file,
+whose class is rebased in its own module). One decision serves both (``Subclass.kept``).
+
+The runtime's wrappers call, as DataParallel did, ``replicate(self, module, device_ids)`` (balanced only: under
+ddp each process holds one model and makes no replicas), ``scatter(self, inputs, kwargs, device_ids)`` (unless it
+calls ``super()``: DataParallel's own scatter, which the wrappers do not use) and ``gather(self, outputs,
+output_device)``. They do not call ``forward`` or ``parallel_apply``, nor set DataParallel's private state
+(``src_device_obj``, ``device_type``). A ``gather`` that only returns its outputs is PyTorch-Encoding's
+``DataParallelModel``, whose callers get the runtime's own wrapper (MGP104): rebasing it would add only a hunk.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+import libcst as cst
+
+# nn.DataParallel's machinery: overriding what the runtime's wrapper does not call changes behaviour.
+MACHINERY = frozenset({"forward", "scatter", "gather", "replicate", "parallel_apply"})
+# What the runtime's wrapper calls as DataParallel did, with the number of parameters of each (``self`` included).
+_CALLED = {"replicate": 3, "scatter": 4, "gather": 3}
+# nn.DataParallel's own attributes that the runtime's wrappers do not set.
+_PRIVATE_STATE = frozenset({"src_device_obj", "device_type"})
+KEEPS_OUTPUTS = "keeps-outputs"
+"""``Subclass.kept``'s answer for PyTorch-Encoding's ``DataParallelModel`` (a gather that returns its outputs)."""
+
+
+@dataclass(frozen=True)
+class Method:
+    """A method of the class that is part of DataParallel's machinery."""
+
+    name: str
+    called: bool  # the plain signature the runtime's wrapper calls (a scatter calling super() is not)
+    returns_outputs: bool  # ``def gather(self, outputs, output_device): return outputs``
+
+
+@dataclass(frozen=True)
+class Subclass:
+    """A DataParallel subclass's overrides of the machinery and its reads of DataParallel's private state."""
+
+    name: str
+    methods: tuple[Method, ...]
+    private: tuple[str, ...]
+    scatter_line: int | None  # where its own scatter is defined
+
+    def kept(self, ddp: bool) -> str | None:
+        """Why the class cannot be rebased on the runtime's wrapper of the target (``overrides `forward```, ``reads
+        `device_type```, ``KEEPS_OUTPUTS``), or None when it can."""
+        overridden = sorted(
+            method.name
+            for method in self.methods
+            if not method.called or (ddp and method.name == "replicate")  # no replicas under ddp
+        )
+        if overridden:
+            return f"overrides `{overridden[0]}`"
+        if self.private:
+            return f"reads `{self.private[0]}`"
+        if any(method.returns_outputs for method in self.methods):
+            return KEEPS_OUTPUTS
+        return None
+
+
+def from_cst(cls: cst.ClassDef, line_of) -> Subclass:
+    """The facts of a class of the migrated file (``line_of``: a node's line)."""
+    methods, scatter_line = [], None
+    for statement in cls.body.body:
+        if type(statement) is not cst.FunctionDef or statement.name.value not in MACHINERY:
+            continue
+        params = statement.params
+        starred = type(params.star_arg) in (cst.Param, cst.ParamStar) or params.star_kwarg is not None
+        plain = not (starred or params.kwonly_params or params.posonly_params or statement.decorators)
+        name = statement.name.value
+        called = plain and len(params.params) == _CALLED.get(name) and not (name == "scatter" and _cst_calls_super(statement))
+        methods.append(Method(name, called, called and name == "gather" and _cst_returns_outputs(statement)))
+        if name == "scatter":
+            scatter_line = line_of(statement)
+    attributes = _CstAttributes()
+    cls.body.visit(attributes)
+    return Subclass(cls.name.value, tuple(methods), tuple(sorted(attributes.names & _PRIVATE_STATE)), scatter_line)
+
+
+def from_ast(cls: ast.ClassDef) -> Subclass:
+    """The facts of a class of another module of the project."""
+    methods, scatter_line = [], None
+    for statement in cls.body:
+        if not isinstance(statement, ast.FunctionDef) or statement.name not in MACHINERY:
+            continue
+        arguments = statement.args
+        plain = not (arguments.vararg or arguments.kwarg or arguments.kwonlyargs or arguments.posonlyargs)
+        plain = plain and not statement.decorator_list
+        name = statement.name
+        calls_super = any(
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super"
+            for node in ast.walk(statement)
+        )
+        called = plain and len(arguments.args) == _CALLED.get(name) and not (name == "scatter" and calls_super)
+        methods.append(Method(name, called, called and name == "gather" and _ast_returns_outputs(statement)))
+        if name == "scatter":
+            scatter_line = statement.lineno
+    private = {node.attr for node in ast.walk(cls) if isinstance(node, ast.Attribute)} & _PRIVATE_STATE
+    return Subclass(cls.name, tuple(methods), tuple(sorted(private)), scatter_line)
+
+
+def _ast_returns_outputs(method: ast.FunctionDef) -> bool:
+    body = method.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+        body = body[1:]
+    outputs = method.args.args[1].arg
+    return (
+        len(body) == 1
+        and isinstance(body[0], ast.Return)
+        and isinstance(body[0].value, ast.Name)
+        and body[0].value.id == outputs
+    )
+
+
+def _cst_returns_outputs(method: cst.FunctionDef) -> bool:
+    if type(method.body) is not cst.IndentedBlock:
+        return False
+    body = [statement for statement in method.body.body if not _cst_docstring(statement)]
+    if len(body) != 1 or type(body[0]) is not cst.SimpleStatementLine or len(body[0].body) != 1:
+        return False
+    returned = body[0].body[0]
+    outputs = method.params.params[1].name.value
+    return type(returned) is cst.Return and type(returned.value) is cst.Name and returned.value.value == outputs
+
+
+def _cst_docstring(statement: cst.BaseStatement) -> bool:
+    return (
+        type(statement) is cst.SimpleStatementLine
+        and len(statement.body) == 1
+        and type(statement.body[0]) is cst.Expr
+        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
+
+
+def _cst_calls_super(method: cst.FunctionDef) -> bool:
+    found = _CstSuperCalls()
+    method.body.visit(found)
+    return found.seen
+
+
+class _CstSuperCalls(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.seen = False
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if type(node.func) is cst.Name and node.func.value == "super":
+            self.seen = True
+
+
+class _CstAttributes(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self.names.add(node.attr.value)
