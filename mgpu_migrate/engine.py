@@ -24,14 +24,20 @@ __all__ = ["TARGETS", "MigrationResult", "might_need_migration", "migrate_source
 # that already calls `mgpu_runtime` is read again, so a partly migrated file is finished. The sync-BN package's
 # `DataParallelWithCallback` is read too, and a name that starts with `data_parallel` where it is called (a
 # project's `data_parallel_workaround(model, x)`): they are copies of DataParallel, and a site left must be
-# said. Names that merely end in the words (`DistributedDataParallel`, `get_data_parallel_group`), other names
+# said, and so is a name ending in `DataParallel` (a project's subclass: `CustomDataParallel`). Names that merely end
+# in the words otherwise (`DistributedDataParallel`, `FullyShardedDataParallel`, `get_data_parallel_group`), other names
 # that start with them (`DataParallelBuffer`, `data_parallel_size(...)`) and apex's other packages
 # (`from apex.normalization import FusedLayerNorm`, `from apex import amp`) are not sites.
 # Each pattern opens with the word it needs (checked first, as a plain substring search: ~10x faster than a
 # regular expression, and it rules out almost every file), so the regular expression engine only scans
 # for that literal; the look-behind after it stands for the word boundary before it.
 _SITE_PATTERNS = {
-    b"DataParallel": (re.compile(rb"DataParallel(?<!\wDataParallel)(?:Model|Criterion|WithCallback)?\b"),),
+    b"DataParallel": (
+        re.compile(rb"DataParallel(?<!\wDataParallel)(?:Model|Criterion|WithCallback)?\b"),
+        # A project's own subclass (yolact's `CustomDataParallel`), imported or called: a wrap site when its module
+        # rebases it (MGP106); not torch's other wrappers, which end in the same word.
+        re.compile(rb"DataParallel(?<=\wDataParallel)(?<!DistributedDataParallel)(?<!ShardedDataParallel)\b"),
+    ),
     b"data_parallel": (
         # torch's functional form or module, reached as an attribute (nn.parallel.data_parallel(...),
         # import torch.nn.parallel.data_parallel as m) or imported by name; not a keyword argument, a string

@@ -29,7 +29,10 @@ import libcst as cst
 
 from mgpu_migrate.analysis import names
 from mgpu_migrate.analysis.hand_written import calls_of_data_parallel_by_hand
+from mgpu_migrate.analysis.project import project_of
 from mgpu_migrate.analysis.scopes import FlowIndex, Function, Place, Scope, item_place
+from mgpu_migrate.analysis.subclasses import Subclass
+from mgpu_migrate.analysis.subclasses import from_ast as subclass_facts
 from mgpu_migrate.analysis.tree import contains, item_target
 from mgpu_migrate.analysis.walk import EXPRESSIONS, kinds
 
@@ -45,6 +48,8 @@ _BUILTINS = frozenset(dir(builtins))
 
 # What each kind of wrap site makes.
 TORCH, ENCODING, SUBCLASS, RUNTIME, FUNCTIONAL = "torch", "encoding", "subclass", "runtime", "functional"
+# The tops of names that are not the project's own modules: a DataParallel subclass there is no project class.
+_NOT_THE_PROJECT = frozenset({"torch", "mgpu_runtime", "apex", "encoding", "builtins"})
 _SITE_KINDS = {
     names.DATA_PARALLEL: TORCH,
     names.CALLBACK_DATA_PARALLEL: TORCH,
@@ -114,6 +119,8 @@ class ModelFlow:
     def __init__(self, analysis) -> None:
         self.analysis = analysis
         self.subclasses = self._data_parallel_subclasses()
+        # Calls of a DataParallel subclass of another module of the project: what its class overrides (None: not one).
+        self.project_subclasses: dict[cst.Call, Optional[Subclass]] = {}
         self.sites: list[WrapSite] = []
         self._site_by_call: dict[cst.Call, WrapSite] = {}
         self.wrapped: dict[Place, Sites] = defaultdict(frozenset)
@@ -138,7 +145,7 @@ class ModelFlow:
         if (
             not self.subclasses
             and not self.by_hand
-            and not any(analysis.resolve(call.func) in _SITE_KINDS for call in analysis.calls)
+            and not any(analysis.resolve(call.func) in _SITE_KINDS or self._project_subclass(call) for call in analysis.calls)
         ):
             return
         for call, scope in self.index.calls:
@@ -172,7 +179,26 @@ class ModelFlow:
             owner = scope.lookup(call.func.value)
             if owner.classes.get(call.func.value) in self.subclasses:
                 kind = SUBCLASS
+        if kind is None and self._project_subclass(call) is not None:
+            kind = SUBCLASS
         return kind
+
+    def _project_subclass(self, call: cst.Call) -> Optional[Subclass]:
+        """What the class ``call`` makes overrides, when it is a DataParallel subclass of another module of the
+        project (yolact's or EfficientDet's ``CustomDataParallel``, imported from ``utils.utils``), whose own module
+        rebases it on the runtime's wrapper (MGP106); None for any other call."""
+        if call in self.project_subclasses:
+            return self.project_subclasses[call]
+        qualified = self.analysis.resolve(call.func) or ""
+        facts = None
+        if qualified.endswith("DataParallel") and qualified.split(".")[0] not in _NOT_THE_PROJECT:
+            canonical = self.analysis.bindings.canonical(qualified)
+            project = project_of(self.analysis.path) if canonical not in names.MIGRATED_NAMES else None
+            found = project.find(qualified) if project is not None else None
+            if found is not None and project.direct_data_parallel_subclass(found):
+                facts = subclass_facts(found.node, found.where.rpartition(":")[0])
+        self.project_subclasses[call] = facts
+        return facts
 
     def _data_parallel_subclasses(self) -> set[cst.ClassDef]:
         """Classes of this file (outside functions) deriving, directly or through each other, from torch's

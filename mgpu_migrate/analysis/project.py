@@ -243,6 +243,12 @@ class Project:
                     return inherited
         return None
 
+    def direct_data_parallel_subclass(self, found: Found) -> bool:
+        """A class deriving from torch's DataParallel itself (its own module rebases that base, MGP106)."""
+        return isinstance(found.node, ast.ClassDef) and any(
+            self.resolve_in(found, base)[0] in _TORCH_DATA_PARALLEL for base in found.node.bases
+        )
+
     def hand_written_data_parallel(self, found: Found) -> bool:
         """A function (or a class's method) that calls both torch's ``replicate`` and ``parallel_apply``."""
         called = {found.module.qualified(call.func) for call in _calls(found.node)}

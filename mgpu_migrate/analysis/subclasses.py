@@ -46,6 +46,12 @@ class Subclass:
     methods: tuple[Method, ...]
     private: tuple[str, ...]
     scatter_line: int | None  # where its own scatter is defined
+    module: str = ""  # its module's path as the migrated file sees it ("" for a class of that file)
+
+    @property
+    def scatter_place(self) -> str:
+        """Where its own scatter is, for a message: ``line 20``, or ``utils/utils.py:194`` in another module."""
+        return f"{self.module}:{self.scatter_line}" if self.module else f"line {self.scatter_line}"
 
     def kept(self, ddp: bool) -> str | None:
         """Why the class cannot be rebased on the runtime's wrapper of the target (``overrides `forward```, ``reads
@@ -83,8 +89,8 @@ def from_cst(cls: cst.ClassDef, line_of) -> Subclass:
     return Subclass(cls.name.value, tuple(methods), tuple(sorted(attributes.names & _PRIVATE_STATE)), scatter_line)
 
 
-def from_ast(cls: ast.ClassDef) -> Subclass:
-    """The facts of a class of another module of the project."""
+def from_ast(cls: ast.ClassDef, module: str) -> Subclass:
+    """The facts of a class of another module of the project (``module``: its path, as the migrated file sees it)."""
     methods, scatter_line = [], None
     for statement in cls.body:
         if not isinstance(statement, ast.FunctionDef) or statement.name not in MACHINERY:
@@ -102,7 +108,7 @@ def from_ast(cls: ast.ClassDef) -> Subclass:
         if name == "scatter":
             scatter_line = statement.lineno
     private = {node.attr for node in ast.walk(cls) if isinstance(node, ast.Attribute)} & _PRIVATE_STATE
-    return Subclass(cls.name, tuple(methods), tuple(sorted(private)), scatter_line)
+    return Subclass(cls.name, tuple(methods), tuple(sorted(private)), scatter_line, module)
 
 
 def _ast_returns_outputs(method: ast.FunctionDef) -> bool:

@@ -163,7 +163,12 @@ class ProjectWrappers(Rule):
         found = project.find(qualified)
         if found is None:
             return False
-        # Under --to balanced the subclass's own file rebases it on the runtime's wrapper, or says why not.
+        # Under --to balanced the subclass's own file rebases it on the runtime's wrapper, or says why not; under
+        # --to ddp too when it overrides only what the runtime's DistributedDataParallel calls (a call of it is then
+        # a wrap site here, models.py).
+        facts = self.analysis.models.project_subclasses.get(call)
+        if facts is not None and facts.kept(ddp=True) is None:
+            return True
         if self.target == DDP and project.data_parallel_base(found) is not None:
             self.left(
                 call,

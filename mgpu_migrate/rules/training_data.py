@@ -443,7 +443,7 @@ class TrainingData(Rule):
         cutter = self._own_scatter()
         if cutter is not None and not whole:
             # A rebased DataParallel subclass cuts each batch itself: every process needs the whole batch for it.
-            message += f": whole batches, the wrapper's own scatter (line {self.analysis.position(cutter)[0]}) cuts each one"
+            message += f": whole batches, the wrapper's own scatter ({cutter}) cuts each one"
             whole = True
         if drawing is None and not whole:
             self.edits.replace(point, lambda expr: runtime_call("distribute_loader", expr))
@@ -468,10 +468,18 @@ class TrainingData(Rule):
         self.edits.need_import(RUNTIME)
         self.rewrote(point, message)
 
-    def _own_scatter(self) -> Optional[cst.FunctionDef]:
-        """The ``scatter`` of a DataParallel subclass of this file rebased on the runtime's wrapper (MGP106), if any."""
+    def _own_scatter(self) -> Optional[str]:
+        """Where the ``scatter`` of a DataParallel subclass rebased on the runtime's wrapper (MGP106) is, if the file
+        has one (``line 20``) or calls one of another module of the project (``utils/utils.py:194``)."""
         methods = [method for method in rebased_machinery(self.analysis, self.rewritten) if method.name.value == "scatter"]
-        return min(methods, key=self.analysis.position, default=None)
+        if methods:
+            return f"line {self.analysis.position(min(methods, key=self.analysis.position))[0]}"
+        models = self.analysis.models
+        for site in models.sites:
+            facts = models.project_subclasses.get(site.call)
+            if facts is not None and facts.scatter_line is not None and facts.kept(ddp=True) is None:
+                return facts.scatter_place
+        return None
 
     def _random_transform(self) -> Optional[cst.Call]:
         """The first call of the file that builds a transform drawing random numbers per sample

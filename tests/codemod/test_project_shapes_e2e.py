@@ -78,6 +78,9 @@ CASES = {
     ),
     # WaveRNN: the model never wrapped, each step through the project's hand-written data_parallel (MGP107).
     "hand_written_dp": ("projects/hand_written_dp", "train.py", NO_ARGUMENTS),
+    # Yet-Another-EfficientDet: the project's DataParallel subclass (utils/utils.py) cuts each batch itself, rebased
+    # on the runtime's DDP (MGP106); train.py calls it, its loader gives whole batches.
+    "detector_subclass": ("projects/detector_subclass", "train.py", NO_ARGUMENTS),
 }
 TOLERANCE = 1e-9
 TIMEOUT_S = 500
