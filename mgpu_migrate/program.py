@@ -254,11 +254,8 @@ def existing_setup(analysis: FileAnalysis) -> tuple[cst.Call, ...]:
 
 def _rebased_class(analysis: FileAnalysis, call: cst.Call, rewritten: Collection[cst.CSTNode]) -> bool:
     """``call`` makes an instance of a DataParallel subclass of this file whose DataParallel base (its own, or
-    that of a class of this file it derives from) was rebased on the runtime's wrapper; or of another module of
-    the project, which rebases it on ``DistributedDataParallel`` (MGP106 there)."""
-    elsewhere = analysis.models.project_subclasses.get(call)
-    if elsewhere is not None:
-        return elsewhere.kept(ddp=True) is None
+    that of a class of this file it derives from) was rebased on the runtime's wrapper. (A call of a subclass of
+    another module that rebases it is rewritten as it is, MGP106: in ``rewritten``.)"""
     if type(call.func) is not cst.Name:
         return False
     by_name = {cls.name.value: cls for cls in analysis.models.subclasses}

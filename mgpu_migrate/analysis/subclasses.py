@@ -47,6 +47,7 @@ class Subclass:
     private: tuple[str, ...]
     scatter_line: int | None  # where its own scatter is defined
     module: str = ""  # its module's path as the migrated file sees it ("" for a class of that file)
+    line: int = 0  # where the class is defined in that module
 
     @property
     def scatter_place(self) -> str:
@@ -108,7 +109,7 @@ def from_ast(cls: ast.ClassDef, module: str) -> Subclass:
         if name == "scatter":
             scatter_line = statement.lineno
     private = {node.attr for node in ast.walk(cls) if isinstance(node, ast.Attribute)} & _PRIVATE_STATE
-    return Subclass(cls.name, tuple(methods), tuple(sorted(private)), scatter_line, module)
+    return Subclass(cls.name, tuple(methods), tuple(sorted(private)), scatter_line, module, cls.lineno)
 
 
 def _ast_returns_outputs(method: ast.FunctionDef) -> bool:

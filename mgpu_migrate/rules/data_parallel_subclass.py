@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import re
+
 import libcst as cst
 
+from mgpu_migrate import files
+
 from mgpu_migrate.analysis import FileAnalysis, names
-from mgpu_migrate.analysis.subclasses import KEEPS_OUTPUTS, from_cst
+from mgpu_migrate.analysis.project import importers
+from mgpu_migrate.analysis.subclasses import KEEPS_OUTPUTS, Subclass, from_cst
 from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 
@@ -78,7 +84,7 @@ class DataParallelSubclass(Rule):
     sites instead, MGP109).
     """
 
-    CODE = Rewrite("MGP106")
+    CODE = Rewrite("MGP106", helper_body=True)
     PHASE = WRAPS
     USES = ("models",)
     # Under --to ddp a file defining a DataParallel subclass is DataParallel's machinery (a vendored sync-BN's
@@ -193,12 +199,40 @@ class DataParallelSubclass(Rule):
         ),
     )
 
+    def _left_caller(self, cls: cst.ClassDef) -> str | None:
+        return _importers_left(self.analysis, cls.name.value, self.options)
+
     def apply(self) -> None:
-        subclasses = self.analysis.models.subclasses
-        for cls in sorted(subclasses, key=lambda node: self.analysis.position(node)):
+        models = self.analysis.models
+        for cls in sorted(models.subclasses, key=lambda node: self.analysis.position(node)):
             for base in cls.bases:
                 if self.analysis.resolve(base.value) == names.DATA_PARALLEL:
                     self._rebase(cls, base)
+        if self.target != DDP:
+            return  # under balanced a rebased class is an nn.DataParallel still: its callers need nothing
+        for site in models.sites:
+            elsewhere = models.project_subclasses.get(site.call)
+            if elsewhere is not None and elsewhere.kept(ddp=True) is None and self._rebased_in_its_module(elsewhere):
+                # The call stays, and is a wrap of the runtime's (decide() counts the calls the wrap rules rewrote).
+                self.edits.replace(site.call, lambda call: call)
+                self.rewrote(
+                    site.call,
+                    f"`{elsewhere.name}` ({elsewhere.module}:{elsewhere.line}) is rebased on {RUNTIME}.DistributedDataParallel "
+                    "in its module: a wrap site",
+                )
+
+    def _rebased_in_its_module(self, facts: Subclass) -> bool:
+        """Whether the class's own module rebases it (MGP106 there): its migration says so, or it is being migrated
+        further up (and asked about this file), in which case it does when this file migrates."""
+        from mgpu_migrate.engine import being_decided, migration_of
+
+        module = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(self.analysis.path)), facts.module))
+        if being_decided(module):
+            return True
+        result = migration_of(module, self.options)
+        return result is not None and result.error is None and any(
+            diagnostic.code == self.CODE.code and diagnostic.line == facts.line for diagnostic in result.diagnostics
+        )
 
     def _rebase(self, cls: cst.ClassDef, base: cst.Arg) -> None:
         wrapper = "DistributedDataParallel" if self.target == DDP else "DataParallelModel"
@@ -214,11 +248,47 @@ class DataParallelSubclass(Rule):
         if kept is not None:
             self.left(cls, DATA_PARALLEL_SUBCLASS_KEPT, f"`{cls.name.value}` {kept}, which {RUNTIME}.{wrapper} does not use: not rebased")
             return
+        caller = self._left_caller(cls) if self.target == DDP else None
+        if caller is not None:
+            self.left(
+                cls,
+                DATA_PARALLEL_SUBCLASS_KEPT,
+                f"`{cls.name.value}` is used by {caller}, which --to ddp leaves as it is (a DataParallel there): not rebased",
+            )
+            return
         if not self.rewrite_allowed(cls):
             return
         self.edits.replace(base.value, lambda _: runtime_attr(wrapper))
         self.edits.need_import(RUNTIME)
         self.rewrote(cls, f"`{cls.name.value}` rebased on {RUNTIME}.{wrapper}")
+
+
+def _importers_left(analysis: FileAnalysis, name: str, options) -> str | None:
+    """The first module of the project that uses class ``name`` of this file and that ``--to ddp`` leaves as it is
+    (``train.py:12``, its import), else None: the class rebased on DistributedDataParallel would run there as one
+    process on one GPU, where its DataParallel ran on all of them."""
+    from mgpu_migrate.engine import being_decided, migration_of
+
+    if not os.path.isfile(analysis.path):
+        return None
+    here = os.path.dirname(os.path.abspath(analysis.path))
+    found = importers(analysis.path, name)
+    # A package's __init__ that imports the class hands it on: its own importers are the users.
+    found += [inner for outer in found if outer.path.endswith("__init__.py") for inner in importers(outer.path, name)]
+    called = re.compile(rb"\b" + re.escape(name.encode()) + rb"\s*\(")
+    for importer in found:
+        try:
+            data = files.read(importer.path)[0]
+        except OSError:
+            continue
+        if called.search(data) is None or being_decided(importer.path):
+            continue
+        if b"mgpu_runtime" in data:
+            continue  # migrated already
+        result = migration_of(importer.path, options)
+        if result is None or result.error is not None or not result.changed:
+            return f"{os.path.relpath(importer.path, here)}:{importer.line}"
+    return None
 
 
 def rebased_machinery(analysis: FileAnalysis, rewritten: frozenset) -> frozenset[cst.FunctionDef]:

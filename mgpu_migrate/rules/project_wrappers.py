@@ -165,10 +165,9 @@ class ProjectWrappers(Rule):
             return False
         # Under --to balanced the subclass's own file rebases it on the runtime's wrapper, or says why not; under
         # --to ddp too when it overrides only what the runtime's DistributedDataParallel calls (a call of it is then
-        # a wrap site here, models.py).
-        facts = self.analysis.models.project_subclasses.get(call)
-        if facts is not None and facts.kept(ddp=True) is None:
-            return True
+        # a wrap site here, rewritten as it is: MGP106).
+        if call in self.rewritten:
+            return True  # a wrap site: its module rebases the class (MGP106)
         if self.target == DDP and project.data_parallel_base(found) is not None:
             self.left(
                 call,

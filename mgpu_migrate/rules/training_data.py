@@ -477,7 +477,7 @@ class TrainingData(Rule):
         models = self.analysis.models
         for site in models.sites:
             facts = models.project_subclasses.get(site.call)
-            if facts is not None and facts.scatter_line is not None and facts.kept(ddp=True) is None:
+            if facts is not None and facts.scatter_line is not None and site.call in self.rewritten:
                 return facts.scatter_place
         return None
 
