@@ -15,9 +15,15 @@ output_device)``. They do not call ``forward`` or ``parallel_apply``, nor set Da
 from __future__ import annotations
 
 import ast
+import os
+import re
 from dataclasses import dataclass
 
 import libcst as cst
+
+from mgpu_migrate import files
+from mgpu_migrate.analysis.project import importers
+from mgpu_migrate.options import Options
 
 # nn.DataParallel's machinery: overriding what the runtime's wrapper does not call changes behaviour.
 MACHINERY = frozenset({"forward", "scatter", "gather", "replicate", "parallel_apply"})
@@ -141,7 +147,7 @@ def _cst_docstring(statement: cst.BaseStatement) -> bool:
         type(statement) is cst.SimpleStatementLine
         and len(statement.body) == 1
         and type(statement.body[0]) is cst.Expr
-        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+        and type(statement.body[0].value) in (cst.SimpleString, cst.ConcatenatedString)
     )
 
 
@@ -166,3 +172,45 @@ class _CstAttributes(cst.CSTVisitor):
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         self.names.add(node.attr.value)
+
+def rebased_in_its_module(path: str, facts: Subclass, options: Options) -> bool:
+    """Whether the class of another module that the file at ``path`` calls is rebased there (MGP106): that module's
+    migration says so, or it is being migrated further up (and asked about this file), in which case it is when
+    this file migrates."""
+    from mgpu_migrate.engine import being_decided, migration_of
+
+    module = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), facts.module))
+    if being_decided(module):
+        return True
+    result = migration_of(module, options)
+    return result is not None and result.error is None and any(
+        diagnostic.code == "MGP106" and diagnostic.line == facts.line for diagnostic in result.diagnostics
+    )
+
+
+def callers_left(path: str, name: str, options: Options) -> str | None:
+    """The first module of the project that uses class ``name`` of this file and that ``--to ddp`` leaves as it is
+    (``train.py:12``, its import), else None: the class rebased on DistributedDataParallel would run there as one
+    process on one GPU, where its DataParallel ran on all of them."""
+    from mgpu_migrate.engine import being_decided, migration_of
+
+    if not os.path.isfile(path):
+        return None
+    here = os.path.dirname(os.path.abspath(path))
+    found = importers(path, name)
+    # A package's __init__ that imports the class hands it on: its own importers are the users.
+    found += [inner for outer in found if outer.path.endswith("__init__.py") for inner in importers(outer.path, name)]
+    called = re.compile(rb"\b" + re.escape(name.encode()) + rb"\s*\(")
+    for importer in found:
+        try:
+            data = files.read(importer.path)[0]
+        except OSError:
+            continue
+        if called.search(data) is None or being_decided(importer.path):
+            continue
+        if b"mgpu_runtime" in data:
+            continue  # migrated already
+        result = migration_of(importer.path, options)
+        if result is None or result.error is not None or not result.changed:
+            return f"{os.path.relpath(importer.path, here)}:{importer.line}"
+    return None

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import re
-
 import libcst as cst
 
-from mgpu_migrate import files
 
-from mgpu_migrate.analysis import FileAnalysis, names
-from mgpu_migrate.analysis.project import importers
-from mgpu_migrate.analysis.subclasses import KEEPS_OUTPUTS, Subclass, from_cst
+from mgpu_migrate.analysis import names
+from mgpu_migrate.analysis.subclasses import KEEPS_OUTPUTS, callers_left, from_cst, rebased_in_its_module
 from mgpu_migrate.rules.base import BALANCED, DDP, WRAPS, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_attr
 
@@ -199,8 +194,6 @@ class DataParallelSubclass(Rule):
         ),
     )
 
-    def _left_caller(self, cls: cst.ClassDef) -> str | None:
-        return _importers_left(self.analysis, cls.name.value, self.options)
 
     def apply(self) -> None:
         models = self.analysis.models
@@ -212,7 +205,7 @@ class DataParallelSubclass(Rule):
             return  # under balanced a rebased class is an nn.DataParallel still: its callers need nothing
         for site in models.sites:
             elsewhere = models.project_subclasses.get(site.call)
-            if elsewhere is not None and elsewhere.kept(ddp=True) is None and self._rebased_in_its_module(elsewhere):
+            if elsewhere is not None and elsewhere.kept(ddp=True) is None and rebased_in_its_module(self.analysis.path, elsewhere, self.options):
                 # The call stays, and is a wrap of the runtime's (decide() counts the calls the wrap rules rewrote).
                 self.edits.replace(site.call, lambda call: call)
                 self.rewrote(
@@ -220,19 +213,6 @@ class DataParallelSubclass(Rule):
                     f"`{elsewhere.name}` ({elsewhere.module}:{elsewhere.line}) is rebased on {RUNTIME}.DistributedDataParallel "
                     "in its module: a wrap site",
                 )
-
-    def _rebased_in_its_module(self, facts: Subclass) -> bool:
-        """Whether the class's own module rebases it (MGP106 there): its migration says so, or it is being migrated
-        further up (and asked about this file), in which case it does when this file migrates."""
-        from mgpu_migrate.engine import being_decided, migration_of
-
-        module = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(self.analysis.path)), facts.module))
-        if being_decided(module):
-            return True
-        result = migration_of(module, self.options)
-        return result is not None and result.error is None and any(
-            diagnostic.code == self.CODE.code and diagnostic.line == facts.line for diagnostic in result.diagnostics
-        )
 
     def _rebase(self, cls: cst.ClassDef, base: cst.Arg) -> None:
         wrapper = "DistributedDataParallel" if self.target == DDP else "DataParallelModel"
@@ -248,7 +228,7 @@ class DataParallelSubclass(Rule):
         if kept is not None:
             self.left(cls, DATA_PARALLEL_SUBCLASS_KEPT, f"`{cls.name.value}` {kept}, which {RUNTIME}.{wrapper} does not use: not rebased")
             return
-        caller = self._left_caller(cls) if self.target == DDP else None
+        caller = callers_left(self.analysis.path, cls.name.value, self.options) if self.target == DDP else None
         if caller is not None:
             self.left(
                 cls,
@@ -261,44 +241,3 @@ class DataParallelSubclass(Rule):
         self.edits.replace(base.value, lambda _: runtime_attr(wrapper))
         self.edits.need_import(RUNTIME)
         self.rewrote(cls, f"`{cls.name.value}` rebased on {RUNTIME}.{wrapper}")
-
-
-def _importers_left(analysis: FileAnalysis, name: str, options) -> str | None:
-    """The first module of the project that uses class ``name`` of this file and that ``--to ddp`` leaves as it is
-    (``train.py:12``, its import), else None: the class rebased on DistributedDataParallel would run there as one
-    process on one GPU, where its DataParallel ran on all of them."""
-    from mgpu_migrate.engine import being_decided, migration_of
-
-    if not os.path.isfile(analysis.path):
-        return None
-    here = os.path.dirname(os.path.abspath(analysis.path))
-    found = importers(analysis.path, name)
-    # A package's __init__ that imports the class hands it on: its own importers are the users.
-    found += [inner for outer in found if outer.path.endswith("__init__.py") for inner in importers(outer.path, name)]
-    called = re.compile(rb"\b" + re.escape(name.encode()) + rb"\s*\(")
-    for importer in found:
-        try:
-            data = files.read(importer.path)[0]
-        except OSError:
-            continue
-        if called.search(data) is None or being_decided(importer.path):
-            continue
-        if b"mgpu_runtime" in data:
-            continue  # migrated already
-        result = migration_of(importer.path, options)
-        if result is None or result.error is not None or not result.changed:
-            return f"{os.path.relpath(importer.path, here)}:{importer.line}"
-    return None
-
-
-def rebased_machinery(analysis: FileAnalysis, rewritten: frozenset) -> frozenset[cst.FunctionDef]:
-    """The ``scatter`` and ``gather`` methods of this file's DataParallel subclasses rebased on the runtime's
-    wrapper (``rewritten``: the nodes the wrap rules rewrote). The runtime calls them as DataParallel did, and under
-    ddp a move to a GPU inside them is this process's own (``mgpu_runtime.distributed.own_machinery``)."""
-    return frozenset(
-        statement
-        for cls in analysis.models.subclasses
-        if any(base.value in rewritten for base in cls.bases)
-        for statement in cls.body.body
-        if type(statement) is cst.FunctionDef and statement.name.value in ("scatter", "gather")
-    )

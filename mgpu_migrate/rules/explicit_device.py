@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import libcst as cst
 
+from mgpu_migrate.analysis.rebased import rebased_machinery
 from mgpu_migrate.analysis.entrypoint import sets_cuda_visible_devices
 from mgpu_migrate.analysis.tree import is_zero
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.program import Program
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rewrite, Rule
-from mgpu_migrate.rules.data_parallel_subclass import rebased_machinery
 from mgpu_migrate.rules.syntax import RUNTIME, argument, keyword, runtime_call
 
 FIRST_GPU = "cuda:0"

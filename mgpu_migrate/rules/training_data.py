@@ -11,6 +11,7 @@ from typing import Optional
 
 import libcst as cst
 
+from mgpu_migrate.analysis.rebased import rebased_machinery
 from mgpu_migrate.analysis.batch import is_row_count
 from mgpu_migrate.analysis.draws import builder_draw
 from mgpu_migrate.analysis.held import stored_by_a_base
@@ -18,7 +19,6 @@ from mgpu_migrate.analysis.loaders import BUILT, LOADER, LoaderTrace
 from mgpu_migrate.analysis.project import NOT_BOUND, project_of
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.data_parallel_subclass import rebased_machinery
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, TORCH_STYLE, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.counting import GLOBAL_COUNT, sample_counters
 from mgpu_migrate.rules.syntax import RUNTIME, argument, has_star_args, parse, runtime_call, with_keyword
@@ -162,7 +162,7 @@ class TrainingData(Rule):
 
     CODE = Rewrite("MGP122", accounts_for_data=True)
     PHASE = PROGRAM
-    USES: tuple[str, ...] = ("bindings", "handed", "loaders", "values")
+    USES: tuple[str, ...] = ("bindings", "handed", "loaders", "models", "values")
     STYLES = (RUNTIME_STYLE,)
     REVIEW_CODES: tuple[Review, ...] = (EVALUATION_LOADER_WHOLE, TRAINING_DATA_NOT_FOLLOWED, CUSTOM_SAMPLER, ITERABLE_DATASET)
     DESCRIPTION = "training loaders distributed with mgpu_runtime.distribute_loader"
@@ -647,7 +647,7 @@ class TorchTrainingData(TrainingData):
     """
 
     CODE = Rewrite("MGP162", accounts_for_data=True)
-    USES = ("bindings", "flow", "handed", "loaders", "values")
+    USES = ("bindings", "flow", "handed", "loaders", "models", "values")
     STYLES = (TORCH_STYLE,)
     REVIEW_CODES = (SUMMED_LOSS, DATA_ORDER, GLOBAL_BATCH)
     DESCRIPTION = "training DataLoader given a DistributedSampler and the per-process batch size (--style torch)"
