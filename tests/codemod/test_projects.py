@@ -66,8 +66,10 @@ def test_each_module_is_read_once(tmp_path):
         path = copy / name
         migrate_source(path.read_text(), "ddp", str(path))
     read = project._parsed.cache_info()
-    # lib/__init__.py, lib/parallel.py and lib/trainers.py: each parsed once, however many files ask.
-    assert read.misses == 3 and read.hits > 0
+    # lib/__init__.py, lib/parallel.py and lib/trainers.py: each parsed once, however many files ask; and
+    # lib/parallel.py once more as lib/convert.py's `.parallel`, read when detect.py asks whether the module of
+    # its DataParallel subclass rebases it (MGP106), which asks whether convert.py, a caller, migrates.
+    assert read.misses == 4 and read.hits > 0
 
 
 def test_the_root_is_the_nearest_marker(tmp_path):
