@@ -707,11 +707,13 @@ _WRITERS = frozenset(
         "shutil.copyfile",
         "shutil.copy",
         "shutil.copy2",
+        "os.remove",  # a file removed: by every process, all but one would fail to find it
+        "os.unlink",
         "torch.utils.tensorboard.SummaryWriter",
         "tensorboardX.SummaryWriter",
     }
 )
-_WRITING_METHODS = frozenset({"savefig", "write_text", "write_bytes", "to_csv"})
+_WRITING_METHODS = frozenset({"savefig", "write_text", "write_bytes", "to_csv", "unlink"})  # unlink: a Path removed
 
 
 # Calls that make or delete a directory: every process making it at once fails (FileExistsError) but the first,

@@ -41,6 +41,9 @@ _WRITERS = frozenset(
         "shutil.copy",
         "shutil.copy2",
         "shutil.copytree",
+        # A file removed (yolact's old checkpoint, `--keep_latest`): by every process, all but one fail to find it.
+        "os.remove",
+        "os.unlink",
     }
 )
 # Methods that write a file: a figure's, a path's, a data frame's; ``.save(path)`` of a PIL image (below).
