@@ -132,6 +132,32 @@ class SharedFiles(Rule):
         Example(
             """
             import os
+            import torch
+            import torch.nn as nn
+            model = nn.DataParallel(model)
+            for epoch in range(epochs):
+                torch.save(model.state_dict(), f'ckpt_{epoch}.pth')
+                if epoch > 0:
+                    os.remove(f'ckpt_{epoch - 1}.pth')
+            """,
+            """
+            import os
+            import torch
+            import mgpu_runtime
+            model = mgpu_runtime.DistributedDataParallel(model)
+            for epoch in range(epochs):
+                torch.save(model.state_dict(), f'ckpt_{epoch}.pth')
+                if epoch > 0:
+                    mgpu_runtime.on_main_process(os.remove, f'ckpt_{epoch - 1}.pth')
+            """,
+            DDP,
+            ("MGP101", "MGP134"),
+            line=8,
+            name="an old checkpoint removed once: by every process, all but one would fail to find it",
+        ),
+        Example(
+            """
+            import os
             import shutil
             import torch.nn as nn
             model = nn.DataParallel(model)
