@@ -82,7 +82,7 @@ class SharedFiles(Rule):
 
     - a call of a library writer that is a statement of its own (``np.save``, torchvision's ``save_image``,
       ``cv2.imwrite``, imageio's, ``plt.savefig``, a PIL image's ``.save(path)``, ``Path.write_text``, a
-      ``shutil.copy`` of the run's config into its folder) becomes
+      ``shutil.copy`` of the run's config into its folder, an ``os.remove`` of an old checkpoint) becomes
       ``mgpu_runtime.on_main_process(writer, ...)``: every process computes the arguments as before, their global
       values (the batch's, the model's outputs) are made whole on every process, the main process writes, and
       the others wait for it; a file-system query in an ``if`` around it (``if not os.path.exists(dst):``) becomes
