@@ -87,7 +87,9 @@ def _rebuilt(output: Any, leaves: Iterator[torch.Tensor], active: int) -> Any:
 def gpus_of_this_rank(rank: int, local: torch.device) -> Iterator[None]:
     """While the subclass's scatter or gather runs: ``Tensor.to``/``Tensor.cuda`` to GPU ``rank`` (or to the current
     GPU) go to ``local``, this process's device; to another GPU, nowhere (the tensor is returned as it is)."""
-    to, cuda = torch.Tensor.to, torch.Tensor.cuda
+    to = torch.Tensor.to
+    # Given back as they were: torch's are its C base class's, not torch.Tensor's own attributes.
+    own = {name: torch.Tensor.__dict__[name] for name in ("to", "cuda") if name in torch.Tensor.__dict__}
 
     def moved_to(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         where = kwargs.get("device", args[0] if args else None)
@@ -108,7 +110,11 @@ def gpus_of_this_rank(rank: int, local: torch.device) -> Iterator[None]:
     try:
         yield
     finally:
-        torch.Tensor.to, torch.Tensor.cuda = to, cuda  # type: ignore[method-assign]
+        for name in ("to", "cuda"):
+            if name in own:
+                setattr(torch.Tensor, name, own[name])
+            else:
+                delattr(torch.Tensor, name)
 
 
 _UNCHANGED = object()
