@@ -81,6 +81,8 @@ CASES = {
     # Yet-Another-EfficientDet: the project's DataParallel subclass (utils/utils.py) cuts each batch itself, rebased
     # on the runtime's DDP (MGP106); train.py calls it, its loader gives whole batches.
     "detector_subclass": ("projects/detector_subclass", "train.py", NO_ARGUMENTS),
+    # ... its batch split over two GPUs of three: the third process runs its replica on no rows.
+    "detector_subclass_two_parts": ("projects/detector_subclass", "train.py", {2: ["--num_gpus", "2"], 3: ["--num_gpus", "2"]}),
 }
 TOLERANCE = 1e-9
 TIMEOUT_S = 500
