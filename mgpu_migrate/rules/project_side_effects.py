@@ -474,6 +474,11 @@ class ProjectSideEffects(Rule):
         if not qualified or qualified.startswith(("torch.", "builtins.")):
             return None
         found = project.find(qualified)
+        if found is None and "." in qualified:
+            # A static or class method called through its class (yolact's ``SavePath.remove_interrupt(folder)``).
+            owner, _, name = qualified.rpartition(".")
+            cls = project.find(owner)
+            found = project.method(cls, name) if cls is not None and isinstance(cls.node, ast.ClassDef) else None
         if found is None:
             return None
         written = project.writes(found)
