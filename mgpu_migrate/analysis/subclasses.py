@@ -8,7 +8,8 @@ The runtime's wrappers call, as DataParallel did, ``replicate(self, module, devi
 ddp each process holds one model and makes no replicas), ``scatter(self, inputs, kwargs, device_ids)`` (unless it
 calls ``super()``: DataParallel's own scatter, which the wrappers do not use) and ``gather(self, outputs,
 output_device)``. They do not call ``forward`` or ``parallel_apply``, nor set DataParallel's private state
-(``src_device_obj``, ``device_type``). A ``gather`` that only returns its outputs is PyTorch-Encoding's
+(``src_device_obj``, ``device_type``); under ddp a class that reads ``device_ids`` or ``output_device`` is left too,
+since DistributedDataParallel holds its one process's GPU there. A ``gather`` that only returns its outputs is PyTorch-Encoding's
 ``DataParallelModel``, whose callers get the runtime's own wrapper (MGP104): rebasing it would add only a hunk.
 """
 
@@ -31,6 +32,8 @@ MACHINERY = frozenset({"forward", "scatter", "gather", "replicate", "parallel_ap
 _CALLED = {"replicate": 3, "scatter": 4, "gather": 3}
 # nn.DataParallel's own attributes that the runtime's wrappers do not set.
 _PRIVATE_STATE = frozenset({"src_device_obj", "device_type"})
+# ... and those DistributedDataParallel holds for its one process (its GPU), where DataParallel's named every GPU.
+_PER_PROCESS_STATE = frozenset({"device_ids", "output_device"})
 KEEPS_OUTPUTS = "keeps-outputs"
 """``Subclass.kept``'s answer for PyTorch-Encoding's ``DataParallelModel`` (a gather that returns its outputs)."""
 
@@ -70,8 +73,9 @@ class Subclass:
         )
         if overridden:
             return f"overrides `{overridden[0]}`"
-        if self.private:
-            return f"reads `{self.private[0]}`"
+        private = [name for name in self.private if ddp or name not in _PER_PROCESS_STATE]
+        if private:
+            return f"reads `{private[0]}`"
         if any(method.returns_outputs for method in self.methods):
             return KEEPS_OUTPUTS
         return None
@@ -93,7 +97,7 @@ def from_cst(cls: cst.ClassDef, line_of) -> Subclass:
             scatter_line = line_of(statement)
     attributes = _CstAttributes()
     cls.body.visit(attributes)
-    return Subclass(cls.name.value, tuple(methods), tuple(sorted(attributes.names & _PRIVATE_STATE)), scatter_line)
+    return Subclass(cls.name.value, tuple(methods), tuple(sorted(attributes.names & (_PRIVATE_STATE | _PER_PROCESS_STATE))), scatter_line)
 
 
 def from_ast(cls: ast.ClassDef, module: str) -> Subclass:
@@ -114,7 +118,7 @@ def from_ast(cls: ast.ClassDef, module: str) -> Subclass:
         methods.append(Method(name, called, called and name == "gather" and _ast_returns_outputs(statement)))
         if name == "scatter":
             scatter_line = statement.lineno
-    private = {node.attr for node in ast.walk(cls) if isinstance(node, ast.Attribute)} & _PRIVATE_STATE
+    private = {node.attr for node in ast.walk(cls) if isinstance(node, ast.Attribute)} & (_PRIVATE_STATE | _PER_PROCESS_STATE)
     return Subclass(cls.name, tuple(methods), tuple(sorted(private)), scatter_line, module, cls.lineno)
 
 

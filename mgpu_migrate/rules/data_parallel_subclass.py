@@ -192,6 +192,21 @@ class DataParallelSubclass(Rule):
             ("MGP210",),
             name="MGP210-ddp-replicate",
         ),
+        Example(
+            """
+            import torch.nn as nn
+            class ChunkedDataParallel(nn.DataParallel):
+                def scatter(self, inputs, kwargs, device_ids):
+                    size = inputs[0].shape[0] // len(self.device_ids)
+                    parts = [(inputs[0][size * i : size * (i + 1)].to(d),) for i, d in enumerate(device_ids)]
+                    return parts, [kwargs] * len(parts)
+            """,
+            None,
+            DDP,
+            ("MGP210",),
+            message="`ChunkedDataParallel` reads `device_ids`, which mgpu_runtime.DistributedDataParallel holds for its one GPU: not rebased",
+            name="MGP210-ddp-device-ids",
+        ),
     )
 
 
@@ -226,7 +241,9 @@ class DataParallelSubclass(Rule):
             )
             return
         if kept is not None:
-            self.left(cls, DATA_PARALLEL_SUBCLASS_KEPT, f"`{cls.name.value}` {kept}, which {RUNTIME}.{wrapper} does not use: not rebased")
+            # DataParallel's device_ids and output_device name every GPU; DistributedDataParallel's, its process's.
+            does = "holds for its one GPU" if kept in ("reads `device_ids`", "reads `output_device`") else "does not use"
+            self.left(cls, DATA_PARALLEL_SUBCLASS_KEPT, f"`{cls.name.value}` {kept}, which {RUNTIME}.{wrapper} {does}: not rebased")
             return
         caller = callers_left(self.analysis.path, cls.name.value, self.options) if self.target == DDP else None
         if caller is not None:
