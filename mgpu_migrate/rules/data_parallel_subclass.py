@@ -77,7 +77,10 @@ class DataParallelSubclass(Rule):
     ``gather`` is given every part's outputs, gathered from the processes. The loader then gives every process
     the whole batch (MGP122, ``whole_batches=True``). A ``replicate`` override has no place there (no replicas):
     left with MGP210 (a Synchronized-BatchNorm package's ``DataParallelWithCallback`` is migrated at its call
-    sites instead, MGP109).
+    sites instead, MGP109), and so is a class that reads ``device_ids`` or ``output_device`` (DDP holds its one
+    GPU there), or one that a module of the project calls where that module stays as it is (a DataParallel
+    program there would run the class as one process on one GPU: MGP210 names the module). A call of the class
+    in another module that migrates is a wrap site there, reported as MGP106 at the call.
     """
 
     CODE = Rewrite("MGP106", helper_body=True)
