@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import libcst as cst
 
 from mgpu_migrate import files
+from mgpu_migrate.analysis.entrypoint import _is_docstring as is_docstring
+from mgpu_migrate.analysis.hand_written import _is_docstring as is_ast_docstring
 from mgpu_migrate.analysis.project import importers
 from mgpu_migrate.options import Options
 
@@ -123,9 +125,7 @@ def from_ast(cls: ast.ClassDef, module: str) -> Subclass:
 
 
 def _ast_returns_outputs(method: ast.FunctionDef) -> bool:
-    body = method.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
-        body = body[1:]
+    body = method.body[1:] if method.body and is_ast_docstring(method.body[0]) else method.body
     outputs = method.args.args[1].arg
     return (
         len(body) == 1
@@ -138,21 +138,12 @@ def _ast_returns_outputs(method: ast.FunctionDef) -> bool:
 def _cst_returns_outputs(method: cst.FunctionDef) -> bool:
     if type(method.body) is not cst.IndentedBlock:
         return False
-    body = [statement for statement in method.body.body if not _cst_docstring(statement)]
+    body = [statement for statement in method.body.body if not is_docstring(statement)]
     if len(body) != 1 or type(body[0]) is not cst.SimpleStatementLine or len(body[0].body) != 1:
         return False
     returned = body[0].body[0]
     outputs = method.params.params[1].name.value
     return type(returned) is cst.Return and type(returned.value) is cst.Name and returned.value.value == outputs
-
-
-def _cst_docstring(statement: cst.BaseStatement) -> bool:
-    return (
-        type(statement) is cst.SimpleStatementLine
-        and len(statement.body) == 1
-        and type(statement.body[0]) is cst.Expr
-        and type(statement.body[0].value) in (cst.SimpleString, cst.ConcatenatedString)
-    )
 
 
 def _cst_calls_super(method: cst.FunctionDef) -> bool:
