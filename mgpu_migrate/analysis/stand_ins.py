@@ -64,12 +64,17 @@ def _is_attribute_name(tree, node: cst.Name) -> bool:
 def _use_blocks(analysis: FileAnalysis, use: cst.BaseExpression) -> Optional[str]:
     tree = analysis.tree
     parent = tree.parent(use)
+    # `logger if args.log else None` handed on: what receives it is what uses it.
+    while type(parent) is cst.IfExp and use is not parent.test:
+        use, parent = parent, tree.parent(parent)
     if type(parent) in (cst.AssignTarget, cst.Del):
         return None
     if type(parent) is cst.Attribute and parent.value is use:
         call = tree.parent(parent)
         if type(call) is cst.Call and call.func is parent:
             return None if type(tree.parent(call)) is cst.Expr else f"what `{analysis.code_of(parent)}(...)` returns is used"
+        if type(call) is cst.AssignTarget:
+            return None  # an attribute set (yolact's `log.log_gpu_stats = ...`): the stand-in sets it on the main process
         return f"`{analysis.code_of(parent)}` is read"
     comparison = tree.parent(parent) if type(parent) is cst.ComparisonTarget else parent
     if type(comparison) is cst.Comparison:

@@ -133,6 +133,7 @@ class ProjectSideEffects(Rule):
     )
 
     def apply(self) -> None:
+        self._stand_ins: set[cst.Call] = set()  # the objects this rule builds on the main process only (MGP135)
         if not self.program.runs_distributed:
             return
         project = project_of(self.analysis.path)
@@ -379,6 +380,7 @@ class ProjectSideEffects(Rule):
         if not self.rewrite_allowed(call, MAIN_PROCESS_OBJECT):
             return
         self.edits.replace(call, through_runtime("main_process_only"))
+        self._stand_ins.add(call)
         self.edits.need_import(RUNTIME)
         self.rewrote(
             call,
@@ -408,6 +410,8 @@ class ProjectSideEffects(Rule):
             return None
         values = self.analysis.values
         for value in values.of(call.func.value, values.scope_of(call)):
+            if value in self._stand_ins:
+                return None  # built on the main process only, behind a stand-in (MGP135): its calls are once already
             made = self._class_of(value, call)
             if made is None:
                 continue

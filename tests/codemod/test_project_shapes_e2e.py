@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.codemod.e2e_runs import environment as _environment
+from tests.codemod.e2e_runs import job_past_the_exit_abort
 from tests.fixture_cases import FIXTURES, is_input
 
 torch = pytest.importorskip("torch")
@@ -358,8 +359,8 @@ def test_the_own_path_left_to_torchrun_has_the_global_batch_but_divides_by_each_
         assert original.returncode == 0, original.stderr[-4000:]
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}", "main.py",
                    "--batch-size", str(12 // processes)]
-        migrated = _job_past_the_exit_abort(
-            command, cwd=runs / "migrated", env={**environment, "FIXTURE_OUTPUT": str(runs / "migrated.pt")},
+        migrated = job_past_the_exit_abort(
+            command, timeout=TIMEOUT_S, cwd=runs / "migrated", env={**environment, "FIXTURE_OUTPUT": str(runs / "migrated.pt")},
         )
         assert migrated.returncode == 0, (migrated.stdout + migrated.stderr)[-4000:]
         before = dict(_tensors(torch.load(runs / "original.pt", map_location="cpu")))
@@ -368,20 +369,6 @@ def test_the_own_path_left_to_torchrun_has_the_global_batch_but_divides_by_each_
         apart[equal] = max((before[name] - after[name]).abs().max().item() for name in before)
     assert apart[True] <= TOLERANCE, f"chosen_fallback at {processes}, equal lengths: {apart[True]:.3g} apart"
     assert apart[False] > 1e-3, f"chosen_fallback at {processes}, several lengths: only {apart[False]:.3g} apart"
-
-
-# What a gloo process prints when torch's C++ teardown aborts it after its script has ended (no Python frame left):
-# the project's own path, which the test runs as its user would, meets it about once in fifteen runs under load.
-EXIT_ABORT = "terminate called without an active exception"
-
-
-def _job_past_the_exit_abort(command: list[str], **options) -> subprocess.CompletedProcess:
-    """A torchrun job of the script's own code, run again once if a process aborted in torch's teardown at its exit
-    (``EXIT_ABORT``; torchrun then stops its peers, maybe before they saved): not the tool's code, nor the runtime's."""
-    run = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, **options)
-    if run.returncode != 0 and EXIT_ABORT in run.stderr:
-        run = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, **options)
-    return run
 
 
 # own_path_defaults: (W, the JSON config's options or None for none, the command line, the batch expected to be split).

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.codemod.e2e_runs import environment
+from tests.codemod.e2e_runs import environment, job_past_the_exit_abort
 from tests.fixture_cases import FIXTURES, ROOT, is_input
 
 torch = pytest.importorskip("torch")
@@ -201,9 +201,9 @@ def test_a_plain_start_that_relaunches_makes_one_run_directory(tmp_path):
     home = tmp_path / "plain"
     home.mkdir()
     script = _copy("run_directory", home, migrated=True)
-    job = subprocess.run(
-        [sys.executable, str(script), "--epochs", "1"], cwd=home, env={**_environment(), "MGPU_NPROC": "2"},
-        capture_output=True, text=True, timeout=TIMEOUT_S,
+    job = job_past_the_exit_abort(
+        [sys.executable, str(script), "--epochs", "1"], timeout=TIMEOUT_S, cwd=home, env={**_environment(), "MGPU_NPROC": "2"},
+        before_again=lambda: [shutil.rmtree(made) for made in home.glob("eval-*")],
     )
     assert job.returncode == 0, job.stderr[-3000:]
     assert "relaunching under torchrun as 2 processes" in job.stderr
