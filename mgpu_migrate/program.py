@@ -29,6 +29,7 @@ from mgpu_migrate.analysis.devices import device_ids, every_visible, what_they_a
 from mgpu_migrate.analysis.entrypoint import RUNTIME_SETUP
 from mgpu_migrate.analysis.models import RUNTIME, SUBCLASS
 from mgpu_migrate.analysis.own_path import Fallback, fallback_builders
+from mgpu_migrate.analysis.rebased import rebased_classes
 from mgpu_migrate.analysis.project import importers, project_of
 from mgpu_migrate.diagnostics import Rewrite
 from mgpu_migrate.edits import Edits
@@ -252,23 +253,6 @@ def existing_setup(analysis: FileAnalysis) -> tuple[cst.Call, ...]:
     return tuple(call for call in analysis.calls if analysis.resolve(call.func) in _EXISTING_DISTRIBUTED)
 
 
-def _rebased_class(analysis: FileAnalysis, call: cst.Call, rewritten: Collection[cst.CSTNode]) -> bool:
-    """``call`` makes an instance of a DataParallel subclass of this file whose DataParallel base (its own, or
-    that of a class of this file it derives from) was rebased on the runtime's wrapper. (A call of a subclass of
-    another module that rebases it is rewritten as it is, MGP106: in ``rewritten``.)"""
-    if type(call.func) is not cst.Name:
-        return False
-    by_name = {cls.name.value: cls for cls in analysis.models.subclasses}
-    cls, seen = by_name.get(call.func.value), set()
-    while cls is not None and cls.name.value not in seen:
-        seen.add(cls.name.value)
-        if any(base.value in rewritten for base in cls.bases):
-            return True
-        parents = [by_name.get(base.value.value) for base in cls.bases if type(base.value) is cst.Name]
-        cls = next((parent for parent in parents if parent is not None), None)
-    return False
-
-
 def decide(
     analysis: FileAnalysis,
     rewritten: Collection[cst.CSTNode],
@@ -283,12 +267,15 @@ def decide(
     wraps: list[cst.Call] = []
     kept: list[cst.Call] = []
     models = analysis.models
+    # A call of a subclass of this file is a wrap when its class is rebased (a call of one of another module that
+    # rebases it is rewritten as it is, MGP106: in ``rewritten``).
+    rebased_names = {cls.name.value for cls in rebased_classes(analysis, rewritten)} if models.subclasses else set()
     for site in models.sites:
         if site.kind == RUNTIME or analysis.resolve(site.call.func) == names.RUNTIME_DATA_PARALLEL_FUNCTION:
             continue
         # A call of torch's data_parallel written by hand is the wrap: its function calls the runtime's (MGP107); so is
         # a call of a subclass of this file rebased on the runtime's wrapper (MGP106).
-        rebased = site.kind == SUBCLASS and _rebased_class(analysis, site.call, rewritten)
+        rebased = site.kind == SUBCLASS and type(site.call.func) is cst.Name and site.call.func.value in rebased_names
         (wraps if site.call in rewritten or site.call in models.by_hand or rebased else kept).append(site.call)
     existing = existing_setup(analysis)
     already = any(analysis.resolve(call.func) == RUNTIME_SETUP for call in analysis.calls)

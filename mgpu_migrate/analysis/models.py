@@ -48,8 +48,6 @@ _BUILTINS = frozenset(dir(builtins))
 
 # What each kind of wrap site makes.
 TORCH, ENCODING, SUBCLASS, RUNTIME, FUNCTIONAL = "torch", "encoding", "subclass", "runtime", "functional"
-# The tops of names that are not the project's own modules: a DataParallel subclass there is no project class.
-_NOT_THE_PROJECT = frozenset({"torch", "mgpu_runtime", "apex", "encoding", "builtins"})
 _SITE_KINDS = {
     names.DATA_PARALLEL: TORCH,
     names.CALLBACK_DATA_PARALLEL: TORCH,
@@ -184,14 +182,14 @@ class ModelFlow:
         return kind
 
     def _project_subclass(self, call: cst.Call) -> Optional[Subclass]:
-        """What the class ``call`` makes overrides, when it is a DataParallel subclass of another module of the
-        project (yolact's or EfficientDet's ``CustomDataParallel``, imported from ``utils.utils``), whose own module
-        rebases it on the runtime's wrapper (MGP106); None for any other call."""
+        """What the class ``call`` makes overrides, when it is a direct DataParallel subclass of another module of the
+        project (yolact's or EfficientDet's ``CustomDataParallel``, imported from ``utils.utils``); None for any other
+        call. Whether its module rebases it (MGP106) is the wrap rule's to ask (it depends on the target)."""
         if call in self.project_subclasses:
             return self.project_subclasses[call]
         qualified = self.analysis.resolve(call.func) or ""
         facts = None
-        if qualified.endswith("DataParallel") and qualified.split(".")[0] not in _NOT_THE_PROJECT:
+        if qualified.endswith("DataParallel") and qualified.split(".")[0] not in names.NOT_THE_PROJECT:
             canonical = self.analysis.bindings.canonical(qualified)
             project = project_of(self.analysis.path) if canonical not in names.MIGRATED_NAMES else None
             found = project.find(qualified) if project is not None else None

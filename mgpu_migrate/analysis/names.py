@@ -52,6 +52,8 @@ NON_TORCH_FRAMEWORKS = frozenset(
 )
 
 MIGRATED_NAMES = frozenset({DATA_PARALLEL, DATA_PARALLEL_FUNCTION, APEX_DDP, ENCODING_MODEL, ENCODING_CRITERION})
+# The tops of qualified names that are never the project's own modules (nothing there is looked up in the project).
+NOT_THE_PROJECT = frozenset({"torch", "mgpu_runtime", "apex", "encoding", "builtins", "os", "sys", "numpy", "math"})
 # What a star import of a library binds, of the names the analysis reads: tqdm's progress bars around a loader.
 _LIBRARY_STAR_EXPORTS = {"tqdm": frozenset({"tqdm", "trange"}), "tqdm.auto": frozenset({"tqdm", "trange"})}
 

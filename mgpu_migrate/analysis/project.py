@@ -1117,6 +1117,12 @@ def importers(path: str, uses: str) -> list[Importer]:
     return [importer for _, importer in found]
 
 
+
+def importers_through_packages(path: str, uses: str) -> list[Importer]:
+    """``importers``, and the importers of each package ``__init__`` among them, which hands the module on."""
+    found = importers(path, uses)
+    return found + [inner for outer in found if outer.path.endswith("__init__.py") for inner in importers(outer.path, uses)]
+
 # A process group the module sets up itself (``torch.distributed.init_process_group(backend='nccl')``), in code.
 _PROCESS_GROUP = re.compile(rb"^[^#\n]*\binit_process_group\s*\(", re.MULTILINE)
 

@@ -25,7 +25,7 @@ import libcst as cst
 from mgpu_migrate import files
 from mgpu_migrate.analysis.entrypoint import _is_docstring as is_docstring
 from mgpu_migrate.analysis.hand_written import _is_docstring as is_ast_docstring
-from mgpu_migrate.analysis.project import importers
+from mgpu_migrate.analysis.project import importers_through_packages
 from mgpu_migrate.options import Options
 
 # nn.DataParallel's machinery: overriding what the runtime's wrapper does not call changes behaviour.
@@ -168,6 +168,7 @@ class _CstAttributes(cst.CSTVisitor):
     def visit_Attribute(self, node: cst.Attribute) -> None:
         self.names.add(node.attr.value)
 
+
 def rebased_in_its_module(path: str, facts: Subclass, options: Options) -> bool:
     """Whether the class of another module that the file at ``path`` calls is rebased there (MGP106): that module's
     migration says so, or it is being migrated further up (and asked about this file), in which case it is when
@@ -192,11 +193,8 @@ def callers_left(path: str, name: str, options: Options) -> str | None:
     if not os.path.isfile(path):
         return None
     here = os.path.dirname(os.path.abspath(path))
-    found = importers(path, name)
-    # A package's __init__ that imports the class hands it on: its own importers are the users.
-    found += [inner for outer in found if outer.path.endswith("__init__.py") for inner in importers(outer.path, name)]
     called = re.compile(rb"\b" + re.escape(name.encode()) + rb"\s*\(")
-    for importer in found:
+    for importer in importers_through_packages(path, name):
         try:
             data = files.read(importer.path)[0]
         except OSError:
@@ -207,5 +205,5 @@ def callers_left(path: str, name: str, options: Options) -> str | None:
             continue  # migrated already
         result = migration_of(importer.path, options)
         if result is None or result.error is not None or not result.changed:
-            return f"{os.path.relpath(importer.path, here)}:{importer.line}"
+            return importer.where(here)
     return None

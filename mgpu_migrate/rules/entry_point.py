@@ -14,7 +14,7 @@ import libcst as cst
 from mgpu_migrate.analysis.entrypoint import EntryPoint, script_start
 from mgpu_migrate.analysis.held import set_up_where_chosen
 from mgpu_migrate.analysis.own_path import own_path_batch, own_path_launch, own_path_refusal
-from mgpu_migrate.analysis.project import importers
+from mgpu_migrate.analysis.project import importers_through_packages
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.program import SETUP
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, TORCH_STYLE, Example, Review, Rewrite, Rule
@@ -533,8 +533,7 @@ class EntryPointSetup(Rule):
         holder = next((a for a in self.analysis.tree.ancestors(wrap) if type(a) in (cst.ClassDef, cst.FunctionDef)), None)
         uses = holder.name.value if holder is not None else ""
         here = os.path.dirname(os.path.abspath(self.analysis.path))
-        found = importers(self.analysis.path, uses)
-        for importer in found + [inner for outer in found if outer.path.endswith("__init__.py") for inner in importers(outer.path, uses)]:
+        for importer in importers_through_packages(self.analysis.path, uses):
             try:
                 with open(importer.path, "rb") as handle:
                     if is_script(handle.read()):

@@ -44,8 +44,6 @@ HAND_WRITTEN = Review(
 )
 _REPLICATE = frozenset({"torch.nn.parallel.replicate", "torch.nn.parallel.replicate.replicate"})
 _PARALLEL_APPLY = frozenset({"torch.nn.parallel.parallel_apply", "torch.nn.parallel.parallel_apply.parallel_apply"})
-# Names the tool itself knows: never looked up in the project.
-_KNOWN_TOPS = frozenset({"torch", "mgpu_runtime", "apex", "encoding", "builtins", "os", "sys", "numpy", "math"})
 
 
 class ProjectWrappers(Rule):
@@ -123,7 +121,7 @@ class ProjectWrappers(Rule):
                 # the project's own copy is one of them.
                 if project is not None and type(call.func) is cst.Name:
                     for origin in sorted(self.analysis.bindings.imported.get(call.func.value, ())):
-                        if origin.split(".")[0].lstrip(".") not in _KNOWN_TOPS and self._project_call(project, call, origin):
+                        if origin.split(".")[0].lstrip(".") not in names.NOT_THE_PROJECT and self._project_call(project, call, origin):
                             break
                 continue
             if qualified in _REPLICATE and not replicated and self._applies_in_same_function(call) and not self._rewritten(call):
@@ -134,7 +132,7 @@ class ProjectWrappers(Rule):
                     "DataParallel written by hand (replicate, then parallel_apply): not migrated; use nn.DataParallel "
                     "here, then run the tool again",
                 )
-            elif project is not None and qualified.split(".")[0].lstrip(".") not in _KNOWN_TOPS:
+            elif project is not None and qualified.split(".")[0].lstrip(".") not in names.NOT_THE_PROJECT:
                 self._project_call(project, call, qualified)
 
     def _rewritten(self, call: cst.Call) -> bool:

@@ -50,7 +50,7 @@ def parallel_forward(
     if not devices.replicas:
         return module(*materialize(inputs), **materialize(kwargs))
     if scatter is not None:
-        parts = _own_parts(inputs, kwargs, devices, scatter)
+        parts = scatter_gather.own_parts(scatter(materialize(inputs), materialize(kwargs)), len(devices.replicas), "devices")
         active = len(parts)
     elif dim != 0:
         return _along_another_dimension(module, inputs, kwargs, devices, dim, replicate, gather)
@@ -66,21 +66,6 @@ def parallel_forward(
     replicas = replicate(module, devices.replicas[:active])  # a wrapper's own (patch_replication_callback)
     outputs = parallel_apply(replicas, [args for args, _ in parts], [kw for _, kw in parts], devices)
     return gather(outputs) if gather is not None else scatter_gather.gather(outputs, active, group)
-
-
-def _own_parts(inputs: tuple[Any, ...], kwargs: dict[str, Any], devices: Devices, scatter: Scatter) -> list[tuple[Any, Any]]:
-    """Each part's arguments as a subclass's ``scatter`` gives them (on the devices it placed them on): one replica
-    runs each, on the first devices."""
-    part_inputs, part_kwargs = scatter(materialize(inputs), materialize(kwargs))
-    if not part_inputs and not part_kwargs:
-        part_inputs, part_kwargs = ((),), ({},)
-    if not 0 < len(part_inputs) <= len(devices.replicas) or len(part_kwargs) != len(part_inputs):
-        raise RuntimeError(
-            f"mgpu_runtime: the wrapper's scatter gave {len(part_inputs)} parts of inputs and {len(part_kwargs)} of "
-            f"keyword arguments for {len(devices.replicas)} devices: nn.DataParallel runs one replica per part, at "
-            "most one per device"
-        )
-    return list(zip(part_inputs, part_kwargs))
 
 
 def _along_another_dimension(

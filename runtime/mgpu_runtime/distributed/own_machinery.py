@@ -47,19 +47,13 @@ def own_part(
     world of one: ``group`` None, one GPU)."""
     processes = group.parts if group is not None else 1
     with gpus_of_this_rank(rank, local):
-        parts, part_kwargs = scatter(materialize(inputs), materialize(kwargs), list(range(processes)))
-    if not parts and not part_kwargs:
-        parts, part_kwargs = ((),), ({},)
-    if not 0 < len(parts) <= processes or len(part_kwargs) != len(parts):
-        raise RuntimeError(
-            f"mgpu_runtime: the wrapper's scatter gave {len(parts)} parts of inputs and {len(part_kwargs)} of keyword "
-            f"arguments for {processes} processes: nn.DataParallel ran one replica per part, at most one per GPU"
-        )
+        scattered = scatter(materialize(inputs), materialize(kwargs), list(range(processes)))
+    parts = scatter_gather.own_parts(scattered, processes, "processes")
     if rank < len(parts):
-        return tuple(parts[rank]), dict(part_kwargs[rank]), len(parts)
+        return (*parts[rank], len(parts))
     # No part for this rank: its replica runs on no rows of the first part's tensors.
-    empty = scatter_gather.walk(tuple(parts[0]), lambda tensor: tensor[:0] if tensor.dim() else tensor)
-    return empty, dict(part_kwargs[0]), len(parts)
+    empty = scatter_gather.walk(parts[0][0], lambda tensor: tensor[:0] if tensor.dim() else tensor)
+    return empty, parts[0][1], len(parts)
 
 
 def own_gather(gather: Callable[[list[Any], Any], Any], output: Any, active: int, group: Group, rank: int, local: torch.device) -> Any:

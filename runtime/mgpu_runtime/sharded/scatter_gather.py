@@ -105,6 +105,21 @@ def scatter(inputs: tuple, kwargs: dict, group: Group, active: int) -> list[tupl
     return per_part
 
 
+def own_parts(scattered: tuple[Any, Any], devices: int, where: str) -> list[tuple[tuple, dict]]:
+    """What a DataParallel subclass's own ``scatter`` returned (each part's inputs, each part's keyword arguments),
+    as ``(inputs, kwargs)`` per part: one empty part for no arguments, as DataParallel's forward made it; more
+    parts than ``devices`` (the GPUs, as ``where`` names them) is an error, as DataParallel had no replica for them."""
+    part_inputs, part_kwargs = scattered
+    if not part_inputs and not part_kwargs:
+        part_inputs, part_kwargs = ((),), ({},)
+    if not 0 < len(part_inputs) <= devices or len(part_kwargs) != len(part_inputs):
+        raise RuntimeError(
+            f"mgpu_runtime: the wrapper's scatter gave {len(part_inputs)} parts of inputs and {len(part_kwargs)} of "
+            f"keyword arguments for {devices} {where}: nn.DataParallel ran one replica per part, at most one per GPU"
+        )
+    return [(tuple(inputs), dict(kwargs)) for inputs, kwargs in zip(part_inputs, part_kwargs)]
+
+
 def gather(outputs: list[Any], active: int, group: Group) -> Any:
     """The global value of the held parts' ``outputs`` of one forward (see the module doc)."""
     idle = [part >= active for part in group.held]
