@@ -1,4 +1,7 @@
-"""MGP282: a training step each process would skip (or not) on its own keeps the file off DDP (``--to ddp``)."""
+"""MGP141, MGP282: a training step each process would skip (or not) on its own (``--to ddp``).
+
+The runtime's style migrates a ``try:`` that skips a failing step with ``mgpu_runtime.fail_together()`` (MGP141);
+``--style torch``, which has no runtime, leaves the file (MGP282)."""
 
 from __future__ import annotations
 
@@ -6,7 +9,8 @@ import libcst as cst
 
 from mgpu_migrate.analysis.tree import contains, item_target
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.rules.base import DDP, PROGRAM, TORCH_STYLE, Example, Review, Rule
+from mgpu_migrate.rules.base import DDP, PROGRAM, TORCH_STYLE, Example, Review, Rewrite, Rule
+from mgpu_migrate.rules.syntax import RUNTIME, runtime_call
 from mgpu_migrate.rules.torch_style import TORCH_OPTIONS
 
 PER_RANK_STEP = Review(
@@ -17,21 +21,23 @@ PER_RANK_STEP = Review(
         "its own rows)"
     ),
     why=(
-        "A `try: ... except ...: continue` around the training step skips it on the process where the error is "
-        "raised, and only there (running out of memory is one process's error): the others go on into the step's "
-        "collectives, so the reductions of different steps pair up, or the run hangs. Under `--style torch` the "
-        "same holds for a statement before `backward` that decides from the batch whether to take the step (`if "
-        "loss == 0: continue`, `if labels.numel() == 0: continue`): each process would decide from its own rows. "
-        "(The default style migrates such an `if`: its runtime's batches, outputs and losses are the global "
-        "batch's, so every process decides alike, as the original did.) The file is left as it is."
+        "Under `--style torch`: a `try: ... except ...: continue` around the training step skips it on the process "
+        "where the error is raised, and only there (running out of memory is one process's error): the others go on "
+        "into the step's collectives, so the reductions of different steps pair up, or the run hangs. The same "
+        "holds for a statement before `backward` that decides from the batch whether to take the step (`if loss == "
+        "0: continue`, `if labels.numel() == 0: continue`): each process would decide from its own rows. The file "
+        "is left as it is. (The default style migrates both: its runtime's batches, outputs and losses are the "
+        "global batch's, so every process decides alike, and `mgpu_runtime.fail_together()` (MGP141) raises an "
+        "error of one process's forward in every process.)"
     ),
     todo=(
-        "Make the decision the same on every process (`skip = mgpu_runtime.reduce_sum(torch.tensor(float(failed))) > "
-        "0`, skipping when any process failed), or remove it; then run the tool again. `--to balanced` keeps one "
-        "process and is exact."
+        "Migrate with the default style, or make the decision the same on every process (`skip = "
+        "mgpu_runtime.reduce_sum(torch.tensor(float(failed))) > 0`, skipping when any process failed), or remove "
+        "it; then run the tool again. `--to balanced` keeps one process and is exact."
     ),
     veto=True,
 )
+FAIL_TOGETHER = Rewrite("MGP141")
 _LOOPS = (cst.For, cst.While)
 _SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 # A `raise` stops the run on that process, loudly: not a silent drift.
@@ -41,18 +47,23 @@ _LEAVES = (cst.Continue, cst.Break, cst.Return)
 class PerRankSteps(Rule):
     """
     ## What it does
-    Reports a training step inside ``try: ... except ...: continue`` (or ``pass``), which each process would
-    skip alone, where its own error is raised. Under ``--style torch`` it also reports a decision inside a
-    training loop, before its backward pass, that each process would take from its own share of the batch:
-    ``if labels.numel() == 0: continue``, ``if bool(loss == 0): continue``,
-    ``if torch.isnan(loss.item()): break``, a backward pass under such an ``if``. The file is then left as it
-    is. The default style migrates such an ``if``: the values it reads are the global batch's on every process.
+    Under ``--to ddp``, finds a training step inside ``try: ... except ...: continue`` (or ``pass``, ``break``,
+    ``return``), which each process would skip alone, where its own error is raised. The runtime's style starts
+    the ``try``'s body with ``mgpu_runtime.fail_together()``: from then on an error raised in one process's
+    replica forward is raised in every process (the lowest failing rank's, as DataParallel re-raised its first
+    failing replica's: the same type, ``Caught <type> in replica <r> on device <r>.`` and the original
+    traceback), so every process takes the same ``except`` branch and skips the same step.
+
+    Under ``--style torch``, which has no runtime, the file is left as it is (MGP282). So it is for a decision
+    inside a training loop, before its backward pass, that each process would take from its own share of the
+    batch: ``if labels.numel() == 0: continue``, ``if bool(loss == 0): continue``,
+    ``if torch.isnan(loss.item()): break``, a backward pass under such an ``if``. The default style migrates such
+    an ``if`` as it is: the values it reads are the global batch's on every process.
 
     ## Why is this bad?
-    DataParallel took the decision once, in its one process. Under DDP a process that skips while the others
-    run their backward pass pairs the gradient reductions of different steps: training drifts without an
-    error (or hangs at the end), and no rewrite of the ``try`` alone can say what the original meant for a
-    step that failed on one device.
+    DataParallel ran the step in one process: an error of any replica was re-raised there, and the step was
+    skipped once. Under DDP a process that skips while the others run their backward pass pairs the gradient
+    reductions of different steps: training drifts without an error, or hangs.
 
     ## Example
     ```python
@@ -65,20 +76,61 @@ class PerRankSteps(Rule):
     ```
 
     ## Use instead
-    Make the decision the same on every process (``skip = mgpu_runtime.reduce_sum(torch.tensor(float(failed)))
-    > 0``, skipping when any process failed), then migrate the file.
+    ```python
+    for images, labels in loader:
+        try:
+            mgpu_runtime.fail_together()
+            loss = criterion(model(images), labels)
+            loss.backward()
+        except RuntimeError:   # out of memory
+            continue
+    ```
 
     ## Fix safety
-    Nothing is rewritten, in the whole file: ``--to ddp`` migrates a file entirely or not at all.
+    Exact for an error raised in the forward of a wrapped model (where each process runs its own rows) and for
+    one raised outside it: there every process computes the same global values, so an error is every process's.
+    It costs one host-side exchange of a flag per forward. Not covered: an error inside ``backward()`` on one
+    process only (one GPU out of memory in the backward pass); DDP's gradient reduction has started on the
+    others by then, and the job stops instead of skipping the step. Under ``--style torch`` nothing is
+    rewritten, in the whole file.
     """
 
-    CODE = PER_RANK_STEP
+    CODE = FAIL_TOGETHER
     PHASE = PROGRAM
     USES = ("loaders", "models", "values")
     REVIEW_CODES = (PER_RANK_STEP,)
-    DESCRIPTION = "per-process decisions to skip a training step keep the file off DDP"
+    DESCRIPTION = "a try: that skips a failing step: its error raised in every process (fail_together)"
     TARGETS = (DDP,)
     EXAMPLES = (
+        Example(
+            """
+            import torch.nn as nn
+
+            model = nn.DataParallel(model)
+            for x, y in loader:
+                try:
+                    loss = model(x).sum()
+                    loss.backward()
+                except RuntimeError:
+                    continue
+            """,
+            """
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            for x, y in loader:
+                try:
+                    mgpu_runtime.fail_together()
+                    loss = model(x).sum()
+                    loss.backward()
+                except RuntimeError:
+                    continue
+            """,
+            DDP,
+            ("MGP101", FAIL_TOGETHER),
+            message="raises one process's forward error in every process",
+            line=5,
+        ),
         Example(
             """
             import torch.nn as nn
@@ -94,8 +146,10 @@ class PerRankSteps(Rule):
             None,
             DDP,
             (PER_RANK_STEP,),
+            TORCH_OPTIONS,
             message="skips the step on the process where it fails",
             line=5,
+            name="style-torch-leaves-a-try-around-the-step",
         ),
         Example(
             """
@@ -169,6 +223,9 @@ class PerRankSteps(Rule):
     def apply(self) -> None:
         if not self.program.migrates:
             return
+        if self.options.style != TORCH_STYLE:
+            self._fail_together()
+            return
         for call in self.analysis.calls:
             if not self.analysis.loaders.is_backward(call):
                 continue
@@ -186,26 +243,17 @@ class PerRankSteps(Rule):
 
     def _per_rank_decision(self, backward: cst.Call) -> tuple[cst.CSTNode, str] | None:
         tree = self.analysis.tree
-        loop = None
-        path = []
-        for ancestor in tree.ancestors(backward):
-            if isinstance(ancestor, _SCOPES):
-                return None
-            path.append(ancestor)
-            if isinstance(ancestor, _LOOPS):
-                loop = ancestor
-                break
-        if loop is None:
+        path = _path_to_loop(tree, backward)
+        if path is None:
             return None
+        loop = path[-1]
+        assert isinstance(loop, _LOOPS)
         # A loop that counts (`for iteration in range(n)`) binds the same values on every process.
         counts = type(loop) is cst.For and self.analysis.loaders.counts(loop)
         tainted = set() if counts else _loop_targets(loop)
         statement = tree.statement(backward)
-        for node in path:
-            if type(node) is cst.Try and any(_leaves_or_passes(handler.body) for handler in node.handlers):
-                return node, "skips the step on the process where it fails, and only there"
-        if self.options.style != TORCH_STYLE:
-            return None  # the runtime's values are the global batch's: every process takes the same branch
+        for node in _failing_steps(path):
+            return node, "skips the step on the process where it fails, and only there"
         for before in loop.body.body:
             if before is statement or before in path:
                 for node in path:
@@ -217,6 +265,32 @@ class PerRankSteps(Rule):
                     return branch, "decides from this process's own rows whether to skip the step"
             tainted |= self._assigned_from(before, tainted)
         return None
+
+    def _fail_together(self) -> None:
+        """The runtime's style: each ``try:`` that skips a failing step starts with ``mgpu_runtime.fail_together()``,
+        so an error raised in one process's forward is raised in every process (the runtime's values outside the
+        forward are the global batch's, so an error there is every process's already)."""
+        done: set[int] = set()
+        for call in self.analysis.calls:
+            if not self.analysis.loaders.is_backward(call):
+                continue
+            for node in _failing_steps(_path_to_loop(self.analysis.tree, call) or []):
+                if id(node) in done:
+                    continue
+                done.add(id(node))
+                body = node.body
+                if type(body) is not cst.IndentedBlock:
+                    self.left(node, PER_RANK_STEP, "`try:` with its body on its line: under DDP each process would skip alone; file left as it is")
+                    continue
+                first = body.body[0]
+                if self.analysis.code_of(first).strip() == f"{RUNTIME}.fail_together()":
+                    continue
+                self.edits.insert_before(first, cst.SimpleStatementLine([cst.Expr(runtime_call("fail_together"))]))
+                self.edits.need_import(RUNTIME)
+                self.rewrote(
+                    node,
+                    "`try:` skips a failing step: `fail_together()` raises one process's forward error in every process",
+                )
 
     def _per_rank(self, test: cst.BaseExpression, tainted: set[str]) -> bool:
         """Whether a condition reads the batch or what the model made of it (``.item()`` of a loss)."""
@@ -238,6 +312,28 @@ class PerRankSteps(Rule):
             for target in targets:
                 found |= {n.value for n in contains(target, lambda n: type(n) is cst.Name)}
         return found
+
+
+def _path_to_loop(tree, backward: cst.Call) -> list[cst.CSTNode] | None:
+    """The nodes from ``backward`` up to the loop it is in, that loop included (None: no loop, or a function or
+    class in between)."""
+    path = []
+    for ancestor in tree.ancestors(backward):
+        if isinstance(ancestor, _SCOPES):
+            return None
+        path.append(ancestor)
+        if isinstance(ancestor, _LOOPS):
+            return path
+    return None
+
+
+def _failing_steps(path: list[cst.CSTNode]) -> list[cst.Try]:
+    """The ``try:`` statements on ``path`` that catch an error and leave the step (``continue``, ``pass`` ...)."""
+    return [
+        node
+        for node in path
+        if type(node) is cst.Try and any(_leaves_or_passes(handler.body) for handler in node.handlers)
+    ]
 
 
 def _loop_targets(loop: cst.For | cst.While) -> set[str]:

@@ -8,7 +8,7 @@ of the current global batch), ``data`` and ``slicing`` (the distributed twin of 
 (``DistributedCriterion``), ``io`` (``save``/``load``), ``once`` (writers on the main process only:
 ``on_main_process``, ``main_process_only``, ``main_process_first``), ``metrics`` (reductions across ranks), ``rank_output``
 (``MGPU_LOG``, ``print_once``), ``readings`` (``main_process_value``: a clock reading that names things
-the same on every process) and
+the same on every process), ``together`` (``fail_together``: a step that fails on one process fails on all) and
 ``safety`` (the first step of a multi-process run: drifted weights, differing whole batches, an unwrapped
 model). See ``runtime/README_distributed.md``.
 """
@@ -23,6 +23,7 @@ from mgpu_runtime.distributed.own_path import launch_own_path
 from mgpu_runtime.distributed.once import MainProcessOnly, main_process_first, main_process_only, on_main_process
 from mgpu_runtime.distributed.rank_output import print_once
 from mgpu_runtime.distributed.readings import main_process_value, wait_for_main_process
+from mgpu_runtime.distributed.together import fail_together
 from mgpu_runtime.distributed.process_group import (
     barrier,
     device,
@@ -51,6 +52,7 @@ __all__ = [
     "main_process_value",
     "wait_for_main_process",
     "node_rank",
+    "fail_together",
     "on_main_process",
     "print_once",
     "rank",

@@ -55,6 +55,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._utils import ExceptionWrapper
 
 from mgpu_runtime.distributed import global_view, lockstep, own_machinery, safety, sync_batchnorm
 from mgpu_runtime.distributed.process_group import Job, device, job, setup, world_size
@@ -228,6 +229,24 @@ def _replica_forward(
 ) -> tuple[Any, int]:
     """This rank's replica's output (DataParallel's scatter over the ranks, or a subclass's own), and how many
     devices ran."""
+    group = current.group
+    if not current.fail_together:
+        return _run_replica(forward, inputs, kwargs, current, held, scatter)
+    # fail_together(): every rank learns whether any replica raised, and raises the lowest one's error, as
+    # DataParallel's one process re-raised its replica's (together.py)
+    try:
+        result, failure = _run_replica(forward, inputs, kwargs, current, held, scatter), None
+    except Exception:
+        result, failure = None, ExceptionWrapper(where=f"in replica {group.rank} on device {group.rank}")
+    raised = group.first_failure(failure)
+    if raised is not None:
+        raised.reraise()
+    return result
+
+
+def _run_replica(
+    forward, inputs: tuple, kwargs: dict, current: Job, held: HeldParameters, scatter: Any
+) -> tuple[Any, int]:
     group = current.group
     if scatter is not None:
         local_inputs, local_kwargs, active = own_machinery.own_part(scatter, inputs, kwargs, group, group.rank, device())

@@ -91,6 +91,8 @@ class Job:
     # The functional data_parallel's wrapper of each module it ran (distributed/functional.py), held weakly by the
     # module: a module the script drops is not kept alive by the job.
     functional_wrappers: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
+    # Set by fail_together() (together.py): an error raised in one rank's replica forward is raised on every rank.
+    fail_together: bool = False
 
 
 _job: Job | None = None

@@ -17,6 +17,7 @@ Both answer the same questions, so the op rules (``rules.py``) are written once.
 from __future__ import annotations
 
 import contextlib
+import pickle
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from itertools import accumulate
@@ -24,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._utils import ExceptionWrapper
 
 
 class Group(ABC):
@@ -202,6 +204,37 @@ class RankGroup(Group):
         with self.monitor.waiting("a gather of the batch's per-row values"):
             dist.all_gather_object(gathered, list(pieces[0]), group=self._metadata)
         return [value for piece in gathered for value in piece]
+
+    def first_failure(self, failure: ExceptionWrapper | None) -> ExceptionWrapper | None:
+        """Whether any rank's replica raised in this forward (``failure``: this rank's error, or None), and the
+        error of the lowest such rank, the one DataParallel re-raised of its replicas. One flag summed over the
+        ranks when none did; the errors themselves only when one did."""
+        flag = torch.tensor([0 if failure is None else 1], dtype=torch.int64)
+        counts = self.monitor.counts(flag)
+        what = "the check that every rank's replica ran its forward (fail_together)"
+        with self.monitor.waiting(what):
+            packed = flag if counts is None else torch.cat([flag, counts.to(torch.int64)])
+            dist.all_reduce(packed, group=self._metadata)
+        if counts is not None:
+            self.monitor.check(packed[1:], what)
+        if not packed[0].item():
+            return None
+        sent: tuple[str, ExceptionWrapper] | None = None
+        if failure is not None:
+            name = failure.exc_type.__name__
+            try:
+                pickle.loads(pickle.dumps(failure.exc_type))
+            except Exception:  # a class the other ranks cannot load (defined in a function): a stand-in of its name
+                failure.exc_type = RuntimeError
+            sent = (name, failure)
+        gathered: list[Any] = [None] * self.parts
+        self.monitor.counts(torch.zeros(1))
+        with self.monitor.waiting("a gather of the errors the replicas raised (fail_together)"):
+            dist.all_gather_object(gathered, sent, group=self._metadata)
+        name, raised = next(item for item in gathered if item is not None)
+        if raised.exc_type.__name__ != name:
+            raised.exc_type = type(name, (RuntimeError,), {"__module__": raised.exc_type.__module__})
+        return raised
 
     def __eq__(self, other: object) -> bool:
         return type(other) is RankGroup and (other.rank, other.parts) == (self.rank, self.parts)
