@@ -13,6 +13,7 @@ from typing import Callable, Union
 
 import libcst as cst
 
+from mgpu_migrate.analysis.tree import reads_names_only
 from mgpu_migrate.diagnostics import Code, Diagnostic
 
 Replacement = Callable[[cst.CSTNode], Union[cst.CSTNode, cst.RemovalSentinel, cst.FlattenSentinel]]
@@ -135,18 +136,28 @@ class StatementTidier(cst.CSTTransformer):
 
     def __init__(self) -> None:
         super().__init__()
-        self._emptied: set[int] = set()
+        # By id, the nodes themselves held: an id is unique only while its node lives, and a dropped placeholder's
+        # would otherwise be given to a node made later, which would then be taken for it.
+        self._emptied: dict[int, cst.CSTNode] = {}
+        self._emptied_blocks: dict[int, cst.CSTNode] = {}
 
     def tidy(self, node):
         if type(node) is cst.SimpleStatementLine and not node.body:
             placeholder = node.with_changes(body=[cst.Pass()])
-            self._emptied.add(id(placeholder))
+            self._emptied[id(placeholder)] = placeholder
             return placeholder
         if type(node) in (cst.Module, cst.IndentedBlock):
             node = node.with_changes(body=self._without_emptied(node.body))
         if type(node) is cst.IndentedBlock and not node.body:
             # A block whose only statement was removed (an import inside `try:`, say) keeps a `pass`.
-            return node.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
+            emptied = node.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
+            self._emptied_blocks[id(emptied)] = emptied
+            return emptied
+        if type(node) is cst.If and id(node.body) in self._emptied_blocks and node.orelse is None and reads_names_only(node.test):
+            # `if use_sync_bn: patch_replication_callback(model)` with the call dropped: the `if` goes too.
+            placeholder = cst.SimpleStatementLine([cst.Pass()], leading_lines=node.leading_lines)
+            self._emptied[id(placeholder)] = placeholder
+            return placeholder
         if type(node) is cst.SimpleStatementSuite and not node.body:
             return node.with_changes(body=[cst.Pass()])
         return node

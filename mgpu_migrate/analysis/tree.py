@@ -172,3 +172,17 @@ def item_target(target: cst.BaseExpression, iterable: cst.BaseExpression) -> cst
     ):
         return target.elements[1].value
     return target
+
+
+def reads_names_only(test: cst.BaseExpression) -> bool:
+    """A condition that reads names only (``use_sync_bn``, ``args.sync_bn``, ``not a``, ``a and b``): no call, no
+    side effect, the same value when read again at once."""
+    if type(test) is cst.Name:
+        return True
+    if type(test) is cst.Attribute:
+        return reads_names_only(test.value)
+    if type(test) is cst.UnaryOperation and type(test.operator) is cst.Not:
+        return reads_names_only(test.expression)
+    if type(test) is cst.BooleanOperation:
+        return reads_names_only(test.left) and reads_names_only(test.right)
+    return False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Optional, Union
 
@@ -9,6 +10,8 @@ import libcst as cst
 
 from mgpu_migrate.analysis import names
 from mgpu_migrate.analysis.project import project_of
+from mgpu_migrate.analysis.tree import reads_names_only
+from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import keyword, with_keyword
 
@@ -66,6 +69,9 @@ class ReplicationCallback(Rule):
     ```python
     model = mgpu_runtime.DistributedDataParallel(model, replication_callbacks=True)
     ```
+    A patch under a flag right after the wrap (``if use_sync_bn: patch_replication_callback(model)``) links under
+    that flag (``replication_callbacks=use_sync_bn``), and the ``if`` goes. A patch under any other condition than
+    its wrap's is left (MGP266): linking at the wrap would link when the original did not patch.
 
     ## Fix safety
     Exact for the package's layers (a master copy, pipes to it, ``_compute_mean_std``): each process's layer sums
@@ -101,6 +107,132 @@ class ReplicationCallback(Rule):
             """
             import torch.nn as nn
 
+
+            class SyncBN(nn.BatchNorm1d):
+                def __data_parallel_replicate__(self, ctx, copy_id):
+                    self._is_parallel, self._parallel_id = True, copy_id
+                    if copy_id == 0:
+                        ctx.sync_master = self._sync_master
+                    else:
+                        self._slave_pipe = ctx.sync_master.register_slave(copy_id)
+
+                def _compute_mean_std(self, sum_, ssum, size):
+                    return sum_ / size, ssum / size
+
+
+            model = nn.DataParallel(model)
+            patch_replication_callback(model)
+            for x in loader:
+                model(x).sum().backward()
+            """,
+            """
+            import torch.nn as nn
+            import mgpu_runtime
+
+
+            class SyncBN(nn.BatchNorm1d):
+                def __data_parallel_replicate__(self, ctx, copy_id):
+                    self._is_parallel, self._parallel_id = True, copy_id
+                    if copy_id == 0:
+                        ctx.sync_master = self._sync_master
+                    else:
+                        self._slave_pipe = ctx.sync_master.register_slave(copy_id)
+
+                def _compute_mean_std(self, sum_, ssum, size):
+                    return sum_ / size, ssum / size
+
+
+            model = mgpu_runtime.DistributedDataParallel(model, replication_callbacks=True)
+            for x in loader:
+                model(x).sum().backward()
+            """,
+            DDP,
+            ("MGP101", "MGP109"),
+            name="layers-of-this-file-linked",
+        ),
+        Example(
+            """
+            import torch.nn as nn
+
+
+            class SyncBN(nn.BatchNorm1d):
+                def __data_parallel_replicate__(self, ctx, copy_id):
+                    self._is_parallel, self._parallel_id = True, copy_id
+                    if copy_id == 0:
+                        ctx.sync_master = self._sync_master
+                    else:
+                        self._slave_pipe = ctx.sync_master.register_slave(copy_id)
+
+                def _compute_mean_std(self, sum_, ssum, size):
+                    return sum_ / size, ssum / size
+
+
+            model = nn.DataParallel(model)
+            if use_sync_bn:
+                patch_replication_callback(model)
+            for x in loader:
+                model(x).sum().backward()
+            """,
+            """
+            import torch.nn as nn
+            import mgpu_runtime
+
+
+            class SyncBN(nn.BatchNorm1d):
+                def __data_parallel_replicate__(self, ctx, copy_id):
+                    self._is_parallel, self._parallel_id = True, copy_id
+                    if copy_id == 0:
+                        ctx.sync_master = self._sync_master
+                    else:
+                        self._slave_pipe = ctx.sync_master.register_slave(copy_id)
+
+                def _compute_mean_std(self, sum_, ssum, size):
+                    return sum_ / size, ssum / size
+
+
+            model = mgpu_runtime.DistributedDataParallel(model, replication_callbacks=use_sync_bn)
+            for x in loader:
+                model(x).sum().backward()
+            """,
+            DDP,
+            ("MGP101", "MGP109"),
+            message="links the layers over the processes (replication_callbacks=use_sync_bn)",
+            name="a-patch-under-a-flag-right-after-the-wrap-links-under-the-flag",
+        ),
+        Example(
+            """
+            import torch.nn as nn
+
+
+            class SyncBN(nn.BatchNorm1d):
+                def __data_parallel_replicate__(self, ctx, copy_id):
+                    self._is_parallel, self._parallel_id = True, copy_id
+                    if copy_id == 0:
+                        ctx.sync_master = self._sync_master
+                    else:
+                        self._slave_pipe = ctx.sync_master.register_slave(copy_id)
+
+                def _compute_mean_std(self, sum_, ssum, size):
+                    return sum_ / size, ssum / size
+
+
+            model = nn.DataParallel(model)
+            model.cuda()
+            if use_sync_bn:
+                patch_replication_callback(model)
+            for x in loader:
+                model(x).sum().backward()
+            """,
+            None,
+            DDP,
+            ("MGP266",),
+            message="is under a condition its wrap is not under",
+            name="a-patch-under-a-flag-further-on-is-left",
+        ),
+        Example(
+            """
+            import torch.nn as nn
+
             model = nn.DataParallel(model)
             patched = DataParallelWithCallback(net)
             """,
@@ -114,7 +246,7 @@ class ReplicationCallback(Rule):
         if not self.program.migrates:
             return
         left: list[tuple[cst.CSTNode, str]] = []
-        patches: list[tuple[cst.Call, cst.SimpleStatementLine, list[cst.Call]]] = []
+        patches: list[tuple[cst.Call, cst.SimpleStatementLine, list[cst.Call], cst.BaseExpression | None]] = []
         callbacks: list[cst.Call] = []
         for call in self.analysis.calls:
             name = _last_name(call.func)
@@ -138,18 +270,20 @@ class ReplicationCallback(Rule):
             for node, what in left:
                 self.left(node, REPLICATION_CALLBACK, f"{what}: file left as it is")
             return
-        for call, statement, wraps in patches:
+        for call, statement, wraps, condition in patches:
             if not self.rewrite_allowed(call):
                 continue
             self.edits.replace(statement, lambda _: cst.RemovalSentinel.REMOVE)
+            value = cst.Name("True") if condition is None else condition.with_changes(lpar=[], rpar=[])
             for wrap in wraps:
                 if keyword(wrap, "replication_callbacks") is None:
-                    self.edits.replace(wrap, _linking)
+                    self.edits.replace(wrap, functools.partial(_linking, value=value))
             line = self.analysis.position(wraps[0])[0]
+            told = "True" if condition is None else shorten(self.analysis.code_of(condition), 24)
             self.rewrote(
                 call,
                 f"`{_PATCH}(...)` dropped: the wrap at line {line} links the layers over the processes "
-                "(replication_callbacks=True)",
+                f"(replication_callbacks={told})",
             )
         for call in callbacks:
             if not self.rewrite_allowed(call):
@@ -178,7 +312,9 @@ class ReplicationCallback(Rule):
             if any(type(s) is cst.FunctionDef and s.name.value == _CALLBACK_METHOD for s in node.body.body)
         ]
 
-    def _patch(self, call: cst.Call) -> Optional[Union[str, tuple[cst.Call, cst.SimpleStatementLine, list[cst.Call]]]]:
+    def _patch(
+        self, call: cst.Call
+    ) -> Optional[Union[str, tuple[cst.Call, cst.SimpleStatementLine, list[cst.Call], cst.BaseExpression | None]]]:
         """``(call, its statement, the wraps it patches)`` when the patch can go; else why not."""
         if self.options.style != RUNTIME_STYLE:
             return "synchronises BatchNorm across DataParallel's replicas, which --style torch cannot link"
@@ -194,7 +330,31 @@ class ReplicationCallback(Rule):
             return "patches a model not wrapped in DataParallel in this file"
         if not self._layers_follow_protocol(call):
             return "calls back layers not known to follow the Synchronized-BatchNorm package's protocol"
-        return call, statement, wraps
+        found = [self._condition(statement, wrap) for wrap in wraps]
+        if any(not followed for followed, _ in found) or len({id(condition) for _, condition in found}) != 1:
+            return "is under a condition its wrap is not under (or not right after it)"
+        return call, statement, wraps, found[0][1]
+
+    def _condition(self, statement: cst.SimpleStatementLine, wrap: cst.Call) -> tuple[bool, cst.BaseExpression | None]:
+        """Whether ``statement`` (the patch) runs when the wrap ``wrap`` does, and under what: always (None, in the
+        wrap's block), or under the plain condition of an ``if`` that holds the patch alone and comes right after
+        the wrap (``if use_sync_bn: patch_replication_callback(model)``: the condition, read at the wrap as it would
+        be read there)."""
+        tree = self.analysis.tree
+        wrap_statement = tree.statement(wrap)
+        block = tree.parent(statement)
+        wrap_block = tree.parent(wrap_statement) if wrap_statement is not None else None
+        if block is wrap_block:
+            return True, None
+        branch = tree.parent(block) if type(block) is cst.IndentedBlock else None
+        if type(block) is not cst.IndentedBlock or type(branch) is not cst.If or len(block.body) != 1:
+            return False, None
+        if branch.orelse is not None or not reads_names_only(branch.test):
+            return False, None
+        siblings = list(getattr(wrap_block, "body", ()))
+        if tree.parent(branch) is not wrap_block or branch not in siblings or wrap_statement not in siblings:
+            return False, None
+        return siblings.index(branch) == siblings.index(wrap_statement) + 1, branch.test
 
     def _layers_follow_protocol(self, call: cst.Call) -> bool:
         """The layers the callbacks reach follow the package's protocol: every class of this file that defines
@@ -218,9 +378,9 @@ class ReplicationCallback(Rule):
         return bool(linked) and all(_follows_protocol(text) for text in linked)
 
 
-def _linking(wrap: cst.CSTNode) -> cst.CSTNode:
+def _linking(wrap: cst.CSTNode, value: cst.BaseExpression | None = None) -> cst.CSTNode:
     assert type(wrap) is cst.Call
-    return with_keyword(wrap, "replication_callbacks", cst.Name("True"))
+    return with_keyword(wrap, "replication_callbacks", value if value is not None else cst.Name("True"))
 
 
 def _follows_protocol(text: str) -> bool:

@@ -274,3 +274,31 @@ def test_so_is_one_that_meets_them_through_multiprocessing_primitives(make):
     layer.link = getattr(multiprocessing, make)(*((2,) if make == "Barrier" else ()))
     with pytest.raises(TypeError, match="meets its copies across nn.DataParallel's"):
         mgpu_runtime.DistributedDataParallel(nn.Sequential(layer))
+
+
+class _OwnInit(mgpu_runtime.DistributedDataParallel):
+    """A DataParallel subclass rebased by the migration (MGP106), whose __init__ takes no options."""
+
+    def __init__(self, module, num_gpus):
+        super().__init__(module)
+        self.num_gpus = num_gpus
+
+
+class _PassesOn(mgpu_runtime.DistributedDataParallel):
+    def __init__(self, module, **kwargs):
+        self.given = dict(kwargs)
+        super().__init__(module, **kwargs)
+
+
+def test_a_rebased_subclass_takes_the_options_its_own_init_cannot_pass_on(single_process):
+    """EfficientDet's `CustomDataParallel(model, params.num_gpus, replication_callbacks=True)`: the keyword reaches the
+    runtime's wrapper, past `def __init__(self, module, num_gpus)`, which would otherwise refuse it."""
+    model = _OwnInit(nn.Linear(3, 2), 2, replication_callbacks=True, reduce_each_backward=True, find_unused_parameters=True)
+    assert model.num_gpus == 2 and model._reduce_each_backward and model.find_unused_parameters
+    assert "_wrap_options" not in model.__dict__
+    plain = _OwnInit(nn.Linear(3, 2), 2)
+    assert not plain._reduce_each_backward and not plain.find_unused_parameters
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        _OwnInit(nn.Linear(3, 2), 2, bucket_cap_mb=1)  # not an option of a migration: the subclass's own error
+    handed = _PassesOn(nn.Linear(3, 2), find_unused_parameters=True)  # its __init__ takes them itself
+    assert handed.given == {"find_unused_parameters": True} and handed.find_unused_parameters

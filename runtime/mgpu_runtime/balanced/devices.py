@@ -56,6 +56,13 @@ class Devices:
             return f"cpu replica {replica}"
         return f"replica {replica} on {device}"
 
+    def where(self, replica: int) -> str:
+        """Where DataParallel said a replica's error was raised: ``in replica 1 on device 1`` (the GPU's index; a CPU
+        replica's emulated device)."""
+        device = self.replicas[replica]
+        index = device.index if device.type == "cuda" else (self.streams[replica] if self.streams else replica)
+        return f"in replica {replica} on device {index}"
+
 
 def resolve_devices(
     device_ids: Sequence[DeviceId] | None = None,

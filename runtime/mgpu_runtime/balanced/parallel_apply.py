@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch._utils import ExceptionWrapper
 
 from mgpu_runtime.balanced.devices import Devices
 from mgpu_runtime.replica_links import waits_for_copies
@@ -28,8 +29,10 @@ def parallel_apply(
 ) -> list[Any]:
     """``functions[i](*args[i], **kwargs[i])`` on replica ``i`` of ``devices``, all at once; results in order.
 
-    A single call runs in the caller's thread. A failure is re-raised here, naming the replica, with the
-    worker's exception (and its traceback) chained as the cause.
+    A single call runs in the caller's thread. A failure is re-raised here as DataParallel re-raised it (the first
+    replica's, of its type, with "Caught <type> in replica <r> on device <d>." and the original traceback in its
+    message), so ``except`` clauses written for the unwrapped model (``torch.cuda.OutOfMemoryError``,
+    ``ValueError`` ...) catch it, and what they print is the original's.
     """
     enter_caller_modes = _caller_modes()
     streams = [_current_stream(device) for device in devices.replicas[: len(functions)]]
@@ -61,6 +64,12 @@ def parallel_apply(
             thread.join()
 
     for replica, failure in enumerate(failures):
+        if isinstance(failure, Exception) and len(functions) == 1:
+            raise failure  # DataParallel on one device called its module as it is
+        if isinstance(failure, Exception):
+            # As DataParallel's parallel_apply: the same type, "Caught ValueError in replica 1 on device 1." and the
+            # original traceback in the message, which a loop that catches it prints
+            ExceptionWrapper((type(failure), failure, failure.__traceback__), where=devices.where(replica)).reraise()
         if failure is not None:
             _reraise(failure, devices.label(replica))
     return results
@@ -103,11 +112,9 @@ def _on_device(device: torch.device, stream: torch.cuda.Stream | None):
 
 
 def _reraise(failure: BaseException, where: str) -> None:
-    """Raise ``failure`` again from the caller's thread, saying which replica it came from.
-
-    The same exception type is kept when it can be built from a message, so ``except`` clauses written for
-    the unwrapped model (``torch.cuda.OutOfMemoryError``, ``ValueError`` ...) still catch it. A ``SystemExit``
-    keeps its exit code (what ``sys.exit(code)`` in the module asked for), with the replica in a note.
+    """Raise ``failure`` (not an ``Exception``: DataParallel's threads lost those) again from the caller's thread,
+    saying which replica it came from. A ``SystemExit`` keeps its exit code (what ``sys.exit(code)`` in the module
+    asked for), with the replica in a note.
     """
     message = f"in {where}: {type(failure).__name__}: {failure}"
     if isinstance(failure, SystemExit):

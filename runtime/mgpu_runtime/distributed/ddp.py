@@ -48,6 +48,7 @@ torch's DDP unchanged (``find_unused_parameters=True`` for a model that skips pa
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Sequence
 from typing import Any
@@ -67,6 +68,8 @@ from mgpu_runtime.replica_links import thread_linked
 from mgpu_runtime.sharded import scatter_gather
 
 _TorchDDP = nn.parallel.DistributedDataParallel
+# The options a migration may give a wrap, besides DataParallel's own arguments.
+_WRAP_OPTIONS = ("reduce_each_backward", "replication_callbacks", "find_unused_parameters")
 # Renamed in recent torch (broadcast_buffers is deprecated there); the spelling this torch understands.
 _BUFFER_SYNC_ARGUMENT = (
     "forward_sync_buffers"
@@ -83,6 +86,28 @@ class DistributedDataParallel(_TorchDDP):
     synchronise, while DataParallel held it without complaint.
     """
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A DataParallel subclass rebased on this wrapper (MGP106) keeps its own ``__init__`` (``def __init__(self,
+        module, num_gpus): super().__init__(module)``), which the options a migration gives the wrap
+        (``replication_callbacks=True``, ``reduce_each_backward=True``, ``find_unused_parameters=True``) cannot
+        pass through: they are taken off the call here, and read by this class's ``__init__``."""
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__init__")
+        if own is None:
+            return
+        accepted = inspect.signature(own).parameters
+        if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in accepted.values()):
+            return
+
+        @functools.wraps(own)
+        def init(self, *args: Any, **kwargs: Any) -> None:
+            options = {name: kwargs.pop(name) for name in _WRAP_OPTIONS if name in kwargs and name not in accepted}
+            if options:
+                object.__setattr__(self, "_wrap_options", options)
+            own(self, *args, **kwargs)
+
+        cls.__init__ = init  # type: ignore[method-assign]
+
     def __new__(cls, module: nn.Module, *args: Any, **kwargs: Any):
         if not any(parameter.requires_grad for parameter in module.parameters()):
             return FrozenModule(module)
@@ -98,6 +123,11 @@ class DistributedDataParallel(_TorchDDP):
         replication_callbacks: bool = False,
         **kwargs: Any,
     ) -> None:
+        # Given to a rebased subclass's call, past its own __init__ (__init_subclass__).
+        options = self.__dict__.pop("_wrap_options", {})
+        reduce_each_backward = reduce_each_backward or options.pop("reduce_each_backward", False)
+        replication_callbacks = replication_callbacks or options.pop("replication_callbacks", False)
+        kwargs = {**options, **kwargs}
         _refuse_thread_linked_layers(module)
         # A DataParallelWithCallback's synchronized BatchNorm layers, linked over the ranks at each forward.
         told = replication_callbacks_of(module) if replication_callbacks else []
