@@ -15,7 +15,9 @@ function) into one rule:
   torch's loss functions (``loss_rules.py``);
 * **materialised** (everything else): every ``Sharded`` argument becomes its global tensor (differentiably,
   the same on every process), and the operation runs on plain tensors. An in-place operation on a ``Sharded``
-  value done this way writes back: the value's pieces become its rows of the result.
+  value done this way writes back: the value's pieces become its rows of the result. So does a custom
+  ``torch.autograd.Function`` of the script's (a loss with its backward written by hand): its ``apply`` never
+  asks ``__torch_function__``, so ``_custom_functions_materialize`` gives it the global tensors first.
 
 A rule never decides by what one process holds (the rows of its own piece): only by global facts (shapes,
 splits, dtypes), which every process knows alike, so every process takes the same path and meets the same
@@ -1299,3 +1301,36 @@ _NOT_USES = frozenset(
         hooks.retain_grad, _backward, _grad, _repr, _new_factory, _like_factory, _random_like,
     }
 )
+
+
+# --- custom autograd Functions --------------------------------------------------------------------------------------
+
+_function_apply = torch.autograd.Function.apply
+
+
+def _apply_on_global_tensors(cls, *args: Any, **kwargs: Any) -> Any:
+    """``Function.apply`` with every ``Sharded`` argument made its global tensor (a function of the runtime's own is
+    given its arguments as they are)."""
+    if _any_sharded(args, kwargs) and not cls.__module__.startswith("mgpu_runtime."):
+        args, kwargs = materialize(args), materialize(kwargs)
+    return _function_apply.__func__(cls, *args, **kwargs)  # type: ignore[attr-defined]
+
+
+def _any_sharded(args: tuple, kwargs: dict) -> bool:
+    for value in (*args, *kwargs.values()) if kwargs else args:
+        if type(value) is Sharded:
+            return True
+        if type(value) in (list, tuple) and any(type(part) is Sharded for part in value):
+            return True
+    return False
+
+
+def _custom_functions_materialize() -> None:
+    """torch's ``Function.apply`` (a classmethod every custom Function inherits) calls ``forward`` with its arguments
+    as they are and records one node above them: given a ``Sharded`` value, ``forward`` would run under no_grad on
+    its pieces and the result would carry no graph back to them ("element 0 of tensors does not require grad")."""
+    if torch.autograd.Function.__dict__["apply"].__func__ is not _apply_on_global_tensors:
+        torch.autograd.Function.apply = classmethod(_apply_on_global_tensors)  # type: ignore[assignment,method-assign]
+
+
+_custom_functions_materialize()
