@@ -1,6 +1,7 @@
 """The runtime contract's cost per step, against bare torch DDP doing the same work (issue 22).
 
     python benchmarks/bench_contract.py [--processes 2 3 4] [--blocks 9] [--steps 4] [--models lm cnn text]
+                                        [--fail-together]
 
 For each world size, one torchrun job (gloo, CPU, one thread a process) trains each model two ways, in
 alternating blocks of steps (each pair in a random order, the same on every rank):
@@ -183,10 +184,14 @@ def _trainer(name: str, side: str, rows: int):
     return step
 
 
-def worker(models: list[str], blocks: int, steps: int, memory_side: str | None, exact: bool = False) -> None:
+def worker(
+    models: list[str], blocks: int, steps: int, memory_side: str | None, exact: bool = False, together: bool = False
+) -> None:
     import mgpu_runtime
 
     mgpu_runtime.setup()
+    if together:
+        mgpu_runtime.fail_together()  # the runtime's side only: the others wrap in torch's DDP
     rows = (2 * blocks + 2) * steps * BATCH
     for name in models:
         if memory_side is not None:
@@ -239,12 +244,14 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["lm", "cnn", "text"])
     parser.add_argument("--memory", action="store_true", help="peak memory per rank, each side in its own job")
     parser.add_argument("--exact", action="store_true", help="also a hand-written DDP reading the global values")
+    parser.add_argument("--fail-together", action="store_true", help="the runtime side after fail_together() (MGP141)")
     parser.add_argument(WORKER, action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--side", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     common = ["--models", *arguments.models, "--blocks", str(arguments.blocks), "--steps", str(arguments.steps)]
+    common += ["--fail-together"] * arguments.fail_together
     if arguments.worker:
-        worker(arguments.models, arguments.blocks, arguments.steps, arguments.side, arguments.exact)
+        worker(arguments.models, arguments.blocks, arguments.steps, arguments.side, arguments.exact, arguments.fail_together)
         return
     for processes in arguments.processes:
         if not arguments.memory:
