@@ -48,7 +48,7 @@ class PerRankSteps(Rule):
     """
     ## What it does
     Under ``--to ddp``, finds a training step inside ``try: ... except ...: continue`` (or ``pass``, ``break``,
-    ``return``), which each process would skip alone, where its own error is raised. The runtime's style starts
+    ``return``: a step function's own ``try``), which each process would skip alone, where its own error is raised. The runtime's style starts
     the ``try``'s body with ``mgpu_runtime.fail_together()``: from then on an error raised in one process's
     replica forward is raised in every process (the lowest failing rank's, as DataParallel re-raised its first
     failing replica's: the same type, ``Caught <type> in replica <r> on device <r>.`` and the original
@@ -130,6 +130,52 @@ class PerRankSteps(Rule):
             ("MGP101", FAIL_TOGETHER),
             message="raises one process's forward error in every process",
             line=5,
+        ),
+        Example(
+            """
+            import torch.nn as nn
+
+            model = nn.DataParallel(model)
+
+
+            def train_step(x):
+                try:
+                    loss = model(x).sum()
+                    loss.backward()
+                    optimizer.step()
+                except RuntimeError as error:  # out of memory
+                    print(error)
+                    return None
+                return loss.item()
+
+
+            for x, y in loader:
+                train_step(x)
+            """,
+            """
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+
+
+            def train_step(x):
+                try:
+                    mgpu_runtime.fail_together()
+                    loss = model(x).sum()
+                    loss.backward()
+                    optimizer.step()
+                except RuntimeError as error:  # out of memory
+                    print(error)
+                    return None
+                return loss.item()
+
+
+            for x, y in loader:
+                train_step(x)
+            """,
+            DDP,
+            ("MGP101", FAIL_TOGETHER),
+            name="a-step-functions-own-try",
         ),
         Example(
             """
@@ -274,7 +320,7 @@ class PerRankSteps(Rule):
         for call in self.analysis.calls:
             if not self.analysis.loaders.is_backward(call):
                 continue
-            for node in _failing_steps(_path_to_loop(self.analysis.tree, call) or []):
+            for node in _failing_steps(_path_in_scope(self.analysis.tree, call)):
                 if id(node) in done:
                     continue
                 done.add(id(node))
@@ -325,6 +371,17 @@ def _path_to_loop(tree, backward: cst.Call) -> list[cst.CSTNode] | None:
         if isinstance(ancestor, _LOOPS):
             return path
     return None
+
+
+def _path_in_scope(tree, backward: cst.Call) -> list[cst.CSTNode]:
+    """The nodes from ``backward`` up to its function (or the module): a step function's own ``try:`` (``except
+    RuntimeError: return None``) counts, with or without a loop around it there."""
+    path = []
+    for ancestor in tree.ancestors(backward):
+        if isinstance(ancestor, _SCOPES):
+            break
+        path.append(ancestor)
+    return path
 
 
 def _failing_steps(path: list[cst.CSTNode]) -> list[cst.Try]:
