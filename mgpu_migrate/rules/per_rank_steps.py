@@ -324,6 +324,8 @@ class PerRankSteps(Rule):
                 if id(node) in done:
                     continue
                 done.add(id(node))
+                if not self.rewrite_allowed(node):
+                    continue  # `# noqa: MGP141`: the author says no error there is one process's alone
                 body = node.body
                 if type(body) is not cst.IndentedBlock:
                     self.left(node, PER_RANK_STEP, "`try:` with its body on its line: under DDP each process would skip alone; file left as it is")
