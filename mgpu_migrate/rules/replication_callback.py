@@ -40,6 +40,26 @@ _CALLBACK_NAMES = frozenset({"DataParallelWithCallback"})
 _CALLBACK_METHOD = "__data_parallel_replicate__"
 
 
+# The examples' layer: the Synchronized-BatchNorm package's protocol, written in the file (the package cannot be read).
+_LAYER = """
+            import torch.nn as nn
+
+
+            class SyncBN(nn.BatchNorm1d):
+                def __data_parallel_replicate__(self, ctx, copy_id):
+                    self._is_parallel, self._parallel_id = True, copy_id
+                    if copy_id == 0:
+                        ctx.sync_master = self._sync_master
+                    else:
+                        self._slave_pipe = ctx.sync_master.register_slave(copy_id)
+
+                def _compute_mean_std(self, sum_, ssum, size):
+                    return sum_ / size, ssum / size
+
+"""
+_LAYER_LINKED = _LAYER.replace("import torch.nn as nn\n", "import torch.nn as nn\n            import mgpu_runtime\n", 1)
+
+
 class ReplicationCallback(Rule):
     """
     ## What it does
@@ -104,43 +124,14 @@ class ReplicationCallback(Rule):
             name="text that is no file: the package's layers cannot be read",
         ),
         Example(
-            """
-            import torch.nn as nn
-
-
-            class SyncBN(nn.BatchNorm1d):
-                def __data_parallel_replicate__(self, ctx, copy_id):
-                    self._is_parallel, self._parallel_id = True, copy_id
-                    if copy_id == 0:
-                        ctx.sync_master = self._sync_master
-                    else:
-                        self._slave_pipe = ctx.sync_master.register_slave(copy_id)
-
-                def _compute_mean_std(self, sum_, ssum, size):
-                    return sum_ / size, ssum / size
-
+            _LAYER + """
 
             model = nn.DataParallel(model)
             patch_replication_callback(model)
             for x in loader:
                 model(x).sum().backward()
             """,
-            """
-            import torch.nn as nn
-            import mgpu_runtime
-
-
-            class SyncBN(nn.BatchNorm1d):
-                def __data_parallel_replicate__(self, ctx, copy_id):
-                    self._is_parallel, self._parallel_id = True, copy_id
-                    if copy_id == 0:
-                        ctx.sync_master = self._sync_master
-                    else:
-                        self._slave_pipe = ctx.sync_master.register_slave(copy_id)
-
-                def _compute_mean_std(self, sum_, ssum, size):
-                    return sum_ / size, ssum / size
-
+            _LAYER_LINKED + """
 
             model = mgpu_runtime.DistributedDataParallel(model, replication_callbacks=True)
             for x in loader:
@@ -151,21 +142,7 @@ class ReplicationCallback(Rule):
             name="layers-of-this-file-linked",
         ),
         Example(
-            """
-            import torch.nn as nn
-
-
-            class SyncBN(nn.BatchNorm1d):
-                def __data_parallel_replicate__(self, ctx, copy_id):
-                    self._is_parallel, self._parallel_id = True, copy_id
-                    if copy_id == 0:
-                        ctx.sync_master = self._sync_master
-                    else:
-                        self._slave_pipe = ctx.sync_master.register_slave(copy_id)
-
-                def _compute_mean_std(self, sum_, ssum, size):
-                    return sum_ / size, ssum / size
-
+            _LAYER + """
 
             model = nn.DataParallel(model)
             if use_sync_bn:
@@ -173,22 +150,7 @@ class ReplicationCallback(Rule):
             for x in loader:
                 model(x).sum().backward()
             """,
-            """
-            import torch.nn as nn
-            import mgpu_runtime
-
-
-            class SyncBN(nn.BatchNorm1d):
-                def __data_parallel_replicate__(self, ctx, copy_id):
-                    self._is_parallel, self._parallel_id = True, copy_id
-                    if copy_id == 0:
-                        ctx.sync_master = self._sync_master
-                    else:
-                        self._slave_pipe = ctx.sync_master.register_slave(copy_id)
-
-                def _compute_mean_std(self, sum_, ssum, size):
-                    return sum_ / size, ssum / size
-
+            _LAYER_LINKED + """
 
             model = mgpu_runtime.DistributedDataParallel(model, replication_callbacks=use_sync_bn)
             for x in loader:
@@ -200,21 +162,7 @@ class ReplicationCallback(Rule):
             name="a-patch-under-a-flag-right-after-the-wrap-links-under-the-flag",
         ),
         Example(
-            """
-            import torch.nn as nn
-
-
-            class SyncBN(nn.BatchNorm1d):
-                def __data_parallel_replicate__(self, ctx, copy_id):
-                    self._is_parallel, self._parallel_id = True, copy_id
-                    if copy_id == 0:
-                        ctx.sync_master = self._sync_master
-                    else:
-                        self._slave_pipe = ctx.sync_master.register_slave(copy_id)
-
-                def _compute_mean_std(self, sum_, ssum, size):
-                    return sum_ / size, ssum / size
-
+            _LAYER + """
 
             model = nn.DataParallel(model)
             model.cuda()
