@@ -38,6 +38,17 @@ PER_RANK_STEP = Review(
     veto=True,
 )
 FAIL_TOGETHER = Rewrite("MGP141")
+_TRY_AROUND_THE_STEP = """
+    import torch.nn as nn
+
+    model = nn.DataParallel(model)
+    for x, y in loader:
+        try:
+            loss = model(x).sum()
+            loss.backward()
+        except RuntimeError:
+            continue
+    """
 _LOOPS = (cst.For, cst.While)
 _SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 # A `raise` stops the run on that process, loudly: not a silent drift.
@@ -103,17 +114,7 @@ class PerRankSteps(Rule):
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
-            """
-            import torch.nn as nn
-
-            model = nn.DataParallel(model)
-            for x, y in loader:
-                try:
-                    loss = model(x).sum()
-                    loss.backward()
-                except RuntimeError:
-                    continue
-            """,
+            _TRY_AROUND_THE_STEP,
             """
             import mgpu_runtime
 
@@ -178,17 +179,7 @@ class PerRankSteps(Rule):
             name="a-step-functions-own-try",
         ),
         Example(
-            """
-            import torch.nn as nn
-
-            model = nn.DataParallel(model)
-            for x, y in loader:
-                try:
-                    loss = model(x).sum()
-                    loss.backward()
-                except RuntimeError:
-                    continue
-            """,
+            _TRY_AROUND_THE_STEP,
             None,
             DDP,
             (PER_RANK_STEP,),
@@ -325,7 +316,7 @@ class PerRankSteps(Rule):
                     continue
                 done.add(id(node))
                 if not self.rewrite_allowed(node):
-                    continue  # `# noqa: MGP141`: the author says no error there is one process's alone
+                    continue  # silenced at the try by its author: no error there is one process's alone
                 body = node.body
                 if type(body) is not cst.IndentedBlock:
                     self.left(node, PER_RANK_STEP, "`try:` with its body on its line: under DDP each process would skip alone; file left as it is")

@@ -10,8 +10,13 @@ contrastive similarities, distillation, mixup, CTC, accuracy counts.
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -327,3 +332,24 @@ def difference(a: torch.Tensor, b: torch.Tensor) -> float:
     if a.shape != b.shape:
         return math.inf
     return (a - b).abs().max().item() if a.numel() else 0.0
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def job_results(script: Path, processes: int, directory: Path) -> dict[str, float]:
+    """``script`` (a ``distributed_scripts`` job writing per case and batch size the largest difference from the
+    whole batch's) under torchrun, gloo, ``processes`` ranks, on the CPU: what rank 0 wrote."""
+    environment = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("MGPU_", "SLURM_")) and k not in ("RANK", "WORLD_SIZE")},
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "runtime"), str(ROOT)]),
+        "CUDA_VISIBLE_DEVICES": "",
+        "OMP_NUM_THREADS": "1",
+    }
+    output = directory / "results.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}", str(script), str(output)],
+        env=environment, capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return json.loads(output.read_text())

@@ -9,36 +9,20 @@ its own, hooked on itself, and the hook's collectives meet the other ranks'.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.runtime.hook_cases import CASES, WHOLE_AFTER_USE
+from tests.runtime.sharded_cases import job_results
 
 SCRIPT = Path(__file__).parent / "distributed_scripts" / "hook_cases_job.py"
-ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = 1e-9
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("processes", [2, 3])
 def test_hooks_over_processes_are_given_the_whole_gradient(tmp_path, processes):
-    environment = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("MGPU_", "SLURM_")) and k not in ("RANK", "WORLD_SIZE")},
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "runtime"), str(ROOT)]),
-        "CUDA_VISIBLE_DEVICES": "",
-        "OMP_NUM_THREADS": "1",
-    }
-    output = tmp_path / "results.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}", str(SCRIPT), str(output)],
-        env=environment, capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    results = json.loads(output.read_text())
+    results = job_results(SCRIPT, processes, tmp_path)
     assert set(results) == {f"{case.__name__}/{rows}" for case in [*CASES, *WHOLE_AFTER_USE] for rows in (7, 5, 2)}
     assert {name: worst for name, worst in results.items() if not worst <= TOLERANCE} == {}

@@ -7,10 +7,6 @@ processes (gloo, torchrun) at the end (``distributed_scripts/sharded_cases_job.p
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +14,7 @@ import torch
 
 from mgpu_runtime.sharded import ReplicaGroup, Sharded
 from mgpu_runtime.structure import chunk_sizes
-from tests.runtime.sharded_cases import CASES, Batch, difference, global_data
+from tests.runtime.sharded_cases import CASES, Batch, difference, global_data, job_results
 
 TOLERANCE = 1e-9
 LAYOUTS = [(7, 2), (7, 3), (5, 3), (2, 3)]
@@ -96,25 +92,12 @@ def test_the_global_metadata_needs_no_gather():
 
 
 JOB = Path(__file__).parent / "distributed_scripts" / "sharded_cases_job.py"
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("processes", [2, 3])
 def test_every_case_over_processes_computes_the_global_value_and_gradients(tmp_path, processes):
     """The cases over real processes (torchrun, gloo), each rank holding its rows: 7, 5 and 2 rows, float64."""
-    environment = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("MGPU_", "SLURM_")) and k not in ("RANK", "WORLD_SIZE")},
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "runtime"), str(ROOT)]),
-        "CUDA_VISIBLE_DEVICES": "",
-        "OMP_NUM_THREADS": "1",
-    }
-    output = tmp_path / "results.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}", str(JOB), str(output)],
-        env=environment, capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    results = json.loads(output.read_text())
+    results = job_results(JOB, processes, tmp_path)
     assert set(results) == {f"{case.__name__}/{rows}" for case in CASES for rows in (7, 5, 2)}
     assert {name: worst for name, worst in results.items() if not worst <= 1e-9} == {}
