@@ -59,11 +59,12 @@ class PerRankSteps(Rule):
     """
     ## What it does
     Under ``--to ddp``, finds a training step inside ``try: ... except ...: continue`` (or ``pass``, ``break``,
-    ``return``: a step function's own ``try``), which each process would skip alone, where its own error is raised. The runtime's style starts
-    the ``try``'s body with ``mgpu_runtime.fail_together()``: from then on an error raised in one process's
-    replica forward is raised in every process (the lowest failing rank's, as DataParallel re-raised its first
-    failing replica's: the same type, ``Caught <type> in replica <r> on device <r>.`` and the original
-    traceback), so every process takes the same ``except`` branch and skips the same step.
+    ``return``: a step function's own ``try``), which each process would skip alone, where its own error is
+    raised. The runtime's style starts the ``try``'s body with ``mgpu_runtime.fail_together()``: from then on
+    an error raised in one process's replica forward is raised in every process (the lowest failing rank's, as
+    DataParallel re-raised its first failing replica's: the same type, ``Caught <type> in replica <r> on device
+    <r>.`` and the original traceback), so every process takes the same ``except`` branch and skips the same
+    step.
 
     Under ``--style torch``, which has no runtime, the file is left as it is (MGP282). So it is for a decision
     inside a training loop, before its backward pass, that each process would take from its own share of the
