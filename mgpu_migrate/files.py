@@ -204,11 +204,15 @@ def write_atomically(path: str, text: str, encoding: str, read_as: SourceFile | 
                 _check_unchanged(current, read_as)
         os.replace(temporary, target)
     except BaseException:
-        if handle is not None:
-            handle.close()
-        if temporary is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temporary)
+        # Held here too: on Ctrl-C a worker gets the terminal's SIGINT and then its parent's SIGTERM; the second,
+        # raised between the lines below, would leave the temporary file behind (a stray .tmp was seen once, under
+        # load, in tests/robustness/test_interrupts.py).
+        with interrupts_held():
+            if handle is not None:
+                handle.close()
+            if temporary is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(temporary)
         raise
 
 
