@@ -46,12 +46,12 @@ def test_the_layer_is_plain_again_after_the_forward():
 
 @pytest.mark.slow
 def test_without_the_link_each_rank_normalises_its_own_rows(tmp_path):
-    """The migration without ``replication_callbacks=True``: the last batch's two rows leave one per process, which
-    a BatchNorm of its own rows refuses; the linked run (the e2e test) normalises over both."""
+    """The migration without ``replication_callbacks=use_sync_bn``: the last batch's two rows leave one per process,
+    which a BatchNorm of its own rows refuses; the linked run (the e2e test) normalises over both."""
     migrated = FIXTURE.with_name(f"{FIXTURE.stem}.ddp.py").read_text()
-    assert "replication_callbacks=True" in migrated
+    assert "replication_callbacks=use_sync_bn" in migrated
     script = tmp_path / "unlinked.py"
-    script.write_text(migrated.replace(", replication_callbacks=True", ""))
+    script.write_text(migrated.replace(", replication_callbacks=use_sync_bn", ""))
     environment = {k: v for k, v in os.environ.items() if k not in _LAUNCH and not k.startswith(("MGPU_", "TORCHELASTIC_"))}
     environment.update(MGPU_NPROC="2", OMP_NUM_THREADS="1", FIXTURE_OUTPUT=str(tmp_path / "out.pt"))
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
