@@ -355,15 +355,12 @@ class PerRankSteps(Rule):
 
 
 def _path_to_loop(tree, backward: cst.Call) -> list[cst.CSTNode] | None:
-    """The nodes from ``backward`` up to the loop it is in, that loop included (None: no loop, or a function or
-    class in between)."""
-    path = []
-    for ancestor in tree.ancestors(backward):
-        if isinstance(ancestor, _SCOPES):
-            return None
-        path.append(ancestor)
-        if isinstance(ancestor, _LOOPS):
-            return path
+    """The nodes from ``backward`` up to the loop it is in, that loop included (None: no loop before its function
+    or class)."""
+    path = _path_in_scope(tree, backward)
+    for index, node in enumerate(path):
+        if isinstance(node, _LOOPS):
+            return path[: index + 1]
     return None
 
 
