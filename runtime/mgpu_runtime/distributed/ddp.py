@@ -58,7 +58,7 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import ExceptionWrapper
 
-from mgpu_runtime.distributed import global_view, lockstep, own_machinery, safety, sync_batchnorm
+from mgpu_runtime.distributed import global_view, idle, lockstep, own_machinery, safety, sync_batchnorm
 from mgpu_runtime.distributed.process_group import Job, device, job, setup, world_size
 from mgpu_runtime.distributed.rebinding import HeldParameters
 from mgpu_runtime.distributed.replication_callbacks import linked
@@ -243,6 +243,13 @@ class DistributedDataParallel(_TorchDDP):
         else:
             gradients.note_synchronised([p for p in self.module.parameters() if p.requires_grad])
 
+    def _run_ddp_forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        # The module's own forward, inside torch's: on a rank that holds no part of the batch, one that may not
+        # take zero rows (idle.py).
+        if idle.take():
+            return idle.run(super()._run_ddp_forward, self.module, inputs, kwargs)
+        return super()._run_ddp_forward(*inputs, **kwargs)
+
     def _sync_buffers(self) -> None:
         # A collective of DDP's own, before the forward: told to the lockstep check as ours are, so that a rank
         # held here while a peer waits in a collective only it makes (an evaluation on the main process) is named.
@@ -283,8 +290,12 @@ def _run_replica(
     else:
         active = scatter_gather.active_devices(inputs, kwargs, group.parts)
         ((local_inputs, local_kwargs),) = scatter_gather.scatter(inputs, kwargs, group, active)
+    no_part = all(part >= active for part in group.held)  # DataParallel ran no replica on this device
     with global_view.own_forward(current.gradients, group.rank, current.stream), held.rebinding_dropped():
-        return forward(*local_inputs, **local_kwargs), active
+        if no_part and isinstance(forward, nn.Module):  # a FrozenModule's module, called as it is
+            return idle.run(forward, forward, local_inputs, local_kwargs), active
+        with idle.marked(no_part):  # DDP's forward runs the module in _run_ddp_forward
+            return forward(*local_inputs, **local_kwargs), active
 
 
 

@@ -10,7 +10,8 @@ distributed loader's batches, a model's outputs fed to the next model) gives its
 communication; one cut otherwise is materialised first. As DataParallel does, tuples, lists, dicts and
 namedtuples are walked and any other object is every part's; 0-dim tensors are every part's too (DataParallel
 fails on them). A batch of fewer chunks than devices runs on the first ones only (*active*); a process
-whose device is not among them still runs its replica on no rows, as DDP needs every rank's backward.
+whose device is not among them still runs its replica on no rows, as DDP needs every rank's backward (a
+forward that cannot take zero rows, ``x.view(x.size(0), -1)``, runs a stand-in row instead: ``distributed/idle.py``).
 
 ``gather``: the outputs become what DataParallel's gather gave the loop: tensors concatenated along the
 rows (a ``Sharded`` value whose parts are the active devices' outputs, their row counts exchanged in one
