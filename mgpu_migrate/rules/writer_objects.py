@@ -14,16 +14,19 @@ from mgpu_migrate.rules.syntax import MAIN_PROCESS_OBJECT, RUNTIME, through_runt
 
 # The library objects that write once built, and what each process would write: TensorBoard's writers (torch's,
 # tensorboardX's, tensorboard_logger's ``Logger``, whose event file is named by the second and the host, so two
-# processes starting in one second write one file), and ignite's ``ModelCheckpoint``, a handler an engine calls
-# to save (every process would save the same files, and remove the oldest past ``n_saved`` once each).
+# processes starting in one second write one file), visdom's client (every process would send each point, and a
+# plot updated with ``update="append"`` would get it once per process), and ignite's ``ModelCheckpoint``, a handler
+# an engine calls to save (every process would save the same files, and remove the oldest past ``n_saved`` once each).
 _EVENTS = ("an event file each", "each value logged once")
 _CHECKPOINTS = ("each saving the same files", "its files saved once")
+_PLOTS = ("its points sent to the server once each", "each point plotted once")
 _WRITER_OBJECTS = {
     "torch.utils.tensorboard.SummaryWriter": _EVENTS,
     "torch.utils.tensorboard.writer.SummaryWriter": _EVENTS,
     "tensorboardX.SummaryWriter": _EVENTS,
     "tensorboard_logger.Logger": _EVENTS,
     "tensorboard_logger.tensorboard_logger.Logger": _EVENTS,
+    "visdom.Visdom": _PLOTS,
     "ignite.handlers.ModelCheckpoint": _CHECKPOINTS,
     "ignite.handlers.checkpoint.ModelCheckpoint": _CHECKPOINTS,
 }
@@ -31,13 +34,15 @@ _WRITER_OBJECTS = {
 WRITER_ON_EVERY_PROCESS = Review(
     "MGP332",
     name="writer-on-every-process",
-    summary="a writer object (a TensorBoard writer, a checkpoint handler) built by every process: it writes once per process",
+    summary="a writer object (a TensorBoard writer, a visdom client, a checkpoint handler) built by every process: it writes once per process",
     why=(
         "A TensorBoard `SummaryWriter` (torch's, tensorboardX's, or tensorboard_logger's `Logger`) is built by every "
         "process of the distributed run: each writes an event file of its own into the log directory, so "
         "TensorBoard shows every scalar, image and histogram once per process (the values are the same where they "
         "are global, such as the runtime's losses and metrics); tensorboard_logger names its file by the second "
-        "and the host, so two processes starting in one second write one file. An ignite `ModelCheckpoint` "
+        "and the host, so two processes starting in one second write one file. A visdom client (`visdom.Visdom`) "
+        "sends every point from every process, so a plot updated with `update='append'` gets each once per "
+        "process. An ignite `ModelCheckpoint` "
         "attached to an engine saves the same files from every process, and each removes the oldest past "
         "`n_saved`, so a slower process fails on a file another removed. The tool builds such an object on the "
         "main process only (MGP135) where the script only calls its methods for their effect or attaches it to "
@@ -55,8 +60,8 @@ class WriterObjects(Rule):
     """
     ## What it does
     In a file that becomes a distributed program, builds a TensorBoard ``SummaryWriter`` (torch's or
-    tensorboardX's, or tensorboard_logger's ``Logger``) or an ignite ``ModelCheckpoint`` handler on the main
-    process only: ``writer = SummaryWriter(log_dir)`` becomes ``writer =
+    tensorboardX's, or tensorboard_logger's ``Logger``), a visdom client (``visdom.Visdom``) or an ignite
+    ``ModelCheckpoint`` handler on the main process only: ``writer = SummaryWriter(log_dir)`` becomes ``writer =
     mgpu_runtime.main_process_only(SummaryWriter, log_dir)``. Every process gets a stand-in and goes on using it
     as before (``writer.add_scalar("loss", loss, step)``, ``log(writer, ...)``): its method calls run on the
     main process only, given the whole values. The tool first reads every use of the writer, in the file and in
@@ -66,8 +71,9 @@ class WriterObjects(Rule):
 
     ## Why is this bad?
     Each process would write an event file of its own into the log directory, and TensorBoard would show every
-    value once per process. A checkpoint handler attached on every process saves the same files once per
-    process, and each process removes the oldest past ``n_saved``: the slower one fails on a file already removed.
+    value once per process; a visdom plot appended to by every process gets every point once per process. A
+    checkpoint handler attached on every process saves the same files once per process, and each process removes
+    the oldest past ``n_saved``: the slower one fails on a file already removed.
 
     ## Example
     ```python
@@ -162,6 +168,50 @@ class WriterObjects(Rule):
             DDP,
             ("MGP101", "MGP135"),
             name="tensorboard_logger's Logger is a TensorBoard writer",
+        ),
+        Example(
+            """
+            import torch.nn as nn
+            import visdom
+
+            model = nn.DataParallel(model)
+            viz = visdom.Visdom(env="train")
+            viz.line(X=[step], Y=[loss.item()], win="loss", update="append")
+            """,
+            """
+            import visdom
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            viz = mgpu_runtime.main_process_only(visdom.Visdom, env="train")
+            viz.line(X=[step], Y=[loss.item()], win="loss", update="append")
+            """,
+            DDP,
+            ("MGP101", "MGP135"),
+            message="`visdom.Visdom(...)`: built on the main process only, a stand-in elsewhere (mgpu_runtime.main_process_only): each point plotted once",
+            name="a visdom client: every process would append each point to the plot",
+        ),
+        Example(
+            """
+            import torch.nn as nn
+            import visdom
+
+            model = nn.DataParallel(model)
+            viz = visdom.Visdom()
+            window = viz.line(X=[0], Y=[0.0])
+            """,
+            """
+            import visdom
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            viz = visdom.Visdom()
+            window = viz.line(X=[0], Y=[0.0])
+            """,
+            DDP,
+            ("MGP101", WRITER_ON_EVERY_PROCESS),
+            message="what `viz.line(...)` returns is used at line 6",
+            name="a visdom window's id read: left, said",
         ),
         Example(
             """
