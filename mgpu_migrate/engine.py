@@ -84,10 +84,11 @@ def migrate_source(
     _DECIDING.add(here)  # while this file is migrated, a module that asks whether it migrates assumes it does
     try:
         holds = () if might_need_migration(source) else held_programs(source, target, path, options)
+        handed = () if might_need_migration(source) or holds else handed_programs(source, target, path, options)
         # The modules that may hold its DataParallel fallback beside a distributed path of its own (asked by the
         # program's verdict only of a file with such a path and no site of its own).
         fallbacks = functools.partial(own_path_fallbacks, source, target, path, options)
-        if not might_need_migration(source) and not holds:
+        if not might_need_migration(source) and not holds and not handed:
             found = starts()
             if not found:
                 held = own_path_fallbacks(source, target, path, options)
@@ -98,7 +99,9 @@ def migrate_source(
         from mgpu_migrate.pipeline import run_pipeline
 
         try:
-            return run_pipeline(source, target, path, options, starts=starts, holds=holds, fallbacks=fallbacks)
+            return run_pipeline(
+                source, target, path, options, starts=starts, holds=holds, fallbacks=fallbacks, handed=handed
+            )
         except Exception as error:  # noqa: BLE001 -- the last guard: one odd file must never stop a run
             message = f"internal error ({error_summary(error)}); file left unchanged, please report"
             return MigrationResult(path, source, source, error=Diagnostic(path, 1, 1, INTERNAL_ERROR, message))
@@ -126,6 +129,61 @@ def held_programs(source: str, target: str, path: str, options: Options = DEFAUL
         # trains on): its module runs on every process too, its side effects made once.
         holders = tuple(module for module in holders if between(path, module))
     return tuple(module for module in holders if _becomes_a_program(module, options))
+
+
+def handed_programs(source: str, target: str, path: str, options: Options = DEFAULT_OPTIONS) -> tuple[str, ...]:
+    """The scripts of the project that hand this module's training code a wrapped model and migrate (``--to ddp``,
+    the runtime's style): Conv-TasNet's ``train.py`` wraps the model and builds ``Solver(data, model, ...)`` of
+    ``solver.py``, whose methods run the backward pass. This module's code then runs on every process of their
+    program, and is migrated with them: its side effects made once (``Program.handed``); its data is split in
+    those scripts (``analysis/handed.py``)."""
+    if target != "ddp" or options.style != "runtime" or ".backward(" not in source:
+        return ()
+    wrapping = _handing_importers(source.encode("utf-8", "surrogateescape"), path)
+    if not wrapping:
+        return ()
+    names = [name.encode() for name in _training_definitions(source)]
+    return tuple(
+        importer
+        for importer, text in wrapping
+        if any(name in text for name in names) and _becomes_a_program(importer, options)
+    )
+
+
+def _handing_importers(data: bytes, path: str) -> list[tuple[str, bytes]]:
+    """For a module that runs a backward pass and is no script: the project modules that import it, may hold a
+    migration site and run no backward pass themselves (``HandedTraining`` reads only such a file), with their
+    bytes."""
+    from mgpu_migrate import files
+    from mgpu_migrate.started import is_script, wrapping_importers
+
+    if b".backward(" not in data or is_script(data):
+        return []  # a script trains what it builds; a trainer module is imported
+    found = []
+    for importer in wrapping_importers(path, might_need_migration):
+        try:
+            text = files.read(importer, 1 << 20)[0]
+        except OSError:
+            continue
+        if b".backward(" not in text:
+            found.append((importer, text))
+    return found
+
+
+def _training_definitions(source: str) -> list[str]:
+    """The module-level classes and functions of ``source`` whose code calls ``.backward(``."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    return [
+        node.name
+        for node in tree.body
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and ".backward(" in (ast.get_source_segment(source, node) or "")
+    ]
 
 
 # A distributed set-up of the script's own, as the program's verdict reads it (``program.existing_setup``).
@@ -167,6 +225,8 @@ def might_start_a_program(data: bytes, target: str, path: str) -> bool:
 
         if any(between(path, module) for module in held_by(path, data, might_need_migration)):
             return True  # a class between that one and a subclass that trains its model
+    if _handing_importers(data, path):
+        return True  # it may train a model a script of the project wraps and hands it (handed_programs)
     started = b"__main__" in data or b".parse_args(" in data or b".parse_known_args(" in data
     return started and bool(candidates(path, data, might_start_module))
 

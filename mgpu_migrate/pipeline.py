@@ -63,14 +63,16 @@ def run_pipeline(
     starts: Callable[[], tuple[str, ...]] = tuple,
     holds: tuple[str, ...] = (),
     fallbacks: Callable[[], tuple[str, ...]] = tuple,
+    handed: tuple[str, ...] = (),
 ) -> MigrationResult:
     """Migrate one file's text (``only``: run the wrap rules and these rules alone, as a rule's examples do;
     ``starts``: gives the project modules this script starts as distributed programs, ``engine.started_programs``; ``holds``: the modules whose wrapped model it trains, ``engine.held_programs``; ``fallbacks``: gives the
-    modules that may hold its DataParallel fallback beside a distributed path of its own, ``engine.own_path_fallbacks``)."""
+    modules that may hold its DataParallel fallback beside a distributed path of its own, ``engine.own_path_fallbacks``;
+    ``handed``: the scripts that hand its training code a wrapped model, ``engine.handed_programs``)."""
     readable, renamed = old_keywords.set_aside(source)  # PyTorch's `async=`, a syntax error (old_keywords.py)
     parsed, aside = form_feeds.set_aside(readable)  # what LibCST would misread (form_feeds.py)
     with _collector_paused():
-        result = form_feeds.put_back(_run_pipeline(parsed, target, path, options, only, starts, holds, fallbacks), readable, aside)
+        result = form_feeds.put_back(_run_pipeline(parsed, target, path, options, only, starts, holds, fallbacks, handed), readable, aside)
     return old_keywords.put_back(result, source) if renamed else result
 
 
@@ -101,6 +103,7 @@ def _run_pipeline(
     starts: Callable[[], tuple[str, ...]] = tuple,
     holds: tuple[str, ...] = (),
     fallbacks: Callable[[], tuple[str, ...]] = tuple,
+    handed: tuple[str, ...] = (),
 ) -> MigrationResult:
     try:
         module = _parse(source)
@@ -110,7 +113,7 @@ def _run_pipeline(
         message = "cannot parse: the code is nested too deeply; file left unchanged"
         return MigrationResult(path, source, source, error=Diagnostic(path, 1, 1, PARSE_ERROR, message))
     try:
-        return _migrate(module, source, target, path, options, only, starts, holds, fallbacks)
+        return _migrate(module, source, target, path, options, only, starts, holds, fallbacks, handed)
     except RecursionError:
         message = "file too deeply nested to analyse; file left unchanged"
     except Exception as error:  # noqa: BLE001 -- one odd file must never stop the run or lose data
@@ -126,6 +129,7 @@ def plan(
     starts: Callable[[], tuple[str, ...]] = tuple,
     holds: tuple[str, ...] = (),
     fallbacks: Callable[[], tuple[str, ...]] = tuple,
+    handed: tuple[str, ...] = (),
 ) -> Edits:
     """Every rule's edits and diagnostics for the file, phase by phase.
 
@@ -137,7 +141,7 @@ def plan(
     needs_runtime: list[tuple[type[Rule], int]] = []
     for rule in rules_for(target, WRAPS, style):
         _run(rule(target, analysis, edits, options), needs_runtime)
-    program = decide(analysis, edits.replacements, starts, holds, fallbacks)
+    program = decide(analysis, edits.replacements, starts, holds, fallbacks, handed)
     whole_program = only is None or any(rule.PHASE == CHECKS for rule in only)
     for phase in (PROGRAM, CHECKS):
         rewritten = frozenset(edits.replacements)
@@ -190,10 +194,11 @@ def _migrate(
     starts: Callable[[], tuple[str, ...]] = tuple,
     holds: tuple[str, ...] = (),
     fallbacks: Callable[[], tuple[str, ...]] = tuple,
+    handed: tuple[str, ...] = (),
 ) -> MigrationResult:
     analysis = FileAnalysis(path, source, module)
     try:
-        return _migrated(analysis, module, source, target, path, options, only, starts, holds, fallbacks)
+        return _migrated(analysis, module, source, target, path, options, only, starts, holds, fallbacks, handed)
     finally:
         analysis.release()
 
@@ -209,8 +214,9 @@ def _migrated(
     starts: Callable[[], tuple[str, ...]] = tuple,
     holds: tuple[str, ...] = (),
     fallbacks: Callable[[], tuple[str, ...]] = tuple,
+    handed: tuple[str, ...] = (),
 ) -> MigrationResult:
-    edits = plan(analysis, target, options, only, starts, holds, fallbacks)
+    edits = plan(analysis, target, options, only, starts, holds, fallbacks, handed)
     diagnostics = sorted(edits.diagnostics)
     if edits.empty:
         return MigrationResult(path, source, source, diagnostics)

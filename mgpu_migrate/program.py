@@ -81,6 +81,10 @@ class Program:
     ``holds``: for a module with no DataParallel of its own, the project modules holding the wrap (in a class
     this module's classes derive from) whose model it trains (``engine.held_programs``): those modules migrate
     with it, and this one's training loaders are split and its side effects made once.
+    ``handed``: for a module with no DataParallel of its own whose training code (a trainer class, a function
+    that runs the backward pass) is handed a wrapped model by scripts of the project that migrate
+    (``engine.handed_programs``; Conv-TasNet's ``solver.py``, whose ``Solver`` ``train.py`` builds): its code runs on
+    every process, so its side effects are made once; its data is split in those scripts.
     ``fallback``: for a script with no DataParallel of its own and a distributed set-up of its own
     (``existing``), the calls that get its model from a builder of another module of the project that wraps it
     in DataParallel (DialoGPT's ``load_model``): its DataParallel fallback, held there. The script is then
@@ -95,6 +99,7 @@ class Program:
     starts: tuple[str, ...] = ()
     holds: tuple[str, ...] = ()
     fallback: tuple[Fallback, ...] = ()
+    handed: tuple[str, ...] = ()
 
     @property
     def migrates(self) -> bool:
@@ -105,7 +110,7 @@ class Program:
     def runs_distributed(self) -> bool:
         """True when every process runs this file: it migrates, or it is the entry point of programs it starts
         (``starts``). The rules of the set-up and of side effects (directories, files, writers) apply to both."""
-        return self.migrates or (bool(self.starts or self.holds) and not self.kept and not self.existing)
+        return self.migrates or (bool(self.starts or self.holds or self.handed) and not self.kept and not self.existing)
 
     @property
     def own_path(self) -> bool:
@@ -259,6 +264,7 @@ def decide(
     starts: Callable[[], tuple[str, ...]] = tuple,
     holds: tuple[str, ...] = (),
     fallbacks: Callable[[], tuple[str, ...]] = tuple,
+    handed: tuple[str, ...] = (),
 ) -> Program:
     """The program the file becomes, given the nodes the wrap rules rewrote (the keys of their edits) and what
     gives the modules it starts as distributed programs (asked only of a script with no site of its own);
@@ -283,7 +289,14 @@ def decide(
     modules = fallbacks() if existing and not sites else ()
     fallback = tuple(fallback_builders(analysis, modules)) if modules else ()
     return Program(
-        tuple(wraps), tuple(kept), existing, already, starts() if not sites else (), holds if not sites else (), fallback
+        tuple(wraps),
+        tuple(kept),
+        existing,
+        already,
+        starts() if not sites else (),
+        holds if not sites else (),
+        fallback,
+        handed if not sites else (),
     )
 
 

@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from mgpu_migrate import files
@@ -79,24 +80,49 @@ def outcome_of(result: MigrationResult, want_diff: bool) -> FileOutcome:
     return FileOutcome(result.path, CHANGED, result.diagnostics, diff)
 
 
+@dataclass(frozen=True)
+class PendingWrite:
+    """A migrated file's new text, to be written once every file of the run has been migrated."""
+
+    source_file: files.SourceFile
+    output: str
+
+
 def migrate_file(
     source_file: files.SourceFile, target: str, write: bool, want_diff: bool, options: Options = DEFAULT_OPTIONS
 ) -> FileOutcome:
-    """Migrate one screened file. Never raises for a bad file: it comes back as FAILED, untouched."""
+    """Migrate one screened file (and write it). Never raises for a bad file: it comes back as FAILED, untouched."""
+    outcome, pending = migrated(source_file, target, write, want_diff, options)
+    return written(outcome, pending)
+
+
+def migrated(
+    source_file: files.SourceFile, target: str, write: bool, want_diff: bool, options: Options = DEFAULT_OPTIONS
+) -> tuple[FileOutcome, PendingWrite | None]:
+    """Migrate one screened file: its outcome as it will be once written, and the write to make (None: nothing to
+    write). Never raises for a bad file: it comes back as FAILED."""
     path = source_file.path
     try:
         text = source_file.text
     except (UnicodeDecodeError, LookupError) as error:
-        return _failed(path, READ_ERROR, f"cannot read: {error}")
+        return _failed(path, READ_ERROR, f"cannot read: {error}"), None
     result = migrate_source(text, target, path, options)
-    if write and result.changed:
-        try:
-            files.write_atomically(path, result.output, source_file.encoding, read_as=source_file)
-        except files.FileChanged:
-            return changed_on_disk(path)
-        except (OSError, UnicodeEncodeError) as error:
-            return _failed(path, READ_ERROR, f"cannot write: {getattr(error, 'strerror', None) or error}")
-    return markers.review_notes(outcome_of(result, want_diff), result, written=write and result.changed)
+    pending = PendingWrite(source_file, result.output) if write and result.changed else None
+    return markers.review_notes(outcome_of(result, want_diff), result, written=pending is not None), pending
+
+
+def written(outcome: FileOutcome, pending: PendingWrite | None) -> FileOutcome:
+    """``outcome``, once its file is written (or what stopped the write)."""
+    if pending is None:
+        return outcome
+    source_file = pending.source_file
+    try:
+        files.write_atomically(source_file.path, pending.output, source_file.encoding, read_as=source_file)
+    except files.FileChanged:
+        return changed_on_disk(source_file.path)
+    except (OSError, UnicodeEncodeError) as error:
+        return _failed(source_file.path, READ_ERROR, f"cannot write: {getattr(error, 'strerror', None) or error}")
+    return outcome
 
 
 # A worker pays for its start (its fork, its queue, the first file's one-time costs: ~0.05-0.1 s of CPU,
@@ -132,21 +158,27 @@ def process_files(
     Files are screened here first, so worker processes start only when the files that need the parser are
     enough work (``workers_for``); otherwise they are migrated in this process.
     ``progress(done, total)`` hears of each file the parser has finished.
+
+    Every file is migrated before any is written: a file's migration may read another module of the project as
+    it is (a trainer module migrates with the script that hands it the model, ``engine.handed_programs``; a
+    class's subclasses with it, ``engine.held_programs``), and that module, written first, would read as one
+    that no longer needs migrating.
     """
     outcomes = [screen(path, max_file_size, target) for path in paths]
     todo = [index for index, outcome in enumerate(outcomes) if isinstance(outcome, files.SourceFile)]
-    migrate = functools.partial(migrate_file, target=target, write=write, want_diff=want_diff, options=options)
+    migrate = functools.partial(migrated, target=target, write=write, want_diff=want_diff, options=options)
     workers = workers_for([len(outcomes[index].data) for index in todo], jobs)
     run = _map_in_processes if workers > 1 else _map_here
     finished = itertools.count(1)
 
-    def ticked(outcome: FileOutcome) -> FileOutcome:
+    def ticked(done: tuple[FileOutcome, PendingWrite | None]) -> tuple[FileOutcome, PendingWrite | None]:
         progress(next(finished), len(todo))
-        return outcome
+        return done
 
     with _terminate_as_interrupt():
-        for index, outcome in zip(todo, run(migrate, [outcomes[index] for index in todo], workers, ticked)):
-            outcomes[index] = outcome
+        done = run(migrate, [outcomes[index] for index in todo], workers, ticked)
+        for index, (outcome, pending) in zip(todo, done):
+            outcomes[index] = written(outcome, pending)
     return outcomes
 
 
@@ -163,11 +195,11 @@ def _terminate_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
-def _map_here(migrate: Callable, source_files: list, workers: int, ticked: Callable) -> list[FileOutcome]:
+def _map_here(migrate: Callable, source_files: list, workers: int, ticked: Callable) -> list:
     return [ticked(migrate(source_file)) for source_file in source_files]
 
 
-def _map_in_processes(migrate: Callable, source_files: list, workers: int, ticked: Callable) -> list[FileOutcome]:
+def _map_in_processes(migrate: Callable, source_files: list, workers: int, ticked: Callable) -> list:
     # Imported here: multiprocessing is a start-up cost a run over a few files never needs.
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
@@ -190,7 +222,7 @@ def _map_in_processes(migrate: Callable, source_files: list, workers: int, ticke
                 except BrokenProcessPool:
                     # A worker died (killed for memory, say). Its files were never written: say so, go on.
                     message = "internal error: the process migrating this file stopped; file left unchanged, please report"
-                    outcomes.append(_failed(source_file.path, INTERNAL_ERROR, message))
+                    outcomes.append((_failed(source_file.path, INTERNAL_ERROR, message), None))
         except KeyboardInterrupt:
             _stop_workers(pool, {os.path.dirname(os.path.realpath(source_file.path)) for source_file in source_files})
             raise
@@ -248,7 +280,7 @@ def _stop_worker(number: int, frame) -> None:
     os._exit(128 + number)
 
 
-def _in_worker(migrate: Callable, source_file: files.SourceFile) -> FileOutcome:
+def _in_worker(migrate: Callable, source_file: files.SourceFile) -> tuple[FileOutcome, PendingWrite | None]:
     global _migrating
     try:
         _migrating = True

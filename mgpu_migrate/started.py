@@ -71,6 +71,30 @@ def candidates(path: str, data: bytes, might_migrate: Callable[[bytes], bool]) -
     return tuple(module for module, text in _modules(path, data) if might_migrate(text))
 
 
+def wrapping_importers(path: str, might_migrate: Callable[[bytes], bool]) -> tuple[str, ...]:
+    """The project's modules that may hold a migration site (``might_migrate``) and import the module at ``path``:
+    those that may hand its training code a wrapped model (``engine.handed_programs``). Each tree's wrapping
+    modules and what they import are read once per run, from bytes, so the question costs a lookup per module."""
+    from mgpu_migrate.analysis.project import search_top
+
+    top = search_top(path)
+    index = _WRAPPING.get(top)
+    if index is None:
+        from mgpu_migrate.analysis.project import searched_tree
+
+        index = {}
+        for module, data in searched_tree(top):
+            if might_migrate(data):
+                here = os.path.dirname(module)
+                for imported in _imported(data, here, _bases(here)):
+                    index.setdefault(imported, []).append(module)
+        _WRAPPING[top] = index
+    return tuple(index.get(os.path.abspath(path), ()))
+
+
+_WRAPPING: dict[str, dict[str, list[str]]] = {}
+
+
 def trained_apart(path: str, data: bytes, started: tuple[str, ...]) -> tuple[str, ...]:
     """The project modules a script imports, as :func:`candidates` finds them, that run a backward pass
     (``.backward(`` in their bytes) and are neither among ``started`` (the modules its migration makes

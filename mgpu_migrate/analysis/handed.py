@@ -147,19 +147,22 @@ class HandedTraining:
         entered: list[cst.Call] = []
         blocker: Optional[Blocker] = None
         for run_call, function, cls in runs:
-            loops = self._loops(function, cls, 0)
+            loops, looping = self._loops(function, cls, 0), function
+            if not loops:
+                # Conv-TasNet's ``solver.train()``: its epoch loop only counts, and ``self._run_one_epoch(epoch)``
+                # runs the loop over the data: the loop of the first method of the object it calls that has one.
+                loops, looping = self._deeper_loops(function, cls)
             if not loops:
                 continue
             entered.append(run_call)
-            scope = self.analysis.values.scope_of(run_call)
             for loop in loops:
-                loop_where = loop_where or self._where(function, loop.lineno)
-                for root in _roots(loop.iter, function):
-                    argument, why = self._argument_for(root, run_call, call, function, cls)
+                loop_where = loop_where or self._where(looping, loop.lineno)
+                for root in _roots(loop.iter, looping):
+                    argument, why = self._argument_for(root, run_call, call, looping, cls, function)
                     if argument is None:
-                        blocker = blocker or Blocker(self._where(function, loop.lineno), why, in_code=False)
+                        blocker = blocker or Blocker(self._where(looping, loop.lineno), why, in_code=False)
                     else:
-                        data.append((argument, scope))
+                        data.append(argument)
         if not entered:
             where = f"{trainer.where.rpartition(':')[0]}:{self._project.backward_line(trainer)}"
             what = (
@@ -167,9 +170,6 @@ class HandedTraining:
                 if isinstance(found.node, _FUNCTIONS)
                 else "no method this file calls on it runs a `for` loop around the backward pass"
             )
-            deeper = self._deeper_loop(runs)
-            if deeper is not None:
-                where, what = deeper
             blocker = Blocker(where, what, in_code=False)
         split = self._split(data) if blocker is None else ()
         if blocker is None and isinstance(split, Blocker):
@@ -183,26 +183,21 @@ class HandedTraining:
                 self._where(definition, node.lineno)
                 for function, cls in training
                 for definition in self._reachable(function, cls)
+                if not self._made_once(definition)  # a module that migrates draws its bars on the main process
                 for node in _calls(definition.node)
                 if _is_progress_bar(definition.module.qualified(node.func))
             )
         )
         return Handover(call, name, trainer, loop_where, tuple(entered), tuple(split), blocker, bars)
 
-    def _deeper_loop(self, runs: Sequence[tuple[cst.Call, Found, Optional[Found]]]) -> Optional[tuple[str, str]]:
-        """Where the training loop is when it is in a method that a method this file calls calls in turn
-        (Conv-TasNet's ``solver.train()`` -> ``self._run_one_epoch()``), and what to say of it: the tool reads
-        the loop's data only in the methods this file calls."""
-        for _, function, cls in runs:
-            for method in self._reachable(function, cls)[1:]:
-                loops = self._loops(method, cls, 0)
-                if loops:
-                    return (
-                        self._where(method, loops[0].lineno),
-                        f"its loop is in `{method.name}`, which `{function.name}` calls: the tool reads a loop's data "
-                        "only in a method this file calls",
-                    )
-        return None
+    def _deeper_loops(self, function: Found, cls: Optional[Found]) -> tuple[list[ast.For], Found]:
+        """The training loops of the first method of the object that ``function`` calls in turn and that has one,
+        with that method (none, and ``function``, when none has)."""
+        for method in self._reachable(function, cls)[1:]:
+            loops = self._loops(method, cls, 0)
+            if loops:
+                return loops, method
+        return [], function
 
     def _method_calls(self, construction: cst.Call, cls: Found) -> list[tuple[cst.Call, Found]]:
         """The calls of this file of a method on the object ``construction`` builds (``trainer.train(...)``,
@@ -224,26 +219,65 @@ class HandedTraining:
         return found
 
     def _argument_for(
-        self, root: ast.expr, run_call: cst.Call, construction: cst.Call, function: Found, cls: Optional[Found]
-    ) -> tuple[Optional[cst.BaseExpression], str]:
-        """The argument of this file's call that binds the loop's data ``root``, or None and why not."""
+        self,
+        root: ast.expr,
+        run_call: cst.Call,
+        construction: cst.Call,
+        function: Found,
+        cls: Optional[Found],
+        called: Found,
+    ) -> tuple[Optional[tuple[cst.BaseExpression, Scope]], str]:
+        """The expression of this file (and its scope) that the loop's data ``root`` is, or None and why not.
+        ``function`` holds the loop; ``called``, the method this file calls (the same, or one that calls it)."""
         code = _short(root, 30)
         implicit = 1 if cls is not None and not _is_static(function.node) else 0
+        scope = self.analysis.values.scope_of(run_call)
         if isinstance(root, ast.Name):
+            if function is not called:
+                if root.id in _parameters(function.node):
+                    return None, f"its data `{code}` is a parameter of `{function.name}`, which `{called.name}` passes it"
+                return None, f"its data `{code}` is no parameter of `{function.name}`"
             argument = _bound(run_call, function.node, root.id, implicit)
             if argument is not None:
-                return argument, ""
+                return (argument, scope), ""
             if root.id in _parameters(function.node):
                 return None, f"its data `{code}` is not passed by this file's call (line {self._line(run_call)})"
             return None, f"its data `{code}` is no parameter of `{function.name}`"
         attribute = _self_attribute(root, function.node) if cls is not None else None
         if cls is not None and attribute is not None:
             init = self._method(cls, "__init__", 0)
-            parameter = _set_from_parameter(init, attribute.attr) if init is not None else None
-            argument = _bound(construction, init.node, parameter, 1) if init is not None and parameter else None
+            stored = _set_from_parameter(init, attribute.attr) if init is not None else None
+            argument = _bound(construction, init.node, stored[0], 1) if init is not None and stored else None
+            if argument is not None and stored is not None and stored[1] is not None:
+                # ``self.tr_loader = data["tr_loader"]``: that entry of the dict this file builds and passes.
+                return self._entry(argument, stored[1], self.analysis.values.scope_of(construction), code)
             if argument is not None:
-                return argument, ""
+                return (argument, scope), ""
         return None, f"its data `{code}` is no parameter of `{function.name}`"
+
+    def _entry(
+        self, argument: cst.BaseExpression, key: str, scope: Scope, code: str
+    ) -> tuple[Optional[tuple[cst.BaseExpression, Scope]], str]:
+        """The value at ``key`` of the dict display ``argument`` is, or is stored in once (``data = {...}``),
+        when nothing in this file stores into that dict by key."""
+        values = self.analysis.values
+        stored = [(argument, scope)] if type(argument) is cst.Dict else values.assigned_only(argument, scope) or []
+        written = type(argument) is cst.Name and any(
+            type(assignment.target) is cst.Subscript
+            and type(assignment.target.value) is cst.Name
+            and assignment.target.value.value == argument.value
+            for assignment in values.index.assignments
+        )
+        dictionary, dictionary_scope = stored[0] if len(stored) == 1 else (None, scope)
+        if type(dictionary) is cst.Dict and not written:
+            for element in dictionary.elements:
+                if (
+                    type(element) is cst.DictElement
+                    and type(element.key) is cst.SimpleString
+                    and element.key.evaluated_value == key
+                ):
+                    return (element.value, dictionary_scope), ""
+        return None, f"its data `{code}` is an entry of `{shorten(self.analysis.code_of(argument), 30)}` not followed here"
 
     def _split(
         self, data: list[tuple[cst.BaseExpression, Scope]]
@@ -348,7 +382,8 @@ class HandedTraining:
         """The first site of one definition that the migration of this file cannot make right."""
         project, module = self._project, definition.module
         sites: list[tuple[int, str]] = []
-        written = project.writes(definition)
+        once = self._made_once(definition)
+        written = project.writes(definition) if not once else None
         if written is not None:
             verb = "makes or deletes directories" if written.directory else "writes files"
             sites.append((written.line, f"`{written.call}` {verb} on every process"))
@@ -363,7 +398,7 @@ class HandedTraining:
                     ("torch.", "builtins.")
                 ):
                     callee = self._called(definition, node.func)
-                    helper = project.writes(callee) if callee is not None else None
+                    helper = project.writes(callee) if callee is not None and not once else None
                     if helper is not None:
                         verb = "makes or deletes directories" if helper.directory else "writes files"
                         sites.append((node.lineno, f"`{_short(node.func)}(...)` {verb} on every process"))
@@ -380,9 +415,27 @@ class HandedTraining:
         line, what = min(sites)
         return Blocker(self._where(definition, line), what)
 
+    def _made_once(self, definition: Found) -> bool:
+        return migrates_with(definition.module.path, self.analysis.path)
+
     def _called(self, definition: Found, func: ast.expr) -> Optional[Found]:
         """The project's function or class a call in ``definition`` names."""
         return self._project.resolve_in(definition, func)[1]
+
+
+def migrates_with(module: str, here: str) -> bool:
+    """Whether the project module at ``module``, whose code the file at ``here`` runs, is migrated itself
+    (``Program.handed``: Conv-TasNet's ``solver.py``, whose ``Solver`` its ``train.py`` is handed the model), so
+    that its files and directories are written once there, by its own migration."""
+    from mgpu_migrate.engine import being_decided, migration_of  # each module's verdict is its own migration's
+
+    path = os.path.abspath(module)
+    if path == os.path.abspath(here):
+        return False
+    if being_decided(path):
+        return True
+    result = migration_of(path)
+    return result is not None and result.changed and result.error is None
 
 
 # -- reading a definition ------------------------------------------------------------------------------
@@ -417,18 +470,48 @@ def _counts(iterable: ast.expr) -> bool:
     return name in ("range", "trange", "count")
 
 
-def _roots(iterable: ast.expr, function: Found) -> list[ast.expr]:
+def _roots(iterable: ast.expr, function: Found, depth: int = 0) -> list[ast.expr]:
     """What a loop iterates, iteration wrappers removed: ``data_loader`` of ``enumerate(data_loader)``, of
-    ``tqdm(data_loader, ...)``, both loaders of ``zip(a, b)``."""
+    ``tqdm(data_loader, ...)``, both loaders of ``zip(a, b)``; a local name the function binds once, what it
+    binds (``data_loader = self.tr_loader if not cross_valid else self.cv_loader``: both)."""
+    if isinstance(iterable, ast.IfExp):
+        return _roots(iterable.body, function, depth) + _roots(iterable.orelse, function, depth)
+    if isinstance(iterable, ast.Name) and depth < _MAX_DEPTH and iterable.id not in _parameters(function.node):
+        bound = _bound_once(function.node, iterable.id)
+        if bound is not None:
+            return _roots(bound, function, depth + 1)
     if isinstance(iterable, ast.Call) and iterable.args:
         func = iterable.func
         qualified = function.module.qualified(func) or ""
         if isinstance(func, ast.Name) and func.id in _ITERATION_WRAPPERS and func.id not in function.module.imports:
             arguments = iterable.args if func.id == "zip" else iterable.args[:1]
-            return [root for argument in arguments for root in _roots(argument, function)]
+            return [root for argument in arguments for root in _roots(argument, function, depth)]
         if qualified.split(".")[0] == "tqdm" and qualified.endswith(".tqdm"):
-            return _roots(iterable.args[0], function)
+            return _roots(iterable.args[0], function, depth)
     return [iterable]
+
+
+def _bound_once(function: ast.AST, name: str) -> Optional[ast.expr]:
+    """What ``name = value``, the one binding of the local ``name`` in ``function`` (its nested definitions
+    aside), stores; None when anything else binds it (a loop, ``with``, an augmented or unpacking assignment)."""
+    values: list[ast.expr] = []
+    others = 0
+    pending = list(ast.iter_child_nodes(function))
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (*_FUNCTIONS, ast.Lambda, ast.ClassDef)):
+            continue
+        if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, (ast.Store, ast.Del)):
+            others += 1
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id == name
+        ):
+            values.append(node.value)
+        pending.extend(ast.iter_child_nodes(node))
+    return values[0] if len(values) == 1 and others == 1 else None
 
 
 def _parameters(function: ast.AST) -> list[str]:
@@ -475,8 +558,10 @@ def _self_attribute(node: ast.expr, function: ast.AST) -> Optional[ast.Attribute
     return None
 
 
-def _set_from_parameter(init: Found, attribute: str) -> Optional[str]:
-    """The parameter ``__init__`` stores in ``self.<attribute>`` (``self.loader = loader``), if it stores only that."""
+def _set_from_parameter(init: Found, attribute: str) -> Optional[tuple[str, Optional[str]]]:
+    """The parameter ``__init__`` stores in ``self.<attribute>``, if it stores only that: ``self.loader = loader``
+    gives ``("loader", None)``, ``self.tr_loader = data["tr_loader"]`` (an entry of a dict it is given, by a
+    constant key) gives ``("data", "tr_loader")``."""
     stored = []
     for node in ast.walk(init.node):
         if isinstance(node, ast.Assign):
@@ -484,8 +569,19 @@ def _set_from_parameter(init: Found, attribute: str) -> Optional[str]:
                 found = _self_attribute(target, init.node)
                 if found is not None and found.attr == attribute:
                     stored.append(node.value)
-    if len(stored) == 1 and isinstance(stored[0], ast.Name) and stored[0].id in _parameters(init.node):
-        return stored[0].id
+    if len(stored) != 1:
+        return None
+    value, parameters = stored[0], _parameters(init.node)
+    if isinstance(value, ast.Name) and value.id in parameters:
+        return value.id, None
+    if (
+        isinstance(value, ast.Subscript)
+        and isinstance(value.value, ast.Name)
+        and value.value.id in parameters
+        and isinstance(value.slice, ast.Constant)
+        and isinstance(value.slice.value, str)
+    ):
+        return value.value.id, value.slice.value
     return None
 
 
@@ -519,4 +615,4 @@ def _short(node: ast.AST, limit: int = 40) -> str:
     return code if len(code) <= limit else code[: limit - 3] + "..."
 
 
-__all__ = ["Blocker", "Handover", "HandedTraining"]
+__all__ = ["Blocker", "Handover", "HandedTraining", "migrates_with"]

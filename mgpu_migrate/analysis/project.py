@@ -1092,9 +1092,7 @@ def importers(path: str, uses: str) -> list[Importer]:
     path = os.path.abspath(path)
     directory = os.path.dirname(path)
     root = find_root(directory)
-    top = root or _above_package(directory)
-    if root is None and top == directory and not os.path.exists(os.path.join(directory, "__init__.py")):
-        top = os.path.dirname(directory)  # a folder of scripts: its importers may be beside it
+    top = search_top(path)
     relative = os.path.relpath(path, top)[: -len(".py")].replace(os.sep, ".")
     parts = relative.split(".")
     if parts[-1] == "__init__":
@@ -1116,6 +1114,22 @@ def importers(path: str, uses: str) -> list[Importer]:
     found.sort(key=lambda entry: (entry[0], not entry[1].trains, entry[1].path))
     return [importer for _, importer in found]
 
+
+
+def search_top(path: str) -> str:
+    """The tree searched for the importers of the module at ``path``: the project's root, else the top package's
+    directory (its parent when the file is in no package: a folder of scripts, whose importers may be beside it)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    root = find_root(directory)
+    top = root or _above_package(directory)
+    if root is None and top == directory and not os.path.exists(os.path.join(directory, "__init__.py")):
+        top = os.path.dirname(directory)
+    return top
+
+
+def searched_tree(top: str) -> tuple[tuple[str, bytes], ...]:
+    """The modules of the tree at ``top`` and their bytes, read once per run (bounded: see ``importers``)."""
+    return _tree(top)
 
 
 def importers_through_packages(path: str, uses: str) -> list[Importer]:

@@ -11,6 +11,7 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis.guards import main_process_caller, under_main_process_block
+from mgpu_migrate.analysis.handed import migrates_with
 from mgpu_migrate.analysis.models import MODULE_METHODS_RETURNING_SELF
 from mgpu_migrate.analysis.project import Found, Project, Write, project_download, project_of
 from mgpu_migrate.analysis.stand_ins import blocker
@@ -106,7 +107,7 @@ class ProjectSideEffects(Rule):
 
     CODE = Rewrite("MGP132")
     PHASE = PROGRAM
-    USES = ("loaders", "models", "values")
+    USES = ("handed", "loaders", "models", "values")
     REVIEW_CODES = (WRITTEN_BY_EVERY_PROCESS,)
     DESCRIPTION = "calls of the project's helpers that write files run on the main process only"
     TARGETS = (DDP,)
@@ -142,6 +143,14 @@ class ProjectSideEffects(Rule):
         # The modules this script starts as distributed programs make their own writes once, in their migration
         # (decision-transformer's trainer saves from its train()), and their training runs on every process.
         started = {os.path.abspath(module) for module in self.program.starts}
+        # So do the modules whose training code this script is handed the model to and that migrate with it
+        # (Conv-TasNet's solver.py, whose Solver saves its checkpoints: Program.handed there).
+        handed = {
+            os.path.abspath(handover.trainer.module.path)
+            for handover in self.analysis.handed.migrating
+            if migrates_with(handover.trainer.module.path, self.analysis.path)
+        }
+        started |= handed
         for call in self.analysis.calls:
             if under_main_process_block(self.analysis, call) or gives_download(call):
                 continue  # a build given download= is MGP137's: the main process first, then the others

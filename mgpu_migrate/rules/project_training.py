@@ -128,7 +128,9 @@ PROGRESS_BAR_IN_TRAINING_CODE = Review(
         "follows and whose data it splits here. That code draws a `tqdm` progress bar, which every process draws "
         "over the others' on its stderr (the runtime hands on the main process's stdout alone, every process's "
         "stderr). Training, saves and printed lines are the original's; the bar is drawn once per process. The "
-        "tool rewrites a module only when it migrates that module, so it does not add the main-process test there."
+        "tool rewrites a module only when it migrates that module (a module of training code migrates with the "
+        "scripts that hand it the model, and draws its bars on the main process, MGP125, unless something keeps it "
+        "as it is), so it does not add the main-process test there."
     ),
     todo="Add `disable=not mgpu_runtime.is_main_process()` to that `tqdm(...)` (or ignore the extra bars).",
 )

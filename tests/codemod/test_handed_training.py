@@ -66,9 +66,6 @@ def test_a_loop_over_a_parameter_migrates_and_splits_the_loader_here(tmp_path):
         ("x = x.cuda(1)", "`x.cuda(1)` names a GPU every process would use"),
         ("y = y.to('cuda:1')", "`'cuda:1'` names a GPU every process would use"),
         ("assert isinstance(model, torch.nn.DataParallel)", "`torch.nn.DataParallel` names torch's DataParallel"),
-        ("os.makedirs('runs')", "`os.makedirs` makes or deletes directories on every process"),
-        ("torch.save(model.state_dict(), 'last.pt')", "`torch.save` writes files on every process"),
-        ("log_step(x)", "`log_step(...)` writes files on every process"),
     ],
 )
 def test_a_site_of_the_training_code_that_needs_a_change_leaves_the_file_naming_it(tmp_path, step, named):
@@ -77,6 +74,38 @@ def test_a_site_of_the_training_code_that_needs_a_change_leaves_the_file_naming_
     assert not result.changed and _codes(result) == ["MGP323"]
     (left,) = result.diagnostics
     assert left.line == 6 and named in left.message and "(trainers.py:12)" in left.message, left.message
+    trainers = tmp_path / "trainers.py"
+    if "DataParallel" not in step:  # a module that names DataParallel is migrated on its own (MGP126)
+        assert not migrate_source(trainers.read_text(), "ddp", str(trainers)).changed  # nor is the training code
+
+
+@pytest.mark.parametrize(
+    ("step", "made_once", "written"),
+    [
+        ("os.makedirs('runs')", "MGP133", "if mgpu_runtime.is_main_process():\n        os.makedirs('runs')"),
+        ("torch.save(model.state_dict(), 'last.pt')", "MGP123", "mgpu_runtime.save(model.state_dict(), 'last.pt')"),
+        ("log_step(x)", "MGP134", "with mgpu_runtime.main_process_only(open, 'steps.txt', 'a') as f:"),
+    ],
+)
+def test_a_write_of_the_training_code_is_made_once_there_and_both_migrate(tmp_path, step, made_once, written):
+    """The training code's module runs on every process of the script's program: it migrates with the script
+    (Program.handed), its writes made once there, whichever of the two is migrated first."""
+    helper = "def log_step(x):\n    with open('steps.txt', 'a') as f:\n        f.write(str(x))\n\n\n"
+    loop = LOOP.format(step="pass").replace("    for x, y in loader:", f"    {step}\n    for x, y in loader:")
+    result = _project(tmp_path, "import os\nimport torch\n\n\n" + helper + loop)
+    assert result.changed and "MGP323" not in _codes(result) and "MGP122" in _codes(result)
+    trainers = tmp_path / "trainers.py"
+    handed = migrate_source(trainers.read_text(), "ddp", str(trainers))
+    assert handed.changed and made_once in _codes(handed) and written in handed.output, handed.output
+
+
+def test_the_training_code_of_a_script_that_is_left_is_left_too(tmp_path):
+    """A script left (its data not followed) runs as one process: its training code's module is not migrated."""
+    script = SCRIPT.replace("train_epoch(loader, model, optimizer)", "train_epoch(loaders['train'], model, optimizer)")
+    result = _project(tmp_path, "import torch\n\n\n" + LOOP.format(step="torch.save(x, 'x.pt')"), script)
+    assert not result.changed
+    trainers = tmp_path / "trainers.py"
+    assert not migrate_source(trainers.read_text(), "ddp", str(trainers)).changed
 
 
 def test_an_error_caught_around_the_step_leaves_the_file(tmp_path):
@@ -134,27 +163,32 @@ def test_text_that_is_no_file_reads_no_training_code():
     assert "distribute_loader" not in result.output and "MGP262" in _codes(result)
 
 
-def test_a_loop_one_method_call_deeper_is_named_where_it_is(tmp_path):
+def test_a_loop_one_method_call_deeper_is_followed(tmp_path):
     """Conv-TasNet's Solver: the script calls `solver.train()`, whose `for epoch in range(...)` only counts, and
-    `self._run_one_epoch()` holds the loop over the data with the backward pass. The file is left (the tool reads a
-    loop's data in the methods the script calls), and the reason says where the loop is, not that there is none."""
+    `self._run_one_epoch()` holds the loop over the data with the backward pass. Its data is `self.tr_loader` or
+    `self.cv_loader`, by a flag, which `__init__` takes from a dict of loaders the script builds: both loaders are
+    split where they are built."""
     trainers = """\
 class Solver:
     def __init__(self, data, model, optimizer):
         self.tr_loader = data["tr_loader"]
+        self.cv_loader = data["cv_loader"]
         self.model = model
         self.optimizer = optimizer
 
     def train(self):
         for epoch in range(3):
             self._run_one_epoch(epoch)
+            self._run_one_epoch(epoch, cross_valid=True)
 
-    def _run_one_epoch(self, epoch):
-        for x, y in self.tr_loader:
+    def _run_one_epoch(self, epoch, cross_valid=False):
+        data_loader = self.tr_loader if not cross_valid else self.cv_loader
+        for x, y in data_loader:
             loss = (self.model(x) - y).pow(2).mean()
-            self.optimizer.zero_grad()
-            loss.backward()
-            self.optimizer.step()
+            if not cross_valid:
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
 """
     script = """\
 import torch.nn as nn
@@ -163,10 +197,57 @@ from torch.utils.data import DataLoader
 from trainers import Solver
 
 model = nn.DataParallel(net)
-solver = Solver({"tr_loader": DataLoader(train_set, batch_size=8)}, model, optimizer)
+tr_loader = DataLoader(train_set, batch_size=8)
+cv_loader = DataLoader(valid_set, batch_size=8)
+data = {"tr_loader": tr_loader, "cv_loader": cv_loader}
+solver = Solver(data, model, optimizer)
 solver.train()
 """
     result = _project(tmp_path, trainers, script)
-    (left,) = [d for d in result.diagnostics if d.code == "MGP285"]
-    assert "its loop is in `_run_one_epoch`, which `train` calls" in left.message and "(trainers.py:12)" in left.message
-    assert not result.changed
+    assert result.changed and "MGP285" not in _codes(result), result.diagnostics
+    assert "tr_loader = mgpu_runtime.distribute_loader(DataLoader(train_set, batch_size=8))" in result.output
+    assert "cv_loader = mgpu_runtime.distribute_loader(DataLoader(valid_set, batch_size=8))" in result.output
+    (split, _) = [d for d in result.diagnostics if d.code == "MGP122"]
+    assert "(its loop: `Solver`, trainers.py:15)" in split.message, split.message
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        (("data = {", "data['tr_loader'] = other\ndata = {"), "an entry of `data` not followed here"),
+        (("data_loader = self", "data_loader = None\n        data_loader = self"), "`data_loader` is no parameter"),
+    ],
+)
+def test_data_a_deeper_loop_draws_that_is_not_followed_leaves_the_file(tmp_path, change, why):
+    """A dict the script also stores into by key, or a local bound twice: not followed, left (MGP285)."""
+    trainers = """\
+class Solver:
+    def __init__(self, data, model):
+        self.tr_loader = data["tr_loader"]
+        self.model = model
+
+    def train(self):
+        for epoch in range(3):
+            self._run_one_epoch(epoch)
+
+    def _run_one_epoch(self, epoch):
+        data_loader = self.tr_loader
+        for x in data_loader:
+            self.model(x).sum().backward()
+"""
+    script = """\
+import torch.nn as nn
+from torch.utils.data import DataLoader
+
+from trainers import Solver
+
+model = nn.DataParallel(net)
+data = {"tr_loader": DataLoader(train_set, batch_size=8)}
+Solver(data, model).train()
+"""
+    if change[0] == "data = {":
+        script = script.replace(*change)
+    else:
+        trainers = trainers.replace(*change)
+    result = _project(tmp_path, trainers, script)
+    assert not result.changed and _codes(result) == ["MGP285"] and why in result.diagnostics[0].message, result.diagnostics
