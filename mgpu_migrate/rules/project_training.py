@@ -46,7 +46,9 @@ TRAINING_CODE_NEEDS_CHANGES = Review(
         "The model wrapped here is trained in another module of the project, which the tool follows: its "
         "loop's data is split here, and its values are the global batch's under the runtime. But a site there "
         "needs a change that a migration of this file cannot make, since the tool rewrites a module only when it "
-        "migrates that module: it writes a file or makes a directory (every process would), runs distributed "
+        "migrates that module: it writes a file or makes a directory (every process would; a training module "
+        "that migrates in the same run, as one the scripts hand the model to does when the tool can rewrite it, "
+        "has its writes made once instead), runs distributed "
         "calls of its own, names torch's DataParallel (an `isinstance` check that would turn false), picks a GPU "
         "by its number (every process would use it), or catches an error around the step (each process would "
         "decide alone whether to take it). The diagnostic names the site, `module:line`. The file is left as it is."
@@ -182,8 +184,11 @@ class ProjectTraining(Rule):
     training loop there iterates a loader this file hands it (a parameter of the function or of the method
     called here, ``trainer.train(epoch, train_loader, optimizer)``, or an attribute ``__init__`` sets from
     one), the file migrates: that loader is split here (MGP122), and the set-up and saves are this file's.
-    A site of that training code that a migration of this file cannot make right leaves the file, named as
-    ``module:line`` (MGP323): a file written or a directory made there, a distributed call of its own, torch's
+    The loop may sit one method call deeper than the method called here (Conv-TasNet's ``Solver.train()``
+    calls ``self._run_one_epoch()``, which runs the backward pass). A training module that writes files or logs
+    migrates in the same run as this file (its writes made once) instead of leaving it. Any other
+    site of that training code that a migration of this file cannot make right leaves the file, named as
+    ``module:line`` (MGP323): a file written there by a module that stays, a distributed call of its own, torch's
     DataParallel named, a GPU picked by number, an error caught around the step. Training whose data the
     reading cannot follow back here, or any under ``--style torch``, leaves the file too, naming the
     definition that trains (MGP285). A progress bar that code draws is said (MGP324). When the model only
