@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
+from mgpu_migrate.analysis import names
+from mgpu_migrate.analysis.devices import device_ids, every_visible
 from mgpu_migrate.analysis.rebased import rebased_machinery
 from mgpu_migrate.analysis.entrypoint import sets_cuda_visible_devices
 from mgpu_migrate.analysis.tree import is_zero
@@ -72,6 +74,12 @@ class ExplicitDevice(Rule):
     ```
 
     ## Fix safety
+    ``torch.cuda.set_device(args.gpu)`` (a GPU picked by a setting) in a file whose every wrap is a DataParallel
+    over every visible GPU becomes ``torch.cuda.set_device(mgpu_runtime.device())`` too: the replicas ran on
+    every GPU whatever it named (the module on the first, which DataParallel requires), so it only picked
+    where the script's own tensors went before the scatter; the diagnostic says it, since a one-GPU run of the
+    original could use it to pick the GPU (choose GPUs with ``CUDA_VISIBLE_DEVICES``).
+
     Safe: in a single process the current device is the first GPU, as before. Another explicit GPU
     (``"cuda:1"``, ``.cuda(args.gpu)``, ``f"cuda:{i}"``, ``x.to(1)``) is left with MGP244, and a ``CUDA_VISIBLE_DEVICES``
     assignment that would run after ``mgpu_runtime.setup()`` (too late to choose the GPUs) with MGP245 (one in a
@@ -121,6 +129,43 @@ class ExplicitDevice(Rule):
             """,
             DDP,
             ("MGP101", "MGP127", "MGP244"),
+        ),
+        Example(
+            """
+            import torch
+
+            torch.cuda.set_device(args.gpu)
+            model = torch.nn.DataParallel(model).cuda()
+            """,
+            """
+            import torch
+            import mgpu_runtime
+
+            torch.cuda.set_device(mgpu_runtime.device())
+            model = mgpu_runtime.DistributedDataParallel(model).cuda()
+            """,
+            DDP,
+            ("MGP101", "MGP127"),
+            message="`torch.cuda.set_device(args.gpu)` binds the process's GPU",
+            name="the current GPU picked by a setting, under a DataParallel over every GPU",
+        ),
+        Example(
+            """
+            import torch
+
+            torch.cuda.set_device(args.gpu)
+            model = torch.nn.DataParallel(model, device_ids=args.gpus).cuda()
+            """,
+            """
+            import torch
+            import mgpu_runtime
+
+            torch.cuda.set_device(args.gpu)
+            model = mgpu_runtime.DistributedDataParallel(model).cuda()
+            """,
+            DDP,
+            ("MGP101", "MGP244"),
+            name="the current GPU picked beside GPUs chosen for the wrap: said",
         ),
         Example(
             """
@@ -316,6 +361,17 @@ class ExplicitDevice(Rule):
         arg = argument(call, "device", 0)
         if arg is not None and _is_first_gpu(arg.value):
             return  # becomes set_device("cuda"), the current device, with the other strings
+        if arg is not None and not arg.star and not is_zero(arg.value) and self._every_wrap_on_every_gpu(arg.value):
+            if self.rewrite_allowed(call):
+                code = shorten(self.analysis.code_of(arg.value), 30)
+                self.edits.replace(arg.value, lambda _: runtime_call("device"))
+                self.edits.need_import(RUNTIME)
+                self.rewrote(
+                    call,
+                    f"`torch.cuda.set_device({code})` binds the process's GPU, {RUNTIME}.device(): DataParallel ran "
+                    f"on every visible GPU whatever `{code}` named (choose them with CUDA_VISIBLE_DEVICES)",
+                )
+            return
         if arg is None or not is_zero(arg.value):
             self._other_gpu(call, self.analysis.code_of(arg.value if arg else call))
             return
@@ -323,6 +379,21 @@ class ExplicitDevice(Rule):
             self.edits.replace(arg.value, lambda _: runtime_call("device"))
             self.edits.need_import(RUNTIME)
             self.rewrote(call, f"the process's GPU is {RUNTIME}.device(), bound by {RUNTIME}.setup()")
+
+    def _every_wrap_on_every_gpu(self, value: cst.BaseExpression) -> bool:
+        """``torch.cuda.set_device(args.gpu)`` in a file whose every wrap is a DataParallel over every visible GPU
+        (no ``device_ids``): the number picked only the current device, where the script's own ``.cuda()``
+        tensors went before the scatter (darts' ``train_imagenet.py``); the replicas ran on every GPU, with the
+        module on the first, whatever it named. A GPU written as a number (``set_device(1)``) stays said."""
+        if type(value) is cst.Integer or not self.program.wraps:
+            return False
+        for wrap in self.program.wraps:
+            if self.analysis.resolve(wrap.func) not in (names.DATA_PARALLEL, names.CALLBACK_DATA_PARALLEL):
+                return False
+            chosen = device_ids(wrap)
+            if chosen is not None and not every_visible(self.analysis, chosen):
+                return False
+        return True
 
     def _device_index(self, call: cst.Call) -> None:
         """``torch.device("cuda", 0)``, ``torch.device(0)``."""
