@@ -27,9 +27,11 @@ if TYPE_CHECKING:
 _MAX_DEPTH = 4
 
 
-def blocker(analysis: FileAnalysis, target: cst.BaseExpression, made: cst.Call) -> Optional[str]:
+def blocker(analysis: FileAnalysis, target: cst.BaseExpression, made: cst.Call, results: bool = False) -> Optional[str]:
     """Why the object ``made`` and stored in ``target`` (a name, or ``self.NAME``) cannot be a stand-in: the first
-    use that reads more than the effect of a method call, in a few words with its line; None when none does."""
+    use that reads more than the effect of a method call, in a few words with its line; None when none does.
+    ``results``: the stand-in returns the main process's results of its method calls on every process (a visdom
+    client's window ids), so a method call whose result is used is fine too."""
     tree = analysis.tree
     if type(target) is cst.Name:
         function = tree.function(made)
@@ -49,7 +51,7 @@ def blocker(analysis: FileAnalysis, target: cst.BaseExpression, made: cst.Call) 
     else:
         return f"stored in `{analysis.code_of(target)}`"
     for use in uses:
-        reason = _use_blocks(analysis, use)
+        reason = _use_blocks(analysis, use, results)
         if reason is not None:
             return f"{reason} at line {analysis.position(use)[0]}"
     return None
@@ -61,7 +63,7 @@ def _is_attribute_name(tree, node: cst.Name) -> bool:
     return (type(parent) is cst.Attribute and parent.attr is node) or (type(parent) is cst.Arg and parent.keyword is node)
 
 
-def _use_blocks(analysis: FileAnalysis, use: cst.BaseExpression) -> Optional[str]:
+def _use_blocks(analysis: FileAnalysis, use: cst.BaseExpression, results: bool) -> Optional[str]:
     tree = analysis.tree
     parent = tree.parent(use)
     # `logger if args.log else None` handed on: what receives it is what uses it.
@@ -72,7 +74,7 @@ def _use_blocks(analysis: FileAnalysis, use: cst.BaseExpression) -> Optional[str
     if type(parent) is cst.Attribute and parent.value is use:
         call = tree.parent(parent)
         if type(call) is cst.Call and call.func is parent:
-            return None if type(tree.parent(call)) is cst.Expr else f"what `{analysis.code_of(parent)}(...)` returns is used"
+            return None if results or type(tree.parent(call)) is cst.Expr else f"what `{analysis.code_of(parent)}(...)` returns is used"
         if type(call) is cst.AssignTarget:
             return None  # an attribute set (yolact's `log.log_gpu_stats = ...`): the stand-in sets it on the main process
         return f"`{analysis.code_of(parent)}` is read"
@@ -88,11 +90,11 @@ def _use_blocks(analysis: FileAnalysis, use: cst.BaseExpression) -> Optional[str
     if type(parent) is cst.Arg:
         call = tree.parent(parent)
         assert type(call) is cst.Call
-        return _handed(analysis, call, parent)
+        return _handed(analysis, call, parent, results)
     return f"`{analysis.code_of(parent)}` uses it" if parent is not None else "used"
 
 
-def _handed(analysis: FileAnalysis, call: cst.Call, arg: cst.Arg) -> Optional[str]:
+def _handed(analysis: FileAnalysis, call: cst.Call, arg: cst.Arg, results: bool) -> Optional[str]:
     """The object handed to ``call`` as ``arg``: a function of the file or of the project that only calls its
     methods for their effect."""
     if arg.star:
@@ -109,13 +111,13 @@ def _handed(analysis: FileAnalysis, call: cst.Call, arg: cst.Arg) -> Optional[st
             node = tree.body[0]
             assert isinstance(node, ast.FunctionDef)
             first = analysis.position(own[0].name)[0] - 1
-            return _parameter_blocks(None, node, position, keyword, 0, callee, lambda line: f"line {first + line}")
+            return _parameter_blocks(None, node, position, keyword, 0, callee, lambda line: f"line {first + line}", results)
     qualified = analysis.resolve(call.func)
     project = project_of(analysis.path)
     found = project.find(qualified) if project is not None and qualified and not qualified.startswith(("torch.", "builtins.")) else None
     if found is None or not isinstance(found.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return f"handed to `{callee}`, which is not read"
-    return _parameter_blocks(found, found.node, position, keyword, 0, callee, _lines_of(found))
+    return _parameter_blocks(found, found.node, position, keyword, 0, callee, _lines_of(found), results)
 
 
 def _attached_to_an_engine(call: cst.Call, position: Optional[int], keyword: Optional[str]) -> bool:
@@ -140,6 +142,7 @@ def _parameter_blocks(
     depth: int,
     callee: str,
     where,
+    results: bool = False,
 ) -> Optional[str]:
     """Why the parameter (by ``position`` or ``keyword``) of ``function`` is used for more than its methods' effect."""
     parameters = [*function.args.posonlyargs, *function.args.args]
@@ -158,7 +161,7 @@ def _parameter_blocks(
         parent = parents.get(id(node))
         if isinstance(parent, ast.Attribute):
             call = parents.get(id(parent))
-            if isinstance(call, ast.Call) and call.func is parent and isinstance(parents.get(id(call)), ast.Expr):
+            if isinstance(call, ast.Call) and call.func is parent and (results or isinstance(parents.get(id(call)), ast.Expr)):
                 continue
             return f"`{callee}` reads `{name}.{parent.attr}` ({where(node.lineno)})"
         if isinstance(parent, ast.Compare) and any(isinstance(c, ast.Constant) and c.value is None for c in parent.comparators):
@@ -168,7 +171,7 @@ def _parameter_blocks(
         if isinstance(parent, (ast.Call, ast.keyword)) and depth < _MAX_DEPTH and found is not None:
             call = parent if isinstance(parent, ast.Call) else parents.get(id(parent))
             assert isinstance(call, ast.Call)
-            reason = _handed_on(found, call, node, depth)
+            reason = _handed_on(found, call, node, depth, results)
             if reason is None:
                 continue
             return reason
@@ -176,7 +179,7 @@ def _parameter_blocks(
     return None
 
 
-def _handed_on(found: Found, call: ast.Call, node: ast.Name, depth: int) -> Optional[str]:
+def _handed_on(found: Found, call: ast.Call, node: ast.Name, depth: int, results: bool) -> Optional[str]:
     project = project_of(found.module.path)
     if project is None:
         return "handed on"
@@ -185,4 +188,4 @@ def _handed_on(found: Found, call: ast.Call, node: ast.Name, depth: int) -> Opti
         return f"handed on to `{ast.unparse(call.func)}`, which is not read"
     position = next((index for index, argument in enumerate(call.args) if argument is node), None)
     keyword = next((k.arg for k in call.keywords if k.value is node), None)
-    return _parameter_blocks(inner, inner.node, position, keyword, depth + 1, ast.unparse(call.func), _lines_of(inner))
+    return _parameter_blocks(inner, inner.node, position, keyword, depth + 1, ast.unparse(call.func), _lines_of(inner), results)

@@ -146,7 +146,7 @@ class ExplicitDevice(Rule):
             """,
             DDP,
             ("MGP101", "MGP127"),
-            message="`torch.cuda.set_device(args.gpu)` binds the process's GPU",
+            message="`set_device(args.gpu)` binds the process's GPU",
             name="the current GPU picked by a setting, under a DataParallel over every GPU",
         ),
         Example(
@@ -363,13 +363,13 @@ class ExplicitDevice(Rule):
             return  # becomes set_device("cuda"), the current device, with the other strings
         if arg is not None and not arg.star and not is_zero(arg.value) and self._every_wrap_on_every_gpu(arg.value):
             if self.rewrite_allowed(call):
-                code = shorten(self.analysis.code_of(arg.value), 30)
+                code = shorten(self.analysis.code_of(arg.value), 20)
                 self.edits.replace(arg.value, lambda _: runtime_call("device"))
                 self.edits.need_import(RUNTIME)
                 self.rewrote(
                     call,
-                    f"`torch.cuda.set_device({code})` binds the process's GPU, {RUNTIME}.device(): DataParallel ran "
-                    f"on every visible GPU whatever `{code}` named (choose them with CUDA_VISIBLE_DEVICES)",
+                    f"`set_device({code})` binds the process's GPU, {RUNTIME}.device(): DataParallel used every GPU "
+                    f"whatever it named (pick via CUDA_VISIBLE_DEVICES)",
                 )
             return
         if arg is None or not is_zero(arg.value):

@@ -31,6 +31,10 @@ _WRITER_OBJECTS = {
     "ignite.handlers.checkpoint.ModelCheckpoint": _CHECKPOINTS,
 }
 
+# The objects whose stand-in returns the main process's results of its method calls on every process: a visdom
+# client's are the ids of the windows it drew, which a script keeps and hands back (``win=window``).
+_RESULTS_SHARED = frozenset({"visdom.Visdom"})
+
 WRITER_ON_EVERY_PROCESS = Review(
     "MGP332",
     name="writer-on-every-process",
@@ -46,7 +50,8 @@ WRITER_ON_EVERY_PROCESS = Review(
         "attached to an engine saves the same files from every process, and each removes the oldest past "
         "`n_saved`, so a slower process fails on a file another removed. The tool builds such an object on the "
         "main process only (MGP135) where the script only calls its methods for their effect or attaches it to "
-        "an engine (`add_event_handler`), also in the functions it is handed to; this one is read otherwise (an "
+        "an engine (`add_event_handler`), also in the functions it is handed to (a visdom client's method results "
+        "may be used: every process gets the main process's); this one is read otherwise (an "
         "attribute, a result), handed to a function that is not read, or the file is migrated with `--style torch`."
     ),
     todo=(
@@ -67,7 +72,9 @@ class WriterObjects(Rule):
     main process only, given the whole values. The tool first reads every use of the writer, in the file and in
     the functions of the file or the project that it is handed to: each must call a method for its effect, test
     it against None, hand it on to such a function, or attach it to an engine (``trainer.add_event_handler(event,
-    checkpointer, {...})``, which calls it for its effect). Else the writer is reported (MGP332).
+    checkpointer, {...})``, which calls it for its effect). A visdom client's method results may be used too:
+    its stand-in returns the main process's on every process (``window = viz.line(...)``, then ``win=window``).
+    Else the writer is reported (MGP332).
 
     ## Why is this bad?
     Each process would write an event file of its own into the log directory, and TensorBoard would show every
@@ -95,7 +102,8 @@ class WriterObjects(Rule):
     What is logged is computed where it was, by every process (the runtime's losses and metrics are the global
     batch's, and every process must join in reducing them); the stand-in makes the global values among a
     method's arguments whole on every process before the main process writes them. A method call whose result
-    is used, an attribute read (``writer.log_dir``), a writer handed to a function the tool cannot read, or
+    is used (but a visdom client's: the main process's result, sent to the others through the job's store), an
+    attribute read (``writer.log_dir``), a writer handed to a function the tool cannot read, or
     ``--style torch`` (no runtime) leaves the writer as it is, reported (MGP332).
     """
 
@@ -198,7 +206,38 @@ class WriterObjects(Rule):
 
             model = nn.DataParallel(model)
             viz = visdom.Visdom()
-            window = viz.line(X=[0], Y=[0.0])
+            window = None
+            for step, loss in enumerate(losses):
+                if window is None:
+                    window = viz.line(X=[step], Y=[loss])
+                else:
+                    viz.line(X=[step], Y=[loss], win=window, update="append")
+            """,
+            """
+            import visdom
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            viz = mgpu_runtime.main_process_only(visdom.Visdom)
+            window = None
+            for step, loss in enumerate(losses):
+                if window is None:
+                    window = viz.line(X=[step], Y=[loss])
+                else:
+                    viz.line(X=[step], Y=[loss], win=window, update="append")
+            """,
+            DDP,
+            ("MGP101", "MGP135"),
+            name="a visdom window's id kept and handed back: every process gets the main process's",
+        ),
+        Example(
+            """
+            import torch.nn as nn
+            import visdom
+
+            model = nn.DataParallel(model)
+            viz = visdom.Visdom()
+            print(viz.env)
             """,
             """
             import visdom
@@ -206,12 +245,12 @@ class WriterObjects(Rule):
 
             model = mgpu_runtime.DistributedDataParallel(model)
             viz = visdom.Visdom()
-            window = viz.line(X=[0], Y=[0.0])
+            print(viz.env)
             """,
             DDP,
             ("MGP101", WRITER_ON_EVERY_PROCESS),
-            message="what `viz.line(...)` returns is used at line 6",
-            name="a visdom window's id read: left, said",
+            message="`viz.env` is read at line 6",
+            name="a visdom client's attribute read: left, said",
         ),
         Example(
             """
@@ -294,4 +333,5 @@ class WriterObjects(Rule):
         line = tree.parent(call)
         if type(line) is not cst.Assign or len(line.targets) != 1 or line.value is not call:
             return "as it is not assigned to a name"
-        return blocker(self.analysis, line.targets[0].target, call)
+        results = self.analysis.resolve(call.func) in _RESULTS_SHARED
+        return blocker(self.analysis, line.targets[0].target, call, results)

@@ -88,3 +88,34 @@ def test_the_figures_a_tensorboard_writer_is_given_are_closed_on_every_process(t
         "rank 1 open figures True",
     ], done.stdout + done.stderr[-2000:]
     assert len([path for path in tmp_path.iterdir() if path.name.startswith("events.out.tfevents")]) == 1
+
+
+SHARED_RESULTS = Path(__file__).parent / "distributed_scripts" / "shared_results.py"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [2, 3])
+def test_a_visdom_clients_results_are_the_main_processes_on_every_process(tmp_path, processes):
+    """A visdom-kind stand-in returns the main process's window id on every process, so a script that keeps it
+    and appends to it (``win=window``) draws each point once, into the one window, as one process did; a call
+    the main process alone makes pairs with nothing."""
+    drawing = tmp_path / "drawing.txt"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
+        str(SHARED_RESULTS), str(drawing),
+    ]
+    done = subprocess.run(command, env={**_environment(), "MGPU_LOG": "all"}, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    windows = "['window_1', 'window_1', 'window_1', 'window_1', 'window_1'] window_5"
+    assert sorted(line for line in done.stdout.splitlines() if line.startswith("rank")) == [
+        f"rank {rank} windows {windows}" for rank in range(processes)
+    ], done.stdout + done.stderr[-2000:]
+    assert drawing.read_text().splitlines() == [
+        "window_1 None [0] [0.0]",
+        "window_2 None [0] [1.0]",
+        "window_1 append [1] [0.5]",
+        "window_3 None [1] [1.0]",
+        "window_1 append [2] [1.0]",
+        "window_4 None [2] [1.0]",
+        "window_5 None [0] [2.0]",
+    ]

@@ -20,6 +20,7 @@ import sys
 from typing import Any, Callable
 
 from mgpu_runtime.distributed.process_group import barrier, is_main_process, world_size
+from mgpu_runtime.distributed.readings import main_process_result
 from mgpu_runtime.sharded.tensor import materialize
 
 
@@ -59,6 +60,12 @@ class MainProcessOnly:
     TensorBoard's ``add_figure`` closes the matplotlib figures it is given (unless ``close=False``), so the
     stand-in of a TensorBoard writer closes them there as well (``kind``); else every process but the main one
     would keep each figure the loop drew, and matplotlib would warn of too many open figures.
+
+    A visdom client's method calls return the main process's result on every process (``kind``): what
+    ``viz.line(...)`` returns is the id of the window it drew, which the script keeps and hands back
+    (``viz.line(..., win=window, update="append")``) or tests (``if window is None:``), as the original did with
+    its one client. It travels through the job's store (``main_process_result``), so a call only the main process
+    makes pairs with nothing.
     """
 
     __slots__ = ("_held", "_kind")
@@ -74,10 +81,11 @@ class MainProcessOnly:
             # ``__wrapped__``; ignite checks a handler's signature when it is attached) is the stand-in's own,
             # the same on every process: none of these.
             raise AttributeError(name)
-        if is_main_process():
-            return MainProcessOnly(getattr(held, name))
         kind = object.__getattribute__(self, "_kind")
-        return MainProcessOnly(None, _ADD_FIGURE if kind == _TENSORBOARD and name == "add_figure" else None)
+        shared = kind if kind == _VISDOM else None
+        if is_main_process():
+            return MainProcessOnly(getattr(held, name), shared)
+        return MainProcessOnly(None, _ADD_FIGURE if kind == _TENSORBOARD and name == "add_figure" else shared)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if is_main_process():
@@ -86,6 +94,10 @@ class MainProcessOnly:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         args, kwargs = _whole(args, kwargs)
         held = object.__getattribute__(self, "_held")
+        if object.__getattribute__(self, "_kind") == _VISDOM and world_size() > 1:
+            # A visdom client's methods return what the script keeps and hands back (the id of the window a
+            # plot went to, ``win=window`` in the next call): every process gets the main process's.
+            return main_process_result(lambda: held(*args, **kwargs), sys._getframe(1), "a visdom client's call", "visdom:")
         if is_main_process():
             return held(*args, **kwargs)
         if object.__getattribute__(self, "_kind") == _ADD_FIGURE:
@@ -112,13 +124,15 @@ class MainProcessOnly:
         return f"mgpu_runtime.MainProcessOnly({held!r})" if is_main_process() else "mgpu_runtime.MainProcessOnly(<on the main process>)"
 
 
-_TENSORBOARD, _ADD_FIGURE = "tensorboard", "add_figure"
+_TENSORBOARD, _ADD_FIGURE, _VISDOM = "tensorboard", "add_figure", "visdom"
 # The writers whose add_figure(tag, figure, global_step=None, close=True, ...) closes its figures.
 _TENSORBOARD_MODULES = ("torch.utils.tensorboard", "tensorboardX")
 
 
 def _writer_kind(factory: Callable[..., Any]) -> str | None:
     module = getattr(factory, "__module__", None) or ""
+    if module == "visdom" or module.startswith("visdom."):
+        return _VISDOM
     return _TENSORBOARD if module.startswith(_TENSORBOARD_MODULES) else None
 
 

@@ -38,10 +38,20 @@ def main_process_value(function: Callable[..., Any], /, *args: Any, **kwargs: An
     raises on the main process, and the others hear why at once. In a single process, the call itself."""
     if world_size() == 1:
         return function(*args, **kwargs)
-    site, key, store = _keyed(sys._getframe(1))
+    return main_process_result(
+        lambda: function(*args, **kwargs), sys._getframe(1), f"mgpu_runtime.main_process_value({_name(function)})"
+    )
+
+
+def main_process_result(call: Callable[[], Any], caller: FrameType, what: str, kind: str = "") -> Any:
+    """``call()`` on the main process (the others do not call it), its result returned on every process, through
+    the job's store under the site of ``caller`` (``main_process_value``'s way). ``what`` names the call in an
+    error. The last process to read a value removes it from the store, so a call made each step (a visdom
+    client's ``viz.line(...)``, ``MainProcessOnly``) leaves nothing behind."""
+    site, key, store = _keyed(caller, kind)
     if is_main_process():
         try:
-            value = function(*args, **kwargs)
+            value = call()
             published = pickle.dumps(("value", value))  # a value that does not pickle raises here, and is told
         except BaseException as error:
             store.set(key, pickle.dumps(("raised", f"{type(error).__name__}: {error}")).hex())
@@ -53,12 +63,15 @@ def main_process_value(function: Callable[..., Any], /, *args: Any, **kwargs: An
         store.wait([key], datetime.timedelta(seconds=seconds))
     except (RuntimeError, dist.DistStoreError) as error:
         raise RuntimeError(
-            f"mgpu_runtime.main_process_value({_name(function)}) at {site}: the main process gave no value within "
+            f"{what} at {site}: the main process gave no value within "
             f"{TIMEOUT_VARIABLE}={seconds:g} s (it did not come to this call, or ended)"
         ) from error
     outcome, value = pickle.loads(bytes.fromhex(store.get(key).decode()))
+    if store.add(f"{key}/read", 1) == world_size() - 1:
+        store.delete_key(key)
+        store.delete_key(f"{key}/read")
     if outcome == "raised":
-        raise RuntimeError(f"mgpu_runtime.main_process_value({_name(function)}) at {site}: on the main process it raised {value}")
+        raise RuntimeError(f"{what} at {site}: on the main process it raised {value}")
     return value
 
 
