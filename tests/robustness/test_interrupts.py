@@ -40,10 +40,24 @@ def _start(directory):
 
 
 def _wait_until_some_file_is_rewritten(run, sources):
+    """Wait for the first rewritten file; the workers seen on the way back. Every file is migrated before any is
+    written (``report.process_files``), so by then the workers may be gone: they must stay gone."""
     deadline = time.monotonic() + 60
+    seen = set()
     while all(path.read_text() == source for path, source in sources.items()):
         assert time.monotonic() < deadline and run.poll() is None, "no file was rewritten"
+        seen.update(_children(run.pid))
         time.sleep(0.01)
+    return seen
+
+
+def _wait_for_the_workers(run, count):
+    """The workers once ``count`` of them are migrating (no file is written before they are all done)."""
+    deadline = time.monotonic() + 60
+    while len(workers := _children(run.pid)) < count:
+        assert time.monotonic() < deadline and run.poll() is None, f"{count} workers never ran at once"
+        time.sleep(0.002)
+    return workers
 
 
 def _stat(pid):
@@ -80,8 +94,8 @@ def test_a_signal_ends_a_parallel_run_at_once_with_every_file_old_or_new(tmp_pat
     sources = _tree(tmp_path)
     migrated = {path: migrate_source(source, "ddp", str(path)).output for path, source in sources.items()}
     run = _start(tmp_path)
-    _wait_until_some_file_is_rewritten(run, sources)
-    workers = _children(run.pid)
+    workers = _wait_until_some_file_is_rewritten(run, sources) | set(_children(run.pid))
+    assert workers, "the run took no workers"
     if signal_number == signal.SIGINT:
         os.killpg(run.pid, signal.SIGINT)
     else:
@@ -125,9 +139,7 @@ def test_ctrl_c_while_the_workers_start_aborts_instead_of_failing_every_file(tmp
 def test_workers_die_with_a_killed_main_process(tmp_path):
     sources = _tree(tmp_path)
     run = _start(tmp_path)
-    _wait_until_some_file_is_rewritten(run, sources)
-    workers = _children(run.pid)
-    assert len(workers) >= 2, workers
+    workers = _wait_for_the_workers(run, 2)
     run.kill()
     run.communicate(timeout=STOP_WITHIN_S)
     deadline = time.monotonic() + STOP_WITHIN_S

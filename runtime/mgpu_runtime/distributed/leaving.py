@@ -9,6 +9,16 @@ The wait is for a job that ends well. A process that ends with an uncaught excep
 anyway, and its peers may wait for it in a collective), nor does one whose peer is blocked in a collective: the
 destroy does not make that collective fail, only this process's end does (its connections close), so waiting
 for that peer would hold both until ``EXIT_WAIT_S``.
+
+Then the process gives gloo's worker threads the interpreter for a moment (``let_the_gloo_threads_finish``). A
+collective's waiter wakes as soon as its work is marked done, but the worker thread drops the work only after:
+that drop takes the GIL (the work keeps the Python objects of its caller's thread-local state). Had the main
+thread gone on into the interpreter's finalization meanwhile, Python ends the worker thread when it asks for the
+GIL (``pthread_exit``), and that unwind through the work's destructor is ``std::terminate``: the SIGABRT above,
+after a job that trained well and destroyed its group (its DDP module still holds the group, so the destroy joins
+no thread). A core dump of such a rank (torch 2.13, gloo, two processes on two busy cores) shows it:
+``ProcessGroupGloo::runLoop`` -> ``~AsyncAllreduceWork`` -> ``~ThreadLocalState`` -> ``SafePyObject`` decref ->
+``take_gil`` -> ``PyThread_exit_thread`` -> ``std::terminate``, while the main thread is in ``Py_FinalizeEx``.
 """
 
 from __future__ import annotations
@@ -21,6 +31,8 @@ from collections.abc import Callable
 import torch.distributed as dist
 
 EXIT_WAIT_S = 30.0
+# How long the exiting process leaves the GIL to gloo's worker threads (each needs it for microseconds).
+GLOO_THREADS_S = 0.1
 _EXIT_KEY = "mgpu_runtime/exit/"
 
 
@@ -55,3 +67,10 @@ def meet_the_others(
                 asked = time.monotonic()
                 if waited_for():
                     return
+
+
+def let_the_gloo_threads_finish(everyone: int) -> None:
+    """Leave the GIL to gloo's worker threads for ``GLOO_THREADS_S``, so that they drop the works of the last
+    collectives while the interpreter still lives (see above). Nothing to wait for in a world of one."""
+    if everyone > 1:
+        time.sleep(GLOO_THREADS_S)

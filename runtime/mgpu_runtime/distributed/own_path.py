@@ -44,7 +44,7 @@ from torch.utils.hooks import RemovableHandle
 
 from mgpu_runtime.distributed import rank_output
 from mgpu_runtime.distributed.environment import TORCHRUN, detect_environment
-from mgpu_runtime.distributed.leaving import meet_the_others, the_store
+from mgpu_runtime.distributed.leaving import let_the_gloo_threads_finish, meet_the_others, the_store
 from mgpu_runtime.distributed.launch import (
     RELAUNCHED_VARIABLE,
     can_rerun_command_line,
@@ -233,6 +233,7 @@ def _leave_the_process_group() -> None:
         # ... and again once each has destroyed its group: none ends its process (closing its connections)
         # while a peer is still taking its own down.
         meet_the_others(store, everyone, "own_path/left")
+        let_the_gloo_threads_finish(everyone)
 
 
 def _check_at_the_first_step(processes: int) -> None:

@@ -57,7 +57,7 @@ from mgpu_runtime.distributed.environment import (
     detect_environment,
 )
 from mgpu_runtime.distributed.launch import relaunch_if_requested, relaunch_wanted
-from mgpu_runtime.distributed.leaving import meet_the_others, the_store
+from mgpu_runtime.distributed.leaving import let_the_gloo_threads_finish, meet_the_others, the_store
 
 BACKEND_VARIABLE = "MGPU_BACKEND"
 SHARE_DEVICE_VARIABLE = "MGPU_SHARE_DEVICE"
@@ -158,6 +158,7 @@ def teardown() -> None:
         # which), nor one whose script failed (the job fails anyway).
         if ended is None:
             meet_the_others(store, everyone, "left", job.lockstep.a_peer_waits if job.lockstep is not None else None)
+        let_the_gloo_threads_finish(everyone)
 
 
 def current_job() -> Job | None:
