@@ -123,10 +123,7 @@ def test_ctrl_c_while_the_workers_start_aborts_instead_of_failing_every_file(tmp
     (MGP003, exit 2); or, caught in the wrong moment, it was lost and the run went on to the end."""
     sources = _tree(tmp_path)
     run = _start(tmp_path)
-    deadline = time.monotonic() + 60
-    while not _children(run.pid):
-        assert time.monotonic() < deadline and run.poll() is None, "no worker started"
-        time.sleep(0.002)
+    _wait_for_the_workers(run, 1)
     os.killpg(run.pid, signal.SIGINT)
     _, stderr = run.communicate(timeout=STOP_WITHIN_S)
     assert run.returncode == 1 and stderr.strip().endswith(b"Aborted!"), stderr[-2000:]
