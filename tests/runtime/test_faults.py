@@ -143,14 +143,15 @@ def test_a_loss_computed_on_one_rank_only_is_named_in_seconds():
 
 @pytest.mark.slow
 def test_a_rank_that_makes_no_more_backwards_is_named_at_its_next_step():
-    """Rank 1 computes on (5 s a step) without a backward, never blocked; rank 0 waits in the reduction of step 4.
-    It waited the full MGPU_TIMEOUT (here 100 s, 300 by default), then failed naming rank 1 only as "alive"."""
+    """Rank 1 computes on (5 s a step) without a backward; rank 0 waits in the reduction of step 4. It waited the
+    full MGPU_TIMEOUT (here 100 s, 300 by default), then failed naming rank 1 only as "alive". Rank 1 is seen
+    computing, or (on a loaded machine, read a beat later) waiting in its next forward's exchange of rows."""
     returncode, output, seconds = _timed_from_the_fault("no_backward", MGPU_TIMEOUT="100")
     assert returncode != 0 and "done" not in output
     assert re.search(
         rf"mgpu_runtime: the ranks wait in collectives that can never meet \(rank 0 at step 4 {COLLECTIVES}, "
-        r"in its gradient reduction of step 4 at faults\.py:\d+; rank 1 at step [56] and computing, past step 4 without "
-        r"reducing its gradients \(last reduced: step 3\)\)",
+        r"in its gradient reduction of step 4 at faults\.py:\d+; rank 1 at step [56] (?:and computing|after \d+, in .*?), "
+        r"past step 4 without reducing its gradients \(last reduced: step 3\)\)",
         output,
     ), output[-3000:]
     assert seconds < 25, f"the job ended {seconds:.0f}s after the skip (rank 1 reaches step 5 after 5 s)"

@@ -396,13 +396,14 @@ class Lockstep(Monitor):
                 continue
             _, steps, reduced, losses, peer_kind, peer_where = value.split(" ", 5)
             steps, reduced, losses = int(steps), int(reduced), int(losses)
+            # A peer past this step that never reduced it is named for that too, whether it computes or already waits
+            # in a later step's collective (which of the two this check sees depends on when it reads the peer).
+            skipped = kind == GRADIENT and steps > self._steps and reduced < self._steps
+            past = f", past step {self._steps} without reducing its gradients (last reduced: step {reduced})" if skipped else ""
             if peer_kind != "-" and (steps, losses, peer_kind) != (self._steps, self._collectives, kind):
-                apart[rank] = f"rank {rank} at step {steps} after {losses}, in {peer_where}"
-            elif kind == GRADIENT and steps > self._steps and reduced < self._steps:
-                apart[rank] = (
-                    f"rank {rank} at step {steps} and {'in ' + peer_where if peer_kind != '-' else 'computing'}, "
-                    f"past step {self._steps} without reducing its gradients (last reduced: step {reduced})"
-                )
+                apart[rank] = f"rank {rank} at step {steps} after {losses}, in {peer_where}{past}"
+            elif skipped:
+                apart[rank] = f"rank {rank} at step {steps} and computing{past}"
         if not apart or (self._steps, self._collectives, self._blocked_in()) != state:
             return
         listing = "; ".join(
