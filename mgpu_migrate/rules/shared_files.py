@@ -53,6 +53,9 @@ _MEDIA_FILE = re.compile(r"\.(png|jpe?g|gif|bmp|tiff?|webp|wav|mp3|flac|mp4|avi)
 # What a ``with open(...) as f:`` block may do with ``f`` so that a stand-in can take the file's place: call its
 # methods for their effect, or hand it to a writer that only calls its ``write``.
 _FILE_WRITERS = frozenset({"json.dump", "yaml.dump", "yaml.safe_dump", "pickle.dump", "print"})
+# A csv writer of an opened file writes through the file's ``write`` only (the main process's stand-in takes it).
+_CSV_WRITERS = frozenset({"csv.writer", "csv.DictWriter"})
+_CSV_WRITING_METHODS = frozenset({"writerow", "writerows", "writeheader"})
 
 
 FILE_WRITTEN_BY_EVERY_PROCESS = Review(
@@ -62,7 +65,8 @@ FILE_WRITTEN_BY_EVERY_PROCESS = Review(
     why=(
         "A file is written by every process: all write it at once, so one process's content wins, lines are "
         "duplicated, or it comes out garbled. The tool moves a writer's call that is a statement of its own, and a "
-        "`with open(path, 'w')` block that only writes to the file, onto the main process (MGP134); this one is "
+        "`with open(path, 'w')` block that only writes to the file (itself, or through a `csv.writer` of it), onto the "
+        "main process (MGP134); this one is "
         "another shape (the file object kept in a name, a result that is used, a function that only the main "
         "process calls, or `--style torch`, which has no runtime)."
     ),
@@ -195,6 +199,33 @@ class SharedFiles(Rule):
             ("MGP101", "MGP134"),
             message="`open('log.txt', 'a')`: opened and written on the main process only",
             line=3,
+        ),
+        Example(
+            """
+            import csv
+            import os
+            import torch.nn as nn
+            model = nn.DataParallel(model)
+            if not os.path.exists('log.csv'):
+                with open('log.csv', 'w') as logfile:
+                    logwriter = csv.writer(logfile, delimiter=',')
+                    logwriter.writerow(['epoch', 'loss'])
+            """,
+            """
+            import csv
+            import os
+            import mgpu_runtime
+            model = mgpu_runtime.DistributedDataParallel(model)
+            if not mgpu_runtime.main_process_value(os.path.exists, 'log.csv'):
+                with mgpu_runtime.main_process_only(open, 'log.csv', 'w') as logfile:
+                    logwriter = csv.writer(logfile, delimiter=',')
+                    logwriter.writerow(['epoch', 'loss'])
+            """,
+            DDP,
+            ("MGP101", "MGP134"),
+            message="its `if` reads the disk there; the block's end waits for it",
+            line=6,
+            name="a csv log's header, written through a csv writer when the file is not there yet (mixup-cifar10)",
         ),
         Example(
             """
@@ -378,9 +409,18 @@ class SharedFiles(Rule):
         return "opened by every process where it is used"
 
     def _other_use(self, block: cst.With, name: str) -> Optional[str]:
-        """What the block does with the file ``name`` other than writing to it, if anything."""
+        """What the block does with the file ``name`` other than writing to it, if anything. A csv writer made of it
+        (``w = csv.writer(f)``) writes to it too, when the block only calls its writing methods."""
         tree = self.analysis.tree
-        for use in contains(block.body, lambda n: type(n) is cst.Name and n.value == name):
+        writers = self._csv_writers(block, name)
+        for use in contains(block.body, lambda n: type(n) is cst.Name and n.value in (name, *writers)):
+            if use.value in writers:
+                if self._written_through(use) or self._bound_by(use, writers[use.value]):
+                    continue
+                line = self.analysis.position(use)[0]
+                return f"the block uses `{use.value}` at line {line} other than to write rows"
+            if any(self._bound_by(use, made) for made in writers.values()):
+                continue
             parent = tree.parent(use)
             if type(parent) is cst.Attribute and parent.value is use:
                 call = tree.parent(parent)
@@ -396,15 +436,61 @@ class SharedFiles(Rule):
             return f"the block uses `{name}` at line {line} other than by writing to it"
         return None
 
+    def _csv_writers(self, block: cst.With, name: str) -> dict[str, cst.Assign]:
+        """The names the block binds, once each, to ``csv.writer(name, ...)`` or ``csv.DictWriter(name, ...)``: the
+        file is their first argument, and nothing else of the statement uses it."""
+        bound: dict[str, list[cst.Assign]] = {}
+        for statement in contains(block.body, lambda n: type(n) is cst.Assign):
+            for target in statement.targets:
+                if type(target.target) is cst.Name:
+                    bound.setdefault(target.target.value, []).append(statement)
+        writers = {}
+        for target, statements in bound.items():
+            statement = statements[0]
+            value = statement.value
+            if len(statements) != 1 or len(statement.targets) != 1 or type(value) is not cst.Call or not value.args:
+                continue
+            if self.analysis.resolve(value.func) not in _CSV_WRITERS or value.args[0].keyword is not None:
+                continue
+            first = value.args[0].value
+            others = [arg.value for arg in value.args[1:]]
+            handed_again = any(
+                True for other in others for _ in contains(other, lambda n: type(n) is cst.Name and n.value == name)
+            )
+            if type(first) is cst.Name and first.value == name and not handed_again:
+                writers[target] = statement
+        return writers
+
+    def _written_through(self, use: cst.Name) -> bool:
+        """``writer.writerow(...)`` (``writerows``, ``writeheader``) as a statement of its own."""
+        tree = self.analysis.tree
+        method = tree.parent(use)
+        if type(method) is not cst.Attribute or method.value is not use or method.attr.value not in _CSV_WRITING_METHODS:
+            return False
+        call = tree.parent(method)
+        return type(call) is cst.Call and call.func is method and type(tree.parent(call)) is cst.Expr
+
+    def _bound_by(self, use: cst.Name, statement: cst.Assign) -> bool:
+        """``use`` is in ``statement`` (the writer's own binding, or the file handed to it)."""
+        return any(node is use for node in contains(statement, lambda n: type(n) is cst.Name))
+
     def _once(self, call: cst.Call) -> None:
         self.edits.need_import(RUNTIME)
         mode = self._opens_for_writing(call)
         if mode is not None:
             self.edits.replace(call, through_runtime("main_process_only"))
+            # `if not os.path.exists(log): with open(log, "w")`: a process that read the disk after the main process
+            # made the file would skip the block, and the wait at its end (mixup-cifar10's csv log header).
+            looked = self._looks_at_files(call)
+            for query in looked:
+                self.edits.replace(query, through_runtime("main_process_value"))
             self.rewrote(
                 call,
-                f"`{shorten(self.analysis.code_of(call), 60)}`: opened and written on the main process only "
-                f"({RUNTIME}.main_process_only); the block's end waits for it",
+                f"`{shorten(self.analysis.code_of(call), 60)}`: "
+                + ("written" if looked else "opened and written")
+                + f" on the main process only ({RUNTIME}.main_process_only); "
+                + ("its `if` reads the disk there; " if looked else "")
+                + "the block's end waits for it",
             )
             return
         self.edits.replace(call, through_runtime("on_main_process"))
