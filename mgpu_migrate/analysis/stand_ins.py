@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
 
+from mgpu_migrate.analysis import names
 from mgpu_migrate.analysis.project import Found, project_of
 from mgpu_migrate.analysis.tree import contains
 
@@ -111,7 +112,7 @@ def _handed(analysis: FileAnalysis, call: cst.Call, arg: cst.Arg, results: bool)
             node = tree.body[0]
             assert isinstance(node, ast.FunctionDef)
             first = analysis.position(own[0].name)[0] - 1
-            return _parameter_blocks(None, node, position, keyword, 0, callee, lambda line: f"line {first + line}", results)
+            return _parameter_blocks(None, node, position, keyword, 0, callee, lambda line: f"line {first + line}", results, analysis)
     qualified = analysis.resolve(call.func)
     project = project_of(analysis.path)
     found = project.find(qualified) if project is not None and qualified and not qualified.startswith(("torch.", "builtins.")) else None
@@ -143,8 +144,10 @@ def _parameter_blocks(
     callee: str,
     where,
     results: bool = False,
+    analysis: Optional[FileAnalysis] = None,
 ) -> Optional[str]:
-    """Why the parameter (by ``position`` or ``keyword``) of ``function`` is used for more than its methods' effect."""
+    """Why the parameter (by ``position`` or ``keyword``) of ``function`` is used for more than its methods' effect.
+    ``found`` is where ``function`` is in the project; None for a function of the file ``analysis`` reads."""
     parameters = [*function.args.posonlyargs, *function.args.args]
     if position is not None:
         if position >= len(parameters):
@@ -168,15 +171,50 @@ def _parameter_blocks(
             continue
         if isinstance(parent, ast.If) and parent.test is node:
             continue
-        if isinstance(parent, (ast.Call, ast.keyword)) and depth < _MAX_DEPTH and found is not None:
+        if isinstance(parent, (ast.Call, ast.keyword)) and depth < _MAX_DEPTH and (found is not None or analysis is not None):
             call = parent if isinstance(parent, ast.Call) else parents.get(id(parent))
             assert isinstance(call, ast.Call)
-            reason = _handed_on(found, call, node, depth, results)
+            if call.func is node:
+                return f"`{callee}` calls `{name}` ({where(node.lineno)})"
+            if found is not None:
+                reason = _handed_on(found, call, node, depth, results)
+            else:
+                assert analysis is not None
+                reason = _handed_on_in_file(analysis, call, node, depth, results)
             if reason is None:
                 continue
             return reason
         return f"`{callee}` uses `{name}` otherwise ({where(node.lineno)})"
     return None
+
+
+def _handed_on_in_file(analysis: FileAnalysis, call: ast.Call, node: ast.Name, depth: int, results: bool) -> Optional[str]:
+    """``node`` handed on by a function of the file to another: one of the file's own (by its name), or one that the
+    file imports from the project (SfmLearner's ``validate(..., tb_writer)`` calling utils' ``log_output_tensorboard(tb_writer,
+    ...)``)."""
+    if any(argument is node for argument in call.args if isinstance(argument, ast.Starred)):
+        return "handed on with *"
+    position = next((index for index, argument in enumerate(call.args) if argument is node), None)
+    keyword = next((k.arg for k in call.keywords if k.value is node), None)
+    callee = ast.unparse(call.func)
+    if isinstance(call.func, ast.Name):
+        own = [f for f in analysis.tree.nodes(cst.FunctionDef) if f.name.value == call.func.id]
+        if len(own) == 1:
+            parsed = ast.parse(analysis.code_of(own[0]).strip()).body[0]
+            assert isinstance(parsed, ast.FunctionDef)
+            first = analysis.position(own[0].name)[0] - 1
+            return _parameter_blocks(
+                None, parsed, position, keyword, depth + 1, callee, lambda line: f"line {first + line}", results, analysis
+            )
+    try:
+        qualified = names.resolve(analysis.bindings, cst.parse_expression(callee))
+    except cst.ParserSyntaxError:
+        qualified = None
+    project = project_of(analysis.path)
+    found = project.find(qualified) if project is not None and qualified and not qualified.startswith(("torch.", "builtins.")) else None
+    if found is None or not isinstance(found.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return f"handed on to `{callee}`, which is not read"
+    return _parameter_blocks(found, found.node, position, keyword, depth + 1, callee, _lines_of(found), results)
 
 
 def _handed_on(found: Found, call: ast.Call, node: ast.Name, depth: int, results: bool) -> Optional[str]:
