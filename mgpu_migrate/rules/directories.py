@@ -46,7 +46,8 @@ class DirectoriesOnce(Rule):
 
     - a check-then-create, ``if not os.path.exists(d): os.makedirs(d)`` (``os.path.isdir``,
       ``Path.exists()`` / ``Path.mkdir()`` alike), becomes ``os.makedirs(d, exist_ok=True)`` (or
-      ``p.mkdir(..., exist_ok=True)``), which means the same in one process;
+      ``p.mkdir(..., exist_ok=True)``), which means the same in one process; under further conditions (``if
+      output_dir and not os.path.exists(output_dir):``) the ``if`` stays and the making takes ``exist_ok=True``;
     - a reset, ``shutil.rmtree(d)`` (under ``if os.path.exists(d):`` or not) and the ``os.makedirs(d)`` right
       after it, a ``os.makedirs(d)`` or ``os.mkdir(d)`` with no check, and a check-then-create with
       ``os.mkdir`` (which has no ``exist_ok``), go under ``if mgpu_runtime.is_main_process():``, and every
@@ -119,6 +120,29 @@ class DirectoriesOnce(Rule):
             ("MGP101", "MGP133"),
             message="`os.makedirs(opt.expr_dir)` after `not os.path.exists(opt.expr_dir)`: exist_ok=True",
             line=5,
+        ),
+        Example(
+            """
+            import os
+            import torch.nn as nn
+
+            model = nn.DataParallel(model)
+            if output_dir and not os.path.exists(output_dir):
+                os.makedirs(output_dir)
+            """,
+            """
+            import os
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            if output_dir and not os.path.exists(output_dir):
+                os.makedirs(output_dir, exist_ok=True)
+            """,
+            DDP,
+            ("MGP101", "MGP133"),
+            message="`os.makedirs(output_dir)` after `not os.path.exists(output_dir)`: exist_ok=True",
+            line=6,
+            name="a check-then-create under a further condition keeps its `if` (reid-strong-baseline)",
         ),
         Example(
             """
@@ -275,6 +299,17 @@ class DirectoriesOnce(Rule):
             return check
         return None
 
+    def _checks_missing_among(self, test: cst.BaseExpression, path: str) -> Optional[cst.Call]:
+        """The check of ``not os.path.exists(path)`` among the conditions of an ``and`` (``d and not
+        os.path.exists(d)``)."""
+        if type(test) is not cst.BooleanOperation or type(test.operator) is not cst.And:
+            return None
+        for side in (test.left, test.right):
+            check = self._checks_missing(side, path) or self._checks_missing_among(side, path)
+            if check is not None:
+                return check
+        return None
+
     def _reads_only_the_disk(self, test: cst.BaseExpression) -> bool:
         """A test whose calls are checks of paths (``os.path.exists(d)``, ``not args.resume and ...``)."""
         return all(self._qualified(call) in _EXISTS for call in contains(test, lambda n: type(n) is cst.Call))
@@ -289,6 +324,18 @@ class DirectoriesOnce(Rule):
                 self._exist_ok(guard, call, check)
             else:
                 self._once(call, [guard], f"`{shorten(self.analysis.code_of(call))}`")
+            return
+        # `if output_dir and not os.path.exists(output_dir): os.makedirs(output_dir)` (reid-strong-baseline): the
+        # `if` stays, as its other conditions may not hold, and the making takes exist_ok=True.
+        check = self._checks_missing_among(guard.test, path) if guard is not None and path is not None else None
+        if guard is not None and check is not None and keyword(call, "exist_ok") is None and self._qualified(call) != "os.mkdir":
+            if self.rewrite_allowed(call):
+                self.edits.replace(call, _with_exist_ok)
+                self.rewrote(
+                    call,
+                    f"`{shorten(self.analysis.code_of(call))}` after `not {shorten(self.analysis.code_of(check))}`: "
+                    "exist_ok=True, no error where another process made it first",
+                )
             return
         statement = self._own_statement(call)
         if statement is None:
@@ -438,3 +485,8 @@ class DirectoriesOnce(Rule):
             f"`{shorten(self.analysis.code_of(call))}` on every process, not moved ({why}): do it on the main one, "
             "then barrier()",
         )
+
+
+def _with_exist_ok(updated: cst.CSTNode) -> cst.CSTNode:
+    assert type(updated) is cst.Call
+    return with_keyword(updated, "exist_ok", cst.Name("True"))

@@ -2,7 +2,8 @@
 when every process runs them, and none after the migration.
 
 A reduction of what reviewers found in real projects (crnn.pytorch's check-then-create right after set-up,
-ncsn's delete-and-recreate of its log folder, audioset_tagging_cnn's ``create_folder`` helper) does each shape
+ncsn's delete-and-recreate of its log folder, audioset_tagging_cnn's ``create_folder`` helper, reid-strong-baseline's
+check-then-create under a further condition, ``given``) does each shape
 many times, every process lined up at the shape as they are just after their set-up, and counts what fails:
 FileExistsError or a vanished path (``make``, ``reset``, ``helper``), or a file a process wrote into the folder
 it had just reset and that another process's reset deleted (``lost``). It is migrated by the installed command
@@ -68,6 +69,11 @@ def make(path):
         os.makedirs(path)
 
 
+def make_given(path):
+    if path and not os.path.exists(path):
+        os.makedirs(path)
+
+
 def reset(path):
     if os.path.exists(path):
         shutil.rmtree(path)
@@ -84,13 +90,18 @@ for x, y in loader:
     optimizer.step()
 
 rank = os.environ.get("RANK", "0")
-failures = {{"make": 0, "reset": 0, "helper": 0, "lost": 0}}
+failures = {{"make": 0, "given": 0, "reset": 0, "helper": 0, "lost": 0}}
 for trial in range({TRIALS}):
     lined_up()
     try:
         make(os.path.join(root, "make", str(trial)))
     except OSError:
         failures["make"] += 1
+    lined_up()
+    try:
+        make_given(os.path.join(root, "given", str(trial)))
+    except OSError:
+        failures["given"] += 1
     lined_up()
     try:
         create_folder(os.path.join(root, "helper", str(trial)))
@@ -137,7 +148,7 @@ def _project(directory: Path, silenced: bool) -> Path:
     if silenced:
         # --diff reports the lines of the file as it is (an in-place run, those of the file it writes).
         rewrites = re.findall(r"train\.py:(\d+):\d+: (MGP13[23]) would be: ", _migrate(directory, "--diff"))
-        assert len(rewrites) == 3, rewrites
+        assert len(rewrites) == 4, rewrites
         source = script.read_text().splitlines()
         for line, code in rewrites:
             source[int(line) - 1] += f"  # noqa: {code}"
@@ -188,4 +199,4 @@ def test_the_naive_migration_races_and_the_migration_does_not(reductions, proces
     else:
         pytest.fail(f"the naive migration did not race at {processes} processes in {NAIVE_RUNS} runs: {raced}")
     failures, printed = _failures(migrated, processes, root / f"migrated-{processes}")
-    assert failures == {"make": 0, "reset": 0, "helper": 0, "lost": 0}, printed[-3000:]
+    assert failures == {"make": 0, "given": 0, "reset": 0, "helper": 0, "lost": 0}, printed[-3000:]
