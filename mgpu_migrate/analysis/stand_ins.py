@@ -38,7 +38,7 @@ def blocker(analysis: FileAnalysis, target: cst.BaseExpression, made: cst.Call, 
         function = tree.function(made)
         where: cst.CSTNode = function if function is not None else analysis.module
         uses = [n for n in contains(where, lambda n: type(n) is cst.Name and n.value == target.value, into_functions=True)]
-        uses = [n for n in uses if n is not target and not _is_attribute_name(tree, n)]
+        uses = [n for n in uses if n is not target and not _is_attribute_name(tree, n) and not _a_parameter(tree, n, where)]
     elif type(target) is cst.Attribute and type(target.value) is cst.Name and target.value.value == "self":
         owner = next((a for a in tree.ancestors(made) if type(a) is cst.ClassDef), None)
         if owner is None:
@@ -56,6 +56,22 @@ def blocker(analysis: FileAnalysis, target: cst.BaseExpression, made: cst.Call, 
         if reason is not None:
             return f"{reason} at line {analysis.position(use)[0]}"
     return None
+
+
+def _a_parameter(tree, node: cst.Name, scope: cst.CSTNode) -> bool:
+    """``node`` is, or names, a parameter of a function inside ``scope``: another variable of the same name
+    (pytorch-semseg's ``def train(cfg, writer, logger)``, handed the module's ``writer``: what the function does with
+    it is read where it is handed)."""
+    for ancestor in tree.ancestors(node):
+        if ancestor is scope:
+            return False
+        if type(ancestor) in (cst.FunctionDef, cst.Lambda):
+            params = ancestor.params
+            every = [*params.posonly_params, *params.params, *params.kwonly_params]
+            every += [star for star in (params.star_arg, params.star_kwarg) if type(star) is cst.Param]
+            if any(param.name.value == node.value for param in every):
+                return True
+    return False
 
 
 def _is_attribute_name(tree, node: cst.Name) -> bool:
