@@ -55,6 +55,8 @@ _MEDIA_FILE = re.compile(r"\.(png|jpe?g|gif|bmp|tiff?|webp|wav|mp3|flac|mp4|avi)
 _FILE_WRITERS = frozenset({"json.dump", "yaml.dump", "yaml.safe_dump", "pickle.dump", "print"})
 # A csv writer of an opened file writes through the file's ``write`` only (the main process's stand-in takes it).
 _CSV_WRITERS = frozenset({"csv.writer", "csv.DictWriter"})
+# What a file object kept in a name may be used for, each a statement of its own, for its open to move.
+_FILE_METHODS = frozenset({"write", "writelines", "flush", "close"})
 _CSV_WRITING_METHODS = frozenset({"writerow", "writerows", "writeheader"})
 
 
@@ -65,8 +67,8 @@ FILE_WRITTEN_BY_EVERY_PROCESS = Review(
     why=(
         "A file is written by every process: all write it at once, so one process's content wins, lines are "
         "duplicated, or it comes out garbled. The tool moves a writer's call that is a statement of its own, and a "
-        "`with open(path, 'w')` block that only writes to the file (itself, or through a `csv.writer` of it), onto the "
-        "main process (MGP134); this one is "
+        "`with open(path, 'w')` block that only writes to the file (itself, or through a `csv.writer` of it), and a "
+        "file kept in a name that is only written to and closed, onto the main process (MGP134); this one is "
         "another shape (the file object kept in a name, a result that is used, a function that only the main "
         "process calls, or `--style torch`, which has no runtime)."
     ),
@@ -249,19 +251,42 @@ class SharedFiles(Rule):
             """
             import torch.nn as nn
             model = nn.DataParallel(model)
-            log = open('log.txt', 'w')
-            log.write('started')
+            log = open('log_dataset.txt', 'a')
+            log.write(dataset_log)
+            log.close()
             """,
             """
             import mgpu_runtime
             model = mgpu_runtime.DistributedDataParallel(model)
+            log = mgpu_runtime.main_process_only(open, 'log_dataset.txt', 'a')
+            log.write(dataset_log)
+            log.close()
+            """,
+            DDP,
+            ("MGP101", "MGP134"),
+            message="opened and written on the main process only (mgpu_runtime.main_process_only); its writes too",
+            line=3,
+            name="a file object kept in a name that is only written to, flushed and closed (deep-text-recognition)",
+        ),
+        Example(
+            """
+            import sys
+            import torch.nn as nn
+            model = nn.DataParallel(model)
             log = open('log.txt', 'w')
-            log.write('started')
+            sys.stdout = log
+            """,
+            """
+            import sys
+            import mgpu_runtime
+            model = mgpu_runtime.DistributedDataParallel(model)
+            log = open('log.txt', 'w')
+            sys.stdout = log
             """,
             DDP,
             ("MGP101", "MGP261"),
             message="not moved: kept in `log` after the statement",
-            name="a file object kept in a name is reported",
+            name="a file object kept in a name and used otherwise is reported",
         ),
         Example(
             """
@@ -392,7 +417,7 @@ class SharedFiles(Rule):
         parent = tree.parent(call)
         if self._opens_for_writing(call) is not None:
             if type(parent) is not cst.WithItem:
-                return self._kept(call, parent)
+                return self._kept_otherwise(call, parent)
             block = tree.parent(parent)
             assert type(block) is cst.With
             asname = parent.asname.name if parent.asname is not None else None
@@ -401,6 +426,40 @@ class SharedFiles(Rule):
             return self._other_use(block, asname.value) if asname is not None else None
         if type(parent) is not cst.Expr:
             return "what it returns is used"
+        return None
+
+    def _kept_otherwise(self, call: cst.Call, parent: Optional[cst.CSTNode]) -> Optional[str]:
+        """``log = open(path, 'a')`` (deep-text-recognition's dataset log): movable where the name is bound once in
+        its function and every use writes to the file, flushes or closes it, each a statement of its own; else why
+        not."""
+        if type(parent) is not cst.Assign or len(parent.targets) != 1 or type(parent.targets[0].target) is not cst.Name:
+            return self._kept(call, parent)
+        name = parent.targets[0].target.value
+        tree = self.analysis.tree
+        function = tree.function(call)
+        scope: cst.CSTNode = function if function is not None else self.analysis.module
+        bindings = [
+            target
+            for target in contains(scope, lambda n: type(n) is cst.AssignTarget, into_functions=True)
+            if type(target.target) is cst.Name and target.target.value == name
+        ]
+        if len(bindings) != 1:
+            return self._kept(call, parent)
+        for use in contains(scope, lambda n: type(n) is cst.Name and n.value == name, into_functions=True):
+            method = tree.parent(use)
+            if use is parent.targets[0].target or type(method) is cst.AsName:
+                # A `with open(...) as log:` of the same name binds another file object, whose uses are read too.
+                continue
+            if type(method) is cst.Attribute and method.value is use and method.attr.value in _FILE_METHODS:
+                made = tree.parent(method)
+                if type(made) is cst.Call and made.func is method and type(tree.parent(made)) is cst.Expr:
+                    continue
+            argument_of = tree.parent(method) if type(method) is cst.Arg else None
+            if type(argument_of) is cst.Call and type(tree.parent(argument_of)) is cst.Expr:
+                named = argument_of.func.value if type(argument_of.func) is cst.Name else None
+                if self.analysis.resolve(argument_of.func) in _FILE_WRITERS or named == "print":
+                    continue
+            return self._kept(call, parent)
         return None
 
     def _kept(self, call: cst.Call, parent: Optional[cst.CSTNode]) -> str:
@@ -490,7 +549,7 @@ class SharedFiles(Rule):
                 + ("written" if looked else "opened and written")
                 + f" on the main process only ({RUNTIME}.main_process_only); "
                 + ("its `if` reads the disk there; " if looked else "")
-                + "the block's end waits for it",
+                + ("the block's end waits for it" if type(self.analysis.tree.parent(call)) is cst.WithItem else "its writes too"),
             )
             return
         self.edits.replace(call, through_runtime("on_main_process"))
