@@ -26,6 +26,7 @@ from typing import Callable, NamedTuple, Union
 
 from mgpu_migrate import files, old_keywords
 from mgpu_migrate.analysis import names
+from mgpu_migrate.analysis.writers import LIBRARY_WRITERS
 
 _ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
 # How far above a file its project root is looked for, and how deep a chain of definitions is followed.
@@ -691,28 +692,7 @@ def _backward_lines(found: Found) -> list[int]:
 
 _DATA_PARALLEL = frozenset({"torch.nn.DataParallel", "torch.nn.parallel.DataParallel", "torch.nn.parallel.data_parallel.DataParallel"})
 DATA_PARALLEL_CLASSES = _DATA_PARALLEL
-_WRITERS = frozenset(
-    {
-        "torch.save",
-        "numpy.save",
-        "numpy.savez",
-        "numpy.savez_compressed",
-        "numpy.savetxt",
-        "cv2.imwrite",
-        "imageio.imwrite",
-        "imageio.imsave",
-        "imageio.mimsave",
-        "scipy.misc.imsave",
-        "torchvision.utils.save_image",
-        "shutil.copyfile",
-        "shutil.copy",
-        "shutil.copy2",
-        "os.remove",  # a file removed: by every process, all but one would fail to find it
-        "os.unlink",
-        "torch.utils.tensorboard.SummaryWriter",
-        "tensorboardX.SummaryWriter",
-    }
-)
+_WRITERS = LIBRARY_WRITERS | {"torch.save", "torch.utils.tensorboard.SummaryWriter", "tensorboardX.SummaryWriter"}
 _WRITING_METHODS = frozenset({"savefig", "write_text", "write_bytes", "to_csv", "unlink"})  # unlink: a Path removed
 
 

@@ -9,6 +9,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis.guards import main_process_caller, under_main_process_block
 from mgpu_migrate.analysis.tree import contains
+from mgpu_migrate.analysis.writers import LIBRARY_WRITERS
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, argument, through_runtime
@@ -17,35 +18,7 @@ _RACE = "all write the file at once"
 # What a test around a write may ask of the disk, which the main process's write then changes.
 _FILE_QUERIES = frozenset(f"os.path.{name}" for name in ("exists", "lexists", "isfile", "isdir", "getsize"))
 # The library functions that write a file they are given the path of (a statement of its own: nothing returned).
-_WRITERS = frozenset(
-    {
-        "numpy.save",
-        "numpy.savez",
-        "numpy.savez_compressed",
-        "numpy.savetxt",
-        "torchvision.utils.save_image",
-        "cv2.imwrite",
-        "imageio.imwrite",
-        "imageio.imsave",
-        "imageio.mimsave",
-        "imageio.mimwrite",
-        "imageio.v2.imwrite",
-        "imageio.v2.mimsave",
-        "scipy.misc.imsave",
-        "skimage.io.imsave",
-        "matplotlib.pyplot.savefig",
-        "soundfile.write",
-        "scipy.io.wavfile.write",
-        "torchaudio.save",
-        "shutil.copyfile",
-        "shutil.copy",
-        "shutil.copy2",
-        "shutil.copytree",
-        # A file removed (yolact's old checkpoint, `--keep_latest`): by every process, all but one fail to find it.
-        "os.remove",
-        "os.unlink",
-    }
-)
+_WRITERS = LIBRARY_WRITERS
 # Methods that write a file: a figure's, a path's, a data frame's; ``.save(path)`` of a PIL image (below).
 _WRITING_METHODS = frozenset({"write_text", "write_bytes", "savefig", "to_csv"})
 _PIL_MAKERS = ("PIL.Image.", "Image.")

@@ -189,7 +189,7 @@ def test_a_write_through_the_projects_own_helper_is_found(tmp_path):
     found = project.project_of(str(tmp_path / "setup.py"))
     assert found.writes(found.find("utils.hungarian_evaluate")) == project.Write(11, "confusion_matrix(...)")
     assert found.writes(found.find("utils.summary")) == project.Write(16, "hungarian_evaluate(...)")
-    assert found.writes(found.find("utils.confusion_matrix")) == project.Write(5, ".savefig()")
+    assert found.writes(found.find("utils.confusion_matrix")) == project.Write(5, "matplotlib.pyplot.savefig")
 
 
 def test_an_importer_with_its_own_distributed_path_is_named_to_launch(tmp_path):
