@@ -220,8 +220,16 @@ class Project:
         return self._in_module(module, name, 0) if module is not None else None
 
     def resolve_in(self, found: Found, node: ast.expr, depth: int = 0) -> tuple[str | None, Found | None]:
-        """What a name used inside a project definition is: its qualified name, and its project definition."""
+        """What a name used inside a project definition is: its qualified name, and its project definition. A
+        name the module has from a star import of the project's (WaveRNN's ``from utils.dsp import *``, then
+        ``save_wav(...)``) is the one that import binds."""
         qualified = found.module.qualified(node)
+        if qualified is None and isinstance(node, ast.Name) and node.id not in found.module.definitions:
+            for star in found.module.stars:
+                bound = self.star_binding(star, node.id)
+                if bound is not None and bound != NOT_BOUND:
+                    qualified = bound
+                    break
         if qualified is None:
             return None, None
         if qualified.startswith("."):
