@@ -122,13 +122,9 @@ def _handed(analysis: FileAnalysis, call: cst.Call, arg: cst.Arg, results: bool)
         return None
     callee = analysis.code_of(call.func)
     if type(call.func) is cst.Name:
-        own = [f for f in analysis.tree.nodes(cst.FunctionDef) if f.name.value == call.func.value]
-        if len(own) == 1:
-            tree = ast.parse(analysis.code_of(own[0]).strip())
-            node = tree.body[0]
-            assert isinstance(node, ast.FunctionDef)
-            first = analysis.position(own[0].name)[0] - 1
-            return _parameter_blocks(None, node, position, keyword, 0, callee, lambda line: f"line {first + line}", results, analysis)
+        own = _own_function(analysis, call.func.value, position, keyword, 0, results)
+        if own is not _NOT_OWN:
+            return own
     qualified = analysis.resolve(call.func)
     project = project_of(analysis.path)
     found = project.find(qualified) if project is not None and qualified and not qualified.startswith(("torch.", "builtins.")) else None
@@ -204,6 +200,23 @@ def _parameter_blocks(
     return None
 
 
+_NOT_OWN = "<not a function of the file>"
+
+
+def _own_function(
+    analysis: FileAnalysis, name: str, position: Optional[int], keyword: Optional[str], depth: int, results: bool
+) -> Optional[str]:
+    """``_parameter_blocks`` of the file's own function ``name``; ``_NOT_OWN`` when the file defines no one function of
+    that name."""
+    own = [f for f in analysis.tree.nodes(cst.FunctionDef) if f.name.value == name]
+    if len(own) != 1:
+        return _NOT_OWN
+    parsed = ast.parse(analysis.code_of(own[0]).strip()).body[0]
+    assert isinstance(parsed, ast.FunctionDef)
+    first = analysis.position(own[0].name)[0] - 1
+    return _parameter_blocks(None, parsed, position, keyword, depth, name, lambda line: f"line {first + line}", results, analysis)
+
+
 def _handed_on_in_file(analysis: FileAnalysis, call: ast.Call, node: ast.Name, depth: int, results: bool) -> Optional[str]:
     """``node`` handed on by a function of the file to another: one of the file's own (by its name), or one that the
     file imports from the project (SfmLearner's ``validate(..., tb_writer)`` calling utils' ``log_output_tensorboard(tb_writer,
@@ -214,14 +227,9 @@ def _handed_on_in_file(analysis: FileAnalysis, call: ast.Call, node: ast.Name, d
     keyword = next((k.arg for k in call.keywords if k.value is node), None)
     callee = ast.unparse(call.func)
     if isinstance(call.func, ast.Name):
-        own = [f for f in analysis.tree.nodes(cst.FunctionDef) if f.name.value == call.func.id]
-        if len(own) == 1:
-            parsed = ast.parse(analysis.code_of(own[0]).strip()).body[0]
-            assert isinstance(parsed, ast.FunctionDef)
-            first = analysis.position(own[0].name)[0] - 1
-            return _parameter_blocks(
-                None, parsed, position, keyword, depth + 1, callee, lambda line: f"line {first + line}", results, analysis
-            )
+        own = _own_function(analysis, call.func.id, position, keyword, depth + 1, results)
+        if own is not _NOT_OWN:
+            return own
     try:
         qualified = names.resolve(analysis.bindings, cst.parse_expression(callee))
     except cst.ParserSyntaxError:
