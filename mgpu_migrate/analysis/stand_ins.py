@@ -125,12 +125,29 @@ def _handed(analysis: FileAnalysis, call: cst.Call, arg: cst.Arg, results: bool)
         own = _own_function(analysis, call.func.value, position, keyword, 0, results)
         if own is not _NOT_OWN:
             return own
-    qualified = analysis.resolve(call.func)
-    project = project_of(analysis.path)
-    found = project.find(qualified) if project is not None and qualified and not qualified.startswith(("torch.", "builtins.")) else None
-    if found is None or not isinstance(found.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+    function = _project_function(analysis.path, analysis.resolve(call.func))
+    if function is None:
         return f"handed to `{callee}`, which is not read"
-    return _parameter_blocks(found, found.node, position, keyword, 0, callee, _lines_of(found), results)
+    found, definition = function
+    return _parameter_blocks(found, definition, position, keyword, 0, callee, _lines_of(found), results)
+
+
+def _project_function(path: str, qualified: Optional[str]) -> Optional[tuple[Found, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """The project's function that ``qualified`` names, as the file at ``path`` sees it, and its definition; None for
+    anything else."""
+    project = project_of(path)
+    if project is None or not qualified or qualified.startswith(("torch.", "builtins.")):
+        return None
+    found = project.find(qualified)
+    if found is None or not isinstance(found.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    return found, found.node
+
+
+def _place(call: ast.Call, node: ast.Name) -> tuple[Optional[int], Optional[str]]:
+    """Where ``call`` is given ``node``: its position among the arguments, or its keyword."""
+    position = next((index for index, argument in enumerate(call.args) if argument is node), None)
+    return position, next((k.arg for k in call.keywords if k.value is node), None)
 
 
 def _attached_to_an_engine(call: cst.Call, position: Optional[int], keyword: Optional[str]) -> bool:
@@ -221,24 +238,22 @@ def _handed_on_in_file(analysis: FileAnalysis, call: ast.Call, node: ast.Name, d
     """``node`` handed on by a function of the file to another: one of the file's own (by its name), or one that the
     file imports from the project (SfmLearner's ``validate(..., tb_writer)`` calling utils' ``log_output_tensorboard(tb_writer,
     ...)``)."""
-    if any(argument is node for argument in call.args if isinstance(argument, ast.Starred)):
-        return "handed on with *"
-    position = next((index for index, argument in enumerate(call.args) if argument is node), None)
-    keyword = next((k.arg for k in call.keywords if k.value is node), None)
+    position, keyword = _place(call, node)
     callee = ast.unparse(call.func)
     if isinstance(call.func, ast.Name):
         own = _own_function(analysis, call.func.id, position, keyword, depth + 1, results)
         if own is not _NOT_OWN:
             return own
+    # The file's imports name the callee (parsed again by LibCST, whose names the file's bindings resolve).
     try:
         qualified = names.resolve(analysis.bindings, cst.parse_expression(callee))
     except cst.ParserSyntaxError:
         qualified = None
-    project = project_of(analysis.path)
-    found = project.find(qualified) if project is not None and qualified and not qualified.startswith(("torch.", "builtins.")) else None
-    if found is None or not isinstance(found.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+    function = _project_function(analysis.path, qualified)
+    if function is None:
         return f"handed on to `{callee}`, which is not read"
-    return _parameter_blocks(found, found.node, position, keyword, depth + 1, callee, _lines_of(found), results)
+    found, definition = function
+    return _parameter_blocks(found, definition, position, keyword, depth + 1, callee, _lines_of(found), results)
 
 
 def _handed_on(found: Found, call: ast.Call, node: ast.Name, depth: int, results: bool) -> Optional[str]:
@@ -248,6 +263,5 @@ def _handed_on(found: Found, call: ast.Call, node: ast.Name, depth: int, results
     _, inner = project.resolve_in(found, call.func)
     if inner is None or not isinstance(inner.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return f"handed on to `{ast.unparse(call.func)}`, which is not read"
-    position = next((index for index, argument in enumerate(call.args) if argument is node), None)
-    keyword = next((k.arg for k in call.keywords if k.value is node), None)
+    position, keyword = _place(call, node)
     return _parameter_blocks(inner, inner.node, position, keyword, depth + 1, ast.unparse(call.func), _lines_of(inner), results)

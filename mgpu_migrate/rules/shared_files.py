@@ -419,20 +419,11 @@ class SharedFiles(Rule):
         if len(bindings) != 1:
             return self._kept(call, parent)
         for use in contains(scope, lambda n: type(n) is cst.Name and n.value == name, into_functions=True):
-            method = tree.parent(use)
-            if use is parent.targets[0].target or type(method) is cst.AsName:
+            if use is parent.targets[0].target or type(tree.parent(use)) is cst.AsName:
                 # A `with open(...) as log:` of the same name binds another file object, whose uses are read too.
                 continue
-            if type(method) is cst.Attribute and method.value is use and method.attr.value in _FILE_METHODS:
-                made = tree.parent(method)
-                if type(made) is cst.Call and made.func is method and type(tree.parent(made)) is cst.Expr:
-                    continue
-            argument_of = tree.parent(method) if type(method) is cst.Arg else None
-            if type(argument_of) is cst.Call and type(tree.parent(argument_of)) is cst.Expr:
-                named = argument_of.func.value if type(argument_of.func) is cst.Name else None
-                if self.analysis.resolve(argument_of.func) in _FILE_WRITERS or named == "print":
-                    continue
-            return self._kept(call, parent)
+            if not self._writes_to(use, _FILE_METHODS):
+                return self._kept(call, parent)
         return None
 
     def _kept(self, call: cst.Call, parent: Optional[cst.CSTNode]) -> str:
@@ -443,30 +434,42 @@ class SharedFiles(Rule):
     def _other_use(self, block: cst.With, name: str) -> Optional[str]:
         """What the block does with the file ``name`` other than writing to it, if anything. A csv writer made of it
         (``w = csv.writer(f)``) writes to it too, when the block only calls its writing methods."""
-        tree = self.analysis.tree
         writers = self._csv_writers(block, name)
         for use in contains(block.body, lambda n: type(n) is cst.Name and n.value in (name, *writers)):
             if use.value in writers:
-                if self._written_through(use) or self._bound_by(use, writers[use.value]):
+                if self._method_statement(use, _CSV_WRITING_METHODS) or self._bound_by(use, writers[use.value]):
                     continue
                 line = self.analysis.position(use)[0]
                 return f"the block uses `{use.value}` at line {line} other than to write rows"
-            if any(self._bound_by(use, made) for made in writers.values()):
+            if any(self._bound_by(use, made) for made in writers.values()) or self._writes_to(use):
                 continue
-            parent = tree.parent(use)
-            if type(parent) is cst.Attribute and parent.value is use:
-                call = tree.parent(parent)
-                if type(call) is cst.Call and call.func is parent and type(tree.parent(call)) is cst.Expr:
-                    continue
-            call = tree.parent(parent) if type(parent) is cst.Arg else None
-            if type(call) is cst.Call:
-                qualified = self.analysis.resolve(call.func)
-                named = call.func.value if type(call.func) is cst.Name else None
-                if (qualified in _FILE_WRITERS or named == "print") and type(tree.parent(call)) is cst.Expr:
-                    continue
             line = self.analysis.position(use)[0]
             return f"the block uses `{name}` at line {line} other than by writing to it"
         return None
+
+    def _writes_to(self, use: cst.Name, methods: Optional[frozenset[str]] = None) -> bool:
+        """The file ``use`` names is written to there: a method of it called as a statement of its own (one of
+        ``methods``, when given), or the file handed to a writer (``json.dump(x, f)``, ``print(..., file=f)``) as one."""
+        if self._method_statement(use, methods):
+            return True
+        tree = self.analysis.tree
+        argument = tree.parent(use)
+        call = tree.parent(argument) if type(argument) is cst.Arg else None
+        if type(call) is not cst.Call or type(tree.parent(call)) is not cst.Expr:
+            return False
+        named = call.func.value if type(call.func) is cst.Name else None
+        return self.analysis.resolve(call.func) in _FILE_WRITERS or named == "print"
+
+    def _method_statement(self, use: cst.Name, methods: Optional[frozenset[str]]) -> bool:
+        """``use.METHOD(...)`` as a statement of its own, METHOD one of ``methods`` (any, when None)."""
+        tree = self.analysis.tree
+        method = tree.parent(use)
+        if type(method) is not cst.Attribute or method.value is not use:
+            return False
+        if methods is not None and method.attr.value not in methods:
+            return False
+        call = tree.parent(method)
+        return type(call) is cst.Call and call.func is method and type(tree.parent(call)) is cst.Expr
 
     def _csv_writers(self, block: cst.With, name: str) -> dict[str, cst.Assign]:
         """The names the block binds, once each, to ``csv.writer(name, ...)`` or ``csv.DictWriter(name, ...)``: the
@@ -492,15 +495,6 @@ class SharedFiles(Rule):
             if type(first) is cst.Name and first.value == name and not handed_again:
                 writers[target] = statement
         return writers
-
-    def _written_through(self, use: cst.Name) -> bool:
-        """``writer.writerow(...)`` (``writerows``, ``writeheader``) as a statement of its own."""
-        tree = self.analysis.tree
-        method = tree.parent(use)
-        if type(method) is not cst.Attribute or method.value is not use or method.attr.value not in _CSV_WRITING_METHODS:
-            return False
-        call = tree.parent(method)
-        return type(call) is cst.Call and call.func is method and type(tree.parent(call)) is cst.Expr
 
     def _bound_by(self, use: cst.Name, statement: cst.Assign) -> bool:
         """``use`` is in ``statement`` (the writer's own binding, or the file handed to it)."""
