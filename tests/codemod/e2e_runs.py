@@ -27,7 +27,7 @@ from pathlib import Path
 
 from mgpu_migrate.engine import migrate_source
 from mgpu_migrate.options import Options
-from tests.fixture_cases import FIXTURES, ROOT
+from tests.fixture_cases import FIXTURES, HARNESS, ROOT
 
 SCRIPTS = FIXTURES / "scripts"
 WORLD_SIZES = (2, 3)
@@ -161,7 +161,7 @@ def environment() -> dict[str, str]:
     }
     return {
         **environment,
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "runtime"), str(ROOT)]),
+        "PYTHONPATH": os.pathsep.join([str(HARNESS), str(ROOT / "runtime"), str(ROOT)]),
         "PYTHONHASHSEED": "0",
         "CUDA_VISIBLE_DEVICES": "",  # gloo on the CPU, also on a machine with GPUs
         "OMP_NUM_THREADS": "1",

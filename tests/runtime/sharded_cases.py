@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from tests.fixture_cases import HARNESS
+
 CLASSES = 5
 FEATURES = 6
 STEPS = 4
@@ -342,7 +344,7 @@ def job_results(script: Path, processes: int, directory: Path) -> dict[str, floa
     whole batch's) under torchrun, gloo, ``processes`` ranks, on the CPU: what rank 0 wrote."""
     environment = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("MGPU_", "SLURM_")) and k not in ("RANK", "WORLD_SIZE")},
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "runtime"), str(ROOT)]),
+        "PYTHONPATH": os.pathsep.join([str(HARNESS), str(ROOT / "runtime"), str(ROOT)]),
         "CUDA_VISIBLE_DEVICES": "",
         "OMP_NUM_THREADS": "1",
     }

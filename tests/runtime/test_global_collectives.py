@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixture_cases import HARNESS
+
 SCRIPT = Path(__file__).parent / "distributed_scripts" / "main_process_metric.py"
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 120
@@ -29,7 +31,7 @@ def _line(marker: str) -> int:
 def test_a_metric_computed_on_the_main_process_only_is_named_within_seconds():
     environment = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("MGPU_", "SLURM_")) and k not in ("RANK", "WORLD_SIZE")},
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "runtime"), str(ROOT)]),
+        "PYTHONPATH": os.pathsep.join([str(HARNESS), str(ROOT / "runtime"), str(ROOT)]),
         "CUDA_VISIBLE_DEVICES": "",
         "OMP_NUM_THREADS": "1",
         "MGPU_TIMEOUT": str(TIMEOUT_S),

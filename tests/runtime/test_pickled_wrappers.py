@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixture_cases import HARNESS
+
 SCRIPT = Path(__file__).parent / "distributed_scripts" / "pickled_models.py"
 TIMEOUT_S = 240
 
@@ -55,7 +57,7 @@ def _environment(**extra: str) -> dict[str, str]:
         if name not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
         and not name.startswith(("SLURM_", "MGPU_", "TORCHELASTIC_"))
     }
-    return {**environment, "PYTHONPATH": runtime, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **extra}
+    return {**environment, "PYTHONPATH": os.pathsep.join([str(HARNESS), runtime]), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **extra}
 
 
 def _run_together(*commands: tuple[list[str], dict[str, str]]) -> None:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixture_cases import HARNESS
+
 torch = pytest.importorskip("torch")
 
 SCRIPT = Path(__file__).parent / "distributed_scripts" / "written_once.py"
@@ -28,7 +30,7 @@ TIMEOUT_S = 240
 def _environment() -> dict[str, str]:
     return {
         **{k: v for k, v in os.environ.items() if not k.startswith(("MGPU_", "SLURM_")) and k not in ("RANK", "WORLD_SIZE")},
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "runtime"), str(ROOT)]),
+        "PYTHONPATH": os.pathsep.join([str(HARNESS), str(ROOT / "runtime"), str(ROOT)]),
         "CUDA_VISIBLE_DEVICES": "",
         "OMP_NUM_THREADS": "1",
         "MGPU_TIMEOUT": "60",

@@ -1,7 +1,12 @@
 """A clock the test controls (README.md): with FIXTURE_CLOCK=SECONDS, ``time.strftime(fmt)`` reads SECONDS plus
 1.1 s per rank (``RANK``), so ranks whose clocks are apart name things apart unless they share the main one's."""
+import atexit
+import gc
 import os
 import time
+
+# This folder, first on PYTHONPATH, shadows the harness's sitecustomize (tests/data/harness): its one line here too.
+atexit.register(gc.freeze)
 
 _SECONDS = os.environ.get("FIXTURE_CLOCK")
 if _SECONDS:
