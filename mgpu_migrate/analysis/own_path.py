@@ -40,6 +40,7 @@ from mgpu_migrate.analysis.file import FileAnalysis
 from mgpu_migrate.analysis.guards import identifiers, main_process_caller, under_main_process_block
 from mgpu_migrate.analysis.project import DATA_PARALLEL_CLASSES, Found, Project, project_of, returns_the_wrap
 from mgpu_migrate.analysis.tree import contains
+from mgpu_migrate.analysis.writers import LIBRARY_WRITING_METHODS
 from mgpu_migrate.diagnostics import shorten
 
 # What torchrun sets, read by a file whose own distributed path it chooses.
@@ -50,7 +51,7 @@ _WRITERS = frozenset(
     {"torch.save", "numpy.save", "numpy.savez", "numpy.savetxt", "json.dump", "pickle.dump", "yaml.dump", "shutil.copy",
      "shutil.copyfile", "os.mkdir", "torch.utils.tensorboard.SummaryWriter", "tensorboardX.SummaryWriter"}
 )
-_WRITING_METHODS = frozenset({"save_pretrained", "save_vocabulary", "savefig", "to_csv", "write_text", "write_bytes"})
+_WRITING_METHODS = LIBRARY_WRITING_METHODS | {"save_pretrained", "save_vocabulary"}
 _OPENERS = frozenset({"open", "io.open", "builtins.open"})
 
 

@@ -26,7 +26,7 @@ from typing import Callable, NamedTuple, Union
 
 from mgpu_migrate import files, old_keywords
 from mgpu_migrate.analysis import names
-from mgpu_migrate.analysis.writers import LIBRARY_WRITERS
+from mgpu_migrate.analysis.writers import LIBRARY_WRITERS, LIBRARY_WRITING_METHODS
 
 _ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
 # How far above a file its project root is looked for, and how deep a chain of definitions is followed.
@@ -363,7 +363,7 @@ class Project:
         for call in sorted(_calls(found.node), key=lambda call: (call.lineno, call.col_offset)):
             written = _file_write(found, call)
             qualified = found.module.qualified(call.func)
-            if written is None and id(call) not in caught and _changes_a_directory(call, qualified):
+            if written is None and id(call) not in caught and changes_a_directory(call, qualified):
                 written = Write(call.lineno, qualified or ".mkdir()", directory=True)
             if written is None and isinstance(call.func, ast.Name):
                 _, helper = self.resolve_in(found, call.func)
@@ -430,7 +430,7 @@ class Project:
         caught = {id(call) for call in _calls_catching_existing(found.node)}
         for call in sorted(_calls(found.node), key=lambda call: (call.lineno, call.col_offset)):
             qualified = found.module.qualified(call.func)
-            if id(call) not in caught and _changes_a_directory(call, qualified):
+            if id(call) not in caught and changes_a_directory(call, qualified):
                 change = Write(call.lineno, qualified or ".mkdir()", directory=True)
                 break
             if isinstance(call.func, ast.Name) and depth < _MAX_DEPTH:
@@ -701,7 +701,7 @@ def _backward_lines(found: Found) -> list[int]:
 _DATA_PARALLEL = frozenset({"torch.nn.DataParallel", "torch.nn.parallel.DataParallel", "torch.nn.parallel.data_parallel.DataParallel"})
 DATA_PARALLEL_CLASSES = _DATA_PARALLEL
 _WRITERS = LIBRARY_WRITERS | {"torch.save", "torch.utils.tensorboard.SummaryWriter", "tensorboardX.SummaryWriter"}
-_WRITING_METHODS = frozenset({"savefig", "write_text", "write_bytes", "to_csv", "unlink"})  # unlink: a Path removed
+_WRITING_METHODS = LIBRARY_WRITING_METHODS | {"unlink"}  # unlink: a Path removed
 
 
 # Calls that make or delete a directory: every process making it at once fails (FileExistsError) but the first,
@@ -709,7 +709,7 @@ _WRITING_METHODS = frozenset({"savefig", "write_text", "write_bytes", "to_csv", 
 _DIRECTORY_CHANGES = frozenset({"os.makedirs", "os.mkdir", "shutil.rmtree", "os.rmdir", "os.removedirs"})
 
 
-def _changes_a_directory(call: ast.Call, qualified: str | None) -> bool:
+def changes_a_directory(call: ast.Call, qualified: str | None) -> bool:
     path_method = qualified is None and isinstance(call.func, ast.Attribute) and call.func.attr == "mkdir"
     if qualified not in _DIRECTORY_CHANGES and not path_method:
         return False

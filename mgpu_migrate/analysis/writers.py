@@ -1,4 +1,4 @@
-"""The library functions that write a file they are given the path of: what a process runs once where the original
+"""The library functions and methods that write a file they are given the path of: what a process runs once where the original
 ran it once. One list, read by the file's own rule (MGP134) and by project reading (a helper that writes, MGP132)."""
 
 from __future__ import annotations
@@ -32,4 +32,32 @@ LIBRARY_WRITERS = frozenset(
         "os.remove",
         "os.unlink",
     }
+)
+
+# Methods that write a file they are given the path of, known by their name alone: a figure's (``savefig``), a
+# ``pathlib.Path``'s, a pandas data frame's (mean-teacher's ``TrainLog.save``: ``df.to_msgpack(path)``).
+LIBRARY_WRITING_METHODS = frozenset(
+    {
+        "savefig",
+        "write_text",
+        "write_bytes",
+        "to_csv",
+        "to_pickle",
+        "to_msgpack",
+        "to_parquet",
+        "to_hdf",
+        "to_excel",
+        "to_feather",
+    }
+)
+
+# A logger's methods (``logging.getLogger(...)``'s, or the ``logging`` module's own): a call of one only says
+# something, into the logger's handlers.
+LOGGING_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "critical", "exception", "log"})
+
+# Methods of text (and of a time) that compute a file's name and do nothing else: a line that only names a path
+# (``best_name = "_".join((prefix, mode.lower(), "model_best.pth.tar"))``) may run where the file is written.
+TEXT_METHODS = frozenset(
+    {"format", "join", "split", "rsplit", "strip", "lstrip", "rstrip", "replace", "lower", "upper", "strftime",
+     "isoformat", "startswith", "endswith"}
 )

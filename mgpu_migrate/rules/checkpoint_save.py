@@ -9,6 +9,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis.guards import main_process_caller, under_main_process_block
 from mgpu_migrate.analysis.tree import contains
+from mgpu_migrate.analysis.writers import LOGGING_METHODS, TEXT_METHODS
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, TORCH_STYLE, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, argument, on_the_main_process, runtime_attr, with_keyword
 from mgpu_migrate.rules.torch_style import DIST_IMPORT, NO_TORCH_FORM, TORCH_OPTIONS, statement
@@ -22,10 +23,11 @@ _FILE_MAKERS = {"open", "io.open", "io.BytesIO", "gzip.open", "bz2.open", "lzma.
 SAVE_ON_EVERY_PROCESS = Review(
     "MGP240",
     name="save-on-every-process",
-    summary="a save every process still runs: into a file object or buffer, or save_pretrained",
+    summary="a save every process still runs: into a file object or buffer, save_pretrained, or one its next lines move",
     why=(
-        "This save still runs on every process: it writes into a file object or a buffer, or it is "
-        "`save_pretrained`, which `mgpu_runtime.save` does not replace."
+        "This save still runs on every process: it writes into a file object or a buffer, it is "
+        "`save_pretrained`, which `mgpu_runtime.save` does not replace, or the lines after it move, copy or remove "
+        "its file with more than printing or logging between or beside them (which every process may need)."
     ),
     todo="Put it under `if mgpu_runtime.is_main_process():`, or save to a path with `mgpu_runtime.save`.",
 )
@@ -35,7 +37,11 @@ class CheckpointSave(Rule):
     """
     ## What it does
     Replaces ``torch.save(obj, path)`` with ``mgpu_runtime.save(obj, path)``, which every process calls and
-    the main process alone carries out, atomically (temporary file, then rename), while the others wait.
+    the main process alone carries out, atomically (temporary file, then rename), while the others wait. A save
+    whose file the lines after it move, copy or remove (pytorch/examples' ``if is_best: shutil.copyfile(filename,
+    "model_best.pth.tar")``) goes under ``if mgpu_runtime.is_main_process():`` with them, then every process waits;
+    lines between or beside them that only print or log (mean-teacher's ``LOG.info("--- checkpoint saved to %s
+    ---" % path)``) go with them.
 
     ## Why is this bad?
     Under DDP every process runs the script, so each would write the same checkpoint to the same path at
@@ -202,9 +208,11 @@ class CheckpointSave(Rule):
         return None
 
     def _guard_save_and_move(self, call: cst.Call, mover: cst.Call) -> None:
-        """``torch.save(obj, tmp)`` directly followed by ``os.replace(tmp, path)``: both go under
-        ``if mgpu_runtime.is_main_process():``, then every process waits (unless the save sits under an ``if``
-        each process decides for itself). Any other shape is left with MGP240."""
+        """``torch.save(obj, tmp)`` followed by ``os.replace(tmp, path)``, with nothing between or beside them but
+        lines that only log or print (mean-teacher's ``LOG.info("--- checkpoint saved to %s ---" % path)``) or name
+        what nothing else in the function reads (tsn-pytorch's ``best_name = ...`` for the copy): all of them go under
+        ``if mgpu_runtime.is_main_process():``, then every process waits (unless the save sits under an ``if`` each
+        process decides for itself). Any other shape is left with MGP240."""
         tree = self.analysis.tree
         save_statement = tree.statement(call)
         block = tree.parent(save_statement)
@@ -212,29 +220,39 @@ class CheckpointSave(Rule):
         # The statement of the save's block that holds the move: the move itself, or an `if` around it
         # (pytorch/examples' `if is_best: shutil.copyfile(filename, 'model_best.pth.tar')`).
         move_statement = next(node for node in (mover, *tree.ancestors(mover)) if tree.parent(node) is block)
-        simple = all(self._single(statement) for statement in (save_statement, move_statement)) or (
-            self._single(save_statement)
-            and type(move_statement) is cst.If
-            and move_statement.orelse is None
-            and all(self._single(statement) for statement in move_statement.body.body)
+        between = body[body.index(save_statement) + 1 : body.index(move_statement)] if move_statement in body[body.index(save_statement) :] else None
+        inside = list(move_statement.body.body) if type(move_statement) is cst.If else []
+        span = [save_statement, *(between or []), move_statement]
+        other = next(
+            (
+                statement
+                for statement in (*(between or []), *inside)
+                if mover not in contains(statement, lambda n: type(n) is cst.Call) and not self._goes_along(statement, span)
+            ),
+            None,
         )
-        if not simple or body.index(move_statement) != body.index(save_statement) + 1:
+        simple = self._single(save_statement) and (
+            self._single(move_statement)
+            or (type(move_statement) is cst.If and move_statement.orelse is None and all(map(self._single, inside)))
+        )
+        if not simple or between is None or other is not None:
             line, _ = self.analysis.position(mover)
-            self.left(
-                call,
-                SAVE_ON_EVERY_PROCESS,
-                f"saved under a name that line {line} then moves or removes: every process runs both",
-            )
+            why = f", as line {self.analysis.position(other)[0]} does more than print, log or name a path only they read" if other is not None else ""
+            self.left(call, SAVE_ON_EVERY_PROCESS, f"saved, then moved, copied or removed at line {line}: every process runs both{why}")
             return
         if not self.rewrite_allowed(call):
             return
         waits = self._decided_per_process(call) is None
 
+        followers = [*between, move_statement]
+
         def guarded(updated: cst.SimpleStatementLine):
-            return cst.FlattenSentinel(on_the_main_process([updated, move_statement.with_changes(leading_lines=())], waits))
+            moved = [statement.with_changes(leading_lines=()) if statement is followers[0] else statement for statement in followers]
+            return cst.FlattenSentinel(on_the_main_process([updated, *moved], waits))
 
         self.edits.replace(save_statement, guarded)
-        self.edits.replace(move_statement, lambda _: cst.RemovalSentinel.REMOVE)
+        for follower in followers:
+            self.edits.replace(follower, lambda _: cst.RemovalSentinel.REMOVE)
         self.edits.need_import(RUNTIME)
         self.rewrote(
             call,
@@ -246,6 +264,49 @@ class CheckpointSave(Rule):
     @staticmethod
     def _single(statement: cst.CSTNode) -> bool:
         return type(statement) is cst.SimpleStatementLine and len(statement.body) == 1
+
+    def _goes_along(self, statement: cst.CSTNode, span: list[cst.CSTNode]) -> bool:
+        """A line that may go onto the main process with a save and its move: one that only prints or logs, or
+        one that names a value (``best_name = "_".join(...)``) that nothing else in its function reads."""
+        if self._only_tells(statement):
+            return True
+        if not self._single(statement) or type(statement.body[0]) is not cst.Assign:
+            return False
+        assign = statement.body[0]
+        if not all(type(target.target) is cst.Name for target in assign.targets) or contains(
+            assign.value, lambda n: type(n) in (cst.Call, cst.NamedExpr) and not self._plain_call(n)
+        ):
+            return False
+        named = {target.target.value for target in assign.targets}
+        scope = self.analysis.tree.function(statement) or self.analysis.module
+        kept = [
+            node
+            for node in contains(scope, lambda n: type(n) is cst.Name and n.value in named, into_functions=True)
+            if not any(node in contains(part, lambda n: type(n) is cst.Name) for part in span)
+        ]
+        return not kept
+
+    def _plain_call(self, node: cst.CSTNode) -> bool:
+        """A call that computes a name: ``os.path.join``'s, text's own methods (``"_".join(...)``, ``.format``)."""
+        if type(node) is not cst.Call:
+            return False
+        qualified = self.analysis.resolve(node.func)
+        if qualified is not None and (qualified.startswith("os.path.") or qualified in ("str", "builtins.str")):
+            return True
+        return type(node.func) is cst.Attribute and node.func.attr.value in TEXT_METHODS and qualified is None
+
+    def _only_tells(self, statement: cst.CSTNode) -> bool:
+        """A line that only prints or logs (``print(...)``, ``LOG.info(...)``, ``logging.warning(...)``): what
+        the main process alone says of its save, as the other processes' output goes nowhere (``MGPU_LOG``)."""
+        if not self._single(statement):
+            return False
+        expression = statement.body[0]
+        if type(expression) is not cst.Expr or type(expression.value) is not cst.Call:
+            return False
+        func = expression.value.func
+        if type(func) is cst.Name:
+            return func.value == "print"
+        return type(func) is cst.Attribute and func.attr.value in LOGGING_METHODS and type(func.value) in (cst.Name, cst.Attribute)
 
     def _moved_after(self, call: cst.Call, destination) -> cst.CSTNode | None:
         """A later statement of the same block that renames, moves or removes the saved path."""

@@ -11,6 +11,7 @@ import libcst as cst
 from mgpu_migrate.analysis.entrypoint import main_function
 from mgpu_migrate.analysis.guards import main_process_caller, under_main_process_block
 from mgpu_migrate.analysis.project import Found, Project, project_of
+from mgpu_migrate.analysis.writers import LOGGING_METHODS
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, through_runtime
@@ -39,7 +40,7 @@ _PASSING = frozenset({"int", "round", "float", "time.mktime"})
 _PASSING_METHODS = frozenset({"replace", "date", "astimezone", "timestamp", "lower", "upper", "strip"})
 # What only shows a reading (a time stamp printed or logged): it names nothing.
 _SHOWING = frozenset({"print"})
-_SHOWING_METHODS = frozenset({"info", "debug", "warning", "warn", "error", "critical", "exception", "log"})
+_SHOWING_METHODS = LOGGING_METHODS
 _LOOPS = (cst.For, cst.While, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 
 

@@ -13,9 +13,10 @@ import libcst as cst
 from mgpu_migrate.analysis.guards import main_process_caller, under_main_process_block
 from mgpu_migrate.analysis.handed import migrates_with
 from mgpu_migrate.analysis.models import MODULE_METHODS_RETURNING_SELF
-from mgpu_migrate.analysis.project import Found, Project, Write, project_download, project_of
+from mgpu_migrate.analysis.project import Found, Project, Write, changes_a_directory, project_download, project_of
 from mgpu_migrate.analysis.stand_ins import blocker
 from mgpu_migrate.analysis.tree import contains
+from mgpu_migrate.analysis.writers import LOGGING_METHODS, TEXT_METHODS
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import MAIN_PROCESS_OBJECT, RUNTIME, gives_download, on_the_main_process, through_runtime
@@ -30,7 +31,9 @@ WRITTEN_BY_EVERY_PROCESS = Review(
         "write them, where the original wrote them once. The tool moves a call of a function or method that "
         "writes onto the main process when its result is unused (MGP132), and builds an object whose construction "
         "writes on the main process only, behind a stand-in, when the script only calls its methods for their effect "
-        "(MGP135); this one is another shape: a result that every process uses, an object read otherwise, a method "
+        "(MGP135), and one whose construction only makes directories and keeps plain values on the main process, "
+        "every process given its copy (MGP132); this one is another shape: a result that every process uses, an "
+        "object read otherwise whose construction does more (writes a file, holds one open, or runs other code), a method "
         "that also changes the object's state, a function only the main process calls, a call made before "
         "`mgpu_runtime.setup()` in the method that chooses the GPUs (asking which process is the main one there "
         "would set up first, on every visible GPU), or `--style torch`."
@@ -61,8 +64,16 @@ class ProjectSideEffects(Rule):
     Logger(log_dir=...) as logger:``: every process enters and leaves the stand-in, the main process the logger). One that the script sets as ``sys.stdout`` or ``sys.stderr``
     (open-reid's ``sys.stdout = Logger(path)``, which mirrors what is printed into a file it opens with ``"w"``) is
     set on the main process only, under ``if mgpu_runtime.is_main_process():``; the other processes' stdout goes
-    nowhere already (the runtime's ``MGPU_LOG=rank0``), so the file holds what the original printed. Any other (a
-    result that is used, an object read otherwise, a method that also changes its object) is reported (MGP322).
+    nowhere already (the runtime's ``MGPU_LOG=rank0``), so the file holds what the original printed. One whose
+    construction only makes directories and keeps plain values (text, numbers, paths, the clock), whose other
+    methods write nothing and which every process reads (mean-teacher's ``main(RunContext(__file__, 0))``, its
+    run's directories named by the clock) is built on the main process, and every process is given its copy
+    (``mgpu_runtime.main_process_value(RunContext, __file__, 0)``). An object that a project method makes and
+    returns (``context.create_train_log("training")``, a ``TrainLog``), one of whose methods writes, is built on the
+    main process only, behind a stand-in (MGP135), when the script only calls its methods for their effect; the
+    object the method belongs to is known from the calls of the file's function that holds it as a parameter
+    (``def main(context)``). Any other (a result that is used, an object read otherwise, a method that also
+    changes its object) is reported (MGP322).
     A call of a project function that evaluates a model with a DataParallel of its own and trains nothing
     (Towards-Realtime-MOT's ``test.test(cfg, weights=latest)``, which loads the weights just saved) goes under
     ``if mgpu_runtime.is_main_process():`` the same way when nothing reads what it returns (a statement of its
@@ -92,6 +103,8 @@ class ProjectSideEffects(Rule):
     mgpu_runtime.barrier()
     mgpu_runtime.on_main_process(save_pred, outputs, "pred.npy")   # given the model's outputs
     logger = mgpu_runtime.main_process_only(Logger, "log.txt")   # its construction writes
+    main(mgpu_runtime.main_process_value(RunContext, __file__, 0))   # makes the run's directories; read by all
+    training_log = mgpu_runtime.main_process_only(context.create_train_log, "training")   # its record() writes
     if mgpu_runtime.is_main_process():
         sys.stdout = Logger("log.txt")   # mirrors what is printed into its file
     ```
@@ -100,7 +113,10 @@ class ProjectSideEffects(Rule):
     The call is moved only when it is a statement of its own (its result unused): every process computes its
     arguments as before, and the global values among them are made whole on every process (a collective) before
     the main process alone writes. A method that also changes its object's state (``self.history.append(...)``)
-    stays on every process, reported. A stream set on the main process only keeps what the main process prints;
+    stays on every process, reported. An object built on the main process and copied reaches the others pickled:
+    its ``__init__`` may only keep plain values, make directories and log, so what the others skip is only what the
+    main process did for all (its class derives from none, and defines no pickling of its own). A stream set on
+    the main process only keeps what the main process prints;
     with ``MGPU_LOG=all`` the others print to the terminal, not into the file. A call under a main-process block,
     or in a function only the main process calls, stays as it is.
     """
@@ -175,6 +191,10 @@ class ProjectSideEffects(Rule):
             method = self._writing_method(project, call)
             if method is not None and os.path.abspath(method[0].module.path) not in started:
                 self._call_once(call, *method, f"`{shorten(self.analysis.code_of(call.func))}(...)`")
+                continue
+            made = self._made_by_a_method(project, call) if method is None else None
+            if made is not None and os.path.abspath(made[0].module.path) not in started:
+                self._made_object_once(call, *made)
 
     def _evaluation(self, project: Project, call: cst.Call) -> Optional[tuple[Found, Write]]:
         """A call of a project function that evaluates a model with a DataParallel of its own (MOT's
@@ -383,6 +403,13 @@ class ProjectSideEffects(Rule):
         else:
             found = blocker(self.analysis, line.targets[0].target, call)
             reason = f"as {found}" if found is not None else None
+        if reason is not None and self.options.style == RUNTIME_STYLE and entered is None and written.directory:
+            copied = _why_not_copied(project, definition, init)
+            early = self._before_setup(call)
+            if copied is None and early is None:
+                self._built_once_and_copied(call, f"{what} makes directories ({init.where.rpartition(':')[0]}:{written.line})")
+                return
+            reason = f"{reason}, and {copied}" if copied is not None else f"as it runs before {RUNTIME}.setup() (line {early})"
         if reason is not None:
             self.left(call, WRITTEN_BY_EVERY_PROCESS, f"{what} {where}: not moved, {reason}")
             return
@@ -396,6 +423,16 @@ class ProjectSideEffects(Rule):
             f"{what} {where}: built on the main process only, a stand-in elsewhere ({RUNTIME}.main_process_only)",
             MAIN_PROCESS_OBJECT,
         )
+
+    def _built_once_and_copied(self, call: cst.Call, said: str) -> None:
+        """An object of a project class whose construction only makes directories and keeps plain values (mean-
+        teacher's ``RunContext(__file__, 0)``, the run's directories named by the clock), which every process reads:
+        built on the main process, every process given its copy (``mgpu_runtime.main_process_value``)."""
+        if main_process_caller(self.analysis, call) is not None or not self.rewrite_allowed(call):
+            return
+        self.edits.need_import(RUNTIME)
+        self.edits.replace(call, through_runtime("main_process_value"))
+        self.rewrote(call, f"{said}: built on the main process, copied to every process ({RUNTIME}.main_process_value)")
 
     def _stream_once(self, call: cst.Call, line: cst.Assign, said: str) -> None:
         """``sys.stdout = Logger(path)`` (open-reid's), an object that mirrors what is printed into a file it opens:
@@ -433,6 +470,86 @@ class ProjectSideEffects(Rule):
             if method is not None and written is not None:
                 return method, written
         return self._inherited_writer(project, call)
+
+    def _made_by_a_method(self, project: Project, call: cst.Call) -> Optional[tuple[Found, Found, Write]]:
+        """``context.create_train_log("training")`` (mean-teacher's), a method of an object of a project class
+        that returns a new object of another (``return TrainLog(self.result_dir, name)``), one of whose methods
+        writes (``TrainLog.save``: ``df.to_msgpack(path)``): the class it makes, that method, and its write. The
+        object's class is read where the file's own function that holds it as a parameter is called
+        (``main(RunContext(__file__, 0))``)."""
+        if type(call.func) is not cst.Attribute or type(call.func.value) is not cst.Name:
+            return None
+        owner = self._parameter_class(call, call.func.value)
+        method = project.method(owner, call.func.attr.value) if owner is not None else None
+        if method is None or not isinstance(method.node, _FUNCTIONS):
+            return None
+        returned = [node.value for node in ast.walk(method.node) if isinstance(node, ast.Return)]
+        made = None
+        for value in returned:
+            cls = project.resolve_in(method, value.func)[1] if isinstance(value, ast.Call) else None
+            if cls is None or not isinstance(cls.node, ast.ClassDef) or (made is not None and made.node is not cls.node):
+                return None
+            made = cls
+        if made is None:
+            return None
+        for statement in made.node.body:
+            if isinstance(statement, _FUNCTIONS) and statement.name != "__init__":
+                writing = Found(made.module, statement, made.seen_from)
+                written = project.writes(writing)
+                if written is not None:
+                    return made, writing, written
+        return None
+
+    def _parameter_class(self, call: cst.Call, name: cst.Name) -> Optional[Found]:
+        """The project class of the objects that every call in this file of ``call``'s function gives its
+        parameter ``name`` (``def main(context)``, called as ``main(RunContext(__file__, 0))``), else None."""
+        function = self.analysis.tree.function(call)
+        if function is None:
+            return None
+        params = function.params
+        positional = [*params.posonly_params, *params.params]
+        index = next((i for i, param in enumerate(positional) if param.name.value == name.value), None)
+        if index is None or type(self.analysis.tree.parent(function)) is not cst.Module:
+            return None
+        project = project_of(self.analysis.path)
+        calls = [other for other in self.analysis.calls if type(other.func) is cst.Name and other.func.value == function.name.value]
+        found = None
+        for other in calls:
+            given = next((arg.value for arg in other.args if arg.keyword is not None and arg.keyword.value == name.value), None)
+            if given is None and len(other.args) > index and all(arg.keyword is None and not arg.star for arg in other.args[: index + 1]):
+                given = other.args[index].value
+            qualified = self.analysis.resolve(given.func) if type(given) is cst.Call else None
+            cls = project.find(qualified) if project is not None and qualified and not qualified.startswith(("torch.", "builtins.")) else None
+            if cls is None or not isinstance(cls.node, ast.ClassDef) or (found is not None and found.node is not cls.node):
+                return None
+            found = cls
+        return found
+
+    def _made_object_once(self, call: cst.Call, made: Found, writing: Found, written: Write) -> None:
+        """The object a project method makes, one of whose methods writes, built on the main process only, behind
+        a stand-in (``mgpu_runtime.main_process_only(context.create_train_log, "training")``), when the script
+        only calls its methods for their effect; else said (MGP322)."""
+        what = f"`{shorten(self.analysis.code_of(call.func), 32)}(...)` makes a `{made.name}` that writes ({writing.where.rpartition(':')[0]}:{written.line})"
+        line = self.analysis.tree.parent(call)
+        if self.options.style != RUNTIME_STYLE:
+            reason: Optional[str] = "as --style torch has no runtime"
+        elif type(line) is not cst.Assign or len(line.targets) != 1 or line.value is not call or type(line.targets[0].target) is not cst.Name:
+            reason = "as it is not assigned to a name"
+        else:
+            found = blocker(self.analysis, line.targets[0].target, call)
+            early = self._before_setup(call)
+            reason = f"as {found}" if found is not None else f"as it runs before {RUNTIME}.setup() (line {early})" if early is not None else None
+        if main_process_caller(self.analysis, call) is not None:
+            return
+        if reason is not None:
+            self.left(call, WRITTEN_BY_EVERY_PROCESS, f"{what}: not moved, {reason}")
+            return
+        if not self.rewrite_allowed(call, MAIN_PROCESS_OBJECT):
+            return
+        self.edits.replace(call, through_runtime("main_process_only"))
+        self._stand_ins.add(call)
+        self.edits.need_import(RUNTIME)
+        self.rewrote(call, f"{what}: made on the main process only ({RUNTIME}.main_process_only)", MAIN_PROCESS_OBJECT)
 
     def _inherited_writer(self, project: Project, call: cst.Call) -> Optional[tuple[Found, Write]]:
         """``self.io.print_log(...)`` in a module that trains a model a project class holds (``Program.holds``),
@@ -536,6 +653,102 @@ _MUTATORS = frozenset({"append", "extend", "update", "insert", "pop", "clear", "
 # Methods that load state into the object they are called on (``model.load_state_dict(...)``, a model's own
 # ``load(path)``).
 _LOADERS = frozenset({"load_state_dict", "load"})
+
+
+# What a class whose objects are built on the main process and copied to the others may compute in its
+# ``__init__`` (``_why_not_copied``): text, numbers and paths, the clock, the environment; nothing held open.
+_PLAIN_CALLS = frozenset(
+    {"str", "int", "float", "bool", "len", "round", "min", "max", "abs", "sorted", "list", "tuple", "dict",
+     "datetime.datetime.now", "datetime.datetime.today", "datetime.date.today", "time.strftime", "time.time",
+     "time.localtime", "os.getcwd", "os.getpid", "os.environ.get", "os.getenv", "socket.gethostname"}
+)
+_PLAIN_METHODS = TEXT_METHODS | {"get"}
+# Methods that would make a copy of the object other than its attributes, or act when it is dropped.
+_OWN_COPYING = frozenset({"__getstate__", "__setstate__", "__reduce__", "__reduce_ex__", "__copy__", "__deepcopy__", "__del__"})
+
+
+def _why_not_copied(project: Project, cls: Found, init: Found) -> Optional[str]:
+    """Why an object of the project class ``cls`` cannot be built on the main process alone and copied, pickled,
+    to the others (``mgpu_runtime.main_process_value``), or None when it can: the class derives from none, its
+    construction makes directories (and no file), keeps plain values (text, numbers, paths, the clock), and
+    otherwise only logs; no other method of it writes, and none changes how it is copied."""
+    assert isinstance(cls.node, ast.ClassDef)
+    if cls.node.bases or cls.node.keywords or cls.node.decorator_list:
+        return f"`{cls.name}` derives from another class"
+    for statement in cls.node.body:
+        if not isinstance(statement, _FUNCTIONS) or statement.name == "__init__":
+            continue
+        if statement.name in _OWN_COPYING:
+            return f"`{cls.name}` defines `{statement.name}`"
+        written = project.writes(Found(cls.module, statement, cls.seen_from))
+        if written is not None:
+            return f"its method `{statement.name}` writes too ({cls.where.rpartition(':')[0]}:{written.line})"
+    if any(not written.directory for written in project.function_writes(init)):
+        return "its construction writes files"
+    assert isinstance(init.node, _FUNCTIONS)
+    other = _more_than_plain(init.node.body, init.module)
+    if other is not None:
+        return f"its construction does more than make directories and keep values ({init.where.rpartition(':')[0]}:{other})"
+    return None
+
+
+def _more_than_plain(body: list[ast.stmt], module) -> Optional[int]:
+    """The line of the first statement of a constructor's ``body`` that does more than keep a plain value, make a
+    directory or log (``_why_not_copied``), or None."""
+    for statement in body:
+        if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
+            continue  # a docstring
+        if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
+            call = statement.value
+            qualified = module.qualified(call.func)
+            if (
+                changes_a_directory(call, qualified)
+                or qualified in ("os.makedirs", "os.mkdir")
+                or (isinstance(call.func, ast.Name) and call.func.id == "print" and "print" not in module.definitions)
+                or (qualified or "").startswith("logging.")
+                or (isinstance(call.func, ast.Attribute) and call.func.attr in LOGGING_METHODS)
+            ) and _plain(call.args + [keyword.value for keyword in call.keywords], module):
+                continue
+            return statement.lineno
+        if isinstance(statement, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+            if all(_plain_target(target) for target in targets) and statement.value is not None and _plain([statement.value], module):
+                continue
+            return statement.lineno
+        if isinstance(statement, ast.If) and _plain([statement.test], module):
+            inner = _more_than_plain(statement.body, module) or _more_than_plain(statement.orelse, module)
+            if inner is None:
+                continue
+            return inner
+        if isinstance(statement, ast.Pass):
+            continue
+        return statement.lineno
+    return None
+
+
+def _plain_target(target: ast.expr) -> bool:
+    """A local name, or an attribute of ``self``."""
+    if isinstance(target, ast.Name):
+        return True
+    return isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self"
+
+
+def _plain(values: list[ast.expr], module) -> bool:
+    """Every call in ``values`` computes text, a number, a path or the clock (``_PLAIN_CALLS``, ``os.path``'s,
+    the methods of text); no lambda, comprehension or ``await`` in them."""
+    for value in values:
+        for node in ast.walk(value):
+            if isinstance(node, (ast.Lambda, ast.Await, ast.Yield, ast.YieldFrom, ast.NamedExpr)):
+                return False
+            if not isinstance(node, ast.Call):
+                continue
+            qualified = module.qualified(node.func)
+            if qualified in _PLAIN_CALLS or (qualified or "").startswith("os.path."):
+                continue
+            if qualified is None and isinstance(node.func, ast.Attribute) and node.func.attr in _PLAIN_METHODS:
+                continue
+            return False
+    return True
 
 
 def _loads_into_its_arguments(function: ast.AST) -> Optional[str]:

@@ -9,7 +9,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis.guards import main_process_caller, under_main_process_block
 from mgpu_migrate.analysis.tree import contains
-from mgpu_migrate.analysis.writers import LIBRARY_WRITERS
+from mgpu_migrate.analysis.writers import LIBRARY_WRITERS, LIBRARY_WRITING_METHODS
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, argument, through_runtime
@@ -20,7 +20,7 @@ _FILE_QUERIES = frozenset(f"os.path.{name}" for name in ("exists", "lexists", "i
 # The library functions that write a file they are given the path of (a statement of its own: nothing returned).
 _WRITERS = LIBRARY_WRITERS
 # Methods that write a file: a figure's, a path's, a data frame's; ``.save(path)`` of a PIL image (below).
-_WRITING_METHODS = frozenset({"write_text", "write_bytes", "savefig", "to_csv"})
+_WRITING_METHODS = LIBRARY_WRITING_METHODS
 _PIL_MAKERS = ("PIL.Image.", "Image.")
 _MEDIA_FILE = re.compile(r"\.(png|jpe?g|gif|bmp|tiff?|webp|wav|mp3|flac|mp4|avi)$", re.IGNORECASE)
 # What a ``with open(...) as f:`` block may do with ``f`` so that a stand-in can take the file's place: call its

@@ -639,3 +639,76 @@ def test_a_helper_that_returns_a_name_read_from_the_clock_gives_the_main_process
     said = [(d.line, d.message) for d in result.diagnostics if d.code == "MGP138"]
     assert said == [(7, "`utils.save_path(...)` names something from the clock (utils.py:7): the main process's result on every process (mgpu_runtime.main_process_value)")], said
     assert "    run = mgpu_runtime.main_process_value(utils.save_path, 'checkpoints')\n    logger = utils.get_logger(run)\n" in result.output
+
+
+def test_a_run_context_that_only_makes_directories_is_built_once_and_copied_and_others_are_said(tmp_path):
+    """mean-teacher's ``main(RunContext(__file__, 0))``: a class whose construction only makes directories and keeps
+    plain values is built on the main process, every process given its copy. One that holds something open (a
+    lock), whose other method writes, or that derives from another class is left (MGP322), each saying why; so is
+    the copy under --style torch."""
+    (tmp_path / "setup.py").write_text("")
+    (tmp_path / "runs.py").write_text(
+        "import os\nimport threading\nimport time\n\n\n"
+        "class RunContext:\n    def __init__(self, name, index):\n        stamp = time.strftime('%H%M%S')\n"
+        "        self.result_dir = '{}/{}/{}'.format('results', name, stamp)\n"
+        "        if not os.path.exists('results'):\n            print('first run')\n"
+        "        os.makedirs(self.result_dir)\n\n\n"
+        "class Locked:\n    def __init__(self, path):\n        self.lock = threading.RLock()\n        os.makedirs(path)\n\n\n"
+        "class Noted:\n    def __init__(self, path):\n        os.makedirs(path)\n        self.path = path\n\n"
+        "    def note(self, text):\n        with open(self.path + '/notes.txt', 'a') as f:\n            f.write(text)\n\n\n"
+        "class Derived(RunContext):\n    pass\n"
+    )
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch.nn as nn\nfrom runs import Derived, Locked, Noted, RunContext\n\n\n"
+        "def main(context, locked, noted, derived):\n    print(context.result_dir, locked.lock, noted.path, derived.result_dir)\n\n\n"
+        "model = nn.DataParallel(model)\n"
+        "main(RunContext('train', 0), Locked('locked'), Noted('noted'), Derived('derived', 1))\n"
+    )
+    result = migrate_source(script.read_text(), "ddp", str(script))
+    assert result.output.splitlines()[-1] == (
+        "main(mgpu_runtime.main_process_value(RunContext, 'train', 0), Locked('locked'), Noted('noted'), Derived('derived', 1))"
+    )
+    said = sorted((d.col, d.code, d.message.partition("): ")[2]) for d in result.diagnostics if d.code in ("MGP132", "MGP322"))
+    assert said == [
+        (6, "MGP132", "built on the main process, copied to every process (mgpu_runtime.main_process_value)"),
+        (30, "MGP322", "not moved, as it is not assigned to a name, and its construction does more than make directories and keep values (runs.py:17)"),
+        (48, "MGP322", "not moved, as it is not assigned to a name, and its method `note` writes too (runs.py:27)"),
+        (64, "MGP322", "not moved, as it is not assigned to a name, and `Derived` derives from another class"),
+    ], said
+    torch_style = migrate_source(script.read_text(), "ddp", str(script), TORCH_OPTIONS)
+    assert "main(RunContext('train', 0)" in torch_style.output and codes(torch_style).count("MGP322") == 4
+
+
+def test_an_object_a_project_method_makes_is_built_on_the_main_process_when_only_its_methods_are_called(tmp_path):
+    """mean-teacher's ``training_log = context.create_train_log("training")``, a ``TrainLog`` whose ``record``
+    writes: behind a stand-in when the script only calls its methods for their effect (also in a function it is
+    handed to); read otherwise, it is left (MGP322). The context's class is read where ``main(context)`` is called."""
+    (tmp_path / "setup.py").write_text("")
+    (tmp_path / "runs.py").write_text(
+        "class TrainLog:\n    def __init__(self, directory, name):\n        self.path = directory + '/' + name\n\n"
+        "    def record(self, step, values):\n        with open(self.path, 'a') as f:\n            f.write(str((step, values)))\n\n\n"
+        "class RunContext:\n    def __init__(self, directory):\n        self.directory = directory\n\n"
+        "    def create_train_log(self, name):\n        return TrainLog(self.directory, name)\n"
+    )
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch.nn as nn\nfrom runs import RunContext\n\n\n"
+        "def main(context):\n    training_log = context.create_train_log('training')\n"
+        "    validation_log = context.create_train_log('validation')\n    record(training_log, 0)\n"
+        "    print(validation_log.path)\n\n\n"
+        "def record(log, step):\n    log.record(step, {'loss': 1.0})\n\n\n"
+        "model = nn.DataParallel(model)\nmain(RunContext('results'))\n"
+    )
+    result = migrate_source(script.read_text(), "ddp", str(script))
+    assert "    training_log = mgpu_runtime.main_process_only(context.create_train_log, 'training')\n" in result.output
+    assert "    validation_log = context.create_train_log('validation')\n" in result.output
+    said = {d.line: (d.code, d.message) for d in result.diagnostics if d.code in ("MGP135", "MGP322")}
+    made = "`context.create_train_log(...)` makes a `TrainLog` that writes (runs.py:6): "
+    assert said == {
+        6: ("MGP135", made + "made on the main process only (mgpu_runtime.main_process_only)"),
+        7: ("MGP322", made + "not moved, as `validation_log.path` is read at line 9"),
+    }, said
+    # Called with objects of two classes, the parameter's class is not known: nothing is said.
+    script.write_text(script.read_text() + "main(object())\n")
+    assert "MGP135" not in codes(migrate_source(script.read_text(), "ddp", str(script)))
