@@ -151,6 +151,7 @@ class ProjectSideEffects(Rule):
 
     def apply(self) -> None:
         self._stand_ins: set[cst.Call] = set()  # the objects this rule builds on the main process only (MGP135)
+        self._calls_by_name: Optional[dict[str, list[cst.Call]]] = None  # the file's calls of a name, read once
         if not self.program.runs_distributed:
             return
         project = project_of(self.analysis.path)
@@ -512,7 +513,12 @@ class ProjectSideEffects(Rule):
         if index is None or type(self.analysis.tree.parent(function)) is not cst.Module:
             return None
         project = project_of(self.analysis.path)
-        calls = [other for other in self.analysis.calls if type(other.func) is cst.Name and other.func.value == function.name.value]
+        if self._calls_by_name is None:
+            self._calls_by_name = {}
+            for other in self.analysis.calls:
+                if type(other.func) is cst.Name:
+                    self._calls_by_name.setdefault(other.func.value, []).append(other)
+        calls = self._calls_by_name.get(function.name.value, [])
         found = None
         for other in calls:
             given = next((arg.value for arg in other.args if arg.keyword is not None and arg.keyword.value == name.value), None)
@@ -673,8 +679,10 @@ def _why_not_copied(project: Project, cls: Found, init: Found) -> Optional[str]:
     construction makes directories (and no file), keeps plain values (text, numbers, paths, the clock), and
     otherwise only logs; no other method of it writes, and none changes how it is copied."""
     assert isinstance(cls.node, ast.ClassDef)
-    if cls.node.bases or cls.node.keywords or cls.node.decorator_list:
+    if cls.node.bases or cls.node.keywords:
         return f"`{cls.name}` derives from another class"
+    if cls.node.decorator_list:
+        return f"`{cls.name}` is decorated"
     for statement in cls.node.body:
         if not isinstance(statement, _FUNCTIONS) or statement.name == "__init__":
             continue
@@ -743,6 +751,8 @@ def _plain(values: list[ast.expr], module) -> bool:
             if not isinstance(node, ast.Call):
                 continue
             qualified = module.qualified(node.func)
+            if qualified is None and isinstance(node.func, ast.Name) and node.func.id not in module.definitions:
+                qualified = node.func.id  # a builtin (`str(...)`), which the module neither defines nor imports
             if qualified in _PLAIN_CALLS or (qualified or "").startswith("os.path."):
                 continue
             if qualified is None and isinstance(node.func, ast.Attribute) and node.func.attr in _PLAIN_METHODS:

@@ -649,7 +649,7 @@ def test_a_run_context_that_only_makes_directories_is_built_once_and_copied_and_
     (tmp_path / "setup.py").write_text("")
     (tmp_path / "runs.py").write_text(
         "import os\nimport threading\nimport time\n\n\n"
-        "class RunContext:\n    def __init__(self, name, index):\n        stamp = time.strftime('%H%M%S')\n"
+        "class RunContext:\n    def __init__(self, name, index):\n        stamp = str(time.strftime('%H%M%S'))\n"
         "        self.result_dir = '{}/{}/{}'.format('results', name, stamp)\n"
         "        if not os.path.exists('results'):\n            print('first run')\n"
         "        os.makedirs(self.result_dir)\n\n\n"
