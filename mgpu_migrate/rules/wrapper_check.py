@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import libcst as cst
 
 from mgpu_migrate.analysis import names
+from mgpu_migrate.analysis.project import importers
 from mgpu_migrate.rules.base import BALANCED, CHECKS, DDP, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, negated, runtime_attr
 
@@ -139,6 +141,8 @@ class WrapperCheck(Rule):
 
     def apply(self) -> None:
         replaced = _REPLACED[self.target]
+        if self.target == DDP and self._for_own_paths_only(replaced):
+            return
         for call in self.analysis.calls:
             if self.target == DDP and self._is_builtin(call.func, ("isinstance", "issubclass")) and len(call.args) == 2:
                 self._rewrite_isinstance(call, replaced)
@@ -158,6 +162,17 @@ class WrapperCheck(Rule):
             subject = self._type_subject(comparison.left)
             if subject is not None and self._refers_to_wrapper(comparison.comparisons[0], replaced):
                 self._rewrite_type_check(comparison, replaced)
+
+    def _for_own_paths_only(self, replaced: set[str]) -> bool:
+        """This module wraps nothing itself, and every module of the project that imports it sets up distributed
+        training of its own (SimCLR's model.py, whose ``save_model`` checks ``isinstance(model, DataParallel)``,
+        imported only by main.py, which calls ``init_process_group``). Under ``--to ddp`` those keep their
+        DataParallel fallback and their own DDP, so the check means what it meant; rewritten, it would take their
+        own DDP for a wrapper too and change what that path saves."""
+        if not os.path.isfile(self.analysis.path) or any(self.analysis.resolve(call.func) in replaced for call in self.analysis.calls):
+            return False
+        found = importers(self.analysis.path, "")
+        return bool(found) and all(importer.own_process_group for importer in found)
 
     # -- isinstance(m, nn.DataParallel) ---------------------------------------------------------------
     def _rewrite_isinstance(self, call: cst.Call, replaced: set[str]) -> None:

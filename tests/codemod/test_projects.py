@@ -712,3 +712,30 @@ def test_an_object_a_project_method_makes_is_built_on_the_main_process_when_only
     # Called with objects of two classes, the parameter's class is not known: nothing is said.
     script.write_text(script.read_text() + "main(object())\n")
     assert "MGP135" not in codes(migrate_source(script.read_text(), "ddp", str(script)))
+
+
+def test_a_wrapper_check_in_a_module_only_own_paths_import_keeps_its_meaning(tmp_path):
+    """SimCLR's model.py: ``save_model`` checks ``isinstance(model, DataParallel)`` and is imported only by main.py,
+    which sets up distributed training of its own (left with MGP231). Rewritten, the check would take main.py's own
+    DDP for a wrapper and save its weights without their ``module.`` prefix: it stays. Imported also by a script
+    that migrates, it is rewritten."""
+    (tmp_path / "setup.py").write_text("")
+    (tmp_path / "model.py").write_text(
+        "import torch\n\n\ndef save_model(model, out):\n    if isinstance(model, torch.nn.DataParallel):\n"
+        "        torch.save(model.module.state_dict(), out)\n    else:\n        torch.save(model.state_dict(), out)\n"
+    )
+    (tmp_path / "main.py").write_text(
+        "import torch\nimport torch.distributed as dist\nfrom model import save_model\n\n"
+        "if args.nodes > 1:\n    dist.init_process_group('nccl')\n    model = torch.nn.parallel.DistributedDataParallel(model)\n"
+        "else:\n    model = torch.nn.DataParallel(model)\nsave_model(model, 'model.pt')\n"
+    )
+    shutil.copytree(tmp_path, tmp_path / "with_other")  # importers are read once per run and tree: another tree
+    (tmp_path / "with_other" / "other.py").write_text(
+        "import torch\nfrom model import save_model\n\nmodel = torch.nn.DataParallel(model)\nsave_model(model, 'm.pt')\n"
+    )
+    model = tmp_path / "model.py"
+    result = migrate_source(model.read_text(), "ddp", str(model))
+    assert not result.changed and not result.diagnostics
+    model = tmp_path / "with_other" / "model.py"
+    result = migrate_source(model.read_text(), "ddp", str(model))
+    assert "isinstance(model, mgpu_runtime.PARALLEL_WRAPPERS)" in result.output and codes(result) == ["MGP126"]
