@@ -411,19 +411,20 @@ class ProjectSideEffects(Rule):
                 self._built_once_and_copied(call, f"{what} makes directories ({init.where.rpartition(':')[0]}:{written.line})")
                 return
             reason = f"{reason}, and {copied}" if copied is not None else f"as it runs before {RUNTIME}.setup() (line {early})"
+        self._stand_in_or_said(call, reason, f"{what} {where}", "built on the main process only, a stand-in elsewhere")
+
+    def _stand_in_or_said(self, call: cst.Call, reason: Optional[str], what: str, done: str) -> None:
+        """The object ``call`` builds, left on every process for ``reason`` (MGP322), or, with no reason, built on
+        the main process only, behind a stand-in (``mgpu_runtime.main_process_only``, MGP135)."""
         if reason is not None:
-            self.left(call, WRITTEN_BY_EVERY_PROCESS, f"{what} {where}: not moved, {reason}")
+            self.left(call, WRITTEN_BY_EVERY_PROCESS, f"{what}: not moved, {reason}")
             return
         if not self.rewrite_allowed(call, MAIN_PROCESS_OBJECT):
             return
         self.edits.replace(call, through_runtime("main_process_only"))
         self._stand_ins.add(call)
         self.edits.need_import(RUNTIME)
-        self.rewrote(
-            call,
-            f"{what} {where}: built on the main process only, a stand-in elsewhere ({RUNTIME}.main_process_only)",
-            MAIN_PROCESS_OBJECT,
-        )
+        self.rewrote(call, f"{what}: {done} ({RUNTIME}.main_process_only)", MAIN_PROCESS_OBJECT)
 
     def _built_once_and_copied(self, call: cst.Call, said: str) -> None:
         """An object of a project class whose construction only makes directories and keeps plain values (mean-
@@ -545,17 +546,8 @@ class ProjectSideEffects(Rule):
             found = blocker(self.analysis, line.targets[0].target, call)
             early = self._before_setup(call)
             reason = f"as {found}" if found is not None else f"as it runs before {RUNTIME}.setup() (line {early})" if early is not None else None
-        if main_process_caller(self.analysis, call) is not None:
-            return
-        if reason is not None:
-            self.left(call, WRITTEN_BY_EVERY_PROCESS, f"{what}: not moved, {reason}")
-            return
-        if not self.rewrite_allowed(call, MAIN_PROCESS_OBJECT):
-            return
-        self.edits.replace(call, through_runtime("main_process_only"))
-        self._stand_ins.add(call)
-        self.edits.need_import(RUNTIME)
-        self.rewrote(call, f"{what}: made on the main process only ({RUNTIME}.main_process_only)", MAIN_PROCESS_OBJECT)
+        if main_process_caller(self.analysis, call) is None:
+            self._stand_in_or_said(call, reason, what, "made on the main process only")
 
     def _inherited_writer(self, project: Project, call: cst.Call) -> Optional[tuple[Found, Write]]:
         """``self.io.print_log(...)`` in a module that trains a model a project class holds (``Program.holds``),
