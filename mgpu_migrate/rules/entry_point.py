@@ -43,6 +43,9 @@ NO_ENTRY_POINT = Review(
     ),
     todo="Call `mgpu_runtime.setup()` where your program starts: migrate the script the message names with this file.",
 )
+# What starts a script's own processes from inside it (torch.multiprocessing's ``spawn``, as ``mp.spawn``).
+_SPAWNS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes", "torch.multiprocessing.spawn.spawn"})
+
 EXISTING_DISTRIBUTED_SETUP = Review(
     "MGP231",
     name="existing-distributed-setup",
@@ -576,12 +579,29 @@ class EntryPointSetup(Rule):
                 message = f"own distributed path (line {line}) left, {why}: launch it with torchrun"
         elif command:
             message = f"own distributed path (line {line}), DataParallel fallback left: launch that path with `{command}`"
+        elif self._own_start():
+            message = f"own distributed path (line {line}), DataParallel fallback left: the file starts that path itself{self._own_start()}"
         else:
             message = (
                 f"this file sets up distributed training itself (line {line}): its DataParallel fallback is left; "
                 "launch its own distributed path"
             )
         self.left(site, EXISTING_DISTRIBUTED_SETUP, message)
+
+    def _own_start(self) -> str:
+        """Where the file starts its own processes itself (SimCLR's ``mp.spawn(main, ..., nprocs=args.gpus)`` under
+        ``if args.nodes > 1:``), and under which condition, for MGP231's message; "" when it does not."""
+        for call in self.analysis.calls:
+            if self.analysis.resolve(call.func) not in _SPAWNS:
+                continue
+            line, _ = self.analysis.position(call)
+            guard = next(iter(self.analysis.tree.enclosing_ifs(call)), None)
+            if guard is None:
+                return f" (line {line})"
+            test, orelse = guard
+            condition = shorten(self.analysis.code_of(test.test), 28)
+            return f" (line {line}) when {'not ' if orelse else ''}`{condition}`"
+        return ""
 
     def _own_path_command(self) -> Optional[str]:
         """The torchrun command that runs the file's own distributed path, when the launch environment chooses it

@@ -739,3 +739,22 @@ def test_a_wrapper_check_in_a_module_only_own_paths_import_keeps_its_meaning(tmp
     model = tmp_path / "with_other" / "model.py"
     result = migrate_source(model.read_text(), "ddp", str(model))
     assert "isinstance(model, mgpu_runtime.PARALLEL_WRAPPERS)" in result.output and codes(result) == ["MGP126"]
+
+
+def test_an_own_path_the_file_spawns_itself_is_named_with_its_condition(tmp_path):
+    """SimCLR's main.py: ``init_process_group`` in ``main(gpu, args)``, which ``mp.spawn`` starts when ``args.nodes >
+    1``, else ``main(0, args)`` with its DataParallel fallback. No launcher command runs that path: MGP231 names where
+    the file starts it and when."""
+    script = tmp_path / "main.py"
+    script.write_text(
+        "import torch\nimport torch.distributed as dist\nimport torch.multiprocessing as mp\nfrom torch.nn.parallel import DataParallel\n\n\n"
+        "def main(gpu, args):\n    if args.nodes > 1:\n        dist.init_process_group('nccl', rank=gpu, world_size=args.world_size)\n"
+        "    model = build()\n    if args.dataparallel:\n        model = DataParallel(model)\n\n\n"
+        "if __name__ == '__main__':\n    args = parse()\n    if args.nodes > 1:\n        mp.spawn(main, args=(args,), nprocs=args.gpus, join=True)\n"
+        "    else:\n        main(0, args)\n"
+    )
+    result = migrate_source(script.read_text(), "ddp", str(script))
+    said = [(d.code, d.message) for d in result.diagnostics]
+    assert not result.changed and said == [
+        ("MGP231", "own distributed path (line 9), DataParallel fallback left: the file starts that path itself (line 18) when `args.nodes > 1`")
+    ], said
