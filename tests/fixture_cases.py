@@ -15,8 +15,8 @@ from mgpu_migrate.options import DDP, DEFAULT_OPTIONS, RUNTIME_STYLE, TARGETS, T
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
-# The test harness's sitecustomize (the objects alive at a process's exit frozen out of the collector's reach), on
-# the PYTHONPATH of every process the suite starts.
+# The test harness's sitecustomize (the garbage collector's settings: tests/data/harness/sitecustomize.py), on the
+# PYTHONPATH of every process the suite starts.
 HARNESS = ROOT / "tests" / "data" / "harness"
 
 
