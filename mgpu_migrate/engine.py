@@ -157,7 +157,7 @@ def _handing_importers(data: bytes, path: str) -> list[tuple[str, bytes]]:
     from mgpu_migrate import files
     from mgpu_migrate.started import is_script, wrapping_importers
 
-    if b".backward(" not in data or is_script(data):
+    if b".backward(" not in data or is_script(data, path):
         return []  # a script trains what it builds; a trainer module is imported
     found = []
     for importer in wrapping_importers(path, might_need_migration):

@@ -30,7 +30,7 @@ from mgpu_migrate.analysis.entrypoint import RUNTIME_SETUP
 from mgpu_migrate.analysis.models import RUNTIME, SUBCLASS
 from mgpu_migrate.analysis.own_path import Fallback, fallback_builders
 from mgpu_migrate.analysis.rebased import rebased_classes
-from mgpu_migrate.analysis.project import importers, project_of
+from mgpu_migrate.analysis.project import constructor, importers_through_packages, project_of
 from mgpu_migrate.diagnostics import Rewrite
 from mgpu_migrate.edits import Edits
 from mgpu_migrate.started import is_script
@@ -185,31 +185,39 @@ class Program:
         return value, None
 
 
-def handed_device_ids(analysis: FileAnalysis, started: Collection[str]) -> list[tuple[cst.Call, cst.BaseExpression]]:
-    """The calls of a script that hand the GPUs to a function of a module it starts whose wraps take them as
-    ``device_ids`` (run.py's ``train(..., opt.device_ids)``), with what each hands."""
+def handed_device_ids(analysis: FileAnalysis, started: Collection[str] | None) -> list[tuple[cst.Call, cst.BaseExpression]]:
+    """The calls of a script that hand the GPUs to a function (or a class's constructor) of a module it starts
+    (any project module, for ``started=None``) whose wraps take them as ``device_ids`` (run.py's ``train(...,
+    opt.device_ids)``, BERT-pytorch's ``BERTTrainer(..., cuda_devices=args.cuda_devices)``), with what each hands."""
     project = project_of(analysis.path)
     if project is None:
         return []
-    modules = {os.path.abspath(path) for path in started}
+    modules = {os.path.abspath(path) for path in started} if started is not None else None
     sites = []
     for call in analysis.calls:
         qualified = analysis.resolve(call.func)
         found = project.find(qualified) if qualified and "." in qualified else None
-        if found is None or os.path.abspath(found.module.path) not in modules:
+        if found is None or (modules is not None and os.path.abspath(found.module.path) not in modules):
             continue
         parameter = project.device_parameter(found)
-        node = found.node
+        node = constructor(found.node) if isinstance(found.node, ast.ClassDef) else found.node
         functions = (ast.FunctionDef, ast.AsyncFunctionDef)
-        given = _argument_for(node, call, parameter) if parameter is not None and isinstance(node, functions) else None
+        given = (
+            _argument_for(node, call, parameter, bound=node is not found.node)
+            if parameter is not None and isinstance(node, functions)
+            else None
+        )
         if given is not None:
             sites.append((call, given))
     return sites
 
 
-def _argument_for(function: ast.FunctionDef | ast.AsyncFunctionDef, call: cst.Call, parameter: str) -> cst.BaseExpression | None:
-    """What ``call`` gives ``function``'s ``parameter`` (by keyword or position), None when it cannot be told."""
-    positional = [arg.arg for arg in [*function.args.posonlyargs, *function.args.args]]
+def _argument_for(
+    function: ast.FunctionDef | ast.AsyncFunctionDef, call: cst.Call, parameter: str, bound: bool = False
+) -> cst.BaseExpression | None:
+    """What ``call`` gives ``function``'s ``parameter`` (by keyword or position), None when it cannot be told;
+    ``bound``: the function is a class's ``__init__``, called through the class (its ``self`` is not given)."""
+    positional = [arg.arg for arg in [*function.args.posonlyargs, *function.args.args]][1 if bound else 0 :]
     for index, arg in enumerate(call.args):
         if arg.star:
             return None
@@ -229,14 +237,17 @@ def handed_to_a_setup(analysis: FileAnalysis, wrap: cst.Call) -> str | None:
     function = analysis.tree.function(wrap)
     if function is None:
         return None
-    for importer in importers(analysis.path, function.name.value):
+    # A class's constructor is called by the class's name (``BERTTrainer(..., cuda_devices=...)``).
+    owner = next((node for node in analysis.tree.ancestors(function) if type(node) in (cst.ClassDef, cst.FunctionDef)), None)
+    called = owner.name.value if function.name.value == "__init__" and type(owner) is cst.ClassDef else function.name.value
+    for importer in importers_through_packages(analysis.path, called):
         try:
             source = files.read(importer.path)[0].decode("utf-8")
             script = FileAnalysis(importer.path, source, cst.parse_module(source))
         except (OSError, UnicodeDecodeError, cst.ParserSyntaxError):
             continue
         try:
-            if not is_script(source.encode("utf-8", "surrogateescape")):
+            if not is_script(source.encode("utf-8", "surrogateescape"), importer.path):
                 continue
             starting = Program((), (), existing_setup(script), False, (os.path.abspath(analysis.path),))
             chosen = starting.chosen_devices(script)

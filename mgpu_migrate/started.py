@@ -60,9 +60,71 @@ def parses_at_module_level(data: bytes) -> bool:
     return False
 
 
-def is_script(data: bytes) -> bool:
-    """A script: a main block, or a flat script that parses its command line at module level."""
-    return (b"__main__" in data and has_main_block(data)) or parses_at_module_level(data)
+def is_script(data: bytes, path: str | None = None) -> bool:
+    """A script: a main block, a flat script that parses its command line at module level, or (given its
+    ``path``) a module whose function the project installs as a command (:func:`console_function`)."""
+    return (
+        (b"__main__" in data and has_main_block(data))
+        or parses_at_module_level(data)
+        or (path is not None and b"def " in data and console_function(path) is not None)
+    )
+
+
+# A console script's target in a project's packaging (``'bert = bert_pytorch.__main__:train'`` in setup.py's
+# ``entry_points``, ``bert = "bert_pytorch.__main__:train"`` under pyproject's ``[project.scripts]``, a line of
+# setup.cfg's ``console_scripts =``): the module and its function.
+_CONSOLE_TARGET = re.compile(r"""^[\s'"]*[\w.-]+\s*=\s*['"]?([A-Za-z_][\w.]*)\s*:\s*([A-Za-z_]\w*)\s*['"]?\s*,?\s*$""")
+# Where the commands are listed: setup.py's ``'console_scripts': [...]`` (or a string of lines), setup.cfg's
+# ``console_scripts =`` and the indented lines after it, pyproject's ``[project.scripts]`` or
+# ``[tool.poetry.scripts]`` table (up to the next table).
+_CONSOLE_SECTIONS = {
+    "setup.py": re.compile(r"""['"]console_scripts['"]\s*:\s*(\[[^\]]*\]|'{3}.*?'{3}|"{3}.*?"{3}|'[^']*'|"[^"]*")""", re.DOTALL),
+    "setup.cfg": re.compile(r"^console_scripts\s*=([^\n]*(?:\n[ \t]+[^\n]*)*)", re.MULTILINE),
+    "pyproject.toml": re.compile(r"^\[(?:project|tool\.poetry)\.scripts\][ \t]*\n(.*?)(?=^\[|\Z)", re.MULTILINE | re.DOTALL),
+}
+_CONSOLE: dict[str, dict[str, str]] = {}
+
+
+def console_function(path: str) -> str | None:
+    """The function of the module at ``path`` that its project installs as a command (a console script), which
+    then runs as the program's main function: BERT-pytorch's ``bert_pytorch/__main__.py`` has no main block, and
+    its ``train()`` is the ``bert`` command. None when the module is no such target."""
+    path = os.path.abspath(path)
+    directory = os.path.dirname(path)
+    for _ in range(_MAX_LEVELS):
+        if any(os.path.isfile(os.path.join(directory, name)) for name in _CONSOLE_SECTIONS):
+            return _console_targets(directory).get(path)
+        if any(os.path.exists(os.path.join(directory, marker)) for marker in _ROOT_MARKERS):
+            return None
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return None
+        directory = parent
+    return None
+
+
+def _console_targets(root: str) -> dict[str, str]:
+    """Each console script's module file under ``root`` (or ``root/src``), with its function; read once per run."""
+    targets = _CONSOLE.get(root)
+    if targets is None:
+        targets = {}
+        for name, section in _CONSOLE_SECTIONS.items():
+            try:
+                text = files.read(os.path.join(root, name))[0][:_MODULE_BYTES].decode("utf-8", "replace")
+            except OSError:
+                continue
+            for listed in section.findall(text):
+                # Each ``command = module:function``, split at lines, commas and brackets (setup.py's list).
+                for line in re.split(r"[\n,\[\]]", listed):
+                    match = _CONSOLE_TARGET.match(line)
+                    if match is None:
+                        continue
+                    module, function = match.groups()
+                    found = _module_file(module, (root, os.path.join(root, "src")))
+                    if found is not None:
+                        targets.setdefault(found, function)
+        _CONSOLE[root] = targets
+    return targets
 
 
 def candidates(path: str, data: bytes, might_migrate: Callable[[bytes], bool]) -> tuple[str, ...]:
@@ -110,7 +172,7 @@ def trained_apart(path: str, data: bytes, started: tuple[str, ...]) -> tuple[str
 
 def _modules(path: str, data: bytes) -> list[tuple[str, bytes]]:
     """The project modules a script imports, with their bytes, but those that are scripts themselves."""
-    if not is_script(data) or b"import" not in data:
+    if not is_script(data, path) or b"import" not in data:
         return []
     directory = os.path.dirname(os.path.abspath(path))
     bases = _bases(directory)
@@ -120,7 +182,7 @@ def _modules(path: str, data: bytes) -> list[tuple[str, bytes]]:
             if inner == os.path.abspath(path) or inner in found:
                 continue
             text = _read(inner)
-            if not is_script(text):
+            if not is_script(text, inner):
                 found[inner] = text
     return list(found.items())
 

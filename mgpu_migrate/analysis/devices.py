@@ -50,12 +50,12 @@ def device_ids(call: cst.Call) -> Optional[cst.BaseExpression]:
 
 def read_names(wraps: Iterable[cst.Call]) -> frozenset[str]:
     """The names the wraps' ``device_ids`` are read from (``args`` of ``device_ids=args.gpus``)."""
-    found = set()
-    for call in wraps:
-        chosen = device_ids(call)
-        if chosen is not None:
-            found |= {root.value for read in _reads(chosen, set()) if (root := _root(read)) is not None}
-    return frozenset(found)
+    return names_read(chosen for call in wraps if (chosen := device_ids(call)) is not None)
+
+
+def names_read(values: Iterable[cst.BaseExpression]) -> frozenset[str]:
+    """The names the values are read from (``args`` of ``args.gpus``)."""
+    return frozenset(root.value for value in values for read in _reads(value, set()) if (root := _root(read)) is not None)
 
 
 def first_n(value: cst.BaseExpression) -> Optional[cst.BaseExpression]:

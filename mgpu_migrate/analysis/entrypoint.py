@@ -15,7 +15,9 @@ GPU) and after the script has chosen its GPUs with ``CUDA_VISIBLE_DEVICES``. The
   that parse the command line, when a wrap's ``device_ids`` reads what they bind (``args.gpus``): the set-up
   is given those GPUs (``setup(devices=args.gpus)``);
 * the top of the ``if __name__ == "__main__":`` block;
-* a module without a main block: the top of its ``def main()``.
+* a module without a main block: the top of its ``def main()``, or of the function its project installs as a
+  command (a console script: BERT-pytorch's ``train()`` in ``__main__.py``), after its command line is parsed
+  when the GPUs it hands on are read from it.
 
 Statements that only parse the command line stay before it (with the paths computed among them, ``os.path`` only), so ``--help`` or a bad argument stops the
 script before any other process starts.
@@ -332,7 +334,7 @@ def main_function(analysis: ParsedFile) -> Optional[cst.FunctionDef]:
     block = main_block(analysis.module)
     if block is not None:
         return _first_called_function(analysis, block)
-    return _top_level_function(analysis.module, "main")
+    return _main_without_block(analysis)
 
 
 def _top_level_function(module: cst.Module, name: str) -> Optional[cst.FunctionDef]:
@@ -366,32 +368,43 @@ def find_entry_point(
     if trains_at_module_level or any(touches_cuda(analysis, statement) for statement in module_code):
         return _after_imports(analysis)
     if chosen_in_method is not None and (
-        main is not None or _top_level_function(module, "main") is not None or not training_loops
+        main is not None or _main_without_block(analysis) is not None or not training_loops
     ):
         # Also in a module that trains nothing itself: its class hands the model on (st-gcn's IO to the processors
         # deriving from it), and the script that starts them leaves the set-up to this one.
         return chosen_in_method
-    if main is not None:
-        if type(main.body) is not cst.IndentedBlock:
-            return None
-        function = _first_called_function(analysis, main)
-        if function is not None and type(function.body) is cst.IndentedBlock:
-            body = list(function.body.body)
-            if any(chooses_visible_devices(statement) for statement in body):
-                return _at_top(analysis, body, f"in {function.name.value}()", skip_docstring=True)
-            if _parses(analysis, body) & device_names:
-                place = f"in {function.name.value}(), after its command line is parsed"
-                return _at_top(analysis, body, place, skip_docstring=True)
-        return _at_top(analysis, list(main.body.body), 'at the top of the `if __name__ == "__main__":` block', False)
-    function = _top_level_function(module, "main")
+    if main is not None and type(main.body) is not cst.IndentedBlock:
+        return None
+    function = _first_called_function(analysis, main) if main is not None else _main_without_block(analysis)
     if function is not None and type(function.body) is cst.IndentedBlock:
-        return _at_top(analysis, list(function.body.body), "at the top of main()", skip_docstring=True)
+        body = list(function.body.body)
+        if any(chooses_visible_devices(statement) for statement in body):
+            return _at_top(analysis, body, f"in {function.name.value}()", skip_docstring=True)
+        if _parses(analysis, body) & device_names:
+            # (_at_top says "after its command-line parser")
+            return _at_top(analysis, body, f"in {function.name.value}()", skip_docstring=True)
+    if main is not None:
+        return _at_top(analysis, list(main.body.body), 'at the top of the `if __name__ == "__main__":` block', False)
+    if function is not None and type(function.body) is cst.IndentedBlock:
+        return _at_top(analysis, list(function.body.body), f"at the top of {function.name.value}()", skip_docstring=True)
     return None
+
+
+def _main_without_block(analysis: ParsedFile) -> Optional[cst.FunctionDef]:
+    """The main function of a module without a main block: the one its project installs as a command
+    (``started.console_function``: BERT-pytorch's ``train()`` in ``__main__.py``, the ``bert`` command), else a
+    top-level ``def main()``."""
+    from mgpu_migrate.started import console_function
+
+    command = console_function(analysis.path) if "def " in analysis.source else None
+    return _top_level_function(analysis.module, command or "main") or (
+        _top_level_function(analysis.module, "main") if command else None
+    )
 
 
 def script_start(analysis: ParsedFile) -> Optional[EntryPoint]:
     """A flat script's start (no main block, no ``main()``): after its imports. For a script that starts a program
     of the project's modules (``started``), whose own statements run at module level."""
-    if main_block(analysis.module) is not None or _top_level_function(analysis.module, "main") is not None:
+    if main_block(analysis.module) is not None or _main_without_block(analysis) is not None:
         return None
     return _after_imports(analysis)

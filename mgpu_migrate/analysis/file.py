@@ -6,8 +6,8 @@ from functools import cached_property
 
 import libcst as cst
 
-from mgpu_migrate.analysis.devices import chosen_in_method, read_names
-from mgpu_migrate.analysis.entrypoint import EntryPoint, find_entry_point
+from mgpu_migrate.analysis.devices import chosen_in_method, names_read, read_names
+from mgpu_migrate.analysis.entrypoint import EntryPoint, find_entry_point, main_function
 from mgpu_migrate.analysis.handed import HandedTraining
 from mgpu_migrate.analysis.loaders import LoaderFlow
 from mgpu_migrate.analysis.losses import LossFlow
@@ -36,6 +36,12 @@ class FileAnalysis(ParsedFile):
         training: list[cst.For | cst.Call] = [*self.loaders.training_loops, *self.handed.training_calls]
         wraps = [site.call for site in self.models.sites]
         device_names = read_names(wraps)
+        if not wraps and "device" in self.source and main_function(self) is not None:
+            # A script whose calls hand the GPUs to the project's code that wraps on them (``BERTTrainer(...,
+            # cuda_devices=args.cuda_devices)``): its set-up goes where what they read is bound.
+            from mgpu_migrate.program import handed_device_ids
+
+            device_names = names_read(given for _, given in handed_device_ids(self, None))
         in_method = chosen_in_method(self, wraps) if "self" in device_names else None
         place = f"in {in_method.method}(), where it chooses the GPUs" if in_method is not None else ""
         method_entry = EntryPoint(in_method.anchor, True, place, in_method.devices) if in_method is not None else None

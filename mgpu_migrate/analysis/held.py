@@ -192,12 +192,12 @@ def _started(module: str) -> bool:
     from mgpu_migrate.engine import might_start_module
     from mgpu_migrate.started import candidates, is_script
 
-    if is_script(_read(module)):
+    if is_script(_read(module), module):
         return True
     name = os.path.basename(module)[: -len(".py")]
     for importer in importers(module, name):
         data = _read(importer.path)
-        if _importable(importer.path) and is_script(data) and module in candidates(importer.path, data, might_start_module):
+        if _importable(importer.path) and is_script(data, importer.path) and module in candidates(importer.path, data, might_start_module):
             return True
     return False
 

@@ -312,9 +312,10 @@ class Project:
     def device_parameter(self, found: Found) -> str | None:
         """The parameter of a project function whose value its DataParallel takes as ``device_ids``
         (first-order-model's ``train(..., device_ids)`` wrapping in ``DataParallelWithCallback(model,
-        device_ids=device_ids)``): the GPUs its caller chose. None when no wrap of the function chooses so, or its
-        wraps choose differently."""
-        node = found.node
+        device_ids=device_ids)``), or of a project class's ``__init__`` (BERT-pytorch's ``BERTTrainer(...,
+        cuda_devices=...)``): the GPUs its caller chose. None when no wrap there chooses so, or its wraps choose
+        differently."""
+        node = constructor(found.node) if isinstance(found.node, ast.ClassDef) else found.node
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             return None
         parameters = {arg.arg for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]}
@@ -930,7 +931,7 @@ class _LinkSearch:
     def _read(self, found: Found, depth: int) -> ReplicaLink | None:
         node = found.node
         if isinstance(node, ast.ClassDef):
-            init = next((item for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "__init__"), None)
+            init = constructor(node)
             built = next(
                 (call for call in _calls(init) if found.module.qualified(call.func) in REPLICA_LINKS), None
             ) if init is not None else None
@@ -1494,3 +1495,8 @@ def _absolute(module: str, level: int, package: str) -> str:
     parts = package.split(".") if package else []
     parts = parts[: len(parts) - (level - 1)] if level > 1 else parts
     return ".".join([*parts, module] if module else parts)
+
+
+def constructor(node: ast.ClassDef) -> ast.FunctionDef | None:
+    """The ``__init__`` a class defines in its own body (None when it inherits one)."""
+    return next((item for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "__init__"), None)

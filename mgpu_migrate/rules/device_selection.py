@@ -44,8 +44,12 @@ class DeviceSelection(Rule):
     parsed (``args = parser.parse_args()``); or, when a method of the wraps' class chooses them and keeps them on
     ``self`` (``gpus = visible_gpus(self.arg.device); self.gpus = gpus`` in ``init_environment()``, which
     ``__init__`` calls before the method that wraps, nothing touching CUDA before), into that method, right
-    where they are chosen (``setup(devices=gpus)``). Otherwise the first N (``range(n)``) is said (MGP150: launch N
-    processes), and named GPUs leave the file as it is (MGP283), saying what they are.
+    where they are chosen (``setup(devices=gpus)``). A wrap in a module with no entry point of its own, on a
+    parameter of its function or of its class's constructor, drops them when the script that starts the module
+    hands them and gives them to its set-up (first-order-model's ``train(..., opt.device_ids)``, BERT-pytorch's
+    ``BERTTrainer(..., cuda_devices=args.cuda_devices)`` in the function its setup.py installs as the ``bert``
+    command). Otherwise the first N (``range(n)``) is said (MGP150: launch N processes), and named GPUs leave the
+    file as it is (MGP283), saying what they are.
 
     ## Why is this bad?
     Under DDP one process runs per visible GPU: a user who chose 2 of a machine's 8 GPUs would get 8

@@ -388,7 +388,7 @@ class EntryPointSetup(Rule):
             """,
             DDP,
             ("MGP101", "MGP120"),
-            message="setup(devices=args.gpus) inserted in main(), after its command line is parsed",
+            message="setup(devices=args.gpus) inserted in main(), after its command-line parser",
             line=7,
         ),
         # CUDA_VISIBLE_DEVICES set under an `if`: the set-up follows that `if`, with the GPUs renumbered in it.
@@ -490,7 +490,7 @@ class EntryPointSetup(Rule):
         if not program.wraps:
             # A module that trains a model a project class holds is set up where it starts: in it when it is a
             # script, else (a module of classes) in the script that imports it, the entry point of what it starts.
-            script = is_script(self.analysis.source.encode("utf-8", "surrogateescape"))
+            script = is_script(self.analysis.source.encode("utf-8", "surrogateescape"), self.analysis.path)
             if program.runs_distributed and not program.already_set_up and (program.starts or script):
                 self._start(program.starts or program.holds)
             return
@@ -539,7 +539,7 @@ class EntryPointSetup(Rule):
         for importer in importers_through_packages(self.analysis.path, uses):
             try:
                 with open(importer.path, "rb") as handle:
-                    if is_script(handle.read()):
+                    if is_script(handle.read(), importer.path):
                         return importer.where(here)
             except OSError:
                 continue

@@ -546,3 +546,99 @@ def test_gpus_read_from_a_config_once_after_the_set_up_are_said_to_be_set_there_
     result = migrate_source(source, "ddp", "train.py")
     (message,) = [d.message for d in result.diagnostics if d.code == CHOSEN]
     assert "but `GPU_ID` is set at line 7, after the set-up" in message and not result.changed
+
+
+def _console_project(tmp_path, migrated: bool):
+    project = FIXTURES / "projects" / "console_trainer"
+    for path in project.rglob("*"):
+        if path.is_file() and ".ddp." not in path.name and ".balanced." not in path.name:
+            target = tmp_path / path.relative_to(project)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            chosen = path.with_name(f"{path.stem}.ddp.py") if path.suffix == ".py" else path
+            target.write_text((chosen if migrated and chosen.exists() else path).read_text())
+
+
+def test_gpus_handed_to_a_class_by_a_console_command_go_to_its_set_up(tmp_path):
+    """BERT-pytorch's shape: `bert = bert_pytorch.__main__:train` (setup.py's console script) parses --cuda_devices
+    and gives them to `BERTTrainer(...)`, whose constructor wraps on them: the command's function sets up right
+    after its parse, given them, and the constructor's wrap is the runtime's (MGP150 names the call that hands them)."""
+    _console_project(tmp_path, migrated=False)
+    main = tmp_path / "bertlike" / "__main__.py"
+    pretrain = tmp_path / "bertlike" / "trainer" / "pretrain.py"
+    script = migrate_source(main.read_text(), "ddp", str(main))
+    lines = script.output.splitlines()
+    assert [line for line in lines if line.strip().startswith("mgpu_runtime.setup(")] == [
+        "    mgpu_runtime.setup(devices=args.cuda_devices)"
+    ]
+    assert lines[lines.index("    mgpu_runtime.setup(devices=args.cuda_devices)") - 1] == "    args = parser.parse_args()"
+    trainer = migrate_source(pretrain.read_text(), "ddp", str(pretrain))
+    assert "mgpu_runtime.DistributedDataParallel(self.model)" in trainer.output
+    assert [d.message for d in trainer.diagnostics if d.code == "MGP150"] == [
+        "`device_ids=cuda_devices` dropped: ../__main__.py:58 hands them to `mgpu_runtime.setup(devices=...)`, one "
+        "process on each"
+    ]
+    # Without the console script, the module has no main function: nothing sets up, the class's wrap is left.
+    (tmp_path / "setup.py").write_text("from setuptools import setup\n\nsetup(name='bertlike')\n")
+    from mgpu_migrate import started
+
+    started._CONSOLE.clear()
+    trainer = migrate_source(pretrain.read_text(), "ddp", str(pretrain))
+    assert not trainer.changed
+    assert [d.code for d in trainer.diagnostics if d.code == CHOSEN] == [CHOSEN]
+
+
+def test_the_migrated_console_command_gives_the_set_up_the_gpus_it_parsed(tmp_path):
+    _console_project(tmp_path, migrated=True)
+    recorded = _RECORDED.replace(
+        'runpy.run_path(script, run_name="__main__")',
+        'try:\n    runpy.run_path(script, run_name="__main__")\nexcept SystemExit as stop:\n    assert not stop.code',
+    )
+    (tmp_path / "recorded.py").write_text(recorded)
+    environment = {key: value for key, value in os.environ.items() if key not in ("CUDA_VISIBLE_DEVICES", "MGPU_NPROC")}
+    environment["FIXTURE_OUTPUT"] = str(tmp_path / "weights.pt")
+    command = [sys.executable, "recorded.py", "bertlike_command", str(tmp_path / "given.json"), "--cuda_devices", "2", "3", "--epochs", "1"]
+    done = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tmp_path / "given.json").read_text()) == [{"devices": [2, 3], "visible": None}]
+    assert (tmp_path / "weights.pt").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("setup.py", "setup(entry_points={'console_scripts': ['tool = pkg.cli:run', 'other=pkg.other:go']})\n"),
+        ("setup.py", 'setup(entry_points={"console_scripts": """\n    tool = pkg.cli:run\n"""})\n'),
+        ("setup.cfg", "[options.entry_points]\nconsole_scripts =\n    tool = pkg.cli:run\n"),
+        ("pyproject.toml", '[project]\nname = "pkg"\n\n[project.scripts]\ntool = "pkg.cli:run"\n'),
+        ("pyproject.toml", '[tool.poetry.scripts]\ntool = "pkg.cli:run"\n'),
+    ],
+)
+def test_a_console_script_names_its_module_s_main_function(tmp_path, name, text):
+    from mgpu_migrate import started
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "cli.py").write_text("def run():\n    pass\n")
+    (tmp_path / name).write_text(text)
+    started._CONSOLE.clear()
+    assert started.console_function(str(tmp_path / "pkg" / "cli.py")) == "run"
+    assert started.is_script(b"def run():\n    pass\n", str(tmp_path / "pkg" / "cli.py"))
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        # A plugin's entry point and a GUI script are not the program's start.
+        ("setup.py", "setup(entry_points={'pytest11': ['tool = pkg.cli:run']})\n"),
+        ("pyproject.toml", '[project.entry-points."pytest11"]\ntool = "pkg.cli:run"\n'),
+        ("setup.cfg", "[options.entry_points]\ngui_scripts =\n    tool = pkg.cli:run\n"),
+    ],
+)
+def test_other_entry_points_are_no_commands(tmp_path, name, text):
+    from mgpu_migrate import started
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "cli.py").write_text("def run():\n    pass\n")
+    (tmp_path / name).write_text(text)
+    started._CONSOLE.clear()
+    assert started.console_function(str(tmp_path / "pkg" / "cli.py")) is None

@@ -70,6 +70,13 @@ CASES = {
     ),
     # first-order-model: DataParallelWithCallback over synchronized BatchNorm, GPUs chosen in run.py (MGP109, MGP150).
     "keypoint_gan": ("projects/keypoint_gan", "run.py", {2: ["--device_ids", "0,1"], 3: ["--device_ids", "0,1,2"]}),
+    # BERT-pytorch: the `bertlike` command (setup.py's console script, a function of a __main__.py with no main block)
+    # hands --cuda_devices to the trainer class whose constructor wraps on them (MGP150, MGP120 after the parse).
+    "console_trainer": (
+        "projects/console_trainer",
+        "bertlike_command",
+        {2: ["--cuda_devices", "0", "1"], 3: ["--cuda_devices", "0", "1", "2"]},
+    ),
     # st-gcn's whole chain: IO holds the wrap, Processor (in between, another module) builds a dict of loaders, logs
     # and saves through the project's installed package, Recognition trains on `self.data_loader['train']`.
     "held_between": (
@@ -99,7 +106,11 @@ gc.freeze()  # torch's objects, out of each collection below
 for script, args, output, devices in json.loads(sys.argv[-1]):
     os.environ["FIXTURE_OUTPUT"] = output
     before = set(sys.modules)
-    runner.run(script, args, devices=devices, float64=True)
+    try:
+        runner.run(script, args, devices=devices, float64=True)
+    except SystemExit as stop:  # a command's `sys.exit(train())` ends its script, not the others' turns
+        if stop.code not in (None, 0):
+            raise
     home = os.path.dirname(os.path.abspath(script))
     for name in set(sys.modules) - before:
         if (getattr(sys.modules[name], "__file__", None) or "").startswith(home):
