@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from mgpu_migrate import files
 
 # As project reading finds a project (``analysis/project.py``): the nearest directory holding one of these. This
 # module reads bytes and paths only, so that screening a file never loads the parser.
-_ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
-_MAX_LEVELS = 12
+ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
+# How far above a file its project root is looked for.
+MAX_LEVELS = 12
 
 _MAIN = re.compile(rb"^if\s+__name__\s*==\s*['\"]__main__['\"]\s*:", re.MULTILINE)
 # A flat script: its command line parsed by a statement of the module itself (decision-transformer's
@@ -90,16 +91,11 @@ def console_function(path: str) -> str | None:
     then runs as the program's main function: BERT-pytorch's ``bert_pytorch/__main__.py`` has no main block, and
     its ``train()`` is the ``bert`` command. None when the module is no such target."""
     path = os.path.abspath(path)
-    directory = os.path.dirname(path)
-    for _ in range(_MAX_LEVELS):
+    for directory in upward(os.path.dirname(path)):
         if any(os.path.isfile(os.path.join(directory, name)) for name in _CONSOLE_SECTIONS):
             return _console_targets(directory).get(path)
-        if any(os.path.exists(os.path.join(directory, marker)) for marker in _ROOT_MARKERS):
+        if is_project_root(directory):
             return None
-        parent = os.path.dirname(directory)
-        if parent == directory:
-            return None
-        directory = parent
     return None
 
 
@@ -299,25 +295,34 @@ def _defining(
 
 def _bases(directory: str) -> tuple[str, ...]:
     """Where a module's imports are looked for: its own directory, the one above its package, the project root."""
-    root = _root(directory)
-    return tuple(dict.fromkeys((directory, _above_package(directory), *((root,) if root is not None else ()))))
+    root = project_root(directory)
+    return tuple(dict.fromkeys((directory, above_package(directory), *((root,) if root is not None else ()))))
 
 
-def _root(directory: str) -> str | None:
+def upward(directory: str) -> Iterator[str]:
+    """``directory`` and those above it, nearest first, up to the file system's root or ``MAX_LEVELS`` of them."""
+    for _ in range(MAX_LEVELS):
+        yield directory
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return
+        directory = parent
+
+
+def is_project_root(directory: str) -> bool:
+    return any(os.path.exists(os.path.join(directory, marker)) for marker in ROOT_MARKERS)
+
+
+def project_root(directory: str) -> str | None:
+    """The nearest directory at or above ``directory`` that holds one of ``ROOT_MARKERS``, if any."""
+    return next((each for each in upward(directory) if is_project_root(each)), None)
+
+
+def above_package(directory: str) -> str:
+    """The directory above the package a directory belongs to (itself when it is no package), where
+    ``import pkg.sub`` resolves when the project is run from its top."""
     current = directory
-    for _ in range(_MAX_LEVELS):
-        if any(os.path.exists(os.path.join(current, marker)) for marker in _ROOT_MARKERS):
-            return current
-        parent = os.path.dirname(current)
-        if parent == current:
-            return None
-        current = parent
-    return None
-
-
-def _above_package(directory: str) -> str:
-    current = directory
-    for _ in range(_MAX_LEVELS):
+    for _ in range(MAX_LEVELS):
         if not os.path.exists(os.path.join(current, "__init__.py")):
             return current
         current = os.path.dirname(current)

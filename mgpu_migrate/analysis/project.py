@@ -27,10 +27,9 @@ from typing import Callable, NamedTuple, Union
 from mgpu_migrate import files, old_keywords
 from mgpu_migrate.analysis import names
 from mgpu_migrate.analysis.writers import LIBRARY_WRITERS, LIBRARY_WRITING_METHODS
+from mgpu_migrate.started import ROOT_MARKERS, above_package, project_root
 
-_ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
-# How far above a file its project root is looked for, and how deep a chain of definitions is followed.
-_MAX_LEVELS = 12
+# How deep a chain of definitions is followed.
 _MAX_DEPTH = 6
 # A module larger than this is generated (a data table), not read: nothing in it is a training loop to find.
 _MODULE_BYTES = 8 << 20
@@ -112,7 +111,7 @@ class Project:
         self.path = os.path.abspath(path)
         directory = os.path.dirname(self.path)
         self.root = find_root(directory)
-        top = _above_package(directory)
+        top = above_package(directory)
         bases = [directory, top, *_script_paths(self.path)]
         if self.root is not None:
             bases.append(self.root)
@@ -538,7 +537,7 @@ class Project:
         """The project class whose object a class of the module at ``holder`` keeps on ``self.<attribute>``
         (st-gcn's ``IO.init_environment()``: ``self.io = torchlight.IO(...)``): the object its subclasses in other
         modules use; None when no class there builds one, or builds several."""
-        package = os.path.relpath(os.path.dirname(os.path.abspath(holder)), _above_package(os.path.dirname(os.path.abspath(holder))))
+        package = os.path.relpath(os.path.dirname(os.path.abspath(holder)), above_package(os.path.dirname(os.path.abspath(holder))))
         module = _read(os.path.abspath(holder), "" if package == "." else package.replace(os.sep, "."))
         if module is None:
             return None
@@ -1110,7 +1109,7 @@ def search_top(path: str) -> str:
     directory (its parent when the file is in no package: a folder of scripts, whose importers may be beside it)."""
     directory = os.path.dirname(os.path.abspath(path))
     root = find_root(directory)
-    top = root or _above_package(directory)
+    top = root or above_package(directory)
     if root is None and top == directory and not os.path.exists(os.path.join(directory, "__init__.py")):
         top = os.path.dirname(directory)
     return top
@@ -1171,7 +1170,7 @@ def _modules_under(top: str) -> Iterator[str]:
             if not d.startswith(".")
             and d not in _SKIPPED_DIRECTORIES
             and "venv" not in d
-            and not any(os.path.exists(os.path.join(directory, d, marker)) for marker in _ROOT_MARKERS)
+            and not any(os.path.exists(os.path.join(directory, d, marker)) for marker in ROOT_MARKERS)
         )
         for name in sorted(names_here):
             file = os.path.join(directory, name)
@@ -1235,15 +1234,7 @@ def find_root(directory: str) -> str | None:
 
 @cache
 def _find_root(directory: str) -> str | None:
-    current = directory
-    for _ in range(_MAX_LEVELS):
-        if any(os.path.exists(os.path.join(current, marker)) for marker in _ROOT_MARKERS):
-            return current
-        parent = os.path.dirname(current)
-        if parent == current:
-            return None
-        current = parent
-    return None
+    return project_root(directory)
 
 
 def _script_paths(path: str) -> list[str]:
@@ -1314,17 +1305,6 @@ def _packages_installed_from(top: str) -> tuple[str, ...]:
         if os.path.isfile(os.path.join(folder, "setup.py"))
         and os.path.isfile(os.path.join(folder, os.path.basename(folder), "__init__.py"))
     )
-
-
-def _above_package(directory: str) -> str:
-    """The directory above the package a directory belongs to (itself when it is no package), where
-    ``import pkg.sub`` resolves when the project is run from its top."""
-    current = directory
-    for _ in range(_MAX_LEVELS):
-        if not os.path.exists(os.path.join(current, "__init__.py")):
-            return current
-        current = os.path.dirname(current)
-    return current
 
 
 def _module_at(base: str, module_name: str) -> ProjectModule | None:
