@@ -222,3 +222,21 @@ def builder_draw(project: Project, found: Found) -> str | None:
                     first = place
                 break
     return f"{first[0]}:{first[1]}" if first is not None else None
+
+
+def per_sample_draw(found: Found) -> str | None:
+    """For a project dataset class, the first random draw (``path:line``) in its methods other than ``__init__``
+    (faster-rcnn's ``roibatchLoader.__getitem__``: numpy's box shuffle and crop offsets), which run for each
+    sample read; None when there is none. A draw in ``__init__`` happens once, when the dataset is built."""
+    if not isinstance(found.node, ast.ClassDef):
+        return None
+    path = found.where.rpartition(":")[0]
+    for method in found.node.body:
+        if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) or method.name == "__init__":
+            continue
+        for node in ast.walk(method):
+            if isinstance(node, ast.Call):
+                qualified = found.module.qualified(node.func) or ""
+                if numpy_draw(qualified) or qualified.startswith(_TORCH_DRAWS):
+                    return f"{path}:{node.lineno}"
+    return None

@@ -159,6 +159,12 @@ class Project:
         if name in module.imports:
             imported = module.imports[name]
             return self.find(imported, depth + 1) if imported != f"{module.package}.{name}" else None
+        # Re-exported by a star import (bearpaw's ``utils/__init__.py``: ``from .logger import *``, then
+        # ``from utils import Logger``): the first of them that tells binds it, as ``resolve_in`` reads one.
+        for star in module.stars:
+            bound = self.star_binding(star, name, depth + 1)
+            if bound is not None and bound != NOT_BOUND:
+                return self.find(bound, depth + 1)
         return None
 
     def star_binding(self, module_name: str, name: str, depth: int = 0) -> str | None:
@@ -1237,57 +1243,149 @@ def _find_root(directory: str) -> str | None:
     return project_root(directory)
 
 
-def _script_paths(path: str) -> list[str]:
+def _script_paths(path: str, depth: int = 0) -> list[str]:
     """The directories a script puts on ``sys.path`` relative to its own (``sys.path.insert(1,
-    os.path.join(sys.path[0], '../utils'))``, ``os.path.dirname(__file__)``), where its imports resolve too.
-    Only module-level statements, and only when the text mentions ``sys.path`` (most files are not parsed)."""
+    os.path.join(sys.path[0], '../utils'))``, ``os.path.dirname(__file__)``), where its imports resolve too; also
+    those a module beside it does when the script imports it (faster-rcnn's ``import _init_paths``, whose
+    ``add_path(osp.join(this_dir, 'lib'))`` inserts ``lib/``). Only module-level statements, names bound there
+    and functions that insert their argument, and only when the text mentions ``sys.path`` (most files are not
+    parsed)."""
     try:
         source, _ = files.read(path, _MODULE_BYTES)
     except OSError:
         return []
     if b"sys.path" not in source:
-        return []
+        if depth > 0:
+            return []
+        beside = (_beside(path, name.decode("ascii", "replace")) for name in _PLAIN_IMPORT.findall(source))
+        return [directory for module in beside if module is not None for directory in _script_paths(module, depth + 1)]
     try:
         tree = ast.parse(source, path)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return []
-    found = []
-    for statement in tree.body:
-        call = statement.value if isinstance(statement, ast.Expr) else None
-        if not (
-            isinstance(call, ast.Call)
-            and isinstance(call.func, ast.Attribute)
+    found: list[str] = []
+    reader = _PathReader(path)
+    for statement in _module_level(tree.body):
+        if isinstance(statement, (ast.Import, ast.ImportFrom)):
+            reader.note_import(statement)
+            if depth == 0 and isinstance(statement, ast.Import):
+                for alias in statement.names:
+                    module = _beside(path, alias.name)
+                    if module is not None:
+                        found.extend(_script_paths(module, depth + 1))
+        elif isinstance(statement, ast.FunctionDef):
+            reader.note_function(statement)
+        elif isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+            reader.assign(statement.targets[0], statement.value)
+        elif isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
+            directory = reader.inserted(statement.value)
+            if directory is not None:
+                found.append(os.path.normpath(directory))
+    return found
+
+
+# ``import _init_paths`` on a line of its own: a module that may edit ``sys.path`` for its importer.
+_PLAIN_IMPORT = re.compile(rb"^import[ \t]+([A-Za-z_][A-Za-z0-9_]*)[ \t]*(?:#.*)?$", re.MULTILINE)
+
+
+def _beside(path: str, module_name: str) -> str | None:
+    """The file of the module ``import module_name`` finds beside ``path`` (a plain ``name.py``), if there."""
+    candidate = os.path.join(os.path.dirname(os.path.abspath(path)), *module_name.split(".")) + ".py"
+    return candidate if os.path.isfile(candidate) else None
+
+
+def _module_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements of a module's body, and of its top-level ``if``s and ``try``s."""
+    for statement in body:
+        if isinstance(statement, ast.If):
+            yield from _module_level(statement.body + statement.orelse)
+        elif isinstance(statement, ast.Try):
+            yield from _module_level(statement.body)
+        else:
+            yield statement
+
+
+class _PathReader:
+    """Reads the directory a module-level ``sys.path`` edit names, from the module's own location: ``__file__``,
+    ``sys.path[0]``, string constants, ``os.path`` ``dirname``/``join``/``abspath``/``realpath`` (also through an
+    alias such as ``osp``) and names bound to such values above it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = os.path.abspath(path)
+        self.os_path = {"os.path"}
+        self.values: dict[str, str] = {}
+        self.inserters: dict[str, int] = {}  # a module function that inserts its parameter: which one
+
+    def note_import(self, statement: ast.Import | ast.ImportFrom) -> None:
+        if isinstance(statement, ast.Import):
+            self.os_path.update(alias.asname for alias in statement.names if alias.name == "os.path" and alias.asname)
+        elif statement.module == "os" and statement.level == 0:
+            self.os_path.update(alias.asname or alias.name for alias in statement.names if alias.name == "path")
+
+    def note_function(self, function: ast.FunctionDef) -> None:
+        parameters = [argument.arg for argument in function.args.args]
+        for node in ast.walk(function):
+            if isinstance(node, ast.Call) and self._edit(node) is not None:
+                argument = self._edit(node)
+                if isinstance(argument, ast.Name) and argument.id in parameters:
+                    self.inserters[function.name] = parameters.index(argument.id)
+                    return
+
+    def assign(self, target: ast.expr, value: ast.expr) -> None:
+        if isinstance(target, ast.Name):
+            evaluated = self.value(value)
+            if evaluated is None:
+                self.values.pop(target.id, None)
+            else:
+                self.values[target.id] = evaluated
+
+    def inserted(self, call: ast.Call) -> str | None:
+        """The directory ``call`` puts on ``sys.path``, if it is such an edit and its argument can be read."""
+        argument = self._edit(call)
+        if argument is None and isinstance(call.func, ast.Name) and call.func.id in self.inserters:
+            index = self.inserters[call.func.id]
+            argument = call.args[index] if index < len(call.args) else None
+        return self.value(argument) if argument is not None else None
+
+    @staticmethod
+    def _edit(call: ast.Call) -> ast.expr | None:
+        """The directory argument of ``sys.path.insert(i, d)`` or ``sys.path.append(d)``."""
+        if (
+            isinstance(call.func, ast.Attribute)
             and call.func.attr in ("insert", "append")
             and ast.unparse(call.func.value) == "sys.path"
             and call.args
         ):
-            continue
-        parts = _joined_from_script_directory(call.args[-1])
-        if parts is not None:
-            found.append(os.path.normpath(os.path.join(os.path.dirname(path), *parts)))
-    return found
-
-
-_SCRIPT_DIRECTORY = frozenset(
-    {
-        "sys.path[0]",
-        "os.path.dirname(__file__)",
-        "os.path.dirname(os.path.abspath(__file__))",
-        "os.path.dirname(os.path.realpath(__file__))",
-    }
-)
-
-
-def _joined_from_script_directory(node: ast.expr) -> list[str] | None:
-    """``os.path.join(<the script's directory>, 'a', 'b')`` -> ``['a', 'b']``; None for anything else."""
-    if not (isinstance(node, ast.Call) and ast.unparse(node.func) == "os.path.join" and node.args):
+            return call.args[-1]
         return None
-    if ast.unparse(node.args[0]) not in _SCRIPT_DIRECTORY:
+
+    def value(self, node: ast.expr) -> str | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return os.path.join(os.path.dirname(self.path), node.value)
+        if isinstance(node, ast.Name):
+            return self.path if node.id == "__file__" else self.values.get(node.id)
+        if ast.unparse(node) == "sys.path[0]":
+            return os.path.dirname(self.path)
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args):
+            return None
+        if ast.unparse(node.func.value) not in self.os_path or node.keywords:
+            return None
+        parts = [self.value(argument) if index == 0 else _constant_text(argument) for index, argument in enumerate(node.args)]
+        if any(part is None for part in parts):
+            return None
+        first = parts[0]
+        assert first is not None
+        if node.func.attr == "join":
+            return os.path.join(first, *(part for part in parts[1:] if part is not None))
+        if node.func.attr == "dirname" and len(parts) == 1:
+            return os.path.dirname(first)
+        if node.func.attr in ("abspath", "realpath", "normpath") and len(parts) == 1:
+            return os.path.normpath(first)
         return None
-    rest = node.args[1:]
-    if not all(isinstance(part, ast.Constant) and isinstance(part.value, str) for part in rest):
-        return None
-    return [part.value for part in rest]
+
+
+def _constant_text(node: ast.expr) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
 
 
 @cache

@@ -13,7 +13,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis.rebased import rebased_machinery
 from mgpu_migrate.analysis.batch import is_row_count
-from mgpu_migrate.analysis.draws import builder_draw
+from mgpu_migrate.analysis.draws import builder_draw, per_sample_draw
 from mgpu_migrate.analysis.held import stored_by_a_base
 from mgpu_migrate.analysis.loaders import BUILT, LOADER, LoaderTrace
 from mgpu_migrate.analysis.project import NOT_BOUND, project_of
@@ -412,8 +412,44 @@ class TrainingData(Rule):
         if trace.kind == BUILT:
             self._distribute_built(point, origin, trace)
             return
-        self._distribute_at(point, f"training data split across processes with {RUNTIME}.distribute_loader")
+        drawn = self._dataset_draw(origin) if self._drawing is None else None
+        if drawn is not None:
+            # The project's dataset draws for each sample it reads (faster-rcnn's roibatchLoader: numpy's crops and
+            # box shuffles): the original drew them for the whole batch, in order, so every process loads it whole.
+            message = f"training data split with {RUNTIME}.distribute_loader: whole batches, its dataset draws per sample ({drawn})"
+            self._distribute_at(point, message, whole=True)
+        else:
+            self._distribute_at(point, f"training data split across processes with {RUNTIME}.distribute_loader")
         self._check_origin(origin)
+
+    def _dataset_draw(self, loader: cst.Call) -> Optional[str]:
+        """``name, path:line`` of the first random draw in the project class whose object is the loader's dataset
+        (built in the call or in a name the loader is given; a class of this file or of the project), else None."""
+        given = argument(loader, "dataset", 0)
+        dataset = given.value if given is not None else None
+        if type(dataset) is cst.Call:
+            candidates = [dataset]
+        elif type(dataset) is cst.Name:
+            values = self.analysis.values
+            candidates = [value for value in values.of(dataset, values.scope_of(loader)) if type(value) is cst.Call]
+        else:
+            return None
+        project = None
+        for call in candidates:
+            qualified = self.analysis.resolve(call.func)
+            if qualified is not None and qualified.startswith(_LIBRARIES):
+                continue
+            project = project or project_of(self.analysis.path)
+            if project is None:
+                return None
+            found = project.find(qualified) if qualified else None
+            if found is None and type(call.func) is cst.Name and call.func.value in self.analysis.bindings.local:
+                found = project.own(call.func.value, self.analysis.source)
+            if found is not None:
+                place = per_sample_draw(found)
+                if place is not None:
+                    return f"`{found.name}`, {place}"
+        return None
 
     def _distribute_built(self, point: cst.BaseExpression, origin: cst.Call, trace: LoaderTrace) -> None:
         """A loader a builder of another module returns (``train_set, test_set = get_datasets(...)``): split where the
@@ -496,11 +532,15 @@ class TrainingData(Rule):
             drawing = last.startswith("Random") or last in _DRAWING_TRANSFORMS
             if (drawing and "transform" in qualified.lower()) or qualified.startswith("albumentations."):
                 return call
+            if not qualified and type(call.func) is cst.Name and call.func.value in self.analysis.bindings.local:
+                qualified = call.func.value  # a class or function of this file (erfnet's `MyCoTransform(...)`)
             if ("aug" in qualified.lower() or "transform" in qualified.lower()) and not qualified.startswith(_LIBRARIES):
                 builders.append((call, qualified))
         project = project_of(self.analysis.path) if builders else None
         for call, qualified in builders:
-            found = project.find(qualified) if project is not None else None
+            found = None
+            if project is not None:
+                found = project.find(qualified) if "." in qualified else project.own(qualified, self.analysis.source)
             self._drawn_at = builder_draw(project, found) if project is not None and found is not None else None
             if self._drawn_at is not None:
                 return call

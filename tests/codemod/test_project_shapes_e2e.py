@@ -51,6 +51,11 @@ CASES = {
     "random_transforms": ("projects/random_transforms", "train.py", NO_ARGUMENTS),
     # pytorch-semseg: augmentations drawing from Python's random, composed by a builder of another module
     "built_augmentations": ("projects/built_augmentations", "train.py", NO_ARGUMENTS),
+    # erfnet: an augmentation class of the script's own file drawing from Python's random, handed to the dataset
+    "own_transform_class": ("scripts", "own_transform_class.py", NO_ARGUMENTS),
+    # faster-rcnn: `import _init_paths` puts lib/ on sys.path; the dataset there draws numpy randoms per item, and
+    # the checkpoint helper there writes (whole batches, MGP122; written once, MGP132)
+    "init_paths": ("projects/init_paths", "train.py", NO_ARGUMENTS),
     "flat_entry": ("projects/flat_entry", "run.py", NO_ARGUMENTS),
     "evaluate_helper": ("projects/evaluate_helper", "train.py", NO_ARGUMENTS),
     "chosen_gpus": ("projects/chosen_gpus", "train.py", {2: ["--config", "two_gpus"], 3: ["--config", "three_gpus"]}),
