@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from mgpu_migrate.analysis.guards import Reliance, gpu_guards, guard_reliance, is_gpu_condition
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rewrite, Rule
+from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.rules.syntax import RUNTIME, argument, either, mentions
 
 MANY_PROCESSES = f"{RUNTIME}.world_size() > 1"
@@ -49,6 +52,17 @@ GUARD_NEEDS_CONDITION = Review(
 )
 
 
+# A flag that says "several GPUs" (faster-rcnn's ``args.mGPUs``, ``multi_gpu``, SAGAN's ``self.parallel``), not one
+# that says "a GPU" (``args.cuda``, ``use_gpu``), whose other tests are about the device, not the wrap.
+_PARALLEL_FLAG = re.compile(r"multi|mgpu|parallel|^dp$|_dp$|^dp_", re.IGNORECASE)
+
+
+def _is_parallel_flag(test: cst.BaseExpression) -> bool:
+    if type(test) is cst.Attribute:
+        return bool(_PARALLEL_FLAG.search(test.attr.value))
+    return type(test) is cst.Name and bool(_PARALLEL_FLAG.search(test.value))
+
+
 class WrapGuard(Rule):
     """
     ## What it does
@@ -84,7 +98,10 @@ class WrapGuard(Rule):
     stops at the first optimizer step (``UnsynchronizedTrainingError``) rather than train separate copies.
     A wrap under a condition that is not about GPUs (``if args.resume:``), or in an ``else``/``elif``
     branch, is left with MGP233. The ``if n_gpu > 1: loss = loss.mean()`` that often goes with such a
-    guard is left as it is: under DDP the loss is already a scalar, and its mean is itself.
+    guard is left as it is: under DDP the loss is already a scalar, and its mean is itself. When the guard is
+    a flag for several GPUs (``if args.mGPUs:``, not ``if args.cuda:``), the file's other tests of the same
+    flag say "the model is wrapped" (the mean of the losses gathered from ``forward``, the ``model.module``
+    saved) and are extended alike, unless their body needs the flag itself.
     """
 
     CODE = Rewrite("MGP121")
@@ -136,6 +153,25 @@ class WrapGuard(Rule):
             """,
             DDP,
             ("MGP101", "MGP121"),
+        ),
+        Example(
+            """
+            import torch
+            import torch.nn as nn
+            if args.mGPUs:
+                model = nn.DataParallel(model)
+            torch.save(model.module.state_dict() if args.mGPUs else model.state_dict(), "model.pt")
+            """,
+            """
+            import torch
+            import mgpu_runtime
+            if args.mGPUs or mgpu_runtime.world_size() > 1:
+                model = mgpu_runtime.DistributedDataParallel(model)
+            torch.save(model.module.state_dict() if args.mGPUs or mgpu_runtime.world_size() > 1 else model.state_dict(), "model.pt")
+            """,
+            DDP,
+            ("MGP101", "MGP121", "MGP121"),
+            name="every-test-of-the-flag",
         ),
         Example(
             """
@@ -215,6 +251,8 @@ class WrapGuard(Rule):
                 others = self._other_statements(guard, program.wraps)
                 also = f" (and runs the {others} other statement{'s' if others > 1 else ''} under it)" if others else ""
                 self.rewrote(guard.test, f"`{shorten(condition)}` extended: every process of a multi-process run wraps{also}")
+                if _is_parallel_flag(guard.test):
+                    self._extend_the_flag(guard, condition, seen, dropped)
             if conditions:
                 # One line for the site, however deep the nesting (95 nested ifs printed 95 lines).
                 more = f" and {len(conditions) - 1} more around it" if len(conditions) > 1 else ""
@@ -224,6 +262,30 @@ class WrapGuard(Rule):
                     f"the wrap runs only under {conditions[0]}{more}: make sure {'they hold' if more else 'it holds'} on "
                     f"every process (e.g. `... or {MANY_PROCESSES}`)",
                 )
+
+    def _extend_the_flag(self, guard: cst.If | cst.IfExp, condition: str, seen: set[cst.CSTNode], dropped: set[cst.CSTNode]) -> None:
+        """The file's other tests of the flag a wrap's guard was (faster-rcnn's ``if args.mGPUs:`` around the mean of
+        the gathered losses it prints, and ``model.module.state_dict() if args.mGPUs else ...`` where it saves): they
+        said "the model is wrapped", which it now is on every process of a multi-process run, so they are extended
+        alike. A test whose body needs the flag itself (a GPU it names) is not."""
+        line = self.analysis.position(guard.test)[0]
+        wraps = self.program.wraps
+        for node in contains(self.analysis.module, lambda n: type(n) in (cst.If, cst.IfExp)):
+            if node is guard or node in seen or type(node.test) is not type(guard.test):
+                continue
+            if self.analysis.code_of(node.test) != condition or not self.rewrite_allowed(node.test):
+                continue
+            if contains(node, lambda n: any(n is wrap for wrap in wraps)):
+                continue  # a wrap of its own: extended (or not) as a wrap's guard
+            seen.add(node)
+            if guard_reliance(self.analysis, node, dropped) is not None:
+                continue
+            self.edits.replace(node.test, lambda test: either(test, MANY_PROCESSES))
+            self.rewrote(
+                node.test,
+                f"`{shorten(condition)}` extended as at line {line}: it says the model is wrapped, as it now is on every "
+                "process of a multi-process run",
+            )
 
     def _switched_off(self, test: cst.BaseExpression, wrap: cst.Call) -> int | None:
         """The line of ``USE_DATA_PARALLEL = False`` when the guard is a name bound only to False there."""

@@ -54,8 +54,9 @@ CASES = {
     # erfnet: an augmentation class of the script's own file drawing from Python's random, handed to the dataset
     "own_transform_class": ("scripts", "own_transform_class.py", NO_ARGUMENTS),
     # faster-rcnn: `import _init_paths` puts lib/ on sys.path; the dataset there draws numpy randoms per item, and
-    # the checkpoint helper there writes (whole batches, MGP122; written once, MGP132)
-    "init_paths": ("projects/init_paths", "train.py", NO_ARGUMENTS),
+    # the checkpoint helper there writes (whole batches, MGP122; written once, MGP132); every test of `--mGPUs`
+    # is extended with the wrap's (MGP121)
+    "init_paths": ("projects/init_paths", "train.py", {processes: ["--mGPUs"] for processes in WORLD_SIZES}),
     "flat_entry": ("projects/flat_entry", "run.py", NO_ARGUMENTS),
     "evaluate_helper": ("projects/evaluate_helper", "train.py", NO_ARGUMENTS),
     "chosen_gpus": ("projects/chosen_gpus", "train.py", {2: ["--config", "two_gpus"], 3: ["--config", "three_gpus"]}),
