@@ -454,7 +454,9 @@ class _Along:
 
     def __call__(self, func, args, kwargs):
         reference = _reference(args, kwargs)
-        if reference is None:
+        if reference is None or (_in_place(func) and args and type(args[0]) is not Sharded):
+            # A plain tensor changed by a global value (erfnet's one-hot of the argmax, `torch.zeros(n, c).scatter_(1,
+            # pred, 1)`): cut like the batch, only this process's rows of it would be written.
             return _materialized(func, args, kwargs)
         given = args[self.at] if len(args) > self.at else kwargs.get(self.name, self.default)
         if given is _REQUIRED:
