@@ -53,6 +53,8 @@ CASES = {
     "built_augmentations": ("projects/built_augmentations", "train.py", NO_ARGUMENTS),
     # erfnet: an augmentation class of the script's own file drawing from Python's random, handed to the dataset
     "own_transform_class": ("scripts", "own_transform_class.py", NO_ARGUMENTS),
+    # erfnet's phases: a forward switch (`only_encode=True`) leaves the decoder out; DataParallel gave it zeros
+    "forward_switch": ("scripts", "forward_switch.py", NO_ARGUMENTS),
     # erfnet's iouEval: a plain zeros tensor filled by scatter_ from the argmax of the gathered output
     "onehot_metric": ("scripts", "onehot_metric.py", NO_ARGUMENTS),
     # faster-rcnn: `import _init_paths` puts lib/ on sys.path; the dataset there draws numpy randoms per item, and

@@ -3,6 +3,8 @@ on 2 and 3 CPU replicas."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,7 +12,9 @@ from torch import nn
 
 from mgpu_runtime.balanced import DataParallelCriterion, DataParallelModel, data_parallel, gather
 from mgpu_runtime.balanced.devices import cpu_replica_count as model_devices
+from mgpu_runtime.emulation import data_parallel as emulation
 from mgpu_runtime.emulation.data_parallel import DataParallel as EmulatedDataParallel
+from mgpu_runtime.sharded import materialize
 from tests.runtime.conftest_balanced import (
     CLASSES,
     VOCABULARY,
@@ -334,3 +338,52 @@ def test_replicas_are_copies_and_callbacks_run_only_where_the_wrap_was_patched(r
         seen[name] = (module.aux, module.steps, module.copies)
     # The copies share the original's list (a replica is a shallow copy): it holds each copy told.
     assert seen["balanced"] == seen["original"] == (0.0, 0, list(range(replicas)) if patched else [])
+
+
+class _EncoderDecoder(nn.Module):
+    """ERFNet's shape: ``forward(x, only_encode=True)`` skips the decoder (its first training phase)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Linear(FEATURES_OF_SKIPPING, CLASSES).double()
+        self.decoder = nn.Linear(CLASSES, CLASSES).double()
+
+    def forward(self, x: torch.Tensor, only_encode: bool = False) -> torch.Tensor:
+        out = self.encoder(x)
+        return out if only_encode else self.decoder(out)
+
+
+FEATURES_OF_SKIPPING = 5
+
+
+# (A batch of fewer rows than devices fails under nn.DataParallel itself when a keyword is given: every device
+# gets the keyword, not every device a row.)
+@pytest.mark.parametrize("batch", [7, 8])
+def test_parameters_a_forward_skips_get_the_zero_gradients_data_parallel_gave(batch, replicas):
+    # nn.DataParallel broadcasts the parameters in one autograd Function: once a backward pass reaches it, every
+    # parameter gets a gradient, zeros for the skipped decoder, which weight decay and momentum then move.
+    x = torch.randn(batch, FEATURES_OF_SKIPPING, dtype=torch.float64, generator=seeded(3))
+    y = labels(batch)
+    original = _EncoderDecoder()
+    twin = copy.deepcopy(original)
+    emulation.install(replicas)
+    try:
+        F.cross_entropy(EmulatedDataParallel(original)(x, only_encode=True), y).backward()
+    finally:
+        emulation.uninstall()
+    DataParallelCriterion(nn.CrossEntropyLoss())(DataParallelModel(twin)(x, only_encode=True), y).backward()
+    assert original.decoder.weight.grad is not None and not original.decoder.weight.grad.any()
+    for (name, parameter), reference in zip(twin.named_parameters(), original.parameters()):
+        assert parameter.grad is not None, name
+        assert max_abs_diff(parameter.grad, reference.grad) <= 1e-12, name
+
+
+def test_a_pass_that_reaches_no_replica_gives_no_gradient():
+    # autograd.grad with respect to the input alone (a gradient penalty) never reaches the broadcast: nothing is
+    # written to .grad, as under nn.DataParallel.
+    x = torch.randn(7, FEATURES_OF_SKIPPING, dtype=torch.float64, generator=seeded(4), requires_grad=True)
+    twin = _EncoderDecoder()
+    output = DataParallelModel(twin)(x, only_encode=True)
+    (gradient,) = torch.autograd.grad(materialize(output).sum(), x)
+    assert gradient.shape == x.shape
+    assert all(parameter.grad is None for parameter in twin.parameters())

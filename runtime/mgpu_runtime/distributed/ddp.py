@@ -159,6 +159,7 @@ class DistributedDataParallel(_TorchDDP):
         self._trainable = _trainable(self._watched)
         self._note_synchronised()
         self._aligned = False
+        self._switches: frozenset[str] | None = None  # the forward's keywords with bool defaults (_switched)
         self._held = HeldParameters(self.module)  # rebound with `.data =` in forward: kept as DataParallel kept them
         # What the original's nn.DataParallel was given: a pickle of this wrapper is that DataParallel.
         listed = None if device_ids is None else list(device_ids)
@@ -168,11 +169,14 @@ class DistributedDataParallel(_TorchDDP):
         return as_data_parallel(self.module, **self._data_parallel_arguments)
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        if self.training and torch.is_grad_enabled() and (self._reduce_each_backward or not self._follow_frozen_parameters()):
+        if kwargs and not self._reduce_each_backward and self.training and torch.is_grad_enabled() and self._switched(kwargs):
+            self._sum_each_backward()
+        if torch.is_grad_enabled() and (self._reduce_each_backward or (self.training and not self._follow_frozen_parameters())):
             # Nothing of the model trains in this forward (a GAN's discriminator, frozen for the generator's step), or
-            # its gradients are summed at the end of each backward pass (reduce_each_backward): DDP's reducer is left
-            # out of the forward, as under no_sync(), and the next forward still gives every rank rank 0's buffers,
-            # as DataParallel's replicas took the module's.
+            # its gradients are summed at the end of each backward pass (reduce_each_backward, in eval mode too: a
+            # reducer prepared by an evaluation that runs no backward would wait at the next forward): DDP's reducer
+            # is left out of the forward, as under no_sync(), and the next forward still gives every rank rank 0's
+            # buffers, as DataParallel's replicas took the module's.
             with self.no_sync():
                 output = self._global_forward(inputs, kwargs)
             self.require_forward_param_sync = True
@@ -228,6 +232,21 @@ class DistributedDataParallel(_TorchDDP):
         self._note_synchronised()
         return True
 
+    def _switched(self, kwargs: dict) -> bool:
+        """A keyword given a bool that the module's ``forward`` takes with a bool default (ERFNet's
+        ``model(x, only_encode=True)``): a switch, which may leave some of the module's parameters out of the
+        forward. torch's reducer then waits for their gradients for ever; DataParallel gave them zeros. So the
+        wrapper sums its gradients at the end of each backward pass from then on (see the module doc), where a
+        pass that reached the module gives its other parameters zeros, as DataParallel's broadcast did. Every
+        process calls its model alike, so every process switches at the same forward."""
+        if self._switches is None:
+            try:
+                parameters = inspect.signature(self.module.forward).parameters
+            except (TypeError, ValueError):
+                parameters = {}  # type: ignore[assignment]
+            self._switches = frozenset(name for name, parameter in parameters.items() if isinstance(parameter.default, bool))
+        return any(type(value) is bool and name in self._switches for name, value in kwargs.items())
+
     def _sum_each_backward(self) -> None:
         """From now on, this wrapper's gradients are summed at the end of each backward pass, its reducer left out."""
         if not self._reduce_each_backward:
@@ -239,7 +258,7 @@ class DistributedDataParallel(_TorchDDP):
         if gradients is None:
             return
         if self._reduce_each_backward:
-            gradients.sum_each_backward(list(self.module.parameters()))
+            gradients.sum_each_backward(list(self.module.parameters()), module=self.module)
         else:
             gradients.note_synchronised([p for p in self.module.parameters() if p.requires_grad])
 
@@ -308,6 +327,7 @@ class FrozenModule(nn.Module):
         super().__init__()
         setup()
         self.module = module.to(device())
+        self._switches: frozenset[str] | None = None  # the forward's keywords with bool defaults (_switched)
         self._held = HeldParameters(self.module)
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
