@@ -37,6 +37,15 @@ that way, whatever they were given: each wrapper's reducer would wait for every 
 also those its forward never uses (the discriminator's full model runs no generator), and count the shared
 ones when the other wrapper's backward pass reaches them, while DataParallel summed whatever each pass reached.
 
+A forward given a switch (a keyword whose value is a bool, that the module's ``forward`` takes with a bool
+default: ERFNet's ``model(x, only_encode=True)``) may leave some parameters out of the loss. torch's reducer would
+wait for their gradients for ever; DataParallel's broadcast of the parameters, one autograd Function, gave them
+zeros as soon as a backward pass reached any of them, and weight decay or momentum then moved them. So from the
+first such forward the wrapper sums its gradients at the end of each backward pass, as with
+``reduce_each_backward``, and a module that a pass reached on any rank gets zeros for its parameters no rank
+reached. A wrap given ``find_unused_parameters=True`` (the migration gives it to a model unrolled through
+several forwards before one backward pass) keeps torch's reducer.
+
 ``replication_callbacks=True`` (a vendored ``DataParallelWithCallback``'s wrap) links the Synchronized-BatchNorm
 package's layers over the ranks at each forward, as the callbacks linked DataParallel's replicas
 (``replication_callbacks.py``): they normalise over the global batch, as they did.
@@ -160,6 +169,7 @@ class DistributedDataParallel(_TorchDDP):
         self._note_synchronised()
         self._aligned = False
         self._switches: frozenset[str] | None = None  # the forward's keywords with bool defaults (_switched)
+        self._unused_hook: Any = None  # _zeros_for_the_unused's hook on the parameters, until a backward reaches one
         self._held = HeldParameters(self.module)  # rebound with `.data =` in forward: kept as DataParallel kept them
         # What the original's nn.DataParallel was given: a pickle of this wrapper is that DataParallel.
         listed = None if device_ids is None else list(device_ids)
@@ -169,7 +179,7 @@ class DistributedDataParallel(_TorchDDP):
         return as_data_parallel(self.module, **self._data_parallel_arguments)
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        if kwargs and not self._reduce_each_backward and self.training and torch.is_grad_enabled() and self._switched(kwargs):
+        if kwargs and not (self._reduce_each_backward or self.find_unused_parameters) and self.training and self._switched(kwargs):
             self._sum_each_backward()
         if torch.is_grad_enabled() and (self._reduce_each_backward or (self.training and not self._follow_frozen_parameters())):
             # Nothing of the model trains in this forward (a GAN's discriminator, frozen for the generator's step), or
@@ -193,6 +203,8 @@ class DistributedDataParallel(_TorchDDP):
                 inputs, kwargs = own_machinery.own_part(scatter, inputs, kwargs, None, 0, device())[:2]
             return super().forward(*inputs, **kwargs)
         training = self.training and torch.is_grad_enabled()
+        if torch.is_grad_enabled() and self.find_unused_parameters:
+            self._zeros_for_the_unused()
         if training:
             if not self._aligned:
                 self._aligned = True  # every process trains in step, so this collective is met everywhere
@@ -232,6 +244,32 @@ class DistributedDataParallel(_TorchDDP):
         self._note_synchronised()
         return True
 
+    def _zeros_for_the_unused(self) -> None:
+        """With ``find_unused_parameters=True`` torch's reducer leaves a parameter that no rank's forward used
+        without a gradient; DataParallel's broadcast of the parameters (one autograd Function) gave it zeros once a
+        backward pass reached any of them, and weight decay or momentum then moved it. So when this forward's
+        backward reaches one of the module's parameters, its end gives the others still without one zeros (after
+        or before the reducer's own end: a parameter some rank used gets the sum either way)."""
+        if self._unused_hook is not None:
+            self._unused_hook.remove()  # a forward whose backward never ran (an evaluation with gradients on)
+        trainable = [parameter for parameter in self._watched if parameter.requires_grad]
+        if not trainable:
+            self._unused_hook = None
+            return
+
+        def fill() -> None:
+            for parameter in trainable:
+                if parameter.grad is None:
+                    parameter.grad = torch.zeros_like(parameter)
+
+        def reached(_gradients: Any) -> None:
+            if self._unused_hook is not None:
+                self._unused_hook.remove()
+                self._unused_hook = None
+            torch.autograd.Variable._execution_engine.queue_callback(fill)  # type: ignore[attr-defined]
+
+        self._unused_hook = torch.autograd.graph.register_multi_grad_hook(trainable, reached, mode="any")
+
     def _switched(self, kwargs: dict) -> bool:
         """A keyword given a bool that the module's ``forward`` takes with a bool default (ERFNet's
         ``model(x, only_encode=True)``): a switch, which may leave some of the module's parameters out of the
@@ -239,6 +277,8 @@ class DistributedDataParallel(_TorchDDP):
         wrapper sums its gradients at the end of each backward pass from then on (see the module doc), where a
         pass that reached the module gives its other parameters zeros, as DataParallel's broadcast did. Every
         process calls its model alike, so every process switches at the same forward."""
+        if not torch.is_grad_enabled():
+            return False
         if self._switches is None:
             try:
                 parameters = inspect.signature(self.module.forward).parameters
@@ -328,6 +368,7 @@ class FrozenModule(nn.Module):
         setup()
         self.module = module.to(device())
         self._switches: frozenset[str] | None = None  # the forward's keywords with bool defaults (_switched)
+        self._unused_hook: Any = None  # _zeros_for_the_unused's hook on the parameters, until a backward reaches one
         self._held = HeldParameters(self.module)
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
