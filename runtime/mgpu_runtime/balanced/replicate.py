@@ -30,10 +30,11 @@ wrappers do, from their own ``replicate`` (``patch_replication_callback`` replac
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch import nn
+
+from mgpu_runtime.broadcast_gradients import zeros_once_reached
 
 
 def replicate(module: nn.Module, devices: Sequence[torch.device]) -> list[nn.Module]:
@@ -53,22 +54,11 @@ def _zero_gradients_when_reached(module: nn.Module, replicas: Sequence[nn.Module
     """``nn.DataParallel`` broadcasts the parameters in one autograd Function, whose backward gives a parameter no
     replica used (a decoder skipped by ``forward(x, only_encode=True)``, ERFNet's first phase) a zero gradient as
     soon as any parameter's gradient passes through it; weight decay and momentum then move it. Here each
-    parameter is placed on its own, so the same is done by hand: when a backward pass reaches any replica's
-    parameter, the module's parameters still without a gradient at its end get zeros."""
+    parameter is placed on its own, so the same is done by hand (``mgpu_runtime.broadcast_gradients``)."""
     originals = [parameter for parameter in module.parameters() if parameter.requires_grad]
     placed = [parameter for replica in replicas for parameter in replica.parameters() if parameter.grad_fn is not None]
-    if not originals or not placed:
-        return
-
-    def fill() -> None:
-        for parameter in originals:
-            if parameter.grad is None:
-                parameter.grad = torch.zeros_like(parameter)
-
-    def reached(_gradients: Any) -> None:
-        torch.autograd.Variable._execution_engine.queue_callback(fill)  # type: ignore[attr-defined]
-
-    torch.autograd.graph.register_multi_grad_hook(placed, reached, mode="any")
+    if originals and placed:
+        zeros_once_reached(placed, originals)
 
 
 def _replica(

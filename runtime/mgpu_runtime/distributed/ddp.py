@@ -73,6 +73,7 @@ from mgpu_runtime.distributed.rebinding import HeldParameters
 from mgpu_runtime.distributed.replication_callbacks import linked
 from mgpu_runtime.distributed.replication_callbacks import told_copies as replication_callbacks_of
 from mgpu_runtime.pickling import as_data_parallel
+from mgpu_runtime.broadcast_gradients import zeros_once_reached
 from mgpu_runtime.replica_links import thread_linked
 from mgpu_runtime.sharded import scatter_gather
 
@@ -253,22 +254,7 @@ class DistributedDataParallel(_TorchDDP):
         if self._unused_hook is not None:
             self._unused_hook.remove()  # a forward whose backward never ran (an evaluation with gradients on)
         trainable = [parameter for parameter in self._watched if parameter.requires_grad]
-        if not trainable:
-            self._unused_hook = None
-            return
-
-        def fill() -> None:
-            for parameter in trainable:
-                if parameter.grad is None:
-                    parameter.grad = torch.zeros_like(parameter)
-
-        def reached(_gradients: Any) -> None:
-            if self._unused_hook is not None:
-                self._unused_hook.remove()
-                self._unused_hook = None
-            torch.autograd.Variable._execution_engine.queue_callback(fill)  # type: ignore[attr-defined]
-
-        self._unused_hook = torch.autograd.graph.register_multi_grad_hook(trainable, reached, mode="any")
+        self._unused_hook = zeros_once_reached(trainable, trainable) if trainable else None
 
     def _switched(self, kwargs: dict) -> bool:
         """A keyword given a bool that the module's ``forward`` takes with a bool default (ERFNet's
