@@ -212,16 +212,23 @@ def builder_draw(project: Project, found: Found) -> str | None:
                 definitions.append(imported)
     first: tuple[str, int] | None = None
     for definition in [found, *definitions]:
-        for node in ast.walk(definition.node):
-            if not isinstance(node, ast.Call):
-                continue
-            qualified = definition.module.qualified(node.func) or ""
-            if numpy_draw(qualified) or qualified.startswith(_TORCH_DRAWS):
-                place = (definition.where.rpartition(":")[0], node.lineno)
-                if first is None or (place[0] == first[0] and place[1] < first[1]):
-                    first = place
-                break
+        line = _draw_line(definition, definition.node)
+        if line is not None:
+            place = (definition.where.rpartition(":")[0], line)
+            if first is None or (place[0] == first[0] and place[1] < first[1]):
+                first = place
     return f"{first[0]}:{first[1]}" if first is not None else None
+
+
+def _draw_line(definition: Found, node: ast.AST) -> int | None:
+    """The line of the first call under ``node`` (in ``ast.walk``'s order) that draws from numpy's, Python's or
+    torch's global generator, read in ``definition``'s module; None when none does."""
+    for inner in ast.walk(node):
+        if isinstance(inner, ast.Call):
+            qualified = definition.module.qualified(inner.func) or ""
+            if numpy_draw(qualified) or qualified.startswith(_TORCH_DRAWS):
+                return inner.lineno
+    return None
 
 
 def per_sample_draw(found: Found) -> str | None:
@@ -230,13 +237,9 @@ def per_sample_draw(found: Found) -> str | None:
     sample read; None when there is none. A draw in ``__init__`` happens once, when the dataset is built."""
     if not isinstance(found.node, ast.ClassDef):
         return None
-    path = found.where.rpartition(":")[0]
     for method in found.node.body:
-        if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) or method.name == "__init__":
-            continue
-        for node in ast.walk(method):
-            if isinstance(node, ast.Call):
-                qualified = found.module.qualified(node.func) or ""
-                if numpy_draw(qualified) or qualified.startswith(_TORCH_DRAWS):
-                    return f"{path}:{node.lineno}"
+        if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) and method.name != "__init__":
+            line = _draw_line(found, method)
+            if line is not None:
+                return f"{found.where.rpartition(':')[0]}:{line}"
     return None

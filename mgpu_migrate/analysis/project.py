@@ -1325,11 +1325,10 @@ class _PathReader:
     def note_function(self, function: ast.FunctionDef) -> None:
         parameters = [argument.arg for argument in function.args.args]
         for node in ast.walk(function):
-            if isinstance(node, ast.Call) and self._edit(node) is not None:
-                argument = self._edit(node)
-                if isinstance(argument, ast.Name) and argument.id in parameters:
-                    self.inserters[function.name] = parameters.index(argument.id)
-                    return
+            argument = self._edit(node) if isinstance(node, ast.Call) else None
+            if isinstance(argument, ast.Name) and argument.id in parameters:
+                self.inserters[function.name] = parameters.index(argument.id)
+                return
 
     def assign(self, target: ast.expr, value: ast.expr) -> None:
         if isinstance(target, ast.Name):

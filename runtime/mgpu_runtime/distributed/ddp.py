@@ -42,8 +42,9 @@ default: ERFNet's ``model(x, only_encode=True)``) may leave some parameters out 
 wait for their gradients for ever; DataParallel's broadcast of the parameters, one autograd Function, gave them
 zeros as soon as a backward pass reached any of them, and weight decay or momentum then moved them. So from the
 first such forward the wrapper sums its gradients at the end of each backward pass, as with
-``reduce_each_backward``, and a module that a pass reached on any rank gets zeros for its parameters no rank
-reached. A wrap given ``find_unused_parameters=True`` (the migration gives it to a model unrolled through
+``reduce_each_backward``, and a pass that reaches the module gives its parameters left out zeros
+(``mgpu_runtime.broadcast_gradients``), as for a wrap with ``find_unused_parameters=True`` and any wrap
+``reduce_each_backward``. A wrap given ``find_unused_parameters=True`` (the migration gives it to a model unrolled through
 several forwards before one backward pass) keeps torch's reducer.
 
 ``replication_callbacks=True`` (a vendored ``DataParallelWithCallback``'s wrap) links the Synchronized-BatchNorm
@@ -204,7 +205,7 @@ class DistributedDataParallel(_TorchDDP):
                 inputs, kwargs = own_machinery.own_part(scatter, inputs, kwargs, None, 0, device())[:2]
             return super().forward(*inputs, **kwargs)
         training = self.training and torch.is_grad_enabled()
-        if torch.is_grad_enabled() and self.find_unused_parameters:
+        if torch.is_grad_enabled() and (self.find_unused_parameters or self._reduce_each_backward):
             self._zeros_for_the_unused()
         if training:
             if not self._aligned:
@@ -247,10 +248,11 @@ class DistributedDataParallel(_TorchDDP):
 
     def _zeros_for_the_unused(self) -> None:
         """With ``find_unused_parameters=True`` torch's reducer leaves a parameter that no rank's forward used
-        without a gradient; DataParallel's broadcast of the parameters (one autograd Function) gave it zeros once a
-        backward pass reached any of them, and weight decay or momentum then moved it. So when this forward's
-        backward reaches one of the module's parameters, its end gives the others still without one zeros (after
-        or before the reducer's own end: a parameter some rank used gets the sum either way)."""
+        without a gradient, and so does the sum at the end of each backward pass (``reduce_each_backward``, a
+        switch); DataParallel's broadcast of the parameters (one autograd Function) gave it zeros once a backward
+        pass reached any of them, and weight decay or momentum then moved it. So when this forward's backward
+        reaches one of the module's parameters, its end gives the others still without one zeros, before the
+        gradients are summed (a parameter some rank used gets the sum either way)."""
         if self._unused_hook is not None:
             self._unused_hook.remove()  # a forward whose backward never ran (an evaluation with gradients on)
         trainable = [parameter for parameter in self._watched if parameter.requires_grad]
@@ -284,7 +286,7 @@ class DistributedDataParallel(_TorchDDP):
         if gradients is None:
             return
         if self._reduce_each_backward:
-            gradients.sum_each_backward(list(self.module.parameters()), module=self.module)
+            gradients.sum_each_backward(list(self.module.parameters()))
         else:
             gradients.note_synchronised([p for p in self.module.parameters() if p.requires_grad])
 

@@ -61,22 +61,15 @@ class Gradients:
         self._hook: Any = None
         self._each_backward: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
         """Parameters whose gradients are summed at the end of each backward pass (``sum_each_backward``)."""
-        self._module_of: dict[int, int] = {}
-        """For those of a wrapped module, by parameter id: the module's (``sum_each_backward(..., module=...)``)."""
 
     def note_synchronised(self, parameters: Sequence[torch.Tensor]) -> None:
         """These parameters' gradients are summed by DDP's reduction; the step must not sum them again."""
         self._synchronised.update((id(parameter), parameter) for parameter in parameters)
 
-    def sum_each_backward(self, parameters: Sequence[torch.Tensor], module: object = None) -> None:
+    def sum_each_backward(self, parameters: Sequence[torch.Tensor]) -> None:
         """These parameters' gradients are summed over the ranks at the end of each backward pass (a model whose
-        one forward feeds several, which DDP's reducer cannot follow), and not again at the step. ``module``: the
-        wrapped module they are the parameters of. nn.DataParallel broadcast those in one autograd Function, so a
-        pass that reached any of them gave the others a zero gradient (a decoder a forward flag skipped), and so
-        does the sum here."""
+        one forward feeds several, which DDP's reducer cannot follow), and not again at the step."""
         self._each_backward.update((id(parameter), parameter) for parameter in parameters)
-        if module is not None:
-            self._module_of.update((id(parameter), id(module)) for parameter in parameters)
         self.note_synchronised(parameters)
 
     def _follow_the_loop(self, roots_: Sequence[torch.Tensor]) -> None:
@@ -138,9 +131,6 @@ class Gradients:
         for flat in flats:
             dist.all_reduce(flat)
         anywhere = reached.tolist()
-        # A module whose parameters the pass reached anywhere: its others get zeros, as DataParallel's broadcast gave.
-        modules_reached = {self._module_of.get(id(parameters[i])) for i, hit in enumerate(anywhere) if hit}
-        modules_reached.discard(None)
         for members, flat in zip(by_kind.values(), flats):
             offset = 0
             for i in members:
@@ -149,8 +139,6 @@ class Gradients:
                 offset += size
                 held = before[i]
                 if not anywhere[i]:
-                    if held is None and self._module_of.get(id(parameters[i])) in modules_reached:
-                        parameters[i].grad = torch.zeros_like(parameters[i])
                     continue
                 if held is None:
                     parameters[i].grad = whole.clone()
