@@ -28,8 +28,10 @@ _DEVICE_COUNT = "torch.cuda.device_count"
 # Builtins that neither change their arguments nor depend on anything but them.
 _PURE_BUILTINS = frozenset(
     {"abs", "all", "any", "bool", "enumerate", "float", "format", "int", "isinstance", "len", "list", "map", "max",
-     "min", "print", "range", "repr", "reversed", "set", "sorted", "str", "sum", "tuple", "zip"}
+     "min", "print", "range", "repr", "reversed", "set", "sorted", "str", "sum", "tuple", "vars", "zip"}
 )
+# (`vars(opt)` gives the namespace's own dict, which a caller could change; it is read: `yaml.dump(vars(opt), fp)`,
+# `print(vars(args))`.)
 # Methods of strings, lists, dicts and loggers that read their object without changing it.
 _READING_METHODS = frozenset(
     {"copy", "count", "debug", "endswith", "format", "get", "index", "info", "items", "join", "keys", "lower",
@@ -51,6 +53,29 @@ def device_ids(call: cst.Call) -> Optional[cst.BaseExpression]:
 def read_names(wraps: Iterable[cst.Call]) -> frozenset[str]:
     """The names the wraps' ``device_ids`` are read from (``args`` of ``device_ids=args.gpus``)."""
     return names_read(chosen for call in wraps if (chosen := device_ids(call)) is not None)
+
+
+def paths_read(wraps: Iterable[cst.Call]) -> frozenset[str]:
+    """What the wraps' ``device_ids`` read, as paths (``args.gpus``, ``gpu_ids[]``): whatever writes one of them, or
+    what holds one (``args``), may change the GPUs chosen (``related``)."""
+    return frozenset(
+        _path(read) for call in wraps if (chosen := device_ids(call)) is not None for read in _reads(chosen, set())
+        if _root(read) is not None
+    )
+
+
+def _path(node: cst.BaseExpression) -> str:
+    """``args.gpus`` for that attribute chain, ``gpu_ids[]`` for a subscript of ``gpu_ids``."""
+    if type(node) is cst.Attribute:
+        return f"{_path(node.value)}.{node.attr.value}"
+    if type(node) is cst.Subscript:
+        return f"{_path(node.value)}[]"
+    return node.value if type(node) is cst.Name else ""
+
+
+def written_path(target: cst.BaseExpression) -> str:
+    """The path an assignment target writes (``args.gpus``), as ``paths_read`` names them."""
+    return _path(target)
 
 
 def names_read(values: Iterable[cst.BaseExpression]) -> frozenset[str]:
@@ -340,7 +365,7 @@ def _indices(node: cst.BaseExpression) -> list[cst.BaseExpression]:
     return found
 
 
-def _related(first: str, second: str) -> bool:
+def related(first: str, second: str) -> bool:
     """Whether writing one path may change the other: one is the other or holds it (``args``, ``args.gpus``,
     ``args.gpus[]``)."""
     shorter, longer = sorted((first, second), key=len)
@@ -367,7 +392,7 @@ def _changed_after(
         if isinstance(node, cst.BaseExpression)
         and (written := index.place_of(node, scope)) is not None
         and written[0] is owner
-        and _related(written[1], path)
+        and related(written[1], path)
     ]
     root = _root_name(path)
     bound = root in owner.params or analysis.bindings.imported.get(root) or any(

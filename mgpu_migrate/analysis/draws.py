@@ -243,3 +243,13 @@ def per_sample_draw(found: Found) -> str | None:
             if line is not None:
                 return f"{found.where.rpartition(':')[0]}:{line}"
     return None
+
+
+def applied_draw(found: Found) -> str | None:
+    """Where a function or a class's objects draw random numbers each time they are applied (a transform of the
+    script's own, ``def flip(x): return -x if torch.rand(1) < 0.5 else x``, handed to a dataset): the first draw
+    (``path:line``) in the function, or in the class's methods other than ``__init__``; None when there is none."""
+    if isinstance(found.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        line = _draw_line(found, found.node)
+        return f"{found.where.rpartition(':')[0]}:{line}" if line is not None else None
+    return per_sample_draw(found)

@@ -291,7 +291,7 @@ def chooses_visible_devices(statement: cst.CSTNode) -> bool:
     )
 
 
-def _after_imports(analysis: ParsedFile) -> Optional[EntryPoint]:
+def _after_imports(analysis: ParsedFile, device_names: frozenset[str] = frozenset()) -> Optional[EntryPoint]:
     body = list(analysis.module.body)
     index = 0
     while index < len(body) and (
@@ -302,9 +302,88 @@ def _after_imports(analysis: ParsedFile) -> Optional[EntryPoint]:
     place = "after the imports"
     if chosen and chosen[-1] >= index - 1:
         return EntryPoint(body[chosen[-1]], True, "after the script sets CUDA_VISIBLE_DEVICES")
+    read = _reads_the_gpus(analysis, body, index, device_names)
+    if read is not None:
+        return EntryPoint(body[read], True, "after the script reads the GPUs it uses")
     if index < len(body):
         return EntryPoint(body[index], False, place)
     return EntryPoint(body[-1], True, place) if body else None
+
+
+def _reads_the_gpus(
+    analysis: ParsedFile, body: list[cst.BaseStatement], start: int, device_names: frozenset[str]
+) -> Optional[int]:
+    """For a flat script whose wraps' ``device_ids`` read names it binds at module level (Person_reID's
+    ``opt.gpu_ids``: parsed as a string, then ``opt.gpu_ids = gpu_ids``, the list of numbers made from it), the
+    index of the last module-level statement that writes one of them, when every statement from ``start`` to it
+    only computes values (``_only_computes``): the set-up goes after it and is given them. None otherwise."""
+    from mgpu_migrate.analysis.devices import paths_read, related, written_path
+
+    if not device_names:
+        return None
+    paths = paths_read(site.call for site in analysis.models.sites)
+    last = None
+    for position in range(start, len(body)):
+        for target in _targets(body[position]):
+            targets = [target.elements] if type(target) in (cst.Tuple, cst.List) else [[target]]
+            for element in targets[0]:
+                node = element.value if type(element) in (cst.Element, cst.StarredElement) else element
+                if any(related(written_path(node), path) for path in paths):
+                    last = position
+    if last is None or not all(
+        _is_import(statement) or parses_arguments(analysis, statement) or _only_computes(analysis, statement)
+        for statement in body[start : last + 1]
+    ):
+        return None
+    return last
+
+
+def _targets(statement: cst.CSTNode) -> list[cst.BaseExpression]:
+    """What a module-level statement assigns, in it and in the blocks under it (a loop's target too)."""
+    found: list[cst.BaseExpression] = []
+    for node in contains(statement, lambda node: type(node) in (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.For)):
+        if type(node) is cst.Assign:
+            found += [target.target for target in node.targets]
+        else:
+            found.append(node.target)
+    return found
+
+
+# The calls a statement before the set-up may make: they compute values and touch nothing outside the process.
+_COMPUTING = {
+    "int", "float", "str", "bool", "len", "range", "list", "tuple", "dict", "set", "sorted", "enumerate", "zip",
+    "map", "min", "max", "abs", "round", "isinstance", "getattr", "hasattr",
+}
+_COMPUTING_METHODS = {
+    "split", "strip", "rstrip", "lstrip", "lower", "upper", "replace", "join", "format", "append", "extend",
+    "get", "items", "keys", "values", "startswith", "endswith",
+}
+_COMPUTING_QUALIFIED = {"matplotlib.use", "warnings.filterwarnings", "warnings.simplefilter"}
+
+
+def _only_computes(analysis: ParsedFile, statement: cst.CSTNode) -> bool:
+    """A statement that only computes values from what the script has (``fp16 = opt.fp16``, ``for s in
+    str_ids: gpu_ids.append(int(s))``): every call it makes is one of a few builtins or string, list and dict
+    methods, and it has no ``print``, ``with``, ``try``, function or class. Such statements may run before the
+    set-up: they print, write and touch no GPU, so running them also in the launching process changes nothing."""
+    if type(statement) in (cst.FunctionDef, cst.ClassDef, cst.With, cst.Try, cst.While):
+        return False
+    if type(statement) is cst.SimpleStatementLine and not all(
+        type(small) in (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.Expr, cst.Pass) for small in statement.body
+    ):
+        return False
+    for node in contains(statement, lambda node: type(node) in (cst.Call, cst.With, cst.Try, cst.Lambda, cst.Await)):
+        if type(node) is not cst.Call:
+            return False
+        func = node.func
+        if type(func) is cst.Name and func.value in _COMPUTING and func.value not in analysis.bindings.local:
+            continue
+        if type(func) is cst.Attribute and func.attr.value in _COMPUTING_METHODS:
+            continue
+        if analysis.resolve(func) in _COMPUTING_QUALIFIED:
+            continue
+        return False
+    return True
 
 
 def _first_called_function(analysis: ParsedFile, block: cst.If) -> Optional[cst.FunctionDef]:
@@ -364,9 +443,9 @@ def find_entry_point(
     ]
     trains_at_module_level = any(
         tree.function(loop) is None and main not in tree.ancestors(loop) for loop in training_loops
-    )
+    ) or _called_at_module_level(analysis, module_code, training_loops)
     if trains_at_module_level or any(touches_cuda(analysis, statement) for statement in module_code):
-        return _after_imports(analysis)
+        return _after_imports(analysis, device_names)
     if chosen_in_method is not None and (
         main is not None or _main_without_block(analysis) is not None or not training_loops
     ):
@@ -388,6 +467,25 @@ def find_entry_point(
     if function is not None and type(function.body) is cst.IndentedBlock:
         return _at_top(analysis, list(function.body.body), f"at the top of {function.name.value}()", skip_docstring=True)
     return None
+
+
+def _called_at_module_level(
+    analysis: ParsedFile, module_code: Sequence[cst.CSTNode], training_loops: Sequence[cst.For | cst.Call]
+) -> bool:
+    """Whether a top-level function holding a training loop is called by the module's own statements (the
+    transfer-learning tutorial's flat script: ``model = train_model(model, ...)`` after the definitions)."""
+    trainers = set()
+    for loop in training_loops:
+        function = analysis.tree.function(loop)
+        if function is not None and function in analysis.module.body:
+            trainers.add(function.name.value)
+    if not trainers:
+        return False
+    return any(
+        type(call.func) is cst.Name and call.func.value in trainers
+        for statement in module_code
+        for call in contains(statement, lambda node: type(node) is cst.Call)
+    )
 
 
 def _main_without_block(analysis: ParsedFile) -> Optional[cst.FunctionDef]:

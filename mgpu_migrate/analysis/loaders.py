@@ -473,6 +473,9 @@ class LoaderFlow:
                     return
             yield path, None, None
             return
+        if type(expr) is cst.Subscript:
+            yield from self._trace_entries(expr, scope, path, seen)
+            return
         place = self.index.place_of(expr, scope) if type(expr) in (cst.Name, cst.Attribute) else None
         if place is None or place in seen:
             yield path, None, None
@@ -496,6 +499,16 @@ class LoaderFlow:
             yield from self._trace(item, item_scope, path, seen)
         if not found:
             yield path, None, None
+
+    def _trace_entries(self, expr: cst.Subscript, scope: Scope, path: tuple, seen: frozenset):
+        """An entry of a dict or list of loaders: each entry it may be (``Values.entries``)."""
+        base = self.index.place_of(expr.value, scope) if type(expr.value) in (cst.Name, cst.Attribute) else None
+        entries = self._values.entries(expr, scope) if base is not None and base not in seen else None
+        if not entries:
+            yield path, None, None
+            return
+        for entry, entry_scope in entries:
+            yield from self._trace(entry, entry_scope, path, seen | {base})
 
     def built_loader(self, call: cst.Call, position: Optional[int]) -> Optional[BuiltLoader]:
         """The ``DataLoader(...)`` that a function of another module of the project returns (at ``position`` of the

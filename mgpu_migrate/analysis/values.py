@@ -13,7 +13,7 @@ from typing import Optional
 
 import libcst as cst
 
-from mgpu_migrate.analysis.scopes import FlowIndex, Function, Place, Scope
+from mgpu_migrate.analysis.scopes import FlowIndex, Function, Place, Scope, item_place
 
 
 class Values:
@@ -77,6 +77,35 @@ class Values:
         if len(stored) != self.index.store_count(place):
             return None
         return [(value, value_scope) for value, value_scope, _ in stored]
+
+    def entries(self, expr: cst.Subscript, scope: Scope) -> Optional[list[tuple[cst.BaseExpression, Scope]]]:
+        """What an entry of a dict or list may be (the transfer-learning tutorial's ``dataloaders[phase]`` of
+        ``{x: DataLoader(...) for x in ['train', 'val']}``): every entry the key may pick, when the container is
+        only ever bound whole to displays or comprehensions, plus what is stored into it by key (``loaders['train']
+        = ...``); None when that cannot be told (a container of another kind, ``{**other}``, a parameter)."""
+        base = self.index.place_of(expr.value, scope) if type(expr.value) in (cst.Name, cst.Attribute) else None
+        containers = self.assigned_only(expr.value, scope) if base is not None else None
+        if base is None or not containers:
+            return None
+        key = expr.slice[0].slice.value if len(expr.slice) == 1 and type(expr.slice[0].slice) is cst.Index else None
+        wanted = key.evaluated_value if type(key) is cst.SimpleString else None
+        found: list[tuple[cst.BaseExpression, Scope]] = []
+        for container, container_scope in containers:
+            if type(container) is cst.DictComp:
+                found.append((container.value, container_scope))
+            elif type(container) is cst.ListComp:
+                found.append((container.elt, container_scope))
+            elif type(container) in (cst.Dict, cst.List, cst.Tuple):
+                for element in container.elements:
+                    if type(element) not in (cst.DictElement, cst.Element):
+                        return None
+                    keyed = type(element) is cst.DictElement and type(element.key) is cst.SimpleString
+                    if wanted is None or not keyed or element.key.evaluated_value == wanted:
+                        found.append((element.value, container_scope))
+            else:
+                return None
+        found += [(value, value_scope) for value, value_scope, _ in self.stored.get(item_place(base), ())]
+        return found or None
 
     def of(self, expr: cst.BaseExpression, scope: Scope, depth: int = 4) -> list[cst.BaseExpression]:
         """What ``expr`` may evaluate to: the expressions stored in it, followed ``depth`` assignments back,

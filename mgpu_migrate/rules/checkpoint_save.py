@@ -17,6 +17,8 @@ from mgpu_migrate.rules.torch_style import DIST_IMPORT, NO_TORCH_FORM, TORCH_OPT
 TORCH_SAVE = "torch.save"
 # Calls that make a file object (or an in-memory one): each process would write its own.
 _MOVERS = {"os.replace", "os.rename", "os.remove", "os.unlink", "shutil.move", "shutil.copy", "shutil.copyfile"}
+# What ``tempfile`` makes for the process that asks: a save into it is that process's alone.
+_PRIVATE_TEMPORARY = {"tempfile.TemporaryDirectory", "tempfile.mkdtemp", "tempfile.NamedTemporaryFile"}
 _FILE_MAKERS = {"open", "io.open", "io.BytesIO", "gzip.open", "bz2.open", "lzma.open", "builtins.open"}
 
 
@@ -149,6 +151,8 @@ class CheckpointSave(Rule):
                     "saving into a file object or buffer: every process runs this",
                 )
                 continue
+            if destination is not None and self._private_temporary(destination.value, call):
+                continue  # each process writes its own file, and reads it back
             moved = self._moved_after(call, destination)
             if moved is not None:
                 self._guard_save_and_move(call, moved)
@@ -167,6 +171,46 @@ class CheckpointSave(Rule):
                     SAVE_ON_EVERY_PROCESS,
                     "save_pretrained runs on every process",
                 )
+
+    def _private_temporary(self, destination: cst.BaseExpression, call: cst.Call) -> bool:
+        """Whether ``destination`` is a path in a directory or file that ``tempfile`` made for this process (the
+        transfer-learning tutorial's ``best_model_params.pt`` in ``with TemporaryDirectory() as tempdir:``): each
+        process makes its own, so a save there stays each process's, and its load reads it back. Written once, the
+        other processes would find no file."""
+        if "tempfile" not in self.analysis.source:
+            return False
+        values = self.analysis.values
+        scope = values.scope_of(call)
+        for value in values.of(destination, scope):
+            while True:
+                if type(value) is cst.Call and self.analysis.resolve(value.func) in ("os.path.join", "pathlib.Path"):
+                    value = value.args[0].value if value.args else value  # the directory it starts from
+                elif type(value) is cst.BinaryOperation and type(value.operator) in (cst.Divide, cst.Add):
+                    value = value.left  # `Path(tempdir) / "best.pt"`, `tempdir + "/best.pt"`
+                elif type(value) is cst.FormattedString and value.parts and type(value.parts[0]) is cst.FormattedStringExpression:
+                    value = value.parts[0].expression
+                elif type(value) is cst.Attribute and value.attr.value == "name":
+                    value = value.value  # `NamedTemporaryFile().name`
+                else:
+                    break
+            if type(value) is cst.Call and self.analysis.resolve(value.func) in _PRIVATE_TEMPORARY:
+                return True
+            if type(value) is cst.Name and self._made_by_with(value.value, call):
+                return True
+        return False
+
+    def _made_by_with(self, name: str, call: cst.Call) -> bool:
+        """Whether ``name`` is bound by ``with tempfile.TemporaryDirectory() as name:`` (or a named temporary
+        file) in the function of ``call``, and by no other ``with`` there."""
+        made = False
+        function = self.analysis.tree.function(call)
+        for node in contains(function or self.analysis.module, lambda node: type(node) is cst.WithItem):
+            target = node.asname.name if node.asname is not None else None
+            if type(target) is cst.Name and target.value == name:
+                if type(node.item) is not cst.Call or self.analysis.resolve(node.item.func) not in _PRIVATE_TEMPORARY:
+                    return False
+                made = True
+        return made
 
     def _save_once(self, call: cst.Call, decided: cst.If | None, caller: cst.Call | None = None) -> None:
         """Make ``torch.save`` write once (``decided``: an ``if`` around it that each process judges alone;

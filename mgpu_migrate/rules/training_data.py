@@ -13,7 +13,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis.rebased import rebased_machinery
 from mgpu_migrate.analysis.batch import is_row_count
-from mgpu_migrate.analysis.draws import builder_draw, per_sample_draw
+from mgpu_migrate.analysis.draws import applied_draw, builder_draw, per_sample_draw
 from mgpu_migrate.analysis.held import stored_by_a_base
 from mgpu_migrate.analysis.loaders import BUILT, LOADER, LoaderTrace
 from mgpu_migrate.analysis.project import NOT_BOUND, project_of
@@ -424,32 +424,57 @@ class TrainingData(Rule):
 
     def _dataset_draw(self, loader: cst.Call) -> Optional[str]:
         """``name, path:line`` of the first random draw in the project class whose object is the loader's dataset
-        (built in the call or in a name the loader is given; a class of this file or of the project), else None."""
+        (built in the call, in a name the loader is given, or an entry of a dict of datasets; a class of this file
+        or of the project), or in a function or class of them handed to that dataset (a transform the script
+        defines), else None."""
         given = argument(loader, "dataset", 0)
-        dataset = given.value if given is not None else None
-        if type(dataset) is cst.Call:
-            candidates = [dataset]
-        elif type(dataset) is cst.Name:
-            values = self.analysis.values
-            candidates = [value for value in values.of(dataset, values.scope_of(loader)) if type(value) is cst.Call]
-        else:
+        if given is None:
             return None
+        scope = self.analysis.values.scope_of(loader)
         project = None
-        for call in candidates:
-            qualified = self.analysis.resolve(call.func)
-            if qualified is not None and qualified.startswith(_LIBRARIES):
+        for call in self._possible(given.value, scope):
+            if type(call) is not cst.Call:
                 continue
             project = project or project_of(self.analysis.path)
             if project is None:
                 return None
-            found = project.find(qualified) if qualified else None
-            if found is None and type(call.func) is cst.Name and call.func.value in self.analysis.bindings.local:
-                found = project.own(call.func.value, self.analysis.source)
-            if found is not None:
-                place = per_sample_draw(found)
+            found = self._definition(project, call.func)
+            place = per_sample_draw(found) if found is not None else None
+            if place is not None:
+                return f"`{found.name}`, {place}"
+            handed = [arg.value for arg in call.args] + [
+                element.value for arg in call.args if type(arg.value) in (cst.List, cst.Tuple) for element in arg.value.elements
+            ]
+            for value in (inner for arg in handed for inner in self._possible(arg, scope)):
+                if type(value) is cst.Call and type(value.func) is cst.Name:
+                    value = value.func  # an object of a class of this file: its `__call__`
+                found = self._definition(project, value) if type(value) is cst.Name else None
+                place = applied_draw(found) if found is not None else None
                 if place is not None:
                     return f"`{found.name}`, {place}"
         return None
+
+    def _possible(self, expr: cst.BaseExpression, scope, depth: int = 3) -> list[cst.BaseExpression]:
+        """What ``expr`` may be: the values stored in a name, the entries of a dict or list it picks from."""
+        values = self.analysis.values
+        if type(expr) is cst.Subscript and depth:
+            entries = values.entries(expr, scope) or []
+            return [found for entry, entry_scope in entries for found in self._possible(entry, entry_scope, depth - 1)]
+        if type(expr) in (cst.Name, cst.Attribute) and depth:
+            stored = values.of(expr, scope)
+            if stored != [expr]:
+                return [found for value in stored for found in self._possible(value, scope, depth - 1)]
+        return [expr]
+
+    def _definition(self, project, func: cst.BaseExpression):
+        """The project definition (of another module, or of this file) that ``func`` names, else None."""
+        qualified = self.analysis.resolve(func)
+        if qualified is not None and qualified.startswith(_LIBRARIES):
+            return None
+        found = project.find(qualified) if qualified else None
+        if found is None and type(func) is cst.Name and func.value in self.analysis.bindings.local:
+            found = project.own(func.value, self.analysis.source)
+        return found
 
     def _distribute_built(self, point: cst.BaseExpression, origin: cst.Call, trace: LoaderTrace) -> None:
         """A loader a builder of another module returns (``train_set, test_set = get_datasets(...)``): split where the

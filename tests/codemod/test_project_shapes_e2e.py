@@ -60,6 +60,15 @@ CASES = {
     # faster-rcnn: `import _init_paths` puts lib/ on sys.path; the dataset there draws numpy randoms per item, and
     # the checkpoint helper there writes (whole batches, MGP122; written once, MGP132); every test of `--mGPUs`
     # is extended with the wrap's (MGP121)
+    # pytorch_resnet_cifar10: an evaluation loader left whole (MGP234) whose last batch has one row; the processes
+    # past it hold none of the output, and the loss's target and gather's index are cut to none with it
+    "one_row_eval": ("scripts", "one_row_eval.py", NO_ARGUMENTS),
+    # PyTorch's transfer-learning tutorial: `dataloaders[phase]` of a dict comprehension, an own transform drawing per
+    # sample, the best weights in each process's own TemporaryDirectory (kept torch.save), train_model called flat
+    "transfer_learning": ("scripts", "transfer_learning.py", NO_ARGUMENTS),
+    # Person_reID: a flat script makes its GPU list from `--gpu_ids` and stores it back on the options; the set-up goes
+    # after that, given it (MGP150), and the loaders are `dataloaders[phase]` of a dict comprehension
+    "gpu_list_flat": ("scripts", "gpu_list_flat.py", {2: ["--gpu_ids", "0,1"], 3: ["--gpu_ids", "0,1,2"]}),
     "init_paths": ("projects/init_paths", "train.py", {processes: ["--mGPUs"] for processes in WORLD_SIZES}),
     "flat_entry": ("projects/flat_entry", "run.py", NO_ARGUMENTS),
     "evaluate_helper": ("projects/evaluate_helper", "train.py", NO_ARGUMENTS),

@@ -123,13 +123,17 @@ def _wrap(results: list[Any], splits: Sequence[int], reference: Sharded) -> Any:
 def _operand(value: Any, index: int, reference: Sharded, split: bool, ndim: int) -> Any:
     """``value`` as the ``index``-th held piece's operation sees it: its piece if Sharded, its rows of that
     piece if it is a plain tensor cut like the batch (``split``: the batch's rows on its first dimension,
-    aligned by broadcasting), else itself (placed beside the piece)."""
+    aligned by broadcasting), else itself (placed beside the piece). A plain tensor of one row beside a batch of
+    one row is cut too: the piece holding that row gets it whole either way, and a piece past it (a rank that
+    DataParallel ran nothing on) gets no rows, which is what broadcasting gives an element-wise operation and
+    what a loss's target, ``gather``'s index or ``cat``'s other operand must be (an evaluation loader's last
+    batch of one row crashed the empty rank's ``cross_entropy``)."""
     if type(value) is Sharded:
         return value._pieces[index]
     if isinstance(value, torch.Tensor):
         piece = reference._pieces[index]
         rows = sum(reference._splits)
-        if split and value.dim() == ndim and ndim > 0 and value.shape[0] == rows and rows != 1:
+        if split and value.dim() == ndim and ndim > 0 and value.shape[0] == rows:
             start, count = reference.rows_of_part(reference._group.held[index])
             value = value.narrow(0, start, count)
         reference._group.note_mixing(value)
