@@ -379,6 +379,37 @@ class Project:
                 listed.append(written)
         return listed
 
+    def writes_only_caches(self, found: Found, depth: int = 0) -> bool:
+        """Whether every file a function writes, itself or through the project functions it calls by name, is a
+        cache it reads back when present: each write's path is a name that an ``os.path.exists`` (or ``isfile``)
+        test of the same function reads before it (faster-rcnn's ``prepare_roidb``: ``if
+        os.path.exists(cache_file): load it, else compute and pickle.dump into open(cache_file, 'wb')``). Run on
+        the main process first, it writes the cache; the other processes then find it and read it. False for a
+        function that makes or deletes directories, or writes anything else."""
+        node = found.node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or depth > _MAX_DEPTH:
+            return False
+        checked = _paths_checked(found)
+        any_write = False
+        for call in _calls(node):
+            qualified = found.module.qualified(call.func)
+            if changes_a_directory(call, qualified):
+                return False
+            written = _file_write(found, call)
+            if written is not None:
+                path = call.args[0] if written.call.startswith("open(") and call.args else None
+                if not (isinstance(path, ast.Name) and (path.id, call.lineno) in checked):
+                    return False
+                any_write = True
+                continue
+            if isinstance(call.func, ast.Name):
+                _, helper = self.resolve_in(found, call.func, depth)
+                if helper is not None and isinstance(helper.node, (ast.FunctionDef, ast.AsyncFunctionDef)) and self.writes(helper):
+                    if not self.writes_only_caches(helper, depth + 1):
+                        return False
+                    any_write = True
+        return any_write
+
     def _first_write(self, found: Found) -> Write | None:
         written = self._file_write(found, 0)
         changed = self._directory_change(found, 0)
@@ -744,6 +775,22 @@ def _calls_catching_existing(node: ast.AST) -> list[ast.Call]:
 
 def _kinds(caught: ast.expr) -> list[ast.expr]:
     return list(caught.elts) if isinstance(caught, ast.Tuple) else [caught]
+
+
+def _paths_checked(found: Found) -> set[tuple[str, int]]:
+    """``(name, line)`` for each line of the function after a test ``os.path.exists(name)`` (or ``isfile``)
+    made on an earlier line: a write there to ``name`` is to a file the function looked for first."""
+    tested: dict[str, int] = {}
+    for node in ast.walk(found.node):
+        if isinstance(node, (ast.If, ast.IfExp)):
+            for inner in ast.walk(node.test):
+                if isinstance(inner, ast.Call) and len(inner.args) == 1 and isinstance(inner.args[0], ast.Name):
+                    qualified = found.module.qualified(inner.func) or ""
+                    if qualified in ("os.path.exists", "os.path.isfile", "posixpath.exists", "posixpath.isfile"):
+                        name = inner.args[0].id
+                        tested[name] = min(tested.get(name, node.lineno), node.lineno)
+    end = getattr(found.node, "end_lineno", None) or 0
+    return {(name, line) for name, first in tested.items() for line in range(first + 1, end + 1)}
 
 
 def _first_file_write(found: Found) -> Write | None:

@@ -313,6 +313,8 @@ class ProjectSideEffects(Rule):
                     f"{what} {where}: on the main process only ({RUNTIME}.on_main_process), its result only printed",
                 )
             return
+        if statement is None and why == "as what it returns is used" and self._caches_first(call, definition, what, where):
+            return
         if why is not None:
             self.left(call, WRITTEN_BY_EVERY_PROCESS, f"{what} {self._every_write(definition, written)}: not moved, {why}")
             return
@@ -326,6 +328,32 @@ class ProjectSideEffects(Rule):
         assert statement is not None
         self.edits.replace(statement, _on_the_main_process)
         self.rewrote(call, f"{what} {where}: called on the main process only, then every process waits")
+
+    def _caches_first(self, call: cst.Call, definition: Found, what: str, where: str) -> bool:
+        """A project function whose result is used and whose every write is a cache it reads when present
+        (faster-rcnn's ``combined_roidb``, whose helpers pickle the image sizes and the roidb unless the pickles
+        exist, ``Project.writes_only_caches``): run on the main process first (``mgpu_runtime.main_process_first``),
+        it writes the caches once and the other processes read them. Whether it was rewritten."""
+        project = project_of(self.analysis.path)
+        if (
+            project is None
+            or self.options.style != RUNTIME_STYLE
+            or type(call.func) is cst.Attribute
+            or main_process_caller(self.analysis, call) is not None
+            or self._before_setup(call) is not None
+            or not project.writes_only_caches(definition)
+        ):
+            return False
+        if not self.rewrite_allowed(call):
+            return True
+        self.edits.need_import(RUNTIME)
+        self.edits.replace(call, through_runtime("main_process_first"))
+        self.rewrote(
+            call,
+            f"{what} {where.replace('writes files', 'writes caches it reads when present', 1)}: main process first, then "
+            f"the others read them ({RUNTIME}.main_process_first)",
+        )
+        return True
 
     def _first_on_the_main_process(self, call: cst.Call, definition: Found, written: Write, loaded: str) -> bool:
         """A project function that writes files and loads state into the objects it is given (WaveRNN's

@@ -758,3 +758,36 @@ def test_an_own_path_the_file_spawns_itself_is_named_with_its_condition(tmp_path
     assert not result.changed and said == [
         ("MGP231", "own distributed path (line 9), DataParallel fallback left: the file starts that path itself (line 18) when `args.nodes > 1`")
     ], said
+
+
+def test_a_builder_whose_every_write_is_a_cache_it_reads_runs_on_the_main_process_first(tmp_path):
+    """faster-rcnn's ``combined_roidb``: its helper pickles what it computes to a file it looks for first, and its
+    result is used, so it runs on every process, the main process first (MGP132, ``main_process_first``): the
+    others read the cache. A write the function does not look for first (a log), a cache read under another
+    name, or a directory made beside it keeps MGP322."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    cached = (
+        "    if os.path.exists(cache_file):\n        with open(cache_file, 'rb') as f:\n            return pickle.load(f)\n"
+        "    sizes = list(range(count))\n    with open(cache_file, 'wb') as f:\n        pickle.dump(sizes, f)\n    return sizes\n"
+    )
+    (tmp_path / "roidb.py").write_text(
+        "import os\nimport pickle\n\n\ndef prepare(count, cache_file):\n" + cached + "\n\n"
+        "def combined(count, cache_file):\n    return prepare(count, cache_file)\n\n\n"
+        "def logged(count, cache_file):\n    sizes = prepare(count, cache_file)\n    open('log.txt', 'a').write('built')\n    return sizes\n\n\n"
+        "def other_name(count, cache_file, path):\n    if os.path.exists(cache_file):\n        return 1\n"
+        "    with open(path, 'wb') as f:\n        pickle.dump(count, f)\n    return 2\n\n\n"
+        "def with_directory(count, cache_file):\n    os.mkdir('cache')\n    return prepare(count, cache_file)\n"
+    )
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch.nn as nn\nfrom roidb import combined, logged, other_name, with_directory\n\n"
+        "if __name__ == '__main__':\n    model = nn.DataParallel(model)\n"
+        "    a = combined(3, 'a.pkl')\n    b = logged(3, 'b.pkl')\n    c = other_name(3, 'c.pkl', 'd.pkl')\n"
+        "    d = with_directory(3, 'e.pkl')\n    model(a, b, c, d).backward()\n"
+    )
+    result = migrate_source(script.read_text(), "ddp", str(script))
+    assert "    a = mgpu_runtime.main_process_first(combined, 3, 'a.pkl')\n" in result.output
+    said = {d.line: d.code for d in result.diagnostics if d.code in ("MGP132", "MGP322")}
+    assert said == {6: "MGP132", 7: "MGP322", 8: "MGP322", 9: "MGP322"}, result.diagnostics
+    again = migrate_source(result.output, "ddp", str(script))
+    assert again.output == result.output
