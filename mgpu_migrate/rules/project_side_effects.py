@@ -32,7 +32,8 @@ WRITTEN_BY_EVERY_PROCESS = Review(
         "writes onto the main process when its result is unused (MGP132), and builds an object whose construction "
         "writes on the main process only, behind a stand-in, when the script only calls its methods for their effect "
         "(MGP135), and one whose construction only makes directories and keeps plain values on the main process, "
-        "every process given its copy (MGP132); this one is another shape: a result that every process uses, an "
+        "every process given its copy (MGP132), and runs a function whose every write is a cache it reads back on the "
+        "main process first (MGP132); this one is another shape: a result that every process uses, an "
         "object read otherwise whose construction does more (writes a file, holds one open, or runs other code), a method "
         "that also changes the object's state, a function only the main process calls, a call made before "
         "`mgpu_runtime.setup()` in the method that chooses the GPUs (asking which process is the main one there "
@@ -72,8 +73,12 @@ class ProjectSideEffects(Rule):
     returns (``context.create_train_log("training")``, a ``TrainLog``), one of whose methods writes, is built on the
     main process only, behind a stand-in (MGP135), when the script only calls its methods for their effect; the
     object the method belongs to is known from the calls of the file's function that holds it as a parameter
-    (``def main(context)``). Any other (a result that is used, an object read otherwise, a method that also
-    changes its object) is reported (MGP322).
+    (``def main(context)``). A function whose result is used and whose every write is a cache it looks for first
+    (faster-rcnn's ``combined_roidb``: ``if os.path.exists(cache_file):`` load it, else compute it and pickle it to
+    ``open(cache_file, 'wb')``, itself or in the project functions it calls) runs on every process, the main process
+    first (``mgpu_runtime.main_process_first(combined_roidb, name)``): the main process writes the caches, the
+    others read them. Any other (a result that is used, an object read otherwise, a method that also changes its
+    object) is reported (MGP322).
     A call of a project function that evaluates a model with a DataParallel of its own and trains nothing
     (Towards-Realtime-MOT's ``test.test(cfg, weights=latest)``, which loads the weights just saved) goes under
     ``if mgpu_runtime.is_main_process():`` the same way when nothing reads what it returns (a statement of its
@@ -350,8 +355,8 @@ class ProjectSideEffects(Rule):
         self.edits.replace(call, through_runtime("main_process_first"))
         self.rewrote(
             call,
-            f"{what} {where.replace('writes files', 'writes caches it reads when present', 1)}: main process first, then "
-            f"the others read them ({RUNTIME}.main_process_first)",
+            f"{what} {where.replace('writes files', 'writes caches', 1)}: main process first, the others read them "
+            f"({RUNTIME}.main_process_first)",
         )
         return True
 

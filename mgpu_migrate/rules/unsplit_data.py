@@ -68,17 +68,19 @@ class UnsplitData(Rule):
             """
             import torch.nn as nn
             from torch.utils.data import DataLoader
+            from data import make_loaders
 
             model = nn.DataParallel(model)
-            loaders = {'train': DataLoader(data, batch_size=8)}
+            evaluation = DataLoader(data, batch_size=8)
+            loaders = make_loaders(data)
             for x in loaders[phase]:
                 model(x).mean().backward()
             """,
             None,
             DDP,
             (UNSPLIT,),
-            message="(line 6's loop: data not followed)",
-            line=7,
+            message="(line 8's loop: data not followed)",
+            line=9,
         ),
     )
 
