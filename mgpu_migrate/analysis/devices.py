@@ -407,6 +407,9 @@ def _changed_after(
         for node, _, slot in index.references((owner, prefix)):
             if id(node) not in inside and slot is not None and slot.parent not in handed and _may_change(analysis, slot):
                 changes.append(node)
+    # The writes first (the calls that may change it after them), those of the path itself before those of what holds
+    # it (Person_reID's `opt.gpu_ids = gpu_ids` before its `opt = parser.parse_args()`), each in the file's order.
+    changes.sort(key=lambda node: (node not in index.stores, _written_path(index, node) != path, analysis.position(node)))
     stored = len(changes) - len([node for node in changes if node not in index.stores])
     for position, node in enumerate(changes):
         if not _before_setup(analysis, node, setup_scope, anchor, after):
@@ -418,6 +421,13 @@ def _changed_after(
                 return f"is set {'again ' if again else ''}at line {line}, after the set-up"
             return f"may change at line {line}, after the set-up"
     return None
+
+
+def _written_path(index, node: cst.CSTNode) -> Optional[str]:
+    """The path a store writes (None for a reference that a call may change)."""
+    scope = index.stores.get(node)
+    written = index.place_of(node, scope) if scope is not None and isinstance(node, cst.BaseExpression) else None
+    return written[1] if written is not None else None
 
 
 def _may_change(analysis: ParsedFile, slot: Slot) -> bool:
