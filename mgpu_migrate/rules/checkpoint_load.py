@@ -35,7 +35,9 @@ class CheckpointLoad(Rule):
     Safe: ``load_state_dict`` copies into the model's own tensors wherever they live, and in a single
     process the device is the first GPU (or the CPU), where the original loaded to. A ``torch.load`` with
     its own ``map_location`` is left as it is, and so is a load that is not given to ``load_state_dict``
-    (data, say), whose tensors the script may expect on the CPU.
+    (data, say), whose tensors the script may expect on the CPU, but for a whole model pickled in it that the
+    file wraps (``net = checkpoint['net']``, then ``nn.DataParallel(net)``): mapped too, it is built on the
+    process's own GPU, not first on the one it was saved from.
     """
 
     CODE = Rewrite("MGP124")
@@ -112,7 +114,28 @@ class CheckpointLoad(Rule):
             return False
         scope = tree.function(call) or self.analysis.module
         uses = contains(scope, lambda node: type(node) is cst.Call and _is_load_state_dict(node))
-        return any(mentions(arg.value, name) for use in uses for arg in use.args for name in stored)
+        if any(mentions(arg.value, name) for use in uses for arg in use.args for name in stored):
+            return True
+        return self._wrapped(scope, stored)
+
+    def _wrapped(self, scope: cst.CSTNode, stored: list[str]) -> bool:
+        """Whether a whole model pickled in the checkpoint is what a DataParallel of this scope wraps (wide-resnet's
+        ``checkpoint = torch.load(path)``, ``net = checkpoint['net']``, ``nn.DataParallel(net, ...)``): every process
+        would load its tensors onto the GPU they were saved from first."""
+        names = set(stored)
+        for node in contains(scope, lambda node: type(node) is cst.Assign):
+            if any(mentions(node.value, name) for name in stored):
+                names |= {target.target.value for target in node.targets if type(target.target) is cst.Name}
+        for site in self.analysis.models.sites:
+            wrapped = site.call.args[0].value if site.call.args and not site.call.args[0].keyword else None
+            if wrapped is not None and any(mentions(wrapped, name) for name in names) and self._within(site.call, scope):
+                return True
+        return False
+
+    def _within(self, node: cst.CSTNode, scope: cst.CSTNode) -> bool:
+        return scope is self.analysis.module and self.analysis.tree.function(node) is None or any(
+            ancestor is scope for ancestor in self.analysis.tree.ancestors(node)
+        )
 
 
 def _is_load_state_dict(call: cst.Call) -> bool:
