@@ -6,7 +6,10 @@ goes on with ``model.module`` or ``model.eval()``. So a migrated script's wrappe
 ``FrozenModule``, ``DataParallelModel``) pickles as the ``nn.DataParallel`` around the same module that
 ``nn.DataParallel(module, ...)`` would have built on this machine, and the CPU SyncBatchNorm layer as
 ``nn.SyncBatchNorm``: a file that loads without ``mgpu_runtime``, exactly like the original's. ``copy.deepcopy``
-of a wrapper, which goes through the same protocol, gives that ``nn.DataParallel`` too, as it did in the original.
+of a wrapper is a wrapper of the same kind around a copy of the module (``__deepcopy__``: an averaged model, an EMA
+copy), whose forward splits each batch as the original's ``nn.DataParallel`` copy did: an ``nn.DataParallel`` over
+all of a machine's GPUs from ``cuda:0`` is no copy a process of a job can run, and CPU replicas it would not split
+over. A DataParallel subclass rebased on a wrapper is copied as it pickles.
 """
 
 from __future__ import annotations
@@ -14,6 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 from torch import nn
+
+# Set on a wrapper that `copy.deepcopy` made of another (an averaged or EMA copy: a wrapper of the same kind, not
+# the nn.DataParallel a pickle holds), so that what counts the models a script wrapped passes over it.
+COPY_MARK = "_mgpu_deep_copy"
 
 
 def as_data_parallel(module: nn.Module, **arguments: Any) -> Any:

@@ -36,12 +36,29 @@ REQUIRED = (
     "step_decisions",
     "batch_draws",
 )
+# The shapes of real projects (issue 23) reduced to a fixture script each, with the project they come from.
+REAL_PROJECT_SCRIPTS = {
+    "margin_head": "a margin head trained outside the wrap (face.evoLVe's ArcFace)",
+    "frozen_backbone": "a backbone frozen after the wrap",
+    "frozen_discriminator": "a GAN's discriminator frozen for the generator's step",
+    "two_backward_passes": "two backward passes through one forward",
+    "trainer_two_passes": "a trainer class running two backward passes",
+    "triplet_by_name": "a batch-hard triplet loss object called by name",
+    "own_batches": "batches the script cuts itself",
+    "own_transform_class": "erfnet: an augmentation class of the script's own file drawing from Python's random",
+    "forward_switch": "erfnet's phases: a forward switch (`only_encode=True`) leaves the decoder out",
+    "onehot_metric": "erfnet's iouEval: a plain zeros tensor filled by scatter_ from the argmax of the output",
+    "one_row_eval": "pytorch_resnet_cifar10: an evaluation loader left whole whose last batch has one row",
+    "transfer_learning": "PyTorch's transfer-learning tutorial: dataloaders[phase], a TemporaryDirectory of the best weights",
+    "averaged_copy": "Person_reID's --wa: swa_utils.AveragedModel(model) and copy.deepcopy(model) of the wrap",
+}
 # The original cannot train on several devices (MGP340): the tool leaves it, and it is no migration to run.
 UNTRAINABLE_ON_SEVERAL = "detection_losses"
 
 
 def test_the_named_shapes_are_migrated():
     assert set(REQUIRED) <= set(DDP_SCRIPTS), set(REQUIRED) - set(DDP_SCRIPTS)
+    assert set(REAL_PROJECT_SCRIPTS) <= set(DDP_SCRIPTS), set(REAL_PROJECT_SCRIPTS) - set(DDP_SCRIPTS)
     assert UNTRAINABLE_ON_SEVERAL not in DDP_SCRIPTS
 
 

@@ -35,40 +35,24 @@ WORLD_SIZES = (2, 3)
 # name -> (directory under fixtures/, the entry script, its arguments at each W)
 # (chosen_gpus is given the config that chooses W GPUs, method_chosen_gpus the --device list of W, and the original
 # runs on exactly those.)
+# (A fixture script that runs with no arguments is not a case here: tests/codemod/test_ddp_e2e.py runs every runnable
+# script at W = 2 and 3 against the same reference, its printed lines too; REAL_PROJECT_SCRIPTS there lists those
+# that reduce a real project's shape.)
 NO_ARGUMENTS = {processes: [] for processes in WORLD_SIZES}
 CASES = {
-    "margin_head": ("scripts", "margin_head.py", NO_ARGUMENTS),
-    "frozen_backbone": ("scripts", "frozen_backbone.py", NO_ARGUMENTS),
-    "frozen_discriminator": ("scripts", "frozen_discriminator.py", NO_ARGUMENTS),
-    "two_backward_passes": ("scripts", "two_backward_passes.py", NO_ARGUMENTS),
-    "trainer_two_passes": ("scripts", "trainer_two_passes.py", NO_ARGUMENTS),
     "frozen_after_wrap": ("projects/frozen_after_wrap", "train.py", NO_ARGUMENTS),
-    "triplet_by_name": ("scripts", "triplet_by_name.py", NO_ARGUMENTS),
-    "own_batches": ("scripts", "own_batches.py", NO_ARGUMENTS),
     "utils_writers": ("projects/utils_writers", "train.py", NO_ARGUMENTS),
     "directories": ("projects/directories", "train.py", NO_ARGUMENTS),
     "star_imports": ("projects/star_imports", "train.py", NO_ARGUMENTS),
     "random_transforms": ("projects/random_transforms", "train.py", NO_ARGUMENTS),
     # pytorch-semseg: augmentations drawing from Python's random, composed by a builder of another module
     "built_augmentations": ("projects/built_augmentations", "train.py", NO_ARGUMENTS),
-    # erfnet: an augmentation class of the script's own file drawing from Python's random, handed to the dataset
-    "own_transform_class": ("scripts", "own_transform_class.py", NO_ARGUMENTS),
-    # erfnet's phases: a forward switch (`only_encode=True`) leaves the decoder out; DataParallel gave it zeros
-    "forward_switch": ("scripts", "forward_switch.py", NO_ARGUMENTS),
-    # erfnet's iouEval: a plain zeros tensor filled by scatter_ from the argmax of the gathered output
-    "onehot_metric": ("scripts", "onehot_metric.py", NO_ARGUMENTS),
-    # faster-rcnn: `import _init_paths` puts lib/ on sys.path; the dataset there draws numpy randoms per item, and
-    # the checkpoint helper there writes (whole batches, MGP122; written once, MGP132); every test of `--mGPUs`
-    # is extended with the wrap's (MGP121)
-    # pytorch_resnet_cifar10: an evaluation loader left whole (MGP234) whose last batch has one row; the processes
-    # past it hold none of the output, and the loss's target and gather's index are cut to none with it
-    "one_row_eval": ("scripts", "one_row_eval.py", NO_ARGUMENTS),
-    # PyTorch's transfer-learning tutorial: `dataloaders[phase]` of a dict comprehension, an own transform drawing per
-    # sample, the best weights in each process's own TemporaryDirectory (kept torch.save), train_model called flat
-    "transfer_learning": ("scripts", "transfer_learning.py", NO_ARGUMENTS),
     # Person_reID: a flat script makes its GPU list from `--gpu_ids` and stores it back on the options; the set-up goes
     # after that, given it (MGP150), and the loaders are `dataloaders[phase]` of a dict comprehension
     "gpu_list_flat": ("scripts", "gpu_list_flat.py", {2: ["--gpu_ids", "0,1"], 3: ["--gpu_ids", "0,1,2"]}),
+    # faster-rcnn: `import _init_paths` puts lib/ on sys.path; the dataset there draws numpy randoms per item, and
+    # the checkpoint helper there writes (whole batches, MGP122; written once, MGP132); every test of `--mGPUs`
+    # is extended with the wrap's (MGP121); its roidb builder pickles caches it reads back (main process first)
     "init_paths": ("projects/init_paths", "train.py", {processes: ["--mGPUs"] for processes in WORLD_SIZES}),
     "flat_entry": ("projects/flat_entry", "run.py", NO_ARGUMENTS),
     "evaluate_helper": ("projects/evaluate_helper", "train.py", NO_ARGUMENTS),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,7 +12,7 @@ from mgpu_runtime.balanced.banner import announce
 from mgpu_runtime.balanced.devices import DeviceId, Devices, resolve_devices
 from mgpu_runtime.balanced.functional import parallel_forward
 from mgpu_runtime.balanced.replicate import replicate
-from mgpu_runtime.pickling import as_data_parallel
+from mgpu_runtime.pickling import COPY_MARK, as_data_parallel
 
 
 class DataParallelModel(nn.DataParallel):
@@ -64,6 +65,24 @@ class DataParallelModel(nn.DataParallel):
     def replicate(self, module: nn.Module, device_ids: Sequence[Any]) -> list[nn.Module]:  # type: ignore[override]
         """``module``'s replicas for ``device_ids`` (the replicas' devices, as this wrapper's forward gives them)."""
         return replicate(module, device_ids)
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        """``copy.deepcopy`` of the wrapper (``swa_utils.AveragedModel(model)``, an EMA copy): a wrapper of the same
+        kind over the same devices around a deep copy of the module, whose forward splits each batch as the
+        original's ``nn.DataParallel`` copy did (each chunk its own BatchNorm statistics, the first one's kept), and
+        whose outputs behave as that copy's gathered ones. (A pickle still holds the ``nn.DataParallel``.)"""
+        if type(self) is not DataParallelModel:
+            # A DataParallel subclass rebased on this class (MGP106) keeps state of its own: copied as pickled.
+            return copy._reconstruct(self, memo, *self.__reduce_ex__(4))  # type: ignore[attr-defined]
+        clone = DataParallelModel.__new__(DataParallelModel)
+        object.__setattr__(clone, COPY_MARK, True)  # no wrap of the script's: `verify` counts those
+        memo[id(self)] = clone
+        nn.Module.__init__(clone)
+        clone.training = self.training
+        clone.dim, clone._devices = self.dim, self._devices  # the same devices, as the copy's were
+        clone.device_ids, clone.output_device = self.device_ids, self.output_device
+        clone.module = copy.deepcopy(self.module, memo)
+        return clone
 
     def __reduce_ex__(self, protocol: int) -> Any:
         # Without a GPU nn.DataParallel ignores device ids, so CPU replicas' ids do not reach the file.

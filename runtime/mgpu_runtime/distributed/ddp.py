@@ -58,6 +58,7 @@ torch's DDP unchanged (``find_unused_parameters=True`` for a model that skips pa
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 from collections.abc import Sequence
@@ -73,7 +74,7 @@ from mgpu_runtime.distributed.process_group import Job, device, job, setup, worl
 from mgpu_runtime.distributed.rebinding import HeldParameters
 from mgpu_runtime.distributed.replication_callbacks import linked
 from mgpu_runtime.distributed.replication_callbacks import told_copies as replication_callbacks_of
-from mgpu_runtime.pickling import as_data_parallel
+from mgpu_runtime.pickling import COPY_MARK, as_data_parallel
 from mgpu_runtime.broadcast_gradients import zeros_once_reached
 from mgpu_runtime.replica_links import thread_linked
 from mgpu_runtime.sharded import scatter_gather
@@ -179,6 +180,31 @@ class DistributedDataParallel(_TorchDDP):
 
     def __reduce_ex__(self, protocol: int) -> Any:
         return as_data_parallel(self.module, **self._data_parallel_arguments)
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        """``copy.deepcopy`` of the wrapper (an averaged model, ``swa_utils.AveragedModel(model)``, or an EMA copy):
+        in the original it was an ``nn.DataParallel`` over the same GPUs, whose forward split each batch as the
+        model's did (each chunk its own BatchNorm statistics, the first device's kept). Here the copy is this
+        wrapper again, around a deep copy of the module, with the same options; its forward is split over the
+        processes as the model's is. (A pickle, ``torch.save(model)``, still holds the ``nn.DataParallel``.) Building
+        it is a collective, as building the original's was: every process copies at the same point."""
+        if type(self) is not DistributedDataParallel:
+            # A DataParallel subclass rebased on this class (MGP106) keeps state of its own: copied as pickled.
+            return copy._reconstruct(self, memo, *self.__reduce_ex__(4))  # type: ignore[attr-defined]
+        module = copy.deepcopy(self.module, memo)
+        clone = DistributedDataParallel.__new__(DistributedDataParallel, module)
+        if type(clone) is DistributedDataParallel:
+            # Marked before its module is set: `mgpu-migrate verify` compares the models the script wrapped, and the
+            # original's copy, restored from its pickle, was never wrapped by a call either.
+            object.__setattr__(clone, COPY_MARK, True)
+            clone.__init__(
+                module,
+                reduce_each_backward=self._reduce_each_backward,
+                find_unused_parameters=self.find_unused_parameters,
+                **self._data_parallel_arguments,
+            )
+        memo[id(self)] = clone
+        return clone
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         if kwargs and not (self._reduce_each_backward or self.find_unused_parameters) and self.training and self._switched(kwargs):

@@ -38,6 +38,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from mgpu_runtime.emulation import data_parallel
+from mgpu_runtime.pickling import COPY_MARK
 
 
 class StepLimitReached(BaseException):
@@ -70,6 +71,8 @@ class Capture:
             hook.remove()
 
     def _module_set(self, parent: nn.Module, name: str, child: nn.Module) -> None:
+        if parent.__dict__.get(COPY_MARK):
+            return  # a deep copy of a wrapper (an averaged model): the original's copy is no wrap of the script's either
         if name == "module" and isinstance(parent, _wrapper_types()) and all(parent is not seen for seen in self.wrappers):
             self.wrappers.append(parent)
 
