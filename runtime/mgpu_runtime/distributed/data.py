@@ -127,7 +127,7 @@ class _LoaderTwin(ABC):
         return getattr(self._loader, name)
 
     def __iter__(self) -> Iterator[Any]:
-        yield from self._batches_and_spans()
+        return self._batches_and_spans()
 
     @abstractmethod
     def _batches_and_spans(self) -> Iterator[Any]:
@@ -148,8 +148,13 @@ class _IndexShardedLoader(_LoaderTwin):
         self._local = DataLoader(loader.dataset, batch_sampler=self._shards, **settings)
 
     def _batches_and_spans(self) -> Iterator[Any]:
+        # The loader's iterator is made now, as `iter(loader)` makes the original's: that draws its workers' base
+        # seed from torch's generator (with workers, the sampler's first order too), before the script's next draw.
+        return self._spans_of(iter(self._local))
+
+    def _spans_of(self, batches: Iterator[Any]) -> Iterator[Any]:
         group = job().group
-        for batch in self._local:
+        for batch in batches:
             span = self._shards.handed_out.popleft()
             if not self._whole_batches and not span.rows:
                 batch = take_rows(batch, 0, 0, batch_rows(batch))
