@@ -321,8 +321,10 @@ def _prepare(root: str, name: str, script: str, content: bytes, data_paths: tupl
     os.makedirs(directory)
     with open(os.path.join(directory, os.path.basename(script)), "wb") as handle:
         handle.write(content)
-    for path in data_paths:
+    for path in dict.fromkeys(data_paths):
         link = os.path.join(directory, path)
+        if os.path.lexists(link):
+            continue  # the script itself (its copy is there), or a path inside a directory already linked
         os.makedirs(os.path.dirname(link), exist_ok=True)
         os.symlink(os.path.abspath(path), link)
     return directory

@@ -53,7 +53,11 @@ def test_the_tools_migration_of_the_readme_example_verifies_and_writes_nothing_o
 
 @pytest.mark.slow
 def test_a_script_against_itself_on_one_device_is_zero_apart(flat_script):
-    result = verify("flat_script.py", "--to", "balanced", "--procs", "1", "--steps", "4", "--migrated", "flat_script.py", cwd=flat_script)
+    # (--data naming the script itself, or twice, links nothing more: its copy is in each run's directory already.)
+    result = verify(
+        "flat_script.py", "--to", "balanced", "--procs", "1", "--steps", "4", "--migrated", "flat_script.py",
+        "--data", "flat_script.py", "--data", "flat_script.py", cwd=flat_script,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "largest difference: 0 in model 0 '0.weight' (tolerance 1e-09)" in result.stdout.splitlines()
     assert "4 optimizer steps, 0 lines printed" in result.stdout  # stopped before the epoch's line
@@ -236,3 +240,19 @@ def test_a_float_printed_in_full_may_differ_by_the_tolerance_relative_to_its_siz
     assert same_line(original, migrated, 1e-9)
     assert not same_line("avg_loss=10.396511077880859", "avg_loss=10.396511177880859", 1e-9)
     assert not same_line("step 1000000001", "step 1000000002", 1e-9)  # integers are counts, whatever their size
+
+
+def test_weights_that_are_nan_in_both_runs_verify_nothing():
+    """NaN against NaN is no difference, and no agreement either: both trainings broke down."""
+    import torch
+
+    from mgpu_runtime.emulation.compare import compare
+
+    def state(weight):
+        return {"steps": 2, "models": [{"wrapper": "DataParallel", "state": {"weight": weight, "bias": torch.zeros(2)}}]}
+
+    broken = torch.full((2, 3), float("nan"))
+    assert compare(state(broken), state(broken.clone()))["mismatches"] == [
+        "model 0: 'weight' is NaN in both runs: their agreement proves nothing"
+    ]
+    assert compare(state(torch.ones(2, 3)), state(torch.ones(2, 3)))["mismatches"] == []

@@ -5,7 +5,8 @@ Both files are states the runner wrote (``--state``). Prints one JSON document:
 or null, "mismatches": [sentence, ...]}`` (``model`` null: a parameter trained outside the wrapped models,
 named by its optimizer's place). The difference of two tensors is the largest absolute difference
 of their elements in float64 (NaN against NaN is 0, NaN against a number infinite); a mismatch is what
-no number measures: a model or a tensor only one run has, shapes or dtypes that differ.
+no number measures: a model or a tensor only one run has, shapes or dtypes that differ, a tensor NaN in both runs
+(both trainings broke down: nothing is verified).
 ``mgpu-migrate verify`` reads it (the tool never imports torch).
 """
 
@@ -29,6 +30,7 @@ def difference(original: torch.Tensor, migrated: torch.Tensor) -> float:
 def compare(original: dict, migrated: dict) -> dict:
     mismatches: list[str] = []
     largest: dict | None = None
+    undefined = ""  # the first tensor that is NaN in both runs
     originals, migrations = original["models"], migrated["models"]
     if len(originals) != len(migrations):
         mismatches.append(f"the original has {len(originals)} wrapped models, the migrated run {len(migrations)}")
@@ -54,6 +56,11 @@ def compare(original: dict, migrated: dict) -> dict:
             apart = difference(a, b)
             if largest is None or apart > largest["difference"]:
                 largest = {"difference": apart, "model": index, "name": name}
+            if not undefined and a.is_floating_point() and bool(a.isnan().any()) and bool(b.isnan().any()):
+                undefined = f"{label}{name!r}"
+    if undefined:
+        # NaN against NaN is no difference, and no agreement either: both trainings broke down.
+        mismatches.append(f"{undefined} is NaN in both runs: their agreement proves nothing")
     return {
         "steps": [original["steps"], migrated["steps"]],
         "models": [len(originals), len(migrations)],
