@@ -358,13 +358,17 @@ _COMPUTING_METHODS = {
     "split", "strip", "rstrip", "lstrip", "lower", "upper", "replace", "join", "format", "append", "extend",
     "get", "items", "keys", "values", "startswith", "endswith",
 }
-_COMPUTING_QUALIFIED = {"matplotlib.use", "warnings.filterwarnings", "warnings.simplefilter"}
+_COMPUTING_QUALIFIED = {
+    "matplotlib.use", "warnings.filterwarnings", "warnings.simplefilter", "torch.manual_seed", "numpy.random.seed",
+    "random.seed", "torch.set_default_dtype", *(f"torch.cuda.{name}" for name in HARMLESS_CUDA),
+}
 
 
 def _only_computes(analysis: ParsedFile, statement: cst.CSTNode) -> bool:
     """A statement that only computes values from what the script has (``fp16 = opt.fp16``, ``for s in
     str_ids: gpu_ids.append(int(s))``): every call it makes is one of a few builtins or string, list and dict
-    methods, and it has no ``print``, ``with``, ``try``, function or class. Such statements may run before the
+    methods, a seed, or a question to torch.cuda that binds no GPU (``device_count()``), and it has no ``print``,
+    ``with``, ``try``, function or class. Such statements may run before the
     set-up: they print, write and touch no GPU, so running them also in the launching process changes nothing."""
     if type(statement) in (cst.FunctionDef, cst.ClassDef, cst.With, cst.Try, cst.While):
         return False
