@@ -18,6 +18,7 @@ LIBRARY_WRITERS = frozenset(
         "imageio.v2.imwrite",
         "imageio.v2.mimsave",
         "scipy.misc.imsave",
+        "scipy.io.savemat",  # Face_Pytorch's and MobileFaceNet's features for the LFW evaluation
         "skimage.io.imsave",
         "matplotlib.pyplot.savefig",
         "soundfile.write",

@@ -341,7 +341,34 @@ class DirectoriesOnce(Rule):
         if statement is None:
             self._report(call, "is not a statement of its own")
             return
+        refusal = self._refusal_before(statement, path)
+        if refusal is not None:
+            # `if os.path.exists(save_dir): raise NameError('model dir exists!')` right before: checked by the main
+            # process with its making, as the other processes would find the directory it just made.
+            what = f"`{shorten(self.analysis.code_of(call))}` with the check before it (line {self.analysis.position(refusal)[0]})"
+            self._once(call, [refusal, statement], what)
+            return
         self._once(call, [statement], f"`{shorten(self.analysis.code_of(call))}`")
+
+    def _refusal_before(self, statement: cst.CSTNode, path: Optional[str]) -> Optional[cst.If]:
+        """The statement right before ``statement`` in its block when it refuses to go on where ``path`` exists:
+        ``if os.path.exists(path): raise ...`` (a test that reads only the disk and checks that path, a body that
+        only raises, no ``else``)."""
+        body = list(getattr(self.analysis.tree.parent(statement), "body", ()))
+        index = next((position for position, other in enumerate(body) if other is statement), 0)
+        previous = body[index - 1] if index > 0 else None
+        if type(previous) is not cst.If or previous.orelse is not None or path is None:
+            return None
+        if not self._reads_only_the_disk(previous.test) or not any(
+            self._path(check) == path for check in contains(previous.test, lambda node: type(node) is cst.Call)
+        ):
+            return None
+        lines = previous.body.body
+        if not all(
+            type(line) is cst.SimpleStatementLine and all(type(small) is cst.Raise for small in line.body) for line in lines
+        ) and not all(type(small) is cst.Raise for small in lines):
+            return None
+        return previous
 
     def _exist_ok(self, guard: cst.If, call: cst.Call, check: cst.Call) -> None:
         if not self.rewrite_allowed(guard):

@@ -51,6 +51,7 @@ REAL_PROJECT_SCRIPTS = {
     "one_row_eval": "pytorch_resnet_cifar10: an evaluation loader left whole whose last batch has one row",
     "transfer_learning": "PyTorch's transfer-learning tutorial: dataloaders[phase], a TemporaryDirectory of the best weights",
     "averaged_copy": "Person_reID's --wa: swa_utils.AveragedModel(model) and copy.deepcopy(model) of the wrap",
+    "run_directory_check": "Face_Pytorch: `if os.path.exists(save_dir): raise` right before the run's directory is made",
 }
 # The original cannot train on several devices (MGP340): the tool leaves it, and it is no migration to run.
 UNTRAINABLE_ON_SEVERAL = "detection_losses"
