@@ -308,6 +308,12 @@ class ProjectSideEffects(Rule):
             return
         statement = self._own_statement(call)
         why = self._why_not(call, statement, definition)
+        forward = self._runs_the_model(call, definition)
+        if forward is not None:
+            # Face_Pytorch's getFeatureFromTorch(path, net, ...): its forward of the wrapped model is a collective of
+            # every process, so it cannot run on the main process alone.
+            self.left(call, WRITTEN_BY_EVERY_PROCESS, f"{what} {where}: not moved, as it runs the wrapped model ({forward})")
+            return
         assigned = self._assigned(call) if why is not None and statement is None and self._only_printed(call) else None
         if assigned is not None and self._why_not(call, assigned[0], definition) is None:
             if self.rewrite_allowed(call):
@@ -656,6 +662,30 @@ class ProjectSideEffects(Rule):
         line = tree.parent(expression) if type(expression) is cst.Expr else None
         if type(line) is cst.SimpleStatementLine and len(line.body) == 1:
             return line
+        return None
+
+    def _runs_the_model(self, call: cst.Call, definition: Found) -> Optional[str]:
+        """``path:line`` where a project function calls the wrapped model this call hands it (its parameter called,
+        ``net(d)``), else None."""
+        node = definition.node
+        if not isinstance(node, _FUNCTIONS):
+            return None
+        models = self.analysis.models
+        scope = self.analysis.values.scope_of(call)
+        positional = [arg.arg for arg in [*node.args.posonlyargs, *node.args.args]]
+        if positional and positional[0] in ("self", "cls") and type(call.func) is cst.Attribute:
+            positional = positional[1:]
+        handed = set()
+        for index, arg in enumerate(call.args):
+            if arg.star or not models.model_sites(arg.value, scope):
+                continue
+            if arg.keyword is not None:
+                handed.add(arg.keyword.value)
+            elif index < len(positional):
+                handed.add(positional[index])
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name) and inner.func.id in handed:
+                return f"{definition.where.rpartition(':')[0]}:{inner.lineno}"
         return None
 
     def _given_the_batch(self, call: cst.Call) -> bool:

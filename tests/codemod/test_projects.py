@@ -791,3 +791,28 @@ def test_a_builder_whose_every_write_is_a_cache_it_reads_runs_on_the_main_proces
     assert said == {6: "MGP132", 7: "MGP322", 8: "MGP322", 9: "MGP322"}, result.diagnostics
     again = migrate_source(result.output, "ddp", str(script))
     assert again.output == result.output
+
+
+def test_a_project_writer_that_runs_the_wrapped_model_stays_on_every_process(tmp_path):
+    """Face_Pytorch's ``getFeatureFromTorch(path, net, ...)``: it runs the wrapped model over a test set and writes
+    the features with ``scipy.io.savemat``. The forward is every process's (its values are global), so the call
+    cannot go to the main process alone (the processes met in different collectives): it is said (MGP322). A writer
+    handed the model only to save it is moved (MGP132)."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "evaluation.py").write_text(
+        "import scipy.io\nimport torch\n\n\ndef features(path, net, data):\n    with torch.no_grad():\n"
+        "        scipy.io.savemat(path, {'f': net(data).numpy()})\n\n\n"
+        "def keep(path, net):\n    torch.save(net.state_dict(), path)\n"
+    )
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch.nn as nn\nfrom evaluation import features, keep\n\n"
+        "if __name__ == '__main__':\n    net = nn.DataParallel(net)\n    for x in loader:\n        net(x).sum().backward()\n"
+        "    features('f.mat', net, test)\n    keep('k.pt', net)\n"
+    )
+    result = migrate_source(script.read_text(), "ddp", str(script))
+    said = {d.line: (d.code, d.message.rpartition(": ")[2]) for d in result.diagnostics if d.code in ("MGP132", "MGP322")}
+    assert said == {
+        8: ("MGP322", "not moved, as it runs the wrapped model (evaluation.py:7)"),
+        9: ("MGP132", "called on the main process only, then every process waits"),
+    }, result.diagnostics
