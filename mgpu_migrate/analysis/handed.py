@@ -161,6 +161,8 @@ class HandedTraining:
                     argument, why = self._argument_for(root, run_call, call, looping, cls, function)
                     if argument is None:
                         blocker = blocker or Blocker(self._where(looping, loop.lineno), why, in_code=False)
+                    elif isinstance(argument, list):
+                        data += argument  # the entries of a dict of loaders the loop picks from
                     else:
                         data.append(argument)
         if not entered:
@@ -226,8 +228,9 @@ class HandedTraining:
         function: Found,
         cls: Optional[Found],
         called: Found,
-    ) -> tuple[Optional[tuple[cst.BaseExpression, Scope]], str]:
-        """The expression of this file (and its scope) that the loop's data ``root`` is, or None and why not.
+    ) -> tuple[Optional[tuple[cst.BaseExpression, Scope]] | list[tuple[cst.BaseExpression, Scope]], str]:
+        """The expression of this file (and its scope) that the loop's data ``root`` is (for an entry of a dict the
+        function is given, every entry it may be), or None and why not.
         ``function`` holds the loop; ``called``, the method this file calls (the same, or one that calls it)."""
         code = _short(root, 30)
         implicit = 1 if cls is not None and not _is_static(function.node) else 0
@@ -243,6 +246,17 @@ class HandedTraining:
             if root.id in _parameters(function.node):
                 return None, f"its data `{code}` is not passed by this file's call (line {self._line(run_call)})"
             return None, f"its data `{code}` is no parameter of `{function.name}`"
+        if isinstance(root, ast.Subscript) and isinstance(root.value, ast.Name) and function is called:
+            # The transfer-learning tutorial's `train_model(model, dataloaders, ...)` looping over
+            # `dataloaders[phase]`: every entry of the dict this file passes that the key may pick.
+            container, why = self._argument_for(root.value, run_call, construction, function, cls, called)
+            if container is None or isinstance(container, list):
+                return None, why or f"its data `{code}` is an entry of a dict not followed here"
+            value, value_scope = container
+            entries = self.analysis.values.container_entries(value, value_scope)
+            if not entries:
+                return None, f"its data `{code}` is an entry of `{shorten(self.analysis.code_of(value), 30)}`, not followed here"
+            return entries, ""
         attribute = _self_attribute(root, function.node) if cls is not None else None
         if cls is not None and attribute is not None:
             init = self._method(cls, "__init__", 0)

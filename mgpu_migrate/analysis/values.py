@@ -83,12 +83,18 @@ class Values:
         ``{x: DataLoader(...) for x in ['train', 'val']}``): every entry the key may pick, when the container is
         only ever bound whole to displays or comprehensions, plus what is stored into it by key (``loaders['train']
         = ...``); None when that cannot be told (a container of another kind, ``{**other}``, a parameter)."""
-        base = self.index.place_of(expr.value, scope) if type(expr.value) in (cst.Name, cst.Attribute) else None
-        containers = self.assigned_only(expr.value, scope) if base is not None else None
+        key = expr.slice[0].slice.value if len(expr.slice) == 1 and type(expr.slice[0].slice) is cst.Index else None
+        return self.container_entries(expr.value, scope, key.evaluated_value if type(key) is cst.SimpleString else None)
+
+    def container_entries(
+        self, container: cst.BaseExpression, scope: Scope, wanted: Optional[str | bytes] = None
+    ) -> Optional[list[tuple[cst.BaseExpression, Scope]]]:
+        """``entries`` of the name or attribute ``container``: the entry at the string key ``wanted`` (and every
+        entry whose key is not a string), or every entry when ``wanted`` is None."""
+        base = self.index.place_of(container, scope) if type(container) in (cst.Name, cst.Attribute) else None
+        containers = self.assigned_only(container, scope) if base is not None else None
         if base is None or not containers:
             return None
-        key = expr.slice[0].slice.value if len(expr.slice) == 1 and type(expr.slice[0].slice) is cst.Index else None
-        wanted = key.evaluated_value if type(key) is cst.SimpleString else None
         found: list[tuple[cst.BaseExpression, Scope]] = []
         for container, container_scope in containers:
             if type(container) is cst.DictComp:

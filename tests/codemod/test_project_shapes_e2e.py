@@ -55,6 +55,8 @@ CASES = {
     # is extended with the wrap's (MGP121); its roidb builder pickles caches it reads back (main process first)
     "init_paths": ("projects/init_paths", "train.py", {processes: ["--mGPUs"] for processes in WORLD_SIZES}),
     "flat_entry": ("projects/flat_entry", "run.py", NO_ARGUMENTS),
+    # pytorch_classifiers: the dict of loaders handed to another module's train_model, which reads dataloaders[phase]
+    "handed_phases": ("projects/handed_phases", "train.py", NO_ARGUMENTS),
     "evaluate_helper": ("projects/evaluate_helper", "train.py", NO_ARGUMENTS),
     "chosen_gpus": ("projects/chosen_gpus", "train.py", {2: ["--config", "two_gpus"], 3: ["--config", "three_gpus"]}),
     # st-gcn's IO: a method chooses the GPUs (`--device`) and keeps them on self; the set-up is given them there.
