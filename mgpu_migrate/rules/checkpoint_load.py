@@ -42,6 +42,7 @@ class CheckpointLoad(Rule):
 
     CODE = Rewrite("MGP124")
     PHASE = PROGRAM
+    USES = ("models",)
     DESCRIPTION = "torch.load of a checkpoint mapped to the process's device with mgpu_runtime.load"
     TARGETS = (DDP,)
     EXAMPLES = (

@@ -311,8 +311,9 @@ class ProjectSideEffects(Rule):
         forward = self._runs_the_model(call, definition)
         if forward is not None:
             # Face_Pytorch's getFeatureFromTorch(path, net, ...): its forward of the wrapped model is a collective of
-            # every process, so it cannot run on the main process alone.
-            self.left(call, WRITTEN_BY_EVERY_PROCESS, f"{what} {where}: not moved, as it runs the wrapped model ({forward})")
+            # every process, so it cannot run on the main process alone (nor through on_main_process).
+            reason = why or f"as it runs the wrapped model ({forward})"
+            self.left(call, WRITTEN_BY_EVERY_PROCESS, f"{what} {self._every_write(definition, written)}: not moved, {reason}")
             return
         assigned = self._assigned(call) if why is not None and statement is None and self._only_printed(call) else None
         if assigned is not None and self._why_not(call, assigned[0], definition) is None:
