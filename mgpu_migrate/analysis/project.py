@@ -398,7 +398,7 @@ class Project:
             written = _file_write(found, call)
             if written is not None:
                 path = call.args[0] if written.call.startswith("open(") and call.args else None
-                if not (isinstance(path, ast.Name) and (path.id, call.lineno) in checked):
+                if not (isinstance(path, ast.Name) and call.lineno > checked.get(path.id, call.lineno)):
                     return False
                 any_write = True
                 continue
@@ -777,9 +777,9 @@ def _kinds(caught: ast.expr) -> list[ast.expr]:
     return list(caught.elts) if isinstance(caught, ast.Tuple) else [caught]
 
 
-def _paths_checked(found: Found) -> set[tuple[str, int]]:
-    """``(name, line)`` for each line of the function after a test ``os.path.exists(name)`` (or ``isfile``)
-    made on an earlier line: a write there to ``name`` is to a file the function looked for first."""
+def _paths_checked(found: Found) -> dict[str, int]:
+    """For each name a test ``os.path.exists(name)`` (or ``isfile``) of the function reads, the line of its first
+    such test: a write to ``name`` on a later line is to a file the function looked for first."""
     tested: dict[str, int] = {}
     for node in ast.walk(found.node):
         if isinstance(node, (ast.If, ast.IfExp)):
@@ -789,8 +789,7 @@ def _paths_checked(found: Found) -> set[tuple[str, int]]:
                     if qualified in ("os.path.exists", "os.path.isfile", "posixpath.exists", "posixpath.isfile"):
                         name = inner.args[0].id
                         tested[name] = min(tested.get(name, node.lineno), node.lineno)
-    end = getattr(found.node, "end_lineno", None) or 0
-    return {(name, line) for name, first in tested.items() for line in range(first + 1, end + 1)}
+    return tested
 
 
 def _first_file_write(found: Found) -> Write | None:

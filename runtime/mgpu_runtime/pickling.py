@@ -14,6 +14,7 @@ over. A DataParallel subclass rebased on a wrapper is copied as it pickles.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from torch import nn
@@ -40,3 +41,9 @@ def as_class(instance: Any, cls: type) -> Any:
     """
     constructor, (_, base, base_state), state = object.__reduce_ex__(instance, 1)
     return constructor, (cls, base, base_state), state
+
+
+def copied_as_pickled(instance: Any, memo: dict) -> Any:
+    """``copy.deepcopy`` of ``instance`` through its ``__reduce_ex__`` (the copy a pickle would load): what a
+    DataParallel subclass rebased on a wrapper gets, its own state kept."""
+    return copy._reconstruct(instance, memo, *instance.__reduce_ex__(4))  # type: ignore[attr-defined]

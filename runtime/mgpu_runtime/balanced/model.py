@@ -12,7 +12,7 @@ from mgpu_runtime.balanced.banner import announce
 from mgpu_runtime.balanced.devices import DeviceId, Devices, resolve_devices
 from mgpu_runtime.balanced.functional import parallel_forward
 from mgpu_runtime.balanced.replicate import replicate
-from mgpu_runtime.pickling import COPY_MARK, as_data_parallel
+from mgpu_runtime.pickling import COPY_MARK, as_data_parallel, copied_as_pickled
 
 
 class DataParallelModel(nn.DataParallel):
@@ -73,7 +73,7 @@ class DataParallelModel(nn.DataParallel):
         whose outputs behave as that copy's gathered ones. (A pickle still holds the ``nn.DataParallel``.)"""
         if type(self) is not DataParallelModel:
             # A DataParallel subclass rebased on this class (MGP106) keeps state of its own: copied as pickled.
-            return copy._reconstruct(self, memo, *self.__reduce_ex__(4))  # type: ignore[attr-defined]
+            return copied_as_pickled(self, memo)
         clone = DataParallelModel.__new__(DataParallelModel)
         object.__setattr__(clone, COPY_MARK, True)  # no wrap of the script's: `verify` counts those
         memo[id(self)] = clone

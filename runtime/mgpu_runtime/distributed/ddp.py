@@ -74,7 +74,7 @@ from mgpu_runtime.distributed.process_group import Job, device, job, setup, worl
 from mgpu_runtime.distributed.rebinding import HeldParameters
 from mgpu_runtime.distributed.replication_callbacks import linked
 from mgpu_runtime.distributed.replication_callbacks import told_copies as replication_callbacks_of
-from mgpu_runtime.pickling import COPY_MARK, as_data_parallel
+from mgpu_runtime.pickling import COPY_MARK, as_data_parallel, copied_as_pickled
 from mgpu_runtime.broadcast_gradients import zeros_once_reached
 from mgpu_runtime.replica_links import thread_linked
 from mgpu_runtime.sharded import scatter_gather
@@ -190,7 +190,7 @@ class DistributedDataParallel(_TorchDDP):
         it is a collective, as building the original's was: every process copies at the same point."""
         if type(self) is not DistributedDataParallel:
             # A DataParallel subclass rebased on this class (MGP106) keeps state of its own: copied as pickled.
-            return copy._reconstruct(self, memo, *self.__reduce_ex__(4))  # type: ignore[attr-defined]
+            return copied_as_pickled(self, memo)
         module = copy.deepcopy(self.module, memo)
         clone = DistributedDataParallel.__new__(DistributedDataParallel, module)
         if type(clone) is DistributedDataParallel:
