@@ -26,7 +26,7 @@ from typing import Callable, NamedTuple, Union
 
 from mgpu_migrate import files, old_keywords
 from mgpu_migrate.analysis import names
-from mgpu_migrate.analysis.writers import LIBRARY_WRITERS, LIBRARY_WRITING_METHODS
+from mgpu_migrate.analysis.writers import LIBRARY_WRITERS, LIBRARY_WRITING_METHODS, WRITER_OBJECTS
 from mgpu_migrate.started import ROOT_MARKERS, above_package, project_root
 
 # How deep a chain of definitions is followed.
@@ -614,6 +614,26 @@ class Project:
                     return found
         return None
 
+    def object_class(self, qualified: str) -> Found | None:
+        """The project class of an object that a project module makes once, at module level (pytorch-playground's
+        ``logger = Logger()`` in utee/misc.py, which the script uses as ``misc.logger``); None for a name bound
+        otherwise or more than once."""
+        module_name, _, name = qualified.rpartition(".")
+        module = self._module(module_name) if module_name else None
+        if module is None or name in module.definitions or name in module.imports:
+            return None
+        values = module.assigned.get(name, [])
+        made = values[0] if len(values) == 1 and isinstance(values[0], ast.Call) else None
+        cls = module.qualified(made.func) if made is not None else None
+        if cls is None:
+            return None
+        if cls.startswith("."):
+            definition = module.definitions.get(cls[1:])
+            found = Found(module, definition, os.path.dirname(self.path)) if definition is not None else None
+        else:
+            found = self.find(cls)
+        return found if found is not None and isinstance(found.node, ast.ClassDef) else None
+
 
 def project_download(project: Project, found: Found, code: str) -> Write | None:
     """What a migrated file's call of the project definition ``found`` (the call's text, ``code``) downloads, where
@@ -737,7 +757,7 @@ def _backward_lines(found: Found) -> list[int]:
 
 _DATA_PARALLEL = frozenset({"torch.nn.DataParallel", "torch.nn.parallel.DataParallel", "torch.nn.parallel.data_parallel.DataParallel"})
 DATA_PARALLEL_CLASSES = _DATA_PARALLEL
-_WRITERS = LIBRARY_WRITERS | {"torch.save", "torch.utils.tensorboard.SummaryWriter", "tensorboardX.SummaryWriter"}
+_WRITERS = LIBRARY_WRITERS | WRITER_OBJECTS | {"torch.save"}
 _WRITING_METHODS = LIBRARY_WRITING_METHODS | {"unlink"}  # unlink: a Path removed
 
 

@@ -35,6 +35,22 @@ LIBRARY_WRITERS = frozenset(
     }
 )
 
+# The library objects that write once built: TensorBoard's writers, visdom's client (it sends each point to its server),
+# ignite's checkpoint handler. Built in the file, MGP135 builds them on the main process only; built in a project
+# class's ``__init__`` (Face_Pytorch's ``Visualizer`` over ``visdom.Visdom``), that class's construction writes.
+WRITER_OBJECTS = frozenset(
+    {
+        "torch.utils.tensorboard.SummaryWriter",
+        "torch.utils.tensorboard.writer.SummaryWriter",
+        "tensorboardX.SummaryWriter",
+        "tensorboard_logger.Logger",
+        "tensorboard_logger.tensorboard_logger.Logger",
+        "visdom.Visdom",
+        "ignite.handlers.ModelCheckpoint",
+        "ignite.handlers.checkpoint.ModelCheckpoint",
+    }
+)
+
 # Methods that write a file they are given the path of, known by their name alone: a figure's (``savefig``), a
 # ``pathlib.Path``'s, a pandas data frame's (mean-teacher's ``TrainLog.save``: ``df.to_msgpack(path)``).
 LIBRARY_WRITING_METHODS = frozenset(

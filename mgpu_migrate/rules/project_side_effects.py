@@ -283,7 +283,13 @@ class ProjectSideEffects(Rule):
         return line, reads
 
     def _where(self, definition: Found, written: Write) -> str:
-        writes = "makes or deletes directories" if written.directory else "writes files"
+        writes = (
+            "makes or deletes directories"
+            if written.directory
+            else "sends plots to a visdom server"
+            if written.call.startswith("visdom.")
+            else "writes files"
+        )
         return f"{writes} ({definition.where.rpartition(':')[0]}:{written.line}: `{written.call}`)"
 
     def _every_write(self, definition: Found, written: Write) -> str:
@@ -646,6 +652,10 @@ class ProjectSideEffects(Rule):
             # A static or class method called through its class (yolact's ``SavePath.remove_interrupt(folder)``).
             owner, _, name = qualified.rpartition(".")
             cls = project.find(owner)
+            if cls is None:
+                # A method of an object a project module makes at module level (pytorch-playground's
+                # ``misc.logger.init(logdir, 'train_log')``, its ``logger = Logger()``).
+                cls = project.object_class(owner)
             found = project.method(cls, name) if cls is not None and isinstance(cls.node, ast.ClassDef) else None
         if found is None:
             return None

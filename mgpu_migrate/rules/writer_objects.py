@@ -8,6 +8,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis.guards import under_main_process_block
 from mgpu_migrate.analysis.stand_ins import blocker
+from mgpu_migrate.analysis.writers import WRITER_OBJECTS
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review, Rule
 from mgpu_migrate.rules.syntax import MAIN_PROCESS_OBJECT, RUNTIME, through_runtime
@@ -21,14 +22,8 @@ _EVENTS = ("an event file each", "each value logged once")
 _CHECKPOINTS = ("each saving the same files", "its files saved once")
 _PLOTS = ("its points sent to the server once each", "each point plotted once")
 _WRITER_OBJECTS = {
-    "torch.utils.tensorboard.SummaryWriter": _EVENTS,
-    "torch.utils.tensorboard.writer.SummaryWriter": _EVENTS,
-    "tensorboardX.SummaryWriter": _EVENTS,
-    "tensorboard_logger.Logger": _EVENTS,
-    "tensorboard_logger.tensorboard_logger.Logger": _EVENTS,
-    "visdom.Visdom": _PLOTS,
-    "ignite.handlers.ModelCheckpoint": _CHECKPOINTS,
-    "ignite.handlers.checkpoint.ModelCheckpoint": _CHECKPOINTS,
+    name: _PLOTS if name.startswith("visdom.") else _CHECKPOINTS if name.startswith("ignite.") else _EVENTS
+    for name in WRITER_OBJECTS
 }
 
 # The objects whose stand-in returns the main process's results of its method calls on every process: a visdom

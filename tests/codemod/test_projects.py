@@ -816,3 +816,28 @@ def test_a_project_writer_that_runs_the_wrapped_model_stays_on_every_process(tmp
         8: ("MGP322", "not moved, as it runs the wrapped model (evaluation.py:7)"),
         9: ("MGP132", "called on the main process only, then every process waits"),
     }, result.diagnostics
+
+
+def test_a_method_of_an_object_a_project_module_makes_and_a_plotting_helper_are_read(tmp_path):
+    """pytorch-playground's ``misc.logger.init(logdir, 'train_log')``: ``logger = Logger()`` made once at module level
+    in utee/misc.py, whose ``init`` removes the old log and keeps the logger it makes. Every process ran it without
+    a word (each removed the log the others had opened); it is said now (MGP322), as moving it would leave the other
+    processes' logger unset. Face_Pytorch's ``Visualizer(env=...)``, whose construction makes a ``visdom.Visdom``
+    client, is built on the main process only (MGP135): every process plotted each point. The fixture project
+    ``module_objects`` is the same two shapes."""
+    project_dir = tmp_path / "project"
+    shutil.copytree(FIXTURES / "projects" / "module_objects", project_dir)
+    script = project_dir / "train.py"
+    result = migrate_source(script.read_text(), "ddp", str(script))
+    said = {d.code: d.message for d in result.diagnostics if d.code in ("MGP132", "MGP135", "MGP322")}
+    assert said == {
+        "MGP322": "`misc.logger.init(...)` writes at utee/misc.py:18 `os.makedirs`, 21 `os.remove`: not moved, as `init` also "
+        "changes its object (`self._logger = logging.getL...`)",
+        "MGP135": "`Visualizer(...)` sends plots to a visdom server (utee/misc.py:36: `visdom.Visdom`): built on the main "
+        "process only, a stand-in elsewhere (mgpu_runtime.main_process_only)",
+    }, result.diagnostics
+    # A name bound at module level to something other than one call of a project class is no object read.
+    helpers = project_dir / "utee" / "misc.py"
+    helpers.write_text(helpers.read_text().replace("logger = Logger()", "logger = Logger() if os.name else None"))
+    result = migrate_source(script.read_text(), "ddp", str(script))
+    assert [d.code for d in result.diagnostics if d.code == "MGP322"] == [], result.diagnostics
