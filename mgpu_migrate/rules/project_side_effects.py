@@ -283,13 +283,9 @@ class ProjectSideEffects(Rule):
         return line, reads
 
     def _where(self, definition: Found, written: Write) -> str:
-        writes = (
-            "makes or deletes directories"
-            if written.directory
-            else "sends plots to a visdom server"
-            if written.call.startswith("visdom.")
-            else "writes files"
-        )
+        if written.call.startswith("visdom."):
+            return f"plots to a visdom server ({definition.where.rpartition(':')[0]}:{written.line})"
+        writes = "makes or deletes directories" if written.directory else "writes files"
         return f"{writes} ({definition.where.rpartition(':')[0]}:{written.line}: `{written.call}`)"
 
     def _every_write(self, definition: Found, written: Write) -> str:

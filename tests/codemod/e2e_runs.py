@@ -47,8 +47,6 @@ BALANCED_SCRIPTS = _runnable("balanced")
 # Migrated with --sync-bn, this script normalises over the global batch: the one plain process's statistics,
 # not DataParallel's per-device ones (torch's SyncBatchNorm refuses CPU tensors; the runtime's runs there).
 SYNC_BN = "batchnorm_last_batch"
-# The originals that run under DataParallel on one device too (main_argparse asks for two GPUs itself).
-ONE_DEVICE = [name for name in ORIGINALS if name != "main_argparse"]
 # A script of PyTorch 0.3's years (`.cuda(async=True)`): not Python from 3.7 on until MGP136 renames the keyword.
 LEGACY_ASYNC = FIXTURES / "shapes" / "legacy_async.py"
 # Variables of a launcher or of the runtime that an outer job (or a developer's shell) may have set.
@@ -142,8 +140,8 @@ class Run:
 
 class Runs:
     """Every run, by script and how it ran: ``original`` (one plain process), ``emulated1``, ``emulated2``,
-    ``emulated3`` (under the emulated DataParallel), ``python`` (the ddp migration as one process),
-    ``torchrun2``, ``torchrun3``, ``balanced2``, ``balanced3``."""
+    ``emulated3`` (under the emulated DataParallel; on one device, only the originals ``one_device()`` names),
+    ``python`` (the ddp migration as one process), ``torchrun2``, ``torchrun3``, ``balanced2``, ``balanced3``."""
 
     def __init__(self, directory: Path, problems: list[str]) -> None:
         self.directory = directory
@@ -198,6 +196,14 @@ def extra_scripts(directory: Path) -> dict[str, tuple[Path, Path]]:
     }
 
 
+def one_device() -> list[str]:
+    """The originals whose run under DataParallel on one device a test reads (``test_fixture_references.py``:
+    a plain forward trains there as one process does, dropout differs)."""
+    from tests.emulation.test_fixture_references import DEVICE_DEPENDENT, PLAIN_IN_FORWARD
+
+    return sorted(name for name, counts in {**PLAIN_IN_FORWARD, **DEVICE_DEPENDENT}.items() if 1 in counts)
+
+
 def run_all(directory: Path) -> Runs:
     """Start every run at once and wait for them all."""
     extras = extra_scripts(directory)
@@ -207,7 +213,7 @@ def run_all(directory: Path) -> Runs:
     originals |= {name: original for name, (original, _) in extras.items() if name != "sync-bn"}
     references = [(script, f"{name}-original", None, None) for name, script in originals.items()]
     references += [(script, f"{name}-emulated{w}", w, None) for name, script in originals.items() for w in WORLD_SIZES]
-    references += [(originals[name], f"{name}-emulated1", 1, None) for name in ONE_DEVICE]
+    references += [(originals[name], f"{name}-emulated1", 1, None) for name in one_device()]
     references += [(migrated, f"{name}-python", None, None) for name, (_, migrated) in ddp.items()]
     balanced = [(SCRIPTS / f"{name}.balanced.py", name) for name in BALANCED_SCRIPTS]
     balanced.append((LEGACY_ASYNC.with_name(f"{LEGACY_ASYNC.stem}.balanced.py"), LEGACY_ASYNC.stem))

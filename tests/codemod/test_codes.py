@@ -28,6 +28,10 @@ SECTIONS = {
 }
 
 
+# The tests that read every_run() run on one worker, which migrates the fixtures for them once.
+EVERY_RUN = pytest.mark.xdist_group("every_run")
+
+
 @functools.cache
 def every_run():
     """Every fixture and every rule example, migrated as the tool runs them (once, when a test first asks)."""
@@ -90,6 +94,7 @@ def test_a_retired_number_is_never_reused():
         registry([Reusing])
 
 
+@EVERY_RUN
 @pytest.mark.parametrize("code", sorted(code for code, info in CODES.items() if info.kind == RETIRED))
 def test_a_retired_code_is_explained_never_emitted_and_its_noqa_is_harmless(code, tmp_path):
     explained = CliRunner().invoke(main, ["--explain", code])
@@ -103,6 +108,7 @@ def test_a_retired_code_is_explained_never_emitted_and_its_noqa_is_harmless(code
     assert result.exit_code == 1 and "MGP101" in result.output, result.output
 
 
+@EVERY_RUN
 def test_every_emitted_code_is_registered():
     emitted = {d.code for _, result in every_run() for d in [*result.diagnostics, *filter(None, [result.error])]}
     assert emitted - set(CODES) == set()
@@ -139,6 +145,7 @@ def test_explain_an_unknown_code_is_a_usage_error():
     assert lookup("MGP999") is None
 
 
+@EVERY_RUN
 def test_every_diagnostic_is_one_short_line():
     too_long = [
         f"{name}: {d.code} ({len(d.message)}) {d.message}"

@@ -37,11 +37,11 @@ WORLD_SIZES = (2, 3)
 # runs on exactly those.)
 # (A fixture script that runs with no arguments is not a case here: tests/codemod/test_ddp_e2e.py runs every runnable
 # script at W = 2 and 3 against the same reference, its printed lines too; REAL_PROJECT_SCRIPTS there lists those
-# that reduce a real project's shape.)
+# that reduce a real project's shape. The projects of tests/codemod/test_side_effects_e2e.py, utils_writers among them,
+# are run there at W = 2 and 3 against the same reference, their weights and every file they write compared.)
 NO_ARGUMENTS = {processes: [] for processes in WORLD_SIZES}
 CASES = {
     "frozen_after_wrap": ("projects/frozen_after_wrap", "train.py", NO_ARGUMENTS),
-    "utils_writers": ("projects/utils_writers", "train.py", NO_ARGUMENTS),
     "directories": ("projects/directories", "train.py", NO_ARGUMENTS),
     "star_imports": ("projects/star_imports", "train.py", NO_ARGUMENTS),
     "random_transforms": ("projects/random_transforms", "train.py", NO_ARGUMENTS),

@@ -833,8 +833,8 @@ def test_a_method_of_an_object_a_project_module_makes_and_a_plotting_helper_are_
     assert said == {
         "MGP322": "`misc.logger.init(...)` writes at utee/misc.py:18 `os.makedirs`, 21 `os.remove`: not moved, as `init` also "
         "changes its object (`self._logger = logging.getL...`)",
-        "MGP135": "`Visualizer(...)` sends plots to a visdom server (utee/misc.py:36: `visdom.Visdom`): built on the main "
-        "process only, a stand-in elsewhere (mgpu_runtime.main_process_only)",
+        "MGP135": "`Visualizer(...)` plots to a visdom server (utee/misc.py:36): built on the main process only, a stand-in "
+        "elsewhere (mgpu_runtime.main_process_only)",
     }, result.diagnostics
     # A name bound at module level to something other than one call of a project class is no object read.
     helpers = project_dir / "utee" / "misc.py"

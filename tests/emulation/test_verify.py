@@ -37,7 +37,8 @@ def flat_script(tmp_path) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("target", "procs"), [("ddp", 2), ("ddp", 3), ("balanced", 2), ("balanced", 3)])
+# (The sweep below verifies one step of this script too, at --to ddp 2 and --to balanced 3.)
+@pytest.mark.parametrize(("target", "procs"), [("ddp", 3), ("balanced", 2)])
 def test_the_tools_migration_of_the_readme_example_verifies_and_writes_nothing_of_the_users(flat_script, target, procs):
     temporary = flat_script.parent / "temporary"
     result = verify("flat_script.py", "--to", target, "--procs", str(procs), "--steps", "0", cwd=flat_script, TMPDIR=str(temporary))
