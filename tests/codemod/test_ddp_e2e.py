@@ -52,6 +52,7 @@ REAL_PROJECT_SCRIPTS = {
     "transfer_learning": "PyTorch's transfer-learning tutorial: dataloaders[phase], a TemporaryDirectory of the best weights",
     "averaged_copy": "Person_reID's --wa: swa_utils.AveragedModel(model) and copy.deepcopy(model) of the wrap",
     "run_directory_check": "Face_Pytorch: `if os.path.exists(save_dir): raise` right before the run's directory is made",
+    "idle_rank_feature_norm": "MobileFaceNet: a BatchNorm1d over the flattened features, a rank idle in a last batch of fewer chunks",
 }
 # The original cannot train on several devices (MGP340): the tool leaves it, and it is no migration to run.
 UNTRAINABLE_ON_SEVERAL = "detection_losses"

@@ -9,7 +9,9 @@ replica's forward and backward, since DDP's gradient reduction waits for every r
 Most forwards take zero rows. Some cannot: ``x.view(x.size(0), -1)``, the flatten of half the classifiers
 written before ``torch.flatten``, cannot infer ``-1`` from zero elements, and ssd.pytorch's heads end that
 way. For those, ``run`` runs the forward again on a stand-in of one row per tensor (ones: a valid index, length
-and mask, and finite through a log), without gradient, and keeps nothing of it but its structure: each output
+and mask, and finite through a log), or of two where one fails (a ``BatchNorm1d`` over the flattened features in
+training, MobileFaceNet's head, takes no single value per channel), without gradient, and keeps nothing of it but
+its structure: each output
 tensor cut to no rows, and, for the parameters that forward reached, a zero that autograd connects to them, so
 that the backward gives each of them a zero gradient, as the forward on no rows would have, and DDP's reducer
 sees the parameters a real row uses. Nothing of the stand-in's values reaches a gradient, so a value it makes
@@ -65,34 +67,37 @@ def run(call: Callable[..., Any], module: nn.Module, inputs: tuple, kwargs: dict
     except Exception as no_rows:
         _put_back(saved)
         try:
-            return _stand_in(call, module, inputs, kwargs, saved)
+            return _stand_in(call, module, inputs, kwargs, saved, 1)
+        except Exception:
+            pass
+        try:
+            return _stand_in(call, module, inputs, kwargs, saved, 2)
         except Exception:
             no_rows.add_note(
                 "mgpu_runtime: this process holds no rows of this batch (torch.chunk made fewer chunks than "
                 "there are processes; DataParallel ran no replica on the devices past them), and the model's "
-                "forward fails on zero rows, and on a stand-in row too"
+                "forward fails on zero rows, and on stand-in rows too"
             )
             raise no_rows from None
 
 
-def _stand_in(call: Callable[..., Any], module: nn.Module, inputs: tuple, kwargs: dict, saved: list) -> Any:
-    one_row = (walk(inputs, _one_row), walk(kwargs, _one_row))
+def _stand_in(call: Callable[..., Any], module: nn.Module, inputs: tuple, kwargs: dict, saved: list, rows: int) -> Any:
+    def filled(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.dim() == 0 or tensor.shape[0] > 0:
+            return tensor
+        return tensor.new_ones((rows, *tensor.shape[1:]))
+
+    stand_in = (walk(inputs, filled), walk(kwargs, filled))
     devices = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
     try:
         with torch.random.fork_rng(devices=devices):
-            output = call(*one_row[0], **one_row[1])
+            output = call(*stand_in[0], **stand_in[1])
     finally:
         _put_back(saved)
     trainable = {id(parameter) for parameter in module.parameters() if parameter.requires_grad}
     reached = [parameter for parameter in _leaves(output) if id(parameter) in trainable]
     link = _zero_linked_to(reached)
     return walk(output, lambda tensor: _no_rows(tensor, link))
-
-
-def _one_row(tensor: torch.Tensor) -> torch.Tensor:
-    if tensor.dim() == 0 or tensor.shape[0] > 0:
-        return tensor
-    return tensor.new_ones((1, *tensor.shape[1:]))
 
 
 def _no_rows(tensor: torch.Tensor, link: torch.Tensor | None) -> torch.Tensor:
