@@ -32,6 +32,7 @@ wrapper calls ``setup()`` itself when it is first built, so such a file still wo
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -106,6 +107,35 @@ def sets_cuda_visible_devices(statement: cst.CSTNode) -> bool:
                 and call.args
                 and _is_string(call.args[0].value, CUDA_VISIBLE_DEVICES)
             ):
+                return True
+    return False
+
+
+def sets_them_in_the_project(analysis: ParsedFile, statement: cst.CSTNode) -> bool:
+    """A statement that calls a function of the project's own modules which sets ``CUDA_VISIBLE_DEVICES``
+    (pytorch-playground's ``args.gpu = misc.auto_select_gpu(..., selected_gpus=args.gpu)``)."""
+    if type(statement) is not cst.SimpleStatementLine or len(statement.body) != 1:
+        return False
+    small = statement.body[0]
+    call = small.value if type(small) in (cst.Expr, cst.Assign) else None
+    if type(call) is not cst.Call:
+        return False
+    qualified = analysis.resolve(call.func)
+    if not qualified or qualified.split(".")[0] in ("torch", "builtins", "os", "mgpu_runtime"):
+        return False
+    from mgpu_migrate.analysis.project import project_of
+
+    project = project_of(analysis.path)
+    found = project.find(qualified) if project is not None else None
+    if found is None or not isinstance(found.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    for node in ast.walk(found.node):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("setdefault", "putenv"):
+            targets = [node.args[0]] if node.args else []
+        for target in targets:
+            named = target.slice if isinstance(target, ast.Subscript) else target
+            if isinstance(named, ast.Constant) and named.value == CUDA_VISIBLE_DEVICES:
                 return True
     return False
 
@@ -299,9 +329,13 @@ def _after_imports(analysis: ParsedFile, device_names: frozenset[str] = frozense
     ):
         index += 1
     chosen = [i for i, statement in enumerate(body) if sets_cuda_visible_devices(statement)]
+    # ... or calls a helper of the project that sets it, after its command line is parsed (the helper may read it).
+    chosen += [i for i in range(index, len(body)) if sets_them_in_the_project(analysis, body[i])]
+    chosen.sort()
     place = "after the imports"
     if chosen and chosen[-1] >= index - 1:
-        return EntryPoint(body[chosen[-1]], True, "after the script sets CUDA_VISIBLE_DEVICES")
+        helper = not sets_cuda_visible_devices(body[chosen[-1]])
+        return EntryPoint(body[chosen[-1]], True, f"after the {'project helper that' if helper else 'script'} sets CUDA_VISIBLE_DEVICES")
     read = _reads_the_gpus(analysis, body, index, device_names)
     if read is not None:
         return EntryPoint(body[read], True, "after the script reads the GPUs it uses")
