@@ -320,6 +320,8 @@ class DirectoriesOnce(Rule):
         guard = self._alone_under_if(call)
         check = self._checks_missing(guard.test, path) if guard is not None and path is not None else None
         if guard is not None and check is not None:
+            if self._made_before_its_loop(call, path):
+                return  # made once before the loop, as in the original: every process's check finds it there
             if keyword(call, "exist_ok") is None and self._qualified(call) != "os.mkdir":
                 self._exist_ok(guard, call, check)
             else:
@@ -433,6 +435,39 @@ class DirectoriesOnce(Rule):
         return call if self._is_maker(call) else None
 
     # -- on the main process, or reported ----------------------------------------------------------------
+    def _made_before_its_loop(self, call: cst.Call, path: str) -> bool:
+        """A check-then-create in the loop over the batches of a directory that its function made before that
+        loop, unconditionally or after a check that it is missing (Face_Pytorch's ``if not os.path.exists(save_dir):
+        os.mkdir(save_dir)`` at each checkpoint, ``save_dir`` made at the start), under a name bound once, which nothing in the file deletes:
+        every process's check finds it made, as the original's did, so the making never runs."""
+        tree = self.analysis.tree
+        around = set(tree.ancestors(call))
+        loop = next((loop for loop in self.analysis.loaders.training_loops if loop in around), None)
+        if loop is None or any(self._qualified(other) in _REMOVERS and self._path(other) == path for other in self.analysis.calls):
+            return False
+        function = tree.function(call)
+        made = [
+            other
+            for other in self.analysis.calls
+            if other is not call and self._is_maker(other) and self._path(other) == path and tree.function(other) is function
+        ]
+        for other in made:
+            if self.analysis.position(other) >= self.analysis.position(loop):
+                continue
+            statement: Optional[cst.CSTNode] = tree.statement(other)
+            guard = self._alone_under_if(other)
+            if guard is not None and self._checks_missing(guard.test, path) is not None:
+                statement = guard  # `if not os.path.exists(d): os.mkdir(d)`: made, whichever way it goes
+            block = tree.parent(statement) if statement is not None else None
+            owner = tree.parent(block) if block is not None else None
+            if not (type(block) is cst.Module or (type(block) is cst.IndentedBlock and owner is function)):
+                continue  # under another `if`, a loop, a `try`: it may not have run
+            argument = other.args[0].value if other.args else None
+            values = self.analysis.values
+            if type(argument) is cst.Name and len(values.of(argument, values.scope_of(other))) == 1:
+                return True
+        return False
+
     def _once(self, call: cst.Call, moved: list[cst.BaseStatement], what: str) -> None:
         """``moved`` (the statements making or deleting the directory) on the main process, then a wait."""
         unsafe = self._unsafe(call, moved[0])
