@@ -320,7 +320,7 @@ class DirectoriesOnce(Rule):
         guard = self._alone_under_if(call)
         check = self._checks_missing(guard.test, path) if guard is not None and path is not None else None
         if guard is not None and check is not None:
-            if self._made_before_its_loop(call, path):
+            if path is not None and self._made_before_its_loop(call, path):
                 return  # made once before the loop, as in the original: every process's check finds it there
             if keyword(call, "exist_ok") is None and self._qualified(call) != "os.mkdir":
                 self._exist_ok(guard, call, check)
