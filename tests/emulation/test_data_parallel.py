@@ -280,3 +280,46 @@ def test_replicas_that_wait_for_each_other_run_together_and_may_not_draw(emulate
                 DataParallel(layer)(torch.ones(4, 2, dtype=F64))
         else:
             assert torch.equal(DataParallel(layer)(torch.ones(4, 2, dtype=F64)), torch.full((4, 2), 2.0, dtype=F64))
+
+
+def test_a_projects_synchronized_batchnorm_sums_and_broadcasts_over_the_emulated_devices(emulate):
+    """vacancy's Synchronized-BatchNorm (pytorch-deeplab-xception, first-order-model): the master replica sums every
+    replica's statistics with ``_functions.ReduceAddCoalesced`` and hands the result back with ``Broadcast``, which
+    torch runs on GPUs only. On the emulated devices they run on the CPU (the master replica raised, and the others
+    waited for it forever): a layer centring its input on the whole batch's mean this way gives the values and the
+    gradients of the plain computation."""
+    emulate(3)
+    from torch.nn.parallel._functions import Broadcast, ReduceAddCoalesced  # as a project imports them, once installed
+
+    class CentredOnTheBatch(nn.Module):
+        def __init__(self, replicas: int):
+            super().__init__()
+            self.__dict__["shared"] = {"lock": threading.Lock(), "barrier": threading.Barrier(replicas, timeout=30)}
+
+        def __data_parallel_replicate__(self, ctx, copy_id):
+            pass
+
+        def forward(self, x):
+            shared = self.shared
+            with shared["lock"]:
+                arrival = len(shared.setdefault("sums", []))
+                shared["sums"].append((x.sum(0), x.new_tensor(float(x.shape[0]))))
+            shared["barrier"].wait()
+            if arrival == 0:
+                flat = [tensor for pair in shared["sums"] for tensor in pair]
+                total, rows = ReduceAddCoalesced.apply(0, 2, *flat)
+                shared["copies"] = Broadcast.apply(list(range(len(shared["sums"]))), total / rows)
+            shared["barrier"].wait()
+            return x - shared["copies"][arrival]
+
+    x = torch.randn(7, 3, dtype=F64, requires_grad=True)
+    weights = torch.randn(7, 3, dtype=F64)
+    out = DataParallel(CentredOnTheBatch(3))(x)
+    (out * weights).sum().backward()
+    expected_x = x.detach().clone().requires_grad_(True)
+    expected = expected_x - expected_x.mean(0)
+    (expected * weights).sum().backward()
+    assert torch.allclose(out, expected, atol=1e-12, rtol=0)
+    assert torch.allclose(x.grad, expected_x.grad, atol=1e-12, rtol=0)
+    data_parallel.uninstall()
+    assert torch.nn.parallel._functions.Broadcast is not Broadcast  # torch's own, given back

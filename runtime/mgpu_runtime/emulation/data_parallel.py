@@ -4,7 +4,8 @@
 and ``data_parallel`` where torch has its own (``torch.nn``, ``torch.nn.parallel``,
 ``torch.nn.parallel.data_parallel``), with the pieces they are built of (``scatter``, ``scatter_kwargs``,
 ``gather``, ``replicate``, ``parallel_apply``), so a script's own DataParallel subclass that calls them
-gets these too. ``DataParallel`` subclasses torch's, so ``isinstance`` checks against torch's class hold.
+gets these too (the collectives a project's synchronized BatchNorm calls itself come with the emulated devices:
+``devices``, ``collectives``). ``DataParallel`` subclasses torch's, so ``isinstance`` checks against torch's class hold.
 It is written independently of ``mgpu_runtime.balanced`` and ``mgpu_runtime.distributed``: a reference
 shares no code with what it checks.
 

@@ -10,6 +10,9 @@ What a script sees once ``install(count)`` has run (process-wide; ``uninstall()`
   ``torch.cuda.current_device()`` is i inside it (0 outside). This is what "replica i runs on GPU i" means
   here: the forward of replica i draws from device i's stream, and the code outside keeps the process's
   own CPU stream, untouched.
+* ``torch.nn.parallel``'s collectives that torch runs on GPUs only (``comm.broadcast_coalesced``,
+  ``comm.reduce_add_coalesced``, ``_functions.Broadcast``, ``ReduceAddCoalesced``) run on the CPU, with the same
+  values (``collectives``): a project's synchronized BatchNorm calls them itself.
 * The CUDA seeding functions act on the emulated devices: ``torch.cuda.manual_seed_all``,
   ``manual_seed`` (the current device), ``seed``, ``seed_all``, ``initial_seed``, ``get_rng_state``,
   ``set_rng_state``, ``get_rng_state_all``, ``set_rng_state_all``. ``torch.manual_seed(s)`` and
@@ -58,6 +61,7 @@ Cost and limits
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 import torch.cuda
@@ -85,7 +89,10 @@ def install(device_count: int, by: str = "") -> None:
             return
         raise RuntimeError(f"{len(_generators)} emulated devices are installed; uninstall() before installing {device_count}")
     _generators[:] = [torch.Generator().manual_seed(torch.initial_seed()) for _ in range(device_count)]
-    for namespace, functions in ((torch.cuda, _CUDA_FUNCTIONS), (torch.cuda.random, _RANDOM_FUNCTIONS)):
+    from mgpu_runtime.emulation.collectives import REPLACEMENTS
+
+    replaced: list[tuple[Any, dict[str, Any]]] = [(torch.cuda, _CUDA_FUNCTIONS), (torch.cuda.random, _RANDOM_FUNCTIONS)]
+    for namespace, functions in [*replaced, *REPLACEMENTS.items()]:
         for name, function in functions.items():
             _replaced.append((namespace, name, getattr(namespace, name)))
             setattr(namespace, name, function)
