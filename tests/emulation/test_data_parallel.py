@@ -323,3 +323,24 @@ def test_a_projects_synchronized_batchnorm_sums_and_broadcasts_over_the_emulated
     assert torch.allclose(x.grad, expected_x.grad, atol=1e-12, rtol=0)
     data_parallel.uninstall()
     assert torch.nn.parallel._functions.Broadcast is not Broadcast  # torch's own, given back
+
+
+def test_a_replica_that_fails_while_the_others_wait_for_it_stops_the_run(emulate, monkeypatch):
+    """A synchronized layer whose master replica raises leaves the others waiting for it forever (under torch too):
+    the emulated reference raises the failure after a grace period, rather than hanging verify until its timeout."""
+    monkeypatch.setattr(data_parallel, "_WAITING_AFTER_A_FAILURE_S", 0.5)
+    emulate(2)
+    answered = threading.Event()
+
+    class MasterFails(nn.Module):
+        def __data_parallel_replicate__(self, ctx, copy_id):
+            pass
+
+        def forward(self, x):
+            if x.shape[0] == 2:  # the first chunk of 3 rows over 2 devices: 2 + 1
+                raise ValueError("the master's reduction failed")
+            answered.wait()  # never set: the slave waits for the master's answer
+            return x
+
+    with pytest.raises(ValueError, match=r"(?s)the master's reduction failed.*still wait for it"):
+        DataParallel(MasterFails())(torch.ones(3, 2, dtype=F64))
