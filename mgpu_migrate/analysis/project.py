@@ -593,12 +593,7 @@ class Project:
             return None
         qualified = built.pop()
         assert qualified is not None
-        if qualified.startswith("."):
-            definition = module.definitions.get(qualified[1:])
-            found = Found(module, definition, os.path.dirname(self.path)) if definition is not None else None
-        else:
-            found = self.find(qualified)
-        return found if found is not None and isinstance(found.node, ast.ClassDef) else None
+        return self._class_named(module, qualified)
 
     def method(self, cls: Found, name: str, depth: int = 0) -> Found | None:
         """The method ``name`` of a project class, defined there or in a project class it derives from."""
@@ -625,13 +620,15 @@ class Project:
         values = module.assigned.get(name, [])
         made = values[0] if len(values) == 1 and isinstance(values[0], ast.Call) else None
         cls = module.qualified(made.func) if made is not None else None
-        if cls is None:
-            return None
-        if cls.startswith("."):
-            definition = module.definitions.get(cls[1:])
+        return self._class_named(module, cls) if cls is not None else None
+
+    def _class_named(self, module: ProjectModule, qualified: str) -> Found | None:
+        """The project class a name read in ``module`` stands for (``.Name``: the module's own), else None."""
+        if qualified.startswith("."):
+            definition = module.definitions.get(qualified[1:])
             found = Found(module, definition, os.path.dirname(self.path)) if definition is not None else None
         else:
-            found = self.find(cls)
+            found = self.find(qualified)
         return found if found is not None and isinstance(found.node, ast.ClassDef) else None
 
 
