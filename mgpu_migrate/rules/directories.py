@@ -437,9 +437,10 @@ class DirectoriesOnce(Rule):
     # -- on the main process, or reported ----------------------------------------------------------------
     def _made_before_its_loop(self, call: cst.Call, path: str) -> bool:
         """A check-then-create in the loop over the batches of a directory that its function made before that
-        loop, unconditionally or after a check that it is missing (Face_Pytorch's ``if not os.path.exists(save_dir):
-        os.mkdir(save_dir)`` at each checkpoint, ``save_dir`` made at the start), under a name bound once, which nothing in the file deletes:
-        every process's check finds it made, as the original's did, so the making never runs."""
+        loop, unconditionally or after a check that it is missing (Face_Pytorch's ``if not
+        os.path.exists(save_dir): os.mkdir(save_dir)`` at each checkpoint, ``save_dir`` made at the start), under
+        a name bound once, which nothing in the file deletes: every process's check finds it made, as the
+        original's did, so the making never runs."""
         tree = self.analysis.tree
         around = set(tree.ancestors(call))
         loop = next((loop for loop in self.analysis.loaders.training_loops if loop in around), None)
