@@ -216,7 +216,7 @@ def _at_top(
     """Setup right after the block's last statement that sets ``CUDA_VISIBLE_DEVICES`` (also inside an ``if``
     or ``with`` there), else at its top, after the command line is parsed (so ``--help`` or a bad argument
     stops before any process starts)."""
-    chosen = [statement for statement in body if chooses_visible_devices(statement)]
+    chosen = [statement for statement in body if _chooses_them(analysis, statement)]
     if chosen:
         return EntryPoint(chosen[-1], True, f"after CUDA_VISIBLE_DEVICES is set {place.replace('at the top of ', 'in ', 1)}")
     start = first = 1 if skip_docstring and body and _is_docstring(body[0]) else 0
@@ -312,6 +312,12 @@ def _is_showing_call(node: cst.CSTNode) -> bool:
     func = node.func
     called = func.value if type(func) is cst.Name else func.attr.value if type(func) is cst.Attribute else None
     return called in _SHOWING_CALLS
+
+
+def _chooses_them(analysis: ParsedFile, statement: cst.CSTNode) -> bool:
+    """A statement of a function's block that sets ``CUDA_VISIBLE_DEVICES``, itself or through a helper of the
+    project it calls (playground's ``misc.auto_select_gpu``)."""
+    return chooses_visible_devices(statement) or sets_them_in_the_project(analysis, statement)
 
 
 def chooses_visible_devices(statement: cst.CSTNode) -> bool:
@@ -495,7 +501,7 @@ def find_entry_point(
     function = _first_called_function(analysis, main) if main is not None else _main_without_block(analysis)
     if function is not None and type(function.body) is cst.IndentedBlock:
         body = list(function.body.body)
-        if any(chooses_visible_devices(statement) for statement in body):
+        if any(_chooses_them(analysis, statement) for statement in body):
             return _at_top(analysis, body, f"in {function.name.value}()", skip_docstring=True)
         if _parses(analysis, body) & device_names:
             # (_at_top says "after its command-line parser")

@@ -59,26 +59,24 @@ def take() -> bool:
 
 def run(call: Callable[..., Any], module: nn.Module, inputs: tuple, kwargs: dict) -> Any:
     """``call(*inputs, **kwargs)``, the idle rank's forward of ``module`` on no rows; if that raises, the
-    stand-in forward's structure instead (see the module doc). If both raise, the first error is raised, with a
+    stand-in forward's structure instead (see the module doc). If all raise, the first error is raised, with a
     note that says why this rank ran on no rows."""
     saved = [(buffer, buffer.detach().clone()) for buffer in module.buffers()]
     try:
         return call(*inputs, **kwargs)
     except Exception as no_rows:
         _put_back(saved)
-        try:
-            return _stand_in(call, module, inputs, kwargs, saved, 1)
-        except Exception:
-            pass
-        try:
-            return _stand_in(call, module, inputs, kwargs, saved, 2)
-        except Exception:
-            no_rows.add_note(
-                "mgpu_runtime: this process holds no rows of this batch (torch.chunk made fewer chunks than "
-                "there are processes; DataParallel ran no replica on the devices past them), and the model's "
-                "forward fails on zero rows, and on stand-in rows too"
-            )
-            raise no_rows from None
+        for rows in (1, 2):  # two where one fails: a BatchNorm1d in training takes no single value per channel
+            try:
+                return _stand_in(call, module, inputs, kwargs, saved, rows)
+            except Exception:
+                continue
+        no_rows.add_note(
+            "mgpu_runtime: this process holds no rows of this batch (torch.chunk made fewer chunks than "
+            "there are processes; DataParallel ran no replica on the devices past them), and the model's "
+            "forward fails on zero rows, and on stand-in rows too"
+        )
+        raise no_rows from None
 
 
 def _stand_in(call: Callable[..., Any], module: nn.Module, inputs: tuple, kwargs: dict, saved: list, rows: int) -> Any:

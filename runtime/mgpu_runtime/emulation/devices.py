@@ -67,6 +67,8 @@ import torch
 import torch.cuda
 import torch.cuda.random
 
+from mgpu_runtime.emulation.collectives import REPLACEMENTS
+
 _SEED_BITS = 53  # CUDA's nondeterministic seeds are limited to 53 bits (exact as a double)
 
 _generators: list[torch.Generator] = []
@@ -89,8 +91,6 @@ def install(device_count: int, by: str = "") -> None:
             return
         raise RuntimeError(f"{len(_generators)} emulated devices are installed; uninstall() before installing {device_count}")
     _generators[:] = [torch.Generator().manual_seed(torch.initial_seed()) for _ in range(device_count)]
-    from mgpu_runtime.emulation.collectives import REPLACEMENTS
-
     replaced: list[tuple[Any, dict[str, Any]]] = [(torch.cuda, _CUDA_FUNCTIONS), (torch.cuda.random, _RANDOM_FUNCTIONS)]
     for namespace, functions in [*replaced, *REPLACEMENTS.items()]:
         for name, function in functions.items():
