@@ -15,7 +15,8 @@ import multiprocessing.queues
 import multiprocessing.synchronize
 import queue
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 
 from torch import nn
 
@@ -52,3 +53,33 @@ def thread_linked(module: nn.Module) -> Iterator[tuple[str, nn.Module]]:
 def waits_for_copies(module: nn.Module) -> bool:
     """Whether a replica of ``module`` meets the others while it runs (so the replicas run at once)."""
     return any(hasattr(layer, "__data_parallel_replicate__") or _holds_primitive(layer) for layer in module.modules())
+
+
+# How long replicas that wait for a copy that failed are given before that failure stops the run.
+WAITING_AFTER_A_FAILURE_S = 10.0
+
+
+def run_at_once(jobs: Sequence[Callable[[], None]], failed: Callable[[], bool]) -> list[int]:
+    """Runs ``jobs`` in threads at once and waits for them. Returns the positions of the jobs still running
+    ``WAITING_AFTER_A_FAILURE_S`` after ``failed()`` first answered true (none when every job ended).
+
+    A replica that failed leaves the copies that wait for it waiting forever (a synchronized BatchNorm's master
+    that raised; under torch's DataParallel too): the threads are daemons, so those still waiting end with the
+    process once the caller has raised the failure.
+    """
+    threads = [threading.Thread(target=job, daemon=True) for job in jobs]
+    for thread in threads:
+        thread.start()
+    failed_at = None
+    while alive := [thread for thread in threads if thread.is_alive()]:
+        alive[0].join(0.05)
+        if failed_at is None and failed():
+            failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > WAITING_AFTER_A_FAILURE_S:
+            return [position for position, thread in enumerate(threads) if thread.is_alive()]
+    return []
+
+
+def still_waiting(positions: Sequence[int]) -> str:
+    """The note a failure raised while its copies wait for it carries."""
+    return f"(the replicas {list(positions)} still wait for it: this one's failure stops the run)"

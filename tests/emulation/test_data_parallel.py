@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import scatter_gather as torch_scatter_gather
 
+from mgpu_runtime import replica_links
 from mgpu_runtime.emulation import data_parallel, devices
 from mgpu_runtime.emulation.data_parallel import DataParallel
 
@@ -328,7 +329,7 @@ def test_a_projects_synchronized_batchnorm_sums_and_broadcasts_over_the_emulated
 def test_a_replica_that_fails_while_the_others_wait_for_it_stops_the_run(emulate, monkeypatch):
     """A synchronized layer whose master replica raises leaves the others waiting for it forever (under torch too):
     the emulated reference raises the failure after a grace period, rather than hanging verify until its timeout."""
-    monkeypatch.setattr(data_parallel, "_WAITING_AFTER_A_FAILURE_S", 0.5)
+    monkeypatch.setattr(replica_links, "WAITING_AFTER_A_FAILURE_S", 0.5)
     emulate(2)
     answered = threading.Event()
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from mgpu_runtime import replica_links
 from mgpu_runtime.balanced import DataParallelCriterion, DataParallelModel, gather
 from mgpu_runtime.balanced.devices import resolve_devices
 from mgpu_runtime.emulation.data_parallel import DataParallel as EmulatedDataParallel
@@ -338,6 +339,28 @@ def test_replicas_that_meet_through_queues_they_hold_run_at_once_as_in_data_para
     balanced = gather(DataParallelModel(module)(x))  # one replica after the other would wait at the barrier
     original = EmulatedDataParallel(module)(x)
     assert torch.equal(balanced, original)
+
+
+class _FirstReplicaFails(nn.Module):
+    """A synchronized layer whose first replica (the master of vacancy's BatchNorm) raises, while the second waits
+    for its answer, which never comes (under torch's DataParallel, the job hung there)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answered = threading.Event()  # never set; held, so the replicas run at once
+
+    def forward(self, x):
+        if x.shape[0] == 2:  # the first piece of 3 rows over 2 replicas: 2 + 1
+            raise ValueError("the master's reduction failed")
+        self.answered.wait()
+        return x
+
+
+def test_a_replica_that_fails_while_the_others_wait_for_it_stops_the_run(monkeypatch):
+    monkeypatch.setattr(replica_links, "WAITING_AFTER_A_FAILURE_S", 0.5)
+    use_cpu_replicas(monkeypatch, 2)
+    with pytest.raises(ValueError, match=r"(?s)^Caught ValueError in replica 0 on device 0\..*the master's reduction failed.*\[1\] still wait"):
+        DataParallelModel(_FirstReplicaFails())(torch.ones(3, 2))
 
 
 class _FindsItsDevice(nn.Module):

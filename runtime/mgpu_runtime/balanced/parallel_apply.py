@@ -8,7 +8,7 @@ forgot autocast, which silently ran its replicas in fp32).
 from __future__ import annotations
 
 import contextlib
-import threading
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,7 +16,7 @@ import torch
 from torch._utils import ExceptionWrapper
 
 from mgpu_runtime.balanced.devices import Devices
-from mgpu_runtime.replica_links import waits_for_copies
+from mgpu_runtime.replica_links import run_at_once, still_waiting, waits_for_copies
 
 _AUTOCAST_DEVICE_TYPES = ("cuda", "cpu")
 
@@ -35,6 +35,7 @@ def parallel_apply(
     ``ValueError`` ...) catch it, and what they print is the original's.
     """
     enter_caller_modes = _caller_modes()
+    waiting: list[int] = []
     streams = [_current_stream(device) for device in devices.replicas[: len(functions)]]
     results: list[Any] = [None] * len(functions)
     failures: list[BaseException | None] = [None] * len(functions)
@@ -57,11 +58,10 @@ def parallel_apply(
             with devices.stream(replica):
                 work(replica)
     else:
-        threads = [threading.Thread(target=work, args=(replica,)) for replica in range(len(functions))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        # At once, in threads; copies that wait for one that failed are given a grace period, then its failure is
+        # raised (they would wait forever, as under torch's DataParallel).
+        jobs = [functools.partial(work, replica) for replica in range(len(functions))]
+        waiting = run_at_once(jobs, lambda: any(failure is not None for failure in failures))
 
     for replica, failure in enumerate(failures):
         if isinstance(failure, Exception) and len(functions) == 1:
@@ -69,7 +69,10 @@ def parallel_apply(
         if isinstance(failure, Exception):
             # As DataParallel's parallel_apply: the same type, "Caught ValueError in replica 1 on device 1." and the
             # original traceback in the message, which a loop that catches it prints
-            ExceptionWrapper((type(failure), failure, failure.__traceback__), where=devices.where(replica)).reraise()
+            wrapped = ExceptionWrapper((type(failure), failure, failure.__traceback__), where=devices.where(replica))
+            if waiting:  # the replicas that wait for this one, named
+                wrapped.exc_msg += "\n" + still_waiting(waiting)
+            wrapped.reraise()
         if failure is not None:
             _reraise(failure, devices.label(replica))
     return results

@@ -63,10 +63,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import threading
-import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -75,6 +73,7 @@ from torch._utils import ExceptionWrapper
 from torch.nn.parallel.parallel_apply import get_a_var
 
 from mgpu_runtime.emulation import devices
+from mgpu_runtime import replica_links
 from mgpu_runtime.replica_links import waits_for_copies
 
 _TorchDataParallel = nn.DataParallel
@@ -290,9 +289,6 @@ def _apply_one(position: int, module: nn.Module, inputs: Any, kwargs: dict, devi
         return ExceptionWrapper(where=f"in replica {position} on device {device}")
 
 
-_WAITING_AFTER_A_FAILURE_S = 10.0
-
-
 def _apply_together(work: list) -> list:
     """Replicas that wait for each other, in threads as torch runs them; they may not draw random numbers,
     since the emulation cannot give threads running at once a stream each."""
@@ -300,25 +296,20 @@ def _apply_together(work: list) -> list:
     results: list = [None] * len(work)
     stream = torch.get_rng_state()
 
-    def run(item: tuple) -> None:
-        torch.set_grad_enabled(grad_enabled)
-        results[item[0]] = _apply_one(*item, as_device=False)
+    def job(item: tuple) -> Callable[[], None]:
+        def run() -> None:
+            torch.set_grad_enabled(grad_enabled)
+            results[item[0]] = _apply_one(*item, as_device=False)
 
-    # Daemons: a replica that failed leaves the others waiting for it forever (a synchronized BatchNorm's master that
-    # raised); after a grace period its failure is raised, and the waiting threads end with the process.
-    threads = [threading.Thread(target=run, args=(item,), daemon=True) for item in work]
-    for thread in threads:
-        thread.start()
-    failed_at = None
-    while alive := [thread for thread in threads if thread.is_alive()]:
-        alive[0].join(0.05)
-        if failed_at is None and any(isinstance(result, ExceptionWrapper) for result in results):
-            failed_at = time.monotonic()
-        if failed_at is not None and time.monotonic() - failed_at > _WAITING_AFTER_A_FAILURE_S:
-            failure = next(result for result in results if isinstance(result, ExceptionWrapper))
-            waiting = [position for position, thread in enumerate(threads) if thread.is_alive()]
-            failure.exc_msg += f"\n(the emulated replicas {waiting} still wait for it: this one's failure stops the run)"
-            failure.reraise()
+        return run
+
+    waiting = replica_links.run_at_once(
+        [job(item) for item in work], lambda: any(isinstance(result, ExceptionWrapper) for result in results)
+    )
+    if waiting:
+        failure = next(result for result in results if isinstance(result, ExceptionWrapper))
+        failure.exc_msg += "\n" + replica_links.still_waiting(waiting)
+        failure.reraise()
     if not torch.equal(torch.get_rng_state(), stream):
         raise RuntimeError(
             "the replicas of this forward wait for each other (a layer defines __data_parallel_replicate__), so the "
