@@ -56,6 +56,20 @@ def numpy_draw(qualified: str | None) -> bool:
     return qualified in PYTHON_DRAWS
 
 
+# Transforms that draw random numbers per sample besides torchvision's ``Random*`` ones.
+DRAWING_TRANSFORMS = frozenset(
+    {"ColorJitter", "GaussianBlur", "AutoAugment", "RandAugment", "TrivialAugmentWide", "AugMix", "ElasticTransform"}
+)
+
+
+def drawing_transform(qualified: str) -> bool:
+    """A transform class that draws per sample it is applied to (torchvision's ``RandomCrop``, ``ColorJitter``, a
+    project's ``transforms.RandomSizedRectCrop``), or any albumentations transform."""
+    last = qualified.rpartition(".")[2]
+    drawing = last.startswith("Random") or last in DRAWING_TRANSFORMS
+    return (drawing and "transform" in qualified.lower()) or qualified.startswith("albumentations.")
+
+
 def names_a_size(words: list[str]) -> bool:
     """Words of an expression (its names and attributes) that name a batch's size: ``len(x)``, ``batch_size``."""
     return any(word in SIZE_WORDS or "batch" in word.lower() for word in words)

@@ -82,7 +82,8 @@ class Handover:
     loop: Optional[str]  # where the training loop is (``lib/trainers.py:20``)
     entered: tuple[cst.Call, ...]  # this file's calls that run the training (for the entry point)
     # Where this file's data for the loop is split: the expression to distribute, and the DataLoader(...) it
-    # comes from (None: the result of a builder or of a loader class out of sight).
+    # comes from, or the call of the builder of another module whose dict of loaders it is (``LoaderFlow.built``
+    # has it), or None (the result of a builder or of a loader class out of sight).
     split: tuple[tuple[cst.BaseExpression, Optional[cst.Call]], ...]
     blocker: Optional[Blocker]
     # Where the training code draws a progress bar (``tqdm(loader)``), ``module:line``: every process would draw it.
@@ -254,6 +255,8 @@ class HandedTraining:
                 return None, why or f"its data `{code}` is an entry of a dict not followed here"
             value, value_scope = container
             entries = self.analysis.values.container_entries(value, value_scope)
+            if not entries and self.loaders.built_entries(value, value_scope) is not None:
+                return [(value, value_scope)], ""  # the dict of loaders a builder returns: split as a whole
             if not entries:
                 return None, f"its data `{code}` is an entry of `{shorten(self.analysis.code_of(value), 30)}`, not followed here"
             return entries, ""
@@ -302,6 +305,11 @@ class HandedTraining:
         local = {id(step) for trace in flow.traces for step in trace.path}
         points: list[tuple[cst.BaseExpression, Optional[cst.Call]]] = []
         for expr, scope in data:
+            builder = flow.built_entries(expr, scope)
+            if builder is not None:
+                if all(expr is not other for other, _ in points):
+                    points.append((expr, builder))
+                continue
             for path, origin, kind in flow.traces_from(expr, scope):
                 if kind == DISTRIBUTED:
                     continue

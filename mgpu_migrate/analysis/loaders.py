@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 DATA_LOADERS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
 DISTRIBUTE_LOADER = "mgpu_runtime.distribute_loader"
+DISTRIBUTE_LOADERS = "mgpu_runtime.distribute_loaders"  # each loader of a dict of them
 # BUILT: the origin is a call of a function of another module of the project that returns a ``DataLoader(...)``
 # (WaveRNN's ``train_set, test_set = get_vocoder_datasets(...)``), read there (``built_loader``).
 LOADER, DISTRIBUTED, BUILT = "loader", "distributed", "built"
@@ -72,6 +73,9 @@ class BuiltLoader:
     where: str
     draw: Optional[tuple[str, str]]
     sampler: Optional[str] = None  # the keyword of a sampler of its own (``sampler``, ``batch_sampler``)
+    # A dict of loaders (pytorch_classifiers' ``generate_data``: ``{x: DataLoader(...) for x in ['train', 'val']}``),
+    # not one loader: each of its entries is split.
+    entries: bool = False
 
 
 # Top-level names of what is no module of the project: a builder there is not read.
@@ -83,8 +87,9 @@ _SPELLED_DRAW = re.compile(r"^(np|numpy)\.random\.(\w+)$")
 def returned_loader(module, function: ast.FunctionDef, position: Optional[int], path: str) -> Optional[BuiltLoader]:
     """The ``DataLoader(...)`` ``function`` (of the project ``module``) returns, at ``position`` of the tuple it
     returns when one is given: built in the ``return`` itself, or in the function's one assignment of the name it
-    returns."""
-    from mgpu_migrate.analysis.draws import numpy_draw
+    returns; or the dict of loaders it returns there (``{x: DataLoader(...) for x in phases}``, or a display whose
+    every value is one), read through its loaders (``entries``)."""
+    from mgpu_migrate.analysis.draws import drawing_transform, numpy_draw
 
     returns = [node for node in ast.walk(function) if isinstance(node, ast.Return) and node.value is not None]
     if len(returns) != 1:
@@ -104,19 +109,25 @@ def returned_loader(module, function: ast.FunctionDef, position: Optional[int], 
             and node.targets[0].id == value.id
         ]
         value = stored[0] if len(stored) == 1 else None
-    if not isinstance(value, ast.Call) or module.qualified(value.func) not in DATA_LOADERS:
+    entries = isinstance(value, (ast.DictComp, ast.Dict))
+    if isinstance(value, ast.DictComp):
+        value = value.value
+    loaders = [entry for entry in (value.values if isinstance(value, ast.Dict) else [value]) if entry is not None]
+    calls = [loader for loader in loaders if isinstance(loader, ast.Call) and module.qualified(loader.func) in DATA_LOADERS]
+    if not calls or len(calls) != len(loaders):
         return None
     draw = None
-    for definition in _per_batch(module, function, value):
+    for definition in (found for loader in calls for found in _per_batch(module, function, loader)):
         for node in ast.walk(definition):
             if isinstance(node, ast.Call):
                 # A name the module's imports do not bind (numpy through `from utils.dsp import *`): by its spelling.
                 qualified = module.qualified(node.func) or _SPELLED_DRAW.sub(r"numpy.random.\2", ast.unparse(node.func))
-                drawn = numpy_draw(qualified) or qualified.startswith(_TORCH_DRAWS)
+                # and a transform built there that draws per sample (pytorch_classifiers' RandomResizedCrop)
+                drawn = numpy_draw(qualified) or qualified.startswith(_TORCH_DRAWS) or drawing_transform(qualified)
                 if drawn and (draw is None or node.lineno < int(draw[0].rpartition(":")[2])):
                     draw = (f"{path}:{node.lineno}", ast.unparse(node))
-    sampler = next((keyword.arg for keyword in value.keywords if keyword.arg in ("sampler", "batch_sampler")), None)
-    return BuiltLoader(f"{path}:{value.lineno}", draw, sampler)
+    samplers = (keyword.arg for loader in calls for keyword in loader.keywords if keyword.arg in ("sampler", "batch_sampler"))
+    return BuiltLoader(f"{path}:{calls[0].lineno}", draw, next(samplers, None), entries)
 
 
 def _per_batch(module, function: ast.FunctionDef, loader: ast.Call) -> list[ast.AST]:
@@ -455,7 +466,7 @@ class LoaderFlow:
             if qualified in DATA_LOADERS:
                 yield path, expr, LOADER
                 return
-            if qualified == DISTRIBUTE_LOADER:
+            if qualified in (DISTRIBUTE_LOADER, DISTRIBUTE_LOADERS):
                 yield path, expr, DISTRIBUTED
                 return
             callee = self.index.callee(expr, scope)
@@ -487,7 +498,7 @@ class LoaderFlow:
                 found = True
                 yield from self._trace(part, part_scope, path, seen)
             built = self.built_loader(value, position) if not found and type(value) is cst.Call else None
-            if built is not None:
+            if built is not None and not built.entries:  # a dict of loaders is no loader (``built_entries``)
                 found = True  # `train_set, test_set = get_datasets(...)`, a builder of another module
                 self.built[value] = built
                 yield path, value, BUILT
@@ -517,6 +528,20 @@ class LoaderFlow:
         if key not in self._built:
             self._built[key] = self._read_builder(call, position)
         return self._built[key]
+
+    def built_entries(self, expr: cst.BaseExpression, scope: Scope) -> Optional[cst.Call]:
+        """The call of a project builder of another module whose dict of loaders ``expr`` holds, stored once
+        (``dataloaders, sizes, names = generate_data(...)``; ``built`` then has what it builds); None otherwise."""
+        place = self.index.place_of(expr, scope) if type(expr) in (cst.Name, cst.Attribute) else None
+        stored = self._values.stored.get(place, ()) if place is not None else ()
+        if len(stored) != 1:
+            return None
+        value, _, position = stored[0]
+        built = self.built_loader(value, position) if type(value) is cst.Call else None
+        if built is None or not built.entries:
+            return None
+        self.built[value] = built
+        return value
 
     def _read_builder(self, call: cst.Call, position: Optional[int]) -> Optional[BuiltLoader]:
         qualified = self.analysis.resolve(call.func)

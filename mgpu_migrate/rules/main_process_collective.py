@@ -40,7 +40,7 @@ _COLLECTIVES = {
         "scatter",
         "scatter_object_list",
     )
-} | {f"{RUNTIME}.{name}" for name in ("barrier", "reduce_sum", "reduce_mean", "save", "distribute_loader")}
+} | {f"{RUNTIME}.{name}" for name in ("barrier", "reduce_sum", "reduce_mean", "save", "distribute_loader", "distribute_loaders")}
 _BARRIERS = {"torch.distributed.barrier", "torch.distributed.monitored_barrier", f"{RUNTIME}.barrier"}
 # What a helper may do with the model without running it (a checkpoint saver reading its weights).
 _READS_ONLY = frozenset({"state_dict", "module", "parameters", "named_parameters", "buffers", "named_buffers"})

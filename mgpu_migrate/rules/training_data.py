@@ -13,7 +13,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis.rebased import rebased_machinery
 from mgpu_migrate.analysis.batch import is_row_count
-from mgpu_migrate.analysis.draws import applied_draw, builder_draw, per_sample_draw
+from mgpu_migrate.analysis.draws import applied_draw, builder_draw, drawing_transform, per_sample_draw
 from mgpu_migrate.analysis.held import stored_by_a_base
 from mgpu_migrate.analysis.loaders import BUILT, LOADER, LoaderTrace
 from mgpu_migrate.analysis.project import NOT_BOUND, project_of
@@ -33,12 +33,9 @@ _TORCH_SAMPLERS = {
 _ITERABLE_DATASETS = {"torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset"}
 # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, ...)
 _SAMPLER_POSITIONS = {"sampler": 3, "batch_sampler": 4}
-# Transforms that draw random numbers per sample besides torchvision's ``Random*`` ones.
-# Where a builder of augmentations is no project's: the libraries' own are known by their classes' names above.
+# Where a builder of augmentations is no project's: the libraries' own are known by their classes' names
+# (``analysis.draws.drawing_transform``).
 _LIBRARIES = ("torch", "torchvision", "albumentations", "numpy", "builtins", "kornia", "imgaug", "monai")
-_DRAWING_TRANSFORMS = frozenset(
-    {"ColorJitter", "GaussianBlur", "AutoAugment", "RandAugment", "TrivialAugmentWide", "AugMix", "ElasticTransform"}
-)
 # What leaving a training loop's data whole means, in the messages that say so.
 # How many calls deep a loss handed to a function of this file is followed back.
 _ARGUMENT_DEPTH = 3
@@ -121,7 +118,11 @@ class TrainingData(Rule):
     which that loop draws its batches from. A loader that a function of another module builds and returns
     (WaveRNN's ``train_set, test_set = get_vocoder_datasets(...)``, read there: ``analysis/loaders.py``) is
     distributed where this file reads its result, in whole batches when what it runs for each batch (its
-    ``collate_fn``, its dataset's class) draws random numbers.
+    ``collate_fn``, its dataset's class, a transform of its module such as ``RandomResizedCrop``) draws random
+    numbers. A dict of loaders such a function returns (pytorch_classifiers' ``dataloaders, sizes, names =
+    generate_data(...)``, each entry a ``DataLoader``), handed to a loop of another module that reads
+    ``dataloaders[phase]``, is split loader by loader where it is handed over
+    (``mgpu_runtime.distribute_loaders(dataloaders)``).
 
     ## Why is this bad?
     Under DDP each process should load only its part of every batch, or every process loads the whole batch
@@ -351,6 +352,17 @@ class TrainingData(Rule):
                 if point in wrapped or not self.rewrite_allowed(point):
                     continue
                 wrapped.add(point)
+                built = self.analysis.loaders.built.get(origin) if origin is not None else None
+                if built is not None and built.entries:
+                    # pytorch_classifiers' `generate_data`: each loader of the dict it returns, in whole batches when
+                    # what the loaders run for each batch draws
+                    message = (
+                        f"training data split loader by loader (`{shorten(self.analysis.code_of(point), 20)}` of "
+                        f"`{shorten(self.analysis.code_of(origin.func), 24)}`, {built.where})"
+                    )
+                    whole = f": whole batches, {built.draw[0]} draws per sample" if built.draw is not None else ""
+                    self._distribute_at(point, message + whole, whole=bool(whole), entries=True)
+                    continue
                 self._distribute_at(
                     point,
                     f"training data split across processes with {RUNTIME}.distribute_loader (its loop: `{handover.name}`, "
@@ -497,9 +509,11 @@ class TrainingData(Rule):
             return
         self._distribute_at(point, message)
 
-    def _distribute_at(self, point: cst.BaseExpression, message: str, whole: bool = False) -> None:
-        """``distribute_loader(point)``; with ``whole_batches=True`` in a file that builds random transforms, or when
-        ``whole`` says so (the message then says why)."""
+    def _distribute_at(self, point: cst.BaseExpression, message: str, whole: bool = False, entries: bool = False) -> None:
+        """``distribute_loader(point)`` (``distribute_loaders`` for a dict of loaders, ``entries``); with
+        ``whole_batches=True`` in a file that builds random transforms, or when ``whole`` says so (the message then
+        says why)."""
+        function = "distribute_loaders" if entries else "distribute_loader"
         drawing = self._drawing
         cutter = self._own_scatter()
         if cutter is not None and not whole:
@@ -507,11 +521,11 @@ class TrainingData(Rule):
             message += f": whole batches, the wrapper's own scatter ({cutter}) cuts each one"
             whole = True
         if drawing is None and not whole:
-            self.edits.replace(point, lambda expr: runtime_call("distribute_loader", expr))
+            self.edits.replace(point, lambda expr: runtime_call(function, expr))
         else:
             whole_batches = cst.Arg(cst.Name("True"), keyword=cst.Name("whole_batches"))
             self.edits.replace(
-                point, lambda expr: runtime_call("distribute_loader", expr).with_changes(
+                point, lambda expr: runtime_call(function, expr).with_changes(
                     args=[cst.Arg(expr), whole_batches.with_changes(
                         equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
                     )]
@@ -553,9 +567,7 @@ class TrainingData(Rule):
         builders = []
         for call in self.analysis.calls:
             qualified = self.analysis.resolve(call.func) or self._star_transform(call.func) or ""
-            last = qualified.rpartition(".")[2]
-            drawing = last.startswith("Random") or last in _DRAWING_TRANSFORMS
-            if (drawing and "transform" in qualified.lower()) or qualified.startswith("albumentations."):
+            if drawing_transform(qualified):
                 return call
             if not qualified and type(call.func) is cst.Name and call.func.value in self.analysis.bindings.local:
                 qualified = call.func.value  # a class or function of this file (erfnet's `MyCoTransform(...)`)

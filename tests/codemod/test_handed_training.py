@@ -251,3 +251,63 @@ Solver(data, model).train()
         trainers = trainers.replace(*change)
     result = _project(tmp_path, trainers, script)
     assert not result.changed and _codes(result) == ["MGP285"] and why in result.diagnostics[0].message, result.diagnostics
+
+PHASES_LOOP = """\
+def train_model(model, dataloaders, optimizer):
+    for phase in ['train', 'val']:
+        for x, y in dataloaders[phase]:
+            loss = (model(x) - y).pow(2).mean()
+            if phase == 'train':
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+"""
+PHASES_SCRIPT = """\
+import torch.nn as nn
+
+from builders import generate_data
+from trainers import train_model
+
+dataloaders, sizes = generate_data(8)
+model = nn.DataParallel(net)
+train_model(model, dataloaders, optimizer)
+"""
+
+
+@pytest.mark.parametrize(
+    "built, split",
+    [
+        # pytorch_classifiers' generate_data: a comprehension of loaders, returned with the sizes
+        ("loaders = {p: DataLoader(sets[p], batch_size=b, shuffle=True) for p in ['train', 'val']}", True),
+        ("loaders = {'train': DataLoader(sets['train'], batch_size=b), 'val': DataLoader(sets['val'], batch_size=b)}", True),
+        # a dict one of whose entries is no loader (an iterable of the project's): not followed
+        ("loaders = {'train': DataLoader(sets['train'], batch_size=b), 'val': Batches(sets['val'])}", False),
+        ("loaders = {p: Batches(sets[p]) for p in ['train', 'val']}", False),
+    ],
+)
+def test_a_dict_of_loaders_a_builder_returns_is_split_loader_by_loader(tmp_path, built, split):
+    (tmp_path / "builders.py").write_text(
+        f"from torch.utils.data import DataLoader\n\n\ndef generate_data(b):\n    {built}\n    return loaders, {{'train': 1}}\n"
+    )
+    result = _project(tmp_path, PHASES_LOOP, PHASES_SCRIPT)
+    if split:
+        assert "train_model(model, mgpu_runtime.distribute_loaders(dataloaders), optimizer)" in result.output
+        (message,) = [d.message for d in result.diagnostics if d.code == "MGP122"]
+        assert "split loader by loader (`dataloaders` of `generate_data`, builders.py:5)" in message
+    else:
+        assert not result.changed and "MGP285" in _codes(result) and "distribute_loaders" not in result.output
+
+
+def test_a_loop_over_the_keys_of_a_built_dict_of_loaders_is_no_loop_over_a_loader(tmp_path):
+    """The dict itself is no loader: the loop over its keys is not given to distribute_loader."""
+    (tmp_path / "builders.py").write_text(
+        "from torch.utils.data import DataLoader\n\n\ndef generate_data(b):\n"
+        "    loaders = {p: DataLoader(sets[p], batch_size=b) for p in ['train', 'val']}\n    return loaders, {}\n"
+    )
+    script = (
+        "import torch.nn as nn\n\nfrom builders import generate_data\n\n"
+        "dataloaders, sizes = generate_data(8)\nmodel = nn.DataParallel(net)\n"
+        "for phase in dataloaders:\n    loss = model(phase).sum()\n    loss.backward()\n"
+    )
+    result = _project(tmp_path, "", script)
+    assert "distribute_loader(dataloaders" not in result.output and "distribute_loaders(dataloaders" not in result.output

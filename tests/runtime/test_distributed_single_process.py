@@ -156,6 +156,10 @@ class TestWrappersInAWorldOfOne:
     def test_loader_and_criterion_are_the_originals(self, single_process):
         loader = DataLoader(TensorDataset(torch.arange(10.0)), batch_size=4)
         assert mgpu_runtime.distribute_loader(loader) is loader
+        loaders = {"train": loader, "val": loader}
+        assert mgpu_runtime.distribute_loaders(loaders) is loaders
+        with pytest.raises(TypeError, match="a dict, list or tuple of loaders, not DataLoader"):
+            mgpu_runtime.distribute_loaders(loader)
         criterion = nn.CrossEntropyLoss(ignore_index=0)
         logits, target = torch.randn(6, 3, requires_grad=True), torch.tensor([0, 1, 2, 1, 0, 2])
         assert torch.equal(mgpu_runtime.DistributedCriterion(criterion)(logits, target), criterion(logits, target))

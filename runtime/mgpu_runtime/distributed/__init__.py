@@ -13,7 +13,7 @@ the same on every process), ``together`` (``fail_together``: a step that fails o
 model). See ``runtime/README_distributed.md``.
 """
 
-from mgpu_runtime.distributed.data import distribute_loader
+from mgpu_runtime.distributed.data import distribute_loader, distribute_loaders
 from mgpu_runtime.distributed.ddp import DistributedDataParallel
 from mgpu_runtime.distributed.functional import data_parallel
 from mgpu_runtime.distributed.io import load, save
@@ -43,6 +43,7 @@ __all__ = [
     "barrier",
     "device",
     "distribute_loader",
+    "distribute_loaders",
     "is_main_process",
     "launch_own_path",
     "load",

@@ -111,6 +111,20 @@ def distribute_loader(loader: Iterable[Any], whole_batches: bool = False) -> Ite
     return _ScatteredLoader(loader)
 
 
+def distribute_loaders(loaders: Any, whole_batches: bool = False) -> Any:
+    """Each loader of a dict, list or tuple of loaders through ``distribute_loader``, in a container of the same
+    kind and keys (the transfer-learning tutorial's ``dataloaders``, built by a project function and handed to a
+    loop that reads ``dataloaders[phase]``); ``loaders`` itself in a world of one."""
+    if not isinstance(loaders, (dict, list, tuple)):
+        raise TypeError(f"distribute_loaders takes a dict, list or tuple of loaders, not {type(loaders).__name__}")
+    setup()
+    if world_size() == 1:
+        return loaders
+    if isinstance(loaders, dict):
+        return type(loaders)((key, distribute_loader(loader, whole_batches)) for key, loader in loaders.items())
+    return type(loaders)(distribute_loader(loader, whole_batches) for loader in loaders)
+
+
 class _LoaderTwin(ABC):
     """What both twins share: the original's length and attributes."""
 
