@@ -51,7 +51,7 @@ class LoaderTrace:
     ``path`` runs from the loop's iterable (iteration wrappers removed) back to the origin; ``origin`` is the
     ``DataLoader(...)`` (``kind`` LOADER) or ``mgpu_runtime.distribute_loader(...)`` (DISTRIBUTED) call, the call
     of a project function of another module that returns a ``DataLoader`` (BUILT, ``built_loader``; the path
-    then ends at the name its result is stored in, never at the call), or None when the walk found no loader (``range(...)``, a parameter nothing in the file binds).
+    then ends at the call, or, for a tuple the call returns, at the name its part is stored in), or None when the walk found no loader (``range(...)``, a parameter nothing in the file binds).
     ``unsure`` is the test of an ``if train:`` that decides whether the loop trains on this data when the
     tool cannot tell (``training`` is then False, but the loop is no evaluation loop either).
     """
@@ -482,6 +482,11 @@ class LoaderFlow:
                     yield from self._trace(value, value_scope, path, seen | {callee[0]})
                 if returns:
                     return
+            built = self.built_loader(expr, None) if callee is None else None
+            if built is not None and not built.entries:
+                self.built[expr] = built  # `loader = get_loader(...)`, a builder of another module
+                yield path, expr, BUILT
+                return
             yield path, None, None
             return
         if type(expr) is cst.Subscript:

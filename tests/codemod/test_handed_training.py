@@ -311,3 +311,31 @@ def test_a_loop_over_the_keys_of_a_built_dict_of_loaders_is_no_loop_over_a_loade
     )
     result = _project(tmp_path, "", script)
     assert "distribute_loader(dataloaders" not in result.output and "distribute_loaders(dataloaders" not in result.output
+
+
+@pytest.mark.parametrize("handed", [True, False])
+def test_a_transform_a_builder_makes_that_draws_per_sample_loads_whole_batches(tmp_path, handed):
+    """pytorch_classifiers' generate_data builds torchvision's RandomResizedCrop for its datasets: the original drew
+    it for each sample of the whole batch, in its one process, so every process loads whole batches; the loader
+    given back alone, or in a dict handed over."""
+    built = "{p: DataLoader(sets[p], batch_size=b, shuffle=True) for p in ['train', 'val']}, {}"
+    (tmp_path / "builders.py").write_text(
+        "from torch.utils.data import DataLoader\nfrom torchvision import datasets, transforms\n\n\n"
+        "def generate_data(b):\n"
+        "    crop = transforms.Compose([transforms.RandomResizedCrop(4), transforms.ToTensor()])\n"
+        "    sets = {p: datasets.ImageFolder(p, crop) for p in ['train', 'val']}\n"
+        f"    return {built if handed else 'DataLoader(sets[0], batch_size=b, shuffle=True)'}\n"
+    )
+    if handed:
+        result = _project(tmp_path, PHASES_LOOP, PHASES_SCRIPT)
+        assert "mgpu_runtime.distribute_loaders(dataloaders, whole_batches=True)" in result.output
+    else:
+        script = (
+            "import torch.nn as nn\n\nfrom builders import generate_data\n\n"
+            "loader = generate_data(8)\nmodel = nn.DataParallel(net)\n"
+            "for x, y in loader:\n    loss = (model(x) - y).pow(2).mean()\n    loss.backward()\n"
+        )
+        result = _project(tmp_path, "", script)
+        assert "loader = mgpu_runtime.distribute_loader(generate_data(8), whole_batches=True)" in result.output
+    (message,) = [d.message for d in result.diagnostics if d.code == "MGP122"]
+    assert "whole batches, builders.py:6 draws per sample" in message
