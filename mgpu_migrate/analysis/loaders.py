@@ -100,15 +100,7 @@ def returned_loader(module, function: ast.FunctionDef, position: Optional[int], 
             return None
         value = value.elts[position]
     if isinstance(value, ast.Name):
-        stored = [
-            node.value
-            for node in ast.walk(function)
-            if isinstance(node, ast.Assign)
-            and len(node.targets) == 1
-            and isinstance(node.targets[0], ast.Name)
-            and node.targets[0].id == value.id
-        ]
-        value = stored[0] if len(stored) == 1 else None
+        value = _stored_once(function, value.id)
     entries = isinstance(value, (ast.DictComp, ast.Dict))
     if isinstance(value, ast.DictComp):
         value = value.value
@@ -142,13 +134,7 @@ def _per_batch(module, function: ast.FunctionDef, loader: ast.Call) -> list[ast.
         if value is None:
             continue
         if isinstance(value, ast.Name) and value.id not in module.definitions:
-            stored = [
-                node.value
-                for node in ast.walk(function)
-                if isinstance(node, ast.Assign) and len(node.targets) == 1
-                and isinstance(node.targets[0], ast.Name) and node.targets[0].id == value.id
-            ]
-            value = stored[0] if len(stored) == 1 else value
+            value = _stored_once(function, value.id) or value
         if isinstance(value, ast.Lambda):  # `collate_fn=lambda batch: collate_tts(batch, r)`
             called = [
                 module.definitions.get(node.func.id)
@@ -160,12 +146,46 @@ def _per_batch(module, function: ast.FunctionDef, loader: ast.Call) -> list[ast.
             found.extend(called)  # type: ignore[arg-type]
             continue
         if isinstance(value, ast.Call):
+            found.extend(_given_per_sample(module, function, value))
             value = value.func
         definition = module.definitions.get(value.id) if isinstance(value, ast.Name) else None
         if definition is None:
             return list(module.definitions.values())
         found.append(definition)
     return found
+
+
+def _given_per_sample(module, function: ast.FunctionDef, dataset: ast.Call) -> list[ast.AST]:
+    """What a dataset built in the loader's call is given that may run for each sample: the module's classes and
+    functions its arguments build or call (``Points(x, y, Jitter())``, or a name ``function`` assigns them to once),
+    and the transforms there that draw (``transforms.RandomCrop(4)``); numbers drawn in its arguments are drawn once."""
+    from mgpu_migrate.analysis.draws import drawing_transform
+
+    given: list[ast.AST] = []
+    for value in [*dataset.args, *(keyword.value for keyword in dataset.keywords)]:
+        if isinstance(value, ast.Name):
+            value = _stored_once(function, value.id) or value
+        for node in ast.walk(value):
+            if not isinstance(node, ast.Call):
+                continue
+            if isinstance(node.func, ast.Name) and node.func.id in module.definitions:
+                given.append(module.definitions[node.func.id])
+            elif drawing_transform(module.qualified(node.func) or ""):
+                given.append(node)
+    return given
+
+
+def _stored_once(function: ast.FunctionDef, name: str) -> Optional[ast.expr]:
+    """The value of ``function``'s one assignment of ``name`` (``name = ...``), None when there is not exactly one."""
+    stored = [
+        node.value
+        for node in ast.walk(function)
+        if isinstance(node, ast.Assign)
+        and len(node.targets) == 1
+        and isinstance(node.targets[0], ast.Name)
+        and node.targets[0].id == name
+    ]
+    return stored[0] if len(stored) == 1 else None
 
 
 @dataclass(frozen=True)

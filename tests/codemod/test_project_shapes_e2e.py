@@ -60,6 +60,8 @@ CASES = {
     # ... and the dict built by the project's builder (a tuple of it, the sizes and the class names), its train
     # transform drawing per sample: each loader split in whole batches (distribute_loaders)
     "built_phases": ("projects/built_phases", "train.py", NO_ARGUMENTS),
+    # ... and one loader a builder returns alone, the loop in the script
+    "built_loader": ("projects/built_phases", "loader.py", NO_ARGUMENTS),
     "evaluate_helper": ("projects/evaluate_helper", "train.py", NO_ARGUMENTS),
     "chosen_gpus": ("projects/chosen_gpus", "train.py", {2: ["--config", "two_gpus"], 3: ["--config", "three_gpus"]}),
     # st-gcn's IO: a method chooses the GPUs (`--device`) and keeps them on self; the set-up is given them there.
