@@ -19,7 +19,7 @@ from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.analysis.writers import LOGGING_METHODS, TEXT_METHODS
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review, Rewrite, Rule
-from mgpu_migrate.rules.syntax import MAIN_PROCESS_OBJECT, RUNTIME, gives_download, on_the_main_process, through_runtime
+from mgpu_migrate.rules.syntax import MAIN_PROCESS_OBJECT, RUNTIME, gives_download, on_the_main_process, runtime_call, through_runtime
 
 WRITTEN_BY_EVERY_PROCESS = Review(
     "MGP322",
@@ -313,7 +313,14 @@ class ProjectSideEffects(Rule):
         forward = self._runs_the_model(call, definition)
         if forward is not None:
             # Face_Pytorch's getFeatureFromTorch(path, net, ...): its forward of the wrapped model is a collective of
-            # every process, so it cannot run on the main process alone (nor through on_main_process).
+            # every process, so it cannot run on the main process alone (nor through on_main_process) with it; a
+            # forward in eval mode only can, given the model unwrapped.
+            evaluated = self._evaluates_only(call, definition) if why is None and statement is not None else None
+            if evaluated is not None and self.options.style == RUNTIME_STYLE:
+                if self.rewrite_allowed(call):
+                    assert statement is not None
+                    self._evaluated_unwrapped(call, statement, what, where, *evaluated)
+                return
             reason = why or f"as it runs the wrapped model ({forward})"
             self.left(call, WRITTEN_BY_EVERY_PROCESS, f"{what} {self._every_write(definition, written)}: not moved, {reason}")
             return
@@ -674,26 +681,109 @@ class ProjectSideEffects(Rule):
     def _runs_the_model(self, call: cst.Call, definition: Found) -> Optional[str]:
         """``path:line`` where a project function calls the wrapped model this call hands it (its parameter called,
         ``net(d)``), else None."""
+        handed = self._handed_models(call, definition)
+        for inner in ast.walk(definition.node):
+            if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name) and inner.func.id in handed:
+                return f"{definition.where.rpartition(':')[0]}:{inner.lineno}"
+        return None
+
+    def _handed_models(self, call: cst.Call, definition: Found) -> dict[str, int]:
+        """The parameters of the project function ``definition`` that ``call`` gives the wrapped model, each with
+        the index of its argument in ``call``."""
         node = definition.node
         if not isinstance(node, _FUNCTIONS):
-            return None
+            return {}
         models = self.analysis.models
         scope = self.analysis.values.scope_of(call)
         positional = [arg.arg for arg in [*node.args.posonlyargs, *node.args.args]]
         if positional and positional[0] in ("self", "cls") and type(call.func) is cst.Attribute:
             positional = positional[1:]
-        handed = set()
+        handed = {}
         for index, arg in enumerate(call.args):
             if arg.star or not models.model_sites(arg.value, scope):
                 continue
             if arg.keyword is not None:
-                handed.add(arg.keyword.value)
+                handed[arg.keyword.value] = index
             elif index < len(positional):
-                handed.add(positional[index])
-        for inner in ast.walk(node):
-            if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name) and inner.func.id in handed:
-                return f"{definition.where.rpartition(':')[0]}:{inner.lineno}"
+                handed[positional[index]] = index
+        return handed
+
+    def _evaluates_only(self, call: cst.Call, definition: Found) -> Optional[tuple[list[int], int]]:
+        """For a project function that runs the wrapped model it is given, writes and trains nothing (no backward
+        pass, no optimizer step): the indices of the model's arguments in ``call`` and the line that set the model
+        in eval mode before it (``net.eval()`` before Face_Pytorch's ``getFeatureFromTorch(path, net, ...)``, in
+        the caller's block or one around it), when it is in eval mode there; else None. In eval mode its forward
+        is the plain module's row by row, whatever the devices DataParallel split the rows over."""
+        handed = self._handed_models(call, definition)
+        node = definition.node
+        if not handed or not isinstance(node, _FUNCTIONS):
+            return None
+        if any(isinstance(inner, ast.Attribute) and inner.attr in _TRAINING_METHODS for inner in ast.walk(node)):
+            return None
+        codes = {self.analysis.code_of(call.args[index].value) for index in handed.values()}
+        line = self._set_to_eval(call, codes)
+        return (sorted(handed.values()), line) if line is not None else None
+
+    def _set_to_eval(self, call: cst.Call, models: set[str]) -> Optional[int]:
+        """The line of the last ``model.eval()`` (or ``model.train(False)``) of a model of ``models`` that runs
+        before ``call``: in a statement before it in its block, or in a block around it; None when a
+        ``model.train()`` comes after it, or none comes first."""
+        tree = self.analysis.tree
+
+        def switches(statement: cst.CSTNode) -> list[cst.Call]:
+            return [
+                switch
+                for switch in contains(statement, lambda n: type(n) is cst.Call and type(n.func) is cst.Attribute)
+                if switch.func.attr.value in ("eval", "train") and self.analysis.code_of(switch.func.value) in models
+            ]
+
+        node: cst.CSTNode = call
+        for ancestor in tree.ancestors(call):
+            if type(ancestor) in (cst.FunctionDef, cst.ClassDef):
+                return None
+            if type(ancestor) is not cst.IndentedBlock and type(ancestor) is not cst.Module:
+                node = ancestor
+                continue
+            body = list(ancestor.body)
+            place = body.index(node) if node in body else 0
+            for statement in reversed(body[:place]):
+                found = switches(statement)
+                if found:
+                    last = max(found, key=self.analysis.position)
+                    off = last.func.attr.value == "eval" or (
+                        len(last.args) == 1 and type(last.args[0].value) is cst.Name and last.args[0].value.value == "False"
+                    )
+                    return self.analysis.position(last)[0] if off else None
+            # Set before a loop around the call: a switch later in the loop's body holds from the next pass on.
+            if type(tree.parent(ancestor)) in (cst.For, cst.While) and any(switches(later) for later in body[place + 1 :]):
+                return None
+            node = ancestor
         return None
+
+    def _evaluated_unwrapped(
+        self, call: cst.Call, statement: cst.SimpleStatementLine, what: str, where: str, indices: list[int], line: int
+    ) -> None:
+        """The evaluation on the main process only, given the model unwrapped (``mgpu_runtime.unwrap(net)``), the
+        others waiting for it with no time limit; what it writes is written once, and is there for every process
+        that reads it next."""
+
+        def unwrapped(updated: cst.CSTNode) -> cst.CSTNode:
+            assert type(updated) is cst.SimpleStatementLine and type(updated.body[0]) is cst.Expr
+            inner = updated.body[0].value
+            assert type(inner) is cst.Call
+            args = [
+                arg.with_changes(value=runtime_call("unwrap", arg.value)) if index in indices else arg
+                for index, arg in enumerate(inner.args)
+            ]
+            return _evaluated_on_the_main_process(updated.with_changes(body=[cst.Expr(inner.with_changes(args=args))]))
+
+        self.edits.need_import(RUNTIME)
+        self.edits.replace(statement, unwrapped)
+        self.rewrote(
+            call,
+            f"{what} {where}; it runs the model in eval mode (line {line}): on the main process only, given it unwrapped, "
+            "the others waiting",
+        )
 
     def _given_the_batch(self, call: cst.Call) -> bool:
         """An argument computed from the model's outputs or from what a training loop draws."""
@@ -713,6 +803,8 @@ class ProjectSideEffects(Rule):
 
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+# What a function that trains calls (an evaluation calls none of them).
+_TRAINING_METHODS = frozenset({"backward", "step", "zero_grad"})
 # The streams a project object that writes may replace (``sys.stdout = Logger(path)``).
 _STANDARD_STREAMS = frozenset({"sys.stdout", "sys.stderr"})
 _MUTATORS = frozenset({"append", "extend", "update", "insert", "pop", "clear", "add", "remove", "setdefault"})

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import shutil
 
+import pytest
+
 from mgpu_migrate.analysis import project
 from mgpu_migrate.diagnostics import error_summary
 from mgpu_migrate.engine import migrate_source
@@ -793,29 +795,71 @@ def test_a_builder_whose_every_write_is_a_cache_it_reads_runs_on_the_main_proces
     assert again.output == result.output
 
 
-def test_a_project_writer_that_runs_the_wrapped_model_stays_on_every_process(tmp_path):
+_FEATURES = (
+    "import scipy.io\nimport torch\n\n\ndef features(path, net, data):\n    with torch.no_grad():\n"
+    "        scipy.io.savemat(path, {'f': net(data).numpy()})\n\n\n"
+    "def keep(path, net):\n    torch.save(net.state_dict(), path)\n\n\n"
+    "def tuned(path, net, data):\n    net(data).sum().backward()\n    scipy.io.savemat(path, {})\n"
+)
+_SWITCHED = "    for x in loader:\n        net(x).sum().backward()\n"
+
+
+@pytest.mark.parametrize(
+    "before, call, said",
+    [
+        # in train mode (as it left the loop): DataParallel's forward split the batch norm's rows: said
+        ("", "features('f.mat', net, test)", ("MGP322", "not moved, as it runs the wrapped model (evaluation.py:7)")),
+        # Face_Pytorch: `net.eval()` first, so the forward is the plain module's row by row
+        ("    net.eval()\n", "features('f.mat', net, test)", ("MGP132", "given it unwrapped, the others waiting")),
+        ("    net.train(False)\n", "features('f.mat', net, test)", ("MGP132", "given it unwrapped, the others waiting")),
+        # set back to train mode before the call
+        ("    net.eval()\n    net.train()\n", "features('f.mat', net, test)", ("MGP322", "not moved, as it runs the wrapped model (evaluation.py:7)")),
+        # a function that also trains the model it is given
+        ("    net.eval()\n", "tuned('t.mat', net, test)", ("MGP322", "not moved, as it runs the wrapped model (evaluation.py:15)")),
+        # its result is read
+        ("    net.eval()\n", "print(features('f.mat', net, test))", ("MGP322", "not moved, as what it returns is used")),
+    ],
+)
+def test_a_project_writer_that_runs_the_wrapped_model(tmp_path, before, call, said):
     """Face_Pytorch's ``getFeatureFromTorch(path, net, ...)``: it runs the wrapped model over a test set and writes
     the features with ``scipy.io.savemat``. The forward is every process's (its values are global), so the call
-    cannot go to the main process alone (the processes met in different collectives): it is said (MGP322). A writer
-    handed the model only to save it is moved (MGP132)."""
+    cannot go to the main process alone with the wrapped model (the processes would meet in different
+    collectives). With the model in eval mode (``net.eval()`` before it), DataParallel's forward was the plain
+    module's, row by row: the call goes to the main process, given the model unwrapped, and the others wait for it.
+    Else it is said (MGP322). A writer handed the model only to save it is moved (MGP132)."""
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
-    (tmp_path / "evaluation.py").write_text(
-        "import scipy.io\nimport torch\n\n\ndef features(path, net, data):\n    with torch.no_grad():\n"
-        "        scipy.io.savemat(path, {'f': net(data).numpy()})\n\n\n"
-        "def keep(path, net):\n    torch.save(net.state_dict(), path)\n"
-    )
+    (tmp_path / "evaluation.py").write_text(_FEATURES)
     script = tmp_path / "train.py"
     script.write_text(
-        "import torch.nn as nn\nfrom evaluation import features, keep\n\n"
-        "if __name__ == '__main__':\n    net = nn.DataParallel(net)\n    for x in loader:\n        net(x).sum().backward()\n"
-        "    features('f.mat', net, test)\n    keep('k.pt', net)\n"
+        "import torch.nn as nn\nfrom evaluation import features, keep, tuned\n\n"
+        f"if __name__ == '__main__':\n    net = nn.DataParallel(net)\n{_SWITCHED}{before}    {call}\n    keep('k.pt', net)\n"
     )
     result = migrate_source(script.read_text(), "ddp", str(script))
-    said = {d.line: (d.code, d.message.rpartition(": ")[2]) for d in result.diagnostics if d.code in ("MGP132", "MGP322")}
-    assert said == {
-        8: ("MGP322", "not moved, as it runs the wrapped model (evaluation.py:7)"),
-        9: ("MGP132", "called on the main process only, then every process waits"),
-    }, result.diagnostics
+    line = 8 + before.count("\n")
+    found = {d.line: (d.code, d.message.rpartition(": ")[2]) for d in result.diagnostics if d.code in ("MGP132", "MGP322")}
+    assert found[line][0] == said[0] and found[line][1].endswith(said[1]), result.diagnostics
+    assert found[line + 1] == ("MGP132", "called on the main process only, then every process waits")
+    if said[0] == "MGP132":
+        assert (
+            "    if mgpu_runtime.is_main_process():\n        features('f.mat', mgpu_runtime.unwrap(net), test)\n"
+            "    mgpu_runtime.wait_for_main_process()\n"
+        ) in result.output
+        assert migrate_source(result.output, "ddp", str(script)).output == result.output
+
+
+def test_a_model_set_to_eval_mode_before_a_loop_that_sets_it_back_is_not_in_eval_mode_there(tmp_path):
+    """``net.eval()`` before the loop, ``net.train()`` later in its body: from the second pass on, the call runs in
+    train mode."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "evaluation.py").write_text(_FEATURES)
+    script = tmp_path / "train.py"
+    body = "        features('f.mat', net, test)\n        net.train()\n        net(x).sum().backward()\n"
+    script.write_text(
+        "import torch.nn as nn\nfrom evaluation import features\n\n"
+        f"if __name__ == '__main__':\n    net = nn.DataParallel(net)\n    net.eval()\n    for x in loader:\n{body}"
+    )
+    result = migrate_source(script.read_text(), "ddp", str(script))
+    assert "MGP322" in [d.code for d in result.diagnostics] and "unwrap" not in result.output
 
 
 def test_a_method_of_an_object_a_project_module_makes_and_a_plotting_helper_are_read(tmp_path):

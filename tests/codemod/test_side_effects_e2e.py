@@ -9,7 +9,7 @@ with the same content (tensors and arrays within 1e-9, float64; anything else by
 model's final weights must agree within 1e-9, and the job must print the lines the original printed.
 
 "Once" is checked, not assumed: the writers these projects call that the test machine lacks (tensorboardX,
-tensorboard_logger, ignite's engine and ``ModelCheckpoint``, torchvision's ``save_image``, PIL) are the stand-ins
+tensorboard_logger, ignite's engine and ``ModelCheckpoint``, torchvision's ``save_image``, scipy's ``savemat``, PIL) are the stand-ins
 of ``tests/data/stubs`` on ``PYTHONPATH``, which create
 each file exclusively, so a second process writing it fails the job; appended logs would hold each line once
 per process; the directory reset of ncsn's ``main.py`` races when every process runs it. The clock that names darts's run
@@ -22,6 +22,7 @@ and run directory are every process's (as before the aside review's fixes).
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -52,6 +53,10 @@ CASES = {
     # the aside review's (A3, A4, A6): reid-strong-baseline's ignite ModelCheckpoint attached to the engine of another
     # module, SupContrast's tensorboard_logger Logger, SfmLearner's run directory named from the clock in utils.py
     "engine_writers": "train.py",
+    # Face_Pytorch: the net, set to eval mode, handed to getFeatureFromTorch of eval_lfw.py, which runs it over the
+    # test pairs and writes the features (scipy.io.savemat) that evaluation_10_fold reads back: the main process
+    # evaluates, given the net unwrapped, the others wait
+    "eval_features": "train.py",
 }
 # The stand-in clock (tests/data/stubs/sitecustomize.py): time.strftime(fmt) reads this second, 1.1 s later per rank.
 CLOCK_S = "1700000000.5"
@@ -97,14 +102,18 @@ def _finish(job: subprocess.Popen) -> tuple[int, str, str]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, request):
     """Each run's directory and printed lines, by (case, processes, 'original' or 'migrated'); the runs of one W
-    start together, two W one after the other (a 2-core machine)."""
+    start together, two W one after the other (a 2-core machine). Only the cases of the tests this session runs
+    (``-k eval_features`` runs that case's jobs alone)."""
     root = tmp_path_factory.mktemp("side_effects")
+    selected = {getattr(item, "callspec", None) and item.callspec.params.get("case") for item in request.session.items}
     done, failures = {}, []
     for processes in WORLD_SIZES:
         jobs = {}
         for case in CASES:
+            if case not in selected:
+                continue
             for kind in ("original", "migrated"):
                 home = root / f"{case}-{kind}{processes}"
                 home.mkdir()
@@ -147,6 +156,8 @@ def _tensors(value, prefix=""):
 def _content(path: Path):
     """A file's tensors by their place (a torch file, a numpy array), or its bytes."""
     data = path.read_bytes()
+    if data.startswith(b"\x80"):  # the pickled arrays of the scipy.io stand-in's savemat
+        return dict(_tensors(pickle.loads(data)))
     if data.startswith(b"PK"):
         return dict(_tensors(torch.load(path, map_location="cpu", weights_only=False)))
     if data.startswith(b"\x93NUMPY"):
