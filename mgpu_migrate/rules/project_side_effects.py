@@ -34,7 +34,7 @@ WRITTEN_BY_EVERY_PROCESS = Review(
         "(MGP135), and one whose construction only makes directories and keeps plain values on the main process, "
         "every process given its copy (MGP132), and runs a function whose every write is a cache it reads back on the "
         "main process first (MGP132); this one is another shape: a result that every process uses, an "
-        "object read otherwise whose construction does more (writes a file, holds one open, or runs other code), a method "
+        "object read otherwise whose construction does more (writes a file, holds one open, or runs other code), a function that runs the wrapped model it is given in train mode, a method "
         "that also changes the object's state, a function only the main process calls, a call made before "
         "`mgpu_runtime.setup()` in the method that chooses the GPUs (asking which process is the main one there "
         "would set up first, on every visible GPU), or `--style torch`."
@@ -85,7 +85,14 @@ class ProjectSideEffects(Rule):
     own, or ``mAP, R, P = test.test(...)`` whose names are never read), and the others wait for it with
     ``mgpu_runtime.wait_for_main_process()``, which has no time limit (an evaluation may outlast a barrier's
     ``MGPU_TIMEOUT``): every process would otherwise run that evaluation over every GPU. One whose result is
-    read is reported (MGP322).
+    read is reported (MGP322). A call of a project function that runs the wrapped model it is given and writes
+    (Face_Pytorch's ``getFeatureFromTorch(path, net, device, lfwdataset, lfwloader)``, which writes the test features
+    with ``scipy.io.savemat`` for ``evaluation_10_fold`` to read back), with the model set to eval mode before it
+    (``net.eval()`` earlier in its block or a block around it, no ``net.train()`` between) and no backward pass or
+    optimizer step in the function, goes under ``if mgpu_runtime.is_main_process():`` given the model unwrapped
+    (``mgpu_runtime.unwrap(net)``), and the others wait for it with ``mgpu_runtime.wait_for_main_process()``: in eval
+    mode DataParallel's forward was the plain module's, row by row. In train mode (its batch norms took each device's
+    rows) it is reported (MGP322): the forward of the wrapped model is every process's.
 
     ## Why is this bad?
     Every process runs the script: a helper that writes a checkpoint, a log or images writes them once per
@@ -781,8 +788,7 @@ class ProjectSideEffects(Rule):
         self.edits.replace(statement, unwrapped)
         self.rewrote(
             call,
-            f"{what} {where}; it runs the model in eval mode (line {line}): on the main process only, given it unwrapped, "
-            "the others waiting",
+            f"{what} {where}, in eval mode (line {line}): on the main process only, the model unwrapped",
         )
 
     def _given_the_batch(self, call: cst.Call) -> bool:

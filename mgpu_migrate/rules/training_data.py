@@ -505,6 +505,8 @@ class TrainingData(Rule):
         if built.draw is not None:
             message = f"training data split with {RUNTIME}.distribute_loader (`{name}`, {built.where})"
             whole = f": whole batches, {built.draw[0]} draws per sample"
+            if len(message + whole) > 160:  # a deep path: its file's name says enough
+                whole = f": whole batches, {os.path.basename(built.draw[0])} draws per sample"
             self._distribute_at(point, message + whole, whole=True)
             return
         self._distribute_at(point, message)

@@ -810,8 +810,8 @@ _SWITCHED = "    for x in loader:\n        net(x).sum().backward()\n"
         # in train mode (as it left the loop): DataParallel's forward split the batch norm's rows: said
         ("", "features('f.mat', net, test)", ("MGP322", "not moved, as it runs the wrapped model (evaluation.py:7)")),
         # Face_Pytorch: `net.eval()` first, so the forward is the plain module's row by row
-        ("    net.eval()\n", "features('f.mat', net, test)", ("MGP132", "given it unwrapped, the others waiting")),
-        ("    net.train(False)\n", "features('f.mat', net, test)", ("MGP132", "given it unwrapped, the others waiting")),
+        ("    net.eval()\n", "features('f.mat', net, test)", ("MGP132", "on the main process only, the model unwrapped")),
+        ("    net.train(False)\n", "features('f.mat', net, test)", ("MGP132", "on the main process only, the model unwrapped")),
         # set back to train mode before the call
         ("    net.eval()\n    net.train()\n", "features('f.mat', net, test)", ("MGP322", "not moved, as it runs the wrapped model (evaluation.py:7)")),
         # a function that also trains the model it is given
