@@ -172,6 +172,114 @@ def chosen_in_method(analysis: ParsedFile, wraps: Sequence[cst.Call]) -> Optiona
     return ChosenInMethod(anchor, devices, method.name.value)
 
 
+@dataclass(frozen=True)
+class ChosenByCaller:
+    """GPUs a script's main function chooses and hands the wraps' class inside a namespace it is given
+    (pytorch-deeplab-xception's ``Trainer(args)``, which wraps on ``self.args.gpu_ids``): the set-up goes right
+    after ``anchor``, a statement of that function, given ``devices`` in its names (``args.gpu_ids``)."""
+
+    anchor: cst.BaseStatement
+    devices: cst.BaseExpression
+    function: str
+
+
+def chosen_by_the_caller(analysis: ParsedFile, wraps: Sequence[cst.Call]) -> Optional[ChosenByCaller]:
+    """Where the set-up can be given the GPUs that the wraps' ``device_ids=self.A.B`` reads, when ``self.A`` is a
+    parameter of the class's ``__init__`` kept once (``self.args = args``), nothing in the file writes ``self.A.B``,
+    and the file's main function builds the class once, as a statement of its body, given a name there for that
+    parameter (``trainer = Trainer(args)``): the GPUs are then that name's ``B`` (``args.gpu_ids``), and the set-up
+    goes after the main function's last statement before the build that writes it or binds the name, when every
+    statement up to there parses the command line or only computes (``if args.cuda: try: args.gpu_ids = [int(s)
+    for s in args.gpu_ids.split(',')] except ValueError: raise ...``), and none after it, up to the build, writes it.
+    None otherwise."""
+    from mgpu_migrate.analysis.entrypoint import main_function, only_computes_or_refuses, parses_arguments
+
+    chosen = [(call, value) for call in wraps if (value := device_ids(call)) is not None]
+    if not chosen:
+        return None
+    first, value = chosen[0]
+    if any(analysis.code_of(other) != analysis.code_of(value) for _, other in chosen[1:]):
+        return None
+    if type(value) is not cst.Attribute or type(value.value) is not cst.Attribute or type(value.value.value) is not cst.Name:
+        return None
+    index = analysis.flow
+    scope_at = analysis.values.scope_of(first)
+    holder = index.place_of(value.value, scope_at)
+    whole = index.place_of(value, scope_at)
+    if holder is None or not holder[0].is_class or holder[1].count(".") != 1 or whole is None:
+        return None
+    stored = analysis.values.stored.get(holder, [])
+    if len(stored) != 1 or index.store_count(holder) != 1 or index.store_count(whole) != 0:
+        return None
+    given, scope, _ = stored[0]
+    init = holder[0].functions.get("__init__")
+    if init is None or scope.node is not init or type(given) is not cst.Name or given.value not in scope.params:
+        return None
+    cls = holder[0].node
+    main = main_function(analysis)
+    if type(cls) is not cst.ClassDef or main is None or type(main.body) is not cst.IndentedBlock:
+        return None
+    builds = [call for call in analysis.calls if type(call.func) is cst.Name and call.func.value == cls.name.value]
+    body = list(main.body.body)
+    statement = analysis.tree.statement(builds[0]) if len(builds) == 1 else None
+    if statement not in body:
+        return None
+    name = _argument_of(init, builds[0], given.value)
+    if type(name) is not cst.Name:
+        return None
+    attribute = value.attr.value
+    devices = cst.Attribute(value=cst.Name(name.value), attr=cst.Name(attribute))
+    built = body.index(statement)
+    writes = [
+        position
+        for position, line in enumerate(body[:built])
+        for target in _assigned(line)
+        if (type(target) is cst.Name and target.value == name.value)
+        or (type(target) is cst.Attribute and analysis.code_of(target) == f"{name.value}.{attribute}")
+    ]
+    if not writes:
+        return None
+    last = writes[-1]
+    if not all(
+        parses_arguments(analysis, line) or only_computes_or_refuses(analysis, line) or _is_docstring_line(line)
+        for line in body[: last + 1]
+    ):
+        return None
+    return ChosenByCaller(body[last], devices, main.name.value)
+
+
+def _argument_of(init: cst.FunctionDef, call: cst.Call, parameter: str) -> Optional[cst.BaseExpression]:
+    """What ``call`` of a class gives its ``__init__``'s ``parameter`` (by keyword or position); None when it
+    cannot be told."""
+    positional = [param.name.value for param in (*init.params.posonly_params, *init.params.params)][1:]
+    for position, arg in enumerate(call.args):
+        if arg.star:
+            return None
+        if arg.keyword is not None:
+            if arg.keyword.value == parameter:
+                return arg.value
+        elif position < len(positional) and positional[position] == parameter:
+            return arg.value
+    return None
+
+
+def _assigned(statement: cst.CSTNode) -> list[cst.BaseExpression]:
+    """What a statement assigns, in it and in the blocks under it."""
+    found: list[cst.BaseExpression] = []
+    for node in contains(statement, lambda node: type(node) in (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+        found += [target.target for target in node.targets] if type(node) is cst.Assign else [node.target]
+    return found
+
+
+def _is_docstring_line(statement: cst.CSTNode) -> bool:
+    return (
+        type(statement) is cst.SimpleStatementLine
+        and len(statement.body) == 1
+        and type(statement.body[0]) is cst.Expr
+        and type(statement.body[0].value) in (cst.SimpleString, cst.ConcatenatedString)
+    )
+
+
 def _own_calls(function: cst.FunctionDef, self_name: str) -> dict[str, int]:
     """The methods a function calls on ``self`` as statements of its own (``self.init_environment()``), by name,
     with the index of the first such statement."""

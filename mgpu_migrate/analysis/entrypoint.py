@@ -430,6 +430,26 @@ def _only_computes(analysis: ParsedFile, statement: cst.CSTNode) -> bool:
     return True
 
 
+def only_computes_or_refuses(analysis: ParsedFile, statement: cst.CSTNode) -> bool:
+    """``_only_computes``, or an ``if`` or ``try`` whose statements only compute or raise, with tests that call
+    nothing (pytorch-deeplab-xception's ``if args.cuda: try: args.gpu_ids = [int(s) for s in
+    args.gpu_ids.split(',')] except ValueError: raise ValueError(...)``)."""
+    if _only_computes(analysis, statement):
+        return True
+    if type(statement) not in (cst.If, cst.Try):
+        return False
+    tests = [node.test for node in contains(statement, lambda node: type(node) is cst.If)]
+    tests += [handler.type for handler in contains(statement, lambda node: type(node) is cst.ExceptHandler) if handler.type]
+    if any(contains(test, lambda node: type(node) is cst.Call) for test in tests):
+        return False
+    if contains(statement, lambda node: type(node) in (cst.FunctionDef, cst.ClassDef, cst.With, cst.While, cst.For)):
+        return False
+    lines = contains(statement, lambda node: type(node) is cst.SimpleStatementLine)
+    return all(
+        all(type(small) is cst.Raise for small in line.body) or _only_computes(analysis, line) for line in lines
+    )
+
+
 def _first_called_function(analysis: ParsedFile, block: cst.If) -> Optional[cst.FunctionDef]:
     """The function of this file that the main block calls first, after parsing the command line: ``main()``,
     ``sys.exit(main(args))``."""

@@ -6,7 +6,7 @@ from functools import cached_property
 
 import libcst as cst
 
-from mgpu_migrate.analysis.devices import chosen_in_method, names_read, read_names
+from mgpu_migrate.analysis.devices import chosen_by_the_caller, chosen_in_method, names_read, read_names
 from mgpu_migrate.analysis.entrypoint import EntryPoint, find_entry_point, main_function
 from mgpu_migrate.analysis.handed import HandedTraining
 from mgpu_migrate.analysis.loaders import LoaderFlow
@@ -45,6 +45,11 @@ class FileAnalysis(ParsedFile):
         in_method = chosen_in_method(self, wraps) if "self" in device_names else None
         place = f"in {in_method.method}(), where it chooses the GPUs" if in_method is not None else ""
         method_entry = EntryPoint(in_method.anchor, True, place, in_method.devices) if in_method is not None else None
+        by_caller = chosen_by_the_caller(self, wraps) if "self" in device_names and in_method is None else None
+        if by_caller is not None:
+            # The main function hands the class the GPUs in a namespace (pytorch-deeplab-xception's Trainer(args)).
+            place = f"in {by_caller.function}(), after it chooses the GPUs"
+            method_entry = EntryPoint(by_caller.anchor, True, place, by_caller.devices)
         return find_entry_point(self, training, device_names, method_entry)
 
     @cached_property

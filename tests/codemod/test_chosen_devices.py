@@ -642,3 +642,69 @@ def test_other_entry_points_are_no_commands(tmp_path, name, text):
     (tmp_path / name).write_text(text)
     started._CONSOLE.clear()
     assert started.console_function(str(tmp_path / "pkg" / "cli.py")) is None
+
+
+_HANDED_NAMESPACE = """
+    import argparse
+    import torch.nn as nn
+
+
+    class Trainer(object):
+        def __init__(self, args):
+            self.args = args
+            self.model = nn.Linear(2, 2)
+            if args.cuda:
+                self.model = nn.DataParallel(self.model, device_ids=self.args.gpu_ids)
+{in_class}
+        def training(self, loader):
+            for x in loader:
+                self.model(x).sum().backward()
+
+
+    def main():
+        parser = argparse.ArgumentParser()
+        parser.add_argument('--gpu-ids', type=str, default='0')
+        args = parser.parse_args()
+        args.cuda = True
+{chosen}
+        trainer = Trainer(args)
+        trainer.training(loader)
+
+
+    if __name__ == '__main__':
+        main()
+"""
+_PARSED = """        if args.cuda:
+            try:
+                args.gpu_ids = [int(s) for s in args.gpu_ids.split(',')]
+            except ValueError:
+                raise ValueError('Argument --gpu_ids must be a comma-separated list of integers only')
+"""
+
+
+@pytest.mark.parametrize(
+    "in_class, chosen, setup",
+    [
+        # pytorch-deeplab-xception: the namespace's list, parsed under `if args.cuda: try:`
+        ("", _PARSED, "mgpu_runtime.setup(devices=args.gpu_ids)"),
+        # the string as parsed, handed on as it is
+        ("", "", "mgpu_runtime.setup(devices=args.gpu_ids)"),
+        # something that prints before the GPUs are chosen: the set-up cannot go after it (the launching process
+        # would print it too)
+        ("", "        print(args)\n" + _PARSED, None),
+        # the class changes them itself
+        ("            self.args.gpu_ids = [0]\n", _PARSED, None),
+        # the class is built twice
+        ("", _PARSED + "        Trainer(args)\n", None),
+    ],
+)
+def test_gpus_a_main_function_hands_a_class_in_its_namespace_go_to_the_set_up_there(in_class, chosen, setup):
+    result = _migrated(_HANDED_NAMESPACE.format(in_class=in_class, chosen=chosen))
+    if setup is None:
+        assert CHOSEN in [d.code for d in result.diagnostics] and not result.changed
+        return
+    assert _setups(result.output) == [setup]
+    lines = result.output.splitlines()
+    placed = lines.index("    " + setup)
+    assert lines[placed - 1].strip() == ("raise ValueError('Argument --gpu_ids must be a comma-separated list of integers only')" if chosen else "args = parser.parse_args()")
+    assert "mgpu_runtime.DistributedDataParallel(self.model)" in result.output

@@ -94,6 +94,13 @@ CASES = {
         "main.py",
         {2: ["recognition", "--device", "0", "1"], 3: ["recognition", "--device", "0", "1", "2"]},
     ),
+    # pytorch-deeplab-xception: main() parses --gpu-ids into a list under `if args.cuda: try:` and hands the whole
+    # namespace to Trainer(args), which wraps on self.args.gpu_ids: the set-up goes after the parse, given args.gpu_ids.
+    "trainer_args_gpus": (
+        "projects/trainer_args_gpus",
+        "train.py",
+        {2: ["--gpu-ids", "0,1"], 3: ["--gpu-ids", "0,1,2"]},
+    ),
     # WaveRNN: the model never wrapped, each step through the project's hand-written data_parallel (MGP107).
     "hand_written_dp": ("projects/hand_written_dp", "train.py", NO_ARGUMENTS),
     # Yet-Another-EfficientDet: the project's DataParallel subclass (utils/utils.py) cuts each batch itself, rebased
