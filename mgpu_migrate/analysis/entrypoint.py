@@ -11,6 +11,9 @@ GPU) and after the script has chosen its GPUs with ``CUDA_VISIBLE_DEVICES``. The
   which ``__init__`` calls before the method that wraps), right where it chooses them, given them
   (``analysis.devices.chosen_in_method``), in a script whose main block or ``main()`` starts the program, or in
   a module that trains nothing itself (a class that holds the model for subclasses elsewhere, st-gcn's ``IO``);
+* in the main function that hands the wraps' class its GPUs inside a namespace (pytorch-deeplab-xception's
+  ``Trainer(args)``, wrapping on ``self.args.gpu_ids``), right after it chooses them, given them
+  (``analysis.devices.chosen_by_the_caller``);
 * in the function the ``if __name__ == "__main__":`` block calls first, right after its leading statements
   that parse the command line, when a wrap's ``device_ids`` reads what they bind (``args.gpus``): the set-up
   is given those GPUs (``setup(devices=args.gpus)``);

@@ -44,7 +44,11 @@ class DeviceSelection(Rule):
     parsed (``args = parser.parse_args()``); or, when a method of the wraps' class chooses them and keeps them on
     ``self`` (``gpus = visible_gpus(self.arg.device); self.gpus = gpus`` in ``init_environment()``, which
     ``__init__`` calls before the method that wraps, nothing touching CUDA before), into that method, right
-    where they are chosen (``setup(devices=gpus)``). A wrap in a module with no entry point of its own, on a
+    where they are chosen (``setup(devices=gpus)``); or, when the file's main function hands the wraps' class the
+    GPUs inside a namespace its constructor keeps (pytorch-deeplab-xception's ``Trainer(args)``, which wraps on
+    ``self.args.gpu_ids``, built once), into that function, right after its last statement that chooses them
+    (``if args.cuda: try: args.gpu_ids = [int(s) for s in ...]``), when every statement up to there parses the
+    command line or only computes (``setup(devices=args.gpu_ids)``). A wrap in a module with no entry point of its own, on a
     parameter of its function or of its class's constructor, drops them when the script that starts the module
     hands them and gives them to its set-up (first-order-model's ``train(..., opt.device_ids)``, BERT-pytorch's
     ``BERTTrainer(..., cuda_devices=args.cuda_devices)`` in the function its setup.py installs as the ``bert``
