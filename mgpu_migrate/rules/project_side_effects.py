@@ -751,12 +751,13 @@ class ProjectSideEffects(Rule):
             if type(ancestor) is not cst.IndentedBlock and type(ancestor) is not cst.Module:
                 node = ancestor
                 continue
-            body = list(ancestor.body)
+            body: list[cst.CSTNode] = list(ancestor.body)
             place = body.index(node) if node in body else 0
             for statement in reversed(body[:place]):
                 found = switches(statement)
                 if found:
                     last = max(found, key=self.analysis.position)
+                    assert type(last.func) is cst.Attribute  # (switches)
                     off = last.func.attr.value == "eval" or (
                         len(last.args) == 1 and type(last.args[0].value) is cst.Name and last.args[0].value.value == "False"
                     )
@@ -774,7 +775,7 @@ class ProjectSideEffects(Rule):
         others waiting for it with no time limit; what it writes is written once, and is there for every process
         that reads it next."""
 
-        def unwrapped(updated: cst.CSTNode) -> cst.CSTNode:
+        def unwrapped(updated: cst.CSTNode) -> cst.FlattenSentinel:
             assert type(updated) is cst.SimpleStatementLine and type(updated.body[0]) is cst.Expr
             inner = updated.body[0].value
             assert type(inner) is cst.Call
