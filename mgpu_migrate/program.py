@@ -25,7 +25,7 @@ import libcst as cst
 
 from mgpu_migrate import files
 from mgpu_migrate.analysis import FileAnalysis, names
-from mgpu_migrate.analysis.devices import device_ids, every_visible, what_they_are, why_unknown
+from mgpu_migrate.analysis.devices import argument_given, device_ids, every_visible, what_they_are, why_unknown
 from mgpu_migrate.analysis.entrypoint import RUNTIME_SETUP
 from mgpu_migrate.analysis.models import RUNTIME, SUBCLASS
 from mgpu_migrate.analysis.own_path import Fallback, fallback_builders
@@ -218,15 +218,7 @@ def _argument_for(
     """What ``call`` gives ``function``'s ``parameter`` (by keyword or position), None when it cannot be told;
     ``bound``: the function is a class's ``__init__``, called through the class (its ``self`` is not given)."""
     positional = [arg.arg for arg in [*function.args.posonlyargs, *function.args.args]][1 if bound else 0 :]
-    for index, arg in enumerate(call.args):
-        if arg.star:
-            return None
-        if arg.keyword is not None:
-            if arg.keyword.value == parameter:
-                return arg.value
-        elif index < len(positional) and positional[index] == parameter:
-            return arg.value
-    return None
+    return argument_given(call, positional, parameter)
 
 
 def handed_to_a_setup(analysis: FileAnalysis, wrap: cst.Call) -> str | None:

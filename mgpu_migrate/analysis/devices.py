@@ -192,7 +192,7 @@ def chosen_by_the_caller(analysis: ParsedFile, wraps: Sequence[cst.Call]) -> Opt
     statement up to there parses the command line or only computes (``if args.cuda: try: args.gpu_ids = [int(s)
     for s in args.gpu_ids.split(',')] except ValueError: raise ...``), and none after it, up to the build, writes it.
     None otherwise."""
-    from mgpu_migrate.analysis.entrypoint import main_function, only_computes_or_refuses, parses_arguments
+    from mgpu_migrate.analysis.entrypoint import _is_docstring, main_function, only_computes_or_refuses, parses_arguments
 
     chosen = [(call, value) for call in wraps if (value := device_ids(call)) is not None]
     if not chosen:
@@ -241,7 +241,7 @@ def chosen_by_the_caller(analysis: ParsedFile, wraps: Sequence[cst.Call]) -> Opt
         return None
     last = writes[-1]
     if not all(
-        parses_arguments(analysis, line) or only_computes_or_refuses(analysis, line) or _is_docstring_line(line)
+        parses_arguments(analysis, line) or only_computes_or_refuses(analysis, line) or _is_docstring(line)
         for line in body[: last + 1]
     ):
         return None
@@ -249,9 +249,14 @@ def chosen_by_the_caller(analysis: ParsedFile, wraps: Sequence[cst.Call]) -> Opt
 
 
 def _argument_of(init: cst.FunctionDef, call: cst.Call, parameter: str) -> Optional[cst.BaseExpression]:
-    """What ``call`` of a class gives its ``__init__``'s ``parameter`` (by keyword or position); None when it
-    cannot be told."""
+    """What ``call`` of a class gives its ``__init__``'s ``parameter``; None when it cannot be told."""
     positional = [param.name.value for param in (*init.params.posonly_params, *init.params.params)][1:]
+    return argument_given(call, positional, parameter)
+
+
+def argument_given(call: cst.Call, positional: Sequence[str], parameter: str) -> Optional[cst.BaseExpression]:
+    """What ``call`` gives ``parameter`` of a function whose positional parameters are ``positional`` (``self``
+    left out where the call binds it), by keyword or position; None when it cannot be told (a ``*args``)."""
     for position, arg in enumerate(call.args):
         if arg.star:
             return None
@@ -269,15 +274,6 @@ def _assigned(statement: cst.CSTNode) -> list[cst.BaseExpression]:
     for node in contains(statement, lambda node: type(node) in (cst.Assign, cst.AugAssign, cst.AnnAssign)):
         found += [target.target for target in node.targets] if type(node) is cst.Assign else [node.target]
     return found
-
-
-def _is_docstring_line(statement: cst.CSTNode) -> bool:
-    return (
-        type(statement) is cst.SimpleStatementLine
-        and len(statement.body) == 1
-        and type(statement.body[0]) is cst.Expr
-        and type(statement.body[0].value) in (cst.SimpleString, cst.ConcatenatedString)
-    )
 
 
 def _own_calls(function: cst.FunctionDef, self_name: str) -> dict[str, int]:
