@@ -810,8 +810,8 @@ class ProjectSideEffects(Rule):
 
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
-# What a function that trains calls (an evaluation calls none of them).
-_TRAINING_METHODS = frozenset({"backward", "step", "zero_grad"})
+# What a function that trains calls, or one that sets a model to train mode (an evaluation calls none of them).
+_TRAINING_METHODS = frozenset({"backward", "step", "zero_grad", "train"})
 # The streams a project object that writes may replace (``sys.stdout = Logger(path)``).
 _STANDARD_STREAMS = frozenset({"sys.stdout", "sys.stderr"})
 _MUTATORS = frozenset({"append", "extend", "update", "insert", "pop", "clear", "add", "remove", "setdefault"})

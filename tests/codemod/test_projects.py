@@ -799,7 +799,8 @@ _FEATURES = (
     "import scipy.io\nimport torch\n\n\ndef features(path, net, data):\n    with torch.no_grad():\n"
     "        scipy.io.savemat(path, {'f': net(data).numpy()})\n\n\n"
     "def keep(path, net):\n    torch.save(net.state_dict(), path)\n\n\n"
-    "def tuned(path, net, data):\n    net(data).sum().backward()\n    scipy.io.savemat(path, {})\n"
+    "def tuned(path, net, data):\n    net(data).sum().backward()\n    scipy.io.savemat(path, {})\n\n\n"
+    "def switched(path, net, data):\n    net.train()\n    scipy.io.savemat(path, {'f': net(data).numpy()})\n"
 )
 _SWITCHED = "    for x in loader:\n        net(x).sum().backward()\n"
 
@@ -816,6 +817,8 @@ _SWITCHED = "    for x in loader:\n        net(x).sum().backward()\n"
         ("    net.eval()\n    net.train()\n", "features('f.mat', net, test)", ("MGP322", "not moved, as it runs the wrapped model (evaluation.py:7)")),
         # a function that also trains the model it is given
         ("    net.eval()\n", "tuned('t.mat', net, test)", ("MGP322", "not moved, as it runs the wrapped model (evaluation.py:15)")),
+        # a function that sets the model to train mode itself
+        ("    net.eval()\n", "switched('s.mat', net, test)", ("MGP322", "not moved, as it runs the wrapped model (evaluation.py:21)")),
         # its result is read
         ("    net.eval()\n", "print(features('f.mat', net, test))", ("MGP322", "not moved, as what it returns is used")),
     ],
@@ -831,7 +834,7 @@ def test_a_project_writer_that_runs_the_wrapped_model(tmp_path, before, call, sa
     (tmp_path / "evaluation.py").write_text(_FEATURES)
     script = tmp_path / "train.py"
     script.write_text(
-        "import torch.nn as nn\nfrom evaluation import features, keep, tuned\n\n"
+        "import torch.nn as nn\nfrom evaluation import features, keep, switched, tuned\n\n"
         f"if __name__ == '__main__':\n    net = nn.DataParallel(net)\n{_SWITCHED}{before}    {call}\n    keep('k.pt', net)\n"
     )
     result = migrate_source(script.read_text(), "ddp", str(script))
