@@ -840,7 +840,9 @@ def _why_not_copied(project: Project, cls: Found, init: Found) -> Optional[str]:
     construction makes directories (and no file), keeps plain values (text, numbers, paths, the clock), and
     otherwise only logs; no other method of it writes, and none changes how it is copied."""
     assert isinstance(cls.node, ast.ClassDef)
-    if cls.node.bases or cls.node.keywords:
+    # `class Saver(object):`, Python 2's spelling of a class that derives from none
+    bases = [base for base in cls.node.bases if not (isinstance(base, ast.Name) and base.id == "object")]
+    if bases or cls.node.keywords:
         return f"`{cls.name}` derives from another class"
     if cls.node.decorator_list:
         return f"`{cls.name}` is decorated"

@@ -647,11 +647,11 @@ def test_a_run_context_that_only_makes_directories_is_built_once_and_copied_and_
     """mean-teacher's ``main(RunContext(__file__, 0))``: a class whose construction only makes directories and keeps
     plain values is built on the main process, every process given its copy. One that holds something open (a
     lock), whose other method writes, or that derives from another class is left (MGP322), each saying why; so is
-    the copy under --style torch."""
+    the copy under --style torch. ``class RunContext(object):``, Python 2's spelling, derives from none."""
     (tmp_path / "setup.py").write_text("")
     (tmp_path / "runs.py").write_text(
         "import os\nimport threading\nimport time\n\n\n"
-        "class RunContext:\n    def __init__(self, name, index):\n        stamp = str(time.strftime('%H%M%S'))\n"
+        "class RunContext(object):\n    def __init__(self, name, index):\n        stamp = str(time.strftime('%H%M%S'))\n"
         "        self.result_dir = '{}/{}/{}'.format('results', name, stamp)\n"
         "        if not os.path.exists('results'):\n            print('first run')\n"
         "        os.makedirs(self.result_dir)\n\n\n"
