@@ -84,11 +84,14 @@ _TORCH_DRAWS = ("torch.rand", "torch.normal", "torch.bernoulli", "torch.multinom
 _SPELLED_DRAW = re.compile(r"^(np|numpy)\.random\.(\w+)$")
 
 
-def returned_loader(module, function: ast.FunctionDef, position: Optional[int], path: str) -> Optional[BuiltLoader]:
+def returned_loader(
+    module, function: ast.FunctionDef, position: Optional[int], path: str, project=None
+) -> Optional[BuiltLoader]:
     """The ``DataLoader(...)`` ``function`` (of the project ``module``) returns, at ``position`` of the tuple it
     returns when one is given: built in the ``return`` itself, or in the function's one assignment of the name it
     returns; or the dict of loaders it returns there (``{x: DataLoader(...) for x in phases}``, or a display whose
-    every value is one), read through its loaders (``entries``)."""
+    every value is one), read through its loaders (``entries``). ``project``: where the classes of other modules
+    its datasets are built from are read (``pascal.VOCSegmentation(args, split='train')``)."""
     from mgpu_migrate.analysis.draws import drawing_transform, numpy_draw
 
     returns = [node for node in ast.walk(function) if isinstance(node, ast.Return) and node.value is not None]
@@ -109,27 +112,30 @@ def returned_loader(module, function: ast.FunctionDef, position: Optional[int], 
     if not calls or len(calls) != len(loaders):
         return None
     draw = None
-    for definition in (found for loader in calls for found in _per_batch(module, function, loader)):
+    read = [found for loader in calls for found in _per_batch(module, function, loader, project, path)]
+    for owner, definition, where in read:
         for node in ast.walk(definition):
             if isinstance(node, ast.Call):
                 # A name the module's imports do not bind (numpy through `from utils.dsp import *`): by its spelling.
-                qualified = module.qualified(node.func) or _SPELLED_DRAW.sub(r"numpy.random.\2", ast.unparse(node.func))
+                qualified = owner.qualified(node.func) or _SPELLED_DRAW.sub(r"numpy.random.\2", ast.unparse(node.func))
                 # and a transform built there that draws per sample (pytorch_classifiers' RandomResizedCrop)
                 drawn = numpy_draw(qualified) or qualified.startswith(_TORCH_DRAWS) or drawing_transform(qualified)
                 if drawn and (draw is None or node.lineno < int(draw[0].rpartition(":")[2])):
-                    draw = (f"{path}:{node.lineno}", ast.unparse(node))
+                    draw = (f"{where}:{node.lineno}", ast.unparse(node))
     samplers = (keyword.arg for loader in calls for keyword in loader.keywords if keyword.arg in ("sampler", "batch_sampler"))
     return BuiltLoader(f"{path}:{calls[0].lineno}", draw, next(samplers, None), entries)
 
 
-def _per_batch(module, function: ast.FunctionDef, loader: ast.Call) -> list[ast.AST]:
-    """What runs for each batch of the loader ``function`` builds, as far as its module shows: its ``collate_fn``
-    (a function of the module) and its dataset's class (built in the call, or in the function's one assignment of
-    the name given), else the whole module (a dataset or collate function out of sight may draw anything)."""
+def _per_batch(module, function: ast.FunctionDef, loader: ast.Call, project=None, path: str = "") -> list[tuple]:
+    """What runs for each batch of the loader ``function`` builds, each as (its module, its definition, its path):
+    its ``collate_fn`` (a function of the module) and its dataset's class (built in the call, or in the function's
+    one assignment of the name given), else the whole module (a dataset or collate function out of sight may draw
+    anything), with the project class of another module the dataset is built from when ``project`` shows it."""
     given = {keyword.arg: keyword.value for keyword in loader.keywords}
     dataset = given.get("dataset", loader.args[0] if loader.args else None)
     collate = given.get("collate_fn")
-    found: list[ast.AST] = []
+    found: list[tuple] = []
+    whole = [(module, definition, path) for definition in module.definitions.values()]
     for value in (dataset, collate):
         if value is None:
             continue
@@ -142,26 +148,26 @@ def _per_batch(module, function: ast.FunctionDef, loader: ast.Call) -> list[ast.
                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
             ]
             if not called or None in called:
-                return list(module.definitions.values())
-            found.extend(called)  # type: ignore[arg-type]
+                return whole
+            found.extend((module, definition, path) for definition in called)
             continue
         if isinstance(value, ast.Call):
-            found.extend(_given_per_sample(module, function, value))
+            found.extend(_given_per_sample(module, function, value, project, path))
             value = value.func
         definition = module.definitions.get(value.id) if isinstance(value, ast.Name) else None
         if definition is None:
-            return list(module.definitions.values())
-        found.append(definition)
+            return [*found, *whole, *_elsewhere(module, value, project)]
+        found.append((module, definition, path))
     return found
 
 
-def _given_per_sample(module, function: ast.FunctionDef, dataset: ast.Call) -> list[ast.AST]:
-    """What a dataset built in the loader's call is given that may run for each sample: the module's classes and
+def _given_per_sample(module, function: ast.FunctionDef, dataset: ast.Call, project=None, path: str = "") -> list[tuple]:
+    """What a dataset built in the loader's call is given that may run for each sample: the project's classes and
     functions its arguments build or call (``Points(x, y, Jitter())``, or a name ``function`` assigns them to once),
     and the transforms there that draw (``transforms.RandomCrop(4)``); numbers drawn in its arguments are drawn once."""
     from mgpu_migrate.analysis.draws import drawing_transform
 
-    given: list[ast.AST] = []
+    given: list[tuple] = []
     for value in [*dataset.args, *(keyword.value for keyword in dataset.keywords)]:
         if isinstance(value, ast.Name):
             value = _stored_once(function, value.id) or value
@@ -169,10 +175,43 @@ def _given_per_sample(module, function: ast.FunctionDef, dataset: ast.Call) -> l
             if not isinstance(node, ast.Call):
                 continue
             if isinstance(node.func, ast.Name) and node.func.id in module.definitions:
-                given.append(module.definitions[node.func.id])
+                given.append((module, module.definitions[node.func.id], path))
             elif drawing_transform(module.qualified(node.func) or ""):
-                given.append(node)
+                given.append((module, node, path))
+            else:
+                given.extend(_elsewhere(module, node.func, project))
     return given
+
+
+def _elsewhere(module, func: ast.expr, project) -> list[tuple]:
+    """What runs for each sample of the class or function of another module of the project that ``func`` names in
+    ``module``, each as (its module, the node, its path): a function whole; a class's methods but ``__init__``, and
+    the transforms that draw which ``__init__`` builds (``self.transform = tr.RandomHorizontalFlip()``), since what
+    ``__init__`` draws itself is drawn once. None for a name of no project module."""
+    from mgpu_migrate.analysis.draws import drawing_transform
+
+    qualified = module.qualified(func) if project is not None else None
+    if not qualified or qualified.split(".")[0].lstrip(".") in _NOT_THE_PROJECT:
+        return []
+    found = project.find(qualified)
+    if found is None or not isinstance(found.node, (ast.ClassDef, ast.FunctionDef)):
+        return []
+    where = found.where.rpartition(":")[0]
+    if isinstance(found.node, ast.FunctionDef):
+        return [(found.module, found.node, where)]
+    read = []
+    for statement in found.node.body:
+        if not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if statement.name != "__init__":
+            read.append((found.module, statement, where))
+            continue
+        read += [
+            (found.module, node, where)
+            for node in ast.walk(statement)
+            if isinstance(node, ast.Call) and drawing_transform(found.module.qualified(node.func) or "")
+        ]
+    return read
 
 
 def _stored_once(function: ast.FunctionDef, name: str) -> Optional[ast.expr]:
@@ -578,7 +617,7 @@ class LoaderFlow:
         found = project.find(qualified) if project is not None else None
         if found is None or not isinstance(found.node, ast.FunctionDef):
             return None
-        return returned_loader(found.module, found.node, position, found.where.rpartition(":")[0])
+        return returned_loader(found.module, found.node, position, found.where.rpartition(":")[0], project)
 
     def _generator_feeds(self, function: cst.FunctionDef, implicit: int, call: cst.Call):
         """For a generator of this file (``recycle(loader)``, ``sample_data(loader)``), the arguments of
