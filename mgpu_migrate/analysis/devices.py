@@ -192,7 +192,7 @@ def chosen_by_the_caller(analysis: ParsedFile, wraps: Sequence[cst.Call]) -> Opt
     statement up to there parses the command line or only computes (``if args.cuda: try: args.gpu_ids = [int(s)
     for s in args.gpu_ids.split(',')] except ValueError: raise ...``), and none after it, up to the build, writes it.
     None otherwise."""
-    from mgpu_migrate.analysis.entrypoint import _is_docstring, main_function, only_computes_or_refuses, parses_arguments
+    from mgpu_migrate.analysis.entrypoint import _is_docstring, _targets, main_function, only_computes_or_refuses, parses_arguments
 
     chosen = [(call, value) for call in wraps if (value := device_ids(call)) is not None]
     if not chosen:
@@ -233,7 +233,7 @@ def chosen_by_the_caller(analysis: ParsedFile, wraps: Sequence[cst.Call]) -> Opt
     writes = [
         position
         for position, line in enumerate(body[:built])
-        for target in _assigned(line)
+        for target in _targets(line)
         if (type(target) is cst.Name and target.value == name.value)
         or (type(target) is cst.Attribute and analysis.code_of(target) == f"{name.value}.{attribute}")
     ]
@@ -266,14 +266,6 @@ def argument_given(call: cst.Call, positional: Sequence[str], parameter: str) ->
         elif position < len(positional) and positional[position] == parameter:
             return arg.value
     return None
-
-
-def _assigned(statement: cst.CSTNode) -> list[cst.BaseExpression]:
-    """What a statement assigns, in it and in the blocks under it."""
-    found: list[cst.BaseExpression] = []
-    for node in contains(statement, lambda node: type(node) in (cst.Assign, cst.AugAssign, cst.AnnAssign)):
-        found += [target.target for target in node.targets] if type(node) is cst.Assign else [node.target]
-    return found
 
 
 def _own_calls(function: cst.FunctionDef, self_name: str) -> dict[str, int]:
