@@ -224,6 +224,8 @@ class WrapGuard(Rule):
             for guard, in_else in gpu_guards(self.analysis, wrap):
                 if guard in seen or mentions(guard.test, "world_size"):
                     continue
+                if self._wraps_either_way(guard, program.wraps):
+                    continue  # `if vgg: model.features = DataParallel(...)` `else: model = DataParallel(model)`
                 is_elif = type(self.analysis.tree.parent(guard)) is cst.If
                 condition = self.analysis.code_of(guard.test)
                 if in_else or is_elif or not is_gpu_condition(guard.test):
@@ -262,6 +264,13 @@ class WrapGuard(Rule):
                     f"the wrap runs only under {conditions[0]}{more}: make sure {'they hold' if more else 'it holds'} on "
                     f"every process (e.g. `... or {MANY_PROCESSES}`)",
                 )
+
+    def _wraps_either_way(self, guard: cst.If | cst.IfExp, wraps: tuple[cst.Call, ...]) -> bool:
+        """Whether both branches of an ``if``/``else`` wrap: whichever the condition takes, the process wraps."""
+        if type(guard) is not cst.If or type(guard.orelse) is not cst.Else:
+            return False
+        ancestors = [set(map(id, self.analysis.tree.ancestors(wrap))) for wrap in wraps]
+        return all(any(id(branch) in found for found in ancestors) for branch in (guard.body, guard.orelse))
 
     def _extend_the_flag(self, guard: cst.If | cst.IfExp, condition: str, seen: set[cst.CSTNode], dropped: set[cst.CSTNode]) -> None:
         """The file's other tests of the flag a wrap's guard was (faster-rcnn's ``if args.mGPUs:`` around the mean of

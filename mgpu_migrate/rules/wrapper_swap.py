@@ -89,14 +89,15 @@ STARRED_WRAP_ARGUMENTS = Review(
 PARTIAL_MODEL_WRAP = Review(
     "MGP250",
     name="partial-model-wrap",
-    summary="only part of a model is wrapped: DistributedDataParallel would average that part's gradients only",
+    summary="every part of a model is wrapped on its own, or (--style torch) only part of a model is wrapped",
     why=(
-        "Only part of a model is wrapped: DistributedDataParallel would average that part's gradients only, "
-        "and each process would train its own copy of the rest. Or every part of a model class is wrapped on its "
-        "own (its networks each in a DataParallel, the class holding nothing else): one DistributedDataParallel "
-        "per part would reduce each part's gradients at its own time, over forward calls that differ from step to "
-        "step (a network unrolled several times). The wrap stays DataParallel, so the file is not made a "
-        "distributed program."
+        "Every part of a model class is wrapped on its own (its networks each in a DataParallel, the class "
+        "holding nothing else): one DistributedDataParallel per part would reduce each part's gradients at its "
+        "own time, over forward calls that differ from step to step (a network unrolled several times). Under "
+        "`--style torch`, also a wrap of one part of a model (`model.features = DataParallel(model.features)`): "
+        "torch's DistributedDataParallel would average that part's gradients only, and each process would train "
+        "its own copy of the rest. (The default style migrates that one: the runtime sums the rest's gradients "
+        "at each optimizer step.) The wrap stays DataParallel, so the file is not made a distributed program."
     ),
     todo="Wrap the whole model, once, where it is trained, to migrate it.",
     kept_when_left=True,
@@ -168,8 +169,12 @@ class WrapperSwap(Rule):
     values, held on each device, so the loop (its losses, counts, ``if n_gpu > 1: loss = loss.mean()``) stays
     as it is. DDP: ``device_ids`` and ``output_device`` are dropped (each process owns one device); a
     ``dim`` other than 0 has no DDP equivalent, so such a site is left with MGP201. A wrap of part of a model
-    (``model.features = DataParallel(model.features)``) is left as it is (MGP250): DDP would average that
-    part's gradients only, and processes would train different copies of the rest.
+    (``model.features = DataParallel(model.features)``, pytorch/examples' ImageNet idiom) is migrated, as
+    DataParallel ran it: the part's forward on each process's rows, the rest of the model once on the
+    gathered values (on every process alike, as it ran on the first GPU), and the rest's gradients summed over
+    the processes at each optimizer step (the runtime's contract). A model class whose parts are each wrapped
+    on their own, holding nothing else (MuZero's networks, unrolled several times a step), is left as it is
+    (MGP250): one DDP per part would reduce each part's gradients at its own time.
 
     A ``DataParallel`` that wraps something certainly not a model (an optimizer, a learning-rate scheduler, a
     tensor, a literal, or a name this file binds only to one) parallelizes nothing and the runtime's wrappers
@@ -184,6 +189,9 @@ class WrapperSwap(Rule):
     PHASE = WRAPS
     USES = ("loaders", "models")
     STYLES = (RUNTIME_STYLE,)
+    # Whether a wrap of one part of a model is left (PARTIAL_MODEL_WRAP): torch's DDP alone would not sum the
+    # rest's gradients; the runtime does.
+    LEAVES_PARTS = False
     REVIEW_CODES = (
         DIM_NOT_ZERO,
         AMBIGUOUS_DATA_PARALLEL_NAME,
@@ -291,6 +299,8 @@ class WrapperSwap(Rule):
     )
 
     def apply(self) -> None:
+        self._parts: dict[cst.Call, str] = {}
+        """The migrated wraps of one part of a model (``model.features``), by call: what they wrap."""
         not_modules = self.analysis.models.not_modules
         calls = list(self.analysis.calls_to(names.DATA_PARALLEL))
         if self.target == DDP and self.options.style == RUNTIME_STYLE:
@@ -361,7 +371,9 @@ class WrapperSwap(Rule):
         self.edits.need_import(RUNTIME)
         wrapper = "DataParallelModel" if self.target == BALANCED else "DistributedDataParallel"
         replaced = "DataParallelWithCallback" if self.analysis.resolve(call.func) == names.CALLBACK_DATA_PARALLEL else "DataParallel"
-        self.rewrote(call, f"{replaced} replaced with {RUNTIME}.{wrapper}")
+        part = self._parts.get(call)
+        said = f" (`{shorten(part)}` only: the rest of the model takes its gathered output, as on GPU 0)" if part else ""
+        self.rewrote(call, f"{replaced} replaced with {RUNTIME}.{wrapper}{said}")
 
     def _ddp_wrapper(self, call: cst.Call, args: list[cst.Arg]) -> cst.Call:
         """The DDP wrap that replaces ``call`` (the DataParallel call, its kept ``args``)."""
@@ -372,13 +384,15 @@ class WrapperSwap(Rule):
         part = self.analysis.models.is_submodule(site) if site is not None else None
         if part is not None:
             alone = self.analysis.models.parts_wrapped_alone(site)
-            said = (
-                f"each part of `{alone[0]}` is wrapped alone ({alone[1]} networks, nothing else in it)"
-                if alone
-                else f"only part of a model is wrapped (`{shorten(part)}`)"
-            )
-            self.left(call, PARTIAL_MODEL_WRAP, f"{said}: left as DataParallel, and so is the file")
-            return False
+            if alone or self.LEAVES_PARTS:
+                said = (
+                    f"each part of `{alone[0]}` is wrapped alone ({alone[1]} networks, nothing else in it)"
+                    if alone
+                    else f"only part of a model is wrapped (`{shorten(part)}`)"
+                )
+                self.left(call, PARTIAL_MODEL_WRAP, f"{said}: left as DataParallel, and so is the file")
+                return False
+            self._parts[call] = part
         unwrapped = self._unwrapped_later(site) if site is not None else None
         if unwrapped is not None:
             self.left(
@@ -458,6 +472,7 @@ class TorchWrapperSwap(WrapperSwap):
     STYLES = (TORCH_STYLE,)
     TARGETS = (DDP,)
     REVIEW_CODES = ()
+    LEAVES_PARTS = True
     DESCRIPTION = "DataParallel wrapper replaced with torch's DistributedDataParallel (--style torch)"
     EXAMPLES = (
         Example(
