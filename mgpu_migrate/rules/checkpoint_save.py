@@ -9,18 +9,10 @@ import libcst as cst
 
 from mgpu_migrate.analysis.guards import main_process_caller, under_main_process_block
 from mgpu_migrate.analysis.tree import contains
-from mgpu_migrate.analysis.writers import LOGGING_METHODS, TEXT_METHODS
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, TORCH_STYLE, Example, Review, Rewrite, Rule
+from mgpu_migrate.rules.save_reading import CHECKPOINT_SAVE, TORCH_SAVE, SaveReading
 from mgpu_migrate.rules.syntax import RUNTIME, argument, on_the_main_process, runtime_attr, with_keyword
 from mgpu_migrate.rules.torch_style import DIST_IMPORT, NO_TORCH_FORM, TORCH_OPTIONS, statement
-
-TORCH_SAVE = "torch.save"
-# Calls that make a file object (or an in-memory one): each process would write its own.
-_MOVERS = {"os.replace", "os.rename", "os.remove", "os.unlink", "shutil.move", "shutil.copy", "shutil.copyfile"}
-# What ``tempfile`` makes for the process that asks: a save into it is that process's alone.
-_PRIVATE_TEMPORARY = {"tempfile.TemporaryDirectory", "tempfile.mkdtemp", "tempfile.NamedTemporaryFile"}
-_FILE_MAKERS = {"open", "io.open", "io.BytesIO", "gzip.open", "bz2.open", "lzma.open", "builtins.open"}
-
 
 SAVE_ON_EVERY_PROCESS = Review(
     "MGP240",
@@ -35,7 +27,7 @@ SAVE_ON_EVERY_PROCESS = Review(
 )
 
 
-class CheckpointSave(Rule):
+class CheckpointSave(SaveReading, Rule):
     """
     ## What it does
     Replaces ``torch.save(obj, path)`` with ``mgpu_runtime.save(obj, path)``, which every process calls and
@@ -68,7 +60,7 @@ class CheckpointSave(Rule):
     is ``save_pretrained``: every process still runs them.
     """
 
-    CODE = Rewrite("MGP123")
+    CODE = CHECKPOINT_SAVE
     PHASE = PROGRAM
     USES = ("models", "values")
     STYLES = (RUNTIME_STYLE,)
@@ -155,7 +147,7 @@ class CheckpointSave(Rule):
                 continue  # each process writes its own file, and reads it back
             moved = self._moved_after(call, destination)
             if moved is not None:
-                self._guard_save_and_move(call, moved)
+                self._guard_save_and_move(call, moved, self.analysis.code_of(destination.value))
                 continue
             if not self.rewrite_allowed(call):
                 continue
@@ -171,46 +163,6 @@ class CheckpointSave(Rule):
                     SAVE_ON_EVERY_PROCESS,
                     "save_pretrained runs on every process",
                 )
-
-    def _private_temporary(self, destination: cst.BaseExpression, call: cst.Call) -> bool:
-        """Whether ``destination`` is a path in a directory or file that ``tempfile`` made for this process (the
-        transfer-learning tutorial's ``best_model_params.pt`` in ``with TemporaryDirectory() as tempdir:``): each
-        process makes its own, so a save there stays each process's, and its load reads it back. Written once, the
-        other processes would find no file."""
-        if "tempfile" not in self.analysis.source:
-            return False
-        values = self.analysis.values
-        scope = values.scope_of(call)
-        for value in values.of(destination, scope):
-            while True:
-                if type(value) is cst.Call and self.analysis.resolve(value.func) in ("os.path.join", "pathlib.Path"):
-                    value = value.args[0].value if value.args else value  # the directory it starts from
-                elif type(value) is cst.BinaryOperation and type(value.operator) in (cst.Divide, cst.Add):
-                    value = value.left  # `Path(tempdir) / "best.pt"`, `tempdir + "/best.pt"`
-                elif type(value) is cst.FormattedString and value.parts and type(value.parts[0]) is cst.FormattedStringExpression:
-                    value = value.parts[0].expression
-                elif type(value) is cst.Attribute and value.attr.value == "name":
-                    value = value.value  # `NamedTemporaryFile().name`
-                else:
-                    break
-            if type(value) is cst.Call and self.analysis.resolve(value.func) in _PRIVATE_TEMPORARY:
-                return True
-            if type(value) is cst.Name and self._made_by_with(value.value, call):
-                return True
-        return False
-
-    def _made_by_with(self, name: str, call: cst.Call) -> bool:
-        """Whether ``name`` is bound by ``with tempfile.TemporaryDirectory() as name:`` (or a named temporary
-        file) in the function of ``call``, and by no other ``with`` there."""
-        made = False
-        function = self.analysis.tree.function(call)
-        for node in contains(function or self.analysis.module, lambda node: type(node) is cst.WithItem):
-            target = node.asname.name if node.asname is not None else None
-            if type(target) is cst.Name and target.value == name:
-                if type(node.item) is not cst.Call or self.analysis.resolve(node.item.func) not in _PRIVATE_TEMPORARY:
-                    return False
-                made = True
-        return made
 
     def _save_once(self, call: cst.Call, decided: cst.If | None, caller: cst.Call | None = None) -> None:
         """Make ``torch.save`` write once (``decided``: an ``if`` around it that each process judges alone;
@@ -251,35 +203,15 @@ class CheckpointSave(Rule):
                 return guard
         return None
 
-    def _guard_save_and_move(self, call: cst.Call, mover: cst.Call) -> None:
+    def _guard_save_and_move(self, call: cst.Call, mover: cst.Call, path: str) -> None:
         """``torch.save(obj, tmp)`` followed by ``os.replace(tmp, path)``, with nothing between or beside them but
         lines that only log or print (mean-teacher's ``LOG.info("--- checkpoint saved to %s ---" % path)``) or name
         what nothing else in the function reads (tsn-pytorch's ``best_name = ...`` for the copy): all of them go under
         ``if mgpu_runtime.is_main_process():``, then every process waits (unless the save sits under an ``if`` each
-        process decides for itself). Any other shape is left with MGP240."""
-        tree = self.analysis.tree
-        save_statement = tree.statement(call)
-        block = tree.parent(save_statement)
-        body = list(block.body)
-        # The statement of the save's block that holds the move: the move itself, or an `if` around it
-        # (pytorch/examples' `if is_best: shutil.copyfile(filename, 'model_best.pth.tar')`).
-        move_statement = next(node for node in (mover, *tree.ancestors(mover)) if tree.parent(node) is block)
-        between = body[body.index(save_statement) + 1 : body.index(move_statement)] if move_statement in body[body.index(save_statement) :] else None
-        inside = list(move_statement.body.body) if type(move_statement) is cst.If else []
-        span = [save_statement, *(between or []), move_statement]
-        other = next(
-            (
-                statement
-                for statement in (*(between or []), *inside)
-                if mover not in contains(statement, lambda n: type(n) is cst.Call) and not self._goes_along(statement, span)
-            ),
-            None,
-        )
-        simple = self._single(save_statement) and (
-            self._single(move_statement)
-            or (type(move_statement) is cst.If and move_statement.orelse is None and all(map(self._single, inside)))
-        )
-        if not simple or between is None or other is not None:
+        process decides for itself). Any other shape is left with MGP240. A file written between them, only
+        written to (``with open(...) as f: f.write(...)``), goes along, which ``SharedFiles`` leaves to this rule."""
+        followers, other, simple = self._span(call, mover, path)
+        if not simple or followers is None or other is not None:
             line, _ = self.analysis.position(mover)
             why = f", as line {self.analysis.position(other)[0]} does more than print, log or name a path only they read" if other is not None else ""
             self.left(call, SAVE_ON_EVERY_PROCESS, f"saved, then moved, copied or removed at line {line}: every process runs both{why}")
@@ -287,8 +219,7 @@ class CheckpointSave(Rule):
         if not self.rewrite_allowed(call):
             return
         waits = self._decided_per_process(call) is None
-
-        followers = [*between, move_statement]
+        save_statement = self.analysis.tree.statement(call)
 
         def guarded(updated: cst.SimpleStatementLine):
             moved = [statement.with_changes(leading_lines=()) if statement is followers[0] else statement for statement in followers]
@@ -304,95 +235,6 @@ class CheckpointSave(Rule):
             f"only (`if {RUNTIME}.is_main_process():`)"
             + (", then every process waits for it" if waits else ""),
         )
-
-    @staticmethod
-    def _single(statement: cst.CSTNode) -> bool:
-        return type(statement) is cst.SimpleStatementLine and len(statement.body) == 1
-
-    def _goes_along(self, statement: cst.CSTNode, span: list[cst.CSTNode]) -> bool:
-        """A line that may go onto the main process with a save and its move: one that only prints or logs, or
-        one that names a value (``best_name = "_".join(...)``) that nothing else in its function reads."""
-        if self._only_tells(statement):
-            return True
-        if not self._single(statement) or type(statement.body[0]) is not cst.Assign:
-            return False
-        assign = statement.body[0]
-        if not all(type(target.target) is cst.Name for target in assign.targets) or contains(
-            assign.value, lambda n: type(n) in (cst.Call, cst.NamedExpr) and not self._plain_call(n)
-        ):
-            return False
-        named = {target.target.value for target in assign.targets}
-        scope = self.analysis.tree.function(statement) or self.analysis.module
-        kept = [
-            node
-            for node in contains(scope, lambda n: type(n) is cst.Name and n.value in named, into_functions=True)
-            if not any(node in contains(part, lambda n: type(n) is cst.Name) for part in span)
-        ]
-        return not kept
-
-    def _plain_call(self, node: cst.CSTNode) -> bool:
-        """A call that computes a name: ``os.path.join``'s, text's own methods (``"_".join(...)``, ``.format``)."""
-        if type(node) is not cst.Call:
-            return False
-        qualified = self.analysis.resolve(node.func)
-        if qualified is not None and (qualified.startswith("os.path.") or qualified in ("str", "builtins.str")):
-            return True
-        return type(node.func) is cst.Attribute and node.func.attr.value in TEXT_METHODS and qualified is None
-
-    def _only_tells(self, statement: cst.CSTNode) -> bool:
-        """A line that only prints or logs (``print(...)``, ``LOG.info(...)``, ``logging.warning(...)``): what
-        the main process alone says of its save, as the other processes' output goes nowhere (``MGPU_LOG``)."""
-        if not self._single(statement):
-            return False
-        expression = statement.body[0]
-        if type(expression) is not cst.Expr or type(expression.value) is not cst.Call:
-            return False
-        func = expression.value.func
-        if type(func) is cst.Name:
-            return func.value == "print"
-        return type(func) is cst.Attribute and func.attr.value in LOGGING_METHODS and type(func.value) in (cst.Name, cst.Attribute)
-
-    def _moved_after(self, call: cst.Call, destination) -> cst.CSTNode | None:
-        """A later statement of the same block that renames, moves or removes the saved path."""
-        if destination is None:
-            return None
-        tree = self.analysis.tree
-        statement = tree.statement(call)
-        block = tree.parent(statement)
-        body = getattr(block, "body", None)
-        if not isinstance(body, (list, tuple)) or statement not in body:
-            return None
-        path = self.analysis.code_of(destination.value)
-        for later in body[body.index(statement) + 1 :]:
-            for other in contains(later, lambda n: type(n) is cst.Call):
-                if self.analysis.resolve(other.func) in _MOVERS and other.args and (
-                    self.analysis.code_of(other.args[0].value) == path
-                ):
-                    return other
-        return None
-
-    def _is_file_object(self, call: cst.Call, destination: cst.BaseExpression) -> bool:
-        """Whether the destination is an open file or a buffer rather than a path."""
-        if type(destination) is cst.Name:
-            for ancestor in self.analysis.tree.ancestors(call):
-                if type(ancestor) is cst.With:
-                    for item in ancestor.items:
-                        asname = item.asname.name if item.asname else None
-                        if (
-                            type(asname) is cst.Name
-                            and asname.value == destination.value
-                            and self._makes_file(item.item)
-                        ):
-                            return True
-        values = self.analysis.values
-        return any(self._makes_file(value) for value in values.of(destination, values.scope_of(call)))
-
-    def _makes_file(self, expr: cst.BaseExpression) -> bool:
-        if type(expr) is not cst.Call:
-            return False
-        if type(expr.func) is cst.Name and expr.func.value == "open":
-            return True
-        return self.analysis.resolve(expr.func) in _FILE_MAKERS
 
 
 WHOLE_DDP_PICKLED = Review(

@@ -12,7 +12,8 @@ from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.analysis.writers import LIBRARY_WRITERS, LIBRARY_WRITING_METHODS
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review, Rewrite, Rule
-from mgpu_migrate.rules.syntax import RUNTIME, argument, through_runtime
+from mgpu_migrate.rules.save_reading import CHECKPOINT_SAVE, TORCH_SAVE, save_reading
+from mgpu_migrate.rules.syntax import RUNTIME, argument, opens_for_writing, through_runtime
 
 _RACE = "all write the file at once"
 # What a test around a write may ask of the disk, which the main process's write then changes.
@@ -286,7 +287,7 @@ class SharedFiles(Rule):
             how = self._writes(call)
             if how is None or under_main_process_block(self.analysis, call) or self._checkpoint_file(call):
                 continue
-            if self._copies_a_checkpoint(call):
+            if self._copies_a_checkpoint(call) or self._goes_with_a_save(call):
                 continue
             reason = self._why_not(call)
             if reason is None and self.rewrite_allowed(call):
@@ -301,12 +302,7 @@ class SharedFiles(Rule):
     # -- what is written ---------------------------------------------------------------------------------
     def _opens_for_writing(self, call: cst.Call) -> Optional[str]:
         """The mode of ``open(path, mode)`` when it writes (``w``, ``a``, ``x``)."""
-        qualified = self.analysis.resolve(call.func)
-        if not (qualified in ("open", "builtins.open", "io.open") or (type(call.func) is cst.Name and call.func.value == "open" and qualified is None)):
-            return None
-        mode = argument(call, "mode", 1)
-        text = mode.value.evaluated_value if mode is not None and type(mode.value) is cst.SimpleString else ""
-        return text if isinstance(text, str) and set(text) & set("wax") else None
+        return opens_for_writing(self.analysis, call)
 
     def _writes(self, call: cst.Call) -> Optional[str]:
         mode = self._opens_for_writing(call)
@@ -362,6 +358,21 @@ class SharedFiles(Rule):
                 continue
             target = argument(inner, "f", 1)
             if target is not None and type(target.value) is cst.Name and target.value.value == bound.value:
+                return True
+        return False
+
+    def _goes_with_a_save(self, call: cst.Call) -> bool:
+        """A file written between a ``torch.save`` and the move or copy of its file (CondenseNet's
+        ``save_checkpoint``): MGP123 puts the save, that file and the move on the main process together."""
+        tree = self.analysis.tree
+        statement = next((node for node in tree.ancestors(call) if type(node) is cst.With), None)
+        block = tree.parent(statement) if statement is not None else None
+        if statement is None or block is None or tree.parent(call) is not statement.items[0]:
+            return False
+        reading = save_reading(self.analysis)
+        for save in contains(block, lambda node: type(node) is cst.Call and self.analysis.resolve(node.func) == TORCH_SAVE):
+            moved = reading.save_and_move(save)
+            if moved is not None and statement in moved[1] and not self.analysis.silenced(save, CHECKPOINT_SAVE.code):
                 return True
         return False
 

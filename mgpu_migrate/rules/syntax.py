@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import libcst as cst
 
@@ -202,3 +202,16 @@ def through_runtime(name: str):
         return updated.with_changes(func=runtime_attr(name), args=[first, *updated.args])
 
     return through
+
+
+def opens_for_writing(analysis: Any, call: cst.Call) -> Optional[str]:
+    """The mode of ``open(path, mode)`` (or ``io.open``) when it writes (``w``, ``a``, ``x``)."""
+    qualified = analysis.resolve(call.func)
+    if not (
+        qualified in ("open", "builtins.open", "io.open")
+        or (type(call.func) is cst.Name and call.func.value == "open" and qualified is None)
+    ):
+        return None
+    mode = argument(call, "mode", 1)
+    text = mode.value.evaluated_value if mode is not None and type(mode.value) is cst.SimpleString else ""
+    return text if isinstance(text, str) and set(text) & set("wax") else None

@@ -8,11 +8,11 @@ original's: the number of global batches.
 
 Randomness is drawn once, on rank 0, as the original process would have drawn it, and shared: a sampler
 that shuffles from the global generator draws on rank 0 at the same moment and from the same state as in
-the original run, whether or not the script seeds. Rank 0's generator states (CPU, and CUDA on a GPU:
-``generators.py``) travel with the batches and the other ranks take them, so after the sampler's draws
-every rank's generator is where the original
-process's was; the wrapped model's forward draws from its device's own stream (``global_view.py``), so it
-never makes the loop's generators drift apart. Each new epoch (``iter()``) draws anew, as the original did.
+the original run, whether or not the script seeds. Rank 0's generator states (torch's CPU one, NumPy's and
+Python's, which a sampler of the script's own may draw from: ``generators.py``) travel with the batches and the
+other ranks take them, so after the sampler's draws every rank's generators are where the original process's
+were; the wrapped model's forward draws from its device's own stream (``global_view.py``), so it never makes
+the loop's generators drift apart. Each new epoch (``iter()``) draws anew, as the original did.
 
 Two ways to get there, by what the loader is:
 
