@@ -596,23 +596,35 @@ class ModelFlow:
                 return code(target)
         return None
 
-    def parts_wrapped_alone(self, site: WrapSite) -> tuple[str, int] | None:
-        """For a site kept on ``self.X`` by an ``nn.Module`` class that holds no module or parameter but
-        DataParallel wraps, each of its parts wrapped on its own (MuZero's networks): the class's name and how
-        many attributes hold a wrap."""
+    def parts_wrapped_alone(self, site: WrapSite) -> tuple[str, int, bool] | None:
+        """For a site that wraps one of several parts of a model each wrapped on its own (MuZero's networks, kept
+        on ``self.X`` by an ``nn.Module`` class; ``model.a = DataParallel(model.a)`` beside ``model.b = ...``):
+        the model's name (its class, or the code of what holds the parts), how many parts are wrapped, and whether
+        the class holds nothing else (no module or parameter but the wraps)."""
+        code = self.analysis.code_of
         for target, scope in self.assigned_to(site):
             place = self.index.place_of(target, scope) if type(target) is cst.Attribute else None
-            if place is None or not place[1].startswith("self.") or not place[0].is_class:
+            if place is not None and place[1].startswith("self.") and place[0].is_class:
+                cls = place[0].node
+                wrapped = {
+                    other.attr.value
+                    for other_site in self.sites
+                    for other, _ in self.assigned_to(other_site)
+                    if _is_self_attribute(other) and cls in self.analysis.tree.ancestors(other)
+                }
+                if len(wrapped) > 1:
+                    return cls.name.value, len(wrapped), not self._holds_other_modules(cls, *wrapped)
+            if type(target) not in (cst.Attribute, cst.Subscript):
                 continue
-            cls = place[0].node
-            wrapped = [
-                other.attr.value
+            holder = code(target.value)
+            parts = {
+                code(other)
                 for other_site in self.sites
                 for other, _ in self.assigned_to(other_site)
-                if _is_self_attribute(other) and cls in self.analysis.tree.ancestors(other)
-            ]
-            if len(set(wrapped)) > 1 and not self._holds_other_modules(cls, *wrapped):
-                return cls.name.value, len(set(wrapped))
+                if type(other) in (cst.Attribute, cst.Subscript) and code(other.value) == holder and self.is_submodule(other_site)
+            }
+            if len(parts) > 1:
+                return holder, len(parts), False
         return None
 
     def _holds_other_modules(self, cls: cst.ClassDef, *wrapped: str) -> bool:

@@ -89,11 +89,11 @@ STARRED_WRAP_ARGUMENTS = Review(
 PARTIAL_MODEL_WRAP = Review(
     "MGP250",
     name="partial-model-wrap",
-    summary="every part of a model is wrapped on its own, or (--style torch) only part of a model is wrapped",
+    summary="several parts of a model are each wrapped on their own, or (--style torch) only part of a model is",
     why=(
-        "Every part of a model class is wrapped on its own (its networks each in a DataParallel, the class "
-        "holding nothing else): one DistributedDataParallel per part would reduce each part's gradients at its "
-        "own time, over forward calls that differ from step to step (a network unrolled several times). Under "
+        "Several parts of one model are each wrapped on their own (MuZero's networks each in a DataParallel): one "
+        "DistributedDataParallel per part would reduce each part's gradients at its own time, over forward calls "
+        "that differ from step to step (a network unrolled several times). Under "
         "`--style torch`, also a wrap of one part of a model (`model.features = DataParallel(model.features)`): "
         "torch's DistributedDataParallel would average that part's gradients only, and each process would train "
         "its own copy of the rest. (The default style migrates that one: the runtime sums the rest's gradients "
@@ -172,9 +172,9 @@ class WrapperSwap(Rule):
     (``model.features = DataParallel(model.features)``, pytorch/examples' ImageNet idiom) is migrated, as
     DataParallel ran it: the part's forward on each process's rows, the rest of the model once on the
     gathered values (on every process alike, as it ran on the first GPU), and the rest's gradients summed over
-    the processes at each optimizer step (the runtime's contract). A model class whose parts are each wrapped
-    on their own, holding nothing else (MuZero's networks, unrolled several times a step), is left as it is
-    (MGP250): one DDP per part would reduce each part's gradients at its own time.
+    the processes at each optimizer step (the runtime's contract). Several parts of one model each wrapped on
+    their own (MuZero's networks, unrolled several times a step) are left as they are (MGP250): one DDP per
+    part would reduce each part's gradients at its own time.
 
     A ``DataParallel`` that wraps something certainly not a model (an optimizer, a learning-rate scheduler, a
     tensor, a literal, or a name this file binds only to one) parallelizes nothing and the runtime's wrappers
@@ -386,9 +386,11 @@ class WrapperSwap(Rule):
             alone = self.analysis.models.parts_wrapped_alone(site)
             if alone or self.LEAVES_PARTS:
                 said = (
-                    f"each part of `{alone[0]}` is wrapped alone ({alone[1]} networks, nothing else in it)"
-                    if alone
-                    else f"only part of a model is wrapped (`{shorten(part)}`)"
+                    f"only part of a model is wrapped (`{shorten(part)}`)"
+                    if not alone
+                    else f"each part of `{shorten(alone[0])}` is wrapped alone ({alone[1]} networks, nothing else in it)"
+                    if alone[2]
+                    else f"{alone[1]} parts of `{shorten(alone[0])}` are each wrapped on their own"
                 )
                 self.left(call, PARTIAL_MODEL_WRAP, f"{said}: left as DataParallel, and so is the file")
                 return False
