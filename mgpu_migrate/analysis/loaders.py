@@ -94,20 +94,30 @@ def returned_loader(
     its datasets are built from are read (``pascal.VOCSegmentation(args, split='train')``)."""
     from mgpu_migrate.analysis.draws import drawing_transform, numpy_draw
 
-    returns = [node for node in ast.walk(function) if isinstance(node, ast.Return) and node.value is not None]
-    if len(returns) != 1:
-        return None
-    value = returns[0].value
-    if position is not None:
-        if not isinstance(value, (ast.Tuple, ast.List)) or position >= len(value.elts):
+    # Every `return` of it (pytorch-deeplab-xception's make_data_loader returns the same four names in each
+    # dataset's branch), and every value the name it returns is given (each branch builds its own loader).
+    returned: list[ast.expr] = []
+    for found in ast.walk(function):
+        if not isinstance(found, ast.Return) or found.value is None:
+            continue
+        value = found.value
+        if position is not None:
+            if not isinstance(value, (ast.Tuple, ast.List)) or position >= len(value.elts):
+                return None
+            value = value.elts[position]
+        stored = _stored(function, value.id) if isinstance(value, ast.Name) else [value]
+        if not stored:
             return None
-        value = value.elts[position]
-    if isinstance(value, ast.Name):
-        value = _stored_once(function, value.id)
-    entries = isinstance(value, (ast.DictComp, ast.Dict))
-    if isinstance(value, ast.DictComp):
-        value = value.value
-    loaders = [entry for entry in (value.values if isinstance(value, ast.Dict) else [value]) if entry is not None]
+        returned.extend(node for node in stored if all(node is not other for other in returned))
+    kinds = {isinstance(value, (ast.DictComp, ast.Dict)) for value in returned}
+    if len(kinds) != 1:
+        return None
+    entries = kinds == {True}
+    loaders = []
+    for value in returned:
+        if isinstance(value, ast.DictComp):
+            value = value.value
+        loaders += value.values if isinstance(value, ast.Dict) else [value]
     calls = [loader for loader in loaders if isinstance(loader, ast.Call) and module.qualified(loader.func) in DATA_LOADERS]
     if not calls or len(calls) != len(loaders):
         return None
@@ -136,11 +146,13 @@ def _per_batch(module, function: ast.FunctionDef, loader: ast.Call, project=None
     collate = given.get("collate_fn")
     found: list[tuple] = []
     whole = [(module, definition, path) for definition in module.definitions.values()]
+    values: list[ast.expr] = []
     for value in (dataset, collate):
-        if value is None:
-            continue
         if isinstance(value, ast.Name) and value.id not in module.definitions:
-            value = _stored_once(function, value.id) or value
+            values += _stored(function, value.id) or [value]  # each dataset a branch may give it
+        elif value is not None:
+            values.append(value)
+    for value in values:
         if isinstance(value, ast.Lambda):  # `collate_fn=lambda batch: collate_tts(batch, r)`
             called = [
                 module.definitions.get(node.func.id)
@@ -156,7 +168,8 @@ def _per_batch(module, function: ast.FunctionDef, loader: ast.Call, project=None
             value = value.func
         definition = module.definitions.get(value.id) if isinstance(value, ast.Name) else None
         if definition is None:
-            return [*found, *whole, *_elsewhere(module, value, project)]
+            found += [entry for entry in whole if entry not in found] + _elsewhere(module, value, project)
+            continue
         found.append((module, definition, path))
     return found
 
@@ -214,9 +227,9 @@ def _elsewhere(module, func: ast.expr, project) -> list[tuple]:
     return read
 
 
-def _stored_once(function: ast.FunctionDef, name: str) -> Optional[ast.expr]:
-    """The value of ``function``'s one assignment of ``name`` (``name = ...``), None when there is not exactly one."""
-    stored = [
+def _stored(function: ast.FunctionDef, name: str) -> list[ast.expr]:
+    """The values of ``function``'s assignments of ``name`` (``name = ...``)."""
+    return [
         node.value
         for node in ast.walk(function)
         if isinstance(node, ast.Assign)
@@ -224,6 +237,11 @@ def _stored_once(function: ast.FunctionDef, name: str) -> Optional[ast.expr]:
         and isinstance(node.targets[0], ast.Name)
         and node.targets[0].id == name
     ]
+
+
+def _stored_once(function: ast.FunctionDef, name: str) -> Optional[ast.expr]:
+    """The value of ``function``'s one assignment of ``name`` (``name = ...``), None when there is not exactly one."""
+    stored = _stored(function, name)
     return stored[0] if len(stored) == 1 else None
 
 

@@ -64,6 +64,10 @@ CASES = {
     "built_loader": ("projects/built_phases", "loader.py", NO_ARGUMENTS),
     # ... its dataset a class of another module that draws through a transform of a third (deeplab's pascal.py)
     "built_faces": ("projects/built_phases", "loader.py", {processes: ["--faces"] for processes in WORLD_SIZES}),
+    # ... the loaders a builder returns from each dataset's branch (deeplab's make_data_loader), each branch's
+    # dataset drawing per sample
+    "built_branches": ("projects/built_phases", "branches.py", NO_ARGUMENTS),
+    "built_branches_points": ("projects/built_phases", "branches.py", {processes: ["--points"] for processes in WORLD_SIZES}),
     "evaluate_helper": ("projects/evaluate_helper", "train.py", NO_ARGUMENTS),
     "chosen_gpus": ("projects/chosen_gpus", "train.py", {2: ["--config", "two_gpus"], 3: ["--config", "three_gpus"]}),
     # st-gcn's IO: a method chooses the GPUs (`--device`) and keeps them on self; the set-up is given them there.
