@@ -127,9 +127,39 @@ def _handed(analysis: FileAnalysis, call: cst.Call, arg: cst.Arg, results: bool)
             return own
     function = _project_function(analysis.path, analysis.resolve(call.func))
     if function is None:
-        return f"handed to `{callee}`, which is not read"
+        method = _project_method(analysis, call)
+        if method is None:
+            return f"handed to `{callee}`, which is not read"
+        # A method of an object of a project class (deeplab's `self.summary.visualize_image(self.writer, ...)`):
+        # its first parameter is the object.
+        found = method
+        assert isinstance(found.node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        shifted = position + 1 if position is not None else None
+        return _parameter_blocks(found, found.node, shifted, keyword, 0, callee, _lines_of(found), results)
     found, definition = function
     return _parameter_blocks(found, definition, position, keyword, 0, callee, _lines_of(found), results)
+
+
+def _project_method(analysis: FileAnalysis, call: cst.Call) -> Optional[Found]:
+    """The method ``call`` calls on an object the file makes of a project class (``self.summary =
+    TensorboardSummary(...)``, then ``self.summary.visualize_image(...)``), the same for every value the object may
+    hold; None where it does not show."""
+    func = call.func
+    project = project_of(analysis.path)
+    if type(func) is not cst.Attribute or project is None:
+        return None
+    found: Optional[Found] = None
+    values = analysis.values
+    for value in values.of(func.value, values.scope_of(call)):
+        qualified = analysis.resolve(value.func) if type(value) is cst.Call else None
+        cls = project.find(qualified) if qualified and not qualified.startswith(("torch.", "builtins.")) else None
+        if cls is None or not isinstance(cls.node, ast.ClassDef):
+            return None
+        method = project.method(cls, func.attr.value)
+        if method is None or (found is not None and method.node is not found.node):
+            return None
+        found = method
+    return found
 
 
 def _project_function(path: str, qualified: Optional[str]) -> Optional[tuple[Found, ast.FunctionDef | ast.AsyncFunctionDef]]:

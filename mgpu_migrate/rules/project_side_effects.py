@@ -16,7 +16,7 @@ from mgpu_migrate.analysis.models import MODULE_METHODS_RETURNING_SELF
 from mgpu_migrate.analysis.project import Found, Project, Write, changes_a_directory, project_download, project_of
 from mgpu_migrate.analysis.stand_ins import blocker
 from mgpu_migrate.analysis.tree import contains
-from mgpu_migrate.analysis.writers import LOGGING_METHODS, TEXT_METHODS
+from mgpu_migrate.analysis.writers import LOGGING_METHODS, TEXT_METHODS, WRITER_OBJECTS
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import MAIN_PROCESS_OBJECT, RUNTIME, gives_download, on_the_main_process, runtime_call, through_runtime
@@ -343,6 +343,8 @@ class ProjectSideEffects(Rule):
             return
         if statement is None and why == "as what it returns is used" and self._caches_first(call, definition, what, where):
             return
+        if statement is None and why == "as what it returns is used" and self._writer_made_once(call, definition, what):
+            return
         if why is not None:
             self.left(call, WRITTEN_BY_EVERY_PROCESS, f"{what} {self._every_write(definition, written)}: not moved, {why}")
             return
@@ -356,6 +358,32 @@ class ProjectSideEffects(Rule):
         assert statement is not None
         self.edits.replace(statement, _on_the_main_process)
         self.rewrote(call, f"{what} {where}: called on the main process only, then every process waits")
+
+    def _writer_made_once(self, call: cst.Call, definition: Found, what: str) -> bool:
+        """A project function or method whose only writes are the library writer objects it returns (deeplab's
+        ``TensorboardSummary.create_summary``: ``writer = SummaryWriter(log_dir=...)``, ``return writer``), its
+        result kept in a name used only through its methods: made on the main process only, a stand-in elsewhere
+        (``mgpu_runtime.main_process_only(self.summary.create_summary)``), as a ``SummaryWriter`` built in the
+        file is (MGP135). Whether it handled the call (made once, or said why not)."""
+        project = project_of(self.analysis.path)
+        node = definition.node
+        if project is None or not isinstance(node, _FUNCTIONS):
+            return False
+        writes = project.function_writes(definition)
+        made = [write for write in writes if write.call in WRITER_OBJECTS]
+        if not made or len(made) != len(writes) or not _returns_what_it_builds(node, {write.line for write in made}):
+            return False
+        line = self.analysis.tree.parent(call)
+        if type(line) is not cst.Assign or len(line.targets) != 1 or line.value is not call:
+            return False
+        found = blocker(self.analysis, line.targets[0].target, call)
+        early = self._before_setup(call)
+        reason = f"as {found}" if found is not None else f"as it runs before {RUNTIME}.setup() (line {early})" if early is not None else None
+        if main_process_caller(self.analysis, call) is None:
+            writer = made[0].call.rpartition(".")[2]
+            said = f"{what} makes a `{writer}` ({definition.where.rpartition(':')[0]}:{made[0].line})"
+            self._stand_in_or_said(call, reason, said, "made on the main process only")
+        return True
 
     def _caches_first(self, call: cst.Call, definition: Found, what: str, where: str) -> bool:
         """A project function whose result is used and whose every write is a cache it reads when present
@@ -461,13 +489,44 @@ class ProjectSideEffects(Rule):
             found = blocker(self.analysis, line.targets[0].target, call)
             reason = f"as {found}" if found is not None else None
         if reason is not None and self.options.style == RUNTIME_STYLE and entered is None and written.directory:
-            copied = _why_not_copied(project, definition, init)
+            target = line.targets[0].target if type(line) is cst.Assign and len(line.targets) == 1 else None
+            moved = self._writing_calls_moved(project, definition, target, call) if target is not None else frozenset()
+            copied = _why_not_copied(project, definition, init, moved)
             early = self._before_setup(call)
             if copied is None and early is None:
                 self._built_once_and_copied(call, f"{what} makes directories ({init.where.rpartition(':')[0]}:{written.line})")
                 return
             reason = f"{reason}, and {copied}" if copied is not None else f"as it runs before {RUNTIME}.setup() (line {early})"
         self._stand_in_or_said(call, reason, f"{what} {where}", "built on the main process only, a stand-in elsewhere")
+
+    def _writing_calls_moved(self, project: Project, cls: Found, target: cst.BaseExpression, built: cst.Call) -> frozenset[str]:
+        """The methods of the project class ``cls`` that write and that this file calls, on the object ``built`` and
+        kept in ``target`` (deeplab's ``self.saver``), only as calls of their own that move to the main process
+        (MGP132: ``self.saver.save_checkpoint(...)``), so that the object may be built on the main process and
+        copied; none where the object goes anywhere else than its attributes and method calls (given to a
+        function, kept under another name)."""
+        code = self.analysis.code_of(target)
+        moved: set[str] = set()
+        kept: set[str] = set()
+        tree = self.analysis.tree
+        for node in contains(self.analysis.module, lambda n: type(n) in (cst.Name, cst.Attribute), into_functions=True):
+            if node is target or self.analysis.code_of(node) != code:
+                continue
+            parent = tree.parent(node)
+            if type(parent) is not cst.Attribute or parent.value is not node:
+                return frozenset()  # the object itself handed on (or read in a way not followed)
+            outer = tree.parent(parent)
+            if type(outer) is not cst.Call or outer.func is not parent:
+                continue  # an attribute read (`self.saver.experiment_dir`)
+            method = project.method(cls, parent.attr.value)
+            if method is None or project.writes(method) is None:
+                continue
+            statement = self._own_statement(outer)
+            if statement is None or self._why_not(outer, statement, method) is not None:
+                kept.add(parent.attr.value)
+            else:
+                moved.add(parent.attr.value)
+        return frozenset(moved - kept)
 
     def _stand_in_or_said(self, call: cst.Call, reason: Optional[str], what: str, done: str) -> None:
         """The object ``call`` builds, left on every process for ``reason`` (MGP322), or, with no reason, built on
@@ -827,18 +886,20 @@ _LOADERS = frozenset({"load_state_dict", "load"})
 _PLAIN_CALLS = frozenset(
     {"str", "int", "float", "bool", "len", "round", "min", "max", "abs", "sorted", "list", "tuple", "dict",
      "datetime.datetime.now", "datetime.datetime.today", "datetime.date.today", "time.strftime", "time.time",
-     "time.localtime", "os.getcwd", "os.getpid", "os.environ.get", "os.getenv", "socket.gethostname"}
+     "time.localtime", "os.getcwd", "os.getpid", "os.environ.get", "os.getenv", "socket.gethostname", "glob.glob",
+     "os.listdir"}
 )
 _PLAIN_METHODS = TEXT_METHODS | {"get"}
 # Methods that would make a copy of the object other than its attributes, or act when it is dropped.
 _OWN_COPYING = frozenset({"__getstate__", "__setstate__", "__reduce__", "__reduce_ex__", "__copy__", "__deepcopy__", "__del__"})
 
 
-def _why_not_copied(project: Project, cls: Found, init: Found) -> Optional[str]:
+def _why_not_copied(project: Project, cls: Found, init: Found, moved: frozenset[str] = frozenset()) -> Optional[str]:
     """Why an object of the project class ``cls`` cannot be built on the main process alone and copied, pickled,
     to the others (``mgpu_runtime.main_process_value``), or None when it can: the class derives from none, its
-    construction makes directories (and no file), keeps plain values (text, numbers, paths, the clock), and
-    otherwise only logs; no other method of it writes, and none changes how it is copied."""
+    construction makes directories (and no file), keeps plain values (text, numbers, paths, the clock, the
+    directories ``glob`` finds), and otherwise only logs; no other method of it writes but those ``moved`` (every
+    call of them goes to the main process), and none changes how it is copied."""
     assert isinstance(cls.node, ast.ClassDef)
     # `class Saver(object):`, Python 2's spelling of a class that derives from none
     bases = [base for base in cls.node.bases if not (isinstance(base, ast.Name) and base.id == "object")]
@@ -852,7 +913,7 @@ def _why_not_copied(project: Project, cls: Found, init: Found) -> Optional[str]:
         if statement.name in _OWN_COPYING:
             return f"`{cls.name}` defines `{statement.name}`"
         written = project.writes(Found(cls.module, statement, cls.seen_from))
-        if written is not None:
+        if written is not None and statement.name not in moved:
             return f"its method `{statement.name}` writes too ({cls.where.rpartition(':')[0]}:{written.line})"
     if any(not written.directory for written in project.function_writes(init)):
         return "its construction writes files"
@@ -861,6 +922,25 @@ def _why_not_copied(project: Project, cls: Found, init: Found) -> Optional[str]:
     if other is not None:
         return f"its construction does more than make directories and keep values ({init.where.rpartition(':')[0]}:{other})"
     return None
+
+
+def _returns_what_it_builds(function: ast.FunctionDef | ast.AsyncFunctionDef, lines: set[int]) -> bool:
+    """Whether every ``return`` of ``function`` gives what a call on one of ``lines`` builds: the call itself, or a
+    name the function assigns it to once."""
+    returns = [node.value for node in ast.walk(function) if isinstance(node, ast.Return)]
+    if not returns:
+        return False
+    for value in returns:
+        if isinstance(value, ast.Name):
+            stored = [
+                node.value
+                for node in ast.walk(function)
+                if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == value.id for t in node.targets)
+            ]
+            value = stored[0] if len(stored) == 1 else None
+        if not isinstance(value, ast.Call) or value.lineno not in lines:
+            return False
+    return True
 
 
 def _more_than_plain(body: list[ast.stmt], module) -> Optional[int]:

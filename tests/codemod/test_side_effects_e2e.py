@@ -57,6 +57,10 @@ CASES = {
     # test pairs and writes the features (scipy.io.savemat) that evaluation_10_fold reads back: the main process
     # evaluates, given the net unwrapped, the others wait
     "eval_features": "train.py",
+    # pytorch-deeplab-xception: the project's Saver (the run's directory found from the runs before it) built on the
+    # main process and copied, its writing methods called there; the SummaryWriter a project method returns made on
+    # the main process only, handed to another method that logs with it
+    "saver_summary": "train.py",
 }
 # The stand-in clock (tests/data/stubs/sitecustomize.py): time.strftime(fmt) reads this second, 1.1 s later per rank.
 CLOCK_S = "1700000000.5"
