@@ -97,7 +97,8 @@ class Lockstep(Monitor):
         self._carrier_index = 0
         self._pending: tuple[torch.Tensor, int] | None = None
         self._slots: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
-        self._outgoing_buffers: dict[tuple[torch.dtype, torch.device, int], torch.Tensor] = {}
+        self._outgoing_buffers: dict[tuple[torch.dtype, torch.device, int], list[torch.Tensor]] = {}
+        """The buffers not in flight that carried a bucket and the counts, by kind and bucket size (``_outgoing``)."""
 
     def start(self, rank: int, world_size: int, master_addr: str | None, master_port: int | None) -> None:
         """Start publishing this rank's progress to the job's store, and explain uncaught collective failures."""
@@ -235,8 +236,12 @@ class Lockstep(Monitor):
             finally:
                 self._bucket_sent(-1)
             if marked:
-                self._check_later(result[size:], step)
-                return result[:size]
+                # The buffer goes back for another carrier; what DDP and the check read later are copies (the
+                # smallest bucket, and world_size counts).
+                self._check_later(result[size:].clone(), step)
+                gradients = result[:size].clone()
+                self._give_back(sent)
+                return gradients
             return result
 
         self._bucket_sent(+1)
@@ -269,12 +274,20 @@ class Lockstep(Monitor):
 
     def _outgoing(self, like: torch.Tensor) -> torch.Tensor:
         """The bucket and the counts, sent as one tensor: the same memory every step (a fresh tensor each time
-        costs gloo about as much again as the reduction of a small bucket). Reusing it is safe: DDP copies the
-        result into the gradients before the next backward starts."""
+        costs gloo about as much again as the reduction of a small bucket). Several wrapped models reduce in one
+        backward, each with its carrier bucket in flight (MuZero's networks, each wrapped, two with a first bucket of
+        8 elements): each carrier in flight has a buffer of its own, taken from those given back (``_give_back``)."""
         key = (like.dtype, like.device, like.numel())
-        if key not in self._outgoing_buffers:
-            self._outgoing_buffers[key] = like.new_empty(like.numel() + self._world)
-        return self._outgoing_buffers[key]
+        with self._bucket_lock:
+            free = self._outgoing_buffers.setdefault(key, [])
+            if free:
+                return free.pop()
+        return like.new_empty(like.numel() + self._world)
+
+    def _give_back(self, buffer: torch.Tensor) -> None:
+        """A carrier's buffer no longer in flight (its result copied out), for the next carrier of its size."""
+        with self._bucket_lock:
+            self._outgoing_buffers[(buffer.dtype, buffer.device, buffer.numel() - self._world)].append(buffer)
 
 
     def _slot(self, like: torch.Tensor) -> torch.Tensor:
