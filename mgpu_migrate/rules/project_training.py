@@ -443,11 +443,14 @@ class ProjectTraining(Rule):
                 f"(init_process_group, line {importer.own_process_group}): launch that path; file left as it is"
             )
         else:
-            message = (
-                f"no training here: the {_kind(holder)} `{holder.name.value}` hands the model to the modules importing "
+            message = ""
+        for wrap in program.wraps:  # every wrap left is named at its own line (MuZero's networks, in two classes)
+            own = self._holder(wrap) or holder
+            said = message or (
+                f"no training here: the {_kind(own)} `{own.name.value}` hands the model to the modules importing "
                 f"this one ({where}{', which trains' if importer.trains else ''}): migrate there; file left as it is"
             )
-        self.left(program.wraps[0], TRAINED_BY_IMPORTER, message)
+            self.left(wrap, TRAINED_BY_IMPORTER, said)
         return True
 
     def _fallback_of_own_paths(self, builder: str, found: list) -> bool:

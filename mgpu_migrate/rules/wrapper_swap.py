@@ -89,17 +89,15 @@ STARRED_WRAP_ARGUMENTS = Review(
 PARTIAL_MODEL_WRAP = Review(
     "MGP250",
     name="partial-model-wrap",
-    summary="several parts of a model are each wrapped on their own, or (--style torch) only part of a model is",
+    summary="--style torch: only part of a model is wrapped, or its parts each on their own",
     why=(
-        "Several parts of one model are each wrapped on their own (MuZero's networks each in a DataParallel): one "
-        "DistributedDataParallel per part would reduce each part's gradients at its own time, over forward calls "
-        "that differ from step to step (a network unrolled several times). Under "
-        "`--style torch`, also a wrap of one part of a model (`model.features = DataParallel(model.features)`): "
-        "torch's DistributedDataParallel would average that part's gradients only, and each process would train "
-        "its own copy of the rest. (The default style migrates that one: the runtime sums the rest's gradients "
-        "at each optimizer step.) The wrap stays DataParallel, so the file is not made a distributed program."
+        "Under `--style torch`, a wrap of part of a model (`model.features = DataParallel(model.features)`, or "
+        "MuZero's networks each in a DataParallel): torch's DistributedDataParallel would average that part's "
+        "gradients only, and each process would train its own copy of the rest. The wrap stays DataParallel, so "
+        "the file is not made a distributed program. (The default style migrates it: the runtime runs the rest "
+        "on the gathered output and sums its gradients at each optimizer step.)"
     ),
-    todo="Wrap the whole model, once, where it is trained, to migrate it.",
+    todo="Migrate it with the default style, or wrap the whole model, once, where it is trained.",
     kept_when_left=True,
 )
 WRAP_OF_NON_MODEL = Review(
@@ -172,9 +170,9 @@ class WrapperSwap(Rule):
     (``model.features = DataParallel(model.features)``, pytorch/examples' ImageNet idiom) is migrated, as
     DataParallel ran it: the part's forward on each process's rows, the rest of the model once on the
     gathered values (on every process alike, as it ran on the first GPU), and the rest's gradients summed over
-    the processes at each optimizer step (the runtime's contract). Several parts of one model each wrapped on
-    their own (MuZero's networks, unrolled several times a step) are left as they are (MGP250): one DDP per
-    part would reduce each part's gradients at its own time.
+    the processes at each optimizer step (the runtime's contract); so are several parts of one model each
+    wrapped on their own (MuZero's networks, unrolled several times a step). ``--style torch`` leaves them
+    (MGP250).
 
     A ``DataParallel`` that wraps something certainly not a model (an optimizer, a learning-rate scheduler, a
     tensor, a literal, or a name this file binds only to one) parallelizes nothing and the runtime's wrappers
@@ -383,8 +381,8 @@ class WrapperSwap(Rule):
         site = self.analysis.models.site_of(call)
         part = self.analysis.models.is_submodule(site) if site is not None else None
         if part is not None:
-            alone = self.analysis.models.parts_wrapped_alone(site)
-            if alone or self.LEAVES_PARTS:
+            if self.LEAVES_PARTS:
+                alone = self.analysis.models.parts_wrapped_alone(site)
                 said = (
                     f"only part of a model is wrapped (`{shorten(part)}`)"
                     if not alone
