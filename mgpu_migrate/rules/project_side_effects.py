@@ -13,7 +13,7 @@ import libcst as cst
 from mgpu_migrate.analysis.guards import main_process_caller, under_main_process_block
 from mgpu_migrate.analysis.handed import migrates_with
 from mgpu_migrate.analysis.models import MODULE_METHODS_RETURNING_SELF
-from mgpu_migrate.analysis.project import Found, Project, Write, changes_a_directory, project_download, project_of
+from mgpu_migrate.analysis.project import Found, Project, Write, changes_a_directory, importers, project_download, project_of
 from mgpu_migrate.analysis.stand_ins import blocker
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.analysis.writers import LOGGING_METHODS, TEXT_METHODS, WRITER_OBJECTS
@@ -504,11 +504,15 @@ class ProjectSideEffects(Rule):
         kept in ``target`` (deeplab's ``self.saver``), only as calls of their own that move to the main process
         (MGP132: ``self.saver.save_checkpoint(...)``), so that the object may be built on the main process and
         copied; none where the object goes anywhere else than its attributes and method calls (given to a
-        function, kept under another name)."""
+        function, kept under another name), or where another module of the project imports the class that holds it
+        (or this module, for an object at its top level): there it may be reached (``trainer.saver.save_checkpoint``)."""
         code = self.analysis.code_of(target)
         moved: set[str] = set()
         kept: set[str] = set()
         tree = self.analysis.tree
+        holder = next((node for node in tree.ancestors(built) if type(node) is cst.ClassDef), None)
+        if importers(self.analysis.path, holder.name.value if holder is not None else code):
+            return frozenset()
         for node in contains(self.analysis.module, lambda n: type(n) in (cst.Name, cst.Attribute), into_functions=True):
             if node is target or self.analysis.code_of(node) != code:
                 continue

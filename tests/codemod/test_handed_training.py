@@ -339,3 +339,59 @@ def test_a_transform_a_builder_makes_that_draws_per_sample_loads_whole_batches(t
         assert "loader = mgpu_runtime.distribute_loader(generate_data(8), whole_batches=True)" in result.output
     (message,) = [d.message for d in result.diagnostics if d.code == "MGP122"]
     assert "whole batches, builders.py:6 draws per sample" in message
+
+
+SAVER = """\
+import glob
+import os
+
+import torch
+
+
+class Saver(object):
+    def __init__(self, name):
+        runs = sorted(glob.glob(os.path.join('run', name, 'experiment_*')))
+        self.experiment_dir = os.path.join('run', name, 'experiment_{}'.format(len(runs)))
+        os.makedirs(self.experiment_dir)
+
+    def save_checkpoint(self, state):
+        torch.save(state, os.path.join(self.experiment_dir, 'checkpoint.pth'))
+"""
+TRAINER = """\
+import torch.nn as nn
+
+from saver import Saver
+
+
+class Trainer(object):
+    def __init__(self, net, loader):
+        self.saver = Saver('deeplab')
+        self.model = nn.DataParallel(net)
+        self.loader = loader
+
+    def training(self):
+        for x, y in self.loader:
+            loss = (self.model(x) - y).pow(2).mean()
+            loss.backward()
+        self.saver.save_checkpoint({'log': self.saver.experiment_dir})
+"""
+
+
+@pytest.mark.parametrize("reached_elsewhere", [False, True])
+def test_a_project_object_whose_writing_methods_go_to_the_main_process_is_built_there_and_copied(tmp_path, reached_elsewhere):
+    """deeplab's Saver: its constructor makes the run's next directory, its save_checkpoint writes, called here only
+    as a statement of its own (on the main process then): built on the main process and copied. Where another module
+    imports the class that holds it (and may call `trainer.saver.save_checkpoint(...)` on every process), said."""
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "saver.py").write_text(SAVER)
+    if reached_elsewhere:
+        (tmp_path / "main.py").write_text("from trainer import Trainer\n\nTrainer(net, loader).training()\n")
+    path = tmp_path / "trainer.py"
+    path.write_text(TRAINER)
+    result = migrate_source(TRAINER, "ddp", str(path))
+    (made,) = [d for d in result.diagnostics if d.line == 8]
+    if reached_elsewhere:
+        assert made.code == "MGP322" and "its method `save_checkpoint` writes too" in made.message
+    else:
+        assert made.code == "MGP132" and "copied to every process" in made.message
+        assert "self.saver = mgpu_runtime.main_process_value(Saver, 'deeplab')" in result.output
