@@ -17,7 +17,8 @@ import pytest
 from mgpu_migrate import __version__
 from tests.fixture_cases import ROOT
 
-pytestmark = pytest.mark.slow
+# One worker builds the distributions once: two building the same tree at once race on its build directories.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("packaging")]
 
 
 @pytest.fixture(scope="module")
