@@ -183,7 +183,7 @@ def _given_per_sample(module, function: ast.FunctionDef, dataset: ast.Call, proj
     given: list[tuple] = []
     for value in [*dataset.args, *(keyword.value for keyword in dataset.keywords)]:
         if isinstance(value, ast.Name):
-            value = _stored_once(function, value.id) or value
+            value = stored_once(function, value.id) or value
         for node in ast.walk(value):
             if not isinstance(node, ast.Call):
                 continue
@@ -227,7 +227,7 @@ def _elsewhere(module, func: ast.expr, project) -> list[tuple]:
     return read
 
 
-def _stored(function: ast.FunctionDef, name: str) -> list[ast.expr]:
+def _stored(function: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> list[ast.expr]:
     """The values of ``function``'s assignments of ``name`` (``name = ...``)."""
     return [
         node.value
@@ -239,7 +239,7 @@ def _stored(function: ast.FunctionDef, name: str) -> list[ast.expr]:
     ]
 
 
-def _stored_once(function: ast.FunctionDef, name: str) -> Optional[ast.expr]:
+def stored_once(function: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> Optional[ast.expr]:
     """The value of ``function``'s one assignment of ``name`` (``name = ...``), None when there is not exactly one."""
     stored = _stored(function, name)
     return stored[0] if len(stored) == 1 else None

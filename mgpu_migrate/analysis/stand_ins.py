@@ -33,29 +33,36 @@ def blocker(analysis: FileAnalysis, target: cst.BaseExpression, made: cst.Call, 
     use that reads more than the effect of a method call, in a few words with its line; None when none does.
     ``results``: the stand-in returns the main process's results of its method calls on every process (a visdom
     client's window ids), so a method call whose result is used is fine too."""
-    tree = analysis.tree
-    if type(target) is cst.Name:
-        function = tree.function(made)
-        where: cst.CSTNode = function if function is not None else analysis.module
-        uses = [n for n in contains(where, lambda n: type(n) is cst.Name and n.value == target.value, into_functions=True)]
-        uses = [n for n in uses if n is not target and not _is_attribute_name(tree, n) and not _a_parameter(tree, n, where)]
-    elif type(target) is cst.Attribute and type(target.value) is cst.Name and target.value.value == "self":
-        owner = next((a for a in tree.ancestors(made) if type(a) is cst.ClassDef), None)
-        if owner is None:
-            return "stored in an attribute outside a class"
-        name = target.attr.value
-        uses = [
-            n
-            for n in contains(owner, lambda n: type(n) is cst.Attribute and n.attr.value == name, into_functions=True)
-            if n is not target and type(n.value) is cst.Name and n.value.value == "self"
-        ]
-    else:
-        return f"stored in `{analysis.code_of(target)}`"
+    uses = uses_of(analysis, target, made)
+    if isinstance(uses, str):
+        return uses
     for use in uses:
         reason = _use_blocks(analysis, use, results)
         if reason is not None:
             return f"{reason} at line {analysis.position(use)[0]}"
     return None
+
+
+def uses_of(analysis: FileAnalysis, target: cst.BaseExpression, made: cst.Call) -> list[cst.BaseExpression] | str:
+    """Where the object ``made`` and stored in ``target`` is used: a name, in the function that makes it (or the
+    module); ``self.NAME``, in the class that makes it. What keeps them from being told, when they cannot be."""
+    tree = analysis.tree
+    if type(target) is cst.Name:
+        function = tree.function(made)
+        where: cst.CSTNode = function if function is not None else analysis.module
+        uses = [n for n in contains(where, lambda n: type(n) is cst.Name and n.value == target.value, into_functions=True)]
+        return [n for n in uses if n is not target and not _is_attribute_name(tree, n) and not _a_parameter(tree, n, where)]
+    if type(target) is cst.Attribute and type(target.value) is cst.Name and target.value.value == "self":
+        owner = next((a for a in tree.ancestors(made) if type(a) is cst.ClassDef), None)
+        if owner is None:
+            return "stored in an attribute outside a class"
+        name = target.attr.value
+        return [
+            n
+            for n in contains(owner, lambda n: type(n) is cst.Attribute and n.attr.value == name, into_functions=True)
+            if n is not target and type(n.value) is cst.Name and n.value.value == "self"
+        ]
+    return f"stored in `{analysis.code_of(target)}`"
 
 
 def _a_parameter(tree, node: cst.Name, scope: cst.CSTNode) -> bool:

@@ -12,9 +12,10 @@ import libcst as cst
 
 from mgpu_migrate.analysis.guards import main_process_caller, under_main_process_block
 from mgpu_migrate.analysis.handed import migrates_with
+from mgpu_migrate.analysis.loaders import stored_once
 from mgpu_migrate.analysis.models import MODULE_METHODS_RETURNING_SELF
 from mgpu_migrate.analysis.project import Found, Project, Write, changes_a_directory, importers, project_download, project_of
-from mgpu_migrate.analysis.stand_ins import blocker
+from mgpu_migrate.analysis.stand_ins import blocker, uses_of
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.analysis.writers import LOGGING_METHODS, TEXT_METHODS, WRITER_OBJECTS
 from mgpu_migrate.diagnostics import shorten
@@ -506,16 +507,14 @@ class ProjectSideEffects(Rule):
         copied; none where the object goes anywhere else than its attributes and method calls (given to a
         function, kept under another name), or where another module of the project imports the class that holds it
         (or this module, for an object at its top level): there it may be reached (``trainer.saver.save_checkpoint``)."""
-        code = self.analysis.code_of(target)
-        moved: set[str] = set()
-        kept: set[str] = set()
         tree = self.analysis.tree
         holder = next((node for node in tree.ancestors(built) if type(node) is cst.ClassDef), None)
-        if importers(self.analysis.path, holder.name.value if holder is not None else code):
+        uses = uses_of(self.analysis, target, built)
+        if isinstance(uses, str) or importers(self.analysis.path, holder.name.value if holder is not None else self.analysis.code_of(target)):
             return frozenset()
-        for node in contains(self.analysis.module, lambda n: type(n) in (cst.Name, cst.Attribute), into_functions=True):
-            if node is target or self.analysis.code_of(node) != code:
-                continue
+        moved: set[str] = set()
+        kept: set[str] = set()
+        for node in uses:
             parent = tree.parent(node)
             if type(parent) is not cst.Attribute or parent.value is not node:
                 return frozenset()  # the object itself handed on (or read in a way not followed)
@@ -936,12 +935,7 @@ def _returns_what_it_builds(function: ast.FunctionDef | ast.AsyncFunctionDef, li
         return False
     for value in returns:
         if isinstance(value, ast.Name):
-            stored = [
-                node.value
-                for node in ast.walk(function)
-                if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == value.id for t in node.targets)
-            ]
-            value = stored[0] if len(stored) == 1 else None
+            value = stored_once(function, value.id)
         if not isinstance(value, ast.Call) or value.lineno not in lines:
             return False
     return True

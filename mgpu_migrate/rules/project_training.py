@@ -436,20 +436,19 @@ class ProjectTraining(Rule):
                 f"({old.where(here)}), gone since 1.2: the original cannot run; file left",
             )
             return True
-        if importer.trains and importer.own_process_group:
-            # Its own distributed path (DialoGPT's LSP_train.py): that is what runs this model on several GPUs.
-            message = (
-                f"`{holder.name.value}` hands the model to {where}, which has its own distributed path "
-                f"(init_process_group, line {importer.own_process_group}): launch that path; file left as it is"
-            )
-        else:
-            message = ""
         for wrap in program.wraps:  # every wrap left is named at its own line (MuZero's networks, in two classes)
             own = self._holder(wrap) or holder
-            said = message or (
-                f"no training here: the {_kind(own)} `{own.name.value}` hands the model to the modules importing "
-                f"this one ({where}{', which trains' if importer.trains else ''}): migrate there; file left as it is"
-            )
+            if importer.trains and importer.own_process_group:
+                # Its own distributed path (DialoGPT's LSP_train.py): that is what runs this model on several GPUs.
+                said = (
+                    f"`{own.name.value}` hands the model to {where}, which has its own distributed path "
+                    f"(init_process_group, line {importer.own_process_group}): launch that path; file left as it is"
+                )
+            else:
+                said = (
+                    f"no training here: the {_kind(own)} `{own.name.value}` hands the model to the modules importing "
+                    f"this one ({where}{', which trains' if importer.trains else ''}): migrate there; file left as it is"
+                )
             self.left(wrap, TRAINED_BY_IMPORTER, said)
         return True
 
