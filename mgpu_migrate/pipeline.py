@@ -20,10 +20,11 @@ from mgpu_migrate.diagnostics import INTERNAL_ERROR, PARSE_ERROR, Diagnostic, er
 from mgpu_migrate.edits import Edits, apply
 from mgpu_migrate.imports import add_import, name_uses, remove_orphaned
 from mgpu_migrate.options import DEFAULT_OPTIONS, RUNTIME_STYLE, TORCH_STYLE, Options
-from mgpu_migrate.program import decide, settle
+from mgpu_migrate.program import decide, runtime_before, settle
 from mgpu_migrate.results import MigrationResult
 from mgpu_migrate.rules import rules_for
 from mgpu_migrate.rules.base import CHECKS, DDP, PROGRAM, WRAPS, Rule
+from mgpu_migrate.rules.entry_point import EXISTING_DISTRIBUTED_SETUP
 from mgpu_migrate.rules.syntax import RUNTIME
 from mgpu_migrate.rules.torch_style import NEEDS_RUNTIME
 
@@ -141,7 +142,7 @@ def plan(
     needs_runtime: list[tuple[type[Rule], int]] = []
     for rule in rules_for(target, WRAPS, style):
         _run(rule(target, analysis, edits, options), needs_runtime)
-    program = decide(analysis, edits.replacements, starts, holds, fallbacks, handed)
+    program = decide(analysis, edits.replacements, starts, holds, fallbacks, handed, beside=target == DDP and style == RUNTIME_STYLE)
     whole_program = only is None or any(rule.PHASE == CHECKS for rule in only)
     for phase in (PROGRAM, CHECKS):
         rewritten = frozenset(edits.replacements)
@@ -151,6 +152,15 @@ def plan(
             if rule in (only or ()) or (whole_program and (only is None or phase == PROGRAM)):
                 _run(rule(target, analysis, edits, options, program, rewritten, reported), needs_runtime)
     if target == DDP:
+        if program.beside is not None:
+            early = runtime_before(analysis, program.beside, edits)
+            if early is not None:
+                line, _ = analysis.position(early)
+                edits.report_at(
+                    program.beside,
+                    EXISTING_DISTRIBUTED_SETUP,
+                    f"own distributed path, started here, left: the migration would call the runtime before it (line {line})",
+                )
         settle(program, edits)
     edits.place(analysis.position)
     if style == TORCH_STYLE and needs_runtime and not edits.empty:

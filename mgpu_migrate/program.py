@@ -20,16 +20,18 @@ import ast
 import os
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import cast
 
 import libcst as cst
 
 from mgpu_migrate import files
 from mgpu_migrate.analysis import FileAnalysis, names
 from mgpu_migrate.analysis.devices import argument_given, device_ids, every_visible, what_they_are, why_unknown
-from mgpu_migrate.analysis.entrypoint import RUNTIME_SETUP
+from mgpu_migrate.analysis.entrypoint import RUNTIME_SETUP, is_main_guard
 from mgpu_migrate.analysis.models import RUNTIME, SUBCLASS
 from mgpu_migrate.analysis.own_path import Fallback, fallback_builders
 from mgpu_migrate.analysis.rebased import rebased_classes
+from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.analysis.project import constructor, importers_through_packages, project_of
 from mgpu_migrate.diagnostics import Rewrite
 from mgpu_migrate.edits import Edits
@@ -49,6 +51,12 @@ _EXISTING_DISTRIBUTED = {
     "torch.utils.data.distributed.DistributedSampler",
     "torch.multiprocessing.spawn",
 }
+# What starts a script's own processes from inside it (torch.multiprocessing's ``spawn``, as ``mp.spawn``).
+SPAWNS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes", "torch.multiprocessing.spawn.spawn"})
+RUNTIME_MODULE = "mgpu_runtime"
+# Calls that print or log: what runs before a set-up placed late runs in the process it relaunches too.
+_SAYING = frozenset({"print", "builtins.print", "pprint.pprint"})
+_SAYING_METHODS = frozenset({"info", "warning", "warn", "error", "debug", "critical", "exception", "log", "write"})
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,11 @@ class Program:
     that runs the backward pass) is handed a wrapped model by scripts of the project that migrate
     (``engine.handed_programs``; Conv-TasNet's ``solver.py``, whose ``Solver`` ``train.py`` builds): its code runs on
     every process, so its side effects are made once; its data is split in those scripts.
+    ``beside``: the ``if`` of the main block that starts the file's own distributed path itself, whose ``else``
+    runs the DataParallel fallback (SimCLR's ``if args.nodes > 1: mp.spawn(main, ...)``, ``else: main(0, args)``),
+    when every call of that path runs under the same condition (``started_beside``): the fallback migrates, set
+    up in that ``else``, and the own path stays the script's (``mgpu_runtime.leave_to_own_path()`` before its
+    start); None otherwise.
     ``fallback``: for a script with no DataParallel of its own and a distributed set-up of its own
     (``existing``), the calls that get its model from a builder of another module of the project that wraps it
     in DataParallel (DialoGPT's ``load_model``): its DataParallel fallback, held there. The script is then
@@ -100,11 +113,12 @@ class Program:
     holds: tuple[str, ...] = ()
     fallback: tuple[Fallback, ...] = ()
     handed: tuple[str, ...] = ()
+    beside: cst.If | None = None
 
     @property
     def migrates(self) -> bool:
         """True when the rules that make a file a distributed program (set-up, data, side effects) apply."""
-        return bool(self.wraps) and not self.kept and not self.existing
+        return bool(self.wraps) and not self.kept and (not self.existing or self.beside is not None)
 
     @property
     def runs_distributed(self) -> bool:
@@ -115,8 +129,9 @@ class Program:
     @property
     def own_path(self) -> bool:
         """The file has a distributed set-up of its own beside a DataParallel fallback (its own wraps, or a
-        builder's of another module): a plain start may launch that path (MGP139), or the file is left (MGP231)."""
-        return bool(self.existing) and bool(self.wraps or self.fallback)
+        builder's of another module): a plain start may launch that path (MGP139), or the file is left (MGP231);
+        not when the file starts that path itself under a condition whose ``else`` runs the fallback (``beside``)."""
+        return bool(self.existing) and bool(self.wraps or self.fallback) and self.beside is None
 
     @property
     def left_whole(self) -> bool:
@@ -268,11 +283,13 @@ def decide(
     holds: tuple[str, ...] = (),
     fallbacks: Callable[[], tuple[str, ...]] = tuple,
     handed: tuple[str, ...] = (),
+    beside: bool = False,
 ) -> Program:
     """The program the file becomes, given the nodes the wrap rules rewrote (the keys of their edits) and what
     gives the modules it starts as distributed programs (asked only of a script with no site of its own);
     ``fallbacks``: gives the modules that may hold its DataParallel fallback (``Program.fallback``), asked only of
-    a file with a distributed set-up of its own and no site."""
+    a file with a distributed set-up of its own and no site; ``beside``: whether a fallback may migrate beside an
+    own path the file starts itself (``--to ddp``, the runtime's style: ``leave_to_own_path`` is the runtime's)."""
     wraps: list[cst.Call] = []
     kept: list[cst.Call] = []
     models = analysis.models
@@ -287,6 +304,7 @@ def decide(
         rebased = site.kind == SUBCLASS and type(site.call.func) is cst.Name and site.call.func.value in rebased_names
         (wraps if site.call in rewritten or site.call in models.by_hand or rebased else kept).append(site.call)
     existing = existing_setup(analysis)
+    starting = started_beside(analysis, existing, wraps) if beside and existing and wraps and not kept else None
     already = any(analysis.resolve(call.func) == RUNTIME_SETUP for call in analysis.calls)
     sites = bool(analysis.models.sites)
     modules = fallbacks() if existing and not sites else ()
@@ -300,7 +318,122 @@ def decide(
         holds if not sites else (),
         fallback,
         handed if not sites else (),
+        starting,
     )
+
+
+def started_beside(analysis: FileAnalysis, existing: tuple[cst.Call, ...], wraps: Collection[cst.Call]) -> cst.If | None:
+    """The ``if`` that starts the file's own distributed path (its one ``mp.spawn``) under a condition, with an
+    ``else`` that does not (SimCLR's main.py: ``if args.nodes > 1: mp.spawn(main, args=(args,), nprocs=args.gpus)``,
+    ``else: main(0, args)``), when every other call of that path (``init_process_group``, ``DistributedSampler``,
+    torch's DDP) runs under an ``if`` of the same condition, no wrap does, and what the main block runs before
+    that ``if`` prints nothing (it also runs in the process the set-up in the ``else`` relaunches). Then the own
+    path is one the fallback's processes never take: the fallback migrates beside it. None otherwise."""
+    return _beside(analysis, existing, wraps)[0]
+
+
+def beside_refusal(analysis: FileAnalysis, existing: tuple[cst.Call, ...], wraps: Collection[cst.Call]) -> str | None:
+    """Why the fallback of a file that starts its own path itself under a condition does not migrate beside it
+    (``started_beside``), for MGP231's message; None where it does, or where the file starts no such path."""
+    return _beside(analysis, existing, wraps)[1]
+
+
+def _beside(
+    analysis: FileAnalysis, existing: tuple[cst.Call, ...], wraps: Collection[cst.Call]
+) -> tuple[cst.If | None, str | None]:
+    spawns = [call for call in existing if analysis.resolve(call.func) in SPAWNS]
+    if len(spawns) != 1:
+        return None, None
+    guard = next(iter(analysis.tree.enclosing_ifs(spawns[0])), None)
+    if guard is None or guard[1] or type(guard[0]) is not cst.If or type(guard[0].orelse) is not cst.Else:
+        return None, None
+    starting = guard[0]
+    if any(type(ancestor) in (cst.FunctionDef, cst.ClassDef, cst.Lambda) for ancestor in analysis.tree.ancestors(starting)):
+        return None, None
+    for call in existing:
+        if not on_own_path(analysis, starting, call):
+            line, _ = analysis.position(call)
+            return None, f"line {line} runs under another condition"
+    for wrap in wraps:
+        if on_own_path(analysis, starting, wrap):
+            line, _ = analysis.position(wrap)
+            return None, f"the wrap (line {line}) runs under it"
+    said = _says_before(analysis, starting)
+    if said is not None:
+        line, _ = analysis.position(said)
+        return None, f"line {line} prints before it"
+    return starting, None
+
+
+def on_own_path(analysis: FileAnalysis, starting: cst.If, node: cst.CSTNode) -> bool:
+    """Whether ``node`` runs only under the condition that starts the own path (``started_beside``): inside the
+    branch of an ``if`` with the same condition (the ``if`` that starts it included)."""
+    condition = analysis.code_of(starting.test)
+    return any(not orelse and analysis.code_of(found.test) == condition for found, orelse in analysis.tree.enclosing_ifs(node))
+
+
+def runtime_before(analysis: FileAnalysis, starting: cst.If, edits: Edits) -> cst.CSTNode | None:
+    """A node where the edits call the runtime in code that runs before ``starting`` (``Program.beside``): at
+    module level or in its main block before that ``if``, or in a function of the file called there. In the
+    process that starts the own path such a call would set up the runtime's job (``setup()``, which relaunches a
+    plain start) before ``leave_to_own_path()`` runs; None when there is none."""
+    line, _ = analysis.position(starting)
+    early = [statement for statement in _module_statements(analysis) if analysis.position(statement)[0] < line]
+    called = {
+        call.func.value
+        for statement in early
+        for call in contains(statement, lambda node: type(node) is cst.Call)
+        if type(call.func) is cst.Name
+    }
+    module = cst.Module([])
+
+    def calls_runtime(node: cst.CSTNode, new: list[cst.CSTNode]) -> bool:
+        return any(f"{RUNTIME_MODULE}." in module.code_for_node(made) for made in new if isinstance(made, cst.CSTNode))
+
+    def early_node(node: cst.CSTNode) -> bool:
+        holder = next((a for a in analysis.tree.ancestors(node) if type(a) in (cst.FunctionDef, cst.ClassDef, cst.Lambda)), None)
+        if holder is None:
+            return analysis.position(node)[0] < line
+        return type(holder) is cst.FunctionDef and holder.name.value in called
+
+    for node, replacements in edits.replacements.items():
+        if early_node(node) and calls_runtime(node, [replacement(node) for replacement in replacements]):  # type: ignore[misc]
+            return node
+    for insertions in (edits.before, edits.after):
+        for anchor, statements in insertions.items():
+            if early_node(anchor) and calls_runtime(anchor, list(statements)):
+                return anchor
+    return None
+
+
+def _module_statements(analysis: FileAnalysis) -> list[cst.BaseStatement]:
+    """The statements of the module and of its main block that run code (not the definitions, nor the main
+    block's ``if`` itself)."""
+    statements: list[cst.BaseStatement] = []
+    for statement in analysis.module.body:
+        if type(statement) in (cst.FunctionDef, cst.ClassDef):
+            continue
+        if type(statement) is cst.If and type(statement.body) is cst.IndentedBlock and is_main_guard(statement):
+            statements.extend(s for s in statement.body.body if type(s) not in (cst.FunctionDef, cst.ClassDef))
+            continue
+        statements.append(statement)
+    return statements
+
+
+def _says_before(analysis: FileAnalysis, starting: cst.If) -> cst.Call | None:
+    """The first call of a statement of the block holding ``starting``, before it, that prints or logs."""
+    block = next((a for a in analysis.tree.ancestors(starting) if type(a) in (cst.IndentedBlock, cst.Module)), None)
+    if block is None:
+        return None
+    for statement in cast("cst.IndentedBlock | cst.Module", block).body:
+        if statement is starting:
+            return None
+        for call in contains(statement, lambda node: type(node) is cst.Call):
+            resolved = analysis.resolve(call.func)
+            named = call.func.value if type(call.func) is cst.Name else None
+            if resolved in _SAYING or named in _SAYING or (type(call.func) is cst.Attribute and call.func.attr.value in _SAYING_METHODS):
+                return call
+    return None
 
 
 def settle(program: Program, edits: Edits) -> None:

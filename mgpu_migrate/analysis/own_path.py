@@ -739,6 +739,37 @@ def _launches_own_path(path: str, stamp: int, module: str, builder: str) -> bool
         analysis.release()
 
 
+def wraps_beside(path: str) -> bool:
+    """Whether the script at ``path`` starts its own distributed path itself beside a DataParallel fallback that
+    ``--to ddp`` migrates (``program.started_beside``; SimCLR's main.py), or has been so migrated (it calls
+    ``mgpu_runtime.leave_to_own_path``). Read from the script alone, as ``launches_own_path``."""
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError:
+        return False
+    return _wraps_beside(os.path.abspath(path), stamp)
+
+
+@lru_cache(maxsize=64)
+def _wraps_beside(path: str, stamp: int) -> bool:
+    from mgpu_migrate.program import existing_setup, started_beside
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            source = handle.read()
+        parsed = cst.parse_module(source)
+    except (OSError, UnicodeDecodeError, cst.ParserSyntaxError, RecursionError, ValueError):
+        return False
+    analysis = FileAnalysis(path, source, parsed)
+    try:
+        existing = existing_setup(analysis)
+        wraps = [site.call for site in analysis.models.sites]
+        left = any(analysis.resolve(call.func) == "mgpu_runtime.leave_to_own_path" for call in analysis.calls)
+        return bool(existing) and bool(wraps or left) and started_beside(analysis, existing, wraps) is not None
+    finally:
+        analysis.release()
+
+
 def own_path_gradient_sums(analysis: FileAnalysis) -> list[cst.Call]:
     """The calls of the file's own gradient reduction that add up the processes' gradients without dividing by
     their number (DialoGPT's ``all_reduce_and_rescale_tensors(grads, float(1))``, a bare ``dist.all_reduce(p.grad)``):

@@ -21,7 +21,7 @@ from mgpu_migrate.analysis import FileAnalysis
 from mgpu_migrate.diagnostics import Code, Review, Rewrite
 from mgpu_migrate.edits import Edits
 from mgpu_migrate.options import BALANCED, DDP, DEFAULT_OPTIONS, RUNTIME_STYLE, STYLES, TARGETS, TORCH_STYLE, Options
-from mgpu_migrate.program import Program
+from mgpu_migrate.program import Program, on_own_path
 
 WRAPS, PROGRAM, CHECKS = "wraps", "program", "checks"
 PHASES = (WRAPS, PROGRAM, CHECKS)
@@ -117,7 +117,11 @@ class Rule(ABC):
 
     # -- helpers for subclasses ------------------------------------------------------------------
     def rewrite_allowed(self, node: cst.CSTNode, code: Code | None = None) -> bool:
-        """False when a ``# noqa`` comment at the site silences this rewrite."""
+        """False when a ``# noqa`` comment at the site silences this rewrite, or when the site is on the own
+        distributed path that the file starts itself beside its migrated fallback (``Program.beside``): that path
+        stays the script's."""
+        if self._program is not None and self._program.beside is not None and on_own_path(self.analysis, self._program.beside, node):
+            return False
         return not self.analysis.silenced(node, (code or self.CODE).code)
 
     def rewrote(self, node: cst.CSTNode, message: str, code: Rewrite | None = None) -> None:

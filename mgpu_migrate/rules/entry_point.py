@@ -16,7 +16,7 @@ from mgpu_migrate.analysis.held import set_up_where_chosen
 from mgpu_migrate.analysis.own_path import own_path_batch, own_path_launch, own_path_refusal
 from mgpu_migrate.analysis.project import importers_through_packages
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.program import SETUP
+from mgpu_migrate.program import SETUP, SPAWNS, beside_refusal
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, TORCH_STYLE, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_call
 from mgpu_migrate.started import is_script, trained_apart
@@ -43,8 +43,6 @@ NO_ENTRY_POINT = Review(
     ),
     todo="Call `mgpu_runtime.setup()` where your program starts: migrate the script the message names with this file.",
 )
-# What starts a script's own processes from inside it (torch.multiprocessing's ``spawn``, as ``mp.spawn``).
-_SPAWNS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes", "torch.multiprocessing.spawn.spawn"})
 
 EXISTING_DISTRIBUTED_SETUP = Review(
     "MGP231",
@@ -495,6 +493,9 @@ class EntryPointSetup(Rule):
                 self._start(program.starts or program.holds)
             return
         first = program.wraps[0]
+        if program.beside is not None:
+            self._set_up_beside(program.beside)
+            return
         if program.existing:
             if self.LAUNCHES_OWN_PATH and own_path_launch(self.analysis) is not None:
                 return  # a plain start runs the own path (MGP139)
@@ -567,6 +568,27 @@ class EntryPointSetup(Rule):
                 "process runs it whole; start it with MGPU_NPROC=1",
             )
 
+    def _set_up_beside(self, starting: cst.If) -> None:
+        """The set-up in the ``else`` of the ``if`` that starts the file's own distributed path (``Program.beside``),
+        and ``leave_to_own_path()`` right before that path's start: its processes run it as the original did."""
+        assert type(starting.orelse) is cst.Else and type(starting.orelse.body) is cst.IndentedBlock
+        first = starting.orelse.body.body[0]
+        spawn = next(call for call in self.analysis.calls if self.analysis.resolve(call.func) in SPAWNS)
+        started = self.analysis.tree.statement(spawn)
+        if not self.rewrite_allowed(first) or started is None:
+            return
+        line, _ = self.analysis.position(starting)
+        condition = shorten(self.analysis.code_of(starting.test), 28)
+        self._set_up(EntryPoint(first, False, f"where the file does not start its own distributed path (`else` of `{condition}`)"))
+        leave = cst.SimpleStatementLine([cst.Expr(runtime_call("leave_to_own_path"))])
+        self.edits.insert_before(started, leave)
+        own, _ = self.analysis.position(self.program.existing[0])
+        self.rewrote(
+            started,
+            f"{RUNTIME}.leave_to_own_path() inserted: the own distributed path (line {own}) that the file starts here "
+            "stays its own, as it was",
+        )
+
     def _leave_to_own_path(self, site: cst.CSTNode) -> None:
         """MGP231 at ``site``: the file's own distributed path stays to be launched, with the command that runs it
         and, where a configuration file overrides the parsed command line, why no plain start can."""
@@ -580,7 +602,7 @@ class EntryPointSetup(Rule):
         elif command:
             message = f"own distributed path (line {line}), DataParallel fallback left: launch that path with `{command}`"
         elif self._own_start():
-            message = f"own distributed path (line {line}), DataParallel fallback left: the file starts that path itself{self._own_start()}"
+            message = f"own distributed path (line {line}), DataParallel fallback left: the file starts it{self._own_start()}"
         else:
             message = (
                 f"this file sets up distributed training itself (line {line}): its DataParallel fallback is left; "
@@ -592,7 +614,7 @@ class EntryPointSetup(Rule):
         """Where the file starts its own processes itself (SimCLR's ``mp.spawn(main, ..., nprocs=args.gpus)`` under
         ``if args.nodes > 1:``), and under which condition, for MGP231's message; "" when it does not."""
         for call in self.analysis.calls:
-            if self.analysis.resolve(call.func) not in _SPAWNS:
+            if self.analysis.resolve(call.func) not in SPAWNS:
                 continue
             line, _ = self.analysis.position(call)
             guard = next(iter(self.analysis.tree.enclosing_ifs(call)), None)
@@ -600,7 +622,8 @@ class EntryPointSetup(Rule):
                 return f" (line {line})"
             test, orelse = guard
             condition = shorten(self.analysis.code_of(test.test), 28)
-            return f" (line {line}) when {'not ' if orelse else ''}`{condition}`"
+            why = beside_refusal(self.analysis, self.program.existing, self.program.wraps) if self.options.style == RUNTIME_STYLE else None
+            return f" (line {line}) when {'not ' if orelse else ''}`{condition}`{f', and {why}' if why else ''}"
         return ""
 
     def _own_path_command(self) -> Optional[str]:

@@ -30,6 +30,7 @@ _TORCH_SAMPLERS = {
     for module in ("", ".sampler")
     for name in ("RandomSampler", "SequentialSampler", "SubsetRandomSampler", "WeightedRandomSampler", "BatchSampler")
 }
+_DISTRIBUTED_SAMPLERS = {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
 _ITERABLE_DATASETS = {"torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset"}
 # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, ...)
 _SAMPLER_POSITIONS = {"sampler": 3, "batch_sampler": 4}
@@ -641,12 +642,19 @@ class TrainingData(Rule):
             for value in self.analysis.values.of(arg.value, scope):
                 if type(value) is cst.Name and value.value == "None":
                     continue
+                if type(value) is cst.Call and self._own_paths(value):
+                    continue
                 if type(value) is not cst.Call or self.analysis.resolve(value.func) not in _TORCH_SAMPLERS:
                     return arg.value
                 inner = argument(value, "sampler", 0) if name == "batch_sampler" else None
                 if inner is not None and self._custom_sampler_values(inner.value, scope):
                     return arg.value
         return None
+
+    def _own_paths(self, sampler: cst.Call) -> bool:
+        """A ``DistributedSampler`` of the own distributed path that the file starts itself beside its migrated
+        fallback (``Program.beside``): the runtime's processes never build it."""
+        return self.program.beside is not None and self.analysis.resolve(sampler.func) in _DISTRIBUTED_SAMPLERS
 
     def _custom_sampler_values(self, expr: cst.BaseExpression, scope) -> bool:
         return any(

@@ -226,6 +226,8 @@ class WrapGuard(Rule):
                     continue
                 if self._wraps_either_way(guard, program.wraps):
                     continue  # `if vgg: model.features = DataParallel(...)` `else: model = DataParallel(model)`
+                if in_else and self._fallback_of_own_path(guard):
+                    continue  # `if args.nodes > 1: DDP(...)` `else: DataParallel(...)`: the runtime's processes take it
                 is_elif = type(self.analysis.tree.parent(guard)) is cst.If
                 condition = self.analysis.code_of(guard.test)
                 if in_else or is_elif or not is_gpu_condition(guard.test):
@@ -264,6 +266,12 @@ class WrapGuard(Rule):
                     f"the wrap runs only under {conditions[0]}{more}: make sure {'they hold' if more else 'it holds'} on "
                     f"every process (e.g. `... or {MANY_PROCESSES}`)",
                 )
+
+    def _fallback_of_own_path(self, guard: cst.If) -> bool:
+        """``guard`` tests the condition under which the file starts its own distributed path itself
+        (``Program.beside``): the runtime's processes, set up where it does not, never meet it."""
+        beside = self.program.beside
+        return beside is not None and self.analysis.code_of(guard.test) == self.analysis.code_of(beside.test)
 
     def _wraps_either_way(self, guard: cst.If | cst.IfExp, wraps: tuple[cst.Call, ...]) -> bool:
         """Whether both branches of an ``if``/``else`` wrap: whichever the condition takes, the process wraps."""

@@ -8,8 +8,9 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis import names
-from mgpu_migrate.analysis.project import importers
-from mgpu_migrate.rules.base import BALANCED, CHECKS, DDP, Example, Review, Rewrite, Rule
+from mgpu_migrate.analysis.own_path import wraps_beside
+from mgpu_migrate.analysis.project import Importer, importers
+from mgpu_migrate.rules.base import BALANCED, CHECKS, DDP, RUNTIME_STYLE, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, negated, runtime_attr
 
 WRAPPERS = f"{RUNTIME}.PARALLEL_WRAPPERS"
@@ -33,6 +34,9 @@ WRAPPER_CHECK_BY_NAME = Review(
     ),
     todo="Use `isinstance(m, mgpu_runtime.PARALLEL_WRAPPERS)`.",
 )
+
+
+_RUNTIME_WRAPPER = f"{RUNTIME}.DistributedDataParallel"
 
 
 class WrapperCheck(Rule):
@@ -141,11 +145,18 @@ class WrapperCheck(Rule):
 
     def apply(self) -> None:
         replaced = _REPLACED[self.target]
-        if self.target == DDP and self._for_own_paths_only(replaced):
-            return
+        beside = False
+        if self.target == DDP:
+            found = self._for_own_paths_only(replaced)
+            if found:
+                beside = self.options.style == RUNTIME_STYLE and any(wraps_beside(importer.path) for importer in found)
+                if not beside:
+                    return
         for call in self.analysis.calls:
             if self.target == DDP and self._is_builtin(call.func, ("isinstance", "issubclass")) and len(call.args) == 2:
-                self._rewrite_isinstance(call, replaced)
+                self._rewrite_isinstance(call, replaced, beside)
+        if beside:
+            return  # the own paths' exact type checks see their own classes
         if not any(word in self.analysis.source for word in ("type(", "__class__", "__name__")):
             return  # no exact type check here, and the tree's other facts are not needed
         for comparison in self.analysis.tree.nodes(cst.Comparison):
@@ -163,27 +174,38 @@ class WrapperCheck(Rule):
             if subject is not None and self._refers_to_wrapper(comparison.comparisons[0], replaced):
                 self._rewrite_type_check(comparison, replaced)
 
-    def _for_own_paths_only(self, replaced: set[str]) -> bool:
-        """This module wraps nothing itself, and every module of the project that imports it sets up distributed
-        training of its own (SimCLR's model.py, whose ``save_model`` checks ``isinstance(model, DataParallel)``,
-        imported only by main.py, which calls ``init_process_group``). Under ``--to ddp`` those keep their
-        DataParallel fallback and their own DDP, so the check means what it meant; rewritten, it would take their
-        own DDP for a wrapper too and change what that path saves."""
+    def _for_own_paths_only(self, replaced: set[str]) -> list[Importer]:
+        """The modules of the project that import this one, when it wraps nothing itself and every one of them
+        sets up distributed training of its own (SimCLR's model.py, whose ``save_model`` checks ``isinstance(model,
+        DataParallel)``, imported only by main.py, which calls ``init_process_group``); else none. Under ``--to
+        ddp`` those keep their own DDP, so a check rewritten to ``PARALLEL_WRAPPERS`` would take it for a wrapper
+        too and change what that path saves. Where one of them migrates its fallback beside its own path
+        (``wraps_beside``), the check is given the runtime's wrapper alone beside the original's class; where
+        none does, they keep their DataParallel fallback too, and the check means what it meant."""
         if not os.path.isfile(self.analysis.path) or any(self.analysis.resolve(call.func) in replaced for call in self.analysis.calls):
-            return False
+            return []
         found = importers(self.analysis.path, "")
-        return bool(found) and all(importer.own_process_group for importer in found)
+        return found if found and all(importer.own_process_group for importer in found) else []
 
     # -- isinstance(m, nn.DataParallel) ---------------------------------------------------------------
-    def _rewrite_isinstance(self, call: cst.Call, replaced: set[str]) -> None:
+    def _rewrite_isinstance(self, call: cst.Call, replaced: set[str], beside: bool = False) -> None:
         classes = call.args[1].value
         elements = [e.value for e in classes.elements] if type(classes) is cst.Tuple else [classes]
         found = [element for element in elements if self.analysis.resolve(element) in replaced]
         if not found or not self.rewrite_allowed(call):
             return
+        if beside:
+            # Torch's own DDP is the importers' own path's, which the original's check did not take for a wrapper.
+            if any(self.analysis.resolve(element) == _RUNTIME_WRAPPER for element in elements):
+                return  # given it already
+            listed = ", ".join(self.analysis.code_of(element) for element in elements)
+            self.edits.replace(classes, lambda _: cst.parse_expression(f"({listed}, {RUNTIME}.DistributedDataParallel)"))
+            self.edits.need_import(RUNTIME)
+            self.rewrote(call, f"the check also recognizes the runtime's wrapper ({RUNTIME}.DistributedDataParallel), not the own path's DDP")
+            return
+        self.edits.need_import(RUNTIME)
         for element in found:
             self.edits.replace(element, lambda _: runtime_attr("PARALLEL_WRAPPERS"))
-        self.edits.need_import(RUNTIME)
         self.rewrote(call, f"the check also recognizes the runtime's wrappers ({WRAPPERS})")
 
     # -- type(m) in (...), type(m) == ... ------------------------------------------------------------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -114,6 +115,9 @@ CASES = {
     "detector_subclass": ("projects/detector_subclass", "train.py", NO_ARGUMENTS),
     # ... its batch split over two GPUs of three: the third process runs its replica on no rows.
     "detector_subclass_two_parts": ("projects/detector_subclass", "train.py", {2: ["--num_gpus", "2"], 3: ["--num_gpus", "2"]}),
+    # SimCLR: an own path the script starts itself across nodes (mp.spawn under `if args.nodes > 1:`) beside its
+    # DataParallel fallback, which migrates, set up in that `if`'s `else`; a contrastive loss over the whole batch.
+    "spawned_own_path": ("projects/spawned_own_path", "train.py", NO_ARGUMENTS),
 }
 TOLERANCE = 1e-9
 TIMEOUT_S = 500
@@ -441,3 +445,71 @@ def test_a_plain_start_after_a_config_file_of_defaults_trains_as_the_original(tm
     assert before and before.keys() == after.keys() and all(t.dtype == torch.float64 for t in before.values())
     apart = max((before[name] - after[name]).abs().max().item() for name in before)
     assert apart <= TOLERANCE, f"own_path_defaults at {processes} ({config}, {arguments}): {apart:.3g} apart"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _spawned_copies(tmp_path: Path) -> None:
+    source = FIXTURES / "projects" / "spawned_own_path"
+    for name, suffix in (("original", ""), ("migrated", ".ddp")):
+        (tmp_path / name).mkdir()
+        shutil.copy(source / "pyproject.toml", tmp_path / name)
+        for module in ("train", "model"):
+            (tmp_path / name / f"{module}.py").write_text((source / f"{module}{suffix}.py").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("project_shapes_e2e")
+@pytest.mark.parametrize("dataparallel", ["0", "1"])
+def test_the_own_path_a_script_starts_itself_stays_its_own(tmp_path, dataparallel):
+    """spawned_own_path's own path (`--nodes 2`: here two nodes of one process each on this machine, gloo), started
+    from the original and from its migration, with its own DDP (`--dataparallel 0`) or a DataParallel in each of
+    its processes (`--dataparallel 1`): the runtime stands aside there (leave_to_own_path), so both train alike, bit
+    for bit, print the same lines, and save the same checkpoint (its keys: the own DDP's `module.` prefix kept, as
+    model.py's check, given the runtime's wrapper alone, still saves that DDP whole)."""
+    _spawned_copies(tmp_path)
+    environment = _environment()
+    for name in ("original", "migrated"):
+        port = str(_free_port())
+        nodes = [
+            subprocess.Popen(
+                [sys.executable, "train.py", "--nodes", "2", "--gpus", "1", "--nr", str(node), "--dataparallel", dataparallel],
+                cwd=tmp_path / name, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                env={**environment, "MASTER_PORT": port, "FIXTURE_OUTPUT": str(tmp_path / f"{name}{node}.pt")},
+            )
+            for node in (0, 1)
+        ]
+        outputs = [node.communicate(timeout=TIMEOUT_S)[0] for node in nodes]
+        assert all(node.returncode == 0 for node in nodes), "\n".join(output[-3000:] for output in outputs)
+        (tmp_path / f"{name}.out").write_text(outputs[0])
+    original, migrated = ((tmp_path / f"{name}.out").read_text().splitlines() for name in ("original", "migrated"))
+    assert [line for line in original if line.startswith(("step", "epoch"))] == [
+        line for line in migrated if line.startswith(("step", "epoch"))
+    ] and original
+    before = torch.load(tmp_path / "original0.pt")
+    after = torch.load(tmp_path / "migrated0.pt")
+    assert list(before) == list(after)
+    assert all(key.startswith("module.") for key in before) == (dataparallel == "0")
+    assert all(torch.equal(before[key], after[key]) for key in before)
+    assert not (tmp_path / "original1.pt").exists() and not (tmp_path / "migrated1.pt").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("project_shapes_e2e")
+def test_a_plain_start_of_the_fallback_beside_a_spawned_own_path_trains_as_the_original(tmp_path):
+    """The migrated spawned_own_path started as ``python train.py`` with MGPU_NPROC=3: the set-up in the ``else``
+    of ``if args.nodes > 1:`` relaunches it as 3 processes, each of which takes that ``else`` again; against the
+    original under DataParallel emulated on 3 devices, the weights and the printed lines, each once."""
+    _spawned_copies(tmp_path)
+    original, migrated = _plain_starts(tmp_path, 3, [])
+    lines = [line for line in original.stdout.splitlines() if line.startswith(("step", "epoch"))]
+    assert lines and [line for line in migrated.stdout.splitlines() if line.startswith(("step", "epoch"))] == lines
+    before = dict(_tensors(torch.load(tmp_path / "original.pt", map_location="cpu")))
+    after = dict(_tensors(torch.load(tmp_path / "migrated.pt", map_location="cpu")))
+    assert before and before.keys() == after.keys()
+    apart = max((before[name] - after[name]).abs().max().item() for name in before)
+    assert apart <= TOLERANCE, f"spawned_own_path started plainly at 3: {apart:.3g} apart"

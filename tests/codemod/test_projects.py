@@ -743,22 +743,43 @@ def test_a_wrapper_check_in_a_module_only_own_paths_import_keeps_its_meaning(tmp
     assert "isinstance(model, mgpu_runtime.PARALLEL_WRAPPERS)" in result.output and codes(result) == ["MGP126"]
 
 
-def test_an_own_path_the_file_spawns_itself_is_named_with_its_condition(tmp_path):
+_SPAWNED = (
+    "import torch\nimport torch.distributed as dist\nimport torch.multiprocessing as mp\nfrom torch.nn.parallel import DataParallel\n\n\n"
+    "def main(gpu, args):\n    if args.nodes > 1:\n        dist.init_process_group('nccl', rank=gpu, world_size=args.world_size)\n"
+    "    model = build()\n    if args.dataparallel:\n        model = DataParallel(model)\n\n\n"
+    "if __name__ == '__main__':\n    args = parse()\n{before}    if args.nodes > 1:\n        mp.spawn(main, args=(args,), nprocs=args.gpus, join=True)\n"
+    "    else:\n        main(0, args)\n"
+)
+
+
+def test_an_own_path_the_file_spawns_itself_stays_beside_its_migrated_fallback(tmp_path):
     """SimCLR's main.py: ``init_process_group`` in ``main(gpu, args)``, which ``mp.spawn`` starts when ``args.nodes >
-    1``, else ``main(0, args)`` with its DataParallel fallback. No launcher command runs that path: MGP231 names where
-    the file starts it and when."""
+    1``, else ``main(0, args)`` with its DataParallel fallback. No launcher command runs that path and the fallback's
+    processes never take it: the fallback migrates, set up in the ``else``, and the runtime stands aside before the
+    spawn (``leave_to_own_path``); under ``--style torch``, which has no such runtime, and where the main block
+    prints before that ``if`` (a set-up in its ``else`` relaunches after the print), MGP231 names where the file
+    starts its own path, when, and why it stays left."""
     script = tmp_path / "main.py"
-    script.write_text(
-        "import torch\nimport torch.distributed as dist\nimport torch.multiprocessing as mp\nfrom torch.nn.parallel import DataParallel\n\n\n"
-        "def main(gpu, args):\n    if args.nodes > 1:\n        dist.init_process_group('nccl', rank=gpu, world_size=args.world_size)\n"
-        "    model = build()\n    if args.dataparallel:\n        model = DataParallel(model)\n\n\n"
-        "if __name__ == '__main__':\n    args = parse()\n    if args.nodes > 1:\n        mp.spawn(main, args=(args,), nprocs=args.gpus, join=True)\n"
-        "    else:\n        main(0, args)\n"
-    )
+    script.write_text(_SPAWNED.format(before=""))
+    result = migrate_source(script.read_text(), "ddp", str(script))
+    assert result.changed and "MGP231" not in codes(result)
+    assert "        mgpu_runtime.leave_to_own_path()\n        mp.spawn(main" in result.output
+    assert "    else:\n        mgpu_runtime.setup()\n        main(0, args)\n" in result.output
+    assert "    if args.nodes > 1:\n        dist.init_process_group('nccl'" in result.output  # the own path as it was
+    torch_style = migrate_source(script.read_text(), "ddp", str(script), TORCH_OPTIONS)
+    said = [(d.code, d.message) for d in torch_style.diagnostics]
+    assert not torch_style.changed and said == [
+        ("MGP231", "own distributed path (line 9), DataParallel fallback left: the file starts it (line 18) when `args.nodes > 1`")
+    ], said
+    script.write_text(_SPAWNED.format(before="    print(args)\n"))
     result = migrate_source(script.read_text(), "ddp", str(script))
     said = [(d.code, d.message) for d in result.diagnostics]
     assert not result.changed and said == [
-        ("MGP231", "own distributed path (line 9), DataParallel fallback left: the file starts that path itself (line 18) when `args.nodes > 1`")
+        (
+            "MGP231",
+            "own distributed path (line 9), DataParallel fallback left: the file starts it (line 19) when `args.nodes > 1`, "
+            "and line 17 prints before it",
+        )
     ], said
 
 

@@ -193,3 +193,45 @@ def test_a_script_that_changed_its_arguments_is_not_relaunched_with_others(plain
     with pytest.raises(LaunchEnvironmentError, match="changed sys.argv"):
         mgpu_runtime.launch_own_path("--train_batch_size", batch=16)
     assert not plain
+
+
+_STANDS_ASIDE = """
+import os, sys
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+import mgpu_runtime
+from mgpu_runtime.distributed import process_group
+
+mgpu_runtime.leave_to_own_path()
+assert os.environ["MGPU_OWN_PATH_RUNS"] == "1"  # inherited by the processes the script starts (mp.spawn)
+assert mgpu_runtime.world_size() == 1 and mgpu_runtime.rank() == 0 and mgpu_runtime.is_main_process()
+mgpu_runtime.setup()
+mgpu_runtime.barrier()
+assert not dist.is_initialized() and not process_group.current_job().owns_process_group
+loader = DataLoader(list(range(6)), batch_size=2)
+assert mgpu_runtime.distribute_loader(loader) is loader
+layer = torch.nn.Linear(2, 2)
+wrapped = mgpu_runtime.DistributedDataParallel(layer, reduce_each_backward=True)
+assert type(wrapped) is torch.nn.DataParallel and wrapped.module is layer
+print("stood aside")
+"""
+
+
+def test_on_the_scripts_own_path_the_runtime_stands_aside(tmp_path):
+    """``leave_to_own_path()`` (the codemod calls it right before a script starts its own distributed path itself,
+    SimCLR's ``mp.spawn``): with two processes wanted (``MGPU_NPROC=2``), the runtime's calls there relaunch
+    nothing and join no process group; each is one plain process's, and the migrated wrap is the original's
+    ``nn.DataParallel`` (the run of that path: tests/codemod/test_project_shapes_e2e.py)."""
+    import subprocess
+
+    environment = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in _LAUNCH_VARIABLES and not name.startswith(("SLURM_", "MGPU_"))
+    }
+    environment["MGPU_NPROC"] = "2"
+    script = tmp_path / "aside.py"
+    script.write_text(_STANDS_ASIDE)
+    run = subprocess.run([sys.executable, str(script)], env=environment, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout == "stood aside\n", run.stdout + run.stderr[-3000:]

@@ -19,7 +19,7 @@ from mgpu_runtime.distributed.functional import data_parallel
 from mgpu_runtime.distributed.io import load, save
 from mgpu_runtime.distributed.losses import DistributedCriterion
 from mgpu_runtime.distributed.metrics import reduce_mean, reduce_sum
-from mgpu_runtime.distributed.own_path import launch_own_path
+from mgpu_runtime.distributed.own_path import launch_own_path, leave_to_own_path
 from mgpu_runtime.distributed.once import MainProcessOnly, main_process_first, main_process_only, on_main_process
 from mgpu_runtime.distributed.rank_output import print_once
 from mgpu_runtime.distributed.readings import main_process_value, wait_for_main_process
@@ -46,6 +46,7 @@ __all__ = [
     "distribute_loaders",
     "is_main_process",
     "launch_own_path",
+    "leave_to_own_path",
     "load",
     "local_rank",
     "main_process_first",

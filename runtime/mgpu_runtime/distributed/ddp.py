@@ -70,6 +70,7 @@ from torch import nn
 from torch._utils import ExceptionWrapper
 
 from mgpu_runtime.distributed import global_view, idle, lockstep, own_machinery, safety, sync_batchnorm
+from mgpu_runtime.distributed.launch import own_path_runs
 from mgpu_runtime.distributed.process_group import Job, device, job, setup, world_size
 from mgpu_runtime.distributed.rebinding import HeldParameters
 from mgpu_runtime.distributed.replication_callbacks import linked
@@ -88,6 +89,14 @@ _BUFFER_SYNC_ARGUMENT = (
     if "forward_sync_buffers" in inspect.signature(_TorchDDP.__init__).parameters
     else "broadcast_buffers"
 )
+
+
+def _the_original(
+    module: nn.Module, device_ids: Sequence[Any] | None = None, output_device: Any = None, dim: int = 0, **_: Any
+) -> nn.DataParallel:
+    """The wrap as the original made it, for the script's own distributed path (the options the migration added,
+    ``reduce_each_backward`` and the like, are the runtime's)."""
+    return nn.DataParallel(module, device_ids=device_ids, output_device=output_device, dim=dim)
 
 
 class DistributedDataParallel(_TorchDDP):
@@ -121,6 +130,9 @@ class DistributedDataParallel(_TorchDDP):
         cls.__init__ = init  # type: ignore[method-assign]
 
     def __new__(cls, module: nn.Module, *args: Any, **kwargs: Any):
+        if cls is DistributedDataParallel and own_path_runs():
+            # The script's own distributed path runs (own_path.leave_to_own_path): this was its DataParallel.
+            return _the_original(module, *args, **kwargs)
         if not any(parameter.requires_grad for parameter in module.parameters()):
             return FrozenModule(module)
         return super().__new__(cls)

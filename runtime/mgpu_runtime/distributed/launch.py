@@ -27,6 +27,15 @@ from mgpu_runtime.distributed.environment import LaunchEnvironmentError
 NPROC_VARIABLE = "MGPU_NPROC"
 _PROCESSES_PER_CORE = 4
 RELAUNCHED_VARIABLE = "MGPU_RELAUNCHED"
+# Set by ``leave_to_own_path()`` (own_path.py) in a process about to start the script's own distributed path, and
+# so inherited by the processes it starts: there the runtime stands aside (``own_path_runs``).
+OWN_PATH_VARIABLE = "MGPU_OWN_PATH_RUNS"
+
+
+def own_path_runs(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process runs the script's own distributed path, started by the script itself (see
+    ``own_path.leave_to_own_path``): ``setup()`` then joins no job and relaunches nothing."""
+    return bool((os.environ if environ is None else environ).get(OWN_PATH_VARIABLE))
 
 
 def requested_process_count(environ: Mapping[str, str], chosen: Sequence[int] | None = None) -> int:
@@ -95,7 +104,7 @@ def relaunch_wanted(environ: Mapping[str, str]) -> bool:
     """Whether ``setup()`` in a plainly started process would not return as this process: it would relaunch it
     under torchrun (more than one process wanted, a command line to rerun), or stop it (``MGPU_RELAUNCHED`` set
     with no launcher variables). The GPUs a later ``setup(devices=...)`` would choose are not known here."""
-    if requested_process_count(environ) == 1:
+    if own_path_runs(environ) or requested_process_count(environ) == 1:
         return False
     return bool(environ.get(RELAUNCHED_VARIABLE)) or can_rerun_command_line()
 

@@ -44,8 +44,10 @@ from torch.utils.hooks import RemovableHandle
 
 from mgpu_runtime.distributed import rank_output
 from mgpu_runtime.distributed.environment import TORCHRUN, detect_environment
+from mgpu_runtime.distributed.process_group import current_job
 from mgpu_runtime.distributed.leaving import let_the_gloo_threads_finish, meet_the_others, the_store
 from mgpu_runtime.distributed.launch import (
+    OWN_PATH_VARIABLE,
     RELAUNCHED_VARIABLE,
     can_rerun_command_line,
     relaunch_if_requested,
@@ -252,3 +254,20 @@ def _check_at_the_first_step(processes: int) -> None:
             )
 
     handle = register_optimizer_step_pre_hook(check)
+
+
+def leave_to_own_path() -> None:
+    """Called where a migrated script starts its own distributed path itself (SimCLR's ``mp.spawn(main, ...,
+    nprocs=args.gpus)`` under ``if args.nodes > 1:``), beside a DataParallel fallback that migrated, whose branch
+    calls ``setup()`` instead: this process and the processes it starts then run that path as the original ran it.
+    The runtime stands aside there: ``setup()`` relaunches nothing and joins no process group (the script makes
+    its own), each process is a job of one plain process (``world_size()`` 1, ``is_main_process()`` True,
+    ``barrier()`` returns, ``distribute_loader`` gives the loader as it is, and printing is the script's own), and
+    a wrap the migration made ``DistributedDataParallel`` is the original's ``nn.DataParallel``."""
+    job = current_job()
+    if job is not None and job.environment.world_size > 1:
+        raise RuntimeError(
+            "leave_to_own_path() in a process of the runtime's job: the script's own distributed path is started "
+            "where the migrated DataParallel branch is not (the set-up is in the other branch)"
+        )
+    os.environ[OWN_PATH_VARIABLE] = "1"

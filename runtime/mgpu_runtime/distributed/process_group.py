@@ -12,6 +12,9 @@ initialises the default process group.
   (``--gpus-per-task``), so only ``MGPU_SHARE_DEVICE=1`` declares sharing there.
 * A world of one joins no network: a gloo group over an in-process ``HashStore`` (no address, no port), which
   exists only so ``DistributedDataParallel`` can be built; the wrappers send nothing through it.
+* On the script's own distributed path, started by the script itself beside a migrated DataParallel fallback
+  (``leave_to_own_path()``, own_path.py), ``setup()`` joins nothing: the process is a job of one plain process,
+  with the script's device and process group left as the script made them.
 * Every collective is bounded: the group's timeout is ``MGPU_TIMEOUT`` seconds (default 300, instead of
   torch's 30 minutes for gloo), and a collective that fails says which ranks did not arrive (``lockstep.py``).
 * Teardown, registered with ``atexit`` when this module created the group, also when the script never
@@ -53,10 +56,11 @@ from mgpu_runtime.distributed.environment import (
     SLURM,
     TORCHRUN,
     LaunchEnvironment,
+    SINGLE_PROCESS,
     LaunchEnvironmentError,
     detect_environment,
 )
-from mgpu_runtime.distributed.launch import relaunch_if_requested, relaunch_wanted
+from mgpu_runtime.distributed.launch import own_path_runs, relaunch_if_requested, relaunch_wanted
 from mgpu_runtime.distributed.leaving import let_the_gloo_threads_finish, meet_the_others, the_store
 
 BACKEND_VARIABLE = "MGPU_BACKEND"
@@ -106,6 +110,11 @@ def setup(devices: Sequence[int | str | torch.device] | str | None = None) -> No
     GPU, and local rank r runs on ``devices[r]``, also under a launcher; without CUDA they are ignored."""
     global _job
     if _job is not None:
+        return
+    if own_path_runs():
+        # The script's own distributed path, which it started itself (own_path.leave_to_own_path): a job of one
+        # plain process, with no process group, device or output of the runtime's; the script's own are its.
+        _job = Job(SINGLE_PROCESS, _current_device(), owns_process_group=False)
         return
     chosen = chosen_devices(devices)
     environment = detect_environment(os.environ)
@@ -214,9 +223,11 @@ def barrier() -> None:
 def _environment() -> LaunchEnvironment:
     if _job is not None:
         return _job.environment
-    environment = detect_environment(os.environ)
-    if _setup_would_relaunch(environment):
-        setup()  # execs torchrun (or stops): this process's own answers would be for no process of the job
+    environment = SINGLE_PROCESS if own_path_runs() else detect_environment(os.environ)
+    if own_path_runs() or _setup_would_relaunch(environment):
+        # execs torchrun (or stops): this process's own answers would be for no process of the job; or, on the
+        # script's own path, the job of one plain process
+        setup()
         assert _job is not None
         return _job.environment
     return environment
@@ -256,6 +267,11 @@ def device_index(local_rank: int, visible: int, chosen: tuple[int, ...] | None) 
     if missing:
         raise LaunchEnvironmentError(f"the script chose GPU {missing[0]}, but only {visible} are visible")
     return chosen[local_rank % len(chosen)]
+
+
+def _current_device() -> torch.device:
+    """The device the script itself made current (``torch.cuda.set_device(gpu)``), or the CPU without CUDA."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def _bind_device(environment: LaunchEnvironment, chosen: tuple[int, ...] | None = None) -> tuple[torch.device, bool]:
