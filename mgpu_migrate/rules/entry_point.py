@@ -44,6 +44,9 @@ NO_ENTRY_POINT = Review(
     todo="Call `mgpu_runtime.setup()` where your program starts: migrate the script the message names with this file.",
 )
 
+# ``torch.distributed.is_initialized``, as a script calls it.
+_IS_INITIALIZED = frozenset({"torch.distributed.is_initialized", "torch.distributed.distributed_c10d.is_initialized"})
+
 EXISTING_DISTRIBUTED_SETUP = Review(
     "MGP231",
     name="existing-distributed-setup",
@@ -63,7 +66,11 @@ EXISTING_DISTRIBUTED_SETUP = Review(
         "N the number of GPUs, and the option that sets its per-process batch (the training loader's with a "
         "`DistributedSampler`) at the fallback's batch divided by N, so that the global batch is the original's. "
         "That path is the maintainers' own: what it computes per process (a loss divided by the tokens or rows "
-        "that process counted, its own sampler's order) is not made DataParallel's."
+        "that process counted, its own sampler's order) is not made DataParallel's. A file that starts its own path "
+        "itself under a condition (`mp.spawn` under `if args.nodes > 1:`, `else` the fallback) migrates its fallback "
+        "beside it (MGP120) unless the message says why not: a call of its own path under another condition, a "
+        "print before that `if` (the set-up in its `else` would relaunch after it), or a call of the runtime the "
+        "migration would make before it."
     ),
     todo=(
         "Launch the file's own distributed path with the command in the message (B: the batch the fallback was "
@@ -122,6 +129,15 @@ class EntryPointSetup(Rule):
     provably take the file's own path with the same global batch), with the command that runs its own path. A file that
     keeps a DataParallel wrap (``dim != 0``, ``# noqa``, part of a model: MGP250) is left as it is, its other
     wraps included (MGP232): ``--to ddp`` migrates a file entirely or not at all.
+
+    A script that starts its own distributed path itself under a condition, its DataParallel fallback in the
+    ``else`` (SimCLR: ``if args.nodes > 1: mp.spawn(main, ...)``, ``else: main(0, args)``), where every call of that
+    path runs under the same condition, migrates its fallback beside it: the set-up goes first in that ``else``
+    (so the main block before the ``if`` must print nothing, and no call of the runtime may run there), and
+    ``mgpu_runtime.leave_to_own_path()`` right before the spawn makes the runtime stand aside in that path's
+    processes, where the migrated wrap is the original's DataParallel. No rewrite touches a site under that
+    condition, and the fallback's ``dist.is_initialized()`` becomes ``mgpu_runtime.is_initialized()`` (the
+    script's own process group; the runtime's does not count).
 
     A script with a main block and no DataParallel of its own that imports a module of the project whose
     migration makes it a distributed program with no entry point of its own (ncsn's ``main.py``, whose
@@ -588,6 +604,13 @@ class EntryPointSetup(Rule):
             f"{RUNTIME}.leave_to_own_path() inserted: the own distributed path (line {own}) that the file starts here "
             "stays its own, as it was",
         )
+        # The fallback's code asks whether the script's own group exists (SimCLR averages its loss over that group's
+        # processes when it does): under DataParallel it did not, and the runtime's group is not the script's.
+        for call in self.analysis.calls:
+            if self.analysis.resolve(call.func) in _IS_INITIALIZED and not call.args and self.rewrite_allowed(call):
+                code = self.analysis.code_of(call)
+                self.edits.replace(call, lambda _: runtime_call("is_initialized"))
+                self.rewrote(call, f"`{code}` is {RUNTIME}.is_initialized(): the script's own process group, not the runtime's")
 
     def _leave_to_own_path(self, site: cst.CSTNode) -> None:
         """MGP231 at ``site``: the file's own distributed path stays to be launched, with the command that runs it

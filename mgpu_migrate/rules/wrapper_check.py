@@ -47,7 +47,11 @@ class WrapperCheck(Rule):
     other classes in a tuple are kept), and exact type checks, ``type(m) in (nn.DataParallel, DDP)``,
     ``type(m) == nn.DataParallel``, ``m.__class__ is nn.DataParallel``, become ``isinstance`` checks against
     ``mgpu_runtime.PARALLEL_WRAPPERS`` (both targets). ``hasattr(m, "module")`` needs nothing: every wrapper
-    has ``.module``.
+    has ``.module``. In a module whose every importer sets up distributed training of its own (SimCLR's
+    ``model.py``), the check is left as it is, or, where one of them migrates its DataParallel fallback beside
+    an own path it starts itself (MGP120), given the runtime's wrapper alone:
+    ``isinstance(m, (nn.DataParallel, mgpu_runtime.DistributedDataParallel))``, so that the own path's torch DDP
+    is still no wrapper to it, as it was not to the original.
 
     ## Why is this bad?
     Code that unwraps a model before saving or inspecting it (``model.module if isinstance(model,

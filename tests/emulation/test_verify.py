@@ -17,7 +17,7 @@ from tests.codemod.test_ddp_e2e import UNTRAINABLE_ON_SEVERAL
 FIXTURES = Path(__file__).parents[2] / "fixtures"
 SCRIPTS = FIXTURES / "scripts"
 # The fixture projects' entry scripts that train as they are, without arguments (own_path's take some).
-PROJECT_SCRIPTS = ["projects/utils_writers/train.py"]
+PROJECT_SCRIPTS = ["projects/utils_writers/train.py", "projects/spawned_own_path/train.py"]
 OWN_PATH = "projects/own_path/train.py"
 
 

@@ -27,6 +27,7 @@ from mgpu_runtime.distributed.together import fail_together
 from mgpu_runtime.distributed.process_group import (
     barrier,
     device,
+    is_initialized,
     is_main_process,
     local_rank,
     node_rank,
@@ -44,6 +45,7 @@ __all__ = [
     "device",
     "distribute_loader",
     "distribute_loaders",
+    "is_initialized",
     "is_main_process",
     "launch_own_path",
     "leave_to_own_path",

@@ -212,6 +212,13 @@ def device() -> torch.device:
     return job().device
 
 
+def is_initialized() -> bool:
+    """``torch.distributed.is_initialized()`` as the original script saw it: whether a process group of the script's
+    own making exists. The runtime's own group does not count (under DataParallel the script had none); on the
+    script's own distributed path (``leave_to_own_path``) its group does."""
+    return dist.is_available() and dist.is_initialized() and not (_job is not None and _job.owns_process_group)
+
+
 def barrier() -> None:
     """Wait until every process gets here."""
     current = job()
