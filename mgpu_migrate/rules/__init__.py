@@ -30,6 +30,7 @@ from mgpu_migrate.rules.per_rank_steps import PerRankSteps
 from mgpu_migrate.rules.mixed_rows import MixedRows
 from mgpu_migrate.rules.noqa_comments import NoqaComments
 from mgpu_migrate.rules.own_path_launch import OwnPathLaunch
+from mgpu_migrate.rules.process_group_check import ProcessGroupCheck
 from mgpu_migrate.rules.process_randomness import ProcessRandomness
 from mgpu_migrate.rules.progress_bar import ProgressBar
 from mgpu_migrate.rules.project_losses import ProjectLosses
@@ -71,6 +72,7 @@ RULES: tuple[type[Rule], ...] = (
     TorchSetup,
     OwnPathLaunch,
     LocalRankArgument,
+    ProcessGroupCheck,
     WrapGuard,
     TrainingData,
     TorchTrainingData,

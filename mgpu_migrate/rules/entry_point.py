@@ -44,9 +44,6 @@ NO_ENTRY_POINT = Review(
     todo="Call `mgpu_runtime.setup()` where your program starts: migrate the script the message names with this file.",
 )
 
-# ``torch.distributed.is_initialized``, as a script calls it.
-_IS_INITIALIZED = frozenset({"torch.distributed.is_initialized", "torch.distributed.distributed_c10d.is_initialized"})
-
 EXISTING_DISTRIBUTED_SETUP = Review(
     "MGP231",
     name="existing-distributed-setup",
@@ -136,8 +133,7 @@ class EntryPointSetup(Rule):
     (so the main block before the ``if`` must print nothing, and no call of the runtime may run there), and
     ``mgpu_runtime.leave_to_own_path()`` right before the spawn makes the runtime stand aside in that path's
     processes, where the migrated wrap is the original's DataParallel. No rewrite touches a site under that
-    condition, and the fallback's ``dist.is_initialized()`` becomes ``mgpu_runtime.is_initialized()`` (the
-    script's own process group; the runtime's does not count).
+    condition (and the fallback's ``dist.is_initialized()`` asks for the script's own group, MGP142).
 
     A script with a main block and no DataParallel of its own that imports a module of the project whose
     migration makes it a distributed program with no entry point of its own (ncsn's ``main.py``, whose
@@ -604,13 +600,6 @@ class EntryPointSetup(Rule):
             f"{RUNTIME}.leave_to_own_path() inserted: the own distributed path (line {own}) that the file starts here "
             "stays its own, as it was",
         )
-        # The fallback's code asks whether the script's own group exists (SimCLR averages its loss over that group's
-        # processes when it does): under DataParallel it did not, and the runtime's group is not the script's.
-        for call in self.analysis.calls:
-            if self.analysis.resolve(call.func) in _IS_INITIALIZED and not call.args and self.rewrite_allowed(call):
-                code = self.analysis.code_of(call)
-                self.edits.replace(call, lambda _: runtime_call("is_initialized"))
-                self.rewrote(call, f"`{code}` is {RUNTIME}.is_initialized(): the script's own process group, not the runtime's")
 
     def _leave_to_own_path(self, site: cst.CSTNode) -> None:
         """MGP231 at ``site``: the file's own distributed path stays to be launched, with the command that runs it

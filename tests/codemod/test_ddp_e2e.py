@@ -38,6 +38,7 @@ REQUIRED = (
 )
 # The shapes of real projects (issue 23) reduced to a fixture script each, with the project they come from.
 REAL_PROJECT_SCRIPTS = {
+    "own_group_helpers": "helpers that ask dist.is_initialized() (SimCLR's loss average, get_world_size/reduce_tensor)",
     "margin_head": "a margin head trained outside the wrap (face.evoLVe's ArcFace)",
     "frozen_backbone": "a backbone frozen after the wrap",
     "frozen_discriminator": "a GAN's discriminator frozen for the generator's step",
