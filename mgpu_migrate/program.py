@@ -53,7 +53,7 @@ _EXISTING_DISTRIBUTED = {
 }
 # What starts a script's own processes from inside it (torch.multiprocessing's ``spawn``, as ``mp.spawn``).
 SPAWNS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes", "torch.multiprocessing.spawn.spawn"})
-RUNTIME_MODULE = "mgpu_runtime"
+_RUNTIME_MODULE = "mgpu_runtime"
 # Calls that print or log: what runs before a set-up placed late runs in the process it relaunches too.
 _SAYING = frozenset({"print", "builtins.print", "pprint.pprint"})
 _SAYING_METHODS = frozenset({"info", "warning", "warn", "error", "debug", "critical", "exception", "log", "write"})
@@ -387,8 +387,16 @@ def runtime_before(analysis: FileAnalysis, starting: cst.If, edits: Edits) -> cs
     }
     module = cst.Module([])
 
-    def calls_runtime(node: cst.CSTNode, new: list[cst.CSTNode]) -> bool:
-        return any(f"{RUNTIME_MODULE}." in module.code_for_node(made) for made in new if isinstance(made, cst.CSTNode))
+    def calls_runtime(made: object) -> bool:
+        if isinstance(made, cst.FlattenSentinel):
+            return any(calls_runtime(node) for node in made.nodes)
+        return isinstance(made, cst.CSTNode) and f"{_RUNTIME_MODULE}." in module.code_for_node(made)
+
+    def replaced_by_runtime(node: cst.CSTNode, replacements: list) -> bool:
+        try:
+            return any(calls_runtime(replacement(node)) for replacement in replacements)
+        except Exception:  # noqa: BLE001 -- a replacement written for the node its children's edits made: taken as calling it
+            return True
 
     def early_node(node: cst.CSTNode) -> bool:
         holder = next((a for a in analysis.tree.ancestors(node) if type(a) in (cst.FunctionDef, cst.ClassDef, cst.Lambda)), None)
@@ -397,11 +405,11 @@ def runtime_before(analysis: FileAnalysis, starting: cst.If, edits: Edits) -> cs
         return type(holder) is cst.FunctionDef and holder.name.value in called
 
     for node, replacements in edits.replacements.items():
-        if early_node(node) and calls_runtime(node, [replacement(node) for replacement in replacements]):  # type: ignore[misc]
+        if early_node(node) and replaced_by_runtime(node, replacements):
             return node
     for insertions in (edits.before, edits.after):
         for anchor, statements in insertions.items():
-            if early_node(anchor) and calls_runtime(anchor, list(statements)):
+            if early_node(anchor) and any(calls_runtime(statement) for statement in statements):
                 return anchor
     return None
 
