@@ -715,17 +715,24 @@ def launches_own_path(path: str, module: str, builder: str) -> bool:
     return _launches_own_path(os.path.abspath(path), stamp, os.path.abspath(module), builder)
 
 
-@lru_cache(maxsize=64)
-def _launches_own_path(path: str, stamp: int, module: str, builder: str) -> bool:
-    from mgpu_migrate.program import existing_setup
-
+def _script(path: str) -> Optional[FileAnalysis]:
+    """The analysis of the script at ``path`` read alone (its caller releases it), or None where it cannot be read."""
     try:
         with open(path, encoding="utf-8") as handle:
             source = handle.read()
         parsed = cst.parse_module(source)
     except (OSError, UnicodeDecodeError, cst.ParserSyntaxError, RecursionError, ValueError):
+        return None
+    return FileAnalysis(path, source, parsed)
+
+
+@lru_cache(maxsize=64)
+def _launches_own_path(path: str, stamp: int, module: str, builder: str) -> bool:
+    from mgpu_migrate.program import existing_setup
+
+    analysis = _script(path)
+    if analysis is None:
         return False
-    analysis = FileAnalysis(path, source, parsed)
     try:
         if not existing_setup(analysis) or analysis.models.sites:
             return False
@@ -754,13 +761,9 @@ def wraps_beside(path: str) -> bool:
 def _wraps_beside(path: str, stamp: int) -> bool:
     from mgpu_migrate.program import existing_setup, started_beside
 
-    try:
-        with open(path, encoding="utf-8") as handle:
-            source = handle.read()
-        parsed = cst.parse_module(source)
-    except (OSError, UnicodeDecodeError, cst.ParserSyntaxError, RecursionError, ValueError):
+    analysis = _script(path)
+    if analysis is None:
         return False
-    analysis = FileAnalysis(path, source, parsed)
     try:
         existing = existing_setup(analysis)
         wraps = [site.call for site in analysis.models.sites]
