@@ -408,7 +408,8 @@ class DirectoriesOnce(Rule):
     def _reset(self, call: cst.Call, resets: set[cst.CSTNode]) -> None:
         guard = self._alone_under_if(call)
         first: Optional[cst.BaseStatement] = self._own_statement(call)
-        if guard is not None and self._reads_only_the_disk(guard.test):
+        # (Not an `elif`: it is no statement of its own block, to be moved whole.)
+        if guard is not None and self._reads_only_the_disk(guard.test) and type(self.analysis.tree.parent(guard)) is not cst.If:
             first = guard
         if first is None:
             self._report(call, "is not a statement of its own")
