@@ -32,6 +32,7 @@ from mgpu_migrate.analysis.models import RUNTIME, SUBCLASS
 from mgpu_migrate.analysis.own_path import Fallback, fallback_builders
 from mgpu_migrate.analysis.rebased import rebased_classes
 from mgpu_migrate.analysis.tree import contains
+from mgpu_migrate.analysis.writers import LOGGING_METHODS
 from mgpu_migrate.analysis.project import constructor, importers_through_packages, project_of
 from mgpu_migrate.diagnostics import Rewrite
 from mgpu_migrate.edits import Edits
@@ -56,7 +57,7 @@ SPAWNS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_
 _RUNTIME_MODULE = "mgpu_runtime"
 # Calls that print or log: what runs before a set-up placed late runs in the process it relaunches too.
 _SAYING = frozenset({"print", "builtins.print", "pprint.pprint"})
-_SAYING_METHODS = frozenset({"info", "warning", "warn", "error", "debug", "critical", "exception", "log", "write"})
+_SAYING_METHODS = LOGGING_METHODS | {"write"}
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ class Program:
     runs the DataParallel fallback (SimCLR's ``if args.nodes > 1: mp.spawn(main, ...)``, ``else: main(0, args)``),
     when every call of that path runs under the same condition (``started_beside``): the fallback migrates, set
     up in that ``else``, and the own path stays the script's (``mgpu_runtime.leave_to_own_path()`` before its
-    start); None otherwise.
+    start); None otherwise. ``beside_refused``: why not, where the file starts such a path (for MGP231's message).
     ``fallback``: for a script with no DataParallel of its own and a distributed set-up of its own
     (``existing``), the calls that get its model from a builder of another module of the project that wraps it
     in DataParallel (DialoGPT's ``load_model``): its DataParallel fallback, held there. The script is then
@@ -114,6 +115,7 @@ class Program:
     fallback: tuple[Fallback, ...] = ()
     handed: tuple[str, ...] = ()
     beside: cst.If | None = None
+    beside_refused: str | None = None
 
     @property
     def migrates(self) -> bool:
@@ -304,7 +306,7 @@ def decide(
         rebased = site.kind == SUBCLASS and type(site.call.func) is cst.Name and site.call.func.value in rebased_names
         (wraps if site.call in rewritten or site.call in models.by_hand or rebased else kept).append(site.call)
     existing = existing_setup(analysis)
-    starting = started_beside(analysis, existing, wraps) if beside and existing and wraps and not kept else None
+    starting, refused = _beside(analysis, existing, wraps) if beside and existing and wraps else (None, None)
     already = any(analysis.resolve(call.func) == RUNTIME_SETUP for call in analysis.calls)
     sites = bool(analysis.models.sites)
     modules = fallbacks() if existing and not sites else ()
@@ -318,7 +320,8 @@ def decide(
         holds if not sites else (),
         fallback,
         handed if not sites else (),
-        starting,
+        None if kept else starting,
+        refused,
     )
 
 
@@ -330,12 +333,6 @@ def started_beside(analysis: FileAnalysis, existing: tuple[cst.Call, ...], wraps
     that ``if`` prints nothing (it also runs in the process the set-up in the ``else`` relaunches). Then the own
     path is one the fallback's processes never take: the fallback migrates beside it. None otherwise."""
     return _beside(analysis, existing, wraps)[0]
-
-
-def beside_refusal(analysis: FileAnalysis, existing: tuple[cst.Call, ...], wraps: Collection[cst.Call]) -> str | None:
-    """Why the fallback of a file that starts its own path itself under a condition does not migrate beside it
-    (``started_beside``), for MGP231's message; None where it does, or where the file starts no such path."""
-    return _beside(analysis, existing, wraps)[1]
 
 
 def _beside(

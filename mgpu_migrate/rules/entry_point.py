@@ -16,7 +16,7 @@ from mgpu_migrate.analysis.held import set_up_where_chosen
 from mgpu_migrate.analysis.own_path import own_path_batch, own_path_launch, own_path_refusal
 from mgpu_migrate.analysis.project import importers_through_packages
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.program import SETUP, SPAWNS, beside_refusal
+from mgpu_migrate.program import SETUP, SPAWNS
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, TORCH_STYLE, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_call
 from mgpu_migrate.started import is_script, trained_apart
@@ -585,11 +585,10 @@ class EntryPointSetup(Rule):
         and ``leave_to_own_path()`` right before that path's start: its processes run it as the original did."""
         assert type(starting.orelse) is cst.Else and type(starting.orelse.body) is cst.IndentedBlock
         first = starting.orelse.body.body[0]
-        spawn = next(call for call in self.analysis.calls if self.analysis.resolve(call.func) in SPAWNS)
+        spawn = next(call for call in self.program.existing if self.analysis.resolve(call.func) in SPAWNS)
         started = self.analysis.tree.statement(spawn)
         if not self.rewrite_allowed(first) or started is None:
             return
-        line, _ = self.analysis.position(starting)
         condition = shorten(self.analysis.code_of(starting.test), 28)
         self._set_up(EntryPoint(first, False, f"where the file does not start its own distributed path (`else` of `{condition}`)"))
         leave = cst.SimpleStatementLine([cst.Expr(runtime_call("leave_to_own_path"))])
@@ -634,7 +633,7 @@ class EntryPointSetup(Rule):
                 return f" (line {line})"
             test, orelse = guard
             condition = shorten(self.analysis.code_of(test.test), 28)
-            why = beside_refusal(self.analysis, self.program.existing, self.program.wraps) if self.options.style == RUNTIME_STYLE else None
+            why = self.program.beside_refused
             return f" (line {line}) when {'not ' if orelse else ''}`{condition}`{f', and {why}' if why else ''}"
         return ""
 

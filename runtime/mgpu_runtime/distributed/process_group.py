@@ -230,8 +230,9 @@ def barrier() -> None:
 def _environment() -> LaunchEnvironment:
     if _job is not None:
         return _job.environment
-    environment = SINGLE_PROCESS if own_path_runs() else detect_environment(os.environ)
-    if own_path_runs() or _setup_would_relaunch(environment):
+    aside = own_path_runs()
+    environment = SINGLE_PROCESS if aside else detect_environment(os.environ)
+    if aside or _setup_would_relaunch(environment):
         # execs torchrun (or stops): this process's own answers would be for no process of the job; or, on the
         # script's own path, the job of one plain process
         setup()
