@@ -83,7 +83,7 @@ def migrate_source(
     deciding = here not in _DECIDING
     _DECIDING.add(here)  # while this file is migrated, a module that asks whether it migrates assumes it does
     try:
-        holds = () if might_need_migration(source) else held_programs(source, target, path, options)
+        holds = held_programs(source, target, path, options, built_only=might_need_migration(source))
         handed = () if might_need_migration(source) or holds else handed_programs(source, target, path, options)
         # The modules that may hold its DataParallel fallback beside a distributed path of its own (asked by the
         # program's verdict only of a file with such a path and no site of its own).
@@ -112,23 +112,43 @@ def migrate_source(
             _MIGRATIONS.clear()  # other files' migrations are kept only within the one that asked for them
 
 
-def held_programs(source: str, target: str, path: str, options: Options = DEFAULT_OPTIONS) -> tuple[str, ...]:
+def held_programs(
+    source: str, target: str, path: str, options: Options = DEFAULT_OPTIONS, built_only: bool = False
+) -> tuple[str, ...]:
     """The modules whose wrapped model this module trains (``--to ddp``, the runtime's style): a class here that
     runs a backward pass derives from a project class that holds the wrap on ``self`` (st-gcn's processors), and
-    that module migrates. This module is then migrated with it: its training loaders split, its side effects
-    made once (``Program.holds``)."""
-    if target != "ddp" or options.style != "runtime" or "class " not in source:
+    that module migrates; or this module builds and trains a model class of the project that keeps its own wrap
+    (CMC's ``MyAlexNetCMC``), the only kind looked for with ``built_only`` (a file with a migration site of its
+    own, or a word of one in its text). This module is then migrated with it: its training loaders split, its
+    side effects made once (``Program.holds``)."""
+    if target != "ddp" or options.style != "runtime" or (built_only and ".backward(" not in source):
         return ()
-    from mgpu_migrate.analysis.held import between
-    from mgpu_migrate.started import held_by
+    from mgpu_migrate.started import built_holders, held_by
 
     data = source.encode("utf-8", "surrogateescape")
-    holders = held_by(path, data, might_need_migration)
+    holders = held_by(path, data, might_need_migration) if "class " in source and not built_only else ()
     if ".backward(" not in source:
+        if not holders:
+            return ()
+        from mgpu_migrate.analysis.held import between
+
         # A class in between (st-gcn's ``Processor(IO)``, which builds the loaders that ``REC_Processor(Processor)``
         # trains on): its module runs on every process too, its side effects made once.
         holders = tuple(module for module in holders if between(path, module))
+    else:
+        # A model class that keeps its own wrap, built here (CMC's ``MyAlexNetCMC``), in a module that trains nothing.
+        built = built_holders(path, data, might_need_migration)
+        holders += tuple(module for module in built if module not in holders and not _trains(module))
     return tuple(module for module in holders if _becomes_a_program(module, options))
+
+
+def _trains(path: str) -> bool:
+    from mgpu_migrate import files
+
+    try:
+        return b".backward(" in files.read(path, 1 << 20)[0]
+    except OSError:
+        return True
 
 
 def handed_programs(source: str, target: str, path: str, options: Options = DEFAULT_OPTIONS) -> tuple[str, ...]:
@@ -216,10 +236,10 @@ def might_start_a_program(data: bytes, target: str, path: str) -> bool:
     that imports a module of the project that may become a distributed program (``analysis.started``)."""
     if target != "ddp":
         return False
-    from mgpu_migrate.started import candidates, held_by
+    from mgpu_migrate.started import built_holders, candidates, held_by
 
-    if b".backward(" in data and held_by(path, data, might_need_migration):
-        return True  # it may train a model a project class holds
+    if b".backward(" in data and (held_by(path, data, might_need_migration) or built_holders(path, data, might_need_migration)):
+        return True  # it may train a model a project class holds (a base class, or a class it builds)
     if b"class " in data and b".backward(" not in data:
         from mgpu_migrate.analysis.held import between
 

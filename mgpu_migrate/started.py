@@ -197,6 +197,27 @@ def held_by(path: str, data: bytes, might_migrate: Callable[[bytes], bool]) -> t
     return _walk_bases(path, data, might_migrate)[0]
 
 
+def built_holders(path: str, data: bytes, might_migrate: Callable[[bytes], bool]) -> tuple[str, ...]:
+    """The project modules that may hold a migration site in a class this module builds by a name it imports
+    (CMC's ``train_CMC.py``: ``from models.alexnet import MyAlexNetCMC``, then ``model = MyAlexNetCMC(...)``,
+    a class whose ``__init__`` keeps ``self.encoder = nn.DataParallel(...)``): the modules whose wrapped model
+    this one may train. Read from bytes and paths alone, each class looked up through the import binding its name."""
+    if b"import" not in data:
+        return ()
+    directory = os.path.dirname(os.path.abspath(path))
+    bases = _bases(directory)
+    bindings = _bindings(data)
+    read: dict[str, bytes] = {}
+    found: list[str] = []
+    for name, (_, _, original) in bindings.items():
+        if not original or not re.search(rb"(?<![\w.])" + re.escape(name.encode()) + rb"\s*\(", data):
+            continue
+        module = _defining(bindings, directory, bases, name, read)
+        if module is not None and module != os.path.abspath(path) and module not in found and might_migrate(read[module]):
+            found.append(module)
+    return tuple(found)
+
+
 def base_modules(path: str, data: bytes, might_migrate: Callable[[bytes], bool]) -> tuple[str, ...]:
     """The project modules :func:`held_by` passes through, up to the holders: those defining the classes this
     module's classes derive from (st-gcn's ``processor.py`` and ``io.py`` for ``recognition.py``)."""

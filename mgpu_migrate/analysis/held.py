@@ -44,6 +44,7 @@ class HeldTraining:
 
     migrates: bool
     why: str = ""
+    how: str = "derived"  # "built": the model's class is built by the importing modules, not derived from
 
 
 def subclasses(path: str, name: str) -> list[Subclass]:
@@ -127,7 +128,7 @@ def held_training(
     demos), ran on one GPU alone in the original, and runs so still, as one process."""
     derived = subclasses(path, name)
     if not any(sub.trains for sub in derived):
-        return None
+        return None if derived else _built_training(path, name, options)
     here = os.path.dirname(os.path.abspath(path))
     users = direct_users(path, name, derived)
     if users:
@@ -157,6 +158,34 @@ def held_training(
                 False, f"`{sub.name}` ({sub.where(here)}) trains it, and no script imports it: no place for the set-up"
             )
     return HeldTraining(True)
+
+
+def _built_training(path: str, name: str, options: Options) -> Optional[HeldTraining]:
+    """For a class that keeps its own wrap and that no class of the project derives from (CMC's ``MyAlexNetCMC``:
+    ``self.encoder = nn.DataParallel(self.encoder)`` in its ``__init__``): it migrates when every module of the
+    project that builds it (calls it by name) trains it (a backward pass) and migrates, each as a program that
+    trains the model this class holds (``engine.held_programs``); None when no module builds it."""
+    call = re.compile(rb"(?<![\w.])" + re.escape(name.encode()) + rb"\s*\(")
+    users = [importer for importer in importers(path, name) if _importable(importer.path) and call.search(_read(importer.path))]
+    if not users:
+        return None
+    here = os.path.dirname(os.path.abspath(path))
+    for user in users:
+        if not user.trains:
+            return HeldTraining(False, f"{user.where(here)} builds it and does not train it: every process would run it", "built")
+    from mgpu_migrate.engine import being_decided, migration_of
+
+    for user in users:
+        assumed = being_decided(user.path)
+        result = None if assumed else migration_of(user.path, options)
+        if not assumed and (result is None or not result.changed or result.error is not None):
+            vetoes = [d for d in (result.diagnostics if result is not None else []) if d.needs_review]
+            first = vetoes[0] if vetoes else None
+            said = f" ({os.path.relpath(first.path, here)}:{first.line}: {first.code})" if first is not None else ""
+            return HeldTraining(False, f"{user.where(here)} builds and trains it, and is left{said}", "built")
+        if not _started(user.path):
+            return HeldTraining(False, f"{user.where(here)} builds and trains it, and no script imports it: no place for the set-up", "built")
+    return HeldTraining(True, how="built")
 
 
 # What a DataParallel wrap has of its own (nn.Module's public names and DataParallel's): any other attribute of

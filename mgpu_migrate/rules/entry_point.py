@@ -502,7 +502,7 @@ class EntryPointSetup(Rule):
             # script, else (a module of classes) in the script that imports it, the entry point of what it starts.
             script = is_script(self.analysis.source.encode("utf-8", "surrogateescape"), self.analysis.path)
             if program.runs_distributed and not program.already_set_up and (program.starts or script):
-                self._start(program.starts or program.holds)
+                self._start(program.holds or program.starts)
             return
         first = program.wraps[0]
         if program.beside is not None:
@@ -540,7 +540,28 @@ class EntryPointSetup(Rule):
             return
         if not self.rewrite_allowed(entry.anchor):
             return
+        if entry.devices is None and self._built_elsewhere_only(program.wraps):
+            return  # CMC's models/alexnet.py: its main block tries a network; the scripts that build the class set up
         self._set_up(entry)
+
+    def _built_elsewhere_only(self, wraps: list[cst.Call]) -> bool:
+        """Whether every wrap is in a class that nothing in this file builds or names outside its own body, and the
+        file trains nothing: the class is for the modules importing it, which build and train it and set up (the
+        wrapper sets up when built), so a main block here (a quick try of a network) stays one process."""
+        if self.analysis.loaders.training_loops or self.analysis.handed.training_calls:
+            return False
+        classes = []
+        for wrap in wraps:
+            holder = next((a for a in self.analysis.tree.ancestors(wrap) if type(a) is cst.ClassDef), None)
+            if holder is None:
+                return False
+            classes.append(holder)
+        tree = self.analysis.tree
+        for holder in dict.fromkeys(classes):
+            for node in tree.nodes(cst.Name):
+                if node.value == holder.name.value and node is not holder.name and not any(a is holder for a in tree.ancestors(node)):
+                    return False
+        return True
 
     def _starter(self, wrap: cst.Call) -> Optional[str]:
         """The script (``path:line`` of its import) that imports this module, directly or through its package's
@@ -568,7 +589,10 @@ class EntryPointSetup(Rule):
             return  # the class holding the model sets up where it chooses the GPUs (its MGP120 says where)
         here = os.path.dirname(os.path.abspath(self.analysis.path))
         trained = ", ".join(os.path.relpath(module, here) for module in modules[:2]) + (" ..." if len(modules) > 2 else "")
-        self._set_up(entry, f"; it starts the training of {trained}")
+        if set(modules) <= set(self.program.holds):
+            self._set_up(entry, f"; it trains the model held in {trained}")
+        else:
+            self._set_up(entry, f"; it starts the training of {trained}")
         data = self.analysis.source.encode("utf-8", "surrogateescape")
         alone = trained_apart(self.analysis.path, data, modules)
         if alone:

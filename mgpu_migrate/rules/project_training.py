@@ -411,12 +411,16 @@ class ProjectTraining(Rule):
             chosen_here = entry is not None and entry.devices is not None
             attribute = _held_attribute(program.wraps[0], self.analysis) if chosen_here else None
             held = held_training(self.analysis.path, holder.name.value, self.options, attribute)
+            if held is not None and held.how == "built":
+                self._leave_unless_built(program, holder, held)
+                return True
             if held is not None:
                 if not held.migrates:
                     self.left(
                         program.wraps[0],
                         TRAINED_BY_IMPORTER,
-                        f"`{holder.name.value}` hands the model to its subclasses: {held.why}; file left as it is",
+                        f"`{holder.name.value}` hands the model to "
+                        f"{'the modules building it' if held.how == 'built' else 'its subclasses'}: {held.why}; file left as it is",
                     )
                 return True
         if type(holder) is cst.FunctionDef and self._fallback_of_own_paths(holder.name.value, found):
@@ -451,6 +455,34 @@ class ProjectTraining(Rule):
                 )
             self.left(wrap, TRAINED_BY_IMPORTER, said)
         return True
+
+    def _leave_unless_built(self, program, first: cst.ClassDef, held) -> None:
+        """For model classes that keep their own wraps and that the importing modules build (CMC's
+        ``MyAlexNetCMC``): the file migrates when every class holding a wrap here migrates with the modules
+        building it (``analysis.held``); else each wrap is named at its own line, with its class's reason or with
+        the class that keeps the file as it is."""
+        verdicts = {first.name.value: held}
+        for wrap in program.wraps:
+            own = self._holder(wrap)
+            if type(own) is cst.ClassDef and own.name.value not in verdicts:
+                verdicts[own.name.value] = held_training(self.analysis.path, own.name.value, self.options)
+        blocking = next(((name, v) for name, v in verdicts.items() if v is None or not v.migrates), None)
+        if blocking is None and all(type(self._holder(wrap)) is cst.ClassDef for wrap in program.wraps):
+            return
+        for wrap in program.wraps:
+            own = self._holder(wrap)
+            name = own.name.value if own is not None else first.name.value
+            verdict = verdicts.get(name)
+            if verdict is not None and not verdict.migrates:
+                said = f"`{name}` hands the model to the modules building it: {verdict.why}; file left as it is"
+            elif blocking is not None and verdict is not None:
+                said = f"`{name}` is built by modules that train it, but `{blocking[0]}` keeps this file as it is"
+            else:
+                said = (
+                    f"no training here: the {_kind(own or first)} `{name}` hands the model to the modules importing this "
+                    "one: migrate there; file left as it is"
+                )
+            self.left(wrap, TRAINED_BY_IMPORTER, said)
 
     def _fallback_of_own_paths(self, builder: str, found: list) -> bool:
         """Whether the modules importing this one that name ``builder`` and train (a backward pass) all have a

@@ -119,6 +119,9 @@ CASES = {
     # SimCLR: an own path the script starts itself across nodes (mp.spawn under `if args.nodes > 1:`) beside its
     # DataParallel fallback, which migrates, set up in that `if`'s `else`; a contrastive loss over the whole batch.
     "spawned_own_path": ("projects/spawned_own_path", "train.py", NO_ARGUMENTS),
+    # CMC: a model class keeps its own wrap (`self.encoder = nn.DataParallel(...)` in models/encoder.py); the script
+    # that builds it trains it (its loader split there, the set-up and the save its own), with a loss over the batch.
+    "built_holder": ("projects/built_holder", "train.py", NO_ARGUMENTS),
 }
 TOLERANCE = 1e-9
 TIMEOUT_S = 500

@@ -909,3 +909,48 @@ def test_a_method_of_an_object_a_project_module_makes_and_a_plotting_helper_are_
     helpers.write_text(helpers.read_text().replace("logger = Logger()", "logger = Logger() if os.name else None"))
     result = migrate_source(script.read_text(), "ddp", str(script))
     assert [d.code for d in result.diagnostics if d.code == "MGP322"] == [], result.diagnostics
+
+
+def test_a_model_class_keeping_its_own_wrap_migrates_with_the_script_that_builds_and_trains_it():
+    """CMC's shape: `MyEncoderCMC.__init__` keeps `self.encoder = nn.DataParallel(...)`; train.py builds the class
+    and trains it. Both migrate: the wrap in the class, the loader, set-up and save in the script (which says it
+    trains the model held there); the module's own main block would stay one process (none here)."""
+    root = FIXTURES / "projects" / "built_holder"
+    holder = root / "models" / "encoder.py"
+    result = migrate_source(holder.read_text(), "ddp", str(holder))
+    assert result.changed and [d.code for d in result.diagnostics if d.needs_review] == []
+    script = root / "train.py"
+    result = migrate_source(script.read_text(), "ddp", str(script))
+    said = {d.code: d.message for d in result.diagnostics}
+    assert "MGP122" in said and "it trains the model held in models/encoder.py" in said["MGP120"]
+
+
+def test_a_model_class_built_by_a_module_that_does_not_train_it_is_left_naming_that_module():
+    """The same class also built by demo.py, which only runs it: every process would run the demo, so the class's
+    module is left (MGP320 names demo.py), and the script that trains it stays as it is with it."""
+    root = FIXTURES / "projects" / "built_holder_left"
+    holder = root / "models" / "encoder.py"
+    result = migrate_source(holder.read_text(), "ddp", str(holder))
+    (left,) = result.diagnostics
+    assert left.code == "MGP320" and not result.changed
+    assert "`MyEncoderCMC` hands the model to the modules building it: ../demo.py:5 builds it and does not train it" in left.message
+    script = root / "train.py"
+    assert not migrate_source(script.read_text(), "ddp", str(script)).changed
+
+
+def test_a_main_block_that_never_builds_the_class_holding_the_wrap_gets_no_set_up(tmp_path):
+    """CMC's models/alexnet.py tries a network in its main block; the class that keeps the wrap is built by the
+    scripts importing it, which set up: the module's own main block stays one process."""
+    (tmp_path / "setup.py").write_text("")
+    (tmp_path / "net.py").write_text(
+        "import torch.nn as nn\n\n\nclass Holder(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.body = nn.DataParallel(nn.Linear(2, 2))\n\n\nif __name__ == '__main__':\n    print(nn.Linear(2, 2))\n"
+    )
+    (tmp_path / "train.py").write_text(
+        "import torch\nfrom torch.utils.data import DataLoader\nfrom net import Holder\n\nif __name__ == '__main__':\n"
+        "    model = Holder()\n    for x in DataLoader(torch.randn(8, 2), batch_size=4):\n        model.body(x).sum().backward()\n"
+    )
+    holder = tmp_path / "net.py"
+    result = migrate_source(holder.read_text(), "ddp", str(holder))
+    assert result.changed and "setup()" not in result.output
+    assert "mgpu_runtime.DistributedDataParallel(nn.Linear(2, 2))" in result.output
