@@ -205,7 +205,9 @@ class ProjectTraining(Rule):
     train the model (st-gcn's ``IO`` held the wrap, ``REC_Processor(Processor)`` trains), the file migrates
     with them: each such module, which has no DataParallel of its own, gets its training loaders split and its
     side effects made once, and the script that imports it the set-up (``engine.held_programs``,
-    ``analysis/held.py``). A loop there whose data cannot be split there leaves that module (MGP326) and this
+    ``analysis/held.py``). So does a class that keeps its own wrap and that no class derives from, when every
+    module building it (``model = MyAlexNetCMC(...)``, CMC) trains it and migrates: each is then such a program,
+    with its own set-up; one that builds it and does not train it leaves the file (MGP320 names it). A loop there whose data cannot be split there leaves that module (MGP326) and this
     file, whose MGP320 names the site; so does a subclass that does not train, or a class in between. A subclass
     that does not train is no obstacle when the class gives the set-up the GPUs it chooses (``self.gpus``,
     MGP150) and that subclass's module reads of the wrapped model what a DataParallel wrap does not have
