@@ -178,7 +178,9 @@ class DistributedDataParallel(_TorchDDP):
             other._sum_each_backward()  # both sum what each pass reached, as DataParallel did (see the module doc)
         self._job.wrappers.add(self)
         self._reduce_each_backward = reduce_each_backward or bool(sharing)
-        self.register_comm_hook(self._job.lockstep, _summed if processes > 1 else _keep_local)
+        gradients = self._job.gradients
+        summed = functools.update_wrapper(functools.partial(_summed_noting, gradients), _summed) if gradients is not None else _summed
+        self.register_comm_hook(self._job.lockstep, summed if processes > 1 else _keep_local)
         self._watched = list(module.parameters())  # read at each training forward: a flat list is 15x faster to scan
         self._trainable = _trainable(self._watched)
         self._note_synchronised()
@@ -422,6 +424,13 @@ def _trainable(parameters: list[torch.Tensor]) -> list[bool]:
 def _summed(state, bucket):
     """Sum over ranks of each rank's gradient part (a ``dist.GradBucket``), carrying the lockstep counts (``state``
     is the job's lockstep check)."""
+    return state.all_reduce(bucket.buffer(), bucket.index())
+
+
+def _summed_noting(gradients, state, bucket):
+    """``_summed``, telling the job's gradients which parameters this backward pass summed (``Gradients._kept_whole``:
+    a gradient accumulated over several passes is summed once each)."""
+    gradients.note_reduced(bucket.parameters())
     return state.all_reduce(bucket.buffer(), bucket.index())
 
 

@@ -61,6 +61,11 @@ class Gradients:
         self._hook: Any = None
         self._each_backward: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
         """Parameters whose gradients are summed at the end of each backward pass (``sum_each_backward``)."""
+        self._whole: dict[int, tuple[int, int]] = {}
+        """For a DDP-summed parameter whose ``.grad`` is whole (summed over the ranks by the last backward pass,
+        and not changed since): the id and version of that gradient tensor (``_kept_whole``)."""
+        self._reduced: set[int] = set()
+        """The parameters whose DDP buckets the running backward pass has summed (``note_reduced``)."""
 
     def note_synchronised(self, parameters: Sequence[torch.Tensor]) -> None:
         """These parameters' gradients are summed by DDP's reduction; the step must not sum them again."""
@@ -71,6 +76,44 @@ class Gradients:
         one forward feeds several, which DDP's reducer cannot follow), and not again at the step."""
         self._each_backward.update((id(parameter), parameter) for parameter in parameters)
         self.note_synchronised(parameters)
+
+    def note_reduced(self, parameters: Sequence[torch.Tensor]) -> None:
+        """DDP's reduction summed these parameters' bucket in this backward pass (the wrapper's comm hook)."""
+        self._reduced.update(id(parameter) for parameter in parameters)
+
+    @contextmanager
+    def _kept_whole(self) -> Iterator[None]:
+        """Around one backward pass: gradients accumulated over several passes before a step (``loss.backward()``
+        each micro-batch, ``optimizer.step()`` every k) are summed once each. DDP's reducer sums what ``.grad``
+        holds after the pass, and a ``.grad`` the last pass left is whole already: summed again over W ranks it
+        would count W times (torch's own DDP averages, which forgives it). So a DDP-summed parameter's whole
+        gradient is set aside before the pass (``.grad`` None), and added back to what the pass sums. Whole
+        means: summed by the last pass and unchanged since (the same tensor at the same version); one changed in
+        place since (zeroed, or accumulated locally under ``no_sync()``) is summed as it is, as before."""
+        kept = []
+        for key, parameter in list(self._synchronised.items()):
+            gradient = parameter.grad
+            if key in self._each_backward or gradient is None:
+                continue
+            if self._whole.get(key) == (id(gradient), gradient._version):
+                kept.append((key, parameter, gradient))
+                parameter.grad = None
+        self._reduced.clear()
+        try:
+            yield
+        finally:
+            for _key, parameter, gradient in kept:
+                if parameter.grad is None:
+                    parameter.grad = gradient
+                else:
+                    parameter.grad.add_(gradient)
+            reduced, self._reduced = self._reduced, set()
+            for key, parameter in list(self._synchronised.items()):
+                gradient = parameter.grad
+                if key in reduced and gradient is not None:
+                    self._whole[key] = (id(gradient), gradient._version)
+                else:
+                    self._whole.pop(key, None)
 
     def _follow_the_loop(self, roots_: Sequence[torch.Tensor]) -> None:
         """The parameters outside every wrapped model that this backward pass reaches through the loop's own
@@ -169,7 +212,7 @@ class Gradients:
             listed = list(given) if isinstance(given, (list, tuple)) else [given]
             roots_, grads = roots(outputs, listed if given is not None else [None] * len(outputs), group)
             self._follow_the_loop(roots_)
-            with self._whole_after_backward():
+            with self._kept_whole(), self._whole_after_backward():
                 return _autograd_backward(roots_, grads, retain_graph, create_graph, inputs=inputs)
 
         def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, only_inputs=True,
