@@ -35,7 +35,7 @@ import torch
 
 from mgpu_runtime.sharded import hooks
 from mgpu_runtime.sharded.groups import RankGroup, starts
-from mgpu_runtime.sharded.tensor import Sharded, adopt_requires_grad, materialize
+from mgpu_runtime.sharded.tensor import Sharded, adopt_requires_grad, materialize, sync_viewed
 from mgpu_runtime.structure import children, rebuild
 
 Rule = Callable[[Callable, tuple, dict], Any]
@@ -52,6 +52,9 @@ def apply(func: Callable, args: tuple, kwargs: dict) -> Any:
     call = hooks.CALLS.piece
     if call is not None and call.depth == 0:
         return call.apply(rule, func, args, kwargs)  # a gradient hook run on one piece (hooks.py)
+    for value in args:
+        if type(value) is Sharded and value._viewed is not None:
+            sync_viewed(value)  # a view an indexing gave was changed in place (``x[n][p] += d``)
     if rule not in _NOT_USES and torch.is_grad_enabled():
         _note_uses(args, kwargs)
     return rule(func, args, kwargs)
@@ -827,7 +830,22 @@ def _getitem(func, args, kwargs):
                 lambda piece, local: piece[torch.arange(len(piece), device=piece.device), local],
                 (value, index), {}, value,
             )
-    return _materialized(func, args, kwargs)
+    return _viewed(func, value, key)
+
+
+def _viewed(func, value: Sharded, key: Any) -> Any:
+    """``value[key]`` on the global tensor. Where torch gives a view (a row ``x[3]``, a slice of rows), a change
+    in place through it reaches ``value`` (``Sharded._viewed``), as it reached the tensor DataParallel gathered."""
+    full = materialize(value)
+    result = func(full, materialize(key))
+    if (
+        isinstance(result, torch.Tensor)
+        and isinstance(full, torch.Tensor)
+        and result._is_view()
+        and result.untyped_storage().data_ptr() == full.untyped_storage().data_ptr()
+    ):
+        value._viewed = (full, full._version)
+    return result
 
 
 def _masked(value: Sharded, mask: torch.Tensor, rest: list[Any]) -> Sharded:

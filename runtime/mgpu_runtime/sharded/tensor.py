@@ -32,6 +32,10 @@ class Sharded(torch.Tensor):
     """The node a hooked value's later uses go through, when it has one."""
     _holders: tuple[torch.Tensor, ...] | None = None
     """The tensors whose gradients are this value's after its hooks, when they are not its pieces."""
+    _viewed: Any = None
+    """``(full, version)``: the global tensor an indexing of this value gave a view of (``x[i]``, ``x[i][j]``),
+    and its version then. A change in place through that view (``x[n][p] += d``) changes ``full``; the next use
+    of this value first takes its pieces from ``full`` again (``sync_viewed``), as torch's views share storage."""
     _legacy_leaf: bool = False
     """Made by ``torch.autograd.Variable(x, ...)``, whose ``requires_grad=True`` C++ sets on this wrapper, not on its
     pieces: read once, at the value's first use (``adopt_requires_grad``)."""
@@ -120,10 +124,28 @@ def is_sharded(value: Any) -> bool:
     return type(value) is Sharded
 
 
+def sync_viewed(value: Sharded) -> None:
+    """When the global tensor that an indexing of ``value`` gave a view of has changed in place since (``row =
+    x[3]; row += 1``, ``x[n][p] += d``): ``value``'s pieces become their rows of it, as if ``value`` had been
+    that tensor all along."""
+    full, version = value._viewed
+    if full._version != version:
+        held = value._group.held
+        firsts = starts(value._splits)
+        value._group.note_mixing(full)
+        value._pieces = tuple(
+            value._group.place(full.narrow(0, firsts[part], value._splits[part]), piece)
+            for part, piece in zip(held, value._pieces)
+        )
+        value._viewed = (full, full._version)
+
+
 def materialize(value: Any) -> Any:
     """``value`` with every ``Sharded`` inside it (also in lists, tuples, dicts) replaced by its global tensor,
     computed differentiably and the same on every process."""
     if type(value) is Sharded:
+        if value._viewed is not None:
+            sync_viewed(value)
         if torch.is_grad_enabled():
             value._used = True
         return value._group.concatenate(value._pieces, value._splits)
