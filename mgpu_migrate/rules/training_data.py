@@ -105,6 +105,10 @@ ITERABLE_DATASET = Review(
 )
 
 
+# ``_dataset_draw``'s mark for a dataset whose class a project factory picks at run time (not followed).
+UNFOLLOWED = "\0"
+
+
 class TrainingData(Rule):
     """
     ## What it does
@@ -426,7 +430,15 @@ class TrainingData(Rule):
             self._distribute_built(point, origin, trace)
             return
         drawn = self._dataset_draw(origin) if self._drawing is None else None
-        if drawn is not None:
+        if drawn is not None and drawn.startswith(UNFOLLOWED):
+            # The class is picked by a project factory at run time: any of them may draw per sample, as the
+            # original did for the whole batch, in order; loading it whole keeps those numbers (slower, never wrong).
+            message = (
+                f"training data split with {RUNTIME}.distribute_loader: whole batches: the dataset class "
+                f"`{drawn[len(UNFOLLOWED):]}` gives (not followed) may draw per sample"
+            )
+            self._distribute_at(point, message, whole=True)
+        elif drawn is not None:
             # The project's dataset draws for each sample it reads (faster-rcnn's roibatchLoader: numpy's crops and
             # box shuffles): the original drew them for the whole batch, in order, so every process loads it whole.
             message = f"training data split with {RUNTIME}.distribute_loader: whole batches, its dataset draws per sample ({drawn})"
@@ -455,6 +467,10 @@ class TrainingData(Rule):
             place = per_sample_draw(found) if found is not None else None
             if place is not None:
                 return f"`{found.name}`, {place}"
+            if found is None:
+                factory = self._project_factory(project, call.func)
+                if factory is not None:
+                    return UNFOLLOWED + factory
             handed = [arg.value for arg in call.args] + [
                 element.value for arg in call.args if type(arg.value) in (cst.List, cst.Tuple) for element in arg.value.elements
             ]
@@ -465,6 +481,21 @@ class TrainingData(Rule):
                 place = applied_draw(found) if found is not None else None
                 if place is not None:
                     return f"`{found.name}`, {place}"
+        return None
+
+    def _project_factory(self, project, func: cst.BaseExpression) -> Optional[str]:
+        """The text of a project factory the dataset's class comes from, which the tool does not follow to a class:
+        a project function's result (deeplab-pytorch's ``get_dataset(name)(...)``, a dict of classes picked by
+        name) or an entry of a project module's names (pytorch-pose's ``datasets.__dict__[args.dataset](...)``)."""
+        if type(func) is cst.Call and self._definition(project, func.func) is not None:
+            return shorten(self.analysis.code_of(func), 26)
+        if type(func) is cst.Subscript and type(func.value) is cst.Attribute and func.value.attr.value == "__dict__":
+            owner = func.value.value
+            qualified = self.analysis.resolve(owner)
+            # A name two imports bind (pytorch-pose: torchvision's `datasets`, then the project's) may be either.
+            origins = {qualified} if qualified else set(self.analysis.bindings.imported.get(owner.value, ())) if type(owner) is cst.Name else set()
+            if any(not origin.startswith(_LIBRARIES) and project.module(origin) is not None for origin in origins):
+                return shorten(self.analysis.code_of(func), 26)
         return None
 
     def _possible(self, expr: cst.BaseExpression, scope, depth: int = 3) -> list[cst.BaseExpression]:

@@ -122,6 +122,10 @@ CASES = {
     # CMC: a model class keeps its own wrap (`self.encoder = nn.DataParallel(...)` in models/encoder.py); the script
     # that builds it trains it (its loader split there, the set-up and the save its own), with a loss over the batch.
     "built_holder": ("projects/built_holder", "train.py", NO_ARGUMENTS),
+    # deeplab-pytorch's `get_dataset(name)(...)` and pytorch-pose's `datasets.__dict__[name](...)`: a project factory
+    # picks the dataset class, which draws per sample; not followed, so each process loads whole batches.
+    "dataset_factory": ("projects/dataset_factory", "train.py", NO_ARGUMENTS),
+    "dataset_factory_by_name": ("projects/dataset_factory", "train.py", {processes: ["--by-name"] for processes in WORLD_SIZES}),
 }
 TOLERANCE = 1e-9
 TIMEOUT_S = 500
