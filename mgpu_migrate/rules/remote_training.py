@@ -16,9 +16,9 @@ from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review
 INFERENCE_ONLY = Review(
     "MGP263",
     name="evaluation-script",
-    summary="a script that does not train (no backward pass, no optimizer): left as DataParallel",
+    summary="a script that does not train (no backward pass, no optimizer step): left as DataParallel",
     why=(
-        "Nothing in the file trains (no backward pass, no optimizer), and the model stays in it: the script "
+        "Nothing in the file trains (no backward pass, no optimizer step), and the model stays in it: the script "
         "evaluates it (runs it here, or hands it to a test function or an evaluator engine out of sight), or only "
         "loads and writes its weights (a checkpoint converter). One process per GPU would do all of that once per "
         "process, every process writing the same files, where DataParallel splits each batch over the GPUs. The "
@@ -75,7 +75,7 @@ class RemoteTraining(Rule):
     loader = mgpu_runtime.distribute_loader(DataLoader(dataset, batch_size=256, shuffle=True))
     ```
 
-    A script that does not train (no backward pass, no optimizer) and keeps the model to itself, whether it
+    A script that does not train (no backward pass, no optimizer step) and keeps the model to itself, whether it
     runs the model (an evaluation, a demo), hands it to a function or engine out of sight (``test(model,
     loader)``, ``create_supervised_evaluator(model)``), or only loads and writes its weights (a checkpoint
     converter), is left as it is (MGP263): under DDP every process would do all the work and write the same
@@ -166,7 +166,7 @@ class RemoteTraining(Rule):
             None,
             DDP,
             ("MGP263",),
-            message="this file only evaluates (no backward pass, no optimizer)",
+            message="this file only evaluates (no backward pass, no optimizer step)",
             line=8,
             name="an evaluator engine's step handed to the engine here",
         ),
@@ -309,27 +309,24 @@ class RemoteTraining(Rule):
 
     def _what_it_does(self, sites, escapes) -> str:
         if self._runs_here(sites):
-            return "this file only evaluates (no backward pass, no optimizer): left as DataParallel, which splits each batch"
+            return "this file only evaluates (no backward pass, no optimizer step): left as DataParallel, which splits each batch"
         gone = [escape for site in sites for escape in escapes.get(site, [])]
         if gone:
             return (
-                f"this file does not train (no backward pass, no optimizer; the model goes to {gone[0].what}): left as "
+                f"this file does not train (no backward pass, no optimizer step; the model goes to {gone[0].what}): left as "
                 "DataParallel, one process"
             )
-        return "this file does not train or run the model (it loads or saves its weights; no backward pass, no optimizer): left as DataParallel"
+        return "this file does not train or run the model (it loads or saves its weights; no backward pass, no optimizer step): left as DataParallel"
 
     def _does_not_train(self, sites, escapes) -> bool:
-        """Nothing here trains (no backward pass, no optimizer made); the model stays in this program (it is not
+        """Nothing here trains (no backward pass, no optimizer that steps); the model stays in this program (it is not
         returned to callers or kept by a class for its importers: MGP262 and MGP320 say where it goes), and
         neither it nor its outputs go to the project's own code (MGP285 or MGP286 say what that code does); and
         the program does something with it: runs it, hands it to a function out of sight (``test(model,
         loader)``, an ignite evaluator), or loads weights into it (a checkpoint converter). Then the file
         evaluates, converts or exports the model, and one process does that best."""
         analysis = self.analysis
-        if not sites or any(
-            analysis.loaders.is_backward(call) or (analysis.resolve(call.func) or "").startswith("torch.optim.")
-            for call in analysis.calls
-        ):
+        if not sites or any(analysis.loaders.is_backward(call) for call in analysis.calls) or self._optimizes():
             return False
         models = analysis.models
         index = models.index
@@ -354,6 +351,31 @@ class RemoteTraining(Rule):
             return False  # trainer.fit(model), train(model, loader): the training is out of sight, not absent
         handed = any(escapes.get(site) for site in sites)
         return self._runs_here(sites) or handed or self._loads_weights(sites)
+
+    def _optimizes(self) -> bool:
+        """Whether an optimizer made here (``torch.optim.*``) may train: something here steps (``.step()``), or the
+        optimizer goes to a call other than torch.optim's own (a training function out of sight). One made only to
+        load its state from a checkpoint (pytorch-pose's ``convert_checkpoint.py``) trains nothing."""
+        analysis = self.analysis
+        made = [call for call in analysis.calls if (analysis.resolve(call.func) or "").startswith("torch.optim.")]
+        if not made:
+            return False
+        if any(type(call.func) is cst.Attribute and call.func.attr.value == "step" for call in analysis.calls):
+            return True
+        names = set()
+        for call in made:
+            parent = analysis.tree.parent(call)
+            if type(parent) is cst.Assign and all(type(target.target) is cst.Name for target in parent.targets):
+                names.update(target.target.value for target in parent.targets)
+            else:
+                return True  # kept somewhere the reading does not follow
+        for call in analysis.calls:
+            if call in made or (analysis.resolve(call.func) or "").startswith("torch.optim."):
+                continue
+            for arg in call.args:
+                if any(type(node) is cst.Name and node.value in names for node in _names_in(arg.value)):
+                    return True
+        return False
 
     def _runs_here(self, sites) -> bool:
         """A forward call of the model at module level, in a function this file calls, or in one it hands on to
@@ -450,3 +472,9 @@ def _trains_by_name(node: cst.CSTNode) -> bool:
         names.append(func.value)
     return any(_TRAINING_WORDS.search(name) for name in names)
 
+
+def _names_in(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """``node`` and the expressions inside it that may be a name handed on (a tuple or list of them, a keyword)."""
+    if type(node) in (cst.Tuple, cst.List):
+        return [inner for element in node.elements for inner in _names_in(element.value)]
+    return [node]
