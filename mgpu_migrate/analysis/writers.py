@@ -35,6 +35,12 @@ LIBRARY_WRITERS = frozenset(
     }
 )
 
+# Shell commands run by a statement of the file itself (dgcnn's `os.system('cp main.py checkpoints/.../main.py.backup')`):
+# the original ran each once, and every process would copy, move, fetch or delete alike. Only the file's own rule
+# (MGP134) moves them: a project helper that runs one (a `wget` of missing weights inside `load_darknet_weights`)
+# does more than write, and project reading does not count it as a writer.
+SHELL_COMMANDS = frozenset({"os.system", "subprocess.call", "subprocess.run", "subprocess.check_call"})
+
 # The library objects that write once built: TensorBoard's writers, visdom's client (it sends each point to its server),
 # ignite's checkpoint handler. Built in the file, MGP135 builds them on the main process only; built in a project
 # class's ``__init__`` (Face_Pytorch's ``Visualizer`` over ``visdom.Visdom``), that class's construction writes.

@@ -9,7 +9,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis.guards import main_process_caller, under_main_process_block
 from mgpu_migrate.analysis.tree import contains
-from mgpu_migrate.analysis.writers import LIBRARY_WRITERS, LIBRARY_WRITING_METHODS
+from mgpu_migrate.analysis.writers import LIBRARY_WRITERS, LIBRARY_WRITING_METHODS, SHELL_COMMANDS
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.save_reading import CHECKPOINT_SAVE, TORCH_SAVE, save_reading
@@ -19,7 +19,7 @@ _RACE = "all write the file at once"
 # What a test around a write may ask of the disk, which the main process's write then changes.
 _FILE_QUERIES = frozenset(f"os.path.{name}" for name in ("exists", "lexists", "isfile", "isdir", "getsize"))
 # The library functions that write a file they are given the path of (a statement of its own: nothing returned).
-_WRITERS = LIBRARY_WRITERS
+_WRITERS = LIBRARY_WRITERS | SHELL_COMMANDS
 # Methods that write a file: a figure's, a path's, a data frame's; ``.save(path)`` of a PIL image (below).
 _WRITING_METHODS = LIBRARY_WRITING_METHODS
 _PIL_MAKERS = ("PIL.Image.", "Image.")
@@ -519,8 +519,7 @@ class SharedFiles(Rule):
             # `if not os.path.exists(log): with open(log, "w")`: a process that read the disk after the main process
             # made the file would skip the block, and the wait at its end (mixup-cifar10's csv log header).
             looked = self._looks_at_files(call)
-            for query in looked:
-                self.edits.replace(query, through_runtime("main_process_value"))
+            self._read_on_main(looked)
             self.rewrote(
                 call,
                 f"`{shorten(self.analysis.code_of(call), 60)}`: "
@@ -532,13 +531,21 @@ class SharedFiles(Rule):
             return
         self.edits.replace(call, through_runtime("on_main_process"))
         looked = self._looks_at_files(call)
-        for query in looked:
-            self.edits.replace(query, through_runtime("main_process_value"))
+        self._read_on_main(looked)
         self.rewrote(
             call,
             f"`{shorten(self.analysis.code_of(call.func), 40)}(...)` writes on the main process only ({RUNTIME}.on_main_process), "
             + ("its `if` reads the disk there; every process waits" if looked else "given the whole values; every process waits"),
         )
+
+    def _read_on_main(self, queries: list[cst.Call]) -> None:
+        """Each disk query read by the main process, once: several writes under one ``if`` share its test
+        (Person_reID's three ``os.system`` calls under ``if not os.path.isdir(...)``)."""
+        done = self.__dict__.setdefault("_queries_read", set())
+        for query in queries:
+            if id(query) not in done:
+                done.add(id(query))
+                self.edits.replace(query, through_runtime("main_process_value"))
 
     def _looks_at_files(self, call: cst.Call) -> list[cst.Call]:
         """The file-system queries (``os.path.exists(...)``) in the tests of the ``if`` statements around a write, in
