@@ -293,11 +293,11 @@ class SharedFiles(Rule):
             if reason is None and self.rewrite_allowed(call):
                 self._once(call)
             elif reason is not None:
-                self.left(
-                    call,
-                    FILE_WRITTEN_BY_EVERY_PROCESS,
-                    f"`{shorten(self.analysis.code_of(call), 40)}` runs on every process ({how}); not moved: {reason}",
-                )
+                said = f"runs on every process ({how}); not moved: {reason}"
+                code = shorten(self.analysis.code_of(call), 40)
+                if len(code) + len(said) + 3 > 160:  # a long command: its function's name says enough
+                    code = f"{shorten(self.analysis.code_of(call.func), 30)}(...)"
+                self.left(call, FILE_WRITTEN_BY_EVERY_PROCESS, f"`{code}` {said}")
 
     # -- what is written ---------------------------------------------------------------------------------
     def _opens_for_writing(self, call: cst.Call) -> Optional[str]:
