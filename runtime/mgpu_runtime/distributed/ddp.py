@@ -233,10 +233,6 @@ class DistributedDataParallel(_TorchDDP):
                 output = self._global_forward(inputs, kwargs)
             self.require_forward_param_sync = True
             return output
-        gradients = self._job.gradients
-        if gradients is not None and torch.is_grad_enabled() and self.require_backward_grad_sync and not self.find_unused_parameters:
-            # torch's reducer now waits for a gradient of each of these in the next backward pass (``expect``).
-            gradients.expect(self, [p for p, t in zip(self._watched, self._trainable) if t and p.requires_grad])
         return self._global_forward(inputs, kwargs)
 
     def _global_forward(self, inputs: tuple, kwargs: dict) -> Any:

@@ -66,9 +66,6 @@ class Gradients:
         and not changed since): the id and version of that gradient tensor (``_kept_whole``)."""
         self._reduced: set[int] = set()
         """The parameters whose DDP buckets the running backward pass has summed (``note_reduced``)."""
-        self._expected: dict[int, tuple[Any, list[torch.Tensor]]] = {}
-        """The wrappers whose reducer a forward prepared for the next backward pass, with the parameters it waits
-        for (``expect``)."""
 
     def note_synchronised(self, parameters: Sequence[torch.Tensor]) -> None:
         """These parameters' gradients are summed by DDP's reduction; the step must not sum them again."""
@@ -79,49 +76,6 @@ class Gradients:
         one forward feeds several, which DDP's reducer cannot follow), and not again at the step."""
         self._each_backward.update((id(parameter), parameter) for parameter in parameters)
         self.note_synchronised(parameters)
-
-    def expect(self, wrapper: Any, parameters: list[torch.Tensor]) -> None:
-        """A training forward of ``wrapper`` (torch's reducer prepared, without ``find_unused_parameters``): the
-        next backward pass that reaches it must give each of ``parameters`` a gradient (``_check_expected``)."""
-        self._expected[id(wrapper)] = (weakref.ref(wrapper), parameters)
-
-    def _gradient_states(self) -> dict[int, list[tuple[int, int] | None]]:
-        """Each expected wrapper's parameters' gradients as they are now (``_check_expected`` compares)."""
-        return {
-            key: [None if p.grad is None else (id(p.grad), p.grad._version) for p in parameters]
-            for key, (_, parameters) in self._expected.items()
-        }
-
-    def _check_expected(self, before: dict[int, list[tuple[int, int] | None]]) -> None:
-        """After a backward pass: a wrapper whose parameters it reached only in part (a head whose loss is a
-        constant for this rank's rows: RetinaNet's ``torch.tensor(0)`` for an image with no positive anchor) leaves
-        torch's reducer waiting for the rest, and the other ranks with it until ``MGPU_TIMEOUT``. DataParallel gave
-        them zeros. Said at once, on the rank that left them out."""
-        for key, (held, parameters) in list(self._expected.items()):
-            states = before.get(key)
-            if states is None:
-                continue  # expected by a forward inside this pass (a checkpoint's recomputation)
-            # A gradient this pass reached is another tensor, or the same one changed; one torch's reducer still
-            # waits for is as it was (its bucket, never complete, was never summed or written back).
-            reached = [
-                (p.grad is not None) if state is None else (p.grad is None or (id(p.grad), p.grad._version) != state)
-                for p, state in zip(parameters, states)
-            ]
-            if not any(reached):
-                continue  # not this pass's (an evaluation with gradients on, another model's loss)
-            del self._expected[key]
-            if all(reached):
-                continue
-            wrapper = held()
-            names = {id(p): n for n, p in wrapper.module.named_parameters()} if wrapper is not None else {}
-            left = [names.get(id(p), "?") for p, hit in zip(parameters, reached) if not hit]
-            shown = ", ".join(f"`{name}`" for name in left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
-            raise RuntimeError(
-                f"mgpu_runtime: this backward pass gave no gradient to {shown} of the wrapped model on this process's "
-                "rows, and gave the others theirs: torch's DDP would wait for them until MGPU_TIMEOUT. Under "
-                "nn.DataParallel they got zeros. A forward (or a loss in it) that leaves some parameters out for some "
-                "rows needs mgpu_runtime.DistributedDataParallel(..., find_unused_parameters=True)"
-            )
 
     def note_reduced(self, parameters: Sequence[torch.Tensor]) -> None:
         """DDP's reduction summed these parameters' bucket in this backward pass (the wrapper's comm hook)."""
@@ -145,7 +99,6 @@ class Gradients:
                 kept.append((key, parameter, gradient))
                 parameter.grad = None
         self._reduced.clear()
-        states = self._gradient_states() if self._expected else {}
         try:
             yield
         finally:
@@ -161,8 +114,6 @@ class Gradients:
                     self._whole[key] = (id(gradient), gradient._version)
                 else:
                     self._whole.pop(key, None)
-            if states:
-                self._check_expected(states)
 
     def _follow_the_loop(self, roots_: Sequence[torch.Tensor]) -> None:
         """The parameters outside every wrapped model that this backward pass reaches through the loop's own

@@ -7,8 +7,6 @@
     python faults.py rank0_loss      batches of the distributed loader; rank 0 alone computes an extra loss at step 3
     python faults.py no_backward     rank 1 makes no backward from step 3 on, 5 s a step, then all save (a barrier)
     python faults.py skip_last       rank 1 skips the backward of the last step (7), then all save (a barrier)
-    python faults.py head_left_out   rank 1's loss leaves one of two heads out at step 3 (RetinaNet's constant
-                                     regression loss for an image with no positive anchor)
     python faults.py healthy         nobody misbehaves
 
 Prints "started" (rank 0, at the step where rank 1 misbehaves) and "done <rank>" when a rank finishes its loop.
@@ -35,9 +33,6 @@ def main(mode: str) -> None:
     if mode == "rank0_loss":
         _loss_on_rank_0()
         return
-    if mode == "head_left_out":
-        _head_left_out()
-        return
     misbehaving_step = 7 if mode == "skip_last" else 3
     for step in range(8):
         x = torch.randn(6, 4)
@@ -61,31 +56,6 @@ def main(mode: str) -> None:
         optimizer.step()
     if mode in ("no_backward", "skip_last"):
         mgpu_runtime.save(model.module.state_dict(), os.devnull)
-    print("done", mgpu_runtime.rank(), flush=True)
-
-
-class _TwoHeads(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.cls = nn.Linear(4, 1)
-        self.reg = nn.Linear(4, 1)
-
-    def forward(self, x: torch.Tensor, skip_reg: bool) -> torch.Tensor:
-        loss = self.cls(x).square().mean()
-        # A constant in place of the regression loss: no gradient reaches `reg` from this rank's rows.
-        return loss + (torch.tensor(0.0) if skip_reg else self.reg(x).square().mean())
-
-
-def _head_left_out() -> None:
-    model = mgpu_runtime.DistributedDataParallel(_TwoHeads())
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(8):
-        optimizer.zero_grad()
-        if step == 3 and mgpu_runtime.rank() == 0:
-            print("started", flush=True)
-        loss = model(torch.randn(6, 4), step == 3 and mgpu_runtime.rank() == 1).mean()  # the W-vector of losses
-        loss.backward()
-        optimizer.step()
     print("done", mgpu_runtime.rank(), flush=True)
 
 
