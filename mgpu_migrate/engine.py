@@ -138,17 +138,8 @@ def held_programs(
     else:
         # A model class that keeps its own wrap, built here (CMC's ``MyAlexNetCMC``), in a module that trains nothing.
         built = built_holders(path, data, might_need_migration)
-        holders += tuple(module for module in built if module not in holders and not _trains(module))
+        holders += tuple(module for module in built if module not in holders)
     return tuple(module for module in holders if _becomes_a_program(module, options))
-
-
-def _trains(path: str) -> bool:
-    from mgpu_migrate import files
-
-    try:
-        return b".backward(" in files.read(path, 1 << 20)[0]
-    except OSError:
-        return True
 
 
 def handed_programs(source: str, target: str, path: str, options: Options = DEFAULT_OPTIONS) -> tuple[str, ...]:

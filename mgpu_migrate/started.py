@@ -200,8 +200,9 @@ def held_by(path: str, data: bytes, might_migrate: Callable[[bytes], bool]) -> t
 def built_holders(path: str, data: bytes, might_migrate: Callable[[bytes], bool]) -> tuple[str, ...]:
     """The project modules that may hold a migration site in a class this module builds by a name it imports
     (CMC's ``train_CMC.py``: ``from models.alexnet import MyAlexNetCMC``, then ``model = MyAlexNetCMC(...)``,
-    a class whose ``__init__`` keeps ``self.encoder = nn.DataParallel(...)``): the modules whose wrapped model
-    this one may train. Read from bytes and paths alone, each class looked up through the import binding its name."""
+    a class whose ``__init__`` keeps ``self.encoder = nn.DataParallel(...)``), and that train nothing themselves
+    (no ``.backward(``): the modules whose wrapped model this one may train. Read from bytes and paths alone, each
+    class looked up through the import binding its name."""
     if b"import" not in data:
         return ()
     directory = os.path.dirname(os.path.abspath(path))
@@ -213,7 +214,13 @@ def built_holders(path: str, data: bytes, might_migrate: Callable[[bytes], bool]
         if not original or not re.search(rb"(?<![\w.])" + re.escape(name.encode()) + rb"\s*\(", data):
             continue
         module = _defining(bindings, directory, bases, name, read)
-        if module is not None and module != os.path.abspath(path) and module not in found and might_migrate(read[module]):
+        if (
+            module is not None
+            and module != os.path.abspath(path)
+            and module not in found
+            and might_migrate(read[module])
+            and b".backward(" not in read[module]
+        ):
             found.append(module)
     return tuple(found)
 

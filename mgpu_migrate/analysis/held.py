@@ -133,8 +133,6 @@ def held_training(
     users = direct_users(path, name, derived)
     if users:
         return HeldTraining(False, f"{users[0]} uses `{name}` itself, beside the subclasses that train it")
-    from mgpu_migrate.engine import being_decided, migration_of  # each module's verdict is its own migration's
-
     # The cheap verdicts first (a subclass that does not train, one in between), then each module that trains.
     for sub in sorted(derived, key=lambda sub: sub.trains):
         if not sub.trains:
@@ -145,19 +143,27 @@ def held_training(
             else:
                 why = "does not train it: every process would run it"
             return HeldTraining(False, f"`{sub.name}` ({sub.where(here)}) {why}")
-        # A module that asked about this one migrates if this one does (its own migration says what else it needs).
-        assumed = being_decided(sub.path)
-        result = None if assumed else migration_of(sub.path, options)
-        if not assumed and (result is None or not result.changed or result.error is not None):
-            vetoes = [d for d in (result.diagnostics if result is not None else []) if d.needs_review]
-            first = vetoes[0] if vetoes else None
-            said = f" ({os.path.relpath(first.path, here)}:{first.line}: {first.code})" if first is not None else ""
-            return HeldTraining(False, f"`{sub.name}` ({sub.where(here)}) trains it, and is left{said}")
-        if not _started(sub.path):
-            return HeldTraining(
-                False, f"`{sub.name}` ({sub.where(here)}) trains it, and no script imports it: no place for the set-up"
-            )
+        left = _not_a_program(sub.path, here, options)
+        if left is not None:
+            return HeldTraining(False, f"`{sub.name}` ({sub.where(here)}) trains it, and {left}")
     return HeldTraining(True)
+
+
+def _not_a_program(module: str, here: str, options: Options) -> Optional[str]:
+    """Why a module that trains the held model does not become its program (it is left, naming its first site left;
+    no script imports it), or None when it does. A module that asked about the holder migrates if the holder does
+    (its own migration says what else it needs)."""
+    from mgpu_migrate.engine import being_decided, migration_of  # each module's verdict is its own migration's
+
+    assumed = being_decided(module)
+    result = None if assumed else migration_of(module, options)
+    if not assumed and (result is None or not result.changed or result.error is not None):
+        vetoes = [d for d in (result.diagnostics if result is not None else []) if d.needs_review]
+        first = vetoes[0] if vetoes else None
+        return "is left" + (f" ({os.path.relpath(first.path, here)}:{first.line}: {first.code})" if first is not None else "")
+    if not _started(module):
+        return "no script imports it: no place for the set-up"
+    return None
 
 
 def _built_training(path: str, name: str, options: Options) -> Optional[HeldTraining]:
@@ -173,18 +179,10 @@ def _built_training(path: str, name: str, options: Options) -> Optional[HeldTrai
     for user in users:
         if not user.trains:
             return HeldTraining(False, f"{user.where(here)} builds it and does not train it: every process would run it", "built")
-    from mgpu_migrate.engine import being_decided, migration_of
-
     for user in users:
-        assumed = being_decided(user.path)
-        result = None if assumed else migration_of(user.path, options)
-        if not assumed and (result is None or not result.changed or result.error is not None):
-            vetoes = [d for d in (result.diagnostics if result is not None else []) if d.needs_review]
-            first = vetoes[0] if vetoes else None
-            said = f" ({os.path.relpath(first.path, here)}:{first.line}: {first.code})" if first is not None else ""
-            return HeldTraining(False, f"{user.where(here)} builds and trains it, and is left{said}", "built")
-        if not _started(user.path):
-            return HeldTraining(False, f"{user.where(here)} builds and trains it, and no script imports it: no place for the set-up", "built")
+        why = _not_a_program(user.path, here, options)
+        if why is not None:
+            return HeldTraining(False, f"{user.where(here)} builds and trains it, and {why}", "built")
     return HeldTraining(True, how="built")
 
 

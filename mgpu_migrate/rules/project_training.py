@@ -207,7 +207,8 @@ class ProjectTraining(Rule):
     side effects made once, and the script that imports it the set-up (``engine.held_programs``,
     ``analysis/held.py``). So does a class that keeps its own wrap and that no class derives from, when every
     module building it (``model = MyAlexNetCMC(...)``, CMC) trains it and migrates: each is then such a program,
-    with its own set-up; one that builds it and does not train it leaves the file (MGP320 names it). A loop there whose data cannot be split there leaves that module (MGP326) and this
+    with its own set-up; one that builds it and does not train it leaves the file (MGP320 names it). A loop
+    there whose data cannot be split there leaves that module (MGP326) and this
     file, whose MGP320 names the site; so does a subclass that does not train, or a class in between. A subclass
     that does not train is no obstacle when the class gives the set-up the GPUs it chooses (``self.gpus``,
     MGP150) and that subclass's module reads of the wrapped model what a DataParallel wrap does not have
@@ -421,8 +422,7 @@ class ProjectTraining(Rule):
                     self.left(
                         program.wraps[0],
                         TRAINED_BY_IMPORTER,
-                        f"`{holder.name.value}` hands the model to "
-                        f"{'the modules building it' if held.how == 'built' else 'its subclasses'}: {held.why}; file left as it is",
+                        f"`{holder.name.value}` hands the model to its subclasses: {held.why}; file left as it is",
                     )
                 return True
         if type(holder) is cst.FunctionDef and self._fallback_of_own_paths(holder.name.value, found):

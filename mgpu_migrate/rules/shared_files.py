@@ -283,6 +283,7 @@ class SharedFiles(Rule):
     def apply(self) -> None:
         if not self.program.runs_distributed:
             return
+        self._queries_read: set[int] = set()  # the disk queries already read on the main process (``_read_on_main``)
         for call in self.analysis.calls:
             how = self._writes(call)
             if how is None or under_main_process_block(self.analysis, call) or self._checkpoint_file(call):
@@ -541,10 +542,9 @@ class SharedFiles(Rule):
     def _read_on_main(self, queries: list[cst.Call]) -> None:
         """Each disk query read by the main process, once: several writes under one ``if`` share its test
         (Person_reID's three ``os.system`` calls under ``if not os.path.isdir(...)``)."""
-        done = self.__dict__.setdefault("_queries_read", set())
         for query in queries:
-            if id(query) not in done:
-                done.add(id(query))
+            if id(query) not in self._queries_read:
+                self._queries_read.add(id(query))
                 self.edits.replace(query, through_runtime("main_process_value"))
 
     def _looks_at_files(self, call: cst.Call) -> list[cst.Call]:

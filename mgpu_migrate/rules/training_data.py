@@ -105,10 +105,6 @@ ITERABLE_DATASET = Review(
 )
 
 
-# ``_dataset_draw``'s mark for a dataset whose class a project factory picks at run time (not followed).
-UNFOLLOWED = "\0"
-
-
 class TrainingData(Rule):
     """
     ## What it does
@@ -429,13 +425,13 @@ class TrainingData(Rule):
         if trace.kind == BUILT:
             self._distribute_built(point, origin, trace)
             return
-        drawn = self._dataset_draw(origin) if self._drawing is None else None
-        if drawn is not None and drawn.startswith(UNFOLLOWED):
+        drawn, followed = self._dataset_draw(origin) if self._drawing is None else (None, True)
+        if drawn is not None and not followed:
             # The class is picked by a project factory at run time: any of them may draw per sample, as the
             # original did for the whole batch, in order; loading it whole keeps those numbers (slower, never wrong).
             message = (
                 f"training data split with {RUNTIME}.distribute_loader: whole batches: the dataset class "
-                f"`{drawn[len(UNFOLLOWED):]}` gives (not followed) may draw per sample"
+                f"`{drawn}` gives (not followed) may draw per sample"
             )
             self._distribute_at(point, message, whole=True)
         elif drawn is not None:
@@ -447,14 +443,15 @@ class TrainingData(Rule):
             self._distribute_at(point, f"training data split across processes with {RUNTIME}.distribute_loader")
         self._check_origin(origin)
 
-    def _dataset_draw(self, loader: cst.Call) -> Optional[str]:
+    def _dataset_draw(self, loader: cst.Call) -> tuple[Optional[str], bool]:
         """``name, path:line`` of the first random draw in the project class whose object is the loader's dataset
         (built in the call, in a name the loader is given, or an entry of a dict of datasets; a class of this file
         or of the project), or in a function or class of them handed to that dataset (a transform the script
-        defines), else None."""
+        defines), else None; and whether the dataset's class was followed (False: a project factory picks it at run
+        time, whose text is given in place of a draw: ``get_dataset(name)``, ``datasets.__dict__[name]``)."""
         given = argument(loader, "dataset", 0)
         if given is None:
-            return None
+            return None, True
         scope = self.analysis.values.scope_of(loader)
         project = None
         for call in self._possible(given.value, scope):
@@ -462,15 +459,15 @@ class TrainingData(Rule):
                 continue
             project = project or project_of(self.analysis.path)
             if project is None:
-                return None
+                return None, True
             found = self._definition(project, call.func)
             place = per_sample_draw(found) if found is not None else None
             if place is not None:
-                return f"`{found.name}`, {place}"
+                return f"`{found.name}`, {place}", True
             if found is None:
                 factory = self._project_factory(project, call.func)
                 if factory is not None:
-                    return UNFOLLOWED + factory
+                    return factory, False
             handed = [arg.value for arg in call.args] + [
                 element.value for arg in call.args if type(arg.value) in (cst.List, cst.Tuple) for element in arg.value.elements
             ]
@@ -480,8 +477,8 @@ class TrainingData(Rule):
                 found = self._definition(project, value) if type(value) is cst.Name else None
                 place = applied_draw(found) if found is not None else None
                 if place is not None:
-                    return f"`{found.name}`, {place}"
-        return None
+                    return f"`{found.name}`, {place}", True
+        return None, True
 
     def _project_factory(self, project, func: cst.BaseExpression) -> Optional[str]:
         """The text of a project factory the dataset's class comes from, which the tool does not follow to a class:
