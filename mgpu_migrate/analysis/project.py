@@ -26,7 +26,7 @@ from typing import Callable, NamedTuple, Union
 
 from mgpu_migrate import files, old_keywords
 from mgpu_migrate.analysis import names
-from mgpu_migrate.analysis.writers import LIBRARY_WRITERS, LIBRARY_WRITING_METHODS, WRITER_OBJECTS
+from mgpu_migrate.analysis.writers import LIBRARY_WRITERS, LIBRARY_WRITING_METHODS, SHELL_COMMANDS, WRITER_OBJECTS
 from mgpu_migrate.started import ROOT_MARKERS, above_package, project_root
 
 # How deep a chain of definitions is followed.
@@ -121,6 +121,7 @@ class Project:
         self._changes: dict[int, Write | None] = {}  # by definition node: its first directory change
         self._written: dict[int, Write | None] = {}  # by definition node: its first file write
         self._downloaded: dict[int, Write | None] = {}  # by definition node: its first download
+        self._made: dict[int, Made | None] = {}  # by definition node: its first write of what was missing
         # A function's copy without the branches a call switches off, kept: the caches above key nodes by id,
         # which a copy that was dropped would hand on to the next object made.
         self._pruned: dict[tuple[int, frozenset[str]], ast.AST] = {}
@@ -379,36 +380,104 @@ class Project:
                 listed.append(written)
         return listed
 
-    def writes_only_caches(self, found: Found, depth: int = 0) -> bool:
-        """Whether every file a function writes, itself or through the project functions it calls by name, is a
-        cache it reads back when present: each write's path is a name that an ``os.path.exists`` (or ``isfile``)
-        test of the same function reads before it (faster-rcnn's ``prepare_roidb``: ``if
-        os.path.exists(cache_file): load it, else compute and pickle.dump into open(cache_file, 'wb')``). Run on
-        the main process first, it writes the cache; the other processes then find it and read it. False for a
-        function that makes or deletes directories, or writes anything else."""
-        node = found.node
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or depth > _MAX_DEPTH:
-            return False
-        checked = _paths_checked(found)
-        any_write = False
-        for call in _calls(node):
+    def made_when_missing(self, found: Found) -> Made | None:
+        """The first write of a definition that writes only what it finds missing (pytorch-pose's ``Mpii``, whose
+        ``__init__`` calls ``self._compute_mean()``: ``if isfile(f): load it, else: compute; torch.save(..., f)``;
+        dgcnn's ``ModelNet40``, whose data loader calls ``download()``: ``if not os.path.exists(d): os.mkdir(d)``,
+        ``if not os.path.exists(...): os.system('wget ...; unzip ...')``). Every write (a file written, a directory
+        made or deleted, a shell command, a download) sits under an existence test that skips it once the thing
+        exists (or writes a file whose name an earlier test looked for), or is a call of a project function, class
+        or own method that writes so itself, followed ``_MAX_DEPTH`` deep. Run on the main process first, it makes
+        what is missing; the other processes then find it and skip the writes. None for a definition that writes
+        nothing, writes anything unguarded, or joins the processes (built on the main process alone, it would wait
+        for the others). A class stands for its ``__init__``."""
+        made = self._made_when_missing(found, 0)
+        return None if made is None or made is _NOTHING_MADE else made
+
+    def writes_only_what_is_missing(self, found: Found) -> bool:
+        """Whether every write of a definition is of what it finds missing (``made_when_missing``), or it writes
+        nothing."""
+        return self._made_when_missing(found, 0) is not None
+
+    def _made_when_missing(self, found: Found, depth: int) -> Made | None:
+        if isinstance(found.node, ast.ClassDef):
+            init = self.method(found, "__init__")
+            return self._made_when_missing(init, depth) if init is not None and init.node is not found.node else _NOTHING_MADE
+        if depth > _MAX_DEPTH or _joins_the_processes(found):
+            return None
+        key = id(found.node)
+        if key not in self._made:
+            self._made[key] = _NOTHING_MADE  # a function that calls itself writes nothing more by doing so
+            self._made[key] = self._first_made(found, depth)
+        return self._made[key]
+
+    def _first_made(self, found: Found, depth: int) -> Made | None:
+        assert isinstance(found.node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        guards = _Guards(found.node)
+
+        def opaque(call: ast.Call) -> bool:
             qualified = found.module.qualified(call.func)
-            if changes_a_directory(call, qualified):
-                return False
+            return qualified in SHELL_COMMANDS or qualified in DOWNLOADERS or downloads_by_keyword(call)
+
+        guarded = {id(call) for call in _calls(found.node) if guards.made_there(call, opaque)}
+        checked = _paths_checked(found)
+        caught = {id(call) for call in _calls_catching_existing(found.node)}
+        first: Made | None = None
+        listed = False
+        for call in sorted(_calls(found.node), key=lambda call: (call.lineno, call.col_offset)):
+            qualified = found.module.qualified(call.func)
+            # What is written after a directory is listed may be named from what was there (pytorch-deeplab-
+            # xception's Saver makes `experiment_<runs found>`): a process after the main one would find one more
+            # run and make another.
+            listed = listed or qualified in _LISTINGS or (isinstance(call.func, ast.Attribute) and call.func.attr in ("glob", "rglob", "iterdir"))
+            made: Made | None = None
+            through_helper = False
             written = _file_write(found, call)
             if written is not None:
                 path = call.args[0] if written.call.startswith("open(") and call.args else None
-                if not (isinstance(path, ast.Name) and call.lineno > checked.get(path.id, call.lineno)):
-                    return False
-                any_write = True
-                continue
-            if isinstance(call.func, ast.Name):
-                _, helper = self.resolve_in(found, call.func, depth)
-                if helper is not None and isinstance(helper.node, (ast.FunctionDef, ast.AsyncFunctionDef)) and self.writes(helper):
-                    if not self.writes_only_caches(helper, depth + 1):
-                        return False
-                    any_write = True
-        return any_write
+                if isinstance(path, ast.Name) and call.lineno > checked.get(path.id, call.lineno):
+                    guarded.add(id(call))  # a cache: the file an earlier test looked for
+                made = Made(found.module.path, written.line, written.call)
+            elif id(call) not in caught and changes_a_directory(call, qualified):
+                made = Made(found.module.path, call.lineno, qualified or ".mkdir()")
+            elif opaque(call):
+                made = Made(found.module.path, call.lineno, qualified or ast.unparse(call.func))
+            else:
+                helper = self._called_definition(found, call, depth)
+                inner = self._made_when_missing(helper, depth + 1) if helper is not None else _NOTHING_MADE
+                if inner is _NOTHING_MADE:
+                    continue
+                if inner is None and id(call) not in guarded:
+                    return None
+                made, through_helper = inner or Made(found.module.path, call.lineno, f"{ast.unparse(call.func)}(...)"), inner is not None
+            if listed or (not through_helper and id(call) not in guarded):
+                return None
+            first = first or made
+        return first or _NOTHING_MADE
+
+    def _called_definition(self, found: Found, call: ast.Call, depth: int) -> Found | None:
+        """The project function or class ``call`` names, or the method of its own class it calls on ``self``
+        (``self._compute_mean()``); None for anything else."""
+        if isinstance(call.func, ast.Name):
+            _, helper = self.resolve_in(found, call.func, depth)
+        else:
+            helper = self._own_method(found, call)
+        if helper is None or helper.node is found.node or not isinstance(helper.node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            return None
+        return helper
+
+    def module_classes(self, module_name: str) -> list[Found]:
+        """The project classes and functions a project module's names hold (pytorch-pose's ``pose.datasets``,
+        whose ``__init__`` imports ``mpii``, ``coco`` and ``lsp``): what ``module.__dict__[name]`` may pick."""
+        module = self._module(module_name)
+        if module is None:
+            return []
+        found = [Found(module, definition, os.path.dirname(self.path)) for definition in module.definitions.values()]
+        for qualified in module.imports.values():
+            definition = self.find(qualified) if not qualified.startswith(".") else None
+            if definition is not None:
+                found.append(definition)
+        return found
 
     def _first_write(self, found: Found) -> Write | None:
         written = self._file_write(found, 0)
@@ -698,6 +767,17 @@ def _download_default(init: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[int
     return position, value
 
 
+class Made(NamedTuple):
+    """A write of what a definition found missing: the module it is in, its line there, the call that writes."""
+
+    path: str
+    line: int
+    call: str
+
+
+_NOTHING_MADE = Made("", 0, "")  # a definition that writes nothing
+
+
 class Write(NamedTuple):
     """Where a project definition writes (its line, in its module), the call that does, and whether what it
     writes is a directory (made or deleted) rather than a file."""
@@ -807,6 +887,98 @@ def _paths_checked(found: Found) -> dict[str, int]:
                         name = inner.args[0].id
                         tested[name] = min(tested.get(name, node.lineno), node.lineno)
     return tested
+
+
+# The calls that list a directory.
+_LISTINGS = frozenset({"glob.glob", "glob.iglob", "os.listdir", "os.scandir", "os.walk"})
+# The tests that a path exists: os.path's (also a project's wrapper of the same name, pytorch-pose's `isfile`) and
+# pathlib's methods.
+_EXISTENCE_TESTS = frozenset({"exists", "isfile", "isdir", "lexists", "is_file", "is_dir"})
+
+
+def _existence(test: ast.expr) -> tuple[str, frozenset[str]] | None:
+    """Whether ``test`` is true when a path is there ("present": ``os.path.exists(p)``, ``a and b`` of such), or
+    when one is missing ("missing": ``not os.path.isfile(p)``, ``not exists(p) and download``), with the paths it
+    tests (their text); else None."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = _existence(test.operand)
+        return None if inner is None else ("missing" if inner[0] == "present" else "present", inner[1])
+    if isinstance(test, ast.Call):
+        func = test.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+        if name not in _EXISTENCE_TESTS:
+            return None
+        tested = test.args[0] if test.args else func.value if isinstance(func, ast.Attribute) and not test.args else None
+        return "present", frozenset({ast.unparse(tested)} if tested is not None else ())
+    if isinstance(test, ast.BoolOp):
+        found = [_existence(value) for value in test.values]
+        kinds = [kind[0] if kind is not None else None for kind in found]
+        paths = frozenset().union(*(kind[1] for kind in found if kind is not None))
+        # `a and b` runs its body only when a part that needs a missing path is true; its else when any part is
+        # false, which for a conjunction of presences means a path is missing. `or` is the mirror.
+        sure, whole = ("missing", "present") if isinstance(test.op, ast.And) else ("present", "missing")
+        if sure in kinds:
+            return sure, paths
+        return (whole, paths) if all(kind == whole for kind in kinds) else None
+    return None
+
+
+class _Guards:
+    """The calls of a function that run only when a path is missing: under ``if not exists(p):``, in the ``else``
+    of ``if exists(p):``, or after an ``if exists(p): ... return`` (open-reid's ``download``). Each such stretch of
+    code is a scope, with the paths its test names."""
+
+    def __init__(self, function: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self.scopes: list[frozenset[str]] = []  # by scope: the paths its test names
+        self.of_call: dict[int, list[int]] = {}  # by call: the scopes it runs in
+        self.calls: dict[int, list[ast.Call]] = {}  # by scope: its calls
+        self._walk(function.body, [])
+
+    def _open(self, paths: frozenset[str], scopes: list[int]) -> list[int]:
+        self.scopes.append(paths)
+        return [*scopes, len(self.scopes) - 1]
+
+    def _note(self, node: ast.AST, scopes: list[int]) -> None:
+        for call in _calls(node):
+            self.of_call.setdefault(id(call), []).extend(scopes)
+            for scope in scopes:
+                self.calls.setdefault(scope, []).append(call)
+
+    def _walk(self, statements: list[ast.stmt], scopes: list[int]) -> None:
+        for statement in statements:
+            if isinstance(statement, ast.If):
+                test = _existence(statement.test)
+                self._note(statement.test, scopes)
+                missing = test is not None and test[0] == "missing"
+                self._walk(statement.body, self._open(test[1], scopes) if test is not None and missing else scopes)
+                self._walk(statement.orelse, self._open(test[1], scopes) if test is not None and not missing else scopes)
+                if test is not None and not missing and statement.body and isinstance(statement.body[-1], ast.Return):
+                    scopes = self._open(test[1], scopes)
+                continue
+            for _, value in ast.iter_fields(statement):
+                if isinstance(value, list) and value and all(isinstance(item, ast.stmt) for item in value):
+                    self._walk(value, scopes)
+                elif isinstance(value, list):
+                    for item in value:
+                        if isinstance(item, ast.ExceptHandler):
+                            self._walk(item.body, scopes)
+                        elif isinstance(item, ast.AST):
+                            self._note(item, scopes)
+                elif isinstance(value, ast.AST):
+                    self._note(value, scopes)
+
+    def made_there(self, call: ast.Call, opaque: Callable[[ast.Call], bool]) -> bool:
+        """Whether ``call`` runs in a scope whose code makes what its test looks for: a call there is given one of
+        the tested paths (``torch.save(mean, path)`` under ``if not isfile(path):``), or is ``opaque`` (a shell
+        command, a download: what it makes is not read)."""
+        return any(self._makes(scope, opaque) for scope in self.of_call.get(id(call), ()))
+
+    def _makes(self, scope: int, opaque: Callable[[ast.Call], bool]) -> bool:
+        tested = self.scopes[scope]
+        return any(
+            opaque(call) or any(ast.unparse(argument) in tested for argument in [*call.args, *(k.value for k in call.keywords)])
+            for call in self.calls.get(scope, ())
+        )
 
 
 def _first_file_write(found: Found) -> Write | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 from typing import Optional
@@ -9,7 +10,7 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis.guards import main_process_caller, under_main_process_block
-from mgpu_migrate.analysis.project import DOWNLOADERS, Project, project_download, project_of
+from mgpu_migrate.analysis.project import DOWNLOADERS, Found, Project, project_download, project_of
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, gives_download, through_runtime
@@ -52,6 +53,11 @@ class Downloads(Rule):
       project class whose ``__init__`` defaults to ``download=True`` (open-reid's ``Market1501(root)``), not
       given ``download=False``, also reached through a module-level dict of such classes (open-reid's
       ``datasets.create(name, root)``, which builds ``__factory[name](root)``);
+    - so is the construction of a project class that writes only what it finds missing (``Project.made_when_missing``:
+      pytorch-pose's dataset caching its images' mean unless the cache file exists; dgcnn's ``ModelNet40``, whose
+      loader makes its data directory and runs ``wget``/``unzip`` unless they exist), also one picked from a project
+      module's names (pytorch-pose's ``datasets.__dict__[args.dataset](...)``, when every class or function there
+      writes so, or writes nothing): the main process writes what is missing, the others find it;
     - a library fetch that is a statement of its own (torchvision's ``download_url``, ``urlretrieve``) runs on the
       main process only, and every process waits for it (``mgpu_runtime.on_main_process``).
 
@@ -83,6 +89,7 @@ class Downloads(Rule):
     PHASE = PROGRAM
     REVIEW_CODES = (DOWNLOADED_BY_EVERY_PROCESS,)
     DESCRIPTION = "datasets and files downloaded once, by the main process first"
+    USES = ("bindings",)
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
@@ -159,6 +166,39 @@ class Downloads(Rule):
                 if downloaded is not None:
                     where = f"{os.path.relpath(found.module.path, os.path.dirname(self.analysis.path))}:{downloaded.line}"
                     self._first(call, f"({where} `{shorten(_LEADING_MODULES.sub('', downloaded.call), 30)}`)", f"({where})")
+                elif isinstance(found.node, ast.ClassDef):
+                    self._made_first(call, [found], project)
+            elif type(call.func) is cst.Subscript:
+                project = project or project_of(self.analysis.path)
+                picked = self._picked_from_module(call.func, project) if project is not None else None
+                if project is not None and picked:
+                    self._made_first(call, picked, project)
+
+    def _picked_from_module(self, func: cst.Subscript, project: Project) -> list[Found]:
+        """What ``module.__dict__[name]`` (pytorch-pose's ``datasets.__dict__[args.dataset](...)``) may pick: the
+        classes and functions the project module's names hold; none for anything else."""
+        if type(func.value) is not cst.Attribute or func.value.attr.value != "__dict__":
+            return []
+        owner = func.value.value
+        qualified = self.analysis.resolve(owner)
+        # A name two imports bind (pytorch-pose: torchvision's `datasets`, then the project's) may be either.
+        origins = [qualified] if qualified else list(self.analysis.bindings.imported.get(owner.value, ())) if type(owner) is cst.Name else []
+        picked = [found for found in map(project.module_classes, origins) if found]
+        return picked[0] if len(picked) == 1 else []
+
+    def _made_first(self, call: cst.Call, candidates: list[Found], project: Project) -> None:
+        """A construction (or a pick of a project module's names) whose every candidate writes only what it finds
+        missing, one at least writing (pytorch-pose's dataset classes caching the images' mean; dgcnn's
+        ``ModelNet40`` fetching its data through a shell command): built on the main process first, which writes
+        what is missing; the others then find it."""
+        if not all(project.writes_only_what_is_missing(candidate) for candidate in candidates):
+            return
+        made = next((made for made in map(project.made_when_missing, candidates) if made is not None), None)
+        if made is None:
+            return
+        where = f"{os.path.relpath(made.path, os.path.dirname(self.analysis.path))}:{made.line}"
+        written = f"`{shorten(made.call, 20)}`"
+        self._first(call, f"({where} {written})", f"({where})", verb="writes what it lacks")
 
     def _keyword(self, call: cst.Call) -> str:
         value = next(arg.value for arg in call.args if arg.keyword is not None and arg.keyword.value == "download")
@@ -170,12 +210,12 @@ class Downloads(Rule):
     def _what(self, call: cst.Call) -> str:
         return f"`{shorten(self.analysis.code_of(call.func), 40)}(...)`"
 
-    def _first(self, call: cst.Call, *hows: str) -> None:
+    def _first(self, call: cst.Call, *hows: str, verb: str = "downloads") -> None:
         """``call`` built on the main process first, said with the first of ``hows`` (the fullest first) whose
         messages fit one short line."""
         what = self._what(call)
         for how in hows:
-            left, done = f"downloads {how} on every process", f"downloads {how}: built on the main process first, then the others ({RUNTIME}.main_process_first)"
+            left, done = f"{verb} {how} on every process", f"{verb} {how}: built on the main process first, then the others ({RUNTIME}.main_process_first)"
             if len(f"{what} {done}") <= _MESSAGE and len(f"{what} {left}; not moved: {_NO_RUNTIME}") <= _MESSAGE:
                 break
         self._move(call, "main_process_first", left, done)

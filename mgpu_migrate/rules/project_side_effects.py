@@ -195,8 +195,10 @@ class ProjectSideEffects(Rule):
                 continue
             if found is not None:
                 definition, written = found
-                if not isinstance(definition.node, _FUNCTIONS) and project_download(project, definition, self.analysis.code_of(call)):
-                    continue  # a dataset that downloads itself when built (open-reid's): MGP137's too
+                if not isinstance(definition.node, _FUNCTIONS) and (
+                    project_download(project, definition, self.analysis.code_of(call)) or project.made_when_missing(definition)
+                ):
+                    continue  # a dataset that downloads itself when built (open-reid's), or caches: MGP137's too
                 if isinstance(definition.node, _FUNCTIONS):
                     self._call_once(call, definition, written, f"`{shorten(self.analysis.code_of(call.func))}(...)`")
                 else:
@@ -389,7 +391,7 @@ class ProjectSideEffects(Rule):
     def _caches_first(self, call: cst.Call, definition: Found, what: str, where: str) -> bool:
         """A project function whose result is used and whose every write is a cache it reads when present
         (faster-rcnn's ``combined_roidb``, whose helpers pickle the image sizes and the roidb unless the pickles
-        exist, ``Project.writes_only_caches``): run on the main process first (``mgpu_runtime.main_process_first``),
+        exist, ``Project.made_when_missing``): run on the main process first (``mgpu_runtime.main_process_first``),
         it writes the caches once and the other processes read them. Whether it was rewritten."""
         project = project_of(self.analysis.path)
         if (
@@ -398,7 +400,7 @@ class ProjectSideEffects(Rule):
             or type(call.func) is cst.Attribute
             or main_process_caller(self.analysis, call) is not None
             or self._before_setup(call) is not None
-            or not project.writes_only_caches(definition)
+            or project.made_when_missing(definition) is None
         ):
             return False
         if not self.rewrite_allowed(call):

@@ -954,3 +954,71 @@ def test_a_main_block_that_never_builds_the_class_holding_the_wrap_gets_no_set_u
     result = migrate_source(holder.read_text(), "ddp", str(holder))
     assert result.changed and "setup()" not in result.output
     assert "mgpu_runtime.DistributedDataParallel(nn.Linear(2, 2))" in result.output
+
+
+_MISSING_CLASSES = (
+    "import glob\nimport os\nimport torch\n\n\n"
+    # pytorch-pose's Mpii: the mean cached unless the cache is there (an own method, in the else of the test)
+    "class Cached:\n    def __init__(self, root):\n        self.mean = self._mean(root)\n\n"
+    "    def _mean(self, root):\n        path = os.path.join(root, 'mean.pt')\n        if os.path.isfile(path):\n"
+    "            return torch.load(path)\n        else:\n            mean = torch.zeros(3)\n"
+    "            torch.save(mean, path)\n            return mean\n\n\n"
+    # dgcnn's ModelNet40: a loader function calls download(), which makes and fetches what is missing
+    "def download():\n    if not os.path.exists('data'):\n        os.mkdir('data')\n"
+    "    if not os.path.exists(os.path.join('data', 'set')) and True:\n        os.system('wget x; unzip x')\n\n\n"
+    "def load(part):\n    download()\n    return glob.glob('data/set/*' + part)\n\n\n"
+    "class Fetched:\n    def __init__(self, part):\n        self.files = load(part)\n\n\n"
+    # open-reid's: an early return when the files are there
+    "class Returned:\n    def __init__(self, root):\n        if os.path.exists(root):\n            return\n"
+    "        os.makedirs(root)\n\n\n"
+    # a write outside any test: a log
+    "class Logged:\n    def __init__(self, root):\n        if not os.path.exists(root):\n            os.mkdir(root)\n"
+    "        open(os.path.join(root, 'log.txt'), 'a').write('built')\n\n\n"
+    # pytorch-deeplab-xception's Saver: the directory made is named from the runs listed before it
+    "class Counted:\n    def __init__(self, root):\n        runs = glob.glob(os.path.join(root, 'run_*'))\n"
+    "        path = os.path.join(root, 'run_%d' % len(runs))\n        if not os.path.exists(path):\n            os.makedirs(path)\n\n\n"
+    # the test is for another thing than what is missing: `if exists(a): write`
+    "class Inverted:\n    def __init__(self, root):\n        if os.path.exists(root):\n            os.system('rm -r x')\n\n\n"
+    # the test looks for one path and the code under it writes another: the others would write it again
+    "class Elsewhere:\n    def __init__(self, root):\n        if not os.path.exists(root):\n"
+    "            torch.save(torch.zeros(3), 'other.pt')\n"
+)
+
+
+@pytest.mark.parametrize(
+    "call, first",
+    [
+        ("Cached('c')", "sets.py:16 `torch.save`"),
+        ("Fetched('train')", "sets.py:22 `os.mkdir`"),
+        ("Returned('r')", "sets.py:41 `os.makedirs`"),
+        ("Logged('l')", None),
+        ("Counted('k')", None),
+        ("Inverted('i')", None),
+        ("Elsewhere('e')", None),
+    ],
+)
+def test_a_class_that_writes_only_what_it_finds_missing_is_built_on_the_main_process_first(tmp_path, call, first):
+    """pytorch-pose's dataset caching its mean and dgcnn's fetching its data (issue 23): a construction whose every
+    write sits under a test that the thing is missing (followed into its own methods and the project's functions)
+    is built on the main process first (MGP137); the others find what it wrote and skip the writes. A write outside
+    such a test, a test for another path than the code under it writes, a directory named from a listing before it
+    (that one is built once and copied, MGP132), or a test for the opposite keeps the build from MGP137."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "sets.py").write_text(_MISSING_CLASSES)
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch.nn as nn\nfrom sets import Cached, Counted, Elsewhere, Fetched, Inverted, Logged, Returned\n\n"
+        f"if __name__ == '__main__':\n    model = nn.DataParallel(model)\n    data = {call}\n    model(data).backward()\n"
+    )
+    result = migrate_source(script.read_text(), "ddp", str(script))
+    said = [d.message for d in result.diagnostics if d.code == "MGP137"]
+    if first is None:
+        assert said == [] and "main_process_first" not in result.output, result.diagnostics
+        return
+    name, _, arguments = call.partition("(")
+    assert said == [
+        f"`{name}(...)` writes what it lacks ({first}): built on the main process first, then the others "
+        "(mgpu_runtime.main_process_first)"
+    ]
+    assert f"    data = mgpu_runtime.main_process_first({name}, {arguments}\n" in result.output
+    assert migrate_source(result.output, "ddp", str(script)).output == result.output
