@@ -466,6 +466,92 @@ class Project:
             return None
         return helper
 
+    def built_class(self, found: Found) -> Found | None:
+        """The project class a definition builds: a class itself; the class a function returns a new object of,
+        directly or through a name it assigns it to (pytorch-retinanet's ``resnet50``: ``model = ResNet(...)``,
+        weights loaded, ``return model``)."""
+        node = found.node
+        if isinstance(node, ast.ClassDef):
+            return found
+        made: dict[str, ast.expr] = {}
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.Assign) and len(inner.targets) == 1 and isinstance(inner.targets[0], ast.Name):
+                made[inner.targets[0].id] = inner.value
+        for inner in ast.walk(node):
+            value = inner.value if isinstance(inner, ast.Return) else None
+            if isinstance(value, ast.Name):
+                value = made.get(value.id)
+            if isinstance(value, ast.Call) and isinstance(value.func, (ast.Name, ast.Attribute)):
+                _, cls = self.resolve_in(found, value.func)
+                if cls is not None and isinstance(cls.node, ast.ClassDef):
+                    return cls
+        return None
+
+    def constant_loss(self, cls: Found, depth: int = 0) -> Made | None:
+        """Where a module's ``forward`` may give a constant tensor in place of a loss (pytorch-retinanet's
+        ``FocalLoss``, called by ``ResNet.forward`` through ``self.focalLoss``: ``regression_losses.append(
+        torch.tensor(0).float())`` for an image without a positive anchor): a scalar made from a number under a
+        condition, in the forward or in what it calls (its own methods, the project's functions, and the
+        forwards of the project modules ``__init__`` keeps on ``self``), ``_MAX_DEPTH`` deep. A process whose
+        rows all take that branch gives its loss no path to some parameters: DDP then waits for their gradients
+        unless told to look for unused parameters."""
+        forward = self.method(cls, "forward") if isinstance(cls.node, ast.ClassDef) else None
+        if forward is None or depth > _MAX_DEPTH:
+            return None
+        kept = self._kept_modules(cls)
+        return self._constant_in(forward, kept, depth, set())
+
+    def _constant_in(self, found: Found, kept: dict[str, Found], depth: int, seen: set[int]) -> Made | None:
+        if id(found.node) in seen or depth > _MAX_DEPTH:
+            return None
+        seen.add(id(found.node))
+        conditional = [
+            call
+            for statement in ast.walk(found.node)
+            if isinstance(statement, (ast.If, ast.IfExp))
+            for branch in ([*statement.body, *statement.orelse] if isinstance(statement, ast.If) else [statement.body, statement.orelse])
+            for call in _calls(branch)
+            if _constant_scalar(found, call)
+        ]
+        if conditional:
+            first = min(conditional, key=lambda call: (call.lineno, call.col_offset))
+            return Made(found.module.path, first.lineno, ast.unparse(first.func))
+        for call in _calls(found.node):
+            func = call.func
+            followed: Found | None = None
+            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self" and func.attr in kept:
+                inner = self.constant_loss(kept[func.attr], depth + 1)
+                if inner is not None:
+                    return inner
+                continue
+            if isinstance(func, ast.Name):
+                _, followed = self.resolve_in(found, func, depth)
+            else:
+                followed = self._own_method(found, call)
+            if followed is not None and isinstance(followed.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                inner = self._constant_in(followed, kept, depth + 1, seen)
+                if inner is not None:
+                    return inner
+        return None
+
+    def _kept_modules(self, cls: Found) -> dict[str, Found]:
+        """The project classes whose objects a class's ``__init__`` keeps on ``self`` (``self.focalLoss =
+        losses.FocalLoss()``), by attribute."""
+        init = self.method(cls, "__init__")
+        kept: dict[str, Found] = {}
+        if init is None:
+            return kept
+        for node in ast.walk(init.node):
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.Call)):
+                continue
+            target, func = node.targets[0], node.value.func
+            on_self = isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self"
+            if on_self and isinstance(func, (ast.Name, ast.Attribute)):
+                _, made = self.resolve_in(init, func)
+                if made is not None and isinstance(made.node, ast.ClassDef) and made.node is not cls.node:
+                    kept[target.attr] = made
+        return kept
+
     def module_classes(self, module_name: str) -> list[Found]:
         """The project classes and functions a project module's names hold (pytorch-pose's ``pose.datasets``,
         whose ``__init__`` imports ``mpii``, ``coco`` and ``lsp``): what ``module.__dict__[name]`` may pick."""
@@ -979,6 +1065,25 @@ class _Guards:
             opaque(call) or any(ast.unparse(argument) in tested for argument in [*call.args, *(k.value for k in call.keywords)])
             for call in self.calls.get(scope, ())
         )
+
+
+_SCALAR_FACTORIES = frozenset({"torch.tensor", "torch.as_tensor", "torch.scalar_tensor", "torch.zeros", "torch.ones"})
+
+
+def _constant_scalar(found: Found, call: ast.Call) -> bool:
+    """``torch.tensor(0)``, ``torch.zeros(1)``, ``x.new_tensor(0.0)``: a tensor of one number, made from constants."""
+    func = call.func
+    qualified = found.module.qualified(func) or ""
+    if qualified not in _SCALAR_FACTORIES and not (isinstance(func, ast.Attribute) and func.attr in ("new_tensor", "new_zeros")):
+        return False
+    if len(call.args) != 1:
+        return False
+    argument = call.args[0]
+    if isinstance(argument, ast.UnaryOp):
+        argument = argument.operand
+    if qualified in ("torch.zeros", "torch.ones") or (isinstance(func, ast.Attribute) and func.attr == "new_zeros"):
+        return isinstance(argument, ast.Constant) and argument.value == 1 or isinstance(argument, (ast.Tuple, ast.List)) and not argument.elts
+    return isinstance(argument, ast.Constant) and type(argument.value) in (int, float)
 
 
 def _first_file_write(found: Found) -> Write | None:

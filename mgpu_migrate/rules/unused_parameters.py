@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Optional
 
 import libcst as cst
 
 from mgpu_migrate.analysis.models import MODULE_METHODS_RETURNING_SELF
+from mgpu_migrate.analysis.project import Found, Project, project_of
+from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.rules.base import DDP, PROGRAM, TORCH_STYLE, Example, Rewrite, Rule
 from mgpu_migrate.rules.syntax import argument, keyword, with_keyword
@@ -26,7 +29,11 @@ class UnusedParameters(Rule):
     ## What it does
     Adds ``find_unused_parameters=True`` to the wrapper of a model (a class of this file) whose ``forward``
     may run without some of its layers: a layer built in ``__init__`` that ``forward`` (or a method it calls)
-    never uses, uses only under a condition, or uses only after an early ``return``. Under ``--style torch``,
+    never uses, uses only under a condition, or uses only after an early ``return``. Also to the wrapper of a
+    model (of this file, or built by a project factory of another module: pytorch-retinanet's
+    ``model.resnet50(...)``) whose ``forward`` may give a constant in place of a loss under a condition, itself
+    or through what it calls and the loss modules it keeps on ``self`` (retinanet's ``FocalLoss``: a
+    ``torch.tensor(0)`` for an image without a positive anchor; found by project reading). Under ``--style torch``,
     also to the wrapper of a model whose parameters are frozen after the wrap: ``requires_grad`` set (or
     ``requires_grad_()`` called) after the wrap in this file, or in a method of the model's class that is
     called through the wrapper (``model.module.freeze_backbone(epoch == 0)``). The runtime's wrapper needs
@@ -37,7 +44,9 @@ class UnusedParameters(Rule):
     DDP reduces each parameter's gradient when it is ready, and by default waits for all of them: a step
     in which a layer got no gradient fails ("Expected to have finished reduction in the prior iteration")
     or hangs. DataParallel did not care. A parameter frozen after the wrap is one torch's DDP still waits
-    for: its message blames the ``forward`` for not using it, when the script froze it.
+    for: its message blames the ``forward`` for not using it, when the script froze it. A constant loss is
+    worse: DataParallel's replicas summed whatever reached them, but a process whose rows all take the
+    constant's branch gives some layers no gradient, and the others wait for it until the time limit.
 
     ## Example
     ```python
@@ -56,13 +65,14 @@ class UnusedParameters(Rule):
 
     ## Fix safety
     Safe: the option only makes DDP look for parameters without a gradient after each backward pass, which
-    costs a little time; the gradients are the same. Models from other modules are not inspected.
+    costs a little time; the gradients are the same. Models from other modules are inspected only for a constant
+    loss.
     """
 
     CODE = Rewrite("MGP130")
     PHASE = PROGRAM
     USES = ("models", "values")
-    DESCRIPTION = "find_unused_parameters=True for a model whose forward may skip layers"
+    DESCRIPTION = "find_unused_parameters=True for a model whose forward may skip layers or give a constant loss"
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
@@ -163,7 +173,9 @@ class UnusedParameters(Rule):
                 layers = ", ".join(f"self.{name}" for name in skipped)
                 why = f"{model.name.value}.forward may run without {layers}"
             else:
-                why = self._frozen_after(wrap, model) if self.options.style == TORCH_STYLE else None
+                why = self._constant_loss(wrap, model)
+                if why is None and self.options.style == TORCH_STYLE:
+                    why = self._frozen_after(wrap, model)
                 if why is None:
                     continue
             self.edits.replace(wrap, lambda call: with_keyword(call, "find_unused_parameters", cst.Name("True")))
@@ -203,6 +215,43 @@ class UnusedParameters(Rule):
             if any(site in models.model_sites(given.value, scope) for given in call.args):
                 return f"`{call.func.value}` freezes parameters after the wrap (line {analysis.position(call)[0]})"
         return None
+
+    def _constant_loss(self, wrap: cst.Call, model: Optional[cst.ClassDef]) -> Optional[str]:
+        """Why the wrapped model's ``forward`` may give a loss with no path to some of its parameters: it, or the
+        loss module it keeps (pytorch-retinanet's ``FocalLoss``), makes a constant in place of a loss under a
+        condition (an image without a positive anchor), found by project reading of the model's class (of this
+        file, or built by a project factory: ``model.resnet50(...)``)."""
+        project = project_of(self.analysis.path)
+        if project is None:
+            return None
+        for cls in self._project_classes(wrap, model, project):
+            made = project.constant_loss(cls)
+            if made is not None:
+                where = f"{os.path.relpath(made.path, os.path.dirname(self.analysis.path))}:{made.line}"
+                return f"{shorten(cls.name, 24)}.forward may give a constant loss ({where} `{made.call}`), no gradient to some layers"
+        return None
+
+    def _project_classes(self, wrap: cst.Call, model: Optional[cst.ClassDef], project: Project) -> list[Found]:
+        """The project classes the wrapped model may be an object of."""
+        if model is not None:
+            own = project.own(model.name.value, self.analysis.source)
+            return [own] if own is not None else []
+        module = argument(wrap, "module", 0)
+        if module is None:
+            return []
+        values = self.analysis.values
+        found = []
+        for value in values.of(module.value, values.scope_of(wrap)):
+            while type(value) is cst.Call and type(value.func) is cst.Attribute and value.func.attr.value in MODULE_METHODS_RETURNING_SELF:
+                value = value.func.value
+            qualified = self.analysis.resolve(value.func) if type(value) is cst.Call else None
+            if not qualified or qualified.startswith(("torch.", "torchvision.", "builtins.")):
+                continue
+            definition = project.find(qualified)
+            cls = project.built_class(definition) if definition is not None else None
+            if cls is not None:
+                found.append(cls)
+        return found
 
     def _model_class(self, wrap: cst.Call, classes: dict[str, cst.ClassDef]) -> Optional[cst.ClassDef]:
         module = argument(wrap, "module", 0)

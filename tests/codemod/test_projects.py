@@ -1022,3 +1022,52 @@ def test_a_class_that_writes_only_what_it_finds_missing_is_built_on_the_main_pro
     ]
     assert f"    data = mgpu_runtime.main_process_first({name}, {arguments}\n" in result.output
     assert migrate_source(result.output, "ddp", str(script)).output == result.output
+
+
+_DETECTOR = (
+    "import torch\nimport torch.nn as nn\nfrom losses import FocalLoss\n\n\n"
+    "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.head = nn.Linear(4, 4)\n"
+    "        self.focal = FocalLoss()\n\n    def forward(self, x, y):\n        return self.focal(self.head(x), y)\n\n\n"
+    "def net18(pretrained=False):\n    model = Net()\n    if pretrained:\n        model.load_state_dict({})\n    return model\n"
+)
+
+
+@pytest.mark.parametrize(
+    "empty, said",
+    [
+        # pytorch-retinanet: a constant in place of the box loss of an image without a positive anchor
+        ("losses.append(torch.tensor(0).float())", "Net.forward may give a constant loss (losses.py:10 `torch.tensor`)"),
+        ("losses.append(out.new_zeros(()))", "Net.forward may give a constant loss (losses.py:10 `out.new_zeros`)"),
+        # a tensor sized by the data, and a loss of the rows themselves: every process's loss reaches the head
+        ("losses.append(torch.zeros(out.shape[1]).sum())", None),
+        ("losses.append(out[i].sum() * 0)", None),
+    ],
+)
+def test_a_model_whose_loss_may_be_a_constant_is_wrapped_to_look_for_unused_parameters(tmp_path, empty, said):
+    """pytorch-retinanet (issue 23): the model comes from a factory of another module (``model.resnet50(...)``) and
+    computes its loss in its forward through a loss module it keeps, which appends a constant for an image without a
+    positive. A process whose rows all take that branch gives the head no gradient, and DDP waits for it (fixture
+    ``constant_loss.py``: the job times out without the option). The wrap gets ``find_unused_parameters=True``
+    (MGP130); a loss of the rows themselves does not."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "model.py").write_text(_DETECTOR)
+    (tmp_path / "losses.py").write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass FocalLoss(nn.Module):\n    def forward(self, out, y):\n"
+        "        losses = []\n        for i in range(out.shape[0]):\n"
+        f"            if y[i].sum() == 0:\n                {empty}\n            else:\n"
+        "                losses.append((out[i] - y[i]).pow(2).sum())\n        return torch.stack(losses).mean()\n"
+    )
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\nfrom model import net18\n\nif __name__ == '__main__':\n    net = net18(pretrained=True)\n"
+        "    if torch.cuda.is_available():\n        net = net.cuda()\n    net = torch.nn.DataParallel(net)\n"
+        "    net(x, y).mean().backward()\n"
+    )
+    result = migrate_source(script.read_text(), "ddp", str(script))
+    found = [d.message for d in result.diagnostics if d.code == "MGP130"]
+    if said is None:
+        assert found == [] and "find_unused_parameters" not in result.output
+        return
+    assert found == [f"find_unused_parameters=True: {said}, no gradient to some layers"]
+    assert "    net = mgpu_runtime.DistributedDataParallel(net, find_unused_parameters=True)\n" in result.output
+    assert migrate_source(result.output, "ddp", str(script)).output == result.output
