@@ -65,6 +65,9 @@ class EntryPoint:
     place: str
     # The GPUs the set-up is given there, when the place is where a method chooses them (``ChosenInMethod``).
     devices: Optional[cst.BaseExpression] = None
+    # The test under which it is set up (a click group's commands that wrap: ``ctx.invoked_subcommand in
+    # ("train", "test")``), when some of the program's commands run without a model.
+    when: Optional[str] = None
 
 
 # -- statements ------------------------------------------------------------------------------------
@@ -522,6 +525,9 @@ def find_entry_point(
     if main is not None and type(main.body) is not cst.IndentedBlock:
         return None
     function = _first_called_function(analysis, main) if main is not None else _main_without_block(analysis)
+    group = _commands_that_wrap(analysis, function) if function is not None else None
+    if group is not None:
+        return group
     if function is not None and type(function.body) is cst.IndentedBlock:
         body = list(function.body.body)
         if any(_chooses_them(analysis, statement) for statement in body):
@@ -534,6 +540,71 @@ def find_entry_point(
     if function is not None and type(function.body) is cst.IndentedBlock:
         return _at_top(analysis, list(function.body.body), f"at the top of {function.name.value}()", skip_docstring=True)
     return None
+
+
+def _commands_that_wrap(analysis: ParsedFile, group: cst.FunctionDef) -> Optional[EntryPoint]:
+    """A click group the main block runs (deeplab-pytorch's ``main``: ``@click.group()``, ``@click.pass_context``,
+    then ``@main.command()`` for ``train``, ``test`` and ``crf``) whose commands are not all models' (``crf``
+    post-processes on the CPU): the set-up goes at the top of the group, under a test of the command invoked
+    (``if ctx.invoked_subcommand in ("train", "test"):``), so a command that wraps no model stays one process and
+    nothing the group prints is printed again by a relaunch. None for anything else (every command wraps: the
+    main block's set-up serves them all)."""
+    if type(group.body) is not cst.IndentedBlock or not any(_decorator_name(analysis, d) in _CLICK_GROUPS for d in group.decorators):
+        return None
+    commands: dict[str, bool] = {}
+    wraps = [site.call for site in analysis.models.sites]
+    for statement in analysis.module.body:
+        if type(statement) is not cst.FunctionDef:
+            continue
+        for decorator in statement.decorators:
+            name = _command_name(decorator.decorator, group.name.value, statement.name.value)
+            if name is not None:
+                commands[name] = commands.get(name, False) or any(analysis.tree.function(wrap) is statement for wrap in wraps)
+    wrapping = [name for name, wraps_a_model in commands.items() if wraps_a_model]
+    if not wrapping or len(wrapping) == len(commands):
+        return None
+    params = group.params.params
+    passed = any(_decorator_name(analysis, d) in _CLICK_PASS_CONTEXT for d in group.decorators)
+    if passed and params:
+        context = params[0].name.value
+    elif (analysis.resolve(cst.Name("click")) or "") == "click":
+        context = "click.get_current_context()"
+    else:
+        return None
+    quote = '"' if analysis.source.count('"') >= analysis.source.count("'") else "'"  # the file's more usual quote
+    names = ", ".join(f"{quote}{name}{quote}" for name in wrapping) + ("," if len(wrapping) == 1 else "")
+    others = ", ".join(name for name in commands if name not in wrapping)
+    body = list(group.body.body)
+    start = 1 if body and _is_docstring(body[0]) else 0
+    place = f"in {group.name.value}(), for its commands {', '.join(wrapping)} ({others}: one process)"
+    anchor, after = (body[start], False) if start < len(body) else (body[-1], True)
+    return EntryPoint(anchor, after, place, when=f"{context}.invoked_subcommand in ({names})")
+
+
+_CLICK_GROUPS = frozenset({"click.group", "click.decorators.group"})
+_CLICK_PASS_CONTEXT = frozenset({"click.pass_context", "click.decorators.pass_context"})
+
+
+def _decorator_name(analysis: ParsedFile, decorator: cst.Decorator) -> str:
+    target = decorator.decorator
+    if type(target) is cst.Call:
+        target = target.func
+    return analysis.resolve(target) or ""
+
+
+def _command_name(decorator: cst.BaseExpression, group: str, function: str) -> Optional[str]:
+    """The name a ``@group.command(...)`` decorator gives its function's command (click's: the function's, ``_``
+    as ``-``, unless named), else None."""
+    if type(decorator) is not cst.Call or type(decorator.func) is not cst.Attribute:
+        return None
+    owner = decorator.func.value
+    if decorator.func.attr.value != "command" or type(owner) is not cst.Name or owner.value != group:
+        return None
+    for arg in decorator.args:
+        if (arg.keyword is None or arg.keyword.value == "name") and type(arg.value) is cst.SimpleString:
+            value = arg.value.evaluated_value
+            return value if isinstance(value, str) else None
+    return function.lower().replace("_", "-")
 
 
 def _called_at_module_level(

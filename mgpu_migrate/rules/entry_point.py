@@ -115,7 +115,11 @@ class EntryPointSetup(Rule):
     sets ``CUDA_VISIBLE_DEVICES`` (right after it does, also inside an ``if``), or when a wrap's
     ``device_ids`` reads what that function's command-line parsing binds (right after it); in the method of the
     wraps' class that chooses their ``device_ids=self.gpus`` (right where it does, MGP150); after the imports
-    of a flat script; or at the top of ``def main()`` in a module without a main block. The GPUs the wraps
+    of a flat script; or at the top of ``def main()`` in a module without a main block. When the main block runs
+    a click group some of whose commands wrap no model (deeplab-pytorch's ``crf`` beside ``train`` and ``test``),
+    at the top of the group, under a test of the command invoked: ``if ctx.invoked_subcommand in ("train",
+    "test"): mgpu_runtime.setup()``, else ``mgpu_runtime.setup(processes=1)``, so those commands stay one
+    process and nothing the group prints comes twice. The GPUs the wraps
     chose go with it when they hold there what they hold at the wraps (``setup(devices=args.gpus)``, MGP150).
 
     It also decides whether the file becomes a distributed program at all: a file that already sets up
@@ -674,11 +678,17 @@ class EntryPointSetup(Rule):
         setup, given = runtime_call("setup"), ""
         chosen = self.program.chosen_devices(self.analysis)
         if chosen is not None and chosen.passed is not None:
-            no_space = cst.SimpleWhitespace("")
-            equal = cst.AssignEqual(whitespace_before=no_space, whitespace_after=no_space)
-            setup = setup.with_changes(args=[cst.Arg(chosen.passed.deep_clone(), keyword=cst.Name("devices"), equal=equal)])
+            setup = setup.with_changes(args=[cst.Arg(chosen.passed.deep_clone(), keyword=cst.Name("devices"), equal=_EQUAL)])
             given = f"devices={shorten(self.analysis.code_of(chosen.passed))}"
-        statement = cst.SimpleStatementLine([cst.Expr(setup)])
+        statement: cst.BaseStatement = cst.SimpleStatementLine([cst.Expr(setup)])
+        if entry.when is not None:
+            # The commands that run no model stay one process, whatever MGPU_NPROC or the GPUs say.
+            alone = runtime_call("setup").with_changes(args=[cst.Arg(cst.Integer("1"), keyword=cst.Name("processes"), equal=_EQUAL)])
+            statement = cst.If(
+                test=cst.parse_expression(entry.when),
+                body=cst.IndentedBlock([statement]),
+                orelse=cst.Else(cst.IndentedBlock([cst.SimpleStatementLine([cst.Expr(alone)])])),
+            )
         if entry.after:
             self.edits.insert_after(entry.anchor, statement)
         else:
@@ -689,6 +699,7 @@ class EntryPointSetup(Rule):
         self.rewrote(entry.anchor, f"{RUNTIME}.setup({given}) inserted {entry.place}{why}")
 
 
+_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
 _SET_UP = (
     "if torch.cuda.is_available():\n    torch.cuda.set_device(int(os.environ['LOCAL_RANK']))\n",
     "dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo')\n",

@@ -125,6 +125,9 @@ CASES = {
     # deeplab-pytorch's `get_dataset(name)(...)` and pytorch-pose's `datasets.__dict__[name](...)`: a project factory
     # picks the dataset class, which draws per sample; not followed, so each process loads whole batches.
     "dataset_factory": ("projects/dataset_factory", "train.py", NO_ARGUMENTS),
+    # deeplab-pytorch's click group: the set-up goes in the group for the commands that wrap (`train`, `test`), under
+    # a test of the command invoked; `train` runs here, `report` (its `crf`) in the test below
+    "click_commands": ("projects/click_commands", "main.py", {processes: ["train"] for processes in WORLD_SIZES}),
     "dataset_factory_by_name": ("projects/dataset_factory", "train.py", {processes: ["--by-name"] for processes in WORLD_SIZES}),
 }
 TOLERANCE = 1e-9
@@ -525,3 +528,27 @@ def test_a_plain_start_of_the_fallback_beside_a_spawned_own_path_trains_as_the_o
     assert before and before.keys() == after.keys()
     apart = max((before[name] - after[name]).abs().max().item() for name in before)
     assert apart <= TOLERANCE, f"spawned_own_path started plainly at 2: {apart:.3g} apart"
+
+
+@pytest.mark.slow
+def test_a_command_that_runs_no_model_stays_one_process(tmp_path):
+    """deeplab-pytorch's `crf` (post-processing on the CPU, beside the `train` and `test` commands that wrap): its
+    migration, started plainly with two processes wanted, runs as one process, printing and writing what the
+    original did once (its report opened with "x": a second writer fails); `train` relaunches as two and prints
+    the group's line once."""
+    for name, migrated in (("original", False), ("migrated", True)):
+        (tmp_path / name).mkdir()
+        _copy("click_commands", tmp_path / name, migrated)
+    runs = {}
+    for name in ("original", "migrated"):
+        for command in ("report", "train"):
+            runs[name, command] = subprocess.run(
+                [sys.executable, "main.py", command], cwd=tmp_path / name, capture_output=True, text=True,
+                env={**_environment(), "MGPU_NPROC": "2", "FIXTURE_OUTPUT": str(tmp_path / f"{name}.pt")}, timeout=TIMEOUT_S,
+            )
+            assert runs[name, command].returncode == 0, runs[name, command].stderr[-4000:]
+    assert runs["migrated", "report"].stdout == runs["original", "report"].stdout == "Mode: report\nreport written\n"
+    assert "relaunching" not in runs["migrated", "report"].stderr
+    assert (tmp_path / "migrated" / "report.txt").read_text() == (tmp_path / "original" / "report.txt").read_text()
+    assert "relaunching under torchrun as 2 processes" in runs["migrated", "train"].stderr
+    assert runs["migrated", "train"].stdout.count("Mode: train") == 1

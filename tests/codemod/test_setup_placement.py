@@ -268,3 +268,66 @@ def test_a_version_check_that_only_raises_stays_before_the_set_up_with_the_parse
     lines = result.output.splitlines()
     index = _set_up_at(lines)
     assert lines[index - 1].strip() == "args = parser.parse_args()"
+
+
+_CLICK = """
+    import click
+    import torch.nn as nn
+
+
+    @click.group()
+    {passed}def cli({context}):
+        '''Commands'''
+        print("starting")
+
+
+    @cli.command({name})
+    def fit_model():
+        model = nn.DataParallel(nn.Linear(4, 4))
+        for x in loader:
+            model(x).mean().backward()
+
+
+    @cli.command()
+    def make_report():
+        print("report")
+
+
+    if __name__ == "__main__":
+        cli()
+"""
+
+
+@pytest.mark.parametrize(
+    "passed, context, name, test",
+    [
+        # deeplab-pytorch: the group is given its context
+        ("@click.pass_context\n", "ctx", "", "ctx.invoked_subcommand in (\"fit-model\",)"),
+        # no context passed: click's current one; a command named by its decorator
+        ("", "", "'fit'", "click.get_current_context().invoked_subcommand in ('fit',)"),
+        ("", "", "name='fit'", "click.get_current_context().invoked_subcommand in ('fit',)"),
+    ],
+)
+def test_a_click_group_sets_up_for_the_commands_that_wrap(passed, context, name, test):
+    """deeplab-pytorch's `main` group (issue 23): the set-up goes at the top of the group, under a test of the
+    command invoked, so `crf` (no model) stays one process (setup(processes=1)) and what the group prints comes
+    once; click names a command after its function, `_` as `-`, unless its decorator names it. The names are
+    quoted as most of the file's strings are."""
+    source = textwrap.dedent(_CLICK.format(passed=passed.replace("\n", "\n    "), context=context, name=name))
+    result = migrate_source(source, "ddp", "train.py")
+    expected = (
+        f"    '''Commands'''\n    if {test}:\n        mgpu_runtime.setup()\n    else:\n"
+        "        mgpu_runtime.setup(processes=1)\n    print(\"starting\")\n"
+    )
+    assert expected in result.output, result.output
+    assert "__main__\":\n    cli()" in result.output
+    assert migrate_source(result.output, "ddp", "train.py").output == result.output
+
+
+def test_a_click_group_whose_commands_all_wrap_is_set_up_in_the_main_block():
+    source = textwrap.dedent(_CLICK.format(passed="", context="", name="")).replace(
+        '    print("report")', "    nn.DataParallel(nn.Linear(2, 2))(x).sum().backward()"
+    )
+    result = migrate_source(source, "ddp", "train.py")
+    assert 'if __name__ == "__main__":\n    mgpu_runtime.setup()\n    cli()' in result.output, result.output
+    assert "invoked_subcommand" not in result.output

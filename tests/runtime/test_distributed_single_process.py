@@ -80,6 +80,20 @@ class TestSetup:
         with pytest.raises(LaunchEnvironmentError, match="Not relaunching again"):
             mgpu_runtime.setup()
 
+    def test_one_process_asked_for_is_never_relaunched(self, single_process, monkeypatch, tmp_path):
+        """``setup(processes=1)``: a click command that runs no model (deeplab-pytorch's ``crf``) stays one process
+        with two wanted, and the runtime's helpers after it act as in one process (the end to end of it:
+        test_project_shapes_e2e's ``report``)."""
+        monkeypatch.setenv("MGPU_NPROC", "2")
+        monkeypatch.setattr(os, "execve", lambda *args: pytest.fail(f"relaunched: {args}"))
+        with pytest.raises(ValueError, match="only processes=1"):
+            mgpu_runtime.setup(processes=2)
+        mgpu_runtime.setup(processes=1)
+        assert (mgpu_runtime.rank(), mgpu_runtime.world_size(), mgpu_runtime.is_main_process()) == (0, 1, True)
+        with mgpu_runtime.main_process_only(open, tmp_path / "report.txt", "x") as report:
+            report.write("written")
+        assert (tmp_path / "report.txt").read_text() == "written"
+
     def test_coordinates_answer_without_setup_where_no_relaunch_is_wanted(self, single_process, monkeypatch):
         monkeypatch.setattr(os, "execve", lambda *args: pytest.fail(f"relaunched: {args}"))
         assert (mgpu_runtime.rank(), mgpu_runtime.world_size(), mgpu_runtime.is_main_process()) == (0, 1, True)

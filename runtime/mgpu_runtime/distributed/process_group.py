@@ -102,13 +102,19 @@ class Job:
 _job: Job | None = None
 
 
-def setup(devices: Sequence[int | str | torch.device] | str | None = None) -> None:
+def setup(devices: Sequence[int | str | torch.device] | str | None = None, *, processes: int | None = None) -> None:
     """Join the job this process was launched into (see the module doc); a no-op after the first call.
 
     ``devices``: the GPUs the script chose (a DataParallel's ``device_ids``: indices among the visible GPUs,
     ``"2,3"``, ``torch.device("cuda:2")``). A plainly started script then relaunches as one process per chosen
-    GPU, and local rank r runs on ``devices[r]``, also under a launcher; without CUDA they are ignored."""
+    GPU, and local rank r runs on ``devices[r]``, also under a launcher; without CUDA they are ignored.
+
+    ``processes=1``: a plainly started script stays one process, whatever ``MGPU_NPROC`` or the GPUs say (a
+    command of the script that runs no model, beside commands that train: a click group's ``crf``); under a
+    launcher it joins the launcher's job as usual. No other count is accepted."""
     global _job
+    if processes not in (None, 1):
+        raise ValueError(f"setup(processes={processes!r}): only processes=1 (stay one process) is accepted")
     if _job is not None:
         return
     if own_path_runs():
@@ -119,7 +125,7 @@ def setup(devices: Sequence[int | str | torch.device] | str | None = None) -> No
     chosen = chosen_devices(devices)
     environment = detect_environment(os.environ)
     # torchrun --nproc_per_node=1 is a deliberate choice; one SLURM task is just SLURM's default.
-    if environment.world_size == 1 and environment.launcher != TORCHRUN:
+    if environment.world_size == 1 and environment.launcher != TORCHRUN and processes is None:
         relaunch_if_requested(chosen)
     device, shares_device = _bind_device(environment, chosen)
     owns_process_group = not dist.is_initialized()
