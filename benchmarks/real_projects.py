@@ -42,6 +42,7 @@ from mgpu_migrate.diagnostics import INTERNAL_ERROR, PARSE_ERROR
 from mgpu_migrate.engine import might_need_migration
 from mgpu_migrate.files import discover
 from mgpu_migrate.report import CHANGED, process_files
+from mgpu_migrate.started import name_roots
 
 TARGETS = ("balanced", "ddp")
 VERDICTS = ROOT / "benchmarks" / "verdicts" / "after.tsv"
@@ -83,6 +84,7 @@ def site_count(dp_sites: str) -> int:
 
 def run_project(corpus: Path, row: dict[str, str], target: str, keep: Path | None) -> ProjectRun:
     directory = corpus / row["dir"]
+    name_roots([str(directory)])  # as `mgpu-migrate <project dir>` names it: its top, with no .git in the corpus
     found, _ = discover([str(directory)])
     hinted = sum(might_need_migration(Path(path).read_bytes()) for path in found)
     run = ProjectRun(row["dir"], target, site_count(row["dp_sites"]), hinted)

@@ -354,6 +354,9 @@ def _process_paths(paths, choices: Choices, write: bool, want_diff: bool, jobs: 
         if path not in named and not quiet:
             click.echo(f"{path}: skipped: not a Python file", err=True)
     outside: list[str] = []
+    from mgpu_migrate.started import name_roots
+
+    name_roots(path for path in named if os.path.isdir(path))  # a project with no .git: the directory given is its top
     found, missing = discover(named, choices.excluded(set(named)), outside, suffixes=(".py", notebook.SUFFIX))
     # Files are migrated in groups of the same target, options and size limit (sub-projects may choose
     # differently).

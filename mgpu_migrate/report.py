@@ -211,7 +211,9 @@ def _map_in_processes(migrate: Callable, source_files: list, workers: int, ticke
     if sys.platform.startswith("linux"):
         import ctypes  # noqa: F401 - for the workers' parent-death signal, so none imports it while signalled
 
-    with ProcessPoolExecutor(max_workers=workers, initializer=_start_worker, initargs=(os.getpid(),)) as pool:
+    from mgpu_migrate.started import named_roots
+
+    with ProcessPoolExecutor(max_workers=workers, initializer=_start_worker, initargs=(os.getpid(), named_roots())) as pool:
         outcomes = []
         try:
             with files.interrupts_held():  # a Ctrl-C while the workers fork is raised once they all exist
@@ -237,9 +239,13 @@ _migrating = False
 """Whether this worker is migrating a file (a SIGTERM then unwinds its write before the worker exits)."""
 
 
-def _start_worker(parent: int) -> None:
+def _start_worker(parent: int, roots: frozenset[str] = frozenset()) -> None:
     """Ctrl-C reaches the whole process group, but stopping is the main process's call (``_stop_workers``);
-    SIGTERM, from it or at its death, stops a worker cleanly."""
+    SIGTERM, from it or at its death, stops a worker cleanly. ``roots``: the directories named on the command
+    line (``started.name_roots``), which a worker that was not forked would not know."""
+    from mgpu_migrate.started import name_roots
+
+    name_roots(roots)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Before the parent-death request: a worker forked inside ``interrupts_held`` inherits a handler that only
     # notes the signal, and would live on after a parent that died here.

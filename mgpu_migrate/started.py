@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from mgpu_migrate import files
 
@@ -138,13 +138,16 @@ def wrapping_importers(path: str, might_migrate: Callable[[bytes], bool]) -> tup
     top = search_top(path)
     index = _WRAPPING.get(top)
     if index is None:
-        from mgpu_migrate.analysis.project import searched_tree
+        from mgpu_migrate.analysis.project import script_paths, searched_tree
 
         index = {}
         for module, data in searched_tree(top):
             if might_migrate(data):
                 here = os.path.dirname(module)
-                for imported in _imported(data, here, _bases(here)):
+                # Also where the module puts itself on sys.path (HRNet's tools/train.py: `import _init_paths`, which
+                # inserts ../lib, then `from core.function import train`).
+                bases = tuple(dict.fromkeys((*_bases(here), *script_paths(module))))
+                for imported in _imported(data, here, bases):
                     index.setdefault(imported, []).append(module)
         _WRAPPING[top] = index
     return tuple(index.get(os.path.abspath(path), ()))
@@ -342,8 +345,32 @@ def is_project_root(directory: str) -> bool:
 
 
 def project_root(directory: str) -> str | None:
-    """The nearest directory at or above ``directory`` that holds one of ``ROOT_MARKERS``, if any."""
-    return next((each for each in upward(directory) if is_project_root(each)), None)
+    """The nearest directory at or above ``directory`` that holds one of ``ROOT_MARKERS``; with none, the nearest
+    directory named on the command line at or above it (a project unpacked from an archive, with no ``.git``:
+    ``mgpu-migrate hrnet/ --to ddp``); else None."""
+    marked = next((each for each in upward(directory) if is_project_root(each)), None)
+    if marked is not None or not _NAMED_ROOTS:
+        return marked
+    return next((each for each in upward(directory) if each in _NAMED_ROOTS), None)
+
+
+_NAMED_ROOTS: frozenset[str] = frozenset()
+
+
+def name_roots(directories: Iterable[str]) -> None:
+    """The directories a run was given on its command line (or a benchmark's projects): the project roots of the
+    files under them that no marker names (``project_root``). Called before any file is read."""
+    global _NAMED_ROOTS
+    named = _NAMED_ROOTS | {os.path.abspath(directory) for directory in directories if os.path.isdir(directory)}
+    if named != _NAMED_ROOTS:
+        _NAMED_ROOTS = frozenset(named)
+        from mgpu_migrate.analysis import project
+
+        project.forget_roots()
+
+
+def named_roots() -> frozenset[str]:
+    return _NAMED_ROOTS
 
 
 def above_package(directory: str) -> str:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Optional
 import libcst as cst
 
 from mgpu_migrate.analysis.entrypoint import main_block, touches_cuda
+from mgpu_migrate.analysis.project import freezes_parameter, project_of
 from mgpu_migrate.analysis.scopes import Place, Scope, Slot
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.analysis.walk import children
@@ -499,10 +500,16 @@ def _changed_after(
     inside = set(map(id, contains(value, lambda node: True)))
     handed = set(handing)
     prefixes = [path[: position] for position, letter in enumerate(path) if letter in ".["] + [path]
+    frozen: list[cst.CSTNode] = []  # where it is frozen before the set-up (yacs's `cfg.freeze()`): no call changes it after
     for prefix in dict.fromkeys(prefixes):
         for node, _, slot in index.references((owner, prefix)):
             if id(node) not in inside and slot is not None and slot.parent not in handed and _may_change(analysis, slot):
                 changes.append(node)
+                if prefix == root and _freezes(analysis, node, slot) and _before_setup(analysis, node, setup_scope, anchor, after):
+                    frozen.append(node)
+    if frozen:
+        at = min(analysis.position(node) for node in frozen)
+        changes = [node for node in changes if node in index.stores or analysis.position(node) <= at]
     # The writes first (the calls that may change it after them), those of the path itself before those of what holds
     # it (Person_reID's `opt.gpu_ids = gpu_ids` before its `opt = parser.parse_args()`), each in the file's order.
     changes.sort(key=lambda node: (node not in index.stores, _written_path(index, node) != path, analysis.position(node)))
@@ -517,6 +524,25 @@ def _changed_after(
                 return f"is set {'again ' if again else ''}at line {line}, after the set-up"
             return f"may change at line {line}, after the set-up"
     return None
+
+
+def _freezes(analysis: ParsedFile, node: cst.CSTNode, slot: Slot) -> bool:
+    """Whether the reference at ``slot`` makes its object immutable, as a yacs ``CfgNode`` is after ``freeze()``
+    (a later write raises): ``cfg.freeze()``, or a call of a project function whose body ends by freezing the
+    parameter it is handed there (HRNet's ``update_config(cfg, args)``: merges the YAML and the command line into
+    ``cfg``, then ``cfg.freeze()``)."""
+    parent = slot.parent
+    if slot.kind == "attr" and type(parent) is cst.Attribute:
+        return parent.attr.value == "freeze"
+    if slot.kind != "arg" or type(parent) is not cst.Call:
+        return False
+    position = next((index for index, arg in enumerate(parent.args) if arg.value is node), None)
+    if position is None or parent.args[position].keyword is not None:
+        return False
+    qualified = analysis.resolve(parent.func)
+    project = project_of(analysis.path) if qualified else None
+    found = project.find(qualified) if project is not None and qualified else None
+    return found is not None and freezes_parameter(found, position)
 
 
 def _written_path(index, node: cst.CSTNode) -> Optional[str]:

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Optional
 import libcst as cst
 
 from mgpu_migrate.analysis.tree import contains
+from mgpu_migrate.analysis.project import project_of
 
 if TYPE_CHECKING:
     from mgpu_migrate.analysis.parsed import ParsedFile
@@ -535,11 +536,43 @@ def find_entry_point(
         if _parses(analysis, body) & device_names:
             # (_at_top says "after its command-line parser")
             return _at_top(analysis, body, f"in {function.name.value}()", skip_docstring=True)
+        filled = _config_filled(analysis, body, device_names)
+        if filled is not None:
+            return filled
     if main is not None:
         return _at_top(analysis, list(main.body.body), 'at the top of the `if __name__ == "__main__":` block', False)
     if function is not None and type(function.body) is cst.IndentedBlock:
         return _at_top(analysis, list(function.body.body), f"at the top of {function.name.value}()", skip_docstring=True)
     return None
+
+
+def _config_filled(analysis: ParsedFile, body: list[cst.BaseStatement], device_names: frozenset[str]) -> Optional[EntryPoint]:
+    """The main function's place after the call that fills the configuration the wraps read their GPUs from
+    (HRNet's ``update_config(cfg, args)``, merging the YAML and the command line into the module-level ``cfg``
+    that ``device_ids=cfg.GPUS`` reads), when nothing before it binds a GPU: the set-up goes right after the last
+    such call of a project function, so it is given the GPUs the run chose."""
+    project = project_of(analysis.path)
+    if project is None:
+        return None
+    handed = [
+        statement
+        for statement in body
+        if type(statement) is cst.SimpleStatementLine
+        and len(statement.body) == 1
+        and type(statement.body[0]) is cst.Expr
+        and type(call := statement.body[0].value) is cst.Call
+        and any(type(arg.value) is cst.Name and arg.value.value in device_names for arg in call.args)
+        and (qualified := analysis.resolve(call.func)) is not None
+        and project.find(qualified) is not None  # the project's own function (not `logger.info(cfg)`)
+    ]
+    if not handed:
+        return None
+    last = handed[-1]
+    if any(touches_cuda(analysis, statement) for statement in body[: body.index(last) + 1]):
+        return None
+    call = last.body[0].value
+    assert type(call) is cst.Call
+    return EntryPoint(last, True, f"after `{analysis.code_of(call.func)}(...)` fills what the wraps read their GPUs from")
 
 
 def _commands_that_wrap(analysis: ParsedFile, group: cst.FunctionDef) -> Optional[EntryPoint]:

@@ -35,7 +35,15 @@ _MAX_DEPTH = 6
 _MODULE_BYTES = 8 << 20
 _TORCH_DATA_PARALLEL = {names.DATA_PARALLEL, "torch.nn.parallel.data_parallel.DataParallel"}
 # torch's pieces of DataParallel: a function calling both is DataParallel written by hand.
-_REPLICATE = {"torch.nn.parallel.replicate", "torch.nn.parallel.replicate.replicate"}
+# A module's copies made for each GPU: torch's replicate, or its parameters broadcast by hand (attention-transfer's
+# functional models: `Broadcast.apply(device_ids, *params.values())`).
+_REPLICATE = {
+    "torch.nn.parallel.replicate",
+    "torch.nn.parallel.replicate.replicate",
+    "torch.nn.parallel._functions.Broadcast.apply",
+    "torch.cuda.comm.broadcast_coalesced",
+    "torch.nn.parallel.comm.broadcast_coalesced",
+}
 _PARALLEL_APPLY = {"torch.nn.parallel.parallel_apply", "torch.nn.parallel.parallel_apply.parallel_apply"}
 
 _ENCODING_NAMES = (".DataParallelModel", ".DataParallelCriterion")
@@ -115,6 +123,12 @@ class Project:
         bases = [directory, top, *_script_paths(self.path)]
         if self.root is not None:
             bases.append(self.root)
+            # A directory with no __init__.py may be a namespace package that the scripts reach through a path they
+            # put on sys.path (HRNet's lib/core/function.py, imported as `core.function` with lib/ on the path by
+            # tools/_init_paths.py): its own imports (`from utils.vis import ...`) resolve from the directory above.
+            parent = os.path.dirname(directory)
+            if top == directory and parent.startswith(self.root) and parent != directory:
+                bases.append(parent)
         bases.extend(_packages_installed_from(self.root or top))
         self.bases = tuple(dict.fromkeys(bases))
         self._found: dict[tuple[str, int], Found | None] = {}
@@ -265,7 +279,8 @@ class Project:
         )
 
     def hand_written_data_parallel(self, found: Found) -> bool:
-        """A function (or a class's method) that calls both torch's ``replicate`` and ``parallel_apply``."""
+        """A function (or a class's method) that calls both torch's ``replicate`` (or broadcasts the parameters
+        itself) and ``parallel_apply``."""
         called = {found.module.qualified(call.func) for call in _calls(found.node)}
         return bool(called & _REPLICATE) and bool(called & _PARALLEL_APPLY)
 
@@ -273,6 +288,30 @@ class Project:
         """The definition holding a backward pass: this one (a function, or a class with such a method) or a
         project class it derives from (a ``Trainer`` whose ``BaseTrainer`` holds the loop)."""
         return self._in_class_or_bases(found, lambda definition: definition if _backward_lines(definition) else None)
+
+    def trains_through(self, found: Found, depth: int = 0, seen: set[int] | None = None) -> Made | None:
+        """Where a function trains, itself or through the project functions it calls by name and the methods of its
+        own class, ``_MAX_DEPTH`` deep: its first backward pass or ``optimizer.step()`` (Teacher-free KD's
+        ``train_and_evaluate_kd``, which builds a SummaryWriter and calls ``train_kd``, whose loop steps). Such a
+        function runs on every process: on the main process alone its gradient sums would wait for the others."""
+        seen = set() if seen is None else seen
+        if not isinstance(found.node, (ast.FunctionDef, ast.AsyncFunctionDef)) or depth > _MAX_DEPTH or id(found.node) in seen:
+            return None
+        seen.add(id(found.node))
+        calls = sorted(_calls(found.node), key=lambda call: (call.lineno, call.col_offset))
+        for call in calls:
+            func = call.func
+            if isinstance(func, ast.Attribute) and func.attr == "backward":
+                return Made(found.module.path, call.lineno, ".backward()")
+            if isinstance(func, ast.Attribute) and func.attr == "step" and "optim" in ast.unparse(func.value).lower():
+                return Made(found.module.path, call.lineno, f"{ast.unparse(func)}()")
+        for call in calls:
+            inner = self._called_definition(found, call, depth)
+            if inner is not None:
+                trained = self.trains_through(inner, depth + 1, seen)
+                if trained is not None:
+                    return trained
+        return None
 
     def uneven_loss(self, found: Found) -> tuple[int, str] | None:
         """For a loss class (its methods, and those of the project classes it derives from): the line and the
@@ -1055,16 +1094,14 @@ class _Guards:
 
     def made_there(self, call: ast.Call, opaque: Callable[[ast.Call], bool]) -> bool:
         """Whether ``call`` runs in a scope whose code makes what its test looks for: a call there is given one of
-        the tested paths (``torch.save(mean, path)`` under ``if not isfile(path):``), or is ``opaque`` (a shell
-        command, a download: what it makes is not read)."""
+        the tested paths, or is a method of it (``torch.save(mean, path)`` under ``if not isfile(path):``,
+        ``root.mkdir()`` under ``if not root.exists():``), or is ``opaque`` (a shell command, a download: what it
+        makes is not read)."""
         return any(self._makes(scope, opaque) for scope in self.of_call.get(id(call), ()))
 
     def _makes(self, scope: int, opaque: Callable[[ast.Call], bool]) -> bool:
         tested = self.scopes[scope]
-        return any(
-            opaque(call) or any(ast.unparse(argument) in tested for argument in [*call.args, *(k.value for k in call.keywords)])
-            for call in self.calls.get(scope, ())
-        )
+        return any(opaque(call) or any(ast.unparse(value) in tested for value in _given(call)) for call in self.calls.get(scope, ()))
 
 
 _SCALAR_FACTORIES = frozenset({"torch.tensor", "torch.as_tensor", "torch.scalar_tensor", "torch.zeros", "torch.ones"})
@@ -1084,6 +1121,31 @@ def _constant_scalar(found: Found, call: ast.Call) -> bool:
     if qualified in ("torch.zeros", "torch.ones") or (isinstance(func, ast.Attribute) and func.attr == "new_zeros"):
         return isinstance(argument, ast.Constant) and argument.value == 1 or isinstance(argument, (ast.Tuple, ast.List)) and not argument.elts
     return isinstance(argument, ast.Constant) and type(argument.value) in (int, float)
+
+
+def freezes_parameter(found: Found, position: int) -> bool:
+    """Whether a function's last statement freezes its parameter at ``position`` (``cfg.freeze()``, yacs: no
+    write to it succeeds after)."""
+    node = found.node
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or not node.body:
+        return False
+    parameters = [*node.args.posonlyargs, *node.args.args]
+    if position >= len(parameters):
+        return False
+    last = node.body[-1]
+    call = last.value if isinstance(last, ast.Expr) else None
+    return (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr == "freeze"
+        and isinstance(call.func.value, ast.Name)
+        and call.func.value.id == parameters[position].arg
+    )
+
+
+def _given(call: ast.Call) -> list[ast.expr]:
+    """What a call is given: its arguments, and the object of a method it calls."""
+    return [*call.args, *(keyword.value for keyword in call.keywords), *([call.func.value] if isinstance(call.func, ast.Attribute) else [])]
 
 
 def _first_file_write(found: Found) -> Write | None:
@@ -1583,6 +1645,12 @@ def _find_root(directory: str) -> str | None:
     return project_root(directory)
 
 
+def forget_roots() -> None:
+    """Drop what was read under the roots known so far (``started.name_roots`` named more)."""
+    _find_root.cache_clear()
+    _project.cache_clear()
+
+
 def _script_paths(path: str, depth: int = 0) -> list[str]:
     """The directories a script puts on ``sys.path`` relative to its own (``sys.path.insert(1,
     os.path.join(sys.path[0], '../utils'))``, ``os.path.dirname(__file__)``), where its imports resolve too; also
@@ -1623,6 +1691,8 @@ def _script_paths(path: str, depth: int = 0) -> list[str]:
                 found.append(os.path.normpath(directory))
     return found
 
+
+script_paths = _script_paths
 
 # ``import _init_paths`` on a line of its own: a module that may edit ``sys.path`` for its importer.
 _PLAIN_IMPORT = re.compile(rb"^import[ \t]+([A-Za-z_][A-Za-z0-9_]*)[ \t]*(?:#.*)?$", re.MULTILINE)

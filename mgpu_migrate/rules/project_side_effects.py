@@ -47,6 +47,10 @@ WRITTEN_BY_EVERY_PROCESS = Review(
 )
 
 
+_MESSAGE = 160  # the most characters of a message (one short line)
+_TRAINS = "as it trains"  # why a function that trains is not moved to the main process
+
+
 class ProjectSideEffects(Rule):
     """
     ## What it does
@@ -187,6 +191,8 @@ class ProjectSideEffects(Rule):
             found = self._project_writer(project, call)
             if found is not None and os.path.abspath(found[0].module.path) in started:
                 continue
+            if found is not None and project.trains_through(found[0]) is not None and migrates_with(found[0].module.path, self.analysis.path):
+                continue  # a training function whose module migrates (Teacher-free KD's train_kd.py): its writes are made once there
             # An evaluation that also writes (first-order-model's reconstruction(), its videos) is an evaluation:
             # the others wait for it without a time limit.
             evaluated = self._evaluation(project, call)
@@ -331,7 +337,8 @@ class ProjectSideEffects(Rule):
                     assert statement is not None
                     self._evaluated_unwrapped(call, statement, what, where, *evaluated)
                 return
-            reason = why or f"as it runs the wrapped model ({forward})"
+            # (running the wrapped model says more than that it trains, when it does both)
+            reason = why if why is not None and not why.startswith(_TRAINS) else f"as it runs the wrapped model ({forward})"
             self.left(call, WRITTEN_BY_EVERY_PROCESS, f"{what} {self._every_write(definition, written)}: not moved, {reason}")
             return
         assigned = self._assigned(call) if why is not None and statement is None and self._only_printed(call) else None
@@ -356,7 +363,10 @@ class ProjectSideEffects(Rule):
         self.edits.need_import(RUNTIME)
         if self._given_the_batch(call):
             self.edits.replace(call, through_runtime("on_main_process"))
-            self.rewrote(call, f"{what} {where}: called on the main process only, given the whole values ({RUNTIME}.on_main_process)")
+            done = f"called on the main process only, given the whole values ({RUNTIME}.on_main_process)"
+            if len(f"{what} {where}: {done}") > _MESSAGE:
+                where = where.partition(": `")[0] + ")"  # the file and line, without the writing call
+            self.rewrote(call, f"{what} {where}: {done}")
             return
         assert statement is not None
         self.edits.replace(statement, _on_the_main_process)
@@ -409,7 +419,7 @@ class ProjectSideEffects(Rule):
         self.edits.replace(call, through_runtime("main_process_first"))
         self.rewrote(
             call,
-            f"{what} {where.replace('writes files', 'writes caches', 1)}: main process first, the others read them "
+            f"{what} {where.replace('writes files', 'writes caches', 1)}: main process first, the others find them "
             f"({RUNTIME}.main_process_first)",
         )
         return True
@@ -444,6 +454,13 @@ class ProjectSideEffects(Rule):
             return f"as its function is called on the main process only (line {self.analysis.position(caller)[0]})"
         if not isinstance(definition.node, _FUNCTIONS):
             return "as it is a class"
+        project = project_of(self.analysis.path)
+        trained = project.trains_through(definition) if project is not None else None
+        if trained is not None:
+            # On the main process alone its training would wait for the others' gradient sums (Teacher-free KD's
+            # train_and_evaluate_kd, which also writes its TensorBoard logs and checkpoints).
+            where = f"{os.path.relpath(trained.path, os.path.dirname(self.analysis.path))}:{trained.line}"
+            return f"{_TRAINS} (`{shorten(trained.call, 20)}`, {where})"
         early = self._before_setup(call)
         if early is not None:
             return f"as it runs before {RUNTIME}.setup() (line {early})"

@@ -112,3 +112,36 @@ def test_a_caller_of_the_helper_is_the_program_s_wrap_under_ddp(tmp_path):
     assert "mgpu_runtime.distribute_loader(DataLoader(data, batch_size=8, shuffle=True))" in ddp.output
     other = migrate_source((tmp_path / "other.py").read_text(), "ddp", str(tmp_path / "other.py"))
     assert not other.changed and not other.diagnostics
+
+
+def test_a_functional_model_broadcast_by_hand_is_left_with_mgp281(tmp_path):
+    """attention-transfer's ``utils.data_parallel(f, input, params, mode, device_ids)``: a functional model whose
+    parameters it broadcasts itself (``Broadcast.apply``) to run ``f`` per GPU with ``parallel_apply``. Called from
+    another module, it said nothing on either target; it is DataParallel by hand, left with MGP281."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "utils.py").write_text(
+        textwrap.dedent(
+            """\
+            from functools import partial
+            from torch.nn.parallel._functions import Broadcast
+            from torch.nn.parallel import scatter, parallel_apply, gather
+
+
+            def data_parallel(f, input, params, mode, device_ids, output_device=None):
+                device_ids = list(device_ids)
+                params_all = Broadcast.apply(device_ids, *params.values())
+                replicas = [partial(f, params=p, mode=mode) for p in params_all]
+                outputs = parallel_apply(replicas, scatter([input], device_ids))
+                return gather(outputs, output_device or device_ids[0])
+            """
+        )
+    )
+    train = "import utils\nfor x, y in loader:\n    utils.data_parallel(f, x, params, True, range(2)).sum().backward()\n"
+    (tmp_path / "train.py").write_text(train)
+    for target in ("balanced", "ddp"):
+        result = migrate_source(train, target, str(tmp_path / "train.py"))
+        said = [(d.code, d.message) for d in result.diagnostics]
+        assert said == [
+            ("MGP281", "`data_parallel` (utils.py:6) is DataParallel written by hand: not migrated; use nn.DataParallel instead, then run the tool again")
+        ], said
+        assert not result.changed

@@ -128,6 +128,14 @@ CASES = {
     # deeplab-pytorch's click group: the set-up goes in the group for the commands that wrap (`train`, `test`), under
     # a test of the command invoked; `train` runs here, `report` (its `crf`) in the test below
     "click_commands": ("projects/click_commands", "main.py", {processes: ["train"] for processes in WORLD_SIZES}),
+    # HRNet: the GPUs come from a config a project function fills from the command line and freezes
+    # (`update_config(cfg, args)`, then `device_ids=cfg.GPUS`): the set-up goes after it, given them; the loop is in
+    # lib/core/ (no __init__.py, reached through `import _init_paths`), its debug images written once
+    "config_gpus": (
+        "projects/config_gpus",
+        "tools/train.py",
+        {processes: ["--gpus", ",".join(map(str, range(processes))), "--output", f"out{processes}"] for processes in WORLD_SIZES},
+    ),
     "dataset_factory_by_name": ("projects/dataset_factory", "train.py", {processes: ["--by-name"] for processes in WORLD_SIZES}),
 }
 TOLERANCE = 1e-9

@@ -1071,3 +1071,72 @@ def test_a_model_whose_loss_may_be_a_constant_is_wrapped_to_look_for_unused_para
     assert found == [f"find_unused_parameters=True: {said}, no gradient to some layers"]
     assert "    net = mgpu_runtime.DistributedDataParallel(net, find_unused_parameters=True)\n" in result.output
     assert migrate_source(result.output, "ddp", str(script)).output == result.output
+
+
+def test_a_project_without_a_root_marker_is_read_from_the_directory_named(tmp_path):
+    """A project unpacked from an archive has no .git (nor pyproject.toml): `mgpu-migrate hrnet/ --to ddp` takes
+    the directory it is given as the project's top. HRNet's loop in lib/core/function.py (no __init__.py, reached
+    through tools/_init_paths.py) is found as what tools/train.py hands its model to, and its debug images are
+    written once; its own imports (`from utils.vis import ...`) resolve from lib/. Given the files one by one, no
+    top is known: the loop's module is not found to be handed the model, and the script is left (MGP323)."""
+    project_dir = tmp_path / "hrnet"
+    shutil.copytree(FIXTURES / "projects" / "config_gpus", project_dir, ignore=shutil.ignore_patterns("*.ddp.*", "*.balanced.*", "pyproject.toml"))
+    named = run_cli(str(project_dir), "--to", "ddp", "--diff")
+    out = named.stdout.decode()
+    assert named.returncode == 1, named.stderr.decode()  # --diff: changes to make
+    assert "+            mgpu_runtime.on_main_process(save_debug_images, config, input, target, output, prefix)" in out
+    assert "mgpu_runtime.setup(devices=cfg.GPUS)" in out
+    alone = run_cli(str(project_dir / "tools" / "train.py"), str(project_dir / "lib" / "core" / "function.py"), "--to", "ddp", "--diff")
+    assert "MGP323" in alone.stdout.decode() + alone.stderr.decode() and "on_main_process" not in alone.stdout.decode()
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+def test_a_config_filled_then_frozen_gives_the_set_up_its_gpus(tmp_path, frozen):
+    """HRNet: `update_config(cfg, args)` fills the module-level config and ends with `cfg.freeze()`; the set-up goes
+    right after it, given `cfg.GPUS`, and the project calls handed `cfg` after it cannot change it. Without the
+    freeze, such a call may: the file is left (MGP283) as before."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "config.py").write_text(
+        "cfg = Node()\n\n\ndef update_config(cfg, args):\n    cfg.defrost()\n    cfg.GPUS = args.gpus\n"
+        + ("    cfg.freeze()\n" if frozen else "")
+        + "\n\ndef create_logger(cfg, name):\n    return name\n"
+    )
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\nfrom config import cfg, update_config, create_logger\n\n\ndef main():\n    args = parse_args()\n"
+        "    update_config(cfg, args)\n    logger = create_logger(cfg, 'train')\n"
+        "    model = torch.nn.DataParallel(net, device_ids=cfg.GPUS)\n"
+        "    for x in torch.utils.data.DataLoader(data, batch_size=4):\n        model(x).sum().backward()\n\n\n"
+        "if __name__ == '__main__':\n    main()\n"
+    )
+    result = migrate_source(script.read_text(), "ddp", str(script))
+    if frozen:
+        assert "    update_config(cfg, args)\n    mgpu_runtime.setup(devices=cfg.GPUS)\n" in result.output, result.diagnostics
+        assert migrate_source(result.output, "ddp", str(script)).output == result.output
+    else:
+        assert not result.changed and [d.code for d in result.diagnostics] == ["MGP283"], result.diagnostics
+
+
+def test_a_writer_that_trains_is_never_moved_to_the_main_process(tmp_path):
+    """Teacher-free KD's `train_and_evaluate(model, ...)` builds a SummaryWriter and calls `train(...)`, whose loop
+    steps the optimizer: moved under `if is_main_process():` with a barrier after it, the main process trained
+    alone and waited in the gradient sums for processes waiting in the barrier (a hang). It stays on every process;
+    MGP322 says its writes are every process's."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "train_kd.py").write_text(
+        "import torch\n\n\ndef train(model, optimizer, loader):\n    for x in loader:\n        optimizer.zero_grad()\n"
+        "        model(x).sum().backward()\n        optimizer.step()\n\n\n"
+        "def train_and_evaluate(model, optimizer, loader, path):\n    train(model, optimizer, loader)\n"
+        "    torch.save(model.state_dict(), path)\n"
+    )
+    script = tmp_path / "main.py"
+    script.write_text(
+        "import torch\nimport torch.nn as nn\nfrom train_kd import train_and_evaluate\n\n\ndef main():\n"
+        "    model = nn.DataParallel(net)\n    for x in torch.utils.data.DataLoader(data, batch_size=4):\n"
+        "        model(x).sum().backward()\n    train_and_evaluate(student, optimizer, loader, 'best.pt')\n\n\n"
+        "if __name__ == '__main__':\n    main()\n"
+    )
+    result = migrate_source(script.read_text(), "ddp", str(script))
+    assert "is_main_process" not in result.output
+    said = [d.message for d in result.diagnostics if d.code == "MGP322"]
+    assert said == ["`train_and_evaluate(...)` writes files (train_kd.py:13: `torch.save`): not moved, as it trains (`.backward()`, train_kd.py:7)"], result.diagnostics
