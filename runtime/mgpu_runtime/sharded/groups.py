@@ -316,6 +316,34 @@ class _SumOverRanks(torch.autograd.Function):
         return (None, None, *result)
 
 
+# What a dtype that gloo and NCCL cannot gather travels as, exactly: bool as uint8; int16 and the unsigned
+# integers wider than a byte as the next signed integer that holds them (YOLOv4's `labels.to(torch.int16)`, read
+# with `.numpy()`, failed with "Invalid scalar type"); uint64 bit for bit as int64.
+_GATHERED_AS = {
+    torch.bool: torch.uint8,
+    torch.int16: torch.int32,
+    torch.uint16: torch.int32,
+    torch.uint32: torch.int64,
+}
+
+
+def _gatherable(value: torch.Tensor) -> torch.Tensor:
+    if value.dtype == torch.uint64:
+        return value.view(torch.int64)
+    if value.is_complex():
+        return torch.view_as_real(value)
+    carrier = _GATHERED_AS.get(value.dtype)
+    return value.to(carrier) if carrier is not None else value
+
+
+def _restored(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if dtype == torch.uint64:
+        return value.view(torch.uint64)
+    if dtype.is_complex:
+        return torch.view_as_complex(value.contiguous())
+    return value.to(dtype)
+
+
 class _GatherOverRanks(torch.autograd.Function):
     """The global tensor from every rank's rows (an all-gather; gloo needs equal sizes, so pieces are padded to
     the largest part). Backward: the parts of the global gradient are summed over the ranks, and this rank
@@ -326,17 +354,15 @@ class _GatherOverRanks(torch.autograd.Function):
         ctx.splits, ctx.group, ctx.mixings = splits, group, group.mixings
         monitor = group.monitor
         largest = max(splits)
-        carried = piece.detach()
-        if carried.dtype == torch.bool:
-            carried = carried.to(torch.uint8)  # not every backend reduces or gathers bool tensors
-        padded = carried.new_zeros((largest, *piece.shape[1:]))
+        carried = _gatherable(piece.detach())
+        padded = carried.new_zeros((largest, *carried.shape[1:]))
         padded[: piece.shape[0]] = carried
         gathered = [torch.empty_like(padded) for _ in splits]
         monitor.counts(torch.zeros(1))  # counted, not carried: an all-gather sums nothing
         with monitor.waiting("a gather of a global value (materialised for an operation with no rule of its own)"):
             dist.all_gather(gathered, padded)
         full = torch.cat([part[:rows] for part, rows in zip(gathered, splits)])
-        return full.to(piece.dtype)
+        return _restored(full, piece.dtype)
 
     @staticmethod
     def backward(ctx, gradient: torch.Tensor):
