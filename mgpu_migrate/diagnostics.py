@@ -41,7 +41,8 @@ class Code:
     # Says the file only evaluates its model (no backward pass, no optimizer).
     only_evaluates: bool = False
     # A rewrite inside a helper function that makes nothing of its file a distributed program (the body of a
-    # hand-written data_parallel, which calls the runtime's): a module changed by these alone starts no program.
+    # hand-written data_parallel, which calls the runtime's; a check that a model is wrapped, which WS-DAN's
+    # utils.py makes for its callers): a module changed by these alone starts no program.
     helper_body: bool = False
 
 

@@ -345,8 +345,13 @@ class RemoteTraining(Rule):
         for site in sites:
             for escape in [*escapes.get(site, []), *outputs.get(site, [])]:
                 qualified = analysis.resolve(escape.node.func) if type(escape.node) is cst.Call else None
-                if project is not None and qualified and project.find(qualified) is not None:
+                found = project.find(qualified) if project is not None and qualified else None
+                if found is None:
+                    continue
+                if escape in escapes.get(site, []) or project.trains_through(found) is not None:
                     return False  # the project's own code: ProjectTraining reads it
+                # (its outputs handed to a project function that trains nothing: WS-DAN's eval.py crops the images by
+                # the attention maps with utils.batch_augment, then runs the model again)
         if any(_trains_by_name(escape.node) for site in sites for escape in escapes.get(site, [])):
             return False  # trainer.fit(model), train(model, loader): the training is out of sight, not absent
         handed = any(escapes.get(site) for site in sites)

@@ -75,7 +75,7 @@ class WrapperCheck(Rule):
     the class name as a string (``type(m).__name__ == "DataParallel"``) is left with MGP243.
     """
 
-    CODE = Rewrite("MGP126")
+    CODE = Rewrite("MGP126", helper_body=True)  # a check of a helper module makes it no program
     PHASE = CHECKS
     USES = ("bindings",)
     REVIEW_CODES = (WRAPPER_CHECK_BY_NAME,)

@@ -1140,3 +1140,33 @@ def test_a_writer_that_trains_is_never_moved_to_the_main_process(tmp_path):
     assert "is_main_process" not in result.output
     said = [d.message for d in result.diagnostics if d.code == "MGP322"]
     assert said == ["`train_and_evaluate(...)` writes files (train_kd.py:13: `torch.save`): not moved, as it trains (`.backward()`, train_kd.py:7)"], result.diagnostics
+
+
+def test_a_helper_module_changed_only_by_a_wrapper_check_starts_no_program(tmp_path):
+    """WS-DAN's utils.py checks `isinstance(net, nn.DataParallel)` for its callers (MGP126): that made it a program,
+    and every dataset module importing it, whose main block only tries the dataset, got a set-up ("it starts the
+    training of ../utils.py")."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "utils.py").write_text(
+        "import torch.nn as nn\n\n\ndef state(net):\n    return net.module.state_dict() if isinstance(net, nn.DataParallel) else net.state_dict()\n"
+    )
+    dataset = tmp_path / "bird_dataset.py"
+    dataset.write_text("import utils\n\n\nclass Birds:\n    pass\n\n\nif __name__ == '__main__':\n    print(len(Birds.__name__), utils)\n")
+    result = migrate_source(dataset.read_text(), "ddp", str(dataset))
+    assert not result.changed and not result.diagnostics, result.diagnostics
+
+
+def test_a_file_whose_outputs_go_to_a_project_function_that_trains_nothing_only_evaluates(tmp_path):
+    """WS-DAN's eval.py crops the images by the attention maps the model gives (`utils.batch_augment`) and runs the
+    model again: nothing trains, so it stays DataParallel (MGP263), not a job where every process evaluates
+    everything."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "utils.py").write_text("def batch_augment(images, maps):\n    return images * maps.mean()\n")
+    script = tmp_path / "eval.py"
+    script.write_text(
+        "import torch\nimport torch.nn as nn\nfrom utils import batch_augment\n\n\ndef main():\n    net = nn.DataParallel(model)\n"
+        "    with torch.no_grad():\n        for x, y in loader:\n            maps = net(x)\n            print(net(batch_augment(x, maps)))\n\n\n"
+        "if __name__ == '__main__':\n    main()\n"
+    )
+    result = migrate_source(script.read_text(), "ddp", str(script))
+    assert not result.changed and [d.code for d in result.diagnostics] == ["MGP263"], result.diagnostics
