@@ -591,6 +591,27 @@ class Project:
                     kept[target.attr] = made
         return kept
 
+    def methods_named(self, name: str) -> list[Found]:
+        """The methods of that name of the project's classes, in the modules of the tree searched for importers
+        (``search_top``): what ``obj.name(...)`` may run when the object's class is not known (HRNet's
+        ``val_dataset.evaluate(...)``, the dataset built by ``eval('dataset.' + name)``)."""
+        wanted = f"def {name}(".encode()
+        found = []
+        top = search_top(self.path)
+        for path, data in searched_tree(top):
+            if wanted not in data:
+                continue
+            package = os.path.relpath(os.path.dirname(path), top)
+            module = _read(path, "" if package == "." else package.replace(os.sep, "."))
+            if module is None:
+                continue
+            for definition in module.definitions.values():
+                if isinstance(definition, ast.ClassDef):
+                    method = next((item for item in definition.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == name), None)
+                    if method is not None:
+                        found.append(Found(module, method, os.path.dirname(self.path)))
+        return found
+
     def module_classes(self, module_name: str) -> list[Found]:
         """The project classes and functions a project module's names hold (pytorch-pose's ``pose.datasets``,
         whose ``__init__`` imports ``mpii``, ``coco`` and ``lsp``): what ``module.__dict__[name]`` may pick."""

@@ -6,15 +6,17 @@ environment, and torn down.
 
 from __future__ import annotations
 
+import ast
 import os
 from typing import Optional
 
 import libcst as cst
 
-from mgpu_migrate.analysis.entrypoint import EntryPoint, script_start
+from mgpu_migrate.analysis.entrypoint import EntryPoint, parses_arguments, script_start
 from mgpu_migrate.analysis.held import set_up_where_chosen
 from mgpu_migrate.analysis.own_path import own_path_batch, own_path_launch, own_path_refusal
-from mgpu_migrate.analysis.project import importers_through_packages
+from mgpu_migrate.analysis.project import importers_through_packages, project_of
+from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.program import SETUP, SPAWNS
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, TORCH_STYLE, Example, Review, Rewrite, Rule
@@ -74,6 +76,22 @@ EXISTING_DISTRIBUTED_SETUP = Review(
         "given; on chosen GPUs, name them in CUDA_VISIBLE_DEVICES and make N their number)."
     ),
     veto=True,
+)
+BEFORE_THE_SET_UP = Review(
+    "MGP337",
+    name="runs-before-the-set-up",
+    summary="a statement before mgpu_runtime.setup() prints or writes: it does so again in every process",
+    why=(
+        "The set-up goes after the statements that choose the GPUs (`os.environ['CUDA_VISIBLE_DEVICES'] = "
+        "cfg.gpu`) or parse the command line, since a plain start relaunches there as one process per GPU. What "
+        "runs before it runs in the process that relaunches and again in each process it starts, before the "
+        "runtime keeps the other ranks' output quiet: YOLOv4's `init_logger()` printed its log path three times and "
+        "left a log file named by the clock per process. The original printed and wrote it once."
+    ),
+    todo=(
+        "Move the statement after `mgpu_runtime.setup()` (its output then comes once, from the main process), or "
+        "guard its write with `if mgpu_runtime.is_main_process():` after the set-up."
+    ),
 )
 TRAINED_ALONE = Review(
     "MGP239",
@@ -174,9 +192,9 @@ class EntryPointSetup(Rule):
     # A plain start of a file with its own distributed path runs that path (MGP139), under the runtime's style.
     LAUNCHES_OWN_PATH = True
     PHASE = PROGRAM
-    USES = ("entry_point", "handed", "loaders")
+    USES = ("bindings", "entry_point", "handed", "loaders")
     STYLES = (RUNTIME_STYLE,)
-    REVIEW_CODES = (NO_ENTRY_POINT, EXISTING_DISTRIBUTED_SETUP, FILE_KEEPS_A_WRAP, TRAINED_ALONE)
+    REVIEW_CODES = (NO_ENTRY_POINT, EXISTING_DISTRIBUTED_SETUP, FILE_KEEPS_A_WRAP, TRAINED_ALONE, BEFORE_THE_SET_UP)
     DESCRIPTION = "mgpu_runtime.setup() inserted where the program starts"
     TARGETS = (DDP,)
     EXAMPLES = (
@@ -697,6 +715,58 @@ class EntryPointSetup(Rule):
                 statement = statement.with_changes(leading_lines=[leading[0]])
             self.edits.insert_before(entry.anchor, statement)
         self.rewrote(entry.anchor, f"{RUNTIME}.setup({given}) inserted {entry.place}{why}")
+        if entry.after:
+            self._said_before(entry.anchor)
+
+    def _said_before(self, anchor: cst.BaseStatement) -> None:
+        """MGP337 for each statement of the set-up's block above it that prints or writes (``print``, a function
+        of the project or of this file that does, ``logging.basicConfig(filename=...)``): YOLOv4's ``logging =
+        init_logger(log_dir='log')`` before ``os.environ['CUDA_VISIBLE_DEVICES'] = cfg.gpu``, after which the set-up
+        goes."""
+        block = self.analysis.tree.parent(anchor)
+        body = list(block.body) if type(block) in (cst.IndentedBlock, cst.Module) else []
+        if anchor not in body:
+            return
+        project = project_of(self.analysis.path)
+        line = self.analysis.position(anchor)[0]
+        for before in body[: body.index(anchor) + 1]:
+            if parses_arguments(self.analysis, before):
+                continue
+            inside = set(map(id, contains(before, lambda node: type(node) is cst.Call)))
+            for call in (node for node in self.analysis.calls if id(node) in inside):
+                what = self._shows_or_writes(call, project)
+                if what is not None:
+                    self.left(
+                        call,
+                        BEFORE_THE_SET_UP,
+                        f"`{shorten(self.analysis.code_of(call.func), 30)}(...)` {what} before {RUNTIME}.setup() (line {line}): "
+                        "again in every process",
+                    )
+                    break
+
+    def _shows_or_writes(self, call: cst.Call, project, depth: int = 0) -> Optional[str]:
+        qualified = self.analysis.resolve(call.func) or ""
+        if qualified == "builtins.print" or (type(call.func) is cst.Name and call.func.value == "print"):
+            return "prints"
+        if qualified == "logging.basicConfig" and any(arg.keyword is not None and arg.keyword.value == "filename" for arg in call.args):
+            return "opens a log file"
+        if type(call.func) is cst.Name and call.func.value in self.analysis.bindings.local and depth < 3:
+            own = next((s for s in self.analysis.module.body if type(s) is cst.FunctionDef and s.name.value == call.func.value), None)
+            inner = contains(own, lambda node: type(node) is cst.Call) if own is not None else []
+            shown = [self._shows_or_writes(node, None, depth + 1) for node in inner]
+            if any(shown):
+                return next(what for what in shown if what)
+        if project is None or qualified.startswith(("torch.", "builtins.", "os.", "logging.")):
+            return None
+        found = project.find(qualified) if qualified else None
+        if found is None or not isinstance(found.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return None
+        if project.writes(found) is not None:
+            return "writes"
+        calls = [node for node in ast.walk(found.node) if isinstance(node, ast.Call)]
+        if any(isinstance(node.func, ast.Name) and node.func.id == "print" for node in calls):
+            return "prints"
+        return None
 
 
 _EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))

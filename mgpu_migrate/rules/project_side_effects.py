@@ -140,7 +140,7 @@ class ProjectSideEffects(Rule):
 
     CODE = Rewrite("MGP132")
     PHASE = PROGRAM
-    USES = ("handed", "loaders", "models", "values")
+    USES = ("flow", "handed", "loaders", "models", "values")
     REVIEW_CODES = (WRITTEN_BY_EVERY_PROCESS,)
     DESCRIPTION = "calls of the project's helpers that write files run on the main process only"
     TARGETS = (DDP,)
@@ -214,9 +214,59 @@ class ProjectSideEffects(Rule):
             if method is not None and os.path.abspath(method[0].module.path) not in started:
                 self._call_once(call, *method, f"`{shorten(self.analysis.code_of(call.func))}(...)`")
                 continue
+            if method is None and self._unknown_writer(project, call):
+                continue
             made = self._made_by_a_method(project, call) if method is None else None
             if made is not None and os.path.abspath(made[0].module.path) not in started:
                 self._made_object_once(call, *made)
+
+    def _unknown_writer(self, project: Project, call: cst.Call) -> bool:
+        """MGP322 for ``param.method(...)`` on a parameter of this file's function whose class is not known here,
+        when a class of the project has a method of that name that writes files (HRNet's ``validate(config,
+        val_loader, val_dataset, ...)`` calls ``val_dataset.evaluate(...)``, which writes the predictions of
+        every process to the same ``pred.mat``; the dataset was built by ``eval('dataset.' + name)``). Said, not
+        moved: what the object is, and so whether it writes, is not known. Whether it was said."""
+        func = call.func
+        if type(func) is not cst.Attribute or type(func.value) is not cst.Name or func.attr.value.startswith("_"):
+            return False
+        function = self.analysis.tree.function(call)
+        receiver = func.value.value
+        if function is None or receiver in ("self", "cls") or receiver not in {param.name.value for param in function.params.params}:
+            return False
+        if main_process_caller(self.analysis, call) is not None or under_main_process_block(self.analysis, call):
+            return False
+        if self._stand_ins_given(function, receiver):
+            return False  # mean-teacher's train(..., log): every call here gives it an object built on the main process only
+        for method in project.methods_named(func.attr.value):
+            written = project.writes(method)
+            if written is not None:
+                where = f"{os.path.relpath(method.module.path, os.path.dirname(self.analysis.path))}:{written.line}"
+                self.left(
+                    call,
+                    WRITTEN_BY_EVERY_PROCESS,
+                    f"`{shorten(self.analysis.code_of(func), 30)}(...)` may write on every process (as {where} "
+                    f"`{shorten(written.call, 20)}` does): not moved, as the class of `{receiver}` is not known here",
+                )
+                return True
+        return False
+
+    def _stand_ins_given(self, function: cst.FunctionDef, parameter: str) -> bool:
+        """Whether this file calls ``function`` and every call gives ``parameter`` an object this rule builds on the
+        main process only, behind a stand-in (MGP135: mean-teacher's ``training_log``)."""
+        flow, values = self.analysis.flow, self.analysis.values
+        names = flow.parameters(function)
+        sites = flow.call_sites(function)
+        if not sites or parameter not in names:
+            return False
+        for site, scope, implicit in sites:
+            given = next((arg.value for arg in site.args if arg.keyword is not None and arg.keyword.value == parameter), None)
+            position = names.index(parameter) - implicit
+            if given is None and 0 <= position < len(site.args) and site.args[position].keyword is None and not site.args[position].star:
+                given = site.args[position].value
+            given_values = values.of(given, scope) if given is not None else []
+            if not given_values or not all(value in self._stand_ins or _is_none(value) for value in given_values):
+                return False  # (None is given too, where the function tests it: yolact's `log if args.log else None`)
+        return True
 
     def _evaluation(self, project: Project, call: cst.Call) -> Optional[tuple[Found, Write]]:
         """A call of a project function that evaluates a model with a DataParallel of its own (MOT's
@@ -1160,3 +1210,7 @@ def _entered_as(parent: Optional[cst.CSTNode], call: cst.Call) -> Optional[cst.N
         return None
     name = parent.asname.name
     return name if type(name) is cst.Name else None
+
+
+def _is_none(node: cst.CSTNode) -> bool:
+    return type(node) is cst.Name and node.value == "None"

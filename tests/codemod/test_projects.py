@@ -1170,3 +1170,26 @@ def test_a_file_whose_outputs_go_to_a_project_function_that_trains_nothing_only_
     )
     result = migrate_source(script.read_text(), "ddp", str(script))
     assert not result.changed and [d.code for d in result.diagnostics] == ["MGP263"], result.diagnostics
+
+
+def test_a_method_that_writes_on_an_object_of_unknown_class_is_said(tmp_path):
+    """HRNet's `validate(config, val_loader, val_dataset, ...)` calls `val_dataset.evaluate(...)`; the dataset was
+    built by `eval('dataset.' + name)`, so its class is not known, but the project's datasets' `evaluate` writes
+    the predictions (pred.mat, a results json): every process would write them (MGP322, said, not moved)."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "mpii.py").write_text(
+        "import json\n\n\nclass MPIIDataset:\n    def evaluate(self, preds, output_dir):\n"
+        "        json.dump(preds, open(output_dir + '/pred.json', 'w'))\n        return 1.0\n"
+    )
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\nimport torch.nn as nn\n\n\ndef validate(loader, dataset, model):\n    preds = [model(x) for x in loader]\n"
+        "    return dataset.evaluate(preds, 'out')\n\n\ndef main():\n    model = nn.DataParallel(net)\n"
+        "    for x in torch.utils.data.DataLoader(data, batch_size=4):\n        model(x).sum().backward()\n"
+        "    print(validate(val_loader, eval('mpii.MPIIDataset')(), model))\n\n\nif __name__ == '__main__':\n    main()\n"
+    )
+    result = migrate_source(script.read_text(), "ddp", str(script))
+    said = [(d.line, d.message) for d in result.diagnostics if d.code == "MGP322"]
+    assert said == [
+        (7, "`dataset.evaluate(...)` may write on every process (as mpii.py:6 `open(..., 'w')` does): not moved, as the class of `dataset` is not known here")
+    ], result.diagnostics

@@ -331,3 +331,36 @@ def test_a_click_group_whose_commands_all_wrap_is_set_up_in_the_main_block():
     result = migrate_source(source, "ddp", "train.py")
     assert 'if __name__ == "__main__":\n    mgpu_runtime.setup()\n    cli()' in result.output, result.output
     assert "invoked_subcommand" not in result.output
+
+
+def test_what_prints_or_writes_before_the_set_up_is_said():
+    """YOLOv4: `logging = init_logger(log_dir='log')` prints its log file's path and opens it (named by the clock)
+    before `os.environ["CUDA_VISIBLE_DEVICES"] = cfg.gpu`, after which the set-up goes: it runs in the process that
+    relaunches and again in each process (MGP337). The parser before it is not said."""
+    source = textwrap.dedent(
+        """\
+        import logging
+        import os
+        import torch
+        import torch.nn as nn
+
+
+        def init_logger(log_dir):
+            print('log file path:' + log_dir)
+            logging.basicConfig(filename=os.path.join(log_dir, 'log.txt'))
+            return logging
+
+
+        if __name__ == "__main__":
+            logging = init_logger(log_dir='log')
+            cfg = get_args()
+            os.environ["CUDA_VISIBLE_DEVICES"] = cfg.gpu
+            model = nn.DataParallel(net)
+            for x in torch.utils.data.DataLoader(data, batch_size=4):
+                model(x).sum().backward()
+        """
+    )
+    result = migrate_source(source, "ddp", "train.py")
+    said = [(d.line, d.code, d.message) for d in result.diagnostics if d.code == "MGP337"]
+    assert said == [(14, "MGP337", "`init_logger(...)` prints before mgpu_runtime.setup() (line 16): again in every process")], result.diagnostics
+    assert '    os.environ["CUDA_VISIBLE_DEVICES"] = cfg.gpu\n    mgpu_runtime.setup()\n' in result.output
