@@ -444,11 +444,8 @@ class Project:
             return self._made_when_missing(init, depth) if init is not None and init.node is not found.node else _NOTHING_MADE
         if depth > _MAX_DEPTH or _joins_the_processes(found):
             return None
-        key = id(found.node)
-        if key not in self._made:
-            self._made[key] = _NOTHING_MADE  # a function that calls itself writes nothing more by doing so
-            self._made[key] = self._first_made(found, depth)
-        return self._made[key]
+        # (a function that calls itself writes nothing more by doing so)
+        return _memoized(self._made, found.node, _NOTHING_MADE, lambda: self._first_made(found, depth))
 
     def _first_made(self, found: Found, depth: int) -> Made | None:
         assert isinstance(found.node, (ast.FunctionDef, ast.AsyncFunctionDef))
@@ -705,11 +702,8 @@ class Project:
         build on the main process alone would wait for the others)."""
         if not isinstance(found.node, (ast.FunctionDef, ast.AsyncFunctionDef)) or depth > _MAX_DEPTH:
             return None
-        key = id(found.node)
-        if key not in self._downloaded:
-            self._downloaded[key] = None  # a function that calls itself downloads nothing more by doing so
-            self._downloaded[key] = self._first_download(found, depth)
-        return self._downloaded[key]
+        # (a function that calls itself downloads nothing more by doing so)
+        return _memoized(self._downloaded, found.node, None, lambda: self._first_download(found, depth))
 
     def _first_download(self, found: Found, depth: int) -> Write | None:
         if _joins_the_processes(found):
@@ -1167,6 +1161,16 @@ def freezes_parameter(found: Found, position: int) -> bool:
 def _given(call: ast.Call) -> list[ast.expr]:
     """What a call is given: its arguments, and the object of a method it calls."""
     return [*call.args, *(keyword.value for keyword in call.keywords), *([call.func.value] if isinstance(call.func, ast.Attribute) else [])]
+
+
+def _memoized(table: dict, node: ast.AST, meanwhile, compute: Callable):
+    """``table``'s answer for a definition's node, computed once; ``meanwhile`` is the answer while it is being
+    computed (a definition that reaches itself)."""
+    key = id(node)
+    if key not in table:
+        table[key] = meanwhile
+        table[key] = compute()
+    return table[key]
 
 
 def _first_file_write(found: Found) -> Write | None:
