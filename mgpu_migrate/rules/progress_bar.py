@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, has_star_args, keyword, mentions, operand, parse, with_keyword
 
@@ -22,7 +23,11 @@ PROGRESS_BAR_ON_EVERY_PROCESS = Review(
     "MGP241",
     name="progress-bar-on-every-process",
     summary="a progress bar whose disable argument the tool cannot see: it is drawn by every process",
-    why="The progress bar passes a `disable` argument the tool cannot see into, so it is drawn by every process.",
+    why=(
+        "The progress bar passes a `disable` argument the tool cannot see into, or the script reads a private "
+        "attribute of the bar (flownet2's `progress._time()`), which a bar made with `disable=True` never sets: "
+        "so it is drawn by every process."
+    ),
     todo="Add `or not mgpu_runtime.is_main_process()` to its `disable` value.",
 )
 
@@ -106,6 +111,31 @@ class ProgressBar(Rule):
             from tqdm import tqdm
 
             model = nn.DataParallel(model)
+            progress = tqdm(batches)
+            last = progress._time()
+            for x in progress:
+                model(x).mean().backward()
+            """,
+            """
+            from tqdm import tqdm
+            import mgpu_runtime
+
+            model = mgpu_runtime.DistributedDataParallel(model)
+            progress = tqdm(batches)
+            last = progress._time()
+            for x in progress:
+                model(x).mean().backward()
+            """,
+            DDP,
+            ("MGP101", "MGP241"),
+            name="a private attribute read of the bar (flownet2's `progress._time()`): a disabled bar lacks it",
+        ),
+        Example(
+            """
+            import torch.nn as nn
+            from tqdm import tqdm
+
+            model = nn.DataParallel(model)
             bar = tqdm(total=10)  # noqa: MGP125
             """,
             """
@@ -151,11 +181,31 @@ class ProgressBar(Rule):
             if has_star_args(call) or len(positional) > _DISABLE_POSITION:
                 self.left(call, PROGRESS_BAR_ON_EVERY_PROCESS, f"progress bar drawn by every process: pass `disable={_ON_OTHER_PROCESSES}`")
                 continue
+            private = self._private_read(call)
+            if private is not None:
+                # flownet2's `progress._time()`: a disabled tqdm never sets its private attributes.
+                self.left(call, PROGRESS_BAR_ON_EVERY_PROCESS, f"progress bar drawn by every process: the script reads its `{private}`, which a disabled bar lacks")
+                continue
             if not self.rewrite_allowed(call):
                 continue
             self.edits.replace(call, lambda updated: _disabled_elsewhere(updated))
             self.edits.need_import(RUNTIME)
             self.rewrote(call, "progress bar drawn by the main process only")
+
+
+    def _private_read(self, call: cst.Call) -> str | None:
+        """A private attribute the file reads of the bar ``call`` makes (``progress = tqdm(...)``, then
+        ``progress._time()``), else None."""
+        parent = self.analysis.tree.parent(call)
+        if type(parent) is not cst.Assign or len(parent.targets) != 1 or type(parent.targets[0].target) is not cst.Name:
+            return None
+        name = parent.targets[0].target.value
+        function = self.analysis.tree.function(call)
+        scope = function if function is not None else self.analysis.module
+        for node in contains(scope, lambda n: type(n) is cst.Attribute):
+            if type(node.value) is cst.Name and node.value.value == name and node.attr.value.startswith("_"):
+                return node.attr.value
+        return None
 
 
 def _disabled_elsewhere(call: cst.Call) -> cst.Call:
