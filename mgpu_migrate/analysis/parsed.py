@@ -60,6 +60,14 @@ class ParsedFile:
             qualified = self._resolved[node] = names.resolve(self.bindings, node)
             return qualified
 
+    def origins(self, node: cst.BaseExpression) -> list[str]:
+        """What a name may stand for: its qualified name, or, for a name two imports bind (pytorch-pose's
+        torchvision ``datasets``, then the project's), each of them."""
+        qualified = self.resolve(node)
+        if qualified:
+            return [qualified]
+        return list(self.bindings.imported.get(node.value, ())) if type(node) is cst.Name else []
+
     @cached_property
     def flow(self) -> FlowIndex:
         """Scopes, places and the slots of every reference."""

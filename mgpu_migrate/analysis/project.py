@@ -136,6 +136,8 @@ class Project:
         self._written: dict[int, Write | None] = {}  # by definition node: its first file write
         self._downloaded: dict[int, Write | None] = {}  # by definition node: its first download
         self._made: dict[int, Made | None] = {}  # by definition node: its first write of what was missing
+        self._trained: dict[int, Made | None] = {}  # by function node: where it trains (``trains_through``)
+        self._methods: dict[str, list[Found]] = {}  # by name: the project's methods of that name
         # A function's copy without the branches a call switches off, kept: the caches above key nodes by id,
         # which a copy that was dropped would hand on to the next object made.
         self._pruned: dict[tuple[int, frozenset[str]], ast.AST] = {}
@@ -289,12 +291,14 @@ class Project:
         project class it derives from (a ``Trainer`` whose ``BaseTrainer`` holds the loop)."""
         return self._in_class_or_bases(found, lambda definition: definition if _backward_lines(definition) else None)
 
-    def trains_through(self, found: Found, depth: int = 0, seen: set[int] | None = None) -> Made | None:
+    def trains_through(self, found: Found) -> Made | None:
         """Where a function trains, itself or through the project functions it calls by name and the methods of its
         own class, ``_MAX_DEPTH`` deep: its first backward pass or ``optimizer.step()`` (Teacher-free KD's
         ``train_and_evaluate_kd``, which builds a SummaryWriter and calls ``train_kd``, whose loop steps). Such a
         function runs on every process: on the main process alone its gradient sums would wait for the others."""
-        seen = set() if seen is None else seen
+        return _memoized(self._trained, found.node, None, lambda: self._trains_through(found, 0, set()))
+
+    def _trains_through(self, found: Found, depth: int, seen: set[int]) -> Made | None:
         if not isinstance(found.node, (ast.FunctionDef, ast.AsyncFunctionDef)) or depth > _MAX_DEPTH or id(found.node) in seen:
             return None
         seen.add(id(found.node))
@@ -308,7 +312,7 @@ class Project:
         for call in calls:
             inner = self._called_definition(found, call, depth)
             if inner is not None:
-                trained = self.trains_through(inner, depth + 1, seen)
+                trained = self._trains_through(inner, depth + 1, seen)
                 if trained is not None:
                     return trained
         return None
@@ -592,6 +596,11 @@ class Project:
         """The methods of that name of the project's classes, in the modules of the tree searched for importers
         (``search_top``): what ``obj.name(...)`` may run when the object's class is not known (HRNet's
         ``val_dataset.evaluate(...)``, the dataset built by ``eval('dataset.' + name)``)."""
+        if name not in self._methods:
+            self._methods[name] = self._methods_named(name)
+        return self._methods[name]
+
+    def _methods_named(self, name: str) -> list[Found]:
         wanted = f"def {name}(".encode()
         found = []
         top = search_top(self.path)

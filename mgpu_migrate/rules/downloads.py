@@ -89,7 +89,6 @@ class Downloads(Rule):
     PHASE = PROGRAM
     REVIEW_CODES = (DOWNLOADED_BY_EVERY_PROCESS,)
     DESCRIPTION = "datasets and files downloaded once, by the main process first"
-    USES = ("bindings",)
     TARGETS = (DDP,)
     EXAMPLES = (
         Example(
@@ -179,11 +178,7 @@ class Downloads(Rule):
         classes and functions the project module's names hold; none for anything else."""
         if type(func.value) is not cst.Attribute or func.value.attr.value != "__dict__":
             return []
-        owner = func.value.value
-        qualified = self.analysis.resolve(owner)
-        # A name two imports bind (pytorch-pose: torchvision's `datasets`, then the project's) may be either.
-        origins = [qualified] if qualified else list(self.analysis.bindings.imported.get(owner.value, ())) if type(owner) is cst.Name else []
-        picked = [found for found in map(project.module_classes, origins) if found]
+        picked = [found for found in map(project.module_classes, self.analysis.origins(func.value.value)) if found]
         return picked[0] if len(picked) == 1 else []
 
     def _made_first(self, call: cst.Call, candidates: list[Found], project: Project) -> None:

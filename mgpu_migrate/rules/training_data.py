@@ -487,10 +487,7 @@ class TrainingData(Rule):
         if type(func) is cst.Call and self._definition(project, func.func) is not None:
             return shorten(self.analysis.code_of(func), 26)
         if type(func) is cst.Subscript and type(func.value) is cst.Attribute and func.value.attr.value == "__dict__":
-            owner = func.value.value
-            qualified = self.analysis.resolve(owner)
-            # A name two imports bind (pytorch-pose: torchvision's `datasets`, then the project's) may be either.
-            origins = {qualified} if qualified else set(self.analysis.bindings.imported.get(owner.value, ())) if type(owner) is cst.Name else set()
+            origins = self.analysis.origins(func.value.value)
             if any(not origin.startswith(_LIBRARIES) and project.module(origin) is not None for origin in origins):
                 return shorten(self.analysis.code_of(func), 26)
         return None

@@ -242,8 +242,7 @@ class UnusedParameters(Rule):
         values = self.analysis.values
         found = []
         for value in values.of(module.value, values.scope_of(wrap)):
-            while type(value) is cst.Call and type(value.func) is cst.Attribute and value.func.attr.value in MODULE_METHODS_RETURNING_SELF:
-                value = value.func.value
+            value = _without_self_returning_calls(value)
             qualified = self.analysis.resolve(value.func) if type(value) is cst.Call else None
             if not qualified or qualified.startswith(("torch.", "torchvision.", "builtins.")):
                 continue
@@ -259,15 +258,17 @@ class UnusedParameters(Rule):
             return None
         values = self.analysis.values
         for value in values.of(module.value, values.scope_of(wrap)):
-            while (
-                type(value) is cst.Call
-                and type(value.func) is cst.Attribute
-                and value.func.attr.value in MODULE_METHODS_RETURNING_SELF
-            ):
-                value = value.func.value
+            value = _without_self_returning_calls(value)
             if type(value) is cst.Call and type(value.func) is cst.Name and value.func.value in classes:
                 return classes[value.func.value]
         return None
+
+
+def _without_self_returning_calls(value: cst.BaseExpression) -> cst.BaseExpression:
+    """``net`` of ``net.cuda().train()``: the module that calls returning it are made on."""
+    while type(value) is cst.Call and type(value.func) is cst.Attribute and value.func.attr.value in MODULE_METHODS_RETURNING_SELF:
+        value = value.func.value
+    return value
 
 
 def _freezes(node: cst.CSTNode) -> list[cst.CSTNode]:
