@@ -84,6 +84,118 @@ _TORCH_DRAWS = ("torch.rand", "torch.normal", "torch.bernoulli", "torch.multinom
 _SPELLED_DRAW = re.compile(r"^(np|numpy)\.random\.(\w+)$")
 
 
+def passed_on(cls: ast.ClassDef) -> Optional[tuple[int, str]]:
+    """For a project class whose instances iterate what their constructor was given, item for item (flownet2's
+    ``IteratorTimer(data_loader)``: ``__iter__`` returns ``self`` and ``__next__`` returns ``next(self.iterator)``
+    of ``self.iterator = self.iterable.__iter__()``, timing the draw): the position (after ``self``) and the
+    name of that parameter; None for any other class (one that changes, drops or adds items)."""
+    if cls.bases or cls.keywords or cls.decorator_list:
+        return None
+    methods = {node.name: node for node in cls.body if isinstance(node, ast.FunctionDef)}
+    init, iterate = methods.get("__init__"), methods.get("__iter__")
+    if init is None or iterate is None or init.args.vararg or init.args.kwarg:
+        return None
+    parameters = [argument.arg for argument in init.args.args]
+    # self.NAME -> the parameter it holds (the iterable), or the parameter an iterator over it iterates
+    held: dict[str, str] = {}
+    iterators: dict[str, str] = {}
+
+    def iterable_of(node: ast.expr) -> Optional[str]:
+        if isinstance(node, ast.Name) and node.id in parameters[1:]:
+            return node.id
+        if _on_self(node, parameters[0]) and node.attr in held:  # type: ignore[attr-defined]
+            return held[node.attr]  # type: ignore[attr-defined]
+        return None
+
+    def iterator_of(node: ast.expr) -> Optional[str]:
+        if not isinstance(node, ast.Call) or node.keywords:
+            return None
+        if isinstance(node.func, ast.Name) and node.func.id == "iter" and len(node.args) == 1:
+            return iterable_of(node.args[0])
+        if isinstance(node.func, ast.Attribute) and node.func.attr == "__iter__" and not node.args:
+            return iterable_of(node.func.value)
+        return None
+
+    for statement in init.body:
+        if not isinstance(statement, ast.Assign) or len(statement.targets) != 1:
+            continue
+        target = statement.targets[0]
+        if not _on_self(target, parameters[0]):
+            continue
+        name = target.attr  # type: ignore[attr-defined]
+        if iterable_of(statement.value) is not None:
+            held[name] = iterable_of(statement.value)  # type: ignore[assignment]
+        elif iterator_of(statement.value) is not None:
+            iterators[name] = iterator_of(statement.value)  # type: ignore[assignment]
+    # Nothing else may rebind them.
+    for method in methods.values():
+        for node in ast.walk(method):
+            stored = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+            for target in stored:
+                if method is not init and isinstance(target, ast.Attribute) and target.attr in {*held, *iterators}:
+                    return None
+    own = iterate.args.args[0].arg if iterate.args.args else None
+    returns = [node for node in ast.walk(iterate) if isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom))]
+    if len(returns) == 1 and isinstance(returns[0], ast.Return) and returns[0].value is not None:
+        value = returns[0].value
+        if isinstance(value, ast.Name) and value.id == own:
+            parameter = _next_of(methods.get("__next__") or methods.get("next"), iterators)
+        else:
+            parameter = iterator_of(value) if own == parameters[0] else None
+            if parameter is None and _on_self(value, own) and value.attr in iterators:  # type: ignore[attr-defined]
+                parameter = iterators[value.attr]  # type: ignore[attr-defined]
+    elif len(returns) == 1 and isinstance(returns[0], ast.YieldFrom) and own == parameters[0]:
+        parameter = iterable_of(returns[0].value) or (iterators.get(returns[0].value.attr) if _on_self(returns[0].value, own) else None)  # type: ignore[attr-defined]
+    else:
+        return None
+    if parameter is None:
+        return None
+    return parameters.index(parameter) - 1, parameter
+
+
+def _on_self(node: ast.expr, own: Optional[str]) -> bool:
+    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == own
+
+
+def _next_of(method: Optional[ast.FunctionDef], iterators: dict[str, str]) -> Optional[str]:
+    """The parameter whose iterator ``__next__`` draws from and returns as it is (``return next(self.iterator)``,
+    or ``n = next(self.iterator); ...; return n``), else None."""
+    if method is None or not method.args.args:
+        return None
+    own = method.args.args[0].arg
+
+    def drawn(node: ast.expr) -> Optional[str]:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "next"
+            and len(node.args) == 1
+            and not node.keywords
+            and _on_self(node.args[0], own)
+        ):
+            return iterators.get(node.args[0].attr)  # type: ignore[attr-defined]
+        return None
+
+    names: dict[str, Optional[str]] = {}
+    for node in ast.walk(method):
+        if isinstance(node, (ast.Yield, ast.YieldFrom)):
+            return None
+        for target in node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For)) else []:
+            if isinstance(target, ast.Name):
+                # bound once, to a draw; bound again (or otherwise), no longer the item
+                names[target.id] = drawn(node.value) if isinstance(node, ast.Assign) and target.id not in names else None
+    found = set()
+    for node in ast.walk(method):
+        if isinstance(node, ast.Return):
+            if node.value is None:
+                return None
+            value = drawn(node.value) if not isinstance(node.value, ast.Name) else names.get(node.value.id)
+            if value is None:
+                return None
+            found.add(value)
+    return found.pop() if len(found) == 1 else None
+
+
 def returned_loader(
     module, function: ast.FunctionDef, position: Optional[int], path: str, project=None
 ) -> Optional[BuiltLoader]:
@@ -290,7 +402,8 @@ class LoaderFlow:
         # The origins of the BUILT traces: what each builder's call returns to the loop.
         self.built: dict[cst.Call, BuiltLoader] = {}
         self._loops = {loop.node: loop for loop in self._for_loops()}
-        self._with_items = self._with_targets()
+        # What each `with ITEM as name` binds, by the name's place (also read by the rules: a writer entered so).
+        self.with_items = self._with_targets()
         self._traced = traced = {node: self._traces_of(loop) for node, loop in self._loops.items()}
         self._ways: dict[cst.For, list[_Way]] = {}
         for chain in self._loop_chains():
@@ -515,7 +628,30 @@ class LoaderFlow:
         qualified = self.analysis.resolve(func) or ""
         if qualified.split(".")[0] == "tqdm" and qualified.endswith(".tqdm") and not expr.args[0].keyword:
             return self._iterated(expr.args[0].value, scope)
+        carried = self._passed_on(expr, qualified)
+        if carried is not None:  # `tools.IteratorTimer(data_loader)`: a project class that passes the items on
+            return self._iterated(carried, scope)
         return [expr]
+
+    def _passed_on(self, call: cst.Call, qualified: str) -> Optional[cst.BaseExpression]:
+        """The argument of ``call`` whose items an instance of the project class it builds yields as they are
+        (``passed_on``), or None."""
+        if not qualified or qualified.split(".")[0].lstrip(".") in _NOT_THE_PROJECT:
+            return None
+        from mgpu_migrate.analysis.project import project_of
+
+        project = project_of(self.analysis.path)
+        found = project.find(qualified) if project is not None else None
+        carried = passed_on(found.node) if found is not None and isinstance(found.node, ast.ClassDef) else None
+        if carried is None:
+            return None
+        position, name = carried
+        for index, arg in enumerate(call.args):
+            if arg.star:
+                return None
+            if (arg.keyword.value == name) if arg.keyword is not None else index == position:
+                return arg.value
+        return None
 
     def _traces_of(self, loop: _ForLoop) -> list[tuple[tuple, Optional[cst.Call], Optional[str]]]:
         """The ways ``loop`` gets its data; past ``_TRACE_BUDGET`` of them (helpers calling helpers twice
@@ -567,6 +703,13 @@ class LoaderFlow:
             yield path, None, None
             return
         if type(expr) is cst.Subscript:
+            given = self._given_by_keyword(expr, scope)
+            if given is not None:  # WS-DAN's `def train(**kwargs)`: `data_loader = kwargs['data_loader']`
+                for argument, call_scope in given:
+                    yield from self._trace(argument, call_scope, path, seen)
+                if not given or None in given:
+                    yield path, None, None
+                return
             yield from self._trace_entries(expr, scope, path, seen)
             return
         place = self.index.place_of(expr, scope) if type(expr) in (cst.Name, cst.Attribute) else None
@@ -587,7 +730,7 @@ class LoaderFlow:
         for argument, call_scope in self._arguments_for(place):
             found = True
             yield from self._trace(argument, call_scope, path, seen)
-        for item, item_scope in self._with_items.get(place, ()):
+        for item, item_scope in self.with_items.get(place, ()):
             found = True  # `with tqdm(enumerate(loader)) as t: for x, y in t:`
             yield from self._trace(item, item_scope, path, seen)
         if not found:
@@ -769,6 +912,31 @@ class LoaderFlow:
                 place = self.index.place_of(node, scope)
                 if place is not None:
                     found.setdefault(place, []).append((item.item, scope))
+        return found
+
+    def _given_by_keyword(self, expr: cst.Subscript, scope: Scope) -> Optional[list]:
+        """For ``kwargs['name']`` of a function's ``**kwargs``, the ``name=`` argument of each call of it in this
+        file (``(value, scope)``; None in the list for a call that may pass it otherwise: ``**options``, or not at
+        all); None when ``expr`` is no such read."""
+        if type(expr.value) is not cst.Name or len(expr.slice) != 1 or type(expr.slice[0].slice) is not cst.Index:
+            return None
+        key = expr.slice[0].slice.value
+        if type(key) is not cst.SimpleString or key.prefix:
+            return None
+        owner = scope.lookup(expr.value.value)
+        function = owner.node
+        if type(function) is not cst.FunctionDef or type(function.params.star_kwarg) is not cst.Param:
+            return None
+        if function.params.star_kwarg.name.value != expr.value.value:
+            return None
+        name = key.evaluated_value
+        found: list = []
+        for call, call_scope, _ in self.index.call_sites(function):
+            given = [arg for arg in call.args if arg.keyword is not None and arg.keyword.value == name]
+            if given and not any(arg.star == "**" for arg in call.args):
+                found.append((given[0].value, call_scope))
+            else:
+                found.append(None)
         return found
 
     def _arguments_for(self, place: Place) -> list[tuple[cst.BaseExpression, Scope]]:

@@ -29,7 +29,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis import names
 from mgpu_migrate.analysis.hand_written import calls_of_data_parallel_by_hand
-from mgpu_migrate.analysis.project import project_of
+from mgpu_migrate.analysis.project import Found, Project, project_of
 from mgpu_migrate.analysis.scopes import FlowIndex, Function, Place, Scope, item_place
 from mgpu_migrate.analysis.subclasses import Subclass
 from mgpu_migrate.analysis.subclasses import from_ast as subclass_facts
@@ -741,3 +741,59 @@ def _is_self_attribute(node: cst.CSTNode) -> bool:
 def becomes_ddp(sites: Sites) -> bool:
     """Whether some of these wrap sites are DistributedDataParallel models under ``--to ddp``."""
     return any(site.kind in (TORCH, RUNTIME) for site in sites)
+
+
+def model_class(analysis, wrap: cst.Call, classes: dict[str, cst.ClassDef]) -> Optional[cst.ClassDef]:
+    """The class of this file (``classes``, by name) whose object ``wrap`` wraps (``nn.DataParallel(Net())``, also
+    through a name and through calls that return the module: ``net.cuda()``), or None."""
+    module = _wrapped_argument(wrap)
+    if module is None:
+        return None
+    values = analysis.values
+    for value in values.of(module, values.scope_of(wrap)):
+        value = without_self_returning_calls(value)
+        if type(value) is cst.Call and type(value.func) is cst.Name and value.func.value in classes:
+            return classes[value.func.value]
+    return None
+
+
+def wrapped_classes(analysis, wrap: cst.Call, project: Project) -> list[Found]:
+    """The project classes whose object ``wrap`` may wrap: a class of this file, or a class of the project built
+    directly or by a factory of it (``model.resnet50(...)``, pytorch-retinanet's, returns ``ResNet(...)``)."""
+    classes = {s.name.value: s for s in analysis.module.body if type(s) is cst.ClassDef}
+    model = model_class(analysis, wrap, classes)
+    if model is not None:
+        own = project.own(model.name.value, analysis.source)
+        return [own] if own is not None else []
+    module = _wrapped_argument(wrap)
+    if module is None:
+        return []
+    values = analysis.values
+    found = []
+    for value in values.of(module, values.scope_of(wrap)):
+        value = without_self_returning_calls(value)
+        qualified = analysis.resolve(value.func) if type(value) is cst.Call else None
+        if not qualified or qualified.startswith(("torch.", "torchvision.", "builtins.")):
+            continue
+        definition = project.find(qualified)
+        cls = project.built_class(definition) if definition is not None else None
+        if cls is not None:
+            found.append(cls)
+    return found
+
+
+def without_self_returning_calls(value: cst.BaseExpression) -> cst.BaseExpression:
+    """``net`` of ``net.cuda().train()``: the module that calls returning it are made on."""
+    while type(value) is cst.Call and type(value.func) is cst.Attribute and value.func.attr.value in MODULE_METHODS_RETURNING_SELF:
+        value = value.func.value
+    return value
+
+
+def _wrapped_argument(wrap: cst.Call) -> Optional[cst.BaseExpression]:
+    """The module a wrap is given (``module=`` or its first positional argument)."""
+    for position, arg in enumerate(wrap.args):
+        if arg.keyword is not None and arg.keyword.value == "module":
+            return arg.value
+        if arg.keyword is None and not arg.star and position == 0:
+            return arg.value
+    return None

@@ -527,40 +527,44 @@ class Project:
                     return cls
         return None
 
-    def constant_loss(self, cls: Found, depth: int = 0) -> Made | None:
+    def constant_loss(self, cls: Found) -> Made | None:
         """Where a module's ``forward`` may give a constant tensor in place of a loss (pytorch-retinanet's
         ``FocalLoss``, called by ``ResNet.forward`` through ``self.focalLoss``: ``regression_losses.append(
         torch.tensor(0).float())`` for an image without a positive anchor): a scalar made from a number under a
-        condition, in the forward or in what it calls (its own methods, the project's functions, and the
-        forwards of the project modules ``__init__`` keeps on ``self``), ``_MAX_DEPTH`` deep. A process whose
-        rows all take that branch gives its loss no path to some parameters: DDP then waits for their gradients
-        unless told to look for unused parameters."""
+        condition, in the forward or in what it calls (``in_forward``). A process whose rows all take that branch
+        gives its loss no path to some parameters: DDP then waits for their gradients unless told to look for
+        unused parameters."""
+        return self.in_forward(cls, _constant_under_a_condition)
+
+    def forward_draw(self, cls: Found) -> Made | None:
+        """Where a module's ``forward``, or what it calls, draws from numpy's or Python's global generator
+        (WS-DAN's ``np.random.choice(self.M, 2, p=...)`` for each row in training)."""
+        return self.in_forward(cls, _global_draw)
+
+    def in_forward(self, cls: Found, finder: Callable[[Found], ast.Call | None], depth: int = 0) -> Made | None:
+        """The first call ``finder`` finds in a module's ``forward`` or in what it calls: its own methods, the
+        project's functions, and the forwards of the project modules ``__init__`` keeps on ``self``, ``_MAX_DEPTH``
+        deep."""
         forward = self.method(cls, "forward") if isinstance(cls.node, ast.ClassDef) else None
         if forward is None or depth > _MAX_DEPTH:
             return None
         kept = self._kept_modules(cls)
-        return self._constant_in(forward, kept, depth, set())
+        return self._found_in(forward, kept, finder, depth, set())
 
-    def _constant_in(self, found: Found, kept: dict[str, Found], depth: int, seen: set[int]) -> Made | None:
+    def _found_in(
+        self, found: Found, kept: dict[str, Found], finder: Callable[[Found], ast.Call | None], depth: int, seen: set[int]
+    ) -> Made | None:
         if id(found.node) in seen or depth > _MAX_DEPTH:
             return None
         seen.add(id(found.node))
-        conditional = [
-            call
-            for statement in ast.walk(found.node)
-            if isinstance(statement, (ast.If, ast.IfExp))
-            for branch in ([*statement.body, *statement.orelse] if isinstance(statement, ast.If) else [statement.body, statement.orelse])
-            for call in _calls(branch)
-            if _constant_scalar(found, call)
-        ]
-        if conditional:
-            first = min(conditional, key=lambda call: (call.lineno, call.col_offset))
+        first = finder(found)
+        if first is not None:
             return Made(found.module.path, first.lineno, ast.unparse(first.func))
         for call in _calls(found.node):
             func = call.func
             followed: Found | None = None
             if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self" and func.attr in kept:
-                inner = self.constant_loss(kept[func.attr], depth + 1)
+                inner = self.in_forward(kept[func.attr], finder, depth + 1)
                 if inner is not None:
                     return inner
                 continue
@@ -569,7 +573,7 @@ class Project:
             else:
                 followed = self._own_method(found, call)
             if followed is not None and isinstance(followed.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                inner = self._constant_in(followed, kept, depth + 1, seen)
+                inner = self._found_in(followed, kept, finder, depth + 1, seen)
                 if inner is not None:
                     return inner
         return None
@@ -1129,6 +1133,27 @@ class _Guards:
 
 
 _SCALAR_FACTORIES = frozenset({"torch.tensor", "torch.as_tensor", "torch.scalar_tensor", "torch.zeros", "torch.ones"})
+
+
+def _constant_under_a_condition(found: Found) -> ast.Call | None:
+    """The first constant scalar a definition makes in a branch of an ``if`` (``torch.tensor(0).float()``)."""
+    conditional = [
+        call
+        for statement in ast.walk(found.node)
+        if isinstance(statement, (ast.If, ast.IfExp))
+        for branch in ([*statement.body, *statement.orelse] if isinstance(statement, ast.If) else [statement.body, statement.orelse])
+        for call in _calls(branch)
+        if _constant_scalar(found, call)
+    ]
+    return min(conditional, key=lambda call: (call.lineno, call.col_offset)) if conditional else None
+
+
+def _global_draw(found: Found) -> ast.Call | None:
+    """The first draw a definition makes from numpy's or Python's global generator (``np.random.choice``)."""
+    from mgpu_migrate.analysis.draws import numpy_draw
+
+    draws = [call for call in _calls(found.node) if numpy_draw(found.module.qualified(call.func))]
+    return min(draws, key=lambda call: (call.lineno, call.col_offset)) if draws else None
 
 
 def _constant_scalar(found: Found, call: ast.Call) -> bool:

@@ -48,6 +48,7 @@ from mgpu_migrate.rules.torch_per_process import TorchPerProcess
 from mgpu_migrate.rules.training_data import TorchTrainingData, TrainingData
 from mgpu_migrate.rules.unsplit_data import UnsplitData
 from mgpu_migrate.rules.unsynced_draws import UnsyncedDraws
+from mgpu_migrate.rules.forward_draws import ForwardDraws
 from mgpu_migrate.rules.unused_parameters import UnusedParameters
 from mgpu_migrate.rules.wrap_guard import WrapGuard
 from mgpu_migrate.rules.wrapper_check import WrapperCheck
@@ -82,6 +83,7 @@ RULES: tuple[type[Rule], ...] = (
     GlobalCount,
     MixedRows,
     UnsyncedDraws,
+    ForwardDraws,
     ReplicationCallback,
     CheckpointSave,
     TorchCheckpointSave,

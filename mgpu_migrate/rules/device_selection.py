@@ -250,9 +250,12 @@ class DeviceSelection(Rule):
             if passed:
                 self.rewrote(call, f"`device_ids={text}` moved to `{RUNTIME}.setup(devices=...)`: one process runs on each of those GPUs")
             elif count is not None:
+                first = f"the first {shorten(self.analysis.code_of(count), 24)} GPUs"
+                if len(text) + len(first) > 50:  # (flownet2's `list(range(args.number_gpus))`: named once)
+                    text = "..."
                 self.rewrote(
                     call,
-                    f"`device_ids={text}` (the first {self.analysis.code_of(count)} GPUs) dropped: one "
+                    f"`device_ids={text}` ({first}) dropped: one "
                     f"process runs per visible GPU, so launch that many (`torchrun --nproc_per_node=N`)",
                 )
             elif (starter := self._handed_to_a_setup(call, value)) is not None:

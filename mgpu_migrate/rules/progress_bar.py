@@ -175,8 +175,8 @@ class ProgressBar(Rule):
             if not is_progress_bar(self.analysis.resolve(call.func)):
                 continue
             disable = keyword(call, "disable")
-            if disable is not None and mentions(disable.value, "is_main_process"):
-                continue
+            if disable is not None and (mentions(disable.value, "is_main_process") or _always(disable.value)):
+                continue  # (`disable=True`: a bar drawn by no process)
             positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
             if has_star_args(call) or len(positional) > _DISABLE_POSITION:
                 self.left(call, PROGRESS_BAR_ON_EVERY_PROCESS, f"progress bar drawn by every process: pass `disable={_ON_OTHER_PROCESSES}`")
@@ -206,6 +206,10 @@ class ProgressBar(Rule):
             if type(node.value) is cst.Name and node.value.value == name and node.attr.value.startswith("_"):
                 return node.attr.value
         return None
+
+
+def _always(value: cst.BaseExpression) -> bool:
+    return type(value) is cst.Name and value.value == "True"
 
 
 def _disabled_elsewhere(call: cst.Call) -> cst.Call:

@@ -140,7 +140,7 @@ class ProjectSideEffects(Rule):
 
     CODE = Rewrite("MGP132")
     PHASE = PROGRAM
-    USES = ("flow", "handed", "loaders", "models", "values")
+    USES = ("bindings", "flow", "handed", "loaders", "models", "values")
     REVIEW_CODES = (WRITTEN_BY_EVERY_PROCESS,)
     DESCRIPTION = "calls of the project's helpers that write files run on the main process only"
     TARGETS = (DDP,)
@@ -419,7 +419,8 @@ class ProjectSideEffects(Rule):
             self.rewrote(call, f"{what} {where}: {done}")
             return
         assert statement is not None
-        self.edits.replace(statement, _on_the_main_process)
+        loop = self._only_statement_of_a_loop(statement)
+        self.edits.replace(loop or statement, _on_the_main_process)
         self.rewrote(call, f"{what} {where}: called on the main process only, then every process waits")
 
     def _writer_made_once(self, call: cst.Call, definition: Found, what: str) -> bool:
@@ -644,7 +645,10 @@ class ProjectSideEffects(Rule):
         if type(call.func) is not cst.Attribute or type(call.func.value) not in (cst.Name, cst.Attribute):
             return None
         values = self.analysis.values
-        for value in values.of(call.func.value, values.scope_of(call)):
+        scope = values.scope_of(call)
+        place = self.analysis.flow.place_of(call.func.value, scope)
+        entered = self.analysis.loaders.with_items.get(place, []) if place is not None else []
+        for value in [*values.of(call.func.value, scope), *(item for item, _ in entered)]:
             if value in self._stand_ins:
                 return None  # built on the main process only, behind a stand-in (MGP135): its calls are once already
             made = self._class_of(value, call)
@@ -654,6 +658,8 @@ class ProjectSideEffects(Rule):
             cls = project.find(qualified) if qualified and not qualified.startswith(("torch.", "builtins.")) else None
             if cls is None or not isinstance(cls.node, ast.ClassDef):
                 continue
+            if any(value is item for item, _ in entered) and not _enters_itself(project, cls):
+                continue  # `with Timer(...) as block`: `block` is what its __enter__ returns, here not the object
             method = project.method(cls, call.func.attr.value)
             written = project.writes(method) if method is not None else None
             if method is not None and written is not None:
@@ -815,6 +821,38 @@ class ProjectSideEffects(Rule):
         if type(line) is cst.SimpleStatementLine and len(line.body) == 1:
             return line
         return None
+
+    def _only_statement_of_a_loop(self, statement: cst.SimpleStatementLine) -> Optional[cst.For]:
+        """The ``for`` loop whose whole body is ``statement`` (flownet2's ``for argument, value in
+        sorted(vars(args).items()): block.log2file(...)``), when the loop can run on the main process alone: its
+        iterable only reads (names, attributes, literals, Python's own readers) and its names are read nowhere
+        else. The loop is then made once, with one wait after it, not one for each line it writes."""
+        tree = self.analysis.tree
+        block = tree.parent(statement)
+        loop = tree.parent(block) if type(block) is cst.IndentedBlock else None
+        if type(loop) is not cst.For or loop.orelse is not None or loop.asynchronous is not None or len(loop.body.body) != 1:
+            return None
+        for node in contains(loop.iter, lambda n: type(n) is cst.Call):
+            func = node.func
+            if not (
+                (type(func) is cst.Name and func.value in _READERS and self.analysis.resolve(func) in (None, f"builtins.{func.value}")
+                 and func.value not in self.analysis.bindings.local)
+                or (type(func) is cst.Attribute and func.attr.value in ("items", "keys", "values") and not node.args)
+            ):
+                return None
+        if contains(loop.iter, lambda n: type(n) in (cst.Lambda, cst.NamedExpr, cst.Yield, cst.Await)):
+            return None
+        flow = self.analysis.flow
+        line = self.analysis.position(loop)[0]
+        for name in contains(loop.target, lambda n: type(n) is cst.Name):
+            place = flow.place_of(name, flow.stores[name]) if name in flow.stores else None
+            if place is None:
+                return None
+            for read, _, _ in flow.references(place):
+                # read after the loop: the others would not have its last values
+                if self.analysis.position(read)[0] > line and not any(ancestor is loop for ancestor in tree.ancestors(read)):
+                    return None
+        return loop
 
     def _runs_the_model(self, call: cst.Call, definition: Found) -> Optional[str]:
         """``path:line`` where a project function calls the wrapped model this call hands it (its parameter called,
@@ -1136,7 +1174,8 @@ def _changes_its_object(method: ast.FunctionDef | ast.AsyncFunctionDef, read: Op
 
 
 def _on_the_main_process(updated: cst.CSTNode) -> cst.FlattenSentinel:
-    assert type(updated) is cst.SimpleStatementLine  # the replaced node is a statement line (_own_statement)
+    # the replaced node is a statement line (_own_statement), or the loop it is all of (_only_statement_of_a_loop)
+    assert type(updated) in (cst.SimpleStatementLine, cst.For)
     return cst.FlattenSentinel(on_the_main_process([updated]))
 
 
@@ -1214,3 +1253,19 @@ def _entered_as(parent: Optional[cst.CSTNode], call: cst.Call) -> Optional[cst.N
 
 def _is_none(node: cst.CSTNode) -> bool:
     return type(node) is cst.Name and node.value == "None"
+
+
+# Python's own functions that only read what they are given (the iterable of a loop made once: no process misses
+# anything the others did by skipping it).
+_READERS = frozenset({"sorted", "list", "tuple", "vars", "enumerate", "range", "zip", "reversed", "len", "dict", "str"})
+
+
+def _enters_itself(project: Project, cls: Found) -> bool:
+    """Whether ``with cls(...) as name`` binds the object itself: every return of its ``__enter__`` is ``self``
+    (flownet2's ``TimerBlock``)."""
+    method = project.method(cls, "__enter__")
+    if method is None or not isinstance(method.node, _FUNCTIONS) or not method.node.args.args:
+        return False
+    own = method.node.args.args[0].arg
+    returned = [node.value for node in ast.walk(method.node) if isinstance(node, ast.Return)]
+    return bool(returned) and all(isinstance(value, ast.Name) and value.id == own for value in returned)

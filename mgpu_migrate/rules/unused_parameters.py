@@ -8,12 +8,12 @@ from typing import Optional
 
 import libcst as cst
 
-from mgpu_migrate.analysis.models import MODULE_METHODS_RETURNING_SELF
-from mgpu_migrate.analysis.project import Found, Project, project_of
+from mgpu_migrate.analysis.models import model_class, wrapped_classes
+from mgpu_migrate.analysis.project import project_of
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.rules.base import DDP, PROGRAM, TORCH_STYLE, Example, Rewrite, Rule
-from mgpu_migrate.rules.syntax import argument, keyword, with_keyword
+from mgpu_migrate.rules.syntax import keyword, with_keyword
 
 # torch.nn layers without parameters: skipping them leaves no gradient missing.
 _PARAMETER_FREE = re.compile(
@@ -167,7 +167,7 @@ class UnusedParameters(Rule):
         for wrap in program.wraps:
             if keyword(wrap, "find_unused_parameters") is not None or not self.rewrite_allowed(wrap):
                 continue
-            model = self._model_class(wrap, classes)
+            model = model_class(self.analysis, wrap, classes)
             skipped = _maybe_skipped_layers(self.analysis, model, classes) if model is not None else []
             if skipped:
                 layers = ", ".join(f"self.{name}" for name in skipped)
@@ -224,52 +224,12 @@ class UnusedParameters(Rule):
         project = project_of(self.analysis.path)
         if project is None:
             return None
-        for cls in self._project_classes(wrap, model, project):
+        for cls in wrapped_classes(self.analysis, wrap, project):
             made = project.constant_loss(cls)
             if made is not None:
                 where = f"{os.path.relpath(made.path, os.path.dirname(self.analysis.path))}:{made.line}"
                 return f"{shorten(cls.name, 24)}.forward may give a constant loss ({where} `{made.call}`), no gradient to some layers"
         return None
-
-    def _project_classes(self, wrap: cst.Call, model: Optional[cst.ClassDef], project: Project) -> list[Found]:
-        """The project classes the wrapped model may be an object of."""
-        if model is not None:
-            own = project.own(model.name.value, self.analysis.source)
-            return [own] if own is not None else []
-        module = argument(wrap, "module", 0)
-        if module is None:
-            return []
-        values = self.analysis.values
-        found = []
-        for value in values.of(module.value, values.scope_of(wrap)):
-            value = _without_self_returning_calls(value)
-            qualified = self.analysis.resolve(value.func) if type(value) is cst.Call else None
-            if not qualified or qualified.startswith(("torch.", "torchvision.", "builtins.")):
-                continue
-            definition = project.find(qualified)
-            cls = project.built_class(definition) if definition is not None else None
-            if cls is not None:
-                found.append(cls)
-        return found
-
-    def _model_class(self, wrap: cst.Call, classes: dict[str, cst.ClassDef]) -> Optional[cst.ClassDef]:
-        module = argument(wrap, "module", 0)
-        if module is None:
-            return None
-        values = self.analysis.values
-        for value in values.of(module.value, values.scope_of(wrap)):
-            value = _without_self_returning_calls(value)
-            if type(value) is cst.Call and type(value.func) is cst.Name and value.func.value in classes:
-                return classes[value.func.value]
-        return None
-
-
-def _without_self_returning_calls(value: cst.BaseExpression) -> cst.BaseExpression:
-    """``net`` of ``net.cuda().train()``: the module that calls returning it are made on."""
-    while type(value) is cst.Call and type(value.func) is cst.Attribute and value.func.attr.value in MODULE_METHODS_RETURNING_SELF:
-        value = value.func.value
-    return value
-
 
 def _freezes(node: cst.CSTNode) -> list[cst.CSTNode]:
     """``x.requires_grad = ...`` and ``x.requires_grad_(...)`` inside ``node``."""

@@ -1193,3 +1193,85 @@ def test_a_method_that_writes_on_an_object_of_unknown_class_is_said(tmp_path):
     assert said == [
         (7, "`dataset.evaluate(...)` may write on every process (as mpii.py:6 `open(..., 'w')` does): not moved, as the class of `dataset` is not known here")
     ], result.diagnostics
+
+
+_TIMED = (
+    "import time\n\n\n"
+    "class Timed:\n"
+    "    def __init__(self, iterable):\n"
+    "        self.iterable = iterable\n"
+    "        self.iterator = self.iterable.__iter__()\n\n"
+    "    def __iter__(self):\n"
+    "        return self\n\n"
+    "    def __next__(self):\n"
+    "        start = time.time()\n"
+    "        n = next(self.iterator)\n"
+    "        self.last = time.time() - start\n"
+    "        return {}\n\n\n"
+    "class Block:\n"
+    "    def __enter__(self):\n"
+    "        return self\n\n"
+    "    def __exit__(self, *exception):\n"
+    "        pass\n\n"
+    "    def log2file(self, path, line):\n"
+    "        with open(path, 'a') as f:\n"
+    "            f.write(line)\n"
+)
+_TIMED_TRAIN = (
+    "import torch\nfrom torch.utils.data import DataLoader\nfrom tools import Block, Timed\n\n"
+    "def train(model, data_loader, optimizer):\n"
+    "    for x in Timed(data_loader):\n"
+    "        loss = model(x).pow(2).mean()\n"
+    "        optimizer.zero_grad()\n"
+    "        loss.backward()\n"
+    "        optimizer.step()\n\n\n"
+    "if __name__ == '__main__':\n"
+    "    model = torch.nn.DataParallel(torch.nn.Linear(2, 2))\n"
+    "    with Block() as block:\n"
+    "        options = {{'lr': 0.1}}\n"
+    "    for name, value in sorted(options.items()):\n"
+    "        block.log2file('args.txt', name)\n"
+    "{}"
+    "    train(model, DataLoader(torch.randn(8, 2), batch_size=4), torch.optim.SGD(model.parameters(), lr=0.1))\n"
+)
+
+
+@pytest.mark.parametrize(("returned", "followed"), [("n", True), ("next(self.iterator)", True), ("n * 2", False)])
+def test_a_project_iterator_that_passes_its_items_on_is_followed_to_the_loader(tmp_path, returned, followed):
+    """flownet2's ``tools.IteratorTimer(data_loader)``: a project class whose ``__next__`` returns what it draws from
+    its constructor's iterable, as it is: the loader is split. One that changes the items is not followed
+    (MGP289)."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "tools.py").write_text(_TIMED.format(returned))
+    train = tmp_path / "train.py"
+    train.write_text(_TIMED_TRAIN.format(""))
+    result = migrate_source(train.read_text(), "ddp", str(train))
+    assert result.error is None
+    assert ("mgpu_runtime.distribute_loader(DataLoader(" in result.output) is followed, codes(result)
+    assert ("MGP289" in codes(result)) is not followed
+
+
+@pytest.mark.parametrize("after", ["", "    print(name)\n"])
+def test_a_loop_of_writes_by_a_method_of_an_entered_object_is_made_once(tmp_path, after):
+    """flownet2's ``with tools.TimerBlock(...) as block`` (its ``__enter__`` returns itself), then ``for argument,
+    value in sorted(vars(args).items()): block.log2file(args.log_file, ...)``: the whole loop on the main process,
+    one wait after it; a loop whose names are read after it keeps the guard inside it, one wait a line."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "tools.py").write_text(_TIMED.format("n"))
+    train = tmp_path / "train.py"
+    train.write_text(_TIMED_TRAIN.format(after))
+    result = migrate_source(train.read_text(), "ddp", str(train))
+    assert result.error is None and "MGP132" in codes(result), result.diagnostics
+    hoisted = (
+        "    if mgpu_runtime.is_main_process():\n"
+        "        for name, value in sorted(options.items()):\n"
+        "            block.log2file('args.txt', name)\n"
+        "    mgpu_runtime.barrier()\n"
+    )
+    inside = (
+        "    for name, value in sorted(options.items()):\n"
+        "        if mgpu_runtime.is_main_process():\n"
+        "            block.log2file('args.txt', name)\n"
+        "        mgpu_runtime.barrier()\n"
+    )
+    assert (hoisted if not after else inside) in result.output, result.output

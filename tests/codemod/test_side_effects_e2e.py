@@ -61,6 +61,10 @@ CASES = {
     # main process and copied, its writing methods called there; the SummaryWriter a project method returns made on
     # the main process only, handed to another method that logs with it
     "saver_summary": "train.py",
+    # flownet2-pytorch: train() defined in the main block iterates its loader through tools.IteratorTimer (split, as
+    # the loader is), the arguments appended to args.txt by a TimerBlock's log2file (the loop made once), a checkpoint
+    # per epoch by tools.save_checkpoint
+    "timed_batches": "main.py",
 }
 # The stand-in clock (tests/data/stubs/sitecustomize.py): time.strftime(fmt) reads this second, 1.1 s later per rank.
 CLOCK_S = "1700000000.5"
