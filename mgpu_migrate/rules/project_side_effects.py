@@ -1175,7 +1175,7 @@ def _changes_its_object(method: ast.FunctionDef | ast.AsyncFunctionDef, read: Op
 
 def _on_the_main_process(updated: cst.CSTNode) -> cst.FlattenSentinel:
     # the replaced node is a statement line (_own_statement), or the loop it is all of (_only_statement_of_a_loop)
-    assert type(updated) in (cst.SimpleStatementLine, cst.For)
+    assert isinstance(updated, (cst.SimpleStatementLine, cst.For))
     return cst.FlattenSentinel(on_the_main_process([updated]))
 
 
