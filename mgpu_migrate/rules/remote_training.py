@@ -293,11 +293,22 @@ class RemoteTraining(Rule):
             self.left(
                 wrap,
                 TRAINED_ELSEWHERE,
-                f"no training loop here: the model goes to {where[0].what}"
+                f"no training loop here: the model goes to {self._the_training_one(where).what}"
                 f"{f' (and {others} other wrapped model(s) elsewhere)' if others else ''}; distribute its training "
                 "loader there",
             )
             return
+
+    def _the_training_one(self, where: list) -> object:
+        """Of the calls the model goes to after its wrap, the first that runs a project function that trains
+        (Teacher-free KD's ``train_and_evaluate_kd(...)``, after ``utils.load_checkpoint(...)``), else the first."""
+        project = project_of(self.analysis.path)
+        for escape in where if project is not None else ():
+            qualified = self.analysis.resolve(escape.node.func) if type(escape.node) is cst.Call else None
+            found = project.find(qualified) if qualified and not qualified.startswith(("torch.", "builtins.")) else None
+            if found is not None and project.trains_through(found) is not None:
+                return escape
+        return where[0]
 
     def _unfollowed_backward(self) -> Optional[cst.Call]:
         """A backward pass of this file in a loop (``while True:``) that is no training loop the analysis reads."""

@@ -1275,3 +1275,42 @@ def test_a_loop_of_writes_by_a_method_of_an_entered_object_is_made_once(tmp_path
         "        mgpu_runtime.barrier()\n"
     )
     assert (hoisted if not after else inside) in result.output, result.output
+
+
+def test_the_model_handed_to_training_elsewhere_names_the_call_that_trains(tmp_path):
+    """Teacher-free KD's main.py: the wrapped teacher goes to ``utils.load_checkpoint(...)``, then to
+    ``train_and_evaluate_kd(...)`` of another module, which trains: MGP262 names the second, not the first."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "utils.py").write_text("import torch\n\n\ndef load_checkpoint(path, model):\n    model.load_state_dict(torch.load(path))\n")
+    (tmp_path / "data_loader.py").write_text(
+        "import torch\nfrom torch.utils.data import DataLoader\n\n\n"
+        "def fetch_dataloader(split):\n    return DataLoader(torch.randn(8, 2), batch_size=4, shuffle=split == 'train')\n"
+    )
+    (tmp_path / "train_kd.py").write_text(
+        "import torch\n\n\n"
+        "def evaluate_kd(model, loader):\n"
+        "    return sum(model(x).sum().item() for x in loader)\n\n\n"
+        "def train_kd(model, teacher, optimizer, loader):\n"
+        "    for x in loader:\n"
+        "        target = teacher(x).detach()\n"
+        "        loss = (model(x) - target).pow(2).sum()\n"
+        "        loss.backward()\n"
+        "        optimizer.step()\n\n\n"
+        "def train_and_evaluate_kd(model, teacher, loader, optimizer):\n"
+        "    teacher.eval()\n"
+        "    print(evaluate_kd(teacher, loader))\n"
+        "    train_kd(model, teacher, optimizer, loader)\n"
+    )
+    main = tmp_path / "main.py"
+    main.write_text(
+        "import torch\nimport data_loader\nimport utils\nfrom train_kd import train_and_evaluate_kd\n\n\n"
+        "def main():\n"
+        "    loader = data_loader.fetch_dataloader('train')\n"
+        "    model = torch.nn.Linear(2, 2)\n"
+        "    teacher = torch.nn.DataParallel(torch.nn.Linear(2, 2)).cuda()\n"
+        "    utils.load_checkpoint('best.pth.tar', teacher)\n"
+        "    train_and_evaluate_kd(model, teacher, loader, torch.optim.SGD(model.parameters(), lr=0.1))\n"
+    )
+    result = migrate_source(main.read_text(), "ddp", str(main))
+    said = [d.message for d in result.diagnostics if d.code == "MGP262"]
+    assert said and "`train_and_evaluate_kd(...)`" in said[0], result.diagnostics
