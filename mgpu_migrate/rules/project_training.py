@@ -174,6 +174,9 @@ HELD_DATA_NOT_SPLIT = Review(
 _BUILTINS = frozenset(dir(builtins))
 
 
+# Containers of modules without a forward of their own: a DataParallel of one is never called.
+_CONTAINERS = frozenset({"torch.nn.ModuleList", "torch.nn.ModuleDict", "torch.nn.modules.container.ModuleList", "torch.nn.modules.container.ModuleDict"})
+
 class ProjectTraining(Rule):
     """
     ## What it does
@@ -452,11 +455,23 @@ class ProjectTraining(Rule):
                 )
             else:
                 said = (
-                    f"no training here: the {_kind(own)} `{own.name.value}` hands the model to the modules importing "
-                    f"this one ({where}{', which trains' if importer.trains else ''}): migrate there; file left as it is"
+                    f"no training here: the {_kind(own)} `{own.name.value}` hands {self._handed(wrap)} to the modules "
+                    f"importing this one ({where}{', which trains' if importer.trains else ''}): migrate there; file left as it is"
                 )
             self.left(wrap, TRAINED_BY_IMPORTER, said)
         return True
+
+    def _handed(self, wrap: cst.Call) -> str:
+        """What a wrap hands on: the model, or a container of modules that has no forward, so no call runs through
+        the wrap (EDSR's ``nn.DataParallel(self.loss_module, ...)``, a ``ModuleList`` of losses that ``Loss.forward``
+        calls one by one)."""
+        module = wrap.args[0].value if wrap.args and wrap.args[0].keyword is None and not wrap.args[0].star else None
+        values = self.analysis.values
+        made = values.of(module, values.scope_of(wrap)) if module is not None else []
+        kinds = {self.analysis.resolve(value.func) for value in made if type(value) is cst.Call and value is not wrap}
+        if made and kinds and kinds <= _CONTAINERS:
+            return f"a `{min(kinds).rpartition('.')[2]}` (no forward to run)"
+        return "the model"
 
     def _leave_unless_built(self, program, first: cst.ClassDef, held) -> None:
         """For model classes that keep their own wraps and that the importing modules build (CMC's

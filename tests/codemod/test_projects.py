@@ -1314,3 +1314,37 @@ def test_the_model_handed_to_training_elsewhere_names_the_call_that_trains(tmp_p
     result = migrate_source(main.read_text(), "ddp", str(main))
     said = [d.message for d in result.diagnostics if d.code == "MGP262"]
     assert said and "`train_and_evaluate_kd(...)`" in said[0], result.diagnostics
+
+
+def test_a_wrapped_container_of_losses_handed_to_the_importer_is_said_as_such(tmp_path):
+    """EDSR's loss/__init__.py: ``Loss`` wraps ``self.loss_module``, a ``ModuleList`` of its losses that its forward
+    calls one by one, and main.py builds it: MGP320 says a ``ModuleList`` goes there, not "the model"."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "loss").mkdir()
+    loss = tmp_path / "loss" / "__init__.py"
+    loss.write_text(
+        "import torch.nn as nn\n\n\n"
+        "class Loss(nn.Module):\n"
+        "    def __init__(self, n_gpus):\n"
+        "        super().__init__()\n"
+        "        self.losses = [nn.L1Loss()]\n"
+        "        self.loss_module = nn.ModuleList()\n"
+        "        for function in self.losses:\n"
+        "            self.loss_module.append(function)\n"
+        "        if n_gpus > 1:\n"
+        "            self.loss_module = nn.DataParallel(self.loss_module, range(n_gpus))\n\n"
+        "    def forward(self, sr, hr):\n"
+        "        return sum(function(sr, hr) for function in self.losses)\n"
+    )
+    (tmp_path / "main.py").write_text(
+        "import torch\nimport loss\n\n"
+        "criterion = loss.Loss(2)\n"
+        "model = torch.nn.Linear(2, 2)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for x in torch.utils.data.DataLoader(torch.randn(8, 2), batch_size=4):\n"
+        "    criterion(model(x), x).backward()\n"
+        "    optimizer.step()\n"
+    )
+    result = migrate_source(loss.read_text(), "ddp", str(loss))
+    said = [d.message for d in result.diagnostics if d.code == "MGP320"]
+    assert said and "hands a `ModuleList` (no forward to run) to" in said[0], result.diagnostics
