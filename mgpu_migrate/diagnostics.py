@@ -38,6 +38,9 @@ class Code:
     void_if_left: bool = False
     # Says what becomes of the file's training data: split, or left whole for a reason of its own.
     accounts_for_data: bool = False
+    # Says the training data is left whole, which the runtime keeps the original's training (every process loads
+    # each whole batch, and the wrapped model runs its chunk of it): accounts for the data under the runtime.
+    whole_under_the_runtime: bool = False
     # Says the file only evaluates its model (no backward pass, no optimizer).
     only_evaluates: bool = False
     # A rewrite inside a helper function that makes nothing of its file a distributed program (the body of a

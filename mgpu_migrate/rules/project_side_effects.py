@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import os
 import re
-from typing import Optional
+from typing import Optional, cast
 
 import libcst as cst
 
@@ -1175,8 +1175,8 @@ def _changes_its_object(method: ast.FunctionDef | ast.AsyncFunctionDef, read: Op
 
 def _on_the_main_process(updated: cst.CSTNode) -> cst.FlattenSentinel:
     # the replaced node is a statement line (_own_statement), or the loop it is all of (_only_statement_of_a_loop)
-    assert isinstance(updated, (cst.SimpleStatementLine, cst.For))
-    return cst.FlattenSentinel(on_the_main_process([updated]))
+    assert type(updated) is cst.SimpleStatementLine or type(updated) is cst.For
+    return cst.FlattenSentinel(on_the_main_process([cast(cst.BaseStatement, updated)]))
 
 
 def _evaluated_on_the_main_process(updated: cst.CSTNode) -> cst.FlattenSentinel:

@@ -73,6 +73,7 @@ TRAINING_DATA_NOT_FOLLOWED = Review(
         "only for a mean loss over batches drawn alike."
     ),
     todo="Pass the loader through `mgpu_runtime.distribute_loader(...)` where it is built, to load each batch once.",
+    whole_under_the_runtime=True,
 )
 SUMMED_LOSS = Review(
     "MGP236",

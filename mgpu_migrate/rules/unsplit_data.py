@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from mgpu_migrate.rules.base import CHECKS, DDP, Example, Review, Rule
+from mgpu_migrate.rules.base import CHECKS, DDP, RUNTIME_STYLE, Example, Review, Rule
+from mgpu_migrate.rules.torch_style import TORCH_OPTIONS
 
 UNSPLIT = Review(
     "MGP289",
@@ -12,9 +13,13 @@ UNSPLIT = Review(
         "The file trains (a backward pass) and builds a `DataLoader`, but no loader of it reaches the training "
         "loop in a way the tool follows (a helper of another module, a dict of loaders indexed by the phase, "
         "`next(iter(loader))` each step, whose iterator ends before the backward pass), so none was split across the processes, and no other diagnostic "
-        "gave a reason that keeps the migration right (a loss summed by hand, MGP236). Every process would train "
-        "on whole batches: correct only when they draw the same ones, and no faster than one process. A file "
-        "whose data is not split gains nothing from DDP, so it is left as it is (the whole file)."
+        "gave a reason that keeps the migration right (a loss summed by hand, MGP236; with the runtime, a training "
+        "loop whose data it cannot follow, which then stays whole on every process and the wrapped model runs "
+        "each process's chunk, MGP235). Under `--style torch` every process would train on whole batches with "
+        "plain DDP: the original's training only for a mean loss over batches drawn alike, and no faster than one "
+        "process. With the runtime this is said when the backward pass runs in no loop the tool reads as a "
+        "training loop (a `while True:` loop drawing `next(batches)`), so it cannot tell what the program trains "
+        "on. The file is left as it is (the whole file)."
     ),
     todo=(
         "Pass the training loader through `mgpu_runtime.distribute_loader(...)` where it is built (only the one "
@@ -34,9 +39,11 @@ class UnsplitData(Rule):
     another module), so the diagnostic names the loaders and the loop whose data was not followed (MGP235).
 
     ## Why is this bad?
-    Every process would train on whole batches: the original's training only if all draw the same ones (the
-    runtime stops the first step when they differ), and never faster than one process. A file whose data is
-    not split gains nothing from DDP, so a migration of its wraps alone is no migration.
+    Under ``--style torch`` every process would train on whole batches with plain DDP: the original's training only
+    for a mean loss over batches drawn alike, and never faster than one process. With the runtime, a training loop
+    whose data the tool cannot follow migrates with its data whole (MGP235: the wrapped model runs each process's
+    chunk of each batch, as DataParallel's devices did); this code is left for a backward pass in no loop the tool
+    reads as training, where it cannot tell what the program trains on.
 
     ## Example
     ```python
@@ -79,8 +86,26 @@ class UnsplitData(Rule):
             None,
             DDP,
             (UNSPLIT,),
-            message="(line 8's loop: data not followed)",
+            TORCH_OPTIONS,
+            message="(line 8's loop: data not followed): every process would train on whole batches",
             line=9,
+        ),
+        # With the runtime: a backward pass in no loop the tool reads as a training loop.
+        Example(
+            """
+            import torch.nn as nn
+            from torch.utils.data import DataLoader
+
+            model = nn.DataParallel(model)
+            batches = iter(DataLoader(data, batch_size=8, shuffle=True))
+            while True:
+                model(next(batches)).mean().backward()
+            """,
+            None,
+            DDP,
+            (UNSPLIT,),
+            message="no DataLoader here (line 5) is split: no loop the tool reads trains on it",
+            line=7,
         ),
     )
 
@@ -91,6 +116,8 @@ class UnsplitData(Rule):
         # hand, a model trained elsewhere, the torch style's).
         if any(code.accounts_for_data for code in self.reported):
             return
+        if self.options.style == RUNTIME_STYLE and any(code.whole_under_the_runtime for code in self.reported):
+            return  # a training loop's data left whole, said (MGP235): the wrapper runs each process's chunk of it
         loaders = [call for call in self.analysis.calls if self.analysis.resolve(call.func) in _LOADERS]
         backward = next((call for call in self.analysis.calls if self.analysis.loaders.is_backward(call)), None)
         if backward is None or not loaders:
@@ -101,8 +128,9 @@ class UnsplitData(Rule):
         self.left(
             backward,
             UNSPLIT,
-            f"no DataLoader here (line {lines}) is split{why}: every process would train on whole batches: file left "
-            "as it is",
+            f"no DataLoader here (line {lines}) is split{why}: "
+            f"{'no loop the tool reads trains on it' if self.options.style == RUNTIME_STYLE else 'every process would train on whole batches'}"
+            ": file left as it is",
         )
         backward_line = self.analysis.position(backward)[0]
         for wrap in self.program.wraps:

@@ -1239,8 +1239,8 @@ _TIMED_TRAIN = (
 @pytest.mark.parametrize(("returned", "followed"), [("n", True), ("next(self.iterator)", True), ("n * 2", False)])
 def test_a_project_iterator_that_passes_its_items_on_is_followed_to_the_loader(tmp_path, returned, followed):
     """flownet2's ``tools.IteratorTimer(data_loader)``: a project class whose ``__next__`` returns what it draws from
-    its constructor's iterable, as it is: the loader is split. One that changes the items is not followed
-    (MGP289)."""
+    its constructor's iterable, as it is: the loader is split. One that changes the items is not followed: the
+    data stays whole on every process (MGP235)."""
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
     (tmp_path / "tools.py").write_text(_TIMED.format(returned))
     train = tmp_path / "train.py"
@@ -1248,7 +1248,7 @@ def test_a_project_iterator_that_passes_its_items_on_is_followed_to_the_loader(t
     result = migrate_source(train.read_text(), "ddp", str(train))
     assert result.error is None
     assert ("mgpu_runtime.distribute_loader(DataLoader(" in result.output) is followed, codes(result)
-    assert ("MGP289" in codes(result)) is not followed
+    assert ("MGP235" in codes(result)) is not followed
 
 
 @pytest.mark.parametrize("after", ["", "    print(name)\n"])
