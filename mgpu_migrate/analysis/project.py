@@ -1491,7 +1491,23 @@ def callback_data_parallel_modules(path: str, imported: dict[str, set[str]]) -> 
         definition = project.find(origin)
         if definition is not None and project.data_parallel_base(definition) and _only_calls_back(definition.node):
             found.add(origin.rpartition(".")[0])
+        elif definition is None and _copied_in_later(project, origin.rpartition(".")[0]):
+            found.add(origin.rpartition(".")[0])
     return frozenset(found)
+
+
+def _copied_in_later(project: Project, module: str) -> bool:
+    """A package ``sync_batchnorm`` inside the project that the checkout lacks: the Synchronized-BatchNorm package,
+    which a project's README has the user copy in (SPADE's ``models/networks/sync_batchnorm``, a git submodule);
+    the class imported from it by the package's own name is the package's."""
+    if module.rpartition(".")[2] != "sync_batchnorm" or module.startswith("."):
+        return False
+    parts = module.split(".")
+    for base in project.bases:
+        parent = os.path.join(base, *parts[:-1])
+        if os.path.isdir(parent) and not os.path.exists(os.path.join(parent, parts[-1])) and not os.path.exists(os.path.join(parent, parts[-1] + ".py")):
+            return True
+    return False
 
 
 def _only_calls_back(cls: ast.AST) -> bool:

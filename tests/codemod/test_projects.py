@@ -1348,3 +1348,26 @@ def test_a_wrapped_container_of_losses_handed_to_the_importer_is_said_as_such(tm
     result = migrate_source(loss.read_text(), "ddp", str(loss))
     said = [d.message for d in result.diagnostics if d.code == "MGP320"]
     assert said and "hands a `ModuleList` (no forward to run) to" in said[0], result.diagnostics
+
+
+def test_the_synchronized_batchnorm_package_a_checkout_lacks_is_still_named(tmp_path):
+    """SPADE's ``from models.networks.sync_batchnorm import DataParallelWithCallback``: the package is a git submodule
+    (its README has the user copy it in), so the checkout has no ``models/networks/sync_batchnorm``. The wrap was
+    neither migrated nor said (0 sites); it is read as the package's class, and as its layers cannot be read the
+    file is left with the reason (MGP266)."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "models" / "networks").mkdir(parents=True)
+    (tmp_path / "models" / "__init__.py").write_text("")
+    (tmp_path / "models" / "networks" / "__init__.py").write_text("")
+    trainer = tmp_path / "trainer.py"
+    trainer.write_text(
+        "import torch\nfrom models.networks.sync_batchnorm import DataParallelWithCallback\n\n"
+        "model = DataParallelWithCallback(torch.nn.Linear(2, 2), device_ids=[0, 1])\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for x in torch.utils.data.DataLoader(torch.randn(8, 2), batch_size=4):\n"
+        "    model(x).sum().backward()\n"
+        "    optimizer.step()\n"
+    )
+    result = migrate_source(trainer.read_text(), "ddp", str(trainer))
+    assert "MGP266" in codes(result), result.diagnostics
+    assert result.output == trainer.read_text()
