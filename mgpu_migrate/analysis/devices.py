@@ -10,6 +10,7 @@ an expression fails that, as conservatively as the flow index it reads is simple
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
@@ -503,7 +504,7 @@ def _changed_after(
     frozen: list[cst.CSTNode] = []  # where it is frozen before the set-up (yacs's `cfg.freeze()`): no call changes it after
     for prefix in dict.fromkeys(prefixes):
         for node, _, slot in index.references((owner, prefix)):
-            if id(node) not in inside and slot is not None and slot.parent not in handed and _may_change(analysis, slot):
+            if id(node) not in inside and slot is not None and slot.parent not in handed and _may_change(analysis, slot, path):
                 changes.append(node)
                 if prefix == root and _freezes(analysis, node, slot) and _before_setup(analysis, node, setup_scope, anchor, after):
                     frozen.append(node)
@@ -552,18 +553,54 @@ def _written_path(index, node: cst.CSTNode) -> Optional[str]:
     return written[1] if written is not None else None
 
 
-def _may_change(analysis: ParsedFile, slot: Slot) -> bool:
-    """A reference that a call may change: passed to one (but a reading builtin), or its method called."""
+def _may_change(analysis: ParsedFile, slot: Slot, path: str = "") -> bool:
+    """A reference that a call may change: passed to one (but a reading builtin, or a project class or function that
+    writes no attribute of the name ``path`` ends with: RAFT's ``RAFT(args)``, which sets ``args.corr_levels`` but
+    not ``args.gpus``), or its method called."""
     parent = slot.parent
     if slot.kind == "arg" and type(parent) is cst.Call:
         func = parent.func
-        return not (type(func) is cst.Name and func.value in _PURE_BUILTINS) and not (
-            type(func) is cst.Attribute and func.attr.value in _READING_METHODS
-        )
+        if type(func) is cst.Name and func.value in _PURE_BUILTINS:
+            return False
+        if type(func) is cst.Attribute and func.attr.value in _READING_METHODS:
+            return False
+        return not _leaves_alone(analysis, parent, path)
     if slot.kind == "attr" and type(parent) is cst.Attribute:
         method = analysis.flow.slots.get(parent)
         return method is not None and method.kind == "func" and parent.attr.value not in _READING_METHODS
     return False
+
+
+def _leaves_alone(analysis: ParsedFile, call: cst.Call, path: str) -> bool:
+    """Whether the project definition ``call`` runs (a class with its methods, or a function) writes no attribute
+    named as the last part of ``path`` (``gpus`` of ``args.gpus``), anywhere in it, and touches no object's
+    attributes by name (``setattr``, ``vars``, ``__dict__``): then handing it the object cannot change that attribute.
+    Only for an attribute path; a definition the project does not show may change anything."""
+    attribute = path.rpartition(".")[2]
+    if "." not in path or "[" in attribute or not attribute:
+        return False
+    project = project_of(analysis.path)
+    if project is None:
+        return False
+    qualified = analysis.resolve(call.func)
+    if type(call.func) is cst.Name and call.func.value in analysis.bindings.local:
+        found = project.own(call.func.value, analysis.source)  # a function or class of this file
+    elif qualified and not qualified.startswith(("torch.", "builtins.", "numpy.")):
+        found = project.find(qualified)
+    else:
+        return False
+    if found is None:
+        return False
+    for node in ast.walk(found.node):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)) and node.attr == attribute:
+            return False
+        if isinstance(node, ast.Name) and node.id in ("setattr", "vars", "delattr"):
+            return False
+        if isinstance(node, ast.Attribute) and node.attr == "__dict__":
+            return False
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == attribute:
+            return False  # `self.args.gpus.append(...)`
+    return True
 
 
 def _before_setup(analysis: ParsedFile, node: cst.CSTNode, setup_scope: Scope, anchor: cst.CSTNode, after: bool) -> bool:

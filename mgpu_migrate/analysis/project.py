@@ -1489,9 +1489,7 @@ def callback_data_parallel_modules(path: str, imported: dict[str, set[str]]) -> 
     found = set()
     for origin in wanted:
         definition = project.find(origin)
-        if definition is not None and project.data_parallel_base(definition) and _only_calls_back(definition.node):
-            found.add(origin.rpartition(".")[0])
-        elif definition is None and _copied_in_later(project, origin.rpartition(".")[0]):
+        if definition is not None and project.data_parallel_base(definition) and _only_calls_back(definition.node) or definition is None and _copied_in_later(project, origin.rpartition(".")[0]):
             found.add(origin.rpartition(".")[0])
     return frozenset(found)
 

@@ -137,6 +137,13 @@ CASES = {
         {processes: ["--gpus", ",".join(map(str, range(processes))), "--output", f"out{processes}"] for processes in WORLD_SIZES},
     ),
     "dataset_factory_by_name": ("projects/dataset_factory", "train.py", {processes: ["--by-name"] for processes in WORLD_SIZES}),
+    # RAFT: `device_ids=args.gpus` after `RAFT(args)`, whose __init__ writes other attributes of args: the set-up is
+    # given them after the parser; per-batch noise over the global batch, a masked sequence loss, metrics by .item()
+    "handed_args": (
+        "projects/handed_args",
+        "train.py",
+        {2: ["--gpus", "0", "1", "--add_noise"], 3: ["--gpus", "0", "1", "2", "--add_noise", "--batch_size", "7"]},
+    ),
 }
 TOLERANCE = 1e-9
 TIMEOUT_S = 500

@@ -1094,12 +1094,12 @@ def test_a_project_without_a_root_marker_is_read_from_the_directory_named(tmp_pa
 def test_a_config_filled_then_frozen_gives_the_set_up_its_gpus(tmp_path, frozen):
     """HRNet: `update_config(cfg, args)` fills the module-level config and ends with `cfg.freeze()`; the set-up goes
     right after it, given `cfg.GPUS`, and the project calls handed `cfg` after it cannot change it. Without the
-    freeze, such a call may: the file is left (MGP283) as before."""
+    freeze, such a call may (`create_logger` writes `cfg.GPUS` for one name): the file is left (MGP283) as before."""
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
     (tmp_path / "config.py").write_text(
         "cfg = Node()\n\n\ndef update_config(cfg, args):\n    cfg.defrost()\n    cfg.GPUS = args.gpus\n"
         + ("    cfg.freeze()\n" if frozen else "")
-        + "\n\ndef create_logger(cfg, name):\n    return name\n"
+        + "\n\ndef create_logger(cfg, name):\n    if name == 'all':\n        cfg.GPUS = [0]\n    return name\n"
     )
     script = tmp_path / "train.py"
     script.write_text(
@@ -1371,3 +1371,30 @@ def test_the_synchronized_batchnorm_package_a_checkout_lacks_is_still_named(tmp_
     result = migrate_source(trainer.read_text(), "ddp", str(trainer))
     assert "MGP266" in codes(result), result.diagnostics
     assert result.output == trainer.read_text()
+
+
+@pytest.mark.parametrize(("written", "kept"), [("args.corr_levels = 4", True), ("args.gpus = [0]", False), ("setattr(args, 'x', 1)", False)])
+def test_gpus_chosen_after_the_options_go_to_a_class_that_writes_other_attributes(tmp_path, written, kept):
+    """RAFT's ``train(args)``: ``nn.DataParallel(RAFT(args), device_ids=args.gpus)``, where ``RAFT.__init__`` sets
+    ``args.corr_levels`` (another module's class): it cannot change ``args.gpus``, so the set-up is given them
+    (MGP150). A class that writes ``gpus``, or attributes by name, may: the file is left (MGP283)."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (tmp_path / "raft.py").write_text(f"import torch\n\n\nclass RAFT(torch.nn.Linear):\n    def __init__(self, args):\n        super().__init__(2, 2)\n        {written}\n")
+    train = tmp_path / "train.py"
+    train.write_text(
+        "import argparse\nimport torch\nfrom raft import RAFT\n\n\n"
+        "def train(args):\n"
+        "    model = torch.nn.DataParallel(RAFT(args), device_ids=args.gpus)\n"
+        "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for x in torch.utils.data.DataLoader(torch.randn(8, 2), batch_size=4):\n"
+        "        model(x).sum().backward()\n"
+        "        optimizer.step()\n\n\n"
+        "if __name__ == '__main__':\n"
+        "    parser = argparse.ArgumentParser()\n"
+        "    parser.add_argument('--gpus', type=int, nargs='+', default=[0, 1])\n"
+        "    args = parser.parse_args()\n"
+        "    train(args)\n"
+    )
+    result = migrate_source(train.read_text(), "ddp", str(train))
+    assert ("mgpu_runtime.setup(devices=args.gpus)" in result.output) is kept, result.diagnostics
+    assert ("MGP283" in codes(result)) is not kept
