@@ -342,11 +342,16 @@ def _beside(
     if len(spawns) != 1:
         return None, None
     guard = next(iter(analysis.tree.enclosing_ifs(spawns[0])), None)
-    if guard is None or guard[1] or type(guard[0]) is not cst.If or type(guard[0].orelse) is not cst.Else:
-        return None, None
+    if guard is None:
+        return None, "it starts whatever the options"
+    if guard[1] or type(guard[0]) is not cst.If or type(guard[0].orelse) is not cst.Else:
+        return None, "no `else` of that `if` runs the fallback"
     starting = guard[0]
-    if any(type(ancestor) in (cst.FunctionDef, cst.ClassDef, cst.Lambda) for ancestor in analysis.tree.ancestors(starting)):
-        return None, None
+    holder = next((a for a in analysis.tree.ancestors(starting) if type(a) in (cst.FunctionDef, cst.ClassDef, cst.Lambda)), None)
+    if holder is not None:
+        # The set-up goes in the else of the `if` that starts it, which must run when the module does (SimCLR's).
+        name = holder.name.value if type(holder) is not cst.Lambda else "lambda"
+        return None, f"its `if` is in `{name}()`, not at the top"
     for call in existing:
         if not on_own_path(analysis, starting, call):
             line, _ = analysis.position(call)

@@ -678,9 +678,10 @@ class EntryPointSetup(Rule):
             if guard is None:
                 return f" (line {line})"
             test, orelse = guard
-            condition = shorten(self.analysis.code_of(test.test), 28)
-            why = self.program.beside_refused
-            return f" (line {line}) when {'not ' if orelse else ''}`{condition}`{f', and {why}' if why else ''}"
+            why = f", and {self.program.beside_refused}" if self.program.beside_refused else ""
+            # (MGP231's message, 160 characters at most: about 100 of them are its own words and lines)
+            condition = shorten(self.analysis.code_of(test.test), max(12, 58 - len(why)))
+            return f" (line {line}) when {'not ' if orelse else ''}`{condition}`{why}"
         return ""
 
     def _own_path_command(self) -> Optional[str]:

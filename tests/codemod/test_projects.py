@@ -1398,3 +1398,29 @@ def test_gpus_chosen_after_the_options_go_to_a_class_that_writes_other_attribute
     result = migrate_source(train.read_text(), "ddp", str(train))
     assert ("mgpu_runtime.setup(devices=args.gpus)" in result.output) is kept, result.diagnostics
     assert ("MGP283" in codes(result)) is not kept
+
+
+def test_an_own_path_spawned_inside_main_says_why_its_fallback_is_left(tmp_path):
+    """semseg's and pytorch/examples' ``def main(): if args.multiprocessing_distributed: mp.spawn(...) else:
+    main_worker(...)``: the fallback is not migrated beside the own path (its set-up would go in an ``else`` that runs
+    at the top of the script, SimCLR's shape); MGP231 said so with its condition cut off and no reason."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\nimport torch.multiprocessing as mp\nimport torch.distributed as dist\n\n\n"
+        "def main_worker(gpu, args):\n"
+        "    if args.distributed:\n"
+        "        dist.init_process_group('nccl')\n"
+        "        model = torch.nn.parallel.DistributedDataParallel(net)\n"
+        "    else:\n"
+        "        model = torch.nn.DataParallel(net)\n"
+        "    for x in torch.utils.data.DataLoader(data, batch_size=4):\n"
+        "        model(x).sum().backward()\n\n\n"
+        "def main(args):\n"
+        "    if args.multiprocessing_distributed:\n"
+        "        mp.spawn(main_worker, nprocs=4, args=(args,))\n"
+        "    else:\n"
+        "        main_worker(0, args)\n"
+    )
+    result = migrate_source(script.read_text(), "ddp", str(script))
+    said = [d.message for d in result.diagnostics if d.code == "MGP231"]
+    assert said and said[0].endswith("and its `if` is in `main()`, not at the top") and len(said[0]) <= 160, said
