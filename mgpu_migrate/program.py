@@ -350,7 +350,7 @@ def _beside(
     holder = next((a for a in analysis.tree.ancestors(starting) if type(a) in (cst.FunctionDef, cst.ClassDef, cst.Lambda)), None)
     if holder is not None:
         # The set-up goes in the else of the `if` that starts it, which must run when the module does (SimCLR's).
-        name = holder.name.value if type(holder) is not cst.Lambda else "lambda"
+        name = holder.name.value if type(holder) is cst.FunctionDef or type(holder) is cst.ClassDef else "lambda"
         return None, f"its `if` is in `{name}()`, not at the top"
     for call in existing:
         if not on_own_path(analysis, starting, call):
