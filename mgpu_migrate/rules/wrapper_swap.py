@@ -377,6 +377,21 @@ class WrapperSwap(Rule):
         """The DDP wrap that replaces ``call`` (the DataParallel call, its kept ``args``)."""
         return call.with_changes(func=runtime_attr("DistributedDataParallel"), args=args)
 
+    def _dim_message(self, call: cst.Call, dim: cst.BaseExpression) -> str:
+        """MGP201's message: a literal dim is not 0; a name (CenterNet's wrapper function passing on its ``dim``
+        parameter, 0 by default) may or may not be."""
+        if type(dim) in (cst.Integer, cst.UnaryOperation):
+            return "DataParallel with dim != 0 has no DistributedDataParallel equivalent; not rewritten"
+        function = self.analysis.tree.function(call)
+        params = function.params.params if function is not None else ()
+        default = next((param.default for param in params if param.name.value == self.analysis.code_of(dim)), None)
+        given = f"a parameter of `{function.name.value}()`" if function is not None and default is not None else "not known here"
+        zero = " (0 by default)" if default is not None and is_zero(default) else ""
+        return (
+            f"DataParallel's dim is `{shorten(self.analysis.code_of(dim), 24)}`, {given}{zero}: DDP has no dim to scatter "
+            "along, so not rewritten; pass no dim if it is always 0"
+        )
+
     def _swap_for_ddp(self, call: cst.Call) -> bool:
         site = self.analysis.models.site_of(call)
         part = self.analysis.models.is_submodule(site) if site is not None else None
@@ -417,7 +432,7 @@ class WrapperSwap(Rule):
                 continue
             if parameter == "dim":
                 if not is_zero(arg.value):
-                    self.left(call, DIM_NOT_ZERO, "DataParallel with dim != 0 has no DistributedDataParallel equivalent; not rewritten")
+                    self.left(call, DIM_NOT_ZERO, self._dim_message(call, arg.value))
                     return False
                 continue
             kept.append(index)

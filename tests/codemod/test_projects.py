@@ -1424,3 +1424,16 @@ def test_an_own_path_spawned_inside_main_says_why_its_fallback_is_left(tmp_path)
     result = migrate_source(script.read_text(), "ddp", str(script))
     said = [d.message for d in result.diagnostics if d.code == "MGP231"]
     assert said and said[0].endswith("and its `if` is in `main()`, not at the top") and len(said[0]) <= 160, said
+
+
+def test_a_dim_passed_on_by_a_wrapper_function_is_said_for_what_it_is(tmp_path):
+    """CenterNet's ``def DataParallel(module, device_ids=None, output_device=None, dim=0, chunk_sizes=None)``, which
+    passes its ``dim`` on to torch's: MGP201 said "dim != 0", though the parameter is 0 by default."""
+    script = tmp_path / "data_parallel.py"
+    script.write_text(
+        "import torch\n\n\ndef DataParallel(module, device_ids=None, output_device=None, dim=0):\n"
+        "    return torch.nn.DataParallel(module, device_ids, output_device, dim)\n"
+    )
+    said = [d.message for d in migrate_source(script.read_text(), "ddp", str(script)).diagnostics if d.code == "MGP201"]
+    assert said == ["DataParallel's dim is `dim`, a parameter of `DataParallel()` (0 by default): DDP has no dim to scatter "
+                    "along, so not rewritten; pass no dim if it is always 0"], said
