@@ -504,7 +504,7 @@ def _changed_after(
     frozen: list[cst.CSTNode] = []  # where it is frozen before the set-up (yacs's `cfg.freeze()`): no call changes it after
     for prefix in dict.fromkeys(prefixes):
         for node, _, slot in index.references((owner, prefix)):
-            if id(node) not in inside and slot is not None and slot.parent not in handed and _may_change(analysis, slot, path):
+            if id(node) not in inside and slot is not None and slot.parent not in handed and _may_change(analysis, slot, path, node):
                 changes.append(node)
                 if prefix == root and _freezes(analysis, node, slot) and _before_setup(analysis, node, setup_scope, anchor, after):
                     frozen.append(node)
@@ -553,7 +553,7 @@ def _written_path(index, node: cst.CSTNode) -> Optional[str]:
     return written[1] if written is not None else None
 
 
-def _may_change(analysis: ParsedFile, slot: Slot, path: str = "") -> bool:
+def _may_change(analysis: ParsedFile, slot: Slot, path: str = "", node: Optional[cst.CSTNode] = None) -> bool:
     """A reference that a call may change: passed to one (but a reading builtin, or a project class or function that
     writes no attribute of the name ``path`` ends with: RAFT's ``RAFT(args)``, which sets ``args.corr_levels`` but
     not ``args.gpus``), or its method called."""
@@ -564,18 +564,21 @@ def _may_change(analysis: ParsedFile, slot: Slot, path: str = "") -> bool:
             return False
         if type(func) is cst.Attribute and func.attr.value in _READING_METHODS:
             return False
-        return not _leaves_alone(analysis, parent, path)
+        return node is None or not _leaves_alone(analysis, parent, node, path)
     if slot.kind == "attr" and type(parent) is cst.Attribute:
         method = analysis.flow.slots.get(parent)
         return method is not None and method.kind == "func" and parent.attr.value not in _READING_METHODS
     return False
 
 
-def _leaves_alone(analysis: ParsedFile, call: cst.Call, path: str) -> bool:
-    """Whether the project definition ``call`` runs (a class with its methods, or a function) writes no attribute
-    named as the last part of ``path`` (``gpus`` of ``args.gpus``), anywhere in it, and touches no object's
-    attributes by name (``setattr``, ``vars``, ``__dict__``): then handing it the object cannot change that attribute.
-    Only for an attribute path; a definition the project does not show may change anything."""
+def _leaves_alone(analysis: ParsedFile, call: cst.Call, handed: cst.CSTNode, path: str) -> bool:
+    """Whether the project definition ``call`` runs (a function, or a class: its ``__init__`` and every method) only
+    reads the object ``handed`` to it (a reference in one of its arguments), or writes attributes of it other than
+    the one ``path`` ends with (RAFT's ``RAFT(args)`` sets ``args.corr_levels``, never ``args.gpus``;
+    ``fetch_optimizer(args, model)`` reads ``args.lr``): no method of it (yacs's ``cfg.merge_from_file``) or of that
+    attribute is called, it is handed whole only to Python's readers or to project definitions that leave it alone
+    too, and nothing is set by name (``setattr``, ``__dict__``). Then the call cannot change that attribute. A
+    definition the project does not show may change anything."""
     attribute = path.rpartition(".")[2]
     if "." not in path or "[" in attribute or not attribute:
         return False
@@ -591,16 +594,78 @@ def _leaves_alone(analysis: ParsedFile, call: cst.Call, path: str) -> bool:
         return False
     if found is None:
         return False
-    for node in ast.walk(found.node):
-        if isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)) and node.attr == attribute:
+    arg = next((arg for arg in call.args if arg.value is handed or any(inner is handed for inner in _parts(arg.value))), None)
+    if arg is None or arg.star:
+        return False
+    keyword = arg.keyword.value if arg.keyword is not None else None
+    position = None if keyword is not None else [a for a in call.args if a.keyword is None].index(arg)
+    return _only_reads(project, found, position, keyword, attribute, 0)
+
+
+def _only_reads(project, found, position: Optional[int], keyword: Optional[str], attribute: str, depth: int) -> bool:
+    """``_leaves_alone`` in a project definition given the object as its argument at ``position`` (or ``keyword``):
+    followed into the project classes and functions it hands the object on to, a few calls deep."""
+    node = found.node
+    if depth > 3:
+        return False
+    init = next((item for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "__init__"), None) if isinstance(node, ast.ClassDef) else node
+    if not isinstance(init, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    parameters = [argument.arg for argument in init.args.args][1 if isinstance(node, ast.ClassDef) else 0 :]
+    name = keyword if keyword is not None else (parameters[position] if position is not None and position < len(parameters) else None)
+    if name is None or name not in parameters:
+        return False
+    held = {name} | {
+        f"self.{target.attr}"
+        for item in ast.walk(node)
+        if isinstance(item, ast.Assign) and isinstance(item.value, ast.Name) and item.value.id == name
+        for target in item.targets
+        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self"
+    }
+
+    def held_root(expression: ast.expr) -> bool:
+        return (isinstance(expression, ast.Name) and expression.id in held) or ast.unparse(expression) in held
+
+    def reached(expression: ast.expr) -> bool:
+        """``expression`` is the handed object itself, or the attribute watched of it (``args.gpus``,
+        ``self.args.gpus[0]``): what a call given it, or a method called on it, may change. (``args.dropout``, another
+        attribute, is no way to ``args.gpus``.)"""
+        if held_root(expression):
+            return True
+        while isinstance(expression, (ast.Attribute, ast.Subscript)):
+            if isinstance(expression, ast.Attribute) and expression.attr == attribute and held_root(expression.value):
+                return True
+            expression = expression.value
+        return False
+
+    for item in ast.walk(node):
+        if isinstance(item, ast.Attribute) and isinstance(item.ctx, (ast.Store, ast.Del)) and item.attr == attribute and held_root(item.value):
             return False
-        if isinstance(node, ast.Name) and node.id in ("setattr", "vars", "delattr"):
+        if isinstance(item, ast.Name) and item.id in ("setattr", "delattr"):
             return False
-        if isinstance(node, ast.Attribute) and node.attr == "__dict__":
+        if isinstance(item, ast.Attribute) and item.attr == "__dict__":
             return False
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == attribute:
-            return False  # `self.args.gpus.append(...)`
+        if not isinstance(item, ast.Call):
+            continue
+        if isinstance(item.func, ast.Attribute) and reached(item.func.value):
+            return False  # `cfg.merge_from_file(...)`
+        if isinstance(item.func, ast.Name) and item.func.id in _PURE_BUILTINS - {"vars"}:
+            continue
+        given = [(index, None, value) for index, value in enumerate(item.args)] + [(None, k.arg, k.value) for k in item.keywords]
+        for index, given_keyword, value in given:
+            if not reached(value):
+                continue
+            if not held_root(value) or isinstance(value, ast.Starred) or (given_keyword is None and index is None):
+                return False
+            # handed on whole (`BasicUpdateBlock(self.args, hidden_dim=hdim)`): followed into that definition
+            _, callee = project.resolve_in(found, item.func) if isinstance(item.func, (ast.Name, ast.Attribute)) else (None, None)
+            if callee is None or not _only_reads(project, callee, index, given_keyword, attribute, depth + 1):
+                return False
     return True
+
+
+def _parts(node: cst.BaseExpression) -> list[cst.CSTNode]:
+    return contains(node, lambda inner: True)
 
 
 def _before_setup(analysis: ParsedFile, node: cst.CSTNode, setup_scope: Scope, anchor: cst.CSTNode, after: bool) -> bool:

@@ -13,6 +13,7 @@ This module reads the project's functions (``ast``); ``rules/unsynced_draws.py``
 from __future__ import annotations
 
 import ast
+import os
 from dataclasses import dataclass
 
 from mgpu_migrate.analysis.project import Found, Project
@@ -245,12 +246,17 @@ def _draw_line(definition: Found, node: ast.AST) -> int | None:
     return None
 
 
-def per_sample_draw(found: Found) -> str | None:
+def per_sample_draw(found: Found, project: Project | None = None) -> str | None:
     """For a project dataset class, the first random draw (``path:line``) in its methods other than ``__init__``
     (faster-rcnn's ``roibatchLoader.__getitem__``: numpy's box shuffle and crop offsets), which run for each
-    sample read; None when there is none. A draw in ``__init__`` happens once, when the dataset is built."""
+    sample read; None when there is none. A draw in ``__init__`` happens once, when the dataset is built. Given the
+    project, also a draw they reach: in the project functions they call, and the objects ``__init__`` keeps
+    (``Project.sample_draw``)."""
     if not isinstance(found.node, ast.ClassDef):
         return None
+    if project is not None:
+        made = project.sample_draw(found)
+        return f"{os.path.relpath(made.path, found.seen_from)}:{made.line}" if made is not None else None
     for method in found.node.body:
         if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) and method.name != "__init__":
             line = _draw_line(found, method)

@@ -21,6 +21,7 @@ feeds training only.
 from __future__ import annotations
 
 import ast
+import os
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
@@ -205,6 +206,7 @@ def returned_loader(
     every value is one), read through its loaders (``entries``). ``project``: where the classes of other modules
     its datasets are built from are read (``pascal.VOCSegmentation(args, split='train')``)."""
     from mgpu_migrate.analysis.draws import drawing_transform, numpy_draw
+    from mgpu_migrate.analysis.project import Found as project_found
 
     # Every `return` of it (pytorch-deeplab-xception's make_data_loader returns the same four names in each
     # dataset's branch), and every value the name it returns is given (each branch builds its own loader).
@@ -236,16 +238,35 @@ def returned_loader(
     draw = None
     read = [found for loader in calls for found in _per_batch(module, function, loader, project, path)]
     for owner, definition, where in read:
-        for node in ast.walk(definition):
-            if isinstance(node, ast.Call):
+        for node in _per_sample_nodes(definition):
+            if isinstance(node, ast.Call) and not any(keyword.arg == "generator" for keyword in node.keywords):
                 # A name the module's imports do not bind (numpy through `from utils.dsp import *`): by its spelling.
                 qualified = owner.qualified(node.func) or _SPELLED_DRAW.sub(r"numpy.random.\2", ast.unparse(node.func))
                 # and a transform built there that draws per sample (pytorch_classifiers' RandomResizedCrop)
                 drawn = numpy_draw(qualified) or qualified.startswith(_TORCH_DRAWS) or drawing_transform(qualified)
                 if drawn and (draw is None or node.lineno < int(draw[0].rpartition(":")[2])):
                     draw = (f"{where}:{node.lineno}", ast.unparse(node))
+    for owner, definition, _ in read if project is not None else ():
+        # a draw the dataset's class reaches for each sample: its bases' methods, the project functions they call,
+        # the objects they keep (RAFT's FlowDataset.__getitem__ calling its FlowAugmentor, which draws from numpy)
+        if draw is None and isinstance(definition, ast.ClassDef):
+            seen_from = os.path.dirname(os.path.abspath(project.path))
+            made = project.sample_draw(project_found(owner, definition, seen_from))
+            if made is not None:
+                draw = (f"{os.path.relpath(made.path, seen_from)}:{made.line}", made.call)
     samplers = (keyword.arg for loader in calls for keyword in loader.keywords if keyword.arg in ("sampler", "batch_sampler"))
     return BuiltLoader(f"{path}:{calls[0].lineno}", draw, next(samplers, None), entries)
+
+
+def _per_sample_nodes(definition: ast.AST):
+    """The nodes of a definition that run for each sample: a class's, but those of its ``__init__`` (run once, when
+    the dataset is built); a function's all."""
+    if not isinstance(definition, ast.ClassDef):
+        yield from ast.walk(definition)
+        return
+    for statement in definition.body:
+        if not (isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)) and statement.name == "__init__"):
+            yield from ast.walk(statement)
 
 
 def _per_batch(module, function: ast.FunctionDef, loader: ast.Call, project=None, path: str = "") -> list[tuple]:

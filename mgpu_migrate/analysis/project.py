@@ -137,6 +137,7 @@ class Project:
         self._downloaded: dict[int, Write | None] = {}  # by definition node: its first download
         self._made: dict[int, Made | None] = {}  # by definition node: its first write of what was missing
         self._trained: dict[int, Made | None] = {}  # by function node: where it trains (``trains_through``)
+        self._sample_draws: dict[int, Made | None] = {}  # by class node: its first draw for each sample (``sample_draw``)
         self._methods: dict[str, list[Found]] = {}  # by name: the project's methods of that name
         # A function's copy without the branches a call switches off, kept: the caches above key nodes by id,
         # which a copy that was dropped would hand on to the next object made.
@@ -541,15 +542,44 @@ class Project:
         (WS-DAN's ``np.random.choice(self.M, 2, p=...)`` for each row in training)."""
         return self.in_forward(cls, _global_draw)
 
-    def in_forward(self, cls: Found, finder: Callable[[Found], ast.Call | None], depth: int = 0) -> Made | None:
-        """The first call ``finder`` finds in a module's ``forward`` or in what it calls: its own methods, the
-        project's functions, and the forwards of the project modules ``__init__`` keeps on ``self``, ``_MAX_DEPTH``
-        deep."""
-        forward = self.method(cls, "forward") if isinstance(cls.node, ast.ClassDef) else None
-        if forward is None or depth > _MAX_DEPTH:
+    def in_forward(self, cls: Found, finder: Callable[[Found], ast.Call | None], depth: int = 0, name: str = "forward") -> Made | None:
+        """The first call ``finder`` finds in a module's ``forward`` (or another method: ``name``; an object's
+        ``__call__`` when it has no ``forward``) or in what it calls: its own methods, the project's functions, and
+        the forwards (or calls) of the project objects ``__init__`` keeps on ``self``, ``_MAX_DEPTH`` deep."""
+        if not isinstance(cls.node, ast.ClassDef) or depth > _MAX_DEPTH:
+            return None
+        method = self.method(cls, name) or (self.method(cls, "__call__") if name == "forward" else None)
+        if method is None:
             return None
         kept = self._kept_modules(cls)
-        return self._found_in(forward, kept, finder, depth, set())
+        return self._found_in(method, kept, finder, depth, set())
+
+    def sample_draw(self, cls: Found) -> Made | None:
+        """For a dataset class, the first random draw (numpy's, Python's or torch's global generator) reached from
+        its methods other than ``__init__``, which run for each sample: in them, in the project functions they call
+        (DeepLabv3's ``preprocess(...)`` of its utils, flipping and cropping with ``random``), their own methods, and
+        the project objects ``__init__`` keeps (RAFT's ``self.augmentor = FlowAugmentor(...)``, whose ``__call__``
+        draws from numpy). None when none is reached."""
+        if not isinstance(cls.node, ast.ClassDef):
+            return None
+        return _memoized(self._sample_draws, cls.node, None, lambda: self._in_class_or_bases(cls, self._sample_draw_here))
+
+    def _sample_draw_here(self, cls: Found) -> Made | None:
+        """``sample_draw`` in one class's own methods, with the objects its own ``__init__`` keeps."""
+        if not isinstance(cls.node, ast.ClassDef):
+            return None
+        kept = self._kept_modules(cls)
+        for method in cls.node.body:
+            if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) and method.name != "__init__":
+                made = self._found_in(Found(cls.module, method, cls.seen_from), kept, _any_draw, 0, set())
+                if made is not None:
+                    return made
+        # a method of a base class calls `self.augmentor(...)`, which this class's __init__ keeps
+        for kept_class in kept.values():
+            made = self.in_forward(kept_class, _any_draw, 1)
+            if made is not None:
+                return made
+        return None
 
     def _found_in(
         self, found: Found, kept: dict[str, Found], finder: Callable[[Found], ast.Call | None], depth: int, seen: set[int]
@@ -565,6 +595,12 @@ class Project:
             followed: Found | None = None
             if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self" and func.attr in kept:
                 inner = self.in_forward(kept[func.attr], finder, depth + 1)
+                if inner is not None:
+                    return inner
+                continue
+            held = func.value if isinstance(func, ast.Attribute) else None
+            if isinstance(held, ast.Attribute) and isinstance(held.value, ast.Name) and held.value.id == "self" and held.attr in kept:
+                inner = self.in_forward(kept[held.attr], finder, depth + 1, name=func.attr)  # `self.augmentor.spatial(...)`
                 if inner is not None:
                     return inner
                 continue
@@ -1154,6 +1190,21 @@ def _global_draw(found: Found) -> ast.Call | None:
 
     draws = [call for call in _calls(found.node) if numpy_draw(found.module.qualified(call.func))]
     return min(draws, key=lambda call: (call.lineno, call.col_offset)) if draws else None
+
+
+def _any_draw(found: Found) -> ast.Call | None:
+    """The first draw a definition makes from numpy's, Python's or torch's global generator."""
+    from mgpu_migrate.analysis.draws import numpy_draw
+
+    draws = [
+        call
+        for call in _calls(found.node)
+        if numpy_draw(qualified := found.module.qualified(call.func) or "") or qualified.startswith(_TORCH_GLOBAL_DRAWS)
+    ]
+    return min(draws, key=lambda call: (call.lineno, call.col_offset)) if draws else None
+
+
+_TORCH_GLOBAL_DRAWS = ("torch.rand", "torch.normal", "torch.bernoulli", "torch.multinomial")
 
 
 def _constant_scalar(found: Found, call: ast.Call) -> bool:

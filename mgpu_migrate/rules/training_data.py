@@ -462,7 +462,7 @@ class TrainingData(Rule):
             if project is None:
                 return None, True
             found = self._definition(project, call.func)
-            place = per_sample_draw(found) if found is not None else None
+            place = per_sample_draw(found, project) if found is not None else None
             if place is not None:
                 return f"`{found.name}`, {place}", True
             if found is None:

@@ -137,6 +137,10 @@ CASES = {
         {processes: ["--gpus", ",".join(map(str, range(processes))), "--output", f"out{processes}"] for processes in WORLD_SIZES},
     ),
     "dataset_factory_by_name": ("projects/dataset_factory", "train.py", {processes: ["--by-name"] for processes in WORLD_SIZES}),
+    # DeepLabv3: the dataset's __getitem__ draws its augmentation in utils.preprocess (Python's random); RAFT: the
+    # dataset's base class calls the augmentor it keeps (numpy): each loader split in whole batches
+    "sample_helpers": ("projects/sample_helpers", "train.py", NO_ARGUMENTS),
+    "sample_helpers_kept": ("projects/sample_helpers", "train_flow.py", NO_ARGUMENTS),
     # RAFT: `device_ids=args.gpus` after `RAFT(args)`, whose __init__ writes other attributes of args: the set-up is
     # given them after the parser; per-batch noise over the global batch, a masked sequence loss, metrics by .item()
     "handed_args": (

@@ -1373,7 +1373,18 @@ def test_the_synchronized_batchnorm_package_a_checkout_lacks_is_still_named(tmp_
     assert result.output == trainer.read_text()
 
 
-@pytest.mark.parametrize(("written", "kept"), [("args.corr_levels = 4", True), ("args.gpus = [0]", False), ("setattr(args, 'x', 1)", False)])
+@pytest.mark.parametrize(
+    ("written", "kept"),
+    [
+        ("args.corr_levels = 4", True),
+        ("self.args = args; self.dropout = torch.nn.Dropout(args.dropout); print(self.args.gpus)", True),
+        ("args.gpus = [0]", False),
+        ("setattr(args, 'x', 1)", False),
+        ("args.merge_from_file('x.yaml')", False),  # (yacs: a method of the object may change anything of it)
+        ("self.args = args; self.args.gpus.append(2)", False),
+        ("torch.save(args, 'args.pt')", False),  # (handed whole to a call the project does not show)
+    ],
+)
 def test_gpus_chosen_after_the_options_go_to_a_class_that_writes_other_attributes(tmp_path, written, kept):
     """RAFT's ``train(args)``: ``nn.DataParallel(RAFT(args), device_ids=args.gpus)``, where ``RAFT.__init__`` sets
     ``args.corr_levels`` (another module's class): it cannot change ``args.gpus``, so the set-up is given them
