@@ -574,6 +574,16 @@ class Project:
                 made = self._found_in(Found(cls.module, method, cls.seen_from), kept, _any_draw, 0, set())
                 if made is not None:
                     return made
+        # transforms that draw for each sample they are applied to (torchvision's RandomHorizontalFlip, ColorJitter),
+        # built in the class or in a module-level name it reads (InsightFace-v2's `data_transforms['train']`)
+        from mgpu_migrate.analysis.draws import drawing_transform
+
+        read = {node.id for node in ast.walk(cls.node) if isinstance(node, ast.Name)}
+        built = [*_calls(cls.node), *(call for name in read for value in cls.module.assigned.get(name, []) for call in _calls(value))]
+        transforms = [call for call in built if drawing_transform(cls.module.qualified(call.func) or "")]
+        if transforms:
+            first = min(transforms, key=lambda call: call.lineno)
+            return Made(cls.module.path, first.lineno, ast.unparse(first.func))
         # a method of a base class calls `self.augmentor(...)`, which this class's __init__ keeps
         for kept_class in kept.values():
             made = self.in_forward(kept_class, _any_draw, 1)

@@ -141,6 +141,8 @@ CASES = {
     # dataset's base class calls the augmentor it keeps (numpy): each loader split in whole batches
     "sample_helpers": ("projects/sample_helpers", "train.py", NO_ARGUMENTS),
     "sample_helpers_kept": ("projects/sample_helpers", "train_flow.py", NO_ARGUMENTS),
+    # InsightFace-v2: the dataset of another module applies random transforms built at its module's top
+    "sample_helpers_transforms": ("projects/sample_helpers", "train_faces.py", NO_ARGUMENTS),
     # RAFT: `device_ids=args.gpus` after `RAFT(args)`, whose __init__ writes other attributes of args: the set-up is
     # given them after the parser; per-batch noise over the global batch, a masked sequence loss, metrics by .item()
     "handed_args": (
