@@ -9,6 +9,7 @@ import libcst as cst
 from mgpu_migrate.analysis import names
 from mgpu_migrate.analysis.hand_written import data_parallel_by_hand
 from mgpu_migrate.analysis.project import Project, project_of
+from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import BALANCED, CHECKS, DDP, RUNTIME_STYLE, Example, Review, Rule
 
 PROJECT_DATA_PARALLEL = Review(
@@ -157,6 +158,18 @@ class ProjectWrappers(Rule):
         if qualified in names.MIGRATED_NAMES or canonical in names.MIGRATED_NAMES:
             return False  # a vendored copy the tool recognizes and migrates itself
         if canonical == names.CALLBACK_DATA_PARALLEL and self.analysis.resolve(call.func) == canonical:
+            head = call.func.value if type(call.func) is cst.Name else None
+            origins = self.analysis.bindings.imported.get(head, set()) if head is not None else set()
+            origin = next(iter(origins)) if len(origins) == 1 else None
+            if self.target == BALANCED and origin is not None and project.find(origin) is None:
+                # SPADE's models/networks/sync_batchnorm, a submodule its checkout lacks: nothing here to rebase
+                self.left(
+                    call,
+                    PROJECT_DATA_PARALLEL,
+                    f"`DataParallelWithCallback`'s `{shorten(origin.rpartition('.')[0], 40)}` is not in this checkout: copy "
+                    "the package in, then run the tool again",
+                )
+                return True
             return False  # the Synchronized-BatchNorm package's: a wrap site (MGP101, MGP109), rebased under balanced
         found = project.find(qualified)
         if found is None:

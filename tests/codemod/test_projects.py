@@ -1371,6 +1371,11 @@ def test_the_synchronized_batchnorm_package_a_checkout_lacks_is_still_named(tmp_
     result = migrate_source(trainer.read_text(), "ddp", str(trainer))
     assert "MGP266" in codes(result), result.diagnostics
     assert result.output == trainer.read_text()
+    # under --to balanced the package's class is rebased where it is defined, which the checkout lacks: said too
+    result = migrate_source(trainer.read_text(), "balanced", str(trainer))
+    said = [d.message for d in result.diagnostics if d.code == "MGP280"]
+    assert said and "`models.networks.sync_batchnorm` is not in this checkout" in said[0], result.diagnostics
+    assert result.output == trainer.read_text()
 
 
 @pytest.mark.parametrize(
