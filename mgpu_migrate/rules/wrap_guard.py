@@ -221,6 +221,7 @@ class WrapGuard(Rule):
         dropped = self._dropped_by_rewrite(program.wraps)
         for wrap in program.wraps:
             conditions: list[str] = []  # those it runs under that are not a GPU count, innermost first
+            otherwise: str | None = None  # the wrap's name, when the else of its one condition sets it another way
             for guard, in_else in gpu_guards(self.analysis, wrap):
                 if guard in seen or mentions(guard.test, "world_size"):
                     continue
@@ -233,6 +234,8 @@ class WrapGuard(Rule):
                 if in_else or is_elif or not is_gpu_condition(guard.test):
                     branch = "the else branch of" if in_else else "the elif" if is_elif else "the condition"
                     conditions.append(f"{branch} `{shorten(condition)}`")
+                    if not conditions[1:] and not in_else:
+                        otherwise = self._set_otherwise(guard, wrap)
                     continue
                 switched_off = self._switched_off(guard.test, wrap)
                 if switched_off is not None:
@@ -260,12 +263,30 @@ class WrapGuard(Rule):
             if conditions:
                 # One line for the site, however deep the nesting (95 nested ifs printed 95 lines).
                 more = f" and {len(conditions) - 1} more around it" if len(conditions) > 1 else ""
-                self.left(
-                    wrap,
-                    WRAP_UNDER_OTHER_CONDITION,
-                    f"the wrap runs only under {conditions[0]}{more}: make sure {'they hold' if more else 'it holds'} on "
-                    f"every process (e.g. `... or {MANY_PROCESSES}`)",
-                )
+                if not more and otherwise is not None:
+                    # InsightFace-v2's `if checkpoint is None: ... model = DataParallel(model)` `else: model =
+                    # checkpoint['model']`: a resumed run takes the model another way, which `or world_size() > 1` drops
+                    said = f"the wrap runs only under {conditions[0]}, and its else sets `{otherwise}` another way: make sure every process takes the same branch"
+                    if len(said) > 160:
+                        said = f"the wrap runs only under {conditions[0]}, its else sets `{otherwise}`: every process must take the same branch"
+                else:
+                    said = (
+                        f"the wrap runs only under {conditions[0]}{more}: make sure {'they hold' if more else 'it holds'} on "
+                        f"every process (e.g. `... or {MANY_PROCESSES}`)"
+                    )
+                self.left(wrap, WRAP_UNDER_OTHER_CONDITION, said)
+
+    def _set_otherwise(self, guard: cst.If, wrap: cst.Call) -> str | None:
+        """The name the wrap is assigned to, when the ``else`` of ``guard`` assigns it too (another way to the
+        model: a checkpoint's), else None."""
+        assign = self.analysis.tree.parent(wrap)
+        if type(assign) is not cst.Assign or len(assign.targets) != 1 or type(guard.orelse) is not cst.Else:
+            return None
+        target = self.analysis.code_of(assign.targets[0].target)
+        for node in contains(guard.orelse, lambda n: type(n) is cst.Assign):
+            if any(self.analysis.code_of(t.target) == target for t in node.targets):
+                return shorten(target, 20)
+        return None
 
     def _fallback_of_own_path(self, guard: cst.If) -> bool:
         """``guard`` tests the condition under which the file starts its own distributed path itself

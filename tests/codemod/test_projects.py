@@ -1453,3 +1453,25 @@ def test_a_dim_passed_on_by_a_wrapper_function_is_said_for_what_it_is(tmp_path):
     said = [d.message for d in migrate_source(script.read_text(), "ddp", str(script)).diagnostics if d.code == "MGP201"]
     assert said == ["DataParallel's dim is `dim`, a parameter of `DataParallel()` (0 by default): DDP has no dim to scatter "
                     "along, so not rewritten; pass no dim if it is always 0"], said
+
+
+def test_a_wrap_whose_else_resumes_the_model_is_advised_as_such(tmp_path):
+    """InsightFace-v2: `if checkpoint is None: model = nn.DataParallel(model)` `else: model = checkpoint['model']`.
+    MGP233 advised `... or mgpu_runtime.world_size() > 1`, which would drop a resumed model: it says the else sets the
+    model another way instead."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\nimport torch.nn as nn\n\n\n"
+        "def train(checkpoint, loader):\n"
+        "    if checkpoint is None:\n"
+        "        model = nn.DataParallel(nn.Linear(2, 2))\n"
+        "    else:\n"
+        "        model = torch.load(checkpoint)['model']\n"
+        "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for x in loader:\n"
+        "        model(x).sum().backward()\n"
+        "        optimizer.step()\n"
+    )
+    said = [d.message for d in migrate_source(script.read_text(), "ddp", str(script)).diagnostics if d.code == "MGP233"]
+    assert said == ["the wrap runs only under the condition `checkpoint is None`, and its else sets `model` another way: make "
+                    "sure every process takes the same branch"], said
