@@ -29,6 +29,12 @@ def _tree(directory):
     return sources
 
 
+def _as_in_a_terminal():
+    """In the child, before it runs: Ctrl-C interrupts, as in a terminal, even where the tests were started with it
+    ignored (a shell's background job inherits SIGINT ignored, and Python then installs no KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(directory):
     return subprocess.Popen(
         [*command(), "--to", "ddp", "-j", "2", "."],
@@ -36,6 +42,7 @@ def _start(directory):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,  # its own process group, like a job in a terminal
+        preexec_fn=_as_in_a_terminal,
     )
 
 
@@ -233,7 +240,11 @@ def test_a_worker_killed_in_its_write_leaves_no_temporary_file(tmp_path):
     started = tmp_path / "started"
     (tmp_path / "pool.py").write_text(_STUCK_IN_A_WRITE)
     parent = subprocess.Popen(
-        [sys.executable, "pool.py", str(started), str(tree)], cwd=tmp_path, stderr=subprocess.PIPE, start_new_session=True
+        [sys.executable, "pool.py", str(started), str(tree)],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=_as_in_a_terminal,
     )
     try:
         deadline = time.monotonic() + 60

@@ -77,6 +77,8 @@ def _interrupted_save(path, signal_number):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C interrupts in the child even where the tests run with SIGINT ignored (a shell's background job)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert child.stdout.readline() == "saving\n"
