@@ -594,7 +594,7 @@ def _leaves_alone(analysis: ParsedFile, call: cst.Call, handed: cst.CSTNode, pat
         return False
     if found is None:
         return False
-    arg = next((arg for arg in call.args if arg.value is handed or any(inner is handed for inner in _parts(arg.value))), None)
+    arg = next((arg for arg in call.args if arg.value is handed or any(inner is handed for inner in contains(arg.value, lambda _: True))), None)
     if arg is None or arg.star:
         return False
     keyword = arg.keyword.value if arg.keyword is not None else None
@@ -662,10 +662,6 @@ def _only_reads(project, found, position: Optional[int], keyword: Optional[str],
             if callee is None or not _only_reads(project, callee, index, given_keyword, attribute, depth + 1):
                 return False
     return True
-
-
-def _parts(node: cst.BaseExpression) -> list[cst.CSTNode]:
-    return contains(node, lambda inner: True)
 
 
 def _before_setup(analysis: ParsedFile, node: cst.CSTNode, setup_scope: Scope, anchor: cst.CSTNode, after: bool) -> bool:

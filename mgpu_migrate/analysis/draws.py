@@ -208,7 +208,8 @@ def _counts_rows(node: ast.expr) -> bool:
     return False
 
 
-_TORCH_DRAWS = ("torch.rand", "torch.normal", "torch.bernoulli", "torch.multinomial")
+# Draws from torch's global generator (``torch.randn`` too: the prefix).
+TORCH_DRAWS = ("torch.rand", "torch.normal", "torch.bernoulli", "torch.multinomial")
 
 
 def builder_draw(project: Project, found: Found) -> str | None:
@@ -241,7 +242,7 @@ def _draw_line(definition: Found, node: ast.AST) -> int | None:
     for inner in ast.walk(node):
         if isinstance(inner, ast.Call):
             qualified = definition.module.qualified(inner.func) or ""
-            if numpy_draw(qualified) or qualified.startswith(_TORCH_DRAWS):
+            if numpy_draw(qualified) or qualified.startswith(TORCH_DRAWS):
                 return inner.lineno
     return None
 

@@ -81,7 +81,6 @@ class BuiltLoader:
 
 # Top-level names of what is no module of the project: a builder there is not read.
 _NOT_THE_PROJECT = frozenset({"torch", "torchvision", "mgpu_runtime", "numpy", "builtins", "os", "sys", "math"})
-_TORCH_DRAWS = ("torch.rand", "torch.normal", "torch.bernoulli", "torch.multinomial")
 _SPELLED_DRAW = re.compile(r"^(np|numpy)\.random\.(\w+)$")
 
 
@@ -205,7 +204,7 @@ def returned_loader(
     returns; or the dict of loaders it returns there (``{x: DataLoader(...) for x in phases}``, or a display whose
     every value is one), read through its loaders (``entries``). ``project``: where the classes of other modules
     its datasets are built from are read (``pascal.VOCSegmentation(args, split='train')``)."""
-    from mgpu_migrate.analysis.draws import drawing_transform, numpy_draw
+    from mgpu_migrate.analysis.draws import TORCH_DRAWS, drawing_transform, numpy_draw
     from mgpu_migrate.analysis.project import Found as project_found
 
     # Every `return` of it (pytorch-deeplab-xception's make_data_loader returns the same four names in each
@@ -243,7 +242,7 @@ def returned_loader(
                 # A name the module's imports do not bind (numpy through `from utils.dsp import *`): by its spelling.
                 qualified = owner.qualified(node.func) or _SPELLED_DRAW.sub(r"numpy.random.\2", ast.unparse(node.func))
                 # and a transform built there that draws per sample (pytorch_classifiers' RandomResizedCrop)
-                drawn = numpy_draw(qualified) or qualified.startswith(_TORCH_DRAWS) or drawing_transform(qualified)
+                drawn = numpy_draw(qualified) or qualified.startswith(TORCH_DRAWS) or drawing_transform(qualified)
                 if drawn and (draw is None or node.lineno < int(draw[0].rpartition(":")[2])):
                     draw = (f"{where}:{node.lineno}", ast.unparse(node))
     for owner, definition, _ in read if project is not None else ():

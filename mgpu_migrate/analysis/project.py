@@ -1196,25 +1196,23 @@ def _constant_under_a_condition(found: Found) -> ast.Call | None:
 
 def _global_draw(found: Found) -> ast.Call | None:
     """The first draw a definition makes from numpy's or Python's global generator (``np.random.choice``)."""
-    from mgpu_migrate.analysis.draws import numpy_draw
-
-    draws = [call for call in _calls(found.node) if numpy_draw(found.module.qualified(call.func))]
-    return min(draws, key=lambda call: (call.lineno, call.col_offset)) if draws else None
+    return _first_draw(found, with_torch=False)
 
 
 def _any_draw(found: Found) -> ast.Call | None:
     """The first draw a definition makes from numpy's, Python's or torch's global generator."""
-    from mgpu_migrate.analysis.draws import numpy_draw
+    return _first_draw(found, with_torch=True)
+
+
+def _first_draw(found: Found, with_torch: bool) -> ast.Call | None:
+    from mgpu_migrate.analysis.draws import TORCH_DRAWS, numpy_draw
 
     draws = [
         call
         for call in _calls(found.node)
-        if numpy_draw(qualified := found.module.qualified(call.func) or "") or qualified.startswith(_TORCH_GLOBAL_DRAWS)
+        if numpy_draw(qualified := found.module.qualified(call.func) or "") or (with_torch and qualified.startswith(TORCH_DRAWS))
     ]
     return min(draws, key=lambda call: (call.lineno, call.col_offset)) if draws else None
-
-
-_TORCH_GLOBAL_DRAWS = ("torch.rand", "torch.normal", "torch.bernoulli", "torch.multinomial")
 
 
 def _constant_scalar(found: Found, call: ast.Call) -> bool:
