@@ -29,7 +29,7 @@ from mgpu_migrate.analysis import FileAnalysis, names
 from mgpu_migrate.analysis.devices import argument_given, device_ids, every_visible, what_they_are, why_unknown
 from mgpu_migrate.analysis.entrypoint import RUNTIME_SETUP, is_main_guard
 from mgpu_migrate.analysis.models import RUNTIME, SUBCLASS
-from mgpu_migrate.analysis.own_path import Fallback, fallback_builders
+from mgpu_migrate.analysis.own_path import Fallback, chosen_by_launcher, fallback_builders
 from mgpu_migrate.analysis.rebased import rebased_classes
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.analysis.writers import LOGGING_METHODS
@@ -54,6 +54,8 @@ _EXISTING_DISTRIBUTED = {
 }
 # What starts a script's own processes from inside it (torch.multiprocessing's ``spawn``, as ``mp.spawn``).
 SPAWNS = frozenset({"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes", "torch.multiprocessing.spawn.spawn"})
+# What joins a script's own process group (the own path an option chooses, with no start of its own).
+_JOINS = frozenset({"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"})
 _RUNTIME_MODULE = "mgpu_runtime"
 # Calls that print or log: what runs before a set-up placed late runs in the process it relaunches too.
 _SAYING = frozenset({"print", "builtins.print", "pprint.pprint"})
@@ -339,19 +341,32 @@ def _beside(
     analysis: FileAnalysis, existing: tuple[cst.Call, ...], wraps: Collection[cst.Call]
 ) -> tuple[cst.If | None, str | None]:
     spawns = [call for call in existing if analysis.resolve(call.func) in SPAWNS]
-    if len(spawns) != 1:
+    joins = [call for call in existing if analysis.resolve(call.func) in _JOINS]
+    if len(spawns) == 1:
+        start = spawns[0]
+    elif not spawns and len(joins) == 1 and not chosen_by_launcher(analysis):
+        # No start of its own: an option chooses the path (``--world-size 2 --rank r``, each process launched by
+        # hand), which joins its group under an ``if``; a plain start (the option's default) runs the fallback, and
+        # so does every process the set-up relaunches, with the same command line (none reads a launcher's variable).
+        start = joins[0]
+    else:
         return None, None
-    guard = next(iter(analysis.tree.enclosing_ifs(spawns[0])), None)
+    guard = next(iter(analysis.tree.enclosing_ifs(start)), None)
     if guard is None:
-        return None, "it starts whatever the options"
-    if guard[1] or type(guard[0]) is not cst.If or type(guard[0].orelse) is not cst.Else:
+        return None, "it starts whatever the options" if spawns else None
+    if guard[1] or type(guard[0]) is not cst.If:
         return None, "no `else` of that `if` runs the fallback"
     starting = guard[0]
+    if spawns:
+        if type(starting.orelse) is not cst.Else:
+            return None, "no `else` of that `if` runs the fallback"
+    elif starting.orelse is not None:
+        return None, "its `if` has another branch"
     holder = next((a for a in analysis.tree.ancestors(starting) if type(a) in (cst.FunctionDef, cst.ClassDef, cst.Lambda)), None)
     if holder is not None:
-        # The set-up goes in the else of the `if` that starts it, which must run when the module does (SimCLR's).
-        name = holder.name.value if type(holder) is cst.FunctionDef or type(holder) is cst.ClassDef else "lambda"
-        return None, f"its `if` is in `{name}()`, not at the top"
+        why = _run_from_the_top(analysis, starting, holder)
+        if why is not None:
+            return None, why
     for call in existing:
         if not on_own_path(analysis, starting, call):
             line, _ = analysis.position(call)
@@ -360,18 +375,56 @@ def _beside(
         if on_own_path(analysis, starting, wrap):
             line, _ = analysis.position(wrap)
             return None, f"the wrap (line {line}) runs under it"
-    said = _says_before(analysis, starting)
+    # A set-up placed after the ``if`` that joins the own path says what printed before it (MGP337); one in the
+    # ``else`` of a start could not say it there.
+    said = _says_before(analysis, starting) if spawns else None
+    if said is None and holder is not None:
+        said = _says_before_call(analysis, cast(cst.FunctionDef, holder))
     if said is not None:
         line, _ = analysis.position(said)
         return None, f"line {line} prints before it"
     return starting, None
 
 
+def _run_from_the_top(analysis: FileAnalysis, starting: cst.If, holder: cst.CSTNode) -> str | None:
+    """Why the set-up beside the own path could not go in ``holder``, the function whose body holds ``starting``
+    (mobilenetv2's and semseg's ``main()``); None when it can: a function of the module's top, called once in the
+    file, by a statement of its own in the main block (or at the top), so that every process the set-up
+    relaunches runs it again to the same place."""
+    name = holder.name.value if type(holder) is cst.FunctionDef or type(holder) is cst.ClassDef else "lambda"
+    if type(holder) is not cst.FunctionDef or holder not in analysis.module.body:
+        return f"its `if` is in `{name}()`, not at the top"
+    if type(holder.body) is not cst.IndentedBlock or starting not in holder.body.body:
+        return f"its `if` is inside another statement of `{name}()`"
+    calls = [call for call in analysis.calls if type(call.func) is cst.Name and call.func.value == name]
+    statements = _module_statements(analysis)
+    if len(calls) != 1 or not any(
+        type(statement) is cst.SimpleStatementLine and contains(statement, lambda node: node is calls[0]) for statement in statements
+    ):
+        return f"`{name}()` is not called once from the top"
+    return None
+
+
+def _says_before_call(analysis: FileAnalysis, holder: cst.FunctionDef) -> cst.Call | None:
+    """The first call that prints or logs in the statements of the module's top and main block that run before the
+    one calling ``holder`` (``_run_from_the_top``)."""
+    for statement in _module_statements(analysis):
+        if any(type(call.func) is cst.Name and call.func.value == holder.name.value for call in contains(statement, lambda node: type(node) is cst.Call)):
+            return None
+        for call in contains(statement, lambda node: type(node) is cst.Call):
+            if _says(analysis, call):
+                return call
+    return None
+
+
 def on_own_path(analysis: FileAnalysis, starting: cst.If, node: cst.CSTNode) -> bool:
     """Whether ``node`` runs only under the condition that starts the own path (``started_beside``): inside the
     branch of an ``if`` with the same condition (the ``if`` that starts it included)."""
     condition = analysis.code_of(starting.test)
-    return any(not orelse and analysis.code_of(found.test) == condition for found, orelse in analysis.tree.enclosing_ifs(node))
+    negated = f"not {condition}"
+    return any(
+        analysis.code_of(found.test) == (negated if orelse else condition) for found, orelse in analysis.tree.enclosing_ifs(node)
+    )
 
 
 def runtime_before(analysis: FileAnalysis, starting: cst.If, edits: Edits) -> cst.CSTNode | None:
@@ -400,9 +453,12 @@ def runtime_before(analysis: FileAnalysis, starting: cst.If, edits: Edits) -> cs
         except Exception:  # noqa: BLE001 -- a replacement written for the node its children's edits made: taken as calling it
             return True
 
+    # The function whose body holds ``starting`` (``_run_from_the_top``): its statements before it run first too.
+    own = next((a for a in analysis.tree.ancestors(starting) if type(a) in (cst.FunctionDef, cst.ClassDef, cst.Lambda)), None)
+
     def early_node(node: cst.CSTNode) -> bool:
         holder = next((a for a in analysis.tree.ancestors(node) if type(a) in (cst.FunctionDef, cst.ClassDef, cst.Lambda)), None)
-        if holder is None:
+        if holder is None or holder is own:
             return analysis.position(node)[0] < line
         return type(holder) is cst.FunctionDef and holder.name.value in called
 
@@ -439,11 +495,16 @@ def _says_before(analysis: FileAnalysis, starting: cst.If) -> cst.Call | None:
         if statement is starting:
             return None
         for call in contains(statement, lambda node: type(node) is cst.Call):
-            resolved = analysis.resolve(call.func)
-            named = call.func.value if type(call.func) is cst.Name else None
-            if resolved in _SAYING or named in _SAYING or (type(call.func) is cst.Attribute and call.func.attr.value in _SAYING_METHODS):
+            if _says(analysis, call):
                 return call
     return None
+
+
+def _says(analysis: FileAnalysis, call: cst.Call) -> bool:
+    """Whether ``call`` prints or logs."""
+    resolved = analysis.resolve(call.func)
+    named = call.func.value if type(call.func) is cst.Name else None
+    return resolved in _SAYING or named in _SAYING or (type(call.func) is cst.Attribute and call.func.attr.value in _SAYING_METHODS)
 
 
 def settle(program: Program, edits: Edits) -> None:

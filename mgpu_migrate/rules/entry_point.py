@@ -13,12 +13,13 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis.entrypoint import EntryPoint, parses_arguments, script_start
+from mgpu_migrate.analysis.guards import main_process_blocks
 from mgpu_migrate.analysis.held import set_up_where_chosen
 from mgpu_migrate.analysis.own_path import own_path_batch, own_path_launch, own_path_refusal
 from mgpu_migrate.analysis.project import importers_through_packages, project_of
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.program import SETUP, SPAWNS
+from mgpu_migrate.program import SETUP, SPAWNS, on_own_path
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, TORCH_STYLE, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_call
 from mgpu_migrate.started import is_script, trained_apart
@@ -69,7 +70,10 @@ EXISTING_DISTRIBUTED_SETUP = Review(
         "itself under a condition (`mp.spawn` under `if args.nodes > 1:`, `else` the fallback) migrates its fallback "
         "beside it (MGP120) unless the message says why not: a call of its own path under another condition, a "
         "print before that `if` (the set-up in its `else` would relaunch after it), or a call of the runtime the "
-        "migration would make before it."
+        "migration would make before it. So does a file whose own path an option chooses and which only joins its "
+        "group under an `if` (`if args.distributed: dist.init_process_group(...)` with `--world-size`, each process "
+        "launched by hand), where the file reads no launcher's variable: the set-up goes after that `if`. That "
+        "`if` may be in a function the main block calls once."
     ),
     todo=(
         "Launch the file's own distributed path with the command in the message (B: the batch the fallback was "
@@ -155,7 +159,16 @@ class EntryPointSetup(Rule):
     (so the main block before the ``if`` must print nothing, and no call of the runtime may run there), and
     ``mgpu_runtime.leave_to_own_path()`` right before the spawn makes the runtime stand aside in that path's
     processes, where the migrated wrap is the original's DataParallel. No rewrite touches a site under that
-    condition (and the fallback's ``dist.is_initialized()`` asks for the script's own group, MGP142).
+    condition (and the fallback's ``dist.is_initialized()`` asks for the script's own group, MGP142). The same
+    holds where an option chooses the own path and the file only joins its group under an ``if`` (pytorch/examples'
+    ImageNet trainer, mobilenetv2: ``args.distributed = args.world_size > 1``, ``if args.distributed:
+    dist.init_process_group(...)``, each process launched by hand), when no launcher's variable is read anywhere
+    in the file (every relaunched process then takes the fallback again): ``leave_to_own_path()`` goes before the
+    join and the set-up right after that ``if`` (what printed before it is said, MGP337). That ``if`` may be in a
+    function the main block calls once (``main()``). Beside an own path, the script's own tests of its main
+    process (``if not args.distributed or args.rank == 0:``, ``if main_process():``) hold on every process of
+    the fallback, whose rank variables stay the original's: each gains ``and mgpu_runtime.is_main_process()``,
+    True on the own path.
 
     A script with a main block and no DataParallel of its own that imports a module of the project whose
     migration makes it a distributed program with no entry point of its own (ncsn's ``main.py``, whose
@@ -629,22 +642,51 @@ class EntryPointSetup(Rule):
     def _set_up_beside(self, starting: cst.If) -> None:
         """The set-up in the ``else`` of the ``if`` that starts the file's own distributed path (``Program.beside``),
         and ``leave_to_own_path()`` right before that path's start: its processes run it as the original did."""
-        assert type(starting.orelse) is cst.Else and type(starting.orelse.body) is cst.IndentedBlock
-        first = starting.orelse.body.body[0]
-        spawn = next(call for call in self.program.existing if self.analysis.resolve(call.func) in SPAWNS)
-        started = self.analysis.tree.statement(spawn)
-        if not self.rewrite_allowed(first) or started is None:
-            return
         condition = shorten(self.analysis.code_of(starting.test), 28)
-        self._set_up(EntryPoint(first, False, f"where the file does not start its own distributed path (`else` of `{condition}`)"))
+        spawn = next((call for call in self.program.existing if self.analysis.resolve(call.func) in SPAWNS), None)
+        if spawn is None:
+            # An option chooses the own path, which joins its group in ``starting`` (no start of its own): the set-up
+            # goes after that ``if``, and stands aside in the own path's processes (leave_to_own_path before the join).
+            join = next(call for call in self.program.existing if on_own_path(self.analysis, starting, call))
+            started = self.analysis.tree.statement(join)
+            if not self.rewrite_allowed(starting, self.CODE) or started is None:
+                return
+            entry = EntryPoint(starting, True, f"after the own distributed path's `if {condition}:` (it stands aside there)")
+        else:
+            assert type(starting.orelse) is cst.Else and type(starting.orelse.body) is cst.IndentedBlock
+            first = starting.orelse.body.body[0]
+            started = self.analysis.tree.statement(spawn)
+            if not self.rewrite_allowed(first) or started is None:
+                return
+            entry = EntryPoint(first, False, f"where the file does not start its own distributed path (`else` of `{condition}`)")
+        self._set_up(entry)
+        self._main_process_of_the_fallback()
         leave = cst.SimpleStatementLine([cst.Expr(runtime_call("leave_to_own_path"))])
         self.edits.insert_before(started, leave)
         own, _ = self.analysis.position(self.program.existing[0])
         self.rewrote(
             started,
-            f"{RUNTIME}.leave_to_own_path() inserted: the own distributed path (line {own}) that the file starts here "
-            "stays its own, as it was",
+            f"{RUNTIME}.leave_to_own_path() inserted: the own distributed path (line {own}) that the file "
+            f"{'starts' if spawn is not None else 'joins'} here stays its own, as it was",
         )
+
+    def _main_process_of_the_fallback(self) -> None:
+        """Beside an own path, the script's tests of its own main process (``if args.rank == 0:``, pytorch/examples'
+        ``not args.multiprocessing_distributed or args.rank % ngpus_per_node == 0``, semseg's ``main_process()``)
+        hold on every process of the runtime's job, whose fallback keeps the original's rank variables: each gains
+        ``and mgpu_runtime.is_main_process()``, which the own path's processes answer True (the runtime stands
+        aside there), so that path's test is its own, as it was."""
+        for guard in main_process_blocks(self.analysis):
+            test = guard.test
+            code = self.analysis.code_of(test)
+            if f"{RUNTIME}." in code or not self.rewrite_allowed(test):
+                continue
+            self.edits.replace(test, lambda test: cst.BooleanOperation(_grouped(test), cst.And(), runtime_call("is_main_process")))
+            self.rewrote(
+                test,
+                f"`{shorten(code, 40)}` holds on every process of the fallback: and {RUNTIME}.is_main_process() added "
+                "(True on the own path)",
+            )
 
     def _leave_to_own_path(self, site: cst.CSTNode) -> None:
         """MGP231 at ``site``: the file's own distributed path stays to be launched, with the command that runs it
@@ -660,6 +702,8 @@ class EntryPointSetup(Rule):
             message = f"own distributed path (line {line}), DataParallel fallback left: launch that path with `{command}`"
         elif self._own_start():
             message = f"own distributed path (line {line}), DataParallel fallback left: the file starts it{self._own_start()}"
+        elif self.program.beside_refused:
+            message = f"own distributed path (line {line}), DataParallel fallback left: the file joins it, and {self.program.beside_refused}"
         else:
             message = (
                 f"this file sets up distributed training itself (line {line}): its DataParallel fallback is left; "
@@ -749,6 +793,8 @@ class EntryPointSetup(Rule):
         qualified = self.analysis.resolve(call.func) or ""
         if qualified == "builtins.print" or (type(call.func) is cst.Name and call.func.value == "print"):
             return "prints"
+        if qualified == "warnings.warn":
+            return "warns"
         if qualified == "logging.basicConfig" and any(arg.keyword is not None and arg.keyword.value == "filename" for arg in call.args):
             return "opens a log file"
         if type(call.func) is cst.Name and call.func.value in self.analysis.bindings.local and depth < 3:
@@ -900,3 +946,10 @@ class TorchSetup(EntryPointSetup):
         )
         if last is not None and not ends:
             self.edits.insert_after(last, statement(_TEAR_DOWN))
+
+
+def _grouped(test: cst.BaseExpression) -> cst.BaseExpression:
+    """``test`` as the left operand of an ``and``: an ``or``, a conditional or a lambda in parentheses."""
+    if type(test) in (cst.BooleanOperation, cst.IfExp, cst.Lambda, cst.NamedExpr) and not test.lpar:
+        return test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return test

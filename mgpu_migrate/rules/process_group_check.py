@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import ast
-from typing import Optional
+from typing import Iterator, Optional
 
-from mgpu_migrate.analysis.project import ProjectModule, project_of
+import libcst as cst
+
+from mgpu_migrate.analysis.project import Found, ProjectModule, project_of
+from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_call
@@ -127,15 +130,10 @@ class ProcessGroupCheck(Rule):
         if project is None:
             return
         for call in self.analysis.calls:
-            qualified = self.analysis.resolve(call.func)
-            if not qualified or "." not in qualified or qualified.startswith(("torch.", RUNTIME)):
-                continue
-            found = project.find(qualified)
-            if found is None or found.module.path == self.analysis.path:
-                continue
-            line = _asks(found.module, found.node, _DEPTH)
-            if line is None:
-                continue
+            asked = ((found, _asks(found.module, found.node, _DEPTH)) for found in self._helpers(project, call))
+            found, line = next(((found, line) for found, line in asked if line is not None), (None, None))
+            if found is None or line is None or not self.rewrite_allowed(call, HELPER_ASKS_PROCESS_GROUP):
+                continue  # (a call on the own path that the file starts or joins beside its fallback is its own)
             where = f"{found.where.rsplit(':', 1)[0]}:{line}"
             self.left(
                 call,
@@ -143,6 +141,34 @@ class ProcessGroupCheck(Rule):
                 f"`{shorten(self.analysis.code_of(call.func), 30)}` asks `dist.is_initialized()` ({where}): True in the "
                 f"migrated program (the runtime's group); ask {RUNTIME}.is_initialized() there",
             )
+
+
+    def _helpers(self, project, call: cst.Call) -> Iterator[Found]:
+        """The functions of other modules of the project that ``call`` calls: by the name it imports, or through a
+        variable its function assigns them to (mobilenetv2's ``get_train_loader = get_pytorch_train_loader`` in
+        one branch of a backend option, the call after)."""
+        for func in [call.func, *self._aliased(call)]:
+            qualified = self.analysis.resolve(func)
+            if not qualified or "." not in qualified or qualified.startswith(("torch.", RUNTIME)):
+                continue
+            found = project.find(qualified)
+            if found is not None and found.module.path != self.analysis.path:
+                yield found
+
+    def _aliased(self, call: cst.Call) -> list[cst.BaseExpression]:
+        """The names assigned to the variable ``call`` calls, in its function (``name = other``)."""
+        if type(call.func) is not cst.Name:
+            return []
+        holder = self.analysis.tree.function(call)
+        if holder is None:
+            return []
+        name = call.func.value
+        return [
+            assign.value
+            for assign in contains(holder.body, lambda node: type(node) is cst.Assign)
+            if type(assign.value) in (cst.Name, cst.Attribute)
+            and any(type(target.target) is cst.Name and target.target.value == name for target in assign.targets)
+        ]
 
 
 def _asks(module: ProjectModule, node: ast.AST, depth: int) -> Optional[int]:

@@ -227,7 +227,7 @@ class WrapGuard(Rule):
                     continue
                 if self._wraps_either_way(guard, program.wraps):
                     continue  # `if vgg: model.features = DataParallel(...)` `else: model = DataParallel(model)`
-                if in_else and self._fallback_of_own_path(guard):
+                if self._fallback_of_own_path(guard, in_else):
                     continue  # `if args.nodes > 1: DDP(...)` `else: DataParallel(...)`: the runtime's processes take it
                 is_elif = type(self.analysis.tree.parent(guard)) is cst.If
                 condition = self.analysis.code_of(guard.test)
@@ -288,11 +288,15 @@ class WrapGuard(Rule):
                 return shorten(target, 20)
         return None
 
-    def _fallback_of_own_path(self, guard: cst.If) -> bool:
-        """``guard`` tests the condition under which the file starts its own distributed path itself
-        (``Program.beside``): the runtime's processes, set up where it does not, never meet it."""
+    def _fallback_of_own_path(self, guard: cst.If, in_else: bool) -> bool:
+        """The wrap is in the ``else`` of ``guard``, which tests the condition under which the file starts or joins
+        its own distributed path (``Program.beside``), or in the body of its negation (``if not args.distributed:``):
+        the runtime's processes, set up where that path does not run, always take the wrap."""
         beside = self.program.beside
-        return beside is not None and self.analysis.code_of(guard.test) == self.analysis.code_of(beside.test)
+        if beside is None:
+            return False
+        condition = self.analysis.code_of(beside.test)
+        return self.analysis.code_of(guard.test) == (condition if in_else else f"not {condition}")
 
     def _wraps_either_way(self, guard: cst.If | cst.IfExp, wraps: tuple[cst.Call, ...]) -> bool:
         """Whether both branches of an ``if``/``else`` wrap: whichever the condition takes, the process wraps."""

@@ -119,6 +119,10 @@ CASES = {
     # SimCLR: an own path the script starts itself across nodes (mp.spawn under `if args.nodes > 1:`) beside its
     # DataParallel fallback, which migrates, set up in that `if`'s `else`; a contrastive loss over the whole batch.
     "spawned_own_path": ("projects/spawned_own_path", "train.py", NO_ARGUMENTS),
+    # mobilenetv2.pytorch / pytorch/examples' ImageNet trainer: an option chooses the own path (`--world-size 2 --rank
+    # r`, each process launched by hand), which joins its group under `if args.distributed:`; the fallback migrates,
+    # set up after that `if`, and its `not args.distributed or args.rank == 0` save is the main process's.
+    "option_own_path": ("projects/option_own_path", "train.py", NO_ARGUMENTS),
     # CMC: a model class keeps its own wrap (`self.encoder = nn.DataParallel(...)` in models/encoder.py); the script
     # that builds it trains it (its loader split there, the set-up and the save its own), with a loss over the batch.
     "built_holder": ("projects/built_holder", "train.py", NO_ARGUMENTS),
@@ -549,6 +553,65 @@ def test_a_plain_start_of_the_fallback_beside_a_spawned_own_path_trains_as_the_o
     assert before and before.keys() == after.keys()
     apart = max((before[name] - after[name]).abs().max().item() for name in before)
     assert apart <= TOLERANCE, f"spawned_own_path started plainly at 2: {apart:.3g} apart"
+
+
+def _option_copies(tmp_path: Path) -> None:
+    source = FIXTURES / "projects" / "option_own_path"
+    for name, suffix in (("original", ""), ("migrated", ".ddp")):
+        (tmp_path / name).mkdir()
+        shutil.copy(source / "pyproject.toml", tmp_path / name)
+        for module in ("train", "loaders"):
+            migrated = source / f"{module}{suffix}.py"
+            (tmp_path / name / f"{module}.py").write_text((migrated if migrated.exists() else source / f"{module}.py").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("project_shapes_e2e")
+def test_the_own_path_an_option_chooses_stays_its_own(tmp_path):
+    """option_own_path's own path, each of its two processes launched by hand (`--world-size 2 --rank r`, gloo),
+    from the original and from its migration: the runtime stands aside there (leave_to_own_path before the join, the
+    set-up after it a job of one plain process), so both print the same lines and rank 0 saves the same weights,
+    bit for bit, and rank 1 none."""
+    _option_copies(tmp_path)
+    environment = _environment()
+    for name in ("original", "migrated"):
+        port = str(_free_port())
+        ranks = [
+            subprocess.Popen(
+                [sys.executable, "train.py", "--world-size", "2", "--rank", str(rank), "--dist-url", f"tcp://127.0.0.1:{port}"],
+                cwd=tmp_path / name, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                env={**environment, "FIXTURE_OUTPUT": str(tmp_path / f"{name}{rank}.pt")},
+            )
+            for rank in (0, 1)
+        ]
+        outputs = [rank.communicate(timeout=TIMEOUT_S)[0] for rank in ranks]
+        assert all(rank.returncode == 0 for rank in ranks), "\n".join(output[-3000:] for output in outputs)
+        (tmp_path / f"{name}.out").write_text(outputs[0])
+    original, migrated = ((tmp_path / f"{name}.out").read_text().splitlines() for name in ("original", "migrated"))
+    assert [line for line in original if line.startswith(("step", "epoch"))] == [
+        line for line in migrated if line.startswith(("step", "epoch"))
+    ] and original
+    before = torch.load(tmp_path / "original0.pt")
+    after = torch.load(tmp_path / "migrated0.pt")
+    assert list(before) == list(after) and all(torch.equal(before[key], after[key]) for key in before)
+    assert not (tmp_path / "original1.pt").exists() and not (tmp_path / "migrated1.pt").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("project_shapes_e2e")
+def test_a_plain_start_of_the_fallback_beside_an_option_chosen_own_path_trains_as_the_original(tmp_path):
+    """The migrated option_own_path started as ``python train.py`` with MGPU_NPROC=3: the set-up after ``if
+    args.distributed:`` relaunches it as 3 processes, each of which takes the fallback again (the same command line);
+    against the original under DataParallel emulated on 3 devices, the weights and the printed lines, each once."""
+    _option_copies(tmp_path)
+    original, migrated = _plain_starts(tmp_path, 3, [])
+    lines = [line for line in original.stdout.splitlines() if line.startswith(("step", "epoch"))]
+    assert lines and [line for line in migrated.stdout.splitlines() if line.startswith(("step", "epoch"))] == lines
+    before = dict(_tensors(torch.load(tmp_path / "original.pt", map_location="cpu")))
+    after = dict(_tensors(torch.load(tmp_path / "migrated.pt", map_location="cpu")))
+    assert before and before.keys() == after.keys()
+    apart = max((before[name] - after[name]).abs().max().item() for name in before)
+    assert apart <= TOLERANCE, f"option_own_path started plainly at 3: {apart:.3g} apart"
 
 
 @pytest.mark.slow

@@ -1418,8 +1418,9 @@ def test_gpus_chosen_after_the_options_go_to_a_class_that_writes_other_attribute
 
 def test_an_own_path_spawned_inside_main_says_why_its_fallback_is_left(tmp_path):
     """semseg's and pytorch/examples' ``def main(): if args.multiprocessing_distributed: mp.spawn(...) else:
-    main_worker(...)``: the fallback is not migrated beside the own path (its set-up would go in an ``else`` that runs
-    at the top of the script, SimCLR's shape); MGP231 said so with its condition cut off and no reason."""
+    main_worker(...)``, where nothing calls ``main()`` once from the main block: the fallback is not migrated beside
+    the own path (its set-up would go in that ``else``, which every relaunched process must reach first); MGP231
+    said so with its condition cut off and no reason."""
     script = tmp_path / "train.py"
     script.write_text(
         "import torch\nimport torch.multiprocessing as mp\nimport torch.distributed as dist\n\n\n"
@@ -1439,7 +1440,41 @@ def test_an_own_path_spawned_inside_main_says_why_its_fallback_is_left(tmp_path)
     )
     result = migrate_source(script.read_text(), "ddp", str(script))
     said = [d.message for d in result.diagnostics if d.code == "MGP231"]
-    assert said and said[0].endswith("and its `if` is in `main()`, not at the top") and len(said[0]) <= 160, said
+    assert said and said[0].endswith("and `main()` is not called once from the top") and len(said[0]) <= 160, said
+
+
+def test_an_own_path_spawned_inside_a_main_called_once_migrates_its_fallback_beside_it(tmp_path):
+    """The same, with ``main(args)`` called once by the main block: every relaunched process reaches its ``else``
+    first, so the fallback migrates there (the set-up first in that ``else``, ``leave_to_own_path()`` before the
+    spawn), and the own path's calls stay as they are."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import argparse\nimport torch\nimport torch.multiprocessing as mp\nimport torch.distributed as dist\n\n\n"
+        "def main_worker(gpu, args):\n"
+        "    if args.multiprocessing_distributed:\n"
+        "        dist.init_process_group('nccl')\n"
+        "        model = torch.nn.parallel.DistributedDataParallel(net)\n"
+        "    else:\n"
+        "        model = torch.nn.DataParallel(net)\n"
+        "    for x in torch.utils.data.DataLoader(data, batch_size=4):\n"
+        "        model(x).sum().backward()\n\n\n"
+        "def main(args):\n"
+        "    if args.multiprocessing_distributed:\n"
+        "        mp.spawn(main_worker, nprocs=4, args=(args,))\n"
+        "    else:\n"
+        "        main_worker(0, args)\n\n\n"
+        "if __name__ == '__main__':\n"
+        "    parser = argparse.ArgumentParser()\n"
+        "    parser.add_argument('--multiprocessing-distributed', action='store_true')\n"
+        "    main(parser.parse_args())\n"
+    )
+    result = migrate_source(script.read_text(), "ddp", str(script))
+    assert not [d for d in result.diagnostics if d.code == "MGP231"], result.diagnostics
+    code = result.output
+    assert "        mgpu_runtime.leave_to_own_path()\n        mp.spawn(" in code, code
+    assert "    else:\n        mgpu_runtime.setup()\n        main_worker(0, args)" in code, code
+    assert "model = torch.nn.parallel.DistributedDataParallel(net)" in code and "mgpu_runtime.DistributedDataParallel(net)" in code
+    assert "dist.init_process_group('nccl')" in code
 
 
 def test_a_dim_passed_on_by_a_wrapper_function_is_said_for_what_it_is(tmp_path):
