@@ -27,7 +27,7 @@ import libcst as cst
 from mgpu_migrate import files
 from mgpu_migrate.analysis import FileAnalysis, names
 from mgpu_migrate.analysis.devices import argument_given, device_ids, every_visible, what_they_are, why_unknown
-from mgpu_migrate.analysis.entrypoint import RUNTIME_SETUP, is_main_guard
+from mgpu_migrate.analysis.entrypoint import RUNTIME_SETUP, is_main_guard, one_process_otherwise
 from mgpu_migrate.analysis.models import RUNTIME, SUBCLASS
 from mgpu_migrate.analysis.own_path import Fallback, chosen_by_launcher, fallback_builders
 from mgpu_migrate.analysis.rebased import rebased_classes
@@ -415,6 +415,17 @@ def _says_before_call(analysis: FileAnalysis, holder: cst.FunctionDef) -> cst.Ca
             if _says(analysis, call):
                 return call
     return None
+
+
+def one_process_branch(analysis: FileAnalysis, program: Program) -> cst.If | None:
+    """The ``if`` of every wrap whose ``else`` runs without one, when the set-up at the file's entry point relaunches
+    only under its test and the ``else`` stays one process (``analysis.entrypoint.one_process_otherwise``; DeepLabv3's
+    evaluation on ``--gpu``): that branch is the original's one process, whose GPU choice stays its own. None
+    otherwise (a file with a distributed path of its own, set up already, or with no entry point of its own)."""
+    entry = analysis.entry_point
+    if not program.migrates or program.existing or program.already_set_up or entry is None or entry.when is not None:
+        return None
+    return one_process_otherwise(analysis, program.wraps, entry.anchor)
 
 
 def on_own_path(analysis: FileAnalysis, starting: cst.If, node: cst.CSTNode) -> bool:

@@ -677,3 +677,68 @@ def script_start(analysis: ParsedFile) -> Optional[EntryPoint]:
     if main_block(analysis.module) is not None or _main_without_block(analysis) is not None:
         return None
     return _after_imports(analysis)
+
+
+def one_process_otherwise(analysis: ParsedFile, wraps: Sequence[cst.Call], anchor: cst.CSTNode) -> Optional[cst.If]:
+    """The ``if`` under which every wrap runs, whose ``else`` runs without one (DeepLabv3's ``if args.train:`` ...
+    ``else:`` an evaluation on the one GPU ``--gpu`` names), when the set-up at ``anchor`` (the module's top or its
+    main block) can read its test: a module name or an attribute of one (``args.train``), bound at the top before
+    ``anchor`` and not bound in the function holding the ``if``. The set-up then relaunches only when that test
+    holds, and the ``else`` runs as one process, as it did (``setup(processes=1)``). None otherwise."""
+    if not wraps or analysis.tree.function(anchor) is not None:
+        return None
+    guards = [next(iter(analysis.tree.enclosing_ifs(wrap)), None) for wrap in wraps]
+    first = guards[0]
+    if first is None or first[1] or type(first[0]) is not cst.If or type(first[0].orelse) is not cst.Else:
+        return None
+    guard = first[0]
+    if any(found is None or found[0] is not guard or found[1] for found in guards):
+        return None
+    root = guard.test
+    while type(root) is cst.Attribute:
+        root = root.value
+    if type(root) is not cst.Name or type(guard.test) not in (cst.Name, cst.Attribute):
+        return None
+    name = root.value
+    holder = analysis.tree.function(guard)
+    if holder is not None and (
+        any(param.name.value == name for param in holder.params.params)
+        or any(_binds_name(statement, name) for statement in contains(holder.body, lambda node: type(node) in (cst.Assign, cst.For, cst.With)))
+    ):
+        return None
+    line = analysis.position(anchor)[0]
+    bound = [
+        statement
+        for statement in analysis.module.body
+        if type(statement) is cst.SimpleStatementLine and analysis.position(statement)[0] < line and _binds_name(statement, name)
+    ]
+    if not bound:
+        return None
+    # What runs before the set-up must not call the runtime (a rule's rewrite of a module-level write, a clock's
+    # name: it would set up, relaunching, before the test is read): it only imports, parses and computes.
+    block = main_block(analysis.module)
+    statements = [s for s in analysis.module.body if s is not block] + (list(block.body.body) if block is not None and type(block.body) is cst.IndentedBlock else [])
+    for statement in statements:
+        if statement is anchor or analysis.position(statement)[0] >= line:
+            continue
+        if type(statement) in (cst.FunctionDef, cst.ClassDef) or _is_docstring(statement) or _is_import(statement):
+            continue
+        if not (parses_arguments(analysis, statement) or only_computes_or_refuses(analysis, statement)):
+            return None
+    return guard
+
+
+def _binds_name(node: cst.CSTNode, name: str) -> bool:
+    """Whether ``node`` (a statement, an assignment, a loop, a ``with``) assigns ``name`` itself."""
+    targets: list[cst.BaseExpression] = []
+    for found in contains(node, lambda inner: type(inner) in (cst.Assign, cst.For, cst.WithItem, cst.AugAssign, cst.AnnAssign)):
+        if type(found) is cst.Assign:
+            targets.extend(target.target for target in found.targets)
+        elif type(found) is cst.For:
+            targets.append(found.target)
+        elif type(found) is cst.WithItem:
+            if found.asname is not None:
+                targets.append(found.asname.name)
+        else:
+            targets.append(found.target)
+    return any(type(inner) is cst.Name and inner.value == name for target in targets for inner in contains(target, lambda n: type(n) is cst.Name))

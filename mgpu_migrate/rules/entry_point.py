@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import os
+from dataclasses import replace
 from typing import Optional
 
 import libcst as cst
@@ -19,7 +20,7 @@ from mgpu_migrate.analysis.own_path import own_path_batch, own_path_launch, own_
 from mgpu_migrate.analysis.project import importers_through_packages, project_of
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.program import SETUP, SPAWNS, on_own_path
+from mgpu_migrate.program import SETUP, SPAWNS, on_own_path, one_process_branch
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, TORCH_STYLE, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_call
 from mgpu_migrate.started import is_script, trained_apart
@@ -577,6 +578,10 @@ class EntryPointSetup(Rule):
             return
         if entry.devices is None and self._built_elsewhere_only(program.wraps):
             return  # CMC's models/alexnet.py: its main block tries a network; the scripts that build the class set up
+        otherwise = one_process_branch(self.analysis, program)
+        if otherwise is not None:
+            test = self.analysis.code_of(otherwise.test)
+            entry = replace(entry, when=test, place=f"{entry.place}, for `{shorten(test, 24)}` (its `else` wraps nothing: one process)")
         self._set_up(entry)
 
     def _built_elsewhere_only(self, wraps: list[cst.Call]) -> bool:

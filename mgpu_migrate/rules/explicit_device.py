@@ -10,7 +10,7 @@ from mgpu_migrate.analysis.rebased import rebased_machinery
 from mgpu_migrate.analysis.entrypoint import sets_cuda_visible_devices
 from mgpu_migrate.analysis.tree import is_zero
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.program import Program
+from mgpu_migrate.program import Program, one_process_branch
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, argument, keyword, runtime_call
 
@@ -358,12 +358,26 @@ class ExplicitDevice(Rule):
                 self._other_gpu(string, self.analysis.code_of(string))
 
     def _set_device(self, call: cst.Call) -> None:
+        alone = one_process_branch(self.analysis, self.program)
+        if alone is not None and any(found is alone and in_else for found, in_else in self.analysis.tree.enclosing_ifs(call)):
+            return  # a branch that stays one process (MGP120's `setup(processes=1)`) keeps the GPU it chose
         arg = argument(call, "device", 0)
         if arg is not None and _is_first_gpu(arg.value):
             return  # becomes set_device("cuda"), the current device, with the other strings
         if arg is not None and not arg.star and not is_zero(arg.value) and self._every_wrap_on_every_gpu(arg.value):
             if self.rewrite_allowed(call):
                 code = shorten(self.analysis.code_of(arg.value), 20)
+                if alone is not None:
+                    # darts' `set_device(args.gpu)` before `if args.parallel:`: without it the one process keeps its GPU
+                    test = alone.test
+                    self.edits.replace(arg.value, lambda value: cst.IfExp(test.deep_clone(), runtime_call("device"), value))
+                    self.edits.need_import(RUNTIME)
+                    self.rewrote(
+                        call,
+                        f"`set_device({code})` binds the process's GPU, {RUNTIME}.device(), under "
+                        f"`{shorten(self.analysis.code_of(test), 20)}` (DataParallel used every GPU); otherwise one process on {code}",
+                    )
+                    return
                 self.edits.replace(arg.value, lambda _: runtime_call("device"))
                 self.edits.need_import(RUNTIME)
                 self.rewrote(

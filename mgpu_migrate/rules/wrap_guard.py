@@ -8,6 +8,7 @@ import libcst as cst
 
 from mgpu_migrate.analysis.guards import Reliance, gpu_guards, guard_reliance, is_gpu_condition
 from mgpu_migrate.diagnostics import shorten
+from mgpu_migrate.program import one_process_branch
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rewrite, Rule
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.rules.syntax import RUNTIME, argument, either, mentions
@@ -219,6 +220,8 @@ class WrapGuard(Rule):
             return
         seen: set[cst.CSTNode] = set()
         dropped = self._dropped_by_rewrite(program.wraps)
+        # The set-up relaunches only under this test (its else stays one process, MGP120): every process holds it.
+        alone = one_process_branch(self.analysis, program)
         for wrap in program.wraps:
             conditions: list[str] = []  # those it runs under that are not a GPU count, innermost first
             otherwise: str | None = None  # the wrap's name, when the else of its one condition sets it another way
@@ -227,6 +230,8 @@ class WrapGuard(Rule):
                     continue
                 if self._wraps_either_way(guard, program.wraps):
                     continue  # `if vgg: model.features = DataParallel(...)` `else: model = DataParallel(model)`
+                if guard is alone and not in_else:
+                    continue
                 if self._fallback_of_own_path(guard, in_else):
                     continue  # `if args.nodes > 1: DDP(...)` `else: DataParallel(...)`: the runtime's processes take it
                 is_elif = type(self.analysis.tree.parent(guard)) is cst.If

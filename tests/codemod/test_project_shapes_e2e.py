@@ -123,6 +123,10 @@ CASES = {
     # r`, each process launched by hand), which joins its group under `if args.distributed:`; the fallback migrates,
     # set up after that `if`, and its `not args.distributed or args.rank == 0` save is the main process's.
     "option_own_path": ("projects/option_own_path", "train.py", NO_ARGUMENTS),
+    # DeepLabv3.pytorch: the wrap only under `--train`; the set-up relaunches only then (without it, an evaluation on
+    # `--gpu` stays one process: under torchrun each process evaluates and one saves; the test below starts it plainly)
+    "train_or_evaluate": ("projects/train_or_evaluate", "train.py", {processes: ["--train"] for processes in WORLD_SIZES}),
+    "evaluate_on_its_gpu": ("projects/train_or_evaluate", "train.py", NO_ARGUMENTS),
     # CMC: a model class keeps its own wrap (`self.encoder = nn.DataParallel(...)` in models/encoder.py); the script
     # that builds it trains it (its loader split there, the set-up and the save its own), with a loss over the batch.
     "built_holder": ("projects/built_holder", "train.py", NO_ARGUMENTS),
@@ -612,6 +616,33 @@ def test_a_plain_start_of_the_fallback_beside_an_option_chosen_own_path_trains_a
     assert before and before.keys() == after.keys()
     apart = max((before[name] - after[name]).abs().max().item() for name in before)
     assert apart <= TOLERANCE, f"option_own_path started plainly at 3: {apart:.3g} apart"
+
+
+@pytest.mark.slow
+def test_a_branch_that_wraps_nothing_stays_one_process(tmp_path):
+    """train_or_evaluate's train.py (DeepLabv3.pytorch's main.py) started plainly with two processes wanted: without `--train` it
+    evaluates as one process (no relaunch), printing and saving what the original did; with `--train` it relaunches
+    as two and prints each step's line once."""
+    source = FIXTURES / "projects" / "train_or_evaluate"
+    for name, suffix in (("original", ""), ("migrated", ".ddp")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "train.py").write_text((source / f"train{suffix}.py").read_text())
+    runs = {}
+    for name in ("original", "migrated"):
+        for mode in ([], ["--train"]):
+            runs[name, bool(mode)] = subprocess.run(
+                [sys.executable, "train.py", *mode], cwd=tmp_path / name, capture_output=True, text=True,
+                env={**_environment(), "MGPU_NPROC": "2", "FIXTURE_OUTPUT": str(tmp_path / f"{name}{len(mode)}.pt")},
+                timeout=TIMEOUT_S,
+            )
+            assert runs[name, bool(mode)].returncode == 0, runs[name, bool(mode)].stderr[-4000:]
+    evaluated = runs["original", False].stdout
+    assert evaluated.count("eval: ") == 23 and runs["migrated", False].stdout == evaluated
+    assert "relaunching" not in runs["migrated", False].stderr
+    before, after = (torch.load(tmp_path / f"{name}0.pt") for name in ("original", "migrated"))
+    assert before.keys() == after.keys() and all(torch.equal(before[key], after[key]) for key in before)
+    assert "relaunching under torchrun as 2 processes" in runs["migrated", True].stderr
+    assert runs["migrated", True].stdout.count("epoch 0 step 0:") == 1
 
 
 @pytest.mark.slow

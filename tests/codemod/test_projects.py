@@ -1477,6 +1477,40 @@ def test_an_own_path_spawned_inside_a_main_called_once_migrates_its_fallback_bes
     assert "dist.init_process_group('nccl')" in code
 
 
+def test_a_gpu_chosen_before_a_wrap_under_an_option_stays_the_one_process_gpu(tmp_path):
+    """darts' train_imagenet.py without its module-level writes: ``torch.cuda.set_device(args.gpu)``, then ``if
+    args.parallel: model = nn.DataParallel(model)`` ``else: model = model.cuda()``. The set-up relaunches only under
+    ``args.parallel``; the GPU it binds is the process's there (DataParallel used every GPU) and ``args.gpu``
+    otherwise, where the script stays one process as it was."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import argparse\nimport torch\nimport torch.nn as nn\n\n"
+        "parser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--gpu', type=int, default=0)\n"
+        "parser.add_argument('--parallel', action='store_true', default=False)\n"
+        "args = parser.parse_args()\n\n\n"
+        "def main():\n"
+        "    torch.cuda.set_device(args.gpu)\n"
+        "    model = nn.Linear(4, 2)\n"
+        "    if args.parallel:\n"
+        "        model = nn.DataParallel(model).cuda()\n"
+        "    else:\n"
+        "        model = model.cuda()\n"
+        "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for x in torch.utils.data.DataLoader(torch.randn(8, 4), batch_size=4):\n"
+        "        optimizer.zero_grad()\n"
+        "        model(x.cuda()).sum().backward()\n"
+        "        optimizer.step()\n\n\n"
+        "if __name__ == '__main__':\n"
+        "    main()\n"
+    )
+    result = migrate_source(script.read_text(), "ddp", str(script))
+    code = result.output
+    assert "torch.cuda.set_device(mgpu_runtime.device() if args.parallel else args.gpu)" in code, code
+    assert "    if args.parallel:\n        mgpu_runtime.setup()\n    else:\n        mgpu_runtime.setup(processes=1)\n    main()" in code, code
+    assert not [d for d in result.diagnostics if d.code in ("MGP233", "MGP254")], result.diagnostics
+
+
 def test_a_dim_passed_on_by_a_wrapper_function_is_said_for_what_it_is(tmp_path):
     """CenterNet's ``def DataParallel(module, device_ids=None, output_device=None, dim=0, chunk_sizes=None)``, which
     passes its ``dim`` on to torch's: MGP201 said "dim != 0", though the parameter is 0 by default."""
