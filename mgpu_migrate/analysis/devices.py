@@ -564,11 +564,18 @@ def _may_change(analysis: ParsedFile, slot: Slot, path: str = "", node: Optional
             return False
         if type(func) is cst.Attribute and func.attr.value in _READING_METHODS:
             return False
+        if analysis.resolve(func) in _READS_ITS_DEVICES:
+            return False  # another wrap given the same GPUs (face.evoLVe's HEAD after its BACKBONE) copies them
         return node is None or not _leaves_alone(analysis, parent, node, path)
     if slot.kind == "attr" and type(parent) is cst.Attribute:
         method = analysis.flow.slots.get(parent)
         return method is not None and method.kind == "func" and parent.attr.value not in _READING_METHODS
     return False
+
+
+# Wrappers that read the ``device_ids`` they are given (``list(device_ids)``, torch's ``_get_device_index``) and
+# never change them.
+_READS_ITS_DEVICES = frozenset({"torch.nn.DataParallel", "torch.nn.parallel.DataParallel", "torch.nn.parallel.data_parallel.DataParallel"})
 
 
 def _leaves_alone(analysis: ParsedFile, call: cst.Call, handed: cst.CSTNode, path: str) -> bool:

@@ -540,10 +540,39 @@ def find_entry_point(
         if filled is not None:
             return filled
     if main is not None:
+        assigned = _devices_assigned(analysis, list(main.body.body), device_names)
+        if assigned is not None:
+            return assigned
         return _at_top(analysis, list(main.body.body), 'at the top of the `if __name__ == "__main__":` block', False)
     if function is not None and type(function.body) is cst.IndentedBlock:
         return _at_top(analysis, list(function.body.body), f"at the top of {function.name.value}()", skip_docstring=True)
     return None
+
+
+def _devices_assigned(analysis: ParsedFile, body: list[cst.BaseStatement], device_names: frozenset[str]) -> Optional[EntryPoint]:
+    """The place right after the block's statement that assigns the name the wraps read their GPUs from, when
+    every statement up to it only imports, parses or computes (face.evoLVe's main block: ``cfg =
+    configurations[1]``, ``GPU_ID = cfg['GPU_ID']``, then ``device_ids=GPU_ID``): the set-up there is given them
+    (MGP150), and nothing before it prints, writes or binds a GPU. None otherwise."""
+    if not device_names:
+        return None
+    last = None
+    for index, statement in enumerate(body):
+        if type(statement) is cst.SimpleStatementLine and any(
+            type(small) is cst.Assign and any(type(target.target) is cst.Name and target.target.value in device_names for target in small.targets)
+            for small in statement.body
+        ):
+            last = index
+    if last is None or parses_arguments(analysis, body[last]):
+        return None  # (the command line parsed: the set-up goes after the parser, ``_at_top``)
+    for statement in body[: last + 1]:
+        if not (
+            _is_docstring(statement) or _is_import(statement) or parses_arguments(analysis, statement)
+            or only_computes_or_refuses(analysis, statement)
+        ):
+            return None
+    names = sorted(name for name in device_names if _binds_name(body[last], name))
+    return EntryPoint(body[last], True, f"after `{names[0] if names else 'the GPUs'}` is set, in the `if __name__ == \"__main__\":` block")
 
 
 def _config_filled(analysis: ParsedFile, body: list[cst.BaseStatement], device_names: frozenset[str]) -> Optional[EntryPoint]:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import ast
+import os
+
 import libcst as cst
 
 from mgpu_migrate.analysis import names
 from mgpu_migrate.analysis.devices import device_ids, every_visible
+from mgpu_migrate.analysis.project import project_of
 from mgpu_migrate.analysis.rebased import rebased_machinery
 from mgpu_migrate.analysis.entrypoint import sets_cuda_visible_devices
 from mgpu_migrate.analysis.tree import is_zero
@@ -32,6 +36,22 @@ EXPLICIT_OTHER_GPU = Review(
         "`CUDA_VISIBLE_DEVICES` in the launch environment."
     ),
 )
+FIRST_GPU_OF_A_MODULE = Review(
+    "MGP242",
+    name="first-gpu-of-a-module",
+    summary="a value imported from another module of the project names GPU 0 ('cuda:0'): every process would use it",
+    why=(
+        "A configuration module's device (face.evoLVe's `DEVICE = torch.device(\"cuda:0\" ...)` in config.py, read as "
+        "`cfg['DEVICE']`) was where DataParallel kept the module and gathered the outputs. Under DDP each process "
+        "runs on its own GPU, and `.to(DEVICE)` with GPU 0 written out would put every process's model and batches "
+        "there. The tool rewrites `'cuda:0'` in the files it migrates, not in a module it does not migrate."
+    ),
+    todo=(
+        "In the module the message names, write `'cuda'` (the current device: each process's own, bound by "
+        "`mgpu_runtime.setup()`) for `'cuda:0'`, then mark the import `# noqa: MGP242`."
+    ),
+)
+
 VISIBLE_DEVICES_AFTER_SETUP = Review(
     "MGP245",
     name="visible-devices-after-setup",
@@ -93,7 +113,7 @@ class ExplicitDevice(Rule):
     CODE = Rewrite("MGP127")
     PHASE = PROGRAM
     USES = ("flow",)
-    REVIEW_CODES = (EXPLICIT_OTHER_GPU, VISIBLE_DEVICES_AFTER_SETUP)
+    REVIEW_CODES = (EXPLICIT_OTHER_GPU, VISIBLE_DEVICES_AFTER_SETUP, FIRST_GPU_OF_A_MODULE)
     DESCRIPTION = "explicit cuda:0 devices replaced with the process's own device"
     TARGETS = (DDP,)
     EXAMPLES = (
@@ -336,6 +356,40 @@ class ExplicitDevice(Rule):
             elif qualified is not None and qualified.startswith("torch."):
                 self._integer_device(keyword(call, "device"))
         self._visible_devices(program)
+        self._first_gpu_of_a_module()
+
+    def _first_gpu_of_a_module(self) -> None:
+        """MGP242 at each name imported from another module of the project whose module-level value holds
+        ``'cuda:0'`` (a configuration's ``torch.device("cuda:0" if ... else "cpu")``)."""
+        project = project_of(self.analysis.path)
+        if project is None:
+            return
+        for node in self.analysis.tree.nodes(cst.ImportFrom):
+            if node.relative or node.module is None or type(node.names) is cst.ImportStar:
+                continue
+            module = project.module(self.analysis.code_of(node.module))
+            if module is None or os.path.abspath(module.path) == os.path.abspath(self.analysis.path):
+                continue
+            for alias in node.names:
+                if type(alias.name) is not cst.Name:
+                    continue
+                line = next(
+                    (
+                        found.lineno
+                        for value in module.assigned.get(alias.name.value, [])
+                        for found in ast.walk(value)
+                        if type(found) is ast.Constant and found.value == FIRST_GPU
+                    ),
+                    None,
+                )
+                if line is not None and self.rewrite_allowed(alias, FIRST_GPU_OF_A_MODULE):
+                    where = os.path.relpath(module.path, os.path.dirname(os.path.abspath(self.analysis.path)))
+                    self.left(
+                        alias,
+                        FIRST_GPU_OF_A_MODULE,
+                        f"`{alias.name.value}` holds 'cuda:0' ({where}:{line}): every process would use GPU 0; write 'cuda' there, "
+                        "each process's own",
+                    )
 
     def _strings(self) -> None:
         tree = self.analysis.tree

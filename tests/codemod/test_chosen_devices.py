@@ -527,9 +527,10 @@ def test_a_script_that_trains_the_held_model_itself_leaves_the_set_up_to_the_cla
     assert "        mgpu_runtime.setup(devices=gpus)" in lines
 
 
-def test_gpus_read_from_a_config_once_after_the_set_up_are_said_to_be_set_there_not_to_change():
-    """face.evoLVe's trainer: `GPU_ID = cfg['GPU_ID']` is the one assignment of the GPUs, after where the set-up
-    goes; the message says it is set there (before, "may change", a reassignment that is not in the file)."""
+def test_gpus_read_from_a_config_in_the_main_block_are_given_to_a_set_up_placed_after_them():
+    """face.evoLVe's trainer: `GPU_ID = cfg['GPU_ID']` is the one assignment of the GPUs, and the main block only
+    computes up to it: the set-up goes right after it, given them (MGP150), and the wraps on it, the first handing
+    GPU_ID to the second wrap's DataParallel (which copies it), migrate."""
     source = textwrap.dedent(
         """
         import torch.nn as nn
@@ -538,6 +539,31 @@ def test_gpus_read_from_a_config_once_after_the_set_up_are_said_to_be_set_there_
         if __name__ == '__main__':
             cfg = configurations[1]
             GPU_ID = cfg['GPU_ID']
+            print(cfg)
+            model = nn.DataParallel(nn.Linear(2, 2), device_ids=GPU_ID)
+            head = nn.DataParallel(nn.Linear(2, 2), device_ids=GPU_ID)
+            for x in loader:
+                head(model(x)).sum().backward()
+        """
+    )
+    result = migrate_source(source, "ddp", "train.py")
+    assert result.changed and not [d for d in result.diagnostics if d.code == CHOSEN], result.diagnostics
+    assert "    GPU_ID = cfg['GPU_ID']\n    mgpu_runtime.setup(devices=GPU_ID)\n    print(cfg)\n" in result.output, result.output
+
+
+def test_gpus_read_from_a_config_once_after_the_set_up_are_said_to_be_set_there_not_to_change():
+    """The same with a print before the assignment (which would print again in every process before a set-up
+    after it): the set-up stays at the top, and the message says the GPUs are set after it (before, "may change",
+    a reassignment that is not in the file)."""
+    source = textwrap.dedent(
+        """
+        import torch.nn as nn
+        from config import configurations
+
+        if __name__ == '__main__':
+            cfg = configurations[1]
+            print(cfg)
+            GPU_ID = cfg['GPU_ID']
             model = nn.DataParallel(nn.Linear(2, 2), device_ids=GPU_ID)
             for x in loader:
                 model(x).sum().backward()
@@ -545,7 +571,7 @@ def test_gpus_read_from_a_config_once_after_the_set_up_are_said_to_be_set_there_
     )
     result = migrate_source(source, "ddp", "train.py")
     (message,) = [d.message for d in result.diagnostics if d.code == CHOSEN]
-    assert "but `GPU_ID` is set at line 7, after the set-up" in message and not result.changed
+    assert "but `GPU_ID` is set at line 8, after the set-up" in message and not result.changed
 
 
 def _console_project(tmp_path, migrated: bool):

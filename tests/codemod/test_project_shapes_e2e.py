@@ -123,6 +123,9 @@ CASES = {
     # r`, each process launched by hand), which joins its group under `if args.distributed:`; the fallback migrates,
     # set up after that `if`, and its `not args.distributed or args.rank == 0` save is the main process's.
     "option_own_path": ("projects/option_own_path", "train.py", NO_ARGUMENTS),
+    # face.evoLVe: the GPUs read from a configuration module's dict in the main block (configuration 1 names two,
+    # 2 three); the set-up right after `GPU_ID = cfg['GPU_ID']`, given them; a backbone and a margin head each wrapped
+    "config_dict_gpus": ("projects/config_dict_gpus", "train.py", {2: ["1"], 3: ["2"]}),
     # DeepLabv3.pytorch: the wrap only under `--train`; the set-up relaunches only then (without it, an evaluation on
     # `--gpu` stays one process: under torchrun each process evaluates and one saves; the test below starts it plainly)
     "train_or_evaluate": ("projects/train_or_evaluate", "train.py", {processes: ["--train"] for processes in WORLD_SIZES}),
