@@ -496,13 +496,44 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _spawned_copies(tmp_path: Path) -> None:
-    source = FIXTURES / "projects" / "spawned_own_path"
+def _copies(tmp_path: Path, project: str, modules: tuple[str, ...]) -> None:
+    """tmp_path/original and tmp_path/migrated: the fixture project's ``modules``, as they are and migrated (a module
+    the tool leaves is copied as it is)."""
+    source = FIXTURES / "projects" / project
     for name, suffix in (("original", ""), ("migrated", ".ddp")):
         (tmp_path / name).mkdir()
         shutil.copy(source / "pyproject.toml", tmp_path / name)
-        for module in ("train", "model"):
-            (tmp_path / name / f"{module}.py").write_text((source / f"{module}{suffix}.py").read_text())
+        for module in modules:
+            migrated = source / f"{module}{suffix}.py"
+            (tmp_path / name / f"{module}.py").write_text((migrated if migrated.exists() else source / f"{module}.py").read_text())
+
+
+def _own_path_by_hand(tmp_path: Path, command) -> tuple[list[str], list[str]]:
+    """The original's and the migration's own path, two processes each launched by hand (``command(rank, port)``:
+    the script's arguments), rank r saving to tmp_path/<name><r>.pt: the lines each rank 0 printed."""
+    environment = _environment()
+    printed = []
+    for name in ("original", "migrated"):
+        for _ in range(3):  # again while a process aborted in gloo's teardown at its exit (the script's own code)
+            port = str(_free_port())
+            ranks = [
+                subprocess.Popen(
+                    [sys.executable, "train.py", *command(rank, port)],
+                    cwd=tmp_path / name, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                    env={**environment, "MASTER_PORT": port, "FIXTURE_OUTPUT": str(tmp_path / f"{name}{rank}.pt")},
+                )
+                for rank in (0, 1)
+            ]
+            outputs = [rank.communicate(timeout=TIMEOUT_S)[0] for rank in ranks]
+            if all(rank.returncode == 0 for rank in ranks) or not any(EXIT_ABORT in output for output in outputs):
+                break
+        assert all(rank.returncode == 0 for rank in ranks), "\n".join(output[-3000:] for output in outputs)
+        printed.append(outputs[0].splitlines())
+    original, migrated = printed
+    assert [line for line in original if line.startswith(("step", "epoch"))] == [
+        line for line in migrated if line.startswith(("step", "epoch"))
+    ] and original
+    return original, migrated
 
 
 @pytest.mark.slow
@@ -514,28 +545,10 @@ def test_the_own_path_a_script_starts_itself_stays_its_own(tmp_path, dataparalle
     its processes (`--dataparallel 1`): the runtime stands aside there (leave_to_own_path), so both train alike, bit
     for bit, print the same lines, and save the same checkpoint (its keys: the own DDP's `module.` prefix kept, as
     model.py's check, given the runtime's wrapper alone, still saves that DDP whole)."""
-    _spawned_copies(tmp_path)
-    environment = _environment()
-    for name in ("original", "migrated"):
-        for _ in range(3):  # again while a process aborted in gloo's teardown at its exit (the script's own code)
-            port = str(_free_port())
-            nodes = [
-                subprocess.Popen(
-                    [sys.executable, "train.py", "--nodes", "2", "--gpus", "1", "--nr", str(node), "--dataparallel", dataparallel],
-                    cwd=tmp_path / name, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                    env={**environment, "MASTER_PORT": port, "FIXTURE_OUTPUT": str(tmp_path / f"{name}{node}.pt")},
-                )
-                for node in (0, 1)
-            ]
-            outputs = [node.communicate(timeout=TIMEOUT_S)[0] for node in nodes]
-            if all(node.returncode == 0 for node in nodes) or not any(EXIT_ABORT in output for output in outputs):
-                break
-        assert all(node.returncode == 0 for node in nodes), "\n".join(output[-3000:] for output in outputs)
-        (tmp_path / f"{name}.out").write_text(outputs[0])
-    original, migrated = ((tmp_path / f"{name}.out").read_text().splitlines() for name in ("original", "migrated"))
-    assert [line for line in original if line.startswith(("step", "epoch"))] == [
-        line for line in migrated if line.startswith(("step", "epoch"))
-    ] and original
+    _copies(tmp_path, "spawned_own_path", ("train", "model"))
+    _own_path_by_hand(
+        tmp_path, lambda node, port: ["--nodes", "2", "--gpus", "1", "--nr", str(node), "--dataparallel", dataparallel]
+    )
     before = torch.load(tmp_path / "original0.pt")
     after = torch.load(tmp_path / "migrated0.pt")
     assert list(before) == list(after)
@@ -551,25 +564,21 @@ def test_a_plain_start_of_the_fallback_beside_a_spawned_own_path_trains_as_the_o
     of ``if args.nodes > 1:`` relaunches it as 2 processes, each of which takes that ``else`` again; against the
     original under DataParallel emulated on 2 devices, the weights and the printed lines, each once (at 3, under
     torchrun: the case above)."""
-    _spawned_copies(tmp_path)
-    original, migrated = _plain_starts(tmp_path, 2, [])
+    _copies(tmp_path, "spawned_own_path", ("train", "model"))
+    _started_plainly_as_the_original(tmp_path, 2, "spawned_own_path")
+
+
+def _started_plainly_as_the_original(tmp_path: Path, processes: int, name: str) -> None:
+    """The copies of tmp_path/original and tmp_path/migrated started plainly (``_plain_starts``): the same step and
+    epoch lines, each once, and the same weights within the tolerance."""
+    original, migrated = _plain_starts(tmp_path, processes, [])
     lines = [line for line in original.stdout.splitlines() if line.startswith(("step", "epoch"))]
     assert lines and [line for line in migrated.stdout.splitlines() if line.startswith(("step", "epoch"))] == lines
     before = dict(_tensors(torch.load(tmp_path / "original.pt", map_location="cpu")))
     after = dict(_tensors(torch.load(tmp_path / "migrated.pt", map_location="cpu")))
     assert before and before.keys() == after.keys()
-    apart = max((before[name] - after[name]).abs().max().item() for name in before)
-    assert apart <= TOLERANCE, f"spawned_own_path started plainly at 2: {apart:.3g} apart"
-
-
-def _option_copies(tmp_path: Path) -> None:
-    source = FIXTURES / "projects" / "option_own_path"
-    for name, suffix in (("original", ""), ("migrated", ".ddp")):
-        (tmp_path / name).mkdir()
-        shutil.copy(source / "pyproject.toml", tmp_path / name)
-        for module in ("train", "loaders"):
-            migrated = source / f"{module}{suffix}.py"
-            (tmp_path / name / f"{module}.py").write_text((migrated if migrated.exists() else source / f"{module}.py").read_text())
+    apart = max((before[key] - after[key]).abs().max().item() for key in before)
+    assert apart <= TOLERANCE, f"{name} started plainly at {processes}: {apart:.3g} apart"
 
 
 @pytest.mark.slow
@@ -579,25 +588,10 @@ def test_the_own_path_an_option_chooses_stays_its_own(tmp_path):
     from the original and from its migration: the runtime stands aside there (leave_to_own_path before the join, the
     set-up after it a job of one plain process), so both print the same lines and rank 0 saves the same weights,
     bit for bit, and rank 1 none."""
-    _option_copies(tmp_path)
-    environment = _environment()
-    for name in ("original", "migrated"):
-        port = str(_free_port())
-        ranks = [
-            subprocess.Popen(
-                [sys.executable, "train.py", "--world-size", "2", "--rank", str(rank), "--dist-url", f"tcp://127.0.0.1:{port}"],
-                cwd=tmp_path / name, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                env={**environment, "FIXTURE_OUTPUT": str(tmp_path / f"{name}{rank}.pt")},
-            )
-            for rank in (0, 1)
-        ]
-        outputs = [rank.communicate(timeout=TIMEOUT_S)[0] for rank in ranks]
-        assert all(rank.returncode == 0 for rank in ranks), "\n".join(output[-3000:] for output in outputs)
-        (tmp_path / f"{name}.out").write_text(outputs[0])
-    original, migrated = ((tmp_path / f"{name}.out").read_text().splitlines() for name in ("original", "migrated"))
-    assert [line for line in original if line.startswith(("step", "epoch"))] == [
-        line for line in migrated if line.startswith(("step", "epoch"))
-    ] and original
+    _copies(tmp_path, "option_own_path", ("train", "loaders"))
+    _own_path_by_hand(
+        tmp_path, lambda rank, port: ["--world-size", "2", "--rank", str(rank), "--dist-url", f"tcp://127.0.0.1:{port}"]
+    )
     before = torch.load(tmp_path / "original0.pt")
     after = torch.load(tmp_path / "migrated0.pt")
     assert list(before) == list(after) and all(torch.equal(before[key], after[key]) for key in before)
@@ -610,15 +604,8 @@ def test_a_plain_start_of_the_fallback_beside_an_option_chosen_own_path_trains_a
     """The migrated option_own_path started as ``python train.py`` with MGPU_NPROC=3: the set-up after ``if
     args.distributed:`` relaunches it as 3 processes, each of which takes the fallback again (the same command line);
     against the original under DataParallel emulated on 3 devices, the weights and the printed lines, each once."""
-    _option_copies(tmp_path)
-    original, migrated = _plain_starts(tmp_path, 3, [])
-    lines = [line for line in original.stdout.splitlines() if line.startswith(("step", "epoch"))]
-    assert lines and [line for line in migrated.stdout.splitlines() if line.startswith(("step", "epoch"))] == lines
-    before = dict(_tensors(torch.load(tmp_path / "original.pt", map_location="cpu")))
-    after = dict(_tensors(torch.load(tmp_path / "migrated.pt", map_location="cpu")))
-    assert before and before.keys() == after.keys()
-    apart = max((before[name] - after[name]).abs().max().item() for name in before)
-    assert apart <= TOLERANCE, f"option_own_path started plainly at 3: {apart:.3g} apart"
+    _copies(tmp_path, "option_own_path", ("train", "loaders"))
+    _started_plainly_as_the_original(tmp_path, 3, "option_own_path")
 
 
 @pytest.mark.slow

@@ -1416,16 +1416,15 @@ def test_gpus_chosen_after_the_options_go_to_a_class_that_writes_other_attribute
     assert ("MGP283" in codes(result)) is not kept
 
 
-def test_an_own_path_spawned_inside_main_says_why_its_fallback_is_left(tmp_path):
-    """semseg's and pytorch/examples' ``def main(): if args.multiprocessing_distributed: mp.spawn(...) else:
-    main_worker(...)``, where nothing calls ``main()`` once from the main block: the fallback is not migrated beside
-    the own path (its set-up would go in that ``else``, which every relaunched process must reach first); MGP231
-    said so with its condition cut off and no reason."""
+def _spawned_in_main(tmp_path, joined_under: str, main_block: str):
+    """pytorch/examples' shape: ``main_worker`` joins under ``if args.<joined_under>:`` beside a DataParallel
+    fallback, ``main(args)`` spawns it under ``if args.multiprocessing_distributed:`` (else calls it), then
+    ``main_block``."""
     script = tmp_path / "train.py"
     script.write_text(
-        "import torch\nimport torch.multiprocessing as mp\nimport torch.distributed as dist\n\n\n"
+        "import argparse\nimport torch\nimport torch.multiprocessing as mp\nimport torch.distributed as dist\n\n\n"
         "def main_worker(gpu, args):\n"
-        "    if args.distributed:\n"
+        f"    if args.{joined_under}:\n"
         "        dist.init_process_group('nccl')\n"
         "        model = torch.nn.parallel.DistributedDataParallel(net)\n"
         "    else:\n"
@@ -1436,8 +1435,17 @@ def test_an_own_path_spawned_inside_main_says_why_its_fallback_is_left(tmp_path)
         "    if args.multiprocessing_distributed:\n"
         "        mp.spawn(main_worker, nprocs=4, args=(args,))\n"
         "    else:\n"
-        "        main_worker(0, args)\n"
+        "        main_worker(0, args)\n" + main_block
     )
+    return script
+
+
+def test_an_own_path_spawned_inside_main_says_why_its_fallback_is_left(tmp_path):
+    """semseg's and pytorch/examples' ``def main(): if args.multiprocessing_distributed: mp.spawn(...) else:
+    main_worker(...)``, where nothing calls ``main()`` once from the main block: the fallback is not migrated beside
+    the own path (its set-up would go in that ``else``, which every relaunched process must reach first); MGP231
+    said so with its condition cut off and no reason."""
+    script = _spawned_in_main(tmp_path, "distributed", "")
     result = migrate_source(script.read_text(), "ddp", str(script))
     said = [d.message for d in result.diagnostics if d.code == "MGP231"]
     assert said and said[0].endswith("and `main()` is not called once from the top") and len(said[0]) <= 160, said
@@ -1447,26 +1455,13 @@ def test_an_own_path_spawned_inside_a_main_called_once_migrates_its_fallback_bes
     """The same, with ``main(args)`` called once by the main block: every relaunched process reaches its ``else``
     first, so the fallback migrates there (the set-up first in that ``else``, ``leave_to_own_path()`` before the
     spawn), and the own path's calls stay as they are."""
-    script = tmp_path / "train.py"
-    script.write_text(
-        "import argparse\nimport torch\nimport torch.multiprocessing as mp\nimport torch.distributed as dist\n\n\n"
-        "def main_worker(gpu, args):\n"
-        "    if args.multiprocessing_distributed:\n"
-        "        dist.init_process_group('nccl')\n"
-        "        model = torch.nn.parallel.DistributedDataParallel(net)\n"
-        "    else:\n"
-        "        model = torch.nn.DataParallel(net)\n"
-        "    for x in torch.utils.data.DataLoader(data, batch_size=4):\n"
-        "        model(x).sum().backward()\n\n\n"
-        "def main(args):\n"
-        "    if args.multiprocessing_distributed:\n"
-        "        mp.spawn(main_worker, nprocs=4, args=(args,))\n"
-        "    else:\n"
-        "        main_worker(0, args)\n\n\n"
-        "if __name__ == '__main__':\n"
+    script = _spawned_in_main(
+        tmp_path,
+        "multiprocessing_distributed",
+        "\n\nif __name__ == '__main__':\n"
         "    parser = argparse.ArgumentParser()\n"
         "    parser.add_argument('--multiprocessing-distributed', action='store_true')\n"
-        "    main(parser.parse_args())\n"
+        "    main(parser.parse_args())\n",
     )
     result = migrate_source(script.read_text(), "ddp", str(script))
     assert not [d for d in result.diagnostics if d.code == "MGP231"], result.diagnostics
