@@ -712,8 +712,10 @@ def one_process_otherwise(analysis: ParsedFile, wraps: Sequence[cst.Call], ancho
     """The ``if`` under which every wrap runs, whose ``else`` runs without one (DeepLabv3's ``if args.train:`` ...
     ``else:`` an evaluation on the one GPU ``--gpu`` names), when the set-up at ``anchor`` (the module's top or its
     main block) can read its test: a module name or an attribute of one (``args.train``), bound at the top before
-    ``anchor`` and not bound in the function holding the ``if``. The set-up then relaunches only when that test
-    holds, and the ``else`` runs as one process, as it did (``setup(processes=1)``). None otherwise."""
+    ``anchor`` and not bound in the function holding the ``if``, and what runs before ``anchor`` only imports,
+    parses and computes (no rewrite there calls the runtime, which would set up first: darts' module-level
+    ``create_exp_dir``). The set-up then relaunches only when that test holds, and the ``else`` runs as one process,
+    as it did (``setup(processes=1)``). None otherwise."""
     if not wraps or analysis.tree.function(anchor) is not None:
         return None
     guards = [next(iter(analysis.tree.enclosing_ifs(wrap)), None) for wrap in wraps]
