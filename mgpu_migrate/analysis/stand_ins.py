@@ -28,11 +28,12 @@ if TYPE_CHECKING:
 _MAX_DEPTH = 4
 
 
-def blocker(analysis: FileAnalysis, target: cst.BaseExpression, made: cst.Call, results: bool = False) -> Optional[str]:
+def blocker(analysis: FileAnalysis, target: cst.BaseExpression, made: cst.Call, results: bool | str = False) -> Optional[str]:
     """Why the object ``made`` and stored in ``target`` (a name, or ``self.NAME``) cannot be a stand-in: the first
     use that reads more than the effect of a method call, in a few words with its line; None when none does.
     ``results``: the stand-in returns the main process's results of its method calls on every process (a visdom
-    client's window ids), so a method call whose result is used is fine too."""
+    client's window ids), so a method call whose result is used is fine too; ``LOGDIR``: only its log directory is
+    (a TensorBoard writer's ``get_logdir()``, also through ``file_writer``)."""
     uses = uses_of(analysis, target, made)
     if isinstance(uses, str):
         return uses
@@ -87,7 +88,34 @@ def _is_attribute_name(tree, node: cst.Name) -> bool:
     return (type(parent) is cst.Attribute and parent.attr is node) or (type(parent) is cst.Arg and parent.keyword is node)
 
 
-def _use_blocks(analysis: FileAnalysis, use: cst.BaseExpression, results: bool) -> Optional[str]:
+# ``blocker``'s ``results`` for a TensorBoard writer: its stand-in returns the main process's log directory.
+LOGDIR = "logdir"
+
+
+def _reads_the_logdir(tree, attribute: cst.Attribute) -> bool:
+    """``attribute`` (``writer.get_logdir`` or ``writer.file_writer``) begins ``writer.get_logdir()`` or
+    ``writer.file_writer.get_logdir()``."""
+    if attribute.attr.value == "file_writer":
+        inner = tree.parent(attribute)
+        if type(inner) is not cst.Attribute or inner.value is not attribute:
+            return False
+        attribute = inner
+    call = tree.parent(attribute)
+    return attribute.attr.value == "get_logdir" and type(call) is cst.Call and call.func is attribute
+
+
+def _reads_the_logdir_ast(parents: dict, attribute: ast.Attribute) -> bool:
+    """``_reads_the_logdir`` in a function read with ``ast`` (``parents``: each node's parent, by id)."""
+    if attribute.attr == "file_writer":
+        inner = parents.get(id(attribute))
+        if not isinstance(inner, ast.Attribute) or inner.value is not attribute:
+            return False
+        attribute = inner
+    call = parents.get(id(attribute))
+    return attribute.attr == "get_logdir" and isinstance(call, ast.Call) and call.func is attribute
+
+
+def _use_blocks(analysis: FileAnalysis, use: cst.BaseExpression, results: bool | str) -> Optional[str]:
     tree = analysis.tree
     parent = tree.parent(use)
     # `logger if args.log else None` handed on: what receives it is what uses it.
@@ -97,8 +125,10 @@ def _use_blocks(analysis: FileAnalysis, use: cst.BaseExpression, results: bool) 
         return None
     if type(parent) is cst.Attribute and parent.value is use:
         call = tree.parent(parent)
+        if results == LOGDIR and _reads_the_logdir(tree, parent):
+            return None
         if type(call) is cst.Call and call.func is parent:
-            return None if results or type(tree.parent(call)) is cst.Expr else f"what `{analysis.code_of(parent)}(...)` returns is used"
+            return None if results is True or type(tree.parent(call)) is cst.Expr else f"what `{analysis.code_of(parent)}(...)` returns is used"
         if type(call) is cst.AssignTarget:
             return None  # an attribute set (yolact's `log.log_gpu_stats = ...`): the stand-in sets it on the main process
         return f"`{analysis.code_of(parent)}` is read"
@@ -118,7 +148,7 @@ def _use_blocks(analysis: FileAnalysis, use: cst.BaseExpression, results: bool) 
     return f"`{analysis.code_of(parent)}` uses it" if parent is not None else "used"
 
 
-def _handed(analysis: FileAnalysis, call: cst.Call, arg: cst.Arg, results: bool) -> Optional[str]:
+def _handed(analysis: FileAnalysis, call: cst.Call, arg: cst.Arg, results: bool | str) -> Optional[str]:
     """The object handed to ``call`` as ``arg``: a function of the file or of the project that only calls its
     methods for their effect."""
     if arg.star:
@@ -209,7 +239,7 @@ def _parameter_blocks(
     depth: int,
     callee: str,
     where,
-    results: bool = False,
+    results: bool | str = False,
     analysis: Optional[FileAnalysis] = None,
 ) -> Optional[str]:
     """Why the parameter (by ``position`` or ``keyword``) of ``function`` is used for more than its methods' effect.
@@ -230,7 +260,9 @@ def _parameter_blocks(
         parent = parents.get(id(node))
         if isinstance(parent, ast.Attribute):
             call = parents.get(id(parent))
-            if isinstance(call, ast.Call) and call.func is parent and (results or isinstance(parents.get(id(call)), ast.Expr)):
+            if isinstance(call, ast.Call) and call.func is parent and (results is True or isinstance(parents.get(id(call)), ast.Expr)):
+                continue
+            if results == LOGDIR and _reads_the_logdir_ast(parents, parent):
                 continue
             return f"`{callee}` reads `{name}.{parent.attr}` ({where(node.lineno)})"
         if isinstance(parent, ast.Compare) and any(isinstance(c, ast.Constant) and c.value is None for c in parent.comparators):
@@ -258,7 +290,7 @@ _NOT_OWN = "<not a function of the file>"
 
 
 def _own_function(
-    analysis: FileAnalysis, name: str, position: Optional[int], keyword: Optional[str], depth: int, results: bool
+    analysis: FileAnalysis, name: str, position: Optional[int], keyword: Optional[str], depth: int, results: bool | str
 ) -> Optional[str]:
     """``_parameter_blocks`` of the file's own function ``name``; ``_NOT_OWN`` when the file defines no one function of
     that name."""
@@ -271,7 +303,7 @@ def _own_function(
     return _parameter_blocks(None, parsed, position, keyword, depth, name, lambda line: f"line {first + line}", results, analysis)
 
 
-def _handed_on_in_file(analysis: FileAnalysis, call: ast.Call, node: ast.Name, depth: int, results: bool) -> Optional[str]:
+def _handed_on_in_file(analysis: FileAnalysis, call: ast.Call, node: ast.Name, depth: int, results: bool | str) -> Optional[str]:
     """``node`` handed on by a function of the file to another: one of the file's own (by its name), or one that the
     file imports from the project (SfmLearner's ``validate(..., tb_writer)`` calling utils' ``log_output_tensorboard(tb_writer,
     ...)``)."""
@@ -293,7 +325,7 @@ def _handed_on_in_file(analysis: FileAnalysis, call: ast.Call, node: ast.Name, d
     return _parameter_blocks(found, definition, position, keyword, depth + 1, callee, _lines_of(found), results)
 
 
-def _handed_on(found: Found, call: ast.Call, node: ast.Name, depth: int, results: bool) -> Optional[str]:
+def _handed_on(found: Found, call: ast.Call, node: ast.Name, depth: int, results: bool | str) -> Optional[str]:
     project = project_of(found.module.path)
     if project is None:
         return "handed on"

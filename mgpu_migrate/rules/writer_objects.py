@@ -7,7 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from mgpu_migrate.analysis.guards import under_main_process_block
-from mgpu_migrate.analysis.stand_ins import blocker
+from mgpu_migrate.analysis.stand_ins import LOGDIR, blocker
 from mgpu_migrate.analysis.writers import WRITER_OBJECTS
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, Example, Review, Rule
@@ -29,6 +29,11 @@ _WRITER_OBJECTS = {
 # The objects whose stand-in returns the main process's results of its method calls on every process: a visdom
 # client's are the ids of the windows it drew, which a script keeps and hands back (``win=window``).
 _RESULTS_SHARED = frozenset({"visdom.Visdom"})
+# ... and those whose log directory is (``writer.get_logdir()``, ``writer.file_writer.get_logdir()``: where
+# pytorch-semseg saves its best model): the runtime's TensorBoard writers (torch's and tensorboardX's).
+_LOGDIR_SHARED = frozenset(
+    {"torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.writer.SummaryWriter", "tensorboardX.SummaryWriter"}
+)
 
 WRITER_ON_EVERY_PROCESS = Review(
     "MGP332",
@@ -97,7 +102,8 @@ class WriterObjects(Rule):
     What is logged is computed where it was, by every process (the runtime's losses and metrics are the global
     batch's, and every process must join in reducing them); the stand-in makes the global values among a
     method's arguments whole on every process before the main process writes them. A method call whose result
-    is used (but a visdom client's: the main process's result, sent to the others through the job's store), an
+    is used (but a visdom client's, and a TensorBoard writer's `get_logdir()`, also through `file_writer`: the main
+    process's result, sent to the others through the job's store), an
     attribute read (``writer.log_dir``), a writer handed to a function the tool cannot read, or
     ``--style torch`` (no runtime) leaves the writer as it is, reported (MGP332).
     """
@@ -328,5 +334,6 @@ class WriterObjects(Rule):
         line = tree.parent(call)
         if type(line) is not cst.Assign or len(line.targets) != 1 or line.value is not call:
             return "as it is not assigned to a name"
-        results = self.analysis.resolve(call.func) in _RESULTS_SHARED
+        made = self.analysis.resolve(call.func)
+        results: bool | str = True if made in _RESULTS_SHARED else LOGDIR if made in _LOGDIR_SHARED else False
         return blocker(self.analysis, line.targets[0].target, call, results)

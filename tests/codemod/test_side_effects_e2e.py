@@ -65,6 +65,9 @@ CASES = {
     # the loader is), the arguments appended to args.txt by a TimerBlock's log2file (the loop made once), a checkpoint
     # per epoch by tools.save_checkpoint
     "timed_batches": "main.py",
+    # pytorch-semseg: a run directory named by a Python draw, the best model saved into the SummaryWriter's own
+    # `file_writer.get_logdir()`: the writer on the main process only, its log directory the main's on every process
+    "writer_logdir": "train.py",
 }
 # The stand-in clock (tests/data/stubs/sitecustomize.py): time.strftime(fmt) reads this second, 1.1 s later per rank.
 CLOCK_S = "1700000000.5"

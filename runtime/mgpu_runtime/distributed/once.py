@@ -65,7 +65,8 @@ class MainProcessOnly:
     ``viz.line(...)`` returns is the id of the window it drew, which the script keeps and hands back
     (``viz.line(..., win=window, update="append")``) or tests (``if window is None:``), as the original did with
     its one client. It travels through the job's store (``main_process_result``), so a call only the main process
-    makes pairs with nothing.
+    makes pairs with nothing. So does a TensorBoard writer's log directory (``writer.get_logdir()``,
+    ``writer.file_writer.get_logdir()``), where a script saves its best model (pytorch-semseg).
     """
 
     __slots__ = ("_held", "_kind")
@@ -83,9 +84,14 @@ class MainProcessOnly:
             raise AttributeError(name)
         kind = object.__getattribute__(self, "_kind")
         shared = kind if kind == _VISDOM else None
+        if kind == _TENSORBOARD:
+            # A TensorBoard writer's log directory (`writer.get_logdir()`, `writer.file_writer.get_logdir()`, where
+            # pytorch-semseg saves its best model) is the main process's on every process; `add_figure` closes the
+            # figures it is given there too.
+            shared = {"get_logdir": _LOGDIR, "file_writer": _TENSORBOARD, "add_figure": _ADD_FIGURE}.get(name)
         if is_main_process():
-            return MainProcessOnly(getattr(held, name), shared)
-        return MainProcessOnly(None, _ADD_FIGURE if kind == _TENSORBOARD and name == "add_figure" else shared)
+            return MainProcessOnly(getattr(held, name), shared if shared != _ADD_FIGURE else None)
+        return MainProcessOnly(None, shared)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if is_main_process():
@@ -98,6 +104,8 @@ class MainProcessOnly:
             # A visdom client's methods return what the script keeps and hands back (the id of the window a
             # plot went to, ``win=window`` in the next call): every process gets the main process's.
             return main_process_result(lambda: held(*args, **kwargs), sys._getframe(1), "a visdom client's call", "visdom:")
+        if object.__getattribute__(self, "_kind") == _LOGDIR and world_size() > 1:
+            return main_process_result(lambda: held(*args, **kwargs), sys._getframe(1), "a TensorBoard writer's get_logdir()", "logdir:")
         if is_main_process():
             return held(*args, **kwargs)
         if object.__getattribute__(self, "_kind") == _ADD_FIGURE:
@@ -124,7 +132,7 @@ class MainProcessOnly:
         return f"mgpu_runtime.MainProcessOnly({held!r})" if is_main_process() else "mgpu_runtime.MainProcessOnly(<on the main process>)"
 
 
-_TENSORBOARD, _ADD_FIGURE, _VISDOM = "tensorboard", "add_figure", "visdom"
+_TENSORBOARD, _ADD_FIGURE, _VISDOM, _LOGDIR = "tensorboard", "add_figure", "visdom", "logdir"
 # The writers whose add_figure(tag, figure, global_step=None, close=True, ...) closes its figures.
 _TENSORBOARD_MODULES = ("torch.utils.tensorboard", "tensorboardX")
 
