@@ -383,12 +383,12 @@ class ExplicitDevice(Rule):
                     None,
                 )
                 if line is not None and self.rewrite_allowed(alias, FIRST_GPU_OF_A_MODULE):
-                    where = os.path.relpath(module.path, os.path.dirname(os.path.abspath(self.analysis.path)))
+                    where = shorten(os.path.relpath(module.path, os.path.dirname(os.path.abspath(self.analysis.path))), 40)
                     self.left(
                         alias,
                         FIRST_GPU_OF_A_MODULE,
-                        f"`{alias.name.value}` holds 'cuda:0' ({where}:{line}): every process would use GPU 0; write 'cuda' there, "
-                        "each process's own",
+                        f"`{shorten(alias.name.value, 30)}` holds 'cuda:0' ({where}:{line}): every process would use GPU 0; write "
+                        "'cuda' there, each process's own",
                     )
 
     def _strings(self) -> None:
@@ -429,7 +429,7 @@ class ExplicitDevice(Rule):
                     self.rewrote(
                         call,
                         f"`set_device({code})` binds the process's GPU, {RUNTIME}.device(), under "
-                        f"`{shorten(self.analysis.code_of(test), 20)}` (DataParallel used every GPU); otherwise one process on {code}",
+                        f"`{shorten(self.analysis.code_of(test), 20)}`; otherwise one process on {code}, as it was",
                     )
                     return
                 self.edits.replace(arg.value, lambda _: runtime_call("device"))
