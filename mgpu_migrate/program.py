@@ -19,7 +19,7 @@ from __future__ import annotations
 import ast
 import os
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import cast
 
 import libcst as cst
@@ -27,7 +27,7 @@ import libcst as cst
 from mgpu_migrate import files
 from mgpu_migrate.analysis import FileAnalysis, names
 from mgpu_migrate.analysis.devices import argument_given, device_ids, every_visible, what_they_are, why_unknown
-from mgpu_migrate.analysis.entrypoint import RUNTIME_SETUP, is_main_guard, one_process_otherwise
+from mgpu_migrate.analysis.entrypoint import RUNTIME_SETUP, one_process_otherwise, top_statements
 from mgpu_migrate.analysis.models import RUNTIME, SUBCLASS
 from mgpu_migrate.analysis.own_path import Fallback, chosen_by_launcher, fallback_builders
 from mgpu_migrate.analysis.rebased import rebased_classes
@@ -101,6 +101,8 @@ class Program:
     when every call of that path runs under the same condition (``started_beside``): the fallback migrates, set
     up in that ``else``, and the own path stays the script's (``mgpu_runtime.leave_to_own_path()`` before its
     start); None otherwise. ``beside_refused``: why not, where the file starts such a path (for MGP231's message).
+    ``one_process``: the ``if`` every wrap runs under whose ``else`` wraps nothing, when the set-up at the file's
+    entry point relaunches only under its test and that ``else`` stays one process (``one_process_branch``).
     ``fallback``: for a script with no DataParallel of its own and a distributed set-up of its own
     (``existing``), the calls that get its model from a builder of another module of the project that wraps it
     in DataParallel (DialoGPT's ``load_model``): its DataParallel fallback, held there. The script is then
@@ -118,6 +120,7 @@ class Program:
     handed: tuple[str, ...] = ()
     beside: cst.If | None = None
     beside_refused: str | None = None
+    one_process: cst.If | None = None
 
     @property
     def migrates(self) -> bool:
@@ -293,7 +296,8 @@ def decide(
     gives the modules it starts as distributed programs (asked only of a script with no site of its own);
     ``fallbacks``: gives the modules that may hold its DataParallel fallback (``Program.fallback``), asked only of
     a file with a distributed set-up of its own and no site; ``beside``: whether a fallback may migrate beside an
-    own path the file starts itself (``--to ddp``, the runtime's style: ``leave_to_own_path`` is the runtime's)."""
+    own path the file starts itself, and whether the set-up may stay one process under a test (``one_process``;
+    ``--to ddp``, the runtime's style: ``leave_to_own_path`` and ``setup(processes=1)`` are the runtime's)."""
     wraps: list[cst.Call] = []
     kept: list[cst.Call] = []
     models = analysis.models
@@ -313,7 +317,7 @@ def decide(
     sites = bool(analysis.models.sites)
     modules = fallbacks() if existing and not sites else ()
     fallback = tuple(fallback_builders(analysis, modules)) if modules else ()
-    return Program(
+    program = Program(
         tuple(wraps),
         tuple(kept),
         existing,
@@ -325,6 +329,9 @@ def decide(
         None if kept else starting,
         refused,
     )
+    # (``setup(processes=1)`` is the runtime's: under ``--style torch`` every process runs the whole program)
+    alone = one_process_branch(analysis, program) if beside else None
+    return replace(program, one_process=alone) if alone is not None else program
 
 
 def started_beside(analysis: FileAnalysis, existing: tuple[cst.Call, ...], wraps: Collection[cst.Call]) -> cst.If | None:
@@ -397,7 +404,7 @@ def _run_from_the_top(analysis: FileAnalysis, starting: cst.If, holder: cst.CSTN
     if type(holder.body) is not cst.IndentedBlock or starting not in holder.body.body:
         return f"its `if` is inside another statement of `{name}()`"
     calls = [call for call in analysis.calls if type(call.func) is cst.Name and call.func.value == name]
-    statements = _module_statements(analysis)
+    statements = top_statements(analysis)
     if len(calls) != 1 or not any(
         type(statement) is cst.SimpleStatementLine and contains(statement, lambda node: node is calls[0]) for statement in statements
     ):
@@ -408,7 +415,7 @@ def _run_from_the_top(analysis: FileAnalysis, starting: cst.If, holder: cst.CSTN
 def _says_before_call(analysis: FileAnalysis, holder: cst.FunctionDef) -> cst.Call | None:
     """The first call that prints or logs in the statements of the module's top and main block that run before the
     one calling ``holder`` (``_run_from_the_top``)."""
-    for statement in _module_statements(analysis):
+    for statement in top_statements(analysis):
         if any(type(call.func) is cst.Name and call.func.value == holder.name.value for call in contains(statement, lambda node: type(node) is cst.Call)):
             return None
         for call in contains(statement, lambda node: type(node) is cst.Call):
@@ -444,7 +451,7 @@ def runtime_before(analysis: FileAnalysis, starting: cst.If, edits: Edits) -> cs
     process that starts the own path such a call would set up the runtime's job (``setup()``, which relaunches a
     plain start) before ``leave_to_own_path()`` runs; None when there is none."""
     line, _ = analysis.position(starting)
-    early = [statement for statement in _module_statements(analysis) if analysis.position(statement)[0] < line]
+    early = [statement for statement in top_statements(analysis) if analysis.position(statement)[0] < line]
     called = {
         call.func.value
         for statement in early
@@ -481,20 +488,6 @@ def runtime_before(analysis: FileAnalysis, starting: cst.If, edits: Edits) -> cs
             if early_node(anchor) and any(calls_runtime(statement) for statement in statements):
                 return anchor
     return None
-
-
-def _module_statements(analysis: FileAnalysis) -> list[cst.BaseStatement]:
-    """The statements of the module and of its main block that run code (not the definitions, nor the main
-    block's ``if`` itself)."""
-    statements: list[cst.BaseStatement] = []
-    for statement in analysis.module.body:
-        if type(statement) in (cst.FunctionDef, cst.ClassDef):
-            continue
-        if type(statement) is cst.If and type(statement.body) is cst.IndentedBlock and is_main_guard(statement):
-            statements.extend(s for s in statement.body.body if type(s) not in (cst.FunctionDef, cst.ClassDef))
-            continue
-        statements.append(statement)
-    return statements
 
 
 def _says_before(analysis: FileAnalysis, starting: cst.If) -> cst.Call | None:

@@ -565,12 +565,8 @@ def _devices_assigned(analysis: ParsedFile, body: list[cst.BaseStatement], devic
             last = index
     if last is None or parses_arguments(analysis, body[last]):
         return None  # (the command line parsed: the set-up goes after the parser, ``_at_top``)
-    for statement in body[: last + 1]:
-        if not (
-            _is_docstring(statement) or _is_import(statement) or parses_arguments(analysis, statement)
-            or only_computes_or_refuses(analysis, statement)
-        ):
-            return None
+    if not all(_prepares(analysis, statement) for statement in body[: last + 1]):
+        return None
     names = sorted(name for name in device_names if _binds_name(body[last], name))
     return EntryPoint(body[last], True, f"after `{names[0] if names else 'the GPUs'}` is set, in the `if __name__ == \"__main__\":` block")
 
@@ -732,10 +728,7 @@ def one_process_otherwise(analysis: ParsedFile, wraps: Sequence[cst.Call], ancho
         return None
     name = root.value
     holder = analysis.tree.function(guard)
-    if holder is not None and (
-        any(param.name.value == name for param in holder.params.params)
-        or any(_binds_name(statement, name) for statement in contains(holder.body, lambda node: type(node) in (cst.Assign, cst.For, cst.With)))
-    ):
+    if holder is not None and (any(param.name.value == name for param in holder.params.params) or _binds_name(holder.body, name)):
         return None
     line = analysis.position(anchor)[0]
     bound = [
@@ -747,16 +740,17 @@ def one_process_otherwise(analysis: ParsedFile, wraps: Sequence[cst.Call], ancho
         return None
     # What runs before the set-up must not call the runtime (a rule's rewrite of a module-level write, a clock's
     # name: it would set up, relaunching, before the test is read): it only imports, parses and computes.
-    block = main_block(analysis.module)
-    statements = [s for s in analysis.module.body if s is not block] + (list(block.body.body) if block is not None and type(block.body) is cst.IndentedBlock else [])
-    for statement in statements:
-        if statement is anchor or analysis.position(statement)[0] >= line:
-            continue
-        if type(statement) in (cst.FunctionDef, cst.ClassDef) or _is_docstring(statement) or _is_import(statement):
-            continue
-        if not (parses_arguments(analysis, statement) or only_computes_or_refuses(analysis, statement)):
-            return None
-    return guard
+    before = [statement for statement in top_statements(analysis) if analysis.position(statement)[0] < line]
+    return guard if all(_prepares(analysis, statement) for statement in before) else None
+
+
+def _prepares(analysis: ParsedFile, statement: cst.CSTNode) -> bool:
+    """A statement that may run before the set-up placed after it: a docstring, an import, the command line's
+    parser, or one that only computes (``only_computes_or_refuses``)."""
+    return (
+        _is_docstring(statement) or _is_import(statement) or parses_arguments(analysis, statement)
+        or only_computes_or_refuses(analysis, statement)
+    )
 
 
 def _binds_name(node: cst.CSTNode, name: str) -> bool:
@@ -773,3 +767,17 @@ def _binds_name(node: cst.CSTNode, name: str) -> bool:
         else:
             targets.append(found.target)
     return any(type(inner) is cst.Name and inner.value == name for target in targets for inner in contains(target, lambda n: type(n) is cst.Name))
+
+
+def top_statements(analysis: ParsedFile) -> list[cst.BaseStatement]:
+    """The statements of the module and of its main block that run code (not the definitions, nor the main
+    block's ``if`` itself)."""
+    statements: list[cst.BaseStatement] = []
+    for statement in analysis.module.body:
+        if type(statement) in (cst.FunctionDef, cst.ClassDef):
+            continue
+        if type(statement) is cst.If and type(statement.body) is cst.IndentedBlock and is_main_guard(statement):
+            statements.extend(s for s in statement.body.body if type(s) not in (cst.FunctionDef, cst.ClassDef))
+            continue
+        statements.append(statement)
+    return statements

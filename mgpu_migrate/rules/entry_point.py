@@ -20,9 +20,9 @@ from mgpu_migrate.analysis.own_path import own_path_batch, own_path_launch, own_
 from mgpu_migrate.analysis.project import importers_through_packages, project_of
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.program import SETUP, SPAWNS, on_own_path, one_process_branch
+from mgpu_migrate.program import SETUP, SPAWNS, on_own_path
 from mgpu_migrate.rules.base import DDP, PROGRAM, RUNTIME_STYLE, TORCH_STYLE, Example, Review, Rewrite, Rule
-from mgpu_migrate.rules.syntax import RUNTIME, runtime_call
+from mgpu_migrate.rules.syntax import RUNTIME, both, runtime_call
 from mgpu_migrate.started import is_script, trained_apart
 from mgpu_migrate.rules.torch_style import (
     DIST_IMPORT,
@@ -578,7 +578,7 @@ class EntryPointSetup(Rule):
             return
         if entry.devices is None and self._built_elsewhere_only(program.wraps):
             return  # CMC's models/alexnet.py: its main block tries a network; the scripts that build the class set up
-        otherwise = one_process_branch(self.analysis, program)
+        otherwise = program.one_process
         if otherwise is not None:
             test = self.analysis.code_of(otherwise.test)
             entry = replace(entry, when=test, place=f"{entry.place}, for `{shorten(test, 24)}` (its `else` wraps nothing: one process)")
@@ -686,7 +686,7 @@ class EntryPointSetup(Rule):
             code = self.analysis.code_of(test)
             if f"{RUNTIME}." in code or not self.rewrite_allowed(test):
                 continue
-            self.edits.replace(test, lambda test: cst.BooleanOperation(_grouped(test), cst.And(), runtime_call("is_main_process")))
+            self.edits.replace(test, lambda test: both(test, runtime_call("is_main_process")))
             self.rewrote(
                 test,
                 f"`{shorten(code, 40)}` holds on every process of the fallback: and {RUNTIME}.is_main_process() added "
@@ -952,9 +952,3 @@ class TorchSetup(EntryPointSetup):
         if last is not None and not ends:
             self.edits.insert_after(last, statement(_TEAR_DOWN))
 
-
-def _grouped(test: cst.BaseExpression) -> cst.BaseExpression:
-    """``test`` as the left operand of an ``and``: an ``or``, a conditional or a lambda in parentheses."""
-    if type(test) in (cst.BooleanOperation, cst.IfExp, cst.Lambda, cst.NamedExpr) and not test.lpar:
-        return test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-    return test

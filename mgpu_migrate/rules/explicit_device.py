@@ -14,7 +14,7 @@ from mgpu_migrate.analysis.rebased import rebased_machinery
 from mgpu_migrate.analysis.entrypoint import sets_cuda_visible_devices
 from mgpu_migrate.analysis.tree import is_zero
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.program import Program, one_process_branch
+from mgpu_migrate.program import Program
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, argument, keyword, runtime_call
 
@@ -412,7 +412,7 @@ class ExplicitDevice(Rule):
                 self._other_gpu(string, self.analysis.code_of(string))
 
     def _set_device(self, call: cst.Call) -> None:
-        alone = one_process_branch(self.analysis, self.program)
+        alone = self.program.one_process
         if alone is not None and any(found is alone and in_else for found, in_else in self.analysis.tree.enclosing_ifs(call)):
             return  # a branch that stays one process (MGP120's `setup(processes=1)`) keeps the GPU it chose
         arg = argument(call, "device", 0)

@@ -8,7 +8,6 @@ from typing import Iterator, Optional
 import libcst as cst
 
 from mgpu_migrate.analysis.project import Found, ProjectModule, project_of
-from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.diagnostics import shorten
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rewrite, Rule
 from mgpu_migrate.rules.syntax import RUNTIME, runtime_call
@@ -88,6 +87,7 @@ class ProcessGroupCheck(Rule):
     REVIEW_CODES = (HELPER_ASKS_PROCESS_GROUP,)
     DESCRIPTION = "dist.is_initialized() asks for the script's own process group, not the runtime's"
     TARGETS = (DDP,)
+    USES = ("values",)
     EXAMPLES = (
         Example(
             """
@@ -156,19 +156,12 @@ class ProcessGroupCheck(Rule):
                 yield found
 
     def _aliased(self, call: cst.Call) -> list[cst.BaseExpression]:
-        """The names assigned to the variable ``call`` calls, in its function (``name = other``)."""
+        """The names assigned to the variable ``call`` calls (``name = other``), where whole assignments are all
+        that binds it."""
         if type(call.func) is not cst.Name:
             return []
-        holder = self.analysis.tree.function(call)
-        if holder is None:
-            return []
-        name = call.func.value
-        return [
-            assign.value
-            for assign in contains(holder.body, lambda node: type(node) is cst.Assign)
-            if type(assign.value) in (cst.Name, cst.Attribute)
-            and any(type(target.target) is cst.Name and target.target.value == name for target in assign.targets)
-        ]
+        values = self.analysis.values.assigned_only(call.func, self.analysis.values.scope_of(call)) or []
+        return [value for value, _ in values if type(value) in (cst.Name, cst.Attribute)]
 
 
 def _asks(module: ProjectModule, node: ast.AST, depth: int) -> Optional[int]:

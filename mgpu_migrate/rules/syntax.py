@@ -81,6 +81,13 @@ def either(condition: cst.BaseExpression, alternative: str) -> cst.BooleanOperat
     return cst.BooleanOperation(operand(condition), cst.Or(), parse(alternative))
 
 
+def both(condition: cst.BaseExpression, alternative: cst.BaseExpression) -> cst.BooleanOperation:
+    """``condition and <alternative>``, the condition parenthesized where it binds more loosely than ``and``."""
+    if type(condition) is cst.BooleanOperation and type(condition.operator) is cst.Or and not condition.lpar:
+        condition = condition.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return cst.BooleanOperation(operand(condition), cst.And(), alternative)
+
+
 def negated(expr: cst.BaseExpression, parent: Optional[cst.CSTNode]) -> cst.BaseExpression:
     """``not expr``, parenthesized when its parent binds more tightly than ``not``."""
     result = cst.UnaryOperation(cst.Not(), expr)

@@ -8,7 +8,6 @@ import libcst as cst
 
 from mgpu_migrate.analysis.guards import Reliance, gpu_guards, guard_reliance, is_gpu_condition
 from mgpu_migrate.diagnostics import shorten
-from mgpu_migrate.program import one_process_branch
 from mgpu_migrate.rules.base import DDP, PROGRAM, Example, Review, Rewrite, Rule
 from mgpu_migrate.analysis.tree import contains
 from mgpu_migrate.rules.syntax import RUNTIME, argument, either, mentions
@@ -221,7 +220,7 @@ class WrapGuard(Rule):
         seen: set[cst.CSTNode] = set()
         dropped = self._dropped_by_rewrite(program.wraps)
         # The set-up relaunches only under this test (its else stays one process, MGP120): every process holds it.
-        alone = one_process_branch(self.analysis, program)
+        alone = program.one_process
         for wrap in program.wraps:
             conditions: list[str] = []  # those it runs under that are not a GPU count, innermost first
             otherwise: str | None = None  # the wrap's name, when the else of its one condition sets it another way
